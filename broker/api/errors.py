@@ -1,0 +1,60 @@
+"""Error codes shared by brokers and proxies.
+
+The values are apache.rocketmq.v2.Code's, so a broker error reaches the client unchanged.
+tests/test_codes.py checks them against the generated protocol enum.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Code(IntEnum):
+    OK = 20000
+    MULTIPLE_RESULTS = 30000
+    BAD_REQUEST = 40000
+    ILLEGAL_ACCESS_POINT = 40001
+    ILLEGAL_TOPIC = 40002
+    ILLEGAL_CONSUMER_GROUP = 40003
+    ILLEGAL_MESSAGE_TAG = 40004
+    ILLEGAL_MESSAGE_KEY = 40005
+    ILLEGAL_MESSAGE_GROUP = 40006
+    ILLEGAL_MESSAGE_PROPERTY_KEY = 40007
+    INVALID_TRANSACTION_ID = 40008
+    ILLEGAL_MESSAGE_ID = 40009
+    ILLEGAL_FILTER_EXPRESSION = 40010
+    ILLEGAL_INVISIBLE_TIME = 40011
+    ILLEGAL_DELIVERY_TIME = 40012
+    INVALID_RECEIPT_HANDLE = 40013
+    MESSAGE_PROPERTY_CONFLICT_WITH_TYPE = 40014
+    UNRECOGNIZED_CLIENT_TYPE = 40015
+    MESSAGE_CORRUPTED = 40016
+    CLIENT_ID_REQUIRED = 40017
+    ILLEGAL_POLLING_TIME = 40018
+    ILLEGAL_OFFSET = 40019
+    UNAUTHORIZED = 40100
+    FORBIDDEN = 40300
+    NOT_FOUND = 40400
+    MESSAGE_NOT_FOUND = 40401
+    TOPIC_NOT_FOUND = 40402
+    CONSUMER_GROUP_NOT_FOUND = 40403
+    REQUEST_TIMEOUT = 40800
+    PAYLOAD_TOO_LARGE = 41300
+    MESSAGE_BODY_TOO_LARGE = 41301
+    MESSAGE_BODY_EMPTY = 41302
+    PRECONDITION_FAILED = 42800
+    TOO_MANY_REQUESTS = 42900
+    INTERNAL_ERROR = 50000
+    INTERNAL_SERVER_ERROR = 50001
+    NOT_IMPLEMENTED = 50100
+    PROXY_TIMEOUT = 50400
+    UNSUPPORTED = 50500
+
+
+class BrokerError(Exception):
+    """A request the broker refuses, with the RocketMQ code the client should see."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message

@@ -1,0 +1,101 @@
+"""BrokerPort: everything a proxy (or a tool) may ask of one broker.
+
+Two implementations share it: ``broker.api.local.LocalBrokerPort`` calls a ``Broker`` in the
+same process, ``broker.api.remote.RemoteBrokerPort`` calls a broker's gRPC server. Code above
+this line does not know which it holds.
+
+Every method raises ``broker.api.errors.BrokerError`` with a RocketMQ ``Code`` when it refuses
+a request. Long-polling calls (pop, pull, notify with ``poll_time_ms > 0``) return at their
+timeout with an empty result, and stop holding anything on the broker when the caller's task is
+cancelled.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from broker.api.types import (
+    AckEntry,
+    AckEntryResult,
+    ChangeInvisibleResult,
+    GroupConfig,
+    GroupQueueStats,
+    Message,
+    NotifyRequest,
+    NotifyResult,
+    PopRequest,
+    PopResult,
+    PullRequest,
+    PullResult,
+    SendResult,
+    TopicInfo,
+)
+
+
+@runtime_checkable
+class BrokerPort(Protocol):
+    @property
+    def name(self) -> str:
+        """The broker's name (as written in receipt handles and routes)."""
+        ...
+
+    # -- produce -----------------------------------------------------------------------------
+    async def send(self, messages: list[Message], queue_id: int = -1) -> list[SendResult]:
+        """Store messages; queue_id -1 lets the broker choose (message group hash, else
+        round robin). Returns one result per message, after the flush policy allows."""
+        ...
+
+    # -- POP consumption ---------------------------------------------------------------------
+    async def pop(self, request: PopRequest) -> PopResult: ...
+
+    async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:
+        """Ack each entry on its own; a bad handle fails only its entry."""
+        ...
+
+    async def change_invisible_time(
+        self, group: str, topic: str, receipt_handle: str, invisible_time_ms: int
+    ) -> ChangeInvisibleResult: ...
+
+    async def notify(self, request: NotifyRequest) -> NotifyResult: ...
+
+    async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
+        """Move a popped message to %DLQ%group now and ack it (client-requested)."""
+        ...
+
+    # -- offset-based consumption ------------------------------------------------------------
+    async def pull(self, request: PullRequest) -> PullResult: ...
+
+    async def get_consumer_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset; -1 when the group never committed on that queue."""
+        ...
+
+    async def update_consumer_offset(
+        self, group: str, topic: str, queue_id: int, offset: int
+    ) -> None: ...
+
+    async def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first offset stored at or after timestamp_ms (max offset if none)."""
+        ...
+
+    # -- administration ----------------------------------------------------------------------
+    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo: ...
+
+    async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
+        """TopicInfo with per-queue min/max offsets; TOPIC_NOT_FOUND unless auto-created."""
+        ...
+
+    async def list_topics(self) -> list[TopicInfo]: ...
+
+    async def delete_topic(self, topic: str) -> None: ...
+
+    async def get_group(self, group: str) -> GroupConfig:
+        """The group's config (created with defaults on first use)."""
+        ...
+
+    async def update_group(self, config: GroupConfig) -> GroupConfig: ...
+
+    async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]: ...
+
+    async def close(self) -> None:
+        """Release the port (the remote port closes its channel; local does nothing)."""
+        ...

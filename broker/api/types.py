@@ -1,0 +1,240 @@
+"""Plain data carried across the broker port.
+
+These are the request and result shapes of every broker operation. The in-process port passes
+them as they are; the gRPC port converts them to and from protos/popmq/broker/v1/broker.proto.
+All times are milliseconds since the epoch (``*_ms``) or durations in milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+# Name prefixes of RocketMQ's system topics.
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+SYSTEM_PREFIX = "%SYS%"
+
+
+def retry_topic(group: str, topic: str) -> str:
+    """The POP retry topic of a group on a topic (RocketMQ 5: %RETRY%group_topic)."""
+    return f"{RETRY_PREFIX}{group}_{topic}"
+
+
+def dlq_topic(group: str) -> str:
+    return f"{DLQ_PREFIX}{group}"
+
+
+# User-property keys the broker sets on retried and dead-lettered messages.
+PROP_ORIGIN_TOPIC = "__popmq.origin_topic"
+PROP_ORIGIN_MESSAGE_ID = "__popmq.origin_message_id"
+PROP_ORIGIN_QUEUE = "__popmq.origin_queue"
+PROP_ORIGIN_OFFSET = "__popmq.origin_offset"
+
+
+@dataclass(slots=True)
+class Message:
+    """A message as a producer hands it to a broker."""
+
+    topic: str
+    body: bytes
+    tag: str = ""
+    keys: list[str] = field(default_factory=list)
+    properties: dict[str, str] = field(default_factory=dict)
+    message_id: str = ""  # client-made; the broker makes one when empty
+    message_group: str = ""  # FIFO: same group -> same queue, delivered in order
+    delivery_timestamp_ms: int = 0  # delay: invisible until then (0 = now)
+    born_timestamp_ms: int = 0
+    born_host: str = ""
+    reconsume_times: int = 0  # raised on each redelivery through the retry topic
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    """A message as the store holds it, with where and when it was stored."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    body: bytes
+    tag: str
+    keys: list[str]
+    properties: dict[str, str]
+    message_id: str
+    message_group: str
+    delivery_timestamp_ms: int
+    born_timestamp_ms: int
+    born_host: str
+    store_timestamp_ms: int
+    store_host: str  # the broker name
+    reconsume_times: int
+
+
+@dataclass(slots=True, frozen=True)
+class FilterExpression:
+    """A tag filter: '*' (or empty) matches all; 'TagA || TagB' matches either tag."""
+
+    expression: str = "*"
+
+    def tags(self) -> frozenset[str] | None:
+        """The accepted tags, or None for 'everything'."""
+        text = self.expression.strip()
+        if text in ("", "*"):
+            return None
+        return frozenset(part.strip() for part in text.split("||") if part.strip())
+
+    def matches(self, tag: str) -> bool:
+        accepted = self.tags()
+        return accepted is None or tag in accepted
+
+
+@dataclass(slots=True)
+class SendResult:
+    message_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    broker_name: str
+
+
+@dataclass(slots=True)
+class PopRequest:
+    group: str
+    topic: str
+    queue_id: int = -1  # -1: every queue of the topic on this broker
+    max_messages: int = 32
+    invisible_time_ms: int = 60_000
+    poll_time_ms: int = 0  # 0: answer at once; >0: hold until a message or the timeout
+    filter: FilterExpression = field(default_factory=FilterExpression)
+    fifo: bool = False
+    client_id: str = ""
+
+
+class PopStatus(Enum):
+    FOUND = "FOUND"
+    NO_MESSAGE = "NO_MESSAGE"  # nothing visible (after holding, if poll_time_ms > 0)
+    POLLING_FULL = "POLLING_FULL"  # the hold table is full; retry later
+
+
+@dataclass(slots=True)
+class PoppedMessage:
+    message: StoredMessage
+    receipt_handle: str
+    invisible_until_ms: int
+
+    @property
+    def delivery_attempt(self) -> int:
+        return self.message.reconsume_times + 1
+
+
+@dataclass(slots=True)
+class PopResult:
+    status: PopStatus
+    messages: list[PoppedMessage] = field(default_factory=list)
+    rest_num: int = 0  # visible backlog left behind in the queues read
+
+
+@dataclass(slots=True)
+class AckEntry:
+    receipt_handle: str
+    message_id: str = ""
+
+
+@dataclass(slots=True)
+class AckEntryResult:
+    receipt_handle: str
+    message_id: str
+    code: int  # errors.Code value; Code.OK when acked
+    message: str = ""
+
+
+@dataclass(slots=True)
+class ChangeInvisibleResult:
+    receipt_handle: str  # the new handle; the old one stops working
+    invisible_until_ms: int
+
+
+@dataclass(slots=True)
+class NotifyRequest:
+    """'Does this group have a visible message on this topic?' without popping one."""
+
+    group: str
+    topic: str
+    queue_id: int = -1
+    poll_time_ms: int = 0
+    filter: FilterExpression = field(default_factory=FilterExpression)
+    fifo: bool = False
+
+
+@dataclass(slots=True)
+class NotifyResult:
+    has_message: bool
+    polling_full: bool = False
+
+
+@dataclass(slots=True)
+class PullRequest:
+    topic: str
+    queue_id: int
+    offset: int
+    max_messages: int = 32
+    poll_time_ms: int = 0
+    filter: FilterExpression = field(default_factory=FilterExpression)
+
+
+class PullStatus(Enum):
+    FOUND = "FOUND"
+    NO_NEW_MESSAGE = "NO_NEW_MESSAGE"  # offset == max offset (after holding)
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"  # beyond the max offset
+    OFFSET_PURGED = "OFFSET_PURGED"  # below the min offset: retention removed it
+    POLLING_FULL = "POLLING_FULL"
+
+
+@dataclass(slots=True)
+class PullResult:
+    status: PullStatus
+    messages: list[StoredMessage] = field(default_factory=list)
+    next_offset: int = 0
+    min_offset: int = 0
+    max_offset: int = 0
+
+
+@dataclass(slots=True)
+class QueueInfo:
+    queue_id: int
+    min_offset: int
+    max_offset: int  # offset the next message will get
+
+
+@dataclass(slots=True)
+class TopicInfo:
+    name: str
+    queue_count: int
+    queues: list[QueueInfo] = field(default_factory=list)
+
+
+class ConsumeMode(Enum):
+    POP = "POP"
+    PULL = "PULL"
+
+
+@dataclass(slots=True)
+class GroupConfig:
+    name: str
+    consume_mode: ConsumeMode = ConsumeMode.POP
+    max_attempts: int = 16
+    retry_levels: list[str] = field(default_factory=list)  # empty: the broker's default
+    fifo: bool = False
+
+
+@dataclass(slots=True)
+class GroupQueueStats:
+    topic: str
+    queue_id: int
+    consumer_offset: int
+    max_offset: int
+    inflight: int  # popped, not yet acked
+
+    @property
+    def backlog(self) -> int:
+        return max(self.max_offset - self.consumer_offset, 0)

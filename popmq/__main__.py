@@ -1,0 +1,5 @@
+import sys
+
+from popmq.cli import main
+
+sys.exit(main())

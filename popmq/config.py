@@ -1,0 +1,237 @@
+"""One typed configuration model for every popmq process.
+
+The CLI, the broker and proxy servers, and the Helm chart's ConfigMap all load this model.
+Sources, lowest precedence first: built-in defaults (RocketMQ's where one exists), a YAML or
+JSON file, environment variables ``POPMQ_<SECTION>__<FIELD>`` (e.g.
+``POPMQ_PROXY__MIN_LONG_POLLING_MS=2000``), then command-line flags.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ENV_PREFIX = "POPMQ_"
+
+# RocketMQ's messageDelayLevel, the backoff between POP redeliveries.
+DEFAULT_RETRY_LEVELS = [
+    "1s", "5s", "10s", "30s", "1m", "2m", "3m", "4m", "5m", "6m",
+    "7m", "8m", "9m", "10m", "20m", "30m", "1h", "2h",
+]  # fmt: skip
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str | int | float) -> int:
+    """'1s' -> 1000, '2m' -> 120000; a bare number is already milliseconds."""
+    if isinstance(text, int | float):
+        return int(text)
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"bad duration {text!r}: use e.g. 500ms, 10s, 2m, 1h")
+    return int(float(match.group(1)) * _UNIT_MS[match.group(2)])
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class StoreConfig(Section):
+    """The broker's durable store."""
+
+    flush: Literal["sync", "async"] = "async"
+    # async flush: at most this much acknowledged data can be lost on a power cut / kill -9
+    # of the machine (a process crash alone loses nothing written to the page cache).
+    flush_interval_ms: int = Field(500, ge=1)
+    segment_bytes: int = Field(64 * 1024 * 1024, ge=4096)
+    retention_hours: float = Field(72.0, gt=0)
+    retention_bytes: int = Field(0, ge=0)  # 0 = no size limit
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
+
+
+class TopicDefaults(Section):
+    auto_create: bool = True
+    queue_count: int = Field(8, ge=1, le=1024)
+
+
+class PopConfig(Section):
+    """POP bookkeeping, revive and retry policy (broker side)."""
+
+    max_batch: int = Field(32, ge=1, le=1024)
+    min_invisible_ms: int = Field(10_000, ge=0)
+    max_invisible_ms: int = Field(12 * 3_600_000, ge=1)
+    retry_first_percent: int = Field(20, ge=0, le=100)
+    retry_levels: list[str] = Field(default_factory=lambda: list(DEFAULT_RETRY_LEVELS))
+    max_attempts: int = Field(16, ge=1)
+    # A checkpoint not acked within this time is written to the pop journal (RocketMQ's
+    # popCkStayBufferTime); acks that come sooner never touch the disk.
+    checkpoint_buffer_ms: int = Field(5_000, ge=0)
+    revive_scan_interval_ms: int = Field(200, ge=10)
+    # Multiplies retry backoff delays; tests set e.g. 0.01 so "1m" takes 0.6 s.
+    time_scale: float = Field(1.0, gt=0)
+    # popShareQueueNum: how many consumers share one queue in server-side assignment.
+    share_queue_num: int = Field(1, ge=1)
+
+    @field_validator("retry_levels")
+    @classmethod
+    def _levels_parse(cls, levels: list[str]) -> list[str]:
+        if not levels:
+            raise ValueError("retry_levels needs at least one level")
+        for level in levels:
+            parse_duration_ms(level)
+        return levels
+
+    def retry_delay_ms(self, reconsume_times: int) -> int:
+        """Delay before the Nth redelivery (1-based), scaled; past the last level, the last."""
+        index = min(max(reconsume_times, 1), len(self.retry_levels)) - 1
+        return int(parse_duration_ms(self.retry_levels[index]) * self.time_scale)
+
+
+class PollingConfig(Section):
+    """Broker-side hold table for pop, pull and notification long polls."""
+
+    max_held_per_key: int = Field(1024, ge=1)
+    max_held_total: int = Field(100_000, ge=1)
+
+
+class BrokerConfig(Section):
+    name: str = "broker-a"
+    host: str = "127.0.0.1"
+    port: int = Field(10911, ge=0, le=65535)
+    data_dir: Path = Path("./data/broker-a")
+    # Signs receipt handles so forged ones are rejected; every broker and proxy of one
+    # cluster must share it. Change it in production.
+    handle_secret: str = "popmq-dev-secret"
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    topics: TopicDefaults = Field(default_factory=TopicDefaults)
+    pop: PopConfig = Field(default_factory=PopConfig)
+    polling: PollingConfig = Field(default_factory=PollingConfig)
+
+
+class BrokerAddress(Section):
+    name: str
+    address: str  # host:port
+
+    @classmethod
+    def parse(cls, text: str) -> BrokerAddress:
+        name, sep, address = text.partition("=")
+        if not sep or not name or ":" not in address:
+            raise ValueError(f"bad broker {text!r}: expected NAME=HOST:PORT")
+        return cls(name=name, address=address)
+
+
+class ProxyConfig(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8081, ge=0, le=65535)
+    # Address written into routes: clients send every later RPC there.
+    advertise_host: str | None = None
+    advertise_port: int | None = None
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    brokers: list[BrokerAddress] = Field(default_factory=list)
+
+    min_long_polling_ms: int = Field(5_000, ge=0)
+    max_long_polling_ms: int = Field(20_000, ge=1)
+    # Kept back from the client's deadline so the answer arrives before it expires.
+    long_polling_reserve_ms: int = Field(100, ge=0)
+    strategy: Literal["pop", "slices", "notify", "adaptive"] = "adaptive"
+    # adaptive: pop requests per second (sliding window) at or above which plain pop is used.
+    notify_threshold_rps: float = Field(100.0, gt=0)
+    notify_window_s: float = Field(10.0, gt=0)
+    # adaptive switches back to notify only below threshold * (1 - hysteresis).
+    notify_hysteresis: float = Field(0.2, ge=0, lt=1)
+    slices_quota: int = Field(8, ge=1)
+    slice_ms: int = Field(500, ge=1)
+
+    min_invisible_ms: int = Field(10_000, ge=0)
+    max_invisible_ms: int = Field(12 * 3_600_000, ge=1)
+    default_invisible_ms: int = Field(60_000, ge=1)
+    max_batch: int = Field(32, ge=1)
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
+    handle_secret: str = "popmq-dev-secret"
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ProxyConfig:
+        if self.min_long_polling_ms > self.max_long_polling_ms:
+            raise ValueError("min_long_polling_ms must not exceed max_long_polling_ms")
+        if self.min_invisible_ms > self.max_invisible_ms:
+            raise ValueError("min_invisible_ms must not exceed max_invisible_ms")
+        return self
+
+
+class ServeConfig(Section):
+    """`popmq serve`: one proxy with embedded brokers in one process."""
+
+    brokers: int = Field(3, ge=1, le=64)
+    data_dir: Path = Path("./data")
+
+
+class PopmqConfig(Section):
+    broker: BrokerConfig = Field(default_factory=BrokerConfig)
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+
+
+def _deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _set_path(target: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = target
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """POPMQ_PROXY__MIN_LONG_POLLING_MS=2000 -> {'proxy': {'min_long_polling_ms': '2000'}}.
+
+    Values that parse as JSON (numbers, lists, booleans) are taken as such.
+    """
+    out: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX) or "__" not in key:
+            continue
+        dotted = key[len(ENV_PREFIX) :].lower().replace("__", ".")
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        _set_path(out, dotted, value)
+    return out
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> PopmqConfig:
+    """Build the config from defaults < file < environment < overrides (dotted keys allowed)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        loaded = yaml.safe_load(text) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"config file {path} must hold a mapping at the top level")
+        data = _deep_merge(data, loaded)
+    data = _deep_merge(data, _env_overrides(os.environ if environ is None else environ))
+    nested: dict[str, Any] = {}
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            _set_path(nested, key, value)
+    data = _deep_merge(data, nested)
+    return PopmqConfig.model_validate(data)

@@ -1,0 +1,1 @@
+"""The stateless popmq proxy: apache.rocketmq.v2 MessagingService over a broker cluster."""

@@ -1,0 +1,77 @@
+"""The proxy's Prometheus metrics (names are stable; docs/operations.md explains each one).
+
+Each proxy instance owns one ``ProxyMetrics`` with its own registry, so several proxies in one
+process (tests, benchmarks) do not mix their counts.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30,
+)  # fmt: skip
+
+
+class ProxyMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.rpc_requests = Counter(
+            "popmq_proxy_rpc_requests", "Client RPCs by method and result code",
+            ["method", "code"], registry=r,
+        )  # fmt: skip
+        self.rpc_latency = Histogram(
+            "popmq_proxy_rpc_duration_seconds", "Client RPC latency by method",
+            ["method"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.long_polls = Counter(
+            "popmq_proxy_long_polls", "Client receive calls that may long-poll (is_long_polling)",
+            ["strategy"], registry=r,
+        )  # fmt: skip
+        self.pop_with_notify = Counter(
+            "popmq_proxy_pop_with_notify",
+            "Long polls that went past the first pop into notification tasks",
+            registry=r,
+        )
+        self.first_pop_hits = Counter(
+            "popmq_proxy_first_pop_hits",
+            "Long polls answered by their first pop (is_short_polling_hit)",
+            ["strategy"], registry=r,
+        )  # fmt: skip
+        self.empty_responses = Counter(
+            "popmq_proxy_empty_responses", "Receive calls answered with no message",
+            ["strategy"], registry=r,
+        )  # fmt: skip
+        self.false_empty_responses = Counter(
+            "popmq_proxy_false_empty_responses",
+            "Empty answers while some broker held a visible message for the group",
+            ["strategy"], registry=r,
+        )  # fmt: skip
+        self.messages_delivered = Counter(
+            "popmq_proxy_messages_delivered",
+            "Messages handed to clients by receive",
+            registry=r,
+        )
+        self.broker_rpcs = Counter(
+            "popmq_proxy_broker_rpcs", "Calls from the proxy to brokers by kind",
+            ["kind"], registry=r,
+        )  # fmt: skip
+        self.held_notifications = Gauge(
+            "popmq_proxy_held_notification_tasks",
+            "Notification tasks currently waiting on brokers", registry=r,
+        )  # fmt: skip
+        self.receive_latency = Histogram(
+            "popmq_proxy_receive_duration_seconds", "Time a receive call was held",
+            ["strategy", "result"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.adaptive_mode = Gauge(
+            "popmq_proxy_adaptive_mode",
+            "Strategy the adaptive long poll is using now (1 for the active one)",
+            ["mode"], registry=r,
+        )  # fmt: skip
+        self.pop_request_rate = Gauge(
+            "popmq_proxy_pop_request_rate",
+            "Pop requests per second over the adaptive window",
+            registry=r,
+        )

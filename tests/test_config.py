@@ -1,0 +1,46 @@
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from popmq.config import PopConfig, load_config, parse_duration_ms
+
+
+def test_defaults_follow_rocketmq() -> None:
+    cfg = load_config(environ={})
+    assert cfg.proxy.min_long_polling_ms == 5_000
+    assert cfg.proxy.max_long_polling_ms == 20_000
+    assert cfg.broker.pop.max_batch == 32
+    assert cfg.broker.pop.max_attempts == 16
+    assert cfg.broker.pop.min_invisible_ms == 10_000
+    assert cfg.broker.pop.max_invisible_ms == 12 * 3_600_000
+    assert cfg.broker.pop.retry_levels[:5] == ["1s", "5s", "10s", "30s", "1m"]
+    assert cfg.broker.pop.retry_levels[-1] == "2h"
+
+
+def test_precedence_file_env_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "popmq.yaml"
+    path.write_text("proxy:\n  port: 9000\n  min_long_polling_ms: 1000\nbroker:\n  name: b1\n")
+    env = {"POPMQ_PROXY__MIN_LONG_POLLING_MS": "2000", "POPMQ_BROKER__POP__MAX_ATTEMPTS": "3"}
+    cfg = load_config(path, {"proxy.port": 9100}, environ=env)
+    assert cfg.proxy.port == 9100
+    assert cfg.proxy.min_long_polling_ms == 2000
+    assert cfg.broker.pop.max_attempts == 3
+    assert cfg.broker.name == "b1"
+
+
+def test_bad_values_are_rejected() -> None:
+    with pytest.raises(ValidationError):
+        load_config(overrides={"proxy.min_long_polling_ms": 30_000}, environ={})
+    with pytest.raises(ValidationError):
+        load_config(overrides={"proxy.unknown_field": 1}, environ={})
+    with pytest.raises(ValidationError):
+        PopConfig(retry_levels=["1s", "soon"])
+
+
+def test_retry_delays_scale_and_saturate() -> None:
+    pop = PopConfig(time_scale=0.5)
+    assert pop.retry_delay_ms(1) == 500
+    assert pop.retry_delay_ms(5) == 30_000
+    assert pop.retry_delay_ms(100) == 3_600_000
+    assert parse_duration_ms("250ms") == 250
