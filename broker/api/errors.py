@@ -71,3 +71,15 @@ class BrokerError(Exception):
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+
+
+class BrokerUnavailableError(BrokerError):
+    """The broker could not be reached (connection refused or lost, server shutting down).
+
+    Raised by remote ports only; a caller may try another broker. A request in flight when the
+    connection broke may or may not have been applied.
+    """
+
+    def __init__(self, broker: str, message: str) -> None:
+        super().__init__(Code.INTERNAL_SERVER_ERROR, f"broker {broker} unavailable: {message}")
+        self.broker = broker

@@ -1,0 +1,250 @@
+"""RemoteBrokerPort: the BrokerPort of a broker reached over gRPC (popmq.broker.v1).
+
+Refusals come back as the response status and are re-raised as the same BrokerError. Transport
+failures become BrokerUnavailableError (unreachable) or PROXY_TIMEOUT (deadline passed). Every
+call has a deadline: rpc_timeout_s, plus the poll time for long polls. Cancelling the awaiting
+task cancels the RPC, and the broker then drops the held request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from broker.api import convert
+from broker.api.errors import BrokerError, BrokerUnavailableError, Code
+from broker.api.types import (
+    AckEntry,
+    AckEntryResult,
+    ChangeInvisibleResult,
+    GroupConfig,
+    GroupQueueStats,
+    Message,
+    NotifyRequest,
+    NotifyResult,
+    PopRequest,
+    PopResult,
+    PullRequest,
+    PullResult,
+    SendResult,
+    TopicInfo,
+)
+from popmq.pb.broker.v1 import broker_pb2 as pb
+from popmq.pb.broker.v1 import broker_pb2_grpc
+
+R = TypeVar("R")
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Notice a broker that vanished without closing the connection (pod gone, cable cut).
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+]
+
+# Codes meaning "the call never got an answer from the broker".
+_UNREACHABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.CANCELLED,  # the server shut down under the call
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+
+
+class RemoteBrokerPort:
+    """BrokerPort over a grpc.aio channel to one broker's BrokerGrpcServer."""
+
+    def __init__(self, name: str, address: str, *, rpc_timeout_s: float = 10.0) -> None:
+        self._name = name
+        self._address = address
+        self._rpc_timeout_s = rpc_timeout_s
+        # Made on first use: grpc.aio objects belong to the event loop that creates them.
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: broker_pb2_grpc.BrokerServiceStub | None = None
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def __repr__(self) -> str:
+        return f"RemoteBrokerPort({self._name!r}, {self._address!r})"
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _get_stub(self) -> broker_pb2_grpc.BrokerServiceStub:
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(self._address, options=CHANNEL_OPTIONS)
+            self._stub = broker_pb2_grpc.BrokerServiceStub(self._channel)
+        return self._stub
+
+    def _deadline(self, poll_time_ms: int = 0) -> float:
+        return self._rpc_timeout_s + max(poll_time_ms, 0) / 1000
+
+    async def _call(
+        self, method: Callable[..., Awaitable[R]], request: object, deadline_s: float
+    ) -> R:
+        try:
+            response = await method(request, timeout=deadline_s)
+        except grpc.aio.AioRpcError as error:
+            raise self._transport_error(error) from error
+        convert.raise_for_status(response.status)  # type: ignore[attr-defined]
+        return response
+
+    def _transport_error(self, error: grpc.aio.AioRpcError) -> BrokerError:
+        detail = f"{error.code().name}: {error.details()}"
+        if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return BrokerError(Code.PROXY_TIMEOUT, f"broker {self._name} did not answer: {detail}")
+        if error.code() in _UNREACHABLE:
+            return BrokerUnavailableError(self._name, detail)
+        return BrokerError(Code.INTERNAL_ERROR, f"broker {self._name}: {detail}")
+
+    async def describe(self) -> str:
+        """The name the broker reports for itself (a connectivity and wiring check)."""
+        stub = self._get_stub()
+        response = await self._call(stub.Describe, pb.DescribeRequest(), self._deadline())
+        return response.name
+
+    # -- produce -------------------------------------------------------------------------------
+
+    async def send(self, messages: list[Message], queue_id: int = -1) -> list[SendResult]:
+        stub = self._get_stub()
+        request = pb.SendRequest(
+            messages=[convert.message_to_proto(m) for m in messages], queue_id=queue_id
+        )
+        response = await self._call(stub.Send, request, self._deadline())
+        return [convert.send_result_from_proto(r) for r in response.results]
+
+    # -- POP -----------------------------------------------------------------------------------
+
+    async def pop(self, request: PopRequest) -> PopResult:
+        stub = self._get_stub()
+        response = await self._call(
+            stub.Pop, convert.pop_request_to_proto(request), self._deadline(request.poll_time_ms)
+        )
+        return convert.pop_result_from_proto(response)
+
+    async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:
+        stub = self._get_stub()
+        request = pb.AckRequest(
+            group=group, topic=topic, entries=[convert.ack_entry_to_proto(e) for e in entries]
+        )
+        response = await self._call(stub.Ack, request, self._deadline())
+        return [convert.ack_result_from_proto(r) for r in response.results]
+
+    async def change_invisible_time(
+        self, group: str, topic: str, receipt_handle: str, invisible_time_ms: int
+    ) -> ChangeInvisibleResult:
+        stub = self._get_stub()
+        request = pb.ChangeInvisibleTimeRequest(
+            group=group,
+            topic=topic,
+            receipt_handle=receipt_handle,
+            invisible_time_ms=invisible_time_ms,
+        )
+        response = await self._call(stub.ChangeInvisibleTime, request, self._deadline())
+        return convert.change_invisible_from_proto(response)
+
+    async def notify(self, request: NotifyRequest) -> NotifyResult:
+        stub = self._get_stub()
+        response = await self._call(
+            stub.Notify,
+            convert.notify_request_to_proto(request),
+            self._deadline(request.poll_time_ms),
+        )
+        return convert.notify_result_from_proto(response)
+
+    async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
+        stub = self._get_stub()
+        request = pb.ForwardToDlqRequest(group=group, topic=topic, receipt_handle=receipt_handle)
+        await self._call(stub.ForwardToDlq, request, self._deadline())
+
+    # -- pull and offsets ----------------------------------------------------------------------
+
+    async def pull(self, request: PullRequest) -> PullResult:
+        stub = self._get_stub()
+        response = await self._call(
+            stub.Pull, convert.pull_request_to_proto(request), self._deadline(request.poll_time_ms)
+        )
+        return convert.pull_result_from_proto(response)
+
+    async def get_consumer_offset(self, group: str, topic: str, queue_id: int) -> int:
+        stub = self._get_stub()
+        request = pb.QueueRef(group=group, topic=topic, queue_id=queue_id)
+        response = await self._call(stub.GetConsumerOffset, request, self._deadline())
+        return response.offset
+
+    async def update_consumer_offset(
+        self, group: str, topic: str, queue_id: int, offset: int
+    ) -> None:
+        stub = self._get_stub()
+        request = pb.UpdateConsumerOffsetRequest(
+            group=group, topic=topic, queue_id=queue_id, offset=offset
+        )
+        await self._call(stub.UpdateConsumerOffset, request, self._deadline())
+
+    async def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        stub = self._get_stub()
+        request = pb.OffsetForTimestampRequest(
+            topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms
+        )
+        response = await self._call(stub.OffsetForTimestamp, request, self._deadline())
+        return response.offset
+
+    # -- administration ------------------------------------------------------------------------
+
+    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo:
+        stub = self._get_stub()
+        request = pb.CreateTopicRequest(topic=topic, queue_count=queue_count)
+        response = await self._call(stub.CreateTopic, request, self._deadline())
+        return convert.topic_from_proto(response.topic)
+
+    async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
+        stub = self._get_stub()
+        request = pb.GetTopicRequest(topic=topic, auto_create=auto_create)
+        response = await self._call(stub.GetTopic, request, self._deadline())
+        return convert.topic_from_proto(response.topic)
+
+    async def list_topics(self) -> list[TopicInfo]:
+        stub = self._get_stub()
+        response = await self._call(stub.ListTopics, pb.ListTopicsRequest(), self._deadline())
+        return [convert.topic_from_proto(t) for t in response.topics]
+
+    async def delete_topic(self, topic: str) -> None:
+        stub = self._get_stub()
+        await self._call(stub.DeleteTopic, pb.DeleteTopicRequest(topic=topic), self._deadline())
+
+    async def get_group(self, group: str) -> GroupConfig:
+        stub = self._get_stub()
+        response = await self._call(
+            stub.GetGroup, pb.GetGroupRequest(group=group), self._deadline()
+        )
+        return convert.group_from_proto(response.group)
+
+    async def update_group(self, config: GroupConfig) -> GroupConfig:
+        stub = self._get_stub()
+        response = await self._call(
+            stub.UpdateGroup, convert.group_to_proto(config), self._deadline()
+        )
+        return convert.group_from_proto(response.group)
+
+    async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]:
+        stub = self._get_stub()
+        request = pb.GroupStatsRequest(group=group, topic=topic)
+        response = await self._call(stub.GroupStats, request, self._deadline())
+        return [convert.group_stats_from_proto(s) for s in response.stats]
+
+    async def close(self) -> None:
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            await channel.close()

@@ -1,0 +1,284 @@
+"""BrokerGrpcServer: serves any BrokerPort as popmq.broker.v1.BrokerService over gRPC.
+
+The servicer only converts: protos in, port call, protos out. A BrokerError becomes the
+response's Status (code and message); anything unexpected becomes INTERNAL_ERROR, so callers
+always get a typed answer. When a caller goes away (cancels, deadline, disconnect) gRPC cancels
+the handler task, and with it the awaited port call: a held long poll is released at once.
+The standard grpc.health.v1 service reports SERVING while the server runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import TypeVar
+
+import grpc
+from google.protobuf.message import Message as ProtoMessage
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from broker.api import convert
+from broker.api.errors import BrokerError, Code
+from broker.api.port import BrokerPort
+from popmq.pb.broker.v1 import broker_pb2 as pb
+from popmq.pb.broker.v1 import broker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R", bound=ProtoMessage)
+
+SERVICE_NAME = "popmq.broker.v1.BrokerService"
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a full pop batch of large bodies must fit
+
+# Proxies keep long polls open without sending data; let their keepalive pings through.
+SERVER_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
+async def _answer(response_cls: type[R], work: Awaitable[R]) -> R:
+    """Await the port call; turn a refusal into the response's status."""
+    try:
+        return await work
+    except BrokerError as error:
+        return response_cls(status=convert.error_status(error))
+    except Exception as error:  # the caller still deserves a typed answer
+        log.exception("broker call failed")
+        status = pb.Status(code=Code.INTERNAL_ERROR, message=f"{type(error).__name__}: {error}")
+        return response_cls(status=status)
+
+
+class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
+    """popmq.broker.v1.BrokerService on top of one BrokerPort."""
+
+    def __init__(self, port: BrokerPort) -> None:
+        self._port = port
+
+    async def Describe(self, request: pb.DescribeRequest, context: object) -> pb.DescribeResponse:
+        return pb.DescribeResponse(status=convert.ok_status(), name=self._port.name)
+
+    # -- produce -----------------------------------------------------------------------------
+
+    async def Send(self, request: pb.SendRequest, context: object) -> pb.SendResponse:
+        async def work() -> pb.SendResponse:
+            messages = [convert.message_from_proto(m) for m in request.messages]
+            results = await self._port.send(messages, request.queue_id)
+            return pb.SendResponse(
+                status=convert.ok_status(),
+                results=[convert.send_result_to_proto(r) for r in results],
+            )
+
+        return await _answer(pb.SendResponse, work())
+
+    # -- POP ---------------------------------------------------------------------------------
+
+    async def Pop(self, request: pb.PopRequest, context: object) -> pb.PopResponse:
+        async def work() -> pb.PopResponse:
+            result = await self._port.pop(convert.pop_request_from_proto(request))
+            return convert.pop_result_to_proto(result)
+
+        return await _answer(pb.PopResponse, work())
+
+    async def Ack(self, request: pb.AckRequest, context: object) -> pb.AckResponse:
+        async def work() -> pb.AckResponse:
+            entries = [convert.ack_entry_from_proto(e) for e in request.entries]
+            results = await self._port.ack(request.group, request.topic, entries)
+            return pb.AckResponse(
+                status=convert.ok_status(),
+                results=[convert.ack_result_to_proto(r) for r in results],
+            )
+
+        return await _answer(pb.AckResponse, work())
+
+    async def ChangeInvisibleTime(
+        self, request: pb.ChangeInvisibleTimeRequest, context: object
+    ) -> pb.ChangeInvisibleTimeResponse:
+        async def work() -> pb.ChangeInvisibleTimeResponse:
+            result = await self._port.change_invisible_time(
+                request.group, request.topic, request.receipt_handle, request.invisible_time_ms
+            )
+            return convert.change_invisible_to_proto(result)
+
+        return await _answer(pb.ChangeInvisibleTimeResponse, work())
+
+    async def Notify(self, request: pb.NotifyRequest, context: object) -> pb.NotifyResponse:
+        async def work() -> pb.NotifyResponse:
+            result = await self._port.notify(convert.notify_request_from_proto(request))
+            return convert.notify_result_to_proto(result)
+
+        return await _answer(pb.NotifyResponse, work())
+
+    async def ForwardToDlq(
+        self, request: pb.ForwardToDlqRequest, context: object
+    ) -> pb.ForwardToDlqResponse:
+        async def work() -> pb.ForwardToDlqResponse:
+            await self._port.forward_to_dlq(request.group, request.topic, request.receipt_handle)
+            return pb.ForwardToDlqResponse(status=convert.ok_status())
+
+        return await _answer(pb.ForwardToDlqResponse, work())
+
+    # -- pull and offsets --------------------------------------------------------------------
+
+    async def Pull(self, request: pb.PullRequest, context: object) -> pb.PullResponse:
+        async def work() -> pb.PullResponse:
+            result = await self._port.pull(convert.pull_request_from_proto(request))
+            return convert.pull_result_to_proto(result)
+
+        return await _answer(pb.PullResponse, work())
+
+    async def GetConsumerOffset(
+        self, request: pb.QueueRef, context: object
+    ) -> pb.GetConsumerOffsetResponse:
+        async def work() -> pb.GetConsumerOffsetResponse:
+            offset = await self._port.get_consumer_offset(
+                request.group, request.topic, request.queue_id
+            )
+            return pb.GetConsumerOffsetResponse(status=convert.ok_status(), offset=offset)
+
+        return await _answer(pb.GetConsumerOffsetResponse, work())
+
+    async def UpdateConsumerOffset(
+        self, request: pb.UpdateConsumerOffsetRequest, context: object
+    ) -> pb.UpdateConsumerOffsetResponse:
+        async def work() -> pb.UpdateConsumerOffsetResponse:
+            await self._port.update_consumer_offset(
+                request.group, request.topic, request.queue_id, request.offset
+            )
+            return pb.UpdateConsumerOffsetResponse(status=convert.ok_status())
+
+        return await _answer(pb.UpdateConsumerOffsetResponse, work())
+
+    async def OffsetForTimestamp(
+        self, request: pb.OffsetForTimestampRequest, context: object
+    ) -> pb.OffsetForTimestampResponse:
+        async def work() -> pb.OffsetForTimestampResponse:
+            offset = await self._port.offset_for_timestamp(
+                request.topic, request.queue_id, request.timestamp_ms
+            )
+            return pb.OffsetForTimestampResponse(status=convert.ok_status(), offset=offset)
+
+        return await _answer(pb.OffsetForTimestampResponse, work())
+
+    # -- administration ----------------------------------------------------------------------
+
+    async def CreateTopic(
+        self, request: pb.CreateTopicRequest, context: object
+    ) -> pb.TopicResponse:
+        async def work() -> pb.TopicResponse:
+            topic = await self._port.create_topic(request.topic, request.queue_count)
+            return pb.TopicResponse(status=convert.ok_status(), topic=convert.topic_to_proto(topic))
+
+        return await _answer(pb.TopicResponse, work())
+
+    async def GetTopic(self, request: pb.GetTopicRequest, context: object) -> pb.TopicResponse:
+        async def work() -> pb.TopicResponse:
+            topic = await self._port.get_topic(request.topic, request.auto_create)
+            return pb.TopicResponse(status=convert.ok_status(), topic=convert.topic_to_proto(topic))
+
+        return await _answer(pb.TopicResponse, work())
+
+    async def ListTopics(
+        self, request: pb.ListTopicsRequest, context: object
+    ) -> pb.ListTopicsResponse:
+        async def work() -> pb.ListTopicsResponse:
+            topics = await self._port.list_topics()
+            return pb.ListTopicsResponse(
+                status=convert.ok_status(), topics=[convert.topic_to_proto(t) for t in topics]
+            )
+
+        return await _answer(pb.ListTopicsResponse, work())
+
+    async def DeleteTopic(
+        self, request: pb.DeleteTopicRequest, context: object
+    ) -> pb.DeleteTopicResponse:
+        async def work() -> pb.DeleteTopicResponse:
+            await self._port.delete_topic(request.topic)
+            return pb.DeleteTopicResponse(status=convert.ok_status())
+
+        return await _answer(pb.DeleteTopicResponse, work())
+
+    async def GetGroup(self, request: pb.GetGroupRequest, context: object) -> pb.GroupResponse:
+        async def work() -> pb.GroupResponse:
+            group = await self._port.get_group(request.group)
+            return pb.GroupResponse(status=convert.ok_status(), group=convert.group_to_proto(group))
+
+        return await _answer(pb.GroupResponse, work())
+
+    async def UpdateGroup(self, request: pb.GroupConfig, context: object) -> pb.GroupResponse:
+        async def work() -> pb.GroupResponse:
+            group = await self._port.update_group(convert.group_from_proto(request))
+            return pb.GroupResponse(status=convert.ok_status(), group=convert.group_to_proto(group))
+
+        return await _answer(pb.GroupResponse, work())
+
+    async def GroupStats(
+        self, request: pb.GroupStatsRequest, context: object
+    ) -> pb.GroupStatsResponse:
+        async def work() -> pb.GroupStatsResponse:
+            stats = await self._port.group_stats(request.group, request.topic)
+            return pb.GroupStatsResponse(
+                status=convert.ok_status(),
+                stats=[convert.group_stats_to_proto(s) for s in stats],
+            )
+
+        return await _answer(pb.GroupStatsResponse, work())
+
+
+class BrokerGrpcServer:
+    """Runs BrokerService (plus grpc.health.v1) for one BrokerPort on host:port_number.
+
+    port_number 0 picks a free port; ``bound_port`` tells which, once started.
+    """
+
+    def __init__(self, port: BrokerPort, host: str = "127.0.0.1", port_number: int = 0) -> None:
+        self._port = port
+        self._host = host
+        self._port_number = port_number
+        self._server: grpc.aio.Server | None = None
+        self._health: health_aio.HealthServicer | None = None
+        self._bound_port: int | None = None
+
+    @property
+    def bound_port(self) -> int:
+        if self._bound_port is None:
+            raise RuntimeError("BrokerGrpcServer is not started")
+        return self._bound_port
+
+    @property
+    def address(self) -> str:
+        """host:port to give a RemoteBrokerPort."""
+        return f"{self._host}:{self.bound_port}"
+
+    async def start(self) -> None:
+        if self._server is not None:
+            raise RuntimeError("BrokerGrpcServer already started")
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(self._port), server)
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        bound = server.add_insecure_port(f"{self._host}:{self._port_number}")
+        if bound == 0:
+            raise OSError(f"cannot listen on {self._host}:{self._port_number}")
+        await server.start()
+        await health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        self._server, self._health, self._bound_port = server, health, bound
+
+    async def stop(self, grace_s: float | None = 1.0) -> None:
+        """Stop accepting calls; in-flight calls get grace_s to finish, then are cancelled
+        (which cancels the port calls they hold)."""
+        server, health = self._server, self._health
+        if server is None or health is None:
+            return
+        self._server = self._health = None
+        await health.enter_graceful_shutdown()
+        await server.stop(grace_s)
+
+    async def wait_for_termination(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()

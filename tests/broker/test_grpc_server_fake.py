@@ -1,0 +1,256 @@
+"""BrokerGrpcServer + RemoteBrokerPort against a small in-test BrokerPort: transport behaviour
+(status codes, deadlines, cancellation, health) independent of the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from broker.api.errors import BrokerError, BrokerUnavailableError, Code
+from broker.api.port import BrokerPort
+from broker.api.remote import RemoteBrokerPort
+from broker.api.types import (
+    AckEntry,
+    AckEntryResult,
+    ChangeInvisibleResult,
+    GroupConfig,
+    GroupQueueStats,
+    Message,
+    NotifyRequest,
+    NotifyResult,
+    PoppedMessage,
+    PopRequest,
+    PopResult,
+    PopStatus,
+    PullRequest,
+    PullResult,
+    PullStatus,
+    SendResult,
+    StoredMessage,
+    TopicInfo,
+)
+from broker.server import SERVICE_NAME, BrokerGrpcServer
+
+
+class FakePort:
+    """Answers from memory; pops with poll_time_ms hold until cancelled (and say so)."""
+
+    def __init__(self) -> None:
+        self.sent: list[Message] = []
+        self.held = asyncio.Event()
+        self.released = asyncio.Event()
+
+    @property
+    def name(self) -> str:
+        return "fake-broker"
+
+    async def send(self, messages: list[Message], queue_id: int = -1) -> list[SendResult]:
+        if any(m.topic == "boom" for m in messages):
+            raise RuntimeError("disk on fire")
+        if any(not m.body for m in messages):
+            raise BrokerError(Code.MESSAGE_BODY_EMPTY, "empty body")
+        self.sent.extend(messages)
+        return [
+            SendResult(m.message_id or f"gen-{i}", m.topic, max(queue_id, 0), i, self.name)
+            for i, m in enumerate(messages, start=len(self.sent) - len(messages))
+        ]
+
+    async def pop(self, request: PopRequest) -> PopResult:
+        if request.poll_time_ms > 0:
+            self.held.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.released.set()
+                raise
+        stored = StoredMessage(
+            request.topic, 0, 0, b"x", "", [], {}, "m0", "", 0, 0, "", 1, self.name, 0
+        )
+        return PopResult(PopStatus.FOUND, [PoppedMessage(stored, "rh-0", 99)], rest_num=3)
+
+    async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:
+        return [
+            AckEntryResult(e.receipt_handle, e.message_id, Code.OK if e.receipt_handle else 40013)
+            for e in entries
+        ]
+
+    async def change_invisible_time(
+        self, group: str, topic: str, receipt_handle: str, invisible_time_ms: int
+    ) -> ChangeInvisibleResult:
+        raise BrokerError(Code.INVALID_RECEIPT_HANDLE, f"stale handle {receipt_handle}")
+
+    async def notify(self, request: NotifyRequest) -> NotifyResult:
+        return NotifyResult(has_message=request.topic == "busy")
+
+    async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
+        return None
+
+    async def pull(self, request: PullRequest) -> PullResult:
+        return PullResult(PullStatus.NO_NEW_MESSAGE, [], request.offset, 0, request.offset)
+
+    async def get_consumer_offset(self, group: str, topic: str, queue_id: int) -> int:
+        return -1
+
+    async def update_consumer_offset(
+        self, group: str, topic: str, queue_id: int, offset: int
+    ) -> None:
+        return None
+
+    async def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        return timestamp_ms // 1000
+
+    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo:
+        return TopicInfo(topic, queue_count)
+
+    async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
+        raise BrokerError(Code.TOPIC_NOT_FOUND, f"no topic {topic}")
+
+    async def list_topics(self) -> list[TopicInfo]:
+        return []
+
+    async def delete_topic(self, topic: str) -> None:
+        return None
+
+    async def get_group(self, group: str) -> GroupConfig:
+        return GroupConfig(group)
+
+    async def update_group(self, config: GroupConfig) -> GroupConfig:
+        return config
+
+    async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]:
+        return [GroupQueueStats(topic, 0, 1, 5, 2)]
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[FakePort, BrokerGrpcServer, RemoteBrokerPort]]:
+    fake = FakePort()
+    assert isinstance(fake, BrokerPort)
+    server = BrokerGrpcServer(fake, "127.0.0.1", 0)
+    await server.start()
+    remote = RemoteBrokerPort("fake-broker", server.address, rpc_timeout_s=2.0)
+    try:
+        yield fake, server, remote
+    finally:
+        await remote.close()
+        await server.stop(0)
+
+
+async def test_remote_port_is_a_broker_port(served) -> None:
+    _, server, remote = served
+    assert isinstance(remote, BrokerPort)
+    assert server.bound_port > 0
+    assert await remote.describe() == "fake-broker"
+
+
+async def test_health_service_reports_serving(served) -> None:
+    _, server, _ = served
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", SERVICE_NAME):
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_calls_round_trip(served) -> None:
+    fake, _, remote = served
+    results = await remote.send([Message("t", b"a", message_id="m1"), Message("t", b"b")], 2)
+    assert [(r.message_id, r.queue_id, r.queue_offset) for r in results] == [
+        ("m1", 2, 0),
+        ("gen-1", 2, 1),
+    ]
+    assert [m.body for m in fake.sent] == [b"a", b"b"]
+    popped = await remote.pop(PopRequest("g", "t"))
+    assert popped.status is PopStatus.FOUND and popped.rest_num == 3
+    assert popped.messages[0].receipt_handle == "rh-0"
+    assert popped.messages[0].message.store_host == "fake-broker"
+    acks = await remote.ack("g", "t", [AckEntry("rh", "m"), AckEntry("", "m2")])
+    assert [a.code for a in acks] == [Code.OK, Code.INVALID_RECEIPT_HANDLE]
+    assert (await remote.notify(NotifyRequest("g", "busy"))).has_message
+    assert not (await remote.notify(NotifyRequest("g", "idle"))).has_message
+    assert await remote.get_consumer_offset("g", "t", 0) == -1
+    assert await remote.offset_for_timestamp("t", 0, 5_000) == 5
+    assert (await remote.pull(PullRequest("t", 0, 7))).next_offset == 7
+    assert (await remote.create_topic("t", 4)).queue_count == 4
+    assert (await remote.group_stats("g", "t"))[0].backlog == 4
+    await remote.forward_to_dlq("g", "t", "rh")
+    await remote.update_consumer_offset("g", "t", 0, 3)
+
+
+async def test_broker_errors_keep_their_code(served) -> None:
+    _, _, remote = served
+    with pytest.raises(BrokerError) as caught:
+        await remote.change_invisible_time("g", "t", "rh-9", 1000)
+    assert caught.value.code is Code.INVALID_RECEIPT_HANDLE
+    assert caught.value.message == "stale handle rh-9"
+    with pytest.raises(BrokerError) as caught:
+        await remote.get_topic("nope")
+    assert caught.value.code is Code.TOPIC_NOT_FOUND
+    with pytest.raises(BrokerError) as caught:
+        await remote.send([Message("t", b"")])
+    assert caught.value.code is Code.MESSAGE_BODY_EMPTY
+
+
+async def test_unexpected_failure_becomes_internal_error(served) -> None:
+    _, _, remote = served
+    with pytest.raises(BrokerError) as caught:
+        await remote.send([Message("boom", b"x")])
+    assert caught.value.code is Code.INTERNAL_ERROR
+    assert "disk on fire" in caught.value.message
+
+
+async def test_cancelling_the_caller_releases_the_held_pop(served) -> None:
+    fake, _, remote = served
+    task = asyncio.create_task(remote.pop(PopRequest("g", "t", poll_time_ms=60_000)))
+    await asyncio.wait_for(fake.held.wait(), 2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(fake.released.wait(), 2)
+
+
+async def test_long_poll_deadline_is_poll_time_plus_margin(served) -> None:
+    fake, server, _ = served
+    remote = RemoteBrokerPort("fake-broker", server.address, rpc_timeout_s=0.2)
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(BrokerError) as caught:
+            await remote.pop(PopRequest("g", "t", poll_time_ms=300))
+        elapsed = loop.time() - started
+        assert caught.value.code is Code.PROXY_TIMEOUT
+        assert 0.45 <= elapsed < 2.0
+        await asyncio.wait_for(fake.released.wait(), 2)  # the broker let go too
+    finally:
+        await remote.close()
+
+
+async def test_server_stop_cancels_held_calls(served) -> None:
+    fake, server, remote = served
+    task = asyncio.create_task(remote.pop(PopRequest("g", "t", poll_time_ms=60_000)))
+    await asyncio.wait_for(fake.held.wait(), 2)
+    await server.stop(0.1)
+    await asyncio.wait_for(fake.released.wait(), 2)
+    with pytest.raises(BrokerUnavailableError):
+        await task
+
+
+async def test_unreachable_broker_is_unavailable() -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    remote = RemoteBrokerPort("gone", address, rpc_timeout_s=2.0)
+    try:
+        with pytest.raises(BrokerUnavailableError) as caught:
+            await remote.send([Message("t", b"x")])
+        assert caught.value.broker == "gone"
+        assert caught.value.code is Code.INTERNAL_SERVER_ERROR
+    finally:
+        await remote.close()
