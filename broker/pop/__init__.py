@@ -1,0 +1,1 @@
+"""POP consumption: receipt handles, checkpoints, revive, FIFO, long polling."""

@@ -1,0 +1,90 @@
+"""The pop journal: the durable record of checkpoints that stayed un-acked.
+
+One ``FramedLog`` of JSON records:
+  {"k": "ck", ...checkpoint...}              a spilled checkpoint with its entry states then
+  {"k": "st", "id": ck_id, "i": i, "s": s}   entry ``i`` of checkpoint ``id`` changed to ``s``
+
+Replaying the file in order rebuilds each checkpoint's last known states. The file only grows,
+so it is rewritten (compacted) with the checkpoints still needed, at open and when it has grown
+well past what is live: a temp file is written and fsynced, then renamed over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+from broker.pop.checkpoint import Checkpoint, EntryState
+from broker.store.framing import FramedLog, fsync_dir
+
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+
+class PopJournal:
+    def __init__(self, path: Path) -> None:
+        self._path = Path(path)
+        self._log = FramedLog(self._path)
+        self._size_after_compaction = self._log.end_position
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def size(self) -> int:
+        return self._log.end_position
+
+    def load(self) -> list[Checkpoint]:
+        """Replay the journal: every checkpoint with its final entry states."""
+        checkpoints: dict[int, Checkpoint] = {}
+        for _, payload in self._log.iter_from(0):
+            try:
+                record = json.loads(bytes(payload))
+                if record["k"] == "ck":
+                    ck = Checkpoint.from_record(record)
+                    checkpoints[ck.ck_id] = ck
+                elif record["k"] == "st":
+                    ck = checkpoints.get(int(record["id"]))
+                    if ck is not None:
+                        ck.set_state(int(record["i"]), EntryState(int(record["s"])))
+            except (ValueError, KeyError, TypeError, IndexError):
+                continue  # a record we cannot read is skipped, not fatal
+        return list(checkpoints.values())
+
+    def write_checkpoint(self, ck: Checkpoint) -> None:
+        self._log.append(_dumps(ck.to_record()).encode())
+
+    def write_state(self, ck_id: int, index: int, state: EntryState) -> None:
+        self._log.append(_dumps({"k": "st", "id": ck_id, "i": index, "s": int(state)}).encode())
+
+    def flush(self) -> None:
+        """Hand buffered records to the OS (they survive a process crash from here on)."""
+        self._log.flush()
+
+    async def sync(self) -> None:
+        """Flush and fsync (in a worker thread) what was written so far."""
+        self._log.flush()
+        await asyncio.to_thread(self._log.sync)
+
+    def should_compact(self, min_bytes: int = 16 << 20) -> bool:
+        return self.size > max(min_bytes, 4 * self._size_after_compaction)
+
+    def rewrite(self, checkpoints: list[Checkpoint]) -> None:
+        """Replace the journal by one holding just ``checkpoints`` (current states)."""
+        tmp = self._path.with_name(self._path.name + ".compact")
+        tmp.unlink(missing_ok=True)
+        fresh = FramedLog(tmp)
+        for ck in checkpoints:
+            fresh.append(_dumps(ck.to_record()).encode())
+        fresh.flush(fsync=True)
+        self._log.close()
+        fresh.close()
+        os.replace(tmp, self._path)
+        fsync_dir(self._path.parent)
+        self._log = FramedLog(self._path)
+        self._size_after_compaction = self._log.end_position
+
+    def close(self) -> None:
+        self._log.close()
