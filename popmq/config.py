@@ -149,6 +149,9 @@ class ProxyConfig(Section):
     notify_hysteresis: float = Field(0.2, ge=0, lt=1)
     slices_quota: int = Field(8, ge=1)
     slice_ms: int = Field(500, ge=1)
+    # After an empty answer, ask every broker (no hold) whether a message was visible, to
+    # count false empty responses (popmq_proxy_false_empty_responses_total).
+    false_empty_probe: bool = True
 
     min_invisible_ms: int = Field(10_000, ge=0)
     max_invisible_ms: int = Field(12 * 3_600_000, ge=1)

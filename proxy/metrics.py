@@ -75,3 +75,16 @@ class ProxyMetrics:
             "Pop requests per second over the adaptive window",
             registry=r,
         )
+        self.broker_rpc_errors = Counter(
+            "popmq_proxy_broker_rpc_errors", "Failed calls from the proxy to brokers",
+            ["kind", "code"], registry=r,
+        )  # fmt: skip
+        self.released_messages = Counter(
+            "popmq_proxy_released_messages",
+            "Popped messages a long poll could not deliver (client gone), by what release did",
+            ["outcome"], registry=r,
+        )  # fmt: skip
+        self.adaptive_switches = Counter(
+            "popmq_proxy_adaptive_switches", "Adaptive long-poll switches, by the mode entered",
+            ["mode"], registry=r,
+        )  # fmt: skip

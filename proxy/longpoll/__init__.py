@@ -1,0 +1,45 @@
+"""Long-polling strategies for the proxy's ReceiveMessage (see docs/longpolling.md).
+
+``make_strategy`` builds the one the config names: ``pop`` (baseline), ``slices`` (MNS-style),
+``notify`` (pop with notify, article 001) or ``adaptive`` (notify when quiet, pop when busy).
+"""
+
+from __future__ import annotations
+
+from popmq.config import ProxyConfig
+from proxy.longpoll.adaptive import AdaptiveStrategy
+from proxy.longpoll.base import LongPollRequest, LongPollStrategy
+from proxy.longpoll.calls import BrokerCalls
+from proxy.longpoll.notify import NotifyStrategy
+from proxy.longpoll.pop import PopStrategy
+from proxy.longpoll.slices import SlicesStrategy
+from proxy.metrics import ProxyMetrics
+
+__all__ = [
+    "AdaptiveStrategy",
+    "LongPollRequest",
+    "LongPollStrategy",
+    "NotifyStrategy",
+    "PopStrategy",
+    "SlicesStrategy",
+    "make_strategy",
+]
+
+
+def make_strategy(config: ProxyConfig, metrics: ProxyMetrics) -> LongPollStrategy:
+    calls = BrokerCalls(metrics, fallback_invisible_ms=config.min_invisible_ms)
+    probe = config.false_empty_probe
+    if config.strategy == "pop":
+        return PopStrategy(calls, metrics, probe_false_empty=probe)
+    if config.strategy == "slices":
+        return SlicesStrategy(
+            calls, metrics, quota=config.slices_quota, slice_ms=config.slice_ms,
+            probe_false_empty=probe,
+        )  # fmt: skip
+    if config.strategy == "notify":
+        return NotifyStrategy(calls, metrics, probe_false_empty=probe)
+    return AdaptiveStrategy(
+        calls, metrics, threshold_rps=config.notify_threshold_rps,
+        window_s=config.notify_window_s, hysteresis=config.notify_hysteresis,
+        probe_false_empty=probe,
+    )  # fmt: skip

@@ -1,0 +1,81 @@
+"""Adaptive: pop with notify while requests are few, plain pop long polling when busy.
+
+The signal is the rate of receive calls (pop requests) this proxy sees over a sliding window,
+as article 001 describes. Many requests mean many waiting clients, which already cover every
+broker, so notifications would only add broker calls. To avoid flapping, the switch to ``pop``
+happens at ``threshold`` requests/s and the switch back only below
+``threshold * (1 - hysteresis)``. Each proxy decides on its own traffic alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+from broker.api.port import BrokerPort
+from broker.api.types import PoppedMessage
+from proxy.longpoll.base import LongPollRequest
+from proxy.longpoll.calls import BrokerCalls
+from proxy.longpoll.notify import NotifyStrategy
+from proxy.longpoll.pop import PopStrategy
+from proxy.longpoll.rate import SlidingRate
+from proxy.metrics import ProxyMetrics
+
+Mode = Literal["notify", "pop"]
+
+
+class AdaptiveStrategy:
+    name = "adaptive"
+
+    def __init__(
+        self,
+        calls: BrokerCalls,
+        metrics: ProxyMetrics,
+        *,
+        threshold_rps: float = 100.0,
+        window_s: float = 10.0,
+        hysteresis: float = 0.2,
+        probe_false_empty: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.calls = calls
+        self.metrics = metrics
+        self.threshold_rps = threshold_rps
+        self.low_rps = threshold_rps * (1 - hysteresis)
+        self.rate = SlidingRate(window_s, clock=clock)
+        probe = probe_false_empty
+        self._strategies = {
+            "notify": NotifyStrategy(calls, metrics, label=self.name, probe_false_empty=probe),
+            "pop": PopStrategy(calls, metrics, label=self.name, probe_false_empty=probe),
+        }
+        self.mode: Mode = "notify"
+        metrics.pop_request_rate.set_function(self.rate.per_second)
+        self._show_mode()
+
+    def _show_mode(self) -> None:
+        for mode in ("notify", "pop"):
+            self.metrics.adaptive_mode.labels(mode).set(1 if mode == self.mode else 0)
+
+    def decide(self) -> Mode:
+        """Count one request and return the mode it runs in."""
+        self.rate.add()
+        rps = self.rate.per_second()
+        if self.mode == "notify" and rps >= self.threshold_rps:
+            self._switch("pop")
+        elif self.mode == "pop" and rps < self.low_rps:
+            self._switch("notify")
+        return self.mode
+
+    def _switch(self, mode: Mode) -> None:
+        self.mode = mode
+        self.metrics.adaptive_switches.labels(mode).inc()
+        self._show_mode()
+
+    async def receive(
+        self, brokers: Sequence[BrokerPort], request: LongPollRequest
+    ) -> list[PoppedMessage]:
+        return await self._strategies[self.decide()].receive(brokers, request)
+
+    async def aclose(self) -> None:
+        await self.calls.aclose()

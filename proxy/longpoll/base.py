@@ -1,0 +1,148 @@
+"""The long-poll contract between the proxy's ReceiveMessage handler and the strategies.
+
+A strategy turns one client receive into broker calls: it returns as soon as messages are
+found on any broker, or ``[]`` when ``poll_ms`` has passed. ``StrategyBase`` holds what every
+strategy shares: the deadline, the custody of popped messages, the per-call metrics and the
+false-empty probe; a concrete strategy only implements ``_poll``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from broker.api.port import BrokerPort
+from broker.api.types import PoppedMessage, PopRequest
+from proxy.longpoll.calls import BrokerCalls
+from proxy.longpoll.custody import Custody
+from proxy.metrics import ProxyMetrics
+
+
+@dataclass(slots=True)
+class LongPollRequest:
+    # group, topic, max_messages, invisible_time_ms, filter, fifo, client_id; queue_id -1.
+    # Its poll_time_ms is ignored: the strategy sets it per broker call.
+    pop: PopRequest
+    # How long this call may hold, already clamped by the proxy to [min, max] long polling
+    # and to the client's deadline minus a reserve.
+    poll_ms: int
+    # The broker of the client's message_queue, if any (the plain pop strategy goes there).
+    preferred_broker: str | None = None
+
+
+@runtime_checkable
+class LongPollStrategy(Protocol):
+    name: str
+
+    async def receive(
+        self, brokers: Sequence[BrokerPort], request: LongPollRequest
+    ) -> list[PoppedMessage]:
+        """Messages from any broker as soon as found, or [] after request.poll_ms.
+
+        Cancelling the awaiting task cancels every broker call it started; messages popped
+        but not handed over are made visible again.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Finish background work (releases of undelivered messages, false-empty probes)."""
+        ...
+
+
+class BrokerPicker:
+    """Round robin over the brokers, unless the client named one (its message queue's)."""
+
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def pick(self, brokers: Sequence[BrokerPort], preferred: str | None = None) -> BrokerPort:
+        if preferred is not None:
+            for port in brokers:
+                if port.name == preferred:
+                    return port
+        return brokers[next(self._turn) % len(brokers)]
+
+    def start_index(self, brokers: Sequence[BrokerPort], preferred: str | None = None) -> int:
+        return brokers.index(self.pick(brokers, preferred))
+
+
+def remaining_ms(deadline: float) -> int:
+    """Whole milliseconds left until a loop-clock deadline (never negative)."""
+    return max(0, int((deadline - asyncio.get_running_loop().time()) * 1000))
+
+
+class StrategyBase:
+    """Deadline, custody, metrics and false-empty probe around one strategy's ``_poll``."""
+
+    name = "base"
+
+    def __init__(
+        self,
+        calls: BrokerCalls,
+        metrics: ProxyMetrics,
+        *,
+        label: str | None = None,
+        probe_false_empty: bool = True,
+    ) -> None:
+        self.calls = calls
+        self.metrics = metrics
+        # The metric label: the configured strategy (adaptive labels its inner strategies
+        # "adaptive" so dashboards follow the configuration, not the mode of the moment).
+        self.label = label or self.name
+        self.probe_false_empty = probe_false_empty
+        self.picker = BrokerPicker()
+
+    async def _poll(
+        self,
+        brokers: Sequence[BrokerPort],
+        request: LongPollRequest,
+        deadline: float,
+        custody: Custody,
+    ) -> None:
+        """Pop until custody holds messages; the caller stops it at the deadline."""
+        raise NotImplementedError
+
+    async def receive(
+        self, brokers: Sequence[BrokerPort], request: LongPollRequest
+    ) -> list[PoppedMessage]:
+        if not brokers:
+            return []
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + max(request.poll_ms, 0) / 1000
+        self.metrics.long_polls.labels(self.label).inc()
+        custody = Custody(lambda port, msgs: self.calls.release(port, request.pop, msgs))
+        try:
+            if request.poll_ms <= 0:
+                await self._poll(brokers, request, deadline, custody)
+            else:
+                timeout = asyncio.timeout_at(deadline)
+                try:
+                    async with timeout:
+                        await self._poll(brokers, request, deadline, custody)
+                except TimeoutError:
+                    if not timeout.expired():
+                        raise  # a broker's timeout, not our deadline
+        except BaseException as exc:
+            # Client gone (cancelled) or a broker error: nothing popped may be lost.
+            custody.abandon()
+            result = "cancelled" if isinstance(exc, asyncio.CancelledError) else "error"
+            self.metrics.receive_latency.labels(self.label, result).observe(loop.time() - started)
+            raise
+        messages = custody.hand_over()
+        elapsed = loop.time() - started
+        if messages:
+            self.metrics.messages_delivered.inc(len(messages))
+            self.metrics.receive_latency.labels(self.label, "found").observe(elapsed)
+        else:
+            self.metrics.empty_responses.labels(self.label).inc()
+            self.metrics.receive_latency.labels(self.label, "empty").observe(elapsed)
+            if self.probe_false_empty:
+                self.calls.probe_false_empty(brokers, request.pop, self.label)
+        return messages
+
+    async def aclose(self) -> None:
+        await self.calls.aclose()

@@ -1,0 +1,195 @@
+"""Broker calls made by the long-poll strategies, counted in the proxy's metrics.
+
+``BrokerCalls`` also owns the strategies' background work: releasing popped messages nobody
+will receive, and probing for false empty responses. Each of these tasks is tracked here and
+``aclose()`` finishes them, so nothing outlives the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine, Sequence
+from dataclasses import replace
+from typing import Any
+
+from broker.api.errors import BrokerError, Code
+from broker.api.port import BrokerPort
+from broker.api.types import (
+    NotifyRequest,
+    NotifyResult,
+    PoppedMessage,
+    PopRequest,
+    PopResult,
+    PopStatus,
+)
+from proxy.longpoll.custody import Custody
+from proxy.metrics import ProxyMetrics
+
+log = logging.getLogger(__name__)
+
+# Back-off when a broker's hold table is full or a broker call fails, doubling up to the max.
+BACKOFF_START_S = 0.05
+BACKOFF_MAX_S = 1.0
+
+
+def _remaining_ms(deadline: float) -> int:
+    return max(0, int((deadline - asyncio.get_running_loop().time()) * 1000))
+
+
+def notify_request(pop: PopRequest, poll_time_ms: int) -> NotifyRequest:
+    return NotifyRequest(
+        group=pop.group,
+        topic=pop.topic,
+        queue_id=-1,
+        poll_time_ms=poll_time_ms,
+        filter=pop.filter,
+        fifo=pop.fifo,
+    )
+
+
+class BrokerCalls:
+    def __init__(self, metrics: ProxyMetrics, *, fallback_invisible_ms: int = 10_000) -> None:
+        self.metrics = metrics
+        # Used to release a message when the broker refuses an invisible time of 0.
+        self.fallback_invisible_ms = fallback_invisible_ms
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- pop -----------------------------------------------------------------------------------
+    async def pop(self, port: BrokerPort, request: PopRequest, custody: Custody) -> PopResult:
+        """One pop; its messages go into custody the moment the broker answers.
+
+        The pop runs in its own task whose done-callback fills custody: if the caller is
+        cancelled just as the answer arrives, the messages are still found and released.
+        """
+        self.metrics.broker_rpcs.labels("pop").inc()
+        task = asyncio.create_task(port.pop(request), name=f"pop:{port.name}")
+        task.add_done_callback(lambda done: self._into_custody(done, port, custody))
+        return await task
+
+    @staticmethod
+    def _into_custody(task: asyncio.Task[PopResult], port: BrokerPort, custody: Custody) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        custody.keep(port, task.result().messages)
+
+    async def hold_pop(
+        self, port: BrokerPort, request: PopRequest, deadline: float, custody: Custody
+    ) -> PopResult:
+        """A pop long poll until the deadline; a full hold table is retried with back-off."""
+        backoff = BACKOFF_START_S
+        while True:
+            poll = replace(request, poll_time_ms=_remaining_ms(deadline))
+            result = await self.pop(port, poll, custody)
+            if result.status is not PopStatus.POLLING_FULL or poll.poll_time_ms == 0:
+                return result
+            await asyncio.sleep(min(backoff, _remaining_ms(deadline) / 1000))
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    # -- notification --------------------------------------------------------------------------
+    async def notify(self, port: BrokerPort, request: NotifyRequest, kind: str = "notify") -> bool:
+        """One notification call: True when the broker has a visible message for the group."""
+        self.metrics.broker_rpcs.labels(kind).inc()
+        self.metrics.held_notifications.inc()
+        try:
+            result: NotifyResult = await port.notify(request)
+        finally:
+            self.metrics.held_notifications.dec()
+        if result.polling_full:
+            raise _PollingFull
+        return result.has_message
+
+    async def watch(self, port: BrokerPort, pop: PopRequest, deadline: float) -> bool:
+        """Long-poll notifications on one broker until it reports a message (True) or the
+        deadline passes (False). Broker errors and a full hold table are retried."""
+        backoff = BACKOFF_START_S
+        loop = asyncio.get_running_loop()
+        while True:
+            poll_ms = _remaining_ms(deadline)
+            if poll_ms == 0:
+                return False
+            asked = loop.time()
+            try:
+                if await self.notify(port, notify_request(pop, poll_ms)):
+                    return True
+            except _PollingFull:
+                pass
+            except Exception as exc:  # one failing broker must not end the long poll
+                self.note_error("notify", exc, port)
+            else:
+                # "No" before our deadline: the broker capped the hold. Re-arm, but never spin.
+                if loop.time() - asked >= poll_ms / 2000:
+                    backoff = BACKOFF_START_S
+                    continue
+            await asyncio.sleep(min(backoff, _remaining_ms(deadline) / 1000))
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def note_error(self, kind: str, exc: Exception, port: BrokerPort) -> None:
+        code = exc.code.name if isinstance(exc, BrokerError) else type(exc).__name__
+        self.metrics.broker_rpc_errors.labels(kind, code).inc()
+        log.warning("%s on %s failed: %s", kind, port.name, exc)
+
+    # -- background work -----------------------------------------------------------------------
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def release(self, port: BrokerPort, pop: PopRequest, messages: list[PoppedMessage]) -> None:
+        """Make popped-but-undelivered messages visible again, in the background."""
+        self._spawn(self._release(port, pop, messages), f"release:{port.name}")
+
+    async def _release(
+        self, port: BrokerPort, pop: PopRequest, messages: list[PoppedMessage]
+    ) -> None:
+        for popped in messages:
+            outcome = await self._release_one(port, pop, popped)
+            self.metrics.released_messages.labels(outcome).inc()
+
+    async def _release_one(self, port: BrokerPort, pop: PopRequest, popped: PoppedMessage) -> str:
+        """'visible_now', 'shortened' (the broker's minimum applied) or 'kept' (the message
+        comes back at its original invisible time, as it would without a release)."""
+        handle = popped.receipt_handle
+        try:
+            self.metrics.broker_rpcs.labels("change_invisible").inc()
+            await port.change_invisible_time(pop.group, pop.topic, handle, 0)
+            return "visible_now"
+        except BrokerError as exc:
+            if exc.code is not Code.ILLEGAL_INVISIBLE_TIME:
+                log.warning("could not release %s on %s: %s", handle, port.name, exc)
+                return "kept"
+        left_ms = popped.invisible_until_ms - int(time.time() * 1000)
+        if left_ms <= self.fallback_invisible_ms:
+            return "kept"
+        try:
+            self.metrics.broker_rpcs.labels("change_invisible").inc()
+            fallback = self.fallback_invisible_ms
+            await port.change_invisible_time(pop.group, pop.topic, handle, fallback)
+            return "shortened"
+        except BrokerError as exc:
+            log.warning("could not release %s on %s: %s", handle, port.name, exc)
+            return "kept"
+
+    def probe_false_empty(self, brokers: Sequence[BrokerPort], pop: PopRequest, label: str) -> None:
+        """After an empty answer, ask every broker at once (no hold) whether a message is
+        visible for the group; if one is, the answer was a false empty."""
+        self._spawn(self._probe(list(brokers), pop, label), "false-empty-probe")
+
+    async def _probe(self, brokers: list[BrokerPort], pop: PopRequest, label: str) -> None:
+        request = notify_request(pop, 0)
+        answers = await asyncio.gather(
+            *(self.notify(port, request, kind="notify_probe") for port in brokers),
+            return_exceptions=True,
+        )
+        if any(answer is True for answer in answers):
+            self.metrics.false_empty_responses.labels(label).inc()
+
+    async def aclose(self) -> None:
+        """Wait for releases (they protect messages) and probes (zero-wait calls) to end."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+class _PollingFull(Exception):
+    """The broker's hold table is full: back off and retry."""

@@ -1,0 +1,50 @@
+"""Custody of messages popped for one long poll.
+
+A pop's result is put here by the pop task's done-callback, so messages are accounted for even
+when the long poll is cancelled between the broker's answer and the hand-over. Once the long
+poll ends without handing them over (client gone, deadline, error), they are released: made
+visible again at once instead of waiting out their invisible time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from broker.api.port import BrokerPort
+from broker.api.types import PoppedMessage
+
+Release = Callable[[BrokerPort, list[PoppedMessage]], None]
+
+
+class Custody:
+    def __init__(self, release: Release) -> None:
+        self._release = release
+        self._held: list[tuple[BrokerPort, list[PoppedMessage]]] = []
+        self._open = True
+
+    def keep(self, port: BrokerPort, messages: list[PoppedMessage]) -> None:
+        if not messages:
+            return
+        if self._open:
+            self._held.append((port, messages))
+        else:
+            # The long poll is over: nobody will deliver these.
+            self._release(port, messages)
+
+    @property
+    def count(self) -> int:
+        return sum(len(messages) for _, messages in self._held)
+
+    def hand_over(self) -> list[PoppedMessage]:
+        """Close custody and give every held message to the caller (who now owns them)."""
+        self._open = False
+        out = [message for _, messages in self._held for message in messages]
+        self._held.clear()
+        return out
+
+    def abandon(self) -> None:
+        """Close custody and release everything held (and anything that still arrives)."""
+        self._open = False
+        held, self._held = self._held, []
+        for port, messages in held:
+            self._release(port, messages)

@@ -1,0 +1,34 @@
+"""The baseline: one client long poll is one pop long poll on one broker.
+
+This is what the open-source RocketMQ proxy does. The broker is the one of the client's
+message queue (else round robin); a message on any other broker waits for a later poll, which
+is the false empty response the other strategies remove.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from broker.api.port import BrokerPort
+from proxy.longpoll.base import LongPollRequest, StrategyBase
+from proxy.longpoll.custody import Custody
+
+
+class PopStrategy(StrategyBase):
+    name = "pop"
+
+    async def _poll(
+        self,
+        brokers: Sequence[BrokerPort],
+        request: LongPollRequest,
+        deadline: float,
+        custody: Custody,
+    ) -> None:
+        port = self.picker.pick(brokers, request.preferred_broker)
+        if request.poll_ms <= 0:
+            await self.calls.pop(port, replace(request.pop, poll_time_ms=0), custody)
+        else:
+            await self.calls.hold_pop(port, request.pop, deadline, custody)
+        if custody.count:
+            self.metrics.first_pop_hits.labels(self.label).inc()

@@ -1,0 +1,29 @@
+"""Helpers shared by the long-poll tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from broker.api.types import PopRequest
+from proxy.longpoll.base import LongPollRequest
+from proxy.metrics import ProxyMetrics
+
+
+def make_request(
+    poll_ms: int, preferred: str | None = None, max_messages: int = 32
+) -> LongPollRequest:
+    pop = PopRequest(group="g", topic="t", max_messages=max_messages, invisible_time_ms=60_000)
+    return LongPollRequest(pop=pop, poll_ms=poll_ms, preferred_broker=preferred)
+
+
+def sample(metrics: ProxyMetrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+async def wait_until(predicate: Callable[[], bool], limit_s: float = 1.0) -> None:
+    """Poll a condition that no event signals (a broker's hold count, say)."""
+    async with asyncio.timeout(limit_s):
+        while not predicate():  # noqa: ASYNC110
+            await asyncio.sleep(0.001)

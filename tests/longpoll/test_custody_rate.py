@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from broker.api.types import PoppedMessage
+from proxy.longpoll.custody import Custody
+from proxy.longpoll.rate import SlidingRate
+
+from .fake_broker import FakeBroker
+
+
+def _popped(broker: FakeBroker, n: int) -> list[PoppedMessage]:
+    return [PoppedMessage(m, f"h{m.message_id}", 0) for m in broker.put(n)]
+
+
+def test_custody_hands_over_then_releases_late_arrivals() -> None:
+    released: list[tuple[str, int]] = []
+    custody = Custody(lambda port, msgs: released.append((port.name, len(msgs))))
+    broker = FakeBroker("b0")
+    custody.keep(broker, _popped(broker, 2))
+    custody.keep(broker, [])
+    assert custody.count == 2
+    assert len(custody.hand_over()) == 2
+    assert released == []
+    custody.keep(broker, _popped(broker, 1))  # arrives after the hand-over: nobody takes it
+    assert released == [("b0", 1)]
+
+
+def test_custody_abandon_releases_everything() -> None:
+    released: list[int] = []
+    custody = Custody(lambda port, msgs: released.append(len(msgs)))
+    broker = FakeBroker("b0")
+    custody.keep(broker, _popped(broker, 3))
+    custody.abandon()
+    assert released == [3]
+    assert custody.hand_over() == []
+
+
+def test_sliding_rate_counts_only_the_window() -> None:
+    now = [100.0]
+    rate = SlidingRate(window_s=10.0, buckets=10, clock=lambda: now[0])
+    for _ in range(50):
+        rate.add()
+    assert rate.per_second() == 5.0
+    now[0] += 5.0
+    rate.add(50)
+    assert rate.per_second() == 10.0
+    now[0] += 6.0  # the first 50 fell out of the window
+    assert rate.per_second() == 5.0
+    now[0] += 20.0
+    assert rate.per_second() == 0.0

@@ -1,0 +1,129 @@
+"""The baseline pop and the MNS-style slices against fake brokers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from proxy.longpoll.calls import BrokerCalls
+from proxy.longpoll.pop import PopStrategy
+from proxy.longpoll.slices import SlicesStrategy
+from proxy.metrics import ProxyMetrics
+
+from .fake_broker import FakeBroker
+from .helpers import make_request, sample, wait_until
+
+
+def _pop(metrics: ProxyMetrics, probe: bool = False) -> PopStrategy:
+    return PopStrategy(BrokerCalls(metrics), metrics, probe_false_empty=probe)
+
+
+def _slices(metrics: ProxyMetrics, quota: int = 8, slice_ms: int = 40) -> SlicesStrategy:
+    calls = BrokerCalls(metrics)
+    return SlicesStrategy(calls, metrics, quota=quota, slice_ms=slice_ms, probe_false_empty=False)
+
+
+async def test_pop_holds_on_the_preferred_broker_and_wakes_on_arrival(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    receive = asyncio.create_task(_pop(metrics).receive(fakes, make_request(5_000, "b2")))
+    await wait_until(lambda: fakes[2].held == 1)
+    assert [b.held for b in fakes] == [0, 0, 1, 0]
+    fakes[2].put(1)
+    got = await receive
+    assert [m.message.store_host for m in got] == ["b2"]
+    assert sample(metrics, "popmq_proxy_broker_rpcs_total", kind="pop") == 1
+
+
+async def test_pop_round_robins_without_a_preferred_broker(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    strategy = _pop(metrics)
+    for broker in fakes:
+        broker.put(1)
+    hosts = [
+        (await strategy.receive(fakes, make_request(1_000)))[0].message.store_host for _ in fakes
+    ]
+    assert sorted(hosts) == ["b0", "b1", "b2", "b3"]
+
+
+async def test_pop_answers_a_false_empty_and_the_probe_counts_it(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    strategy = _pop(metrics, probe=True)
+    loop = asyncio.get_running_loop()
+    receive = asyncio.create_task(strategy.receive(fakes, make_request(120, "b0")))
+    await wait_until(lambda: fakes[0].held == 1)
+    fakes[3].put(1)  # on another broker: the baseline cannot see it
+    started = loop.time()
+    assert await receive == []
+    assert loop.time() - started > 0.05  # it waited out the poll
+    await strategy.aclose()
+    assert sample(metrics, "popmq_proxy_empty_responses_total", strategy="pop") == 1
+    assert sample(metrics, "popmq_proxy_false_empty_responses_total", strategy="pop") == 1
+
+
+async def test_pop_cancel_leaves_nothing_held(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    before = asyncio.all_tasks()
+    receive = asyncio.create_task(_pop(metrics).receive(fakes, make_request(5_000)))
+    await wait_until(lambda: sum(b.held for b in fakes) == 1)
+    receive.cancel()
+    await asyncio.gather(receive, return_exceptions=True)
+    assert sum(b.held for b in fakes) == 0
+    assert asyncio.all_tasks() == before
+    latency = "popmq_proxy_receive_duration_seconds_count"
+    assert sample(metrics, latency, strategy="pop", result="cancelled") == 1
+
+
+async def test_pop_retries_a_full_hold_table(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    fakes[0].polling_full = 2
+    receive = asyncio.create_task(_pop(metrics).receive(fakes, make_request(5_000, "b0")))
+    await wait_until(lambda: fakes[0].held == 1, limit_s=2.0)
+    assert fakes[0].calls.count("pop-held") == 3
+    fakes[0].put(1)
+    assert len(await receive) == 1
+
+
+async def test_pop_with_zero_poll_time_answers_at_once(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    assert await _pop(metrics).receive(fakes, make_request(0, "b1")) == []
+    assert fakes[1].calls == ["pop"]
+
+
+async def test_slices_visit_brokers_in_turn_then_find_the_message(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    fakes[2].put(1)
+    got = await _slices(metrics).receive(fakes, make_request(5_000, "b0"))
+    assert [m.message.store_host for m in got] == ["b2"]
+    assert [len(b.calls) for b in fakes] == [1, 1, 1, 0]
+    assert sample(metrics, "popmq_proxy_first_pop_hits_total", strategy="slices") == 0
+
+
+async def test_slices_end_in_one_long_poll_after_the_quota(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    receive = asyncio.create_task(_slices(metrics, quota=2).receive(fakes, make_request(400, "b0")))
+    # two 40 ms slices (b0, b1), then the final long poll on b2 for the rest
+    await wait_until(lambda: fakes[2].held == 1)
+    assert loop.time() - started >= 0.075
+    fakes[3].put(1)  # the final poll is bound to b2: a false empty, as in MNS
+    assert await receive == []
+    assert 0.39 <= loop.time() - started < 0.5
+    assert [b.calls for b in fakes] == [["pop-held"], ["pop-held"], ["pop-held"], []]
+
+
+async def test_slices_finish_on_the_deadline(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await _slices(metrics, slice_ms=30).receive(fakes, make_request(100)) == []
+    assert 0.095 <= loop.time() - started < 0.2
+    assert sum(b.held for b in fakes) == 0
