@@ -1,0 +1,149 @@
+"""Checksummed frames for every append-only file of the broker.
+
+A frame is ``[u32 length][u32 crc32(payload)][payload]`` (little endian). A reader walks frames
+from a known boundary and stops at the first one that is torn (runs past the data) or corrupt
+(checksum mismatch, zero length): after a crash that is where the valid log ends.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+FRAME_HEADER = struct.Struct("<II")
+HEADER_SIZE = FRAME_HEADER.size
+# A length above this is garbage, not a frame: refuse it rather than trust it.
+MAX_FRAME_PAYLOAD = 1 << 30
+
+_pack_header = FRAME_HEADER.pack
+_unpack_header = FRAME_HEADER.unpack_from
+_crc32 = zlib.crc32
+
+
+def encode_frame(payload: bytes) -> bytes:
+    """Frame one payload. Empty payloads are refused: a zero-filled tail must never parse."""
+    size = len(payload)
+    if size == 0 or size > MAX_FRAME_PAYLOAD:
+        raise ValueError(f"frame payload must be 1..{MAX_FRAME_PAYLOAD} bytes, got {size}")
+    return _pack_header(size, _crc32(payload)) + payload
+
+
+def check_frame(data: bytes | memoryview, offset: int) -> int:
+    """Length of the valid frame's payload at ``offset``, or -1 when torn or corrupt."""
+    end = len(data)
+    if offset + HEADER_SIZE > end:
+        return -1
+    size, crc = _unpack_header(data, offset)
+    start = offset + HEADER_SIZE
+    if size == 0 or size > MAX_FRAME_PAYLOAD or start + size > end:
+        return -1
+    if _crc32(data[start : start + size]) != crc:
+        return -1
+    return size
+
+
+def iter_frames(data: bytes | memoryview, start: int = 0) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(offset_of_frame, payload)`` from ``start`` until the first torn or corrupt frame.
+
+    The payload is a slice of ``data`` (bytes for bytes, a zero-copy memoryview for a
+    memoryview). The valid end is the last frame's offset + HEADER_SIZE + len(payload), or
+    ``start`` when nothing was yielded.
+    """
+    offset = start
+    end = len(data)
+    while offset + HEADER_SIZE <= end:
+        size, crc = _unpack_header(data, offset)
+        body_start = offset + HEADER_SIZE
+        body_end = body_start + size
+        if size == 0 or size > MAX_FRAME_PAYLOAD or body_end > end:
+            return
+        payload = data[body_start:body_end]
+        if _crc32(payload) != crc:
+            return
+        yield offset, payload
+        offset = body_end
+
+
+def valid_end(data: bytes | memoryview, start: int = 0) -> int:
+    """Offset just past the last valid frame that follows ``start``."""
+    end = start
+    for offset, payload in iter_frames(data, start):
+        end = offset + HEADER_SIZE + len(payload)
+    return end
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a create/rename/unlink inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FramedLog:
+    """One append-only file of frames (e.g. a journal).
+
+    Opening truncates a torn or corrupt tail. ``append`` buffers in memory and returns the
+    frame's position; ``flush`` hands the buffer to the OS and, with ``fsync=True``, waits for
+    the disk. Not thread-safe, except ``sync()``, which only fsyncs what was already flushed and
+    may run in a worker thread (``asyncio.to_thread(log.sync)``) while the loop keeps appending.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = Path(path)
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._buffer = bytearray()
+        size = os.fstat(self._fd).st_size
+        data = os.pread(self._fd, size, 0) if size else b""
+        self._written = valid_end(data)
+        self.truncated_bytes = size - self._written
+        if self.truncated_bytes:
+            os.ftruncate(self._fd, self._written)
+            os.fsync(self._fd)
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def end_position(self) -> int:
+        """Where the next frame will start (buffered frames included)."""
+        return self._written + len(self._buffer)
+
+    def append(self, payload: bytes) -> int:
+        position = self.end_position
+        self._buffer += encode_frame(payload)
+        return position
+
+    def flush(self, fsync: bool = False) -> None:
+        if self._buffer:
+            os.pwrite(self._fd, self._buffer, self._written)
+            self._written += len(self._buffer)
+            self._buffer.clear()
+        if fsync:
+            os.fsync(self._fd)
+
+    def sync(self) -> None:
+        """fsync what earlier flush() calls wrote; safe from a worker thread."""
+        os.fsync(self._fd)
+
+    def iter_from(self, position: int = 0) -> Iterator[tuple[int, bytes]]:
+        """Frames from ``position`` (a frame boundary) to the end, buffered ones included."""
+        self.flush()
+        size = self._written - position
+        if size <= 0:
+            return iter(())
+        data = os.pread(self._fd, size, position)
+        return ((position + offset, payload) for offset, payload in iter_frames(data))
+
+    def close(self) -> None:
+        if self._fd < 0:
+            return
+        self.flush(fsync=True)
+        os.close(self._fd)
+        self._fd = -1

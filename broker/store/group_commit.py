@@ -1,0 +1,47 @@
+"""Group commit: concurrent writers that need durability share one fsync.
+
+The first writer that finds its data not yet durable becomes the leader: it fsyncs everything
+written so far (in a worker thread) and wakes the others. Writers that arrive meanwhile wait
+for that fsync and, if their data came after it started, elect a new leader for the next one.
+So under load there is one fsync per batch of arrivals, not one per append.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from broker.api.errors import BrokerError, Code
+from broker.store.commitlog import CommitLog
+
+
+class GroupCommit:
+    def __init__(self, commitlog: CommitLog) -> None:
+        self._log = commitlog
+        self._inflight: asyncio.Future[None] | None = None
+
+    async def wait_durable(self, position: int) -> None:
+        """Return once every commitlog byte below ``position`` is fsynced."""
+        while self._log.durable_position < position:
+            if self._inflight is not None:
+                # shield: a cancelled follower must not cancel the leader's fsync
+                await asyncio.shield(self._inflight)
+                continue
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._inflight = done
+            try:
+                await self._fsync()
+            finally:
+                self._inflight = None
+                done.set_result(None)
+
+    async def _fsync(self) -> None:
+        target, fds, dir_dirty = self._log.flush_targets()
+        try:
+            await asyncio.to_thread(self._log.sync_fds, fds, dir_dirty)
+        except OSError as exc:
+            self._log.flush_failed(dir_dirty)
+            raise BrokerError(Code.INTERNAL_ERROR, f"commitlog fsync failed: {exc}") from exc
+        except BaseException:
+            self._log.flush_failed(dir_dirty)
+            raise
+        self._log.mark_durable(target, len(fds))

@@ -1,0 +1,655 @@
+"""The broker's durable message store: topics split in queues over one commitlog.
+
+Layout under ``data_dir``::
+
+    LOCK                       held while open (one store per directory)
+    topics.json                topic table (atomic JSON)
+    checkpoint.json            recovery start point (see recovery.py)
+    consumer_offsets.json      committed offsets per (group, topic, queue)
+    commitlog/<20 digits>      segments of checksummed message records
+    index/<topic>/<queue>/<20 digits>   fixed-size index entries per queue
+    state/<name>.json          small documents of other services (save_state)
+
+Durability (``StoreConfig.flush``):
+
+* ``"sync"``: ``append`` returns only after the commitlog is fsynced; concurrent appends share
+  one fsync (group commit). Nothing acknowledged is lost, even on a power cut.
+* ``"async"``: ``append`` returns once the data is in the OS page cache; the flush task fsyncs
+  every ``flush_interval_ms``. A crash of the process loses nothing, but a crash of the
+  machine (power cut, kernel panic) can lose what was acknowledged in the last
+  ``flush_interval_ms`` before it.
+
+In both modes the flush task also fsyncs the queue indexes and writes the checkpoint and the
+consumer offsets every ``flush_interval_ms`` (and at close), so committed consumer offsets can
+lag by that interval after a machine crash; indexes are rebuilt from the commitlog anyway.
+Messages are readable as soon as they are written, before their fsync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.api.errors import BrokerError, Code
+from broker.api.types import Message, StoredMessage
+from broker.store.codec import decode_record, encode_record, tag_hash
+from broker.store.commitlog import CommitLog, PositionPurged
+from broker.store.errors import OffsetOutOfRangeError, OffsetPurgedError
+from broker.store.files import DirLock, HandleCache, read_json, write_json_atomic
+from broker.store.framing import FRAME_HEADER, HEADER_SIZE, encode_frame
+from broker.store.group_commit import GroupCommit
+from broker.store.queue_index import ENTRY, IndexDamaged, QueueIndex
+from broker.store.recovery import QueueKey, Recovery, RecoveryReport, queue_key_text
+from broker.store.topics import (
+    TopicMeta,
+    TopicRecord,
+    TopicTable,
+    check_queue_count,
+    check_topic_name,
+)
+
+log = logging.getLogger(__name__)
+
+ArrivalListener = Callable[[str, int, int, set[str]], None]
+
+_STATE_NAME = re.compile(r"^[A-Za-z0-9_%-][A-Za-z0-9_.%-]{0,199}$")
+# A filtered read looks at no more than this many index entries per call (RocketMQ bounds
+# its filtered pulls the same way), so a rare tag cannot make one read scan a whole queue.
+_MAX_FILTER_SCAN = 16_384
+_FILTER_CHUNK = 1_024
+# Index entries read per step when counting a tag's backlog; beyond it, extrapolate.
+_MAX_COUNT_SCAN = 8_192
+# Records closer than this in the commitlog are fetched with one read.
+_COALESCE_GAP = 16 * 1024
+_COALESCE_SPAN = 4 << 20
+_RETENTION_INTERVAL_S = 10.0
+
+_pack_entry = ENTRY.pack
+_iter_entries = ENTRY.iter_unpack
+_crc32 = zlib.crc32
+_unpack_frame_header = FRAME_HEADER.unpack_from
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_message_id() -> str:
+    return uuid.uuid4().hex.upper()
+
+
+@dataclass(slots=True)
+class ReadResult:
+    messages: list[StoredMessage]
+    next_offset: int
+
+
+class MessageStore:
+    """See the module docstring. All methods run on the event loop; only fsyncs leave it."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        broker_name: str,
+        config: Any,
+        clock: Callable[[], int] = now_ms,
+        *,
+        index_entries_per_file: int = 300_000,
+        retention_interval_s: float = _RETENTION_INTERVAL_S,
+    ) -> None:
+        self._dir = Path(data_dir)
+        self._broker_name = broker_name
+        self._host_bytes = broker_name.encode()
+        self._config = config
+        self._clock = clock
+        self._per_file = index_entries_per_file
+        self._retention_interval_s = retention_interval_s
+        self._handles = HandleCache()
+        self._lock = DirLock(self._dir)
+        self._commitlog = CommitLog(self._dir / "commitlog", config.segment_bytes, self._handles)
+        self._group = GroupCommit(self._commitlog)
+        self._topic_table = TopicTable(self._dir / "topics.json")
+        self._topics: dict[str, TopicRecord] = self._topic_table.topics
+        self._topic_bytes: dict[str, bytes] = {}
+        self._indexes: dict[QueueKey, QueueIndex] = {}
+        self._offsets: dict[tuple[str, str, int], int] = {}
+        self._offsets_dirty = False
+        self._listeners: list[ArrivalListener] = []
+        self._tag_hashes: dict[str, int] = {}
+        self._last_store_ts = 0
+        self._sync = config.flush == "sync"
+        self._checkpoint_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._open = False
+        self.recovery: RecoveryReport | None = None
+
+    @property
+    def data_dir(self) -> Path:
+        return self._dir
+
+    @property
+    def broker_name(self) -> str:
+        return self._broker_name
+
+    @property
+    def commitlog_fsyncs(self) -> int:
+        """fsync calls made on commitlog segments so far (group commit makes it small)."""
+        return self._commitlog.fsync_count
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def open(self) -> None:
+        """Create or recover the store (see recovery.py). Synchronous: call before serving."""
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        try:
+            self._open_locked()
+        except BaseException:
+            self._close_files()
+            self._lock.release()
+            raise
+        self._open = True
+
+    def _open_locked(self) -> None:
+        (self._dir / "state").mkdir(exist_ok=True)
+        self._topic_table.load()
+        self._topics = self._topic_table.topics
+        self._commitlog.open()
+        damaged: set[QueueKey] = set()
+        for topic in self._topics.values():
+            self._topic_bytes[topic.name] = topic.name.encode()
+            for queue_id in range(topic.queue_count):
+                index = self._new_index(topic.name, queue_id)
+                try:
+                    index.open()
+                except IndexDamaged as exc:
+                    log.warning("store: %s", exc)
+                    damaged.add((topic.name, queue_id))
+        self._remove_stray_index_dirs()
+        checkpoint = read_json(self._dir / "checkpoint.json")
+        recovery = Recovery(self._commitlog, self._topics, self._indexes, damaged, checkpoint)
+        self.recovery = recovery.run()
+        self._last_store_ts = self.recovery.last_store_timestamp_ms
+        self._advance_min_offsets()
+        for group, topic, queue_id, offset in read_json(self._dir / "consumer_offsets.json") or []:
+            self._offsets[(group, topic, queue_id)] = offset
+        self._checkpoint_now()
+
+    def _new_index(self, topic: str, queue_id: int) -> QueueIndex:
+        index = QueueIndex(self._dir / "index" / topic / str(queue_id), self._per_file,
+                           self._handles)  # fmt: skip
+        self._indexes[(topic, queue_id)] = index
+        return index
+
+    def _remove_stray_index_dirs(self) -> None:
+        root = self._dir / "index"
+        if not root.is_dir():
+            return
+        for entry in root.iterdir():
+            if entry.name not in self._topics:  # a topic deleted just before a crash
+                shutil.rmtree(entry, ignore_errors=True)
+
+    async def start(self) -> None:
+        """Start the flush task (fsyncs, checkpoints, retention); close() stops it."""
+        if not self._open:
+            raise BrokerError(Code.INTERNAL_ERROR, "open() the store before start()")
+        if self._task is None:
+            self._task = asyncio.create_task(self._flush_loop(), name="store-flush")
+
+    async def close(self) -> None:
+        if not self._open:
+            return
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        try:
+            await self.checkpoint()
+        finally:
+            self._open = False
+            self._close_files()
+            self._lock.release()
+
+    def _close_files(self) -> None:
+        for index in self._indexes.values():
+            index.close()
+        self._commitlog.close()
+        self._handles.close()
+
+    async def _flush_loop(self) -> None:
+        interval = self._config.flush_interval_ms / 1000
+        next_retention = time.monotonic() + self._retention_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.checkpoint()
+            except Exception:
+                log.exception("store: periodic flush failed; retrying at the next interval")
+            if time.monotonic() >= next_retention:
+                next_retention = time.monotonic() + self._retention_interval_s
+                try:
+                    self.apply_retention()
+                except Exception:
+                    log.exception("store: retention failed")
+
+    # -- durability --------------------------------------------------------------------------
+    async def flush(self) -> None:
+        """fsync the commitlog up to everything written so far."""
+        await self._group.wait_durable(self._commitlog.write_position)
+
+    async def checkpoint(self) -> None:
+        """Make the commitlog, the indexes, the consumer offsets and the checkpoint durable."""
+        async with self._checkpoint_lock:
+            position = self._commitlog.write_position
+            maxes = {queue_key_text(*key): idx.max_offset for key, idx in self._indexes.items()}
+            await self._group.wait_durable(position)
+            fds = [fd for idx in self._indexes.values() for fd in idx.take_dirty_fds()]
+            offsets = self._offsets_snapshot() if self._offsets_dirty else None
+            self._offsets_dirty = False
+            try:
+                await asyncio.to_thread(self._write_checkpoint, fds, position, maxes, offsets)
+            except BaseException:
+                for idx in self._indexes.values():
+                    idx.mark_all_dirty()
+                self._offsets_dirty = self._offsets_dirty or offsets is not None
+                raise
+
+    def _checkpoint_now(self) -> None:
+        """checkpoint() for synchronous callers (open): everything fsynced inline."""
+        target, fds, dir_dirty = self._commitlog.flush_targets()
+        self._commitlog.sync_fds(fds, dir_dirty)
+        self._commitlog.mark_durable(target, len(fds))
+        maxes = {queue_key_text(*key): idx.max_offset for key, idx in self._indexes.items()}
+        fds = [fd for idx in self._indexes.values() for fd in idx.take_dirty_fds()]
+        self._write_checkpoint(fds, target, maxes, self._offsets_snapshot())
+        self._offsets_dirty = False
+
+    def _write_checkpoint(
+        self, fds: list[int], position: int, maxes: dict[str, int], offsets: list | None
+    ) -> None:
+        try:
+            for fd in fds:
+                os.fsync(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        write_json_atomic(self._dir / "checkpoint.json", {"position": position, "queues": maxes})
+        if offsets is not None:
+            write_json_atomic(self._dir / "consumer_offsets.json", offsets)
+
+    def _offsets_snapshot(self) -> list[list[Any]]:
+        return [[g, t, q, o] for (g, t, q), o in self._offsets.items()]
+
+    # -- topics ------------------------------------------------------------------------------
+    def create_topic(self, name: str, queue_count: int) -> TopicMeta:
+        """Create a topic, or grow its queue count. Shrinking is refused (BAD_REQUEST)."""
+        self._check_open()
+        check_topic_name(name)
+        check_queue_count(queue_count)
+        existing = self._topics.get(name)
+        if existing is not None:
+            if queue_count < existing.queue_count:
+                raise BrokerError(
+                    Code.BAD_REQUEST,
+                    f"topic {name} has {existing.queue_count} queues; they cannot be reduced "
+                    f"to {queue_count}",
+                )
+            if queue_count == existing.queue_count:
+                return existing.meta
+            first_new = existing.queue_count
+            existing.queue_count = queue_count
+            record = existing
+        else:
+            shutil.rmtree(self._dir / "index" / name, ignore_errors=True)
+            record = TopicRecord(name, queue_count, self._commitlog.write_position)
+            self._topics[name] = record
+            self._topic_bytes[name] = name.encode()
+            first_new = 0
+        for queue_id in range(first_new, queue_count):
+            self._new_index(name, queue_id).open()
+        self._topic_table.save()
+        return record.meta
+
+    def get_topic(self, name: str) -> TopicMeta | None:
+        record = self._topics.get(name)
+        return record.meta if record is not None else None
+
+    def list_topics(self) -> list[TopicMeta]:
+        return [record.meta for record in sorted(self._topics.values(), key=lambda r: r.name)]
+
+    def delete_topic(self, name: str) -> None:
+        """Forget a topic and its indexes and offsets; its records age out with retention."""
+        self._check_open()
+        record = self._topic(name)
+        del self._topics[name]
+        self._topic_bytes.pop(name, None)
+        self._topic_table.save()
+        for queue_id in range(record.queue_count):
+            self._indexes.pop((name, queue_id)).destroy()
+        shutil.rmtree(self._dir / "index" / name, ignore_errors=True)
+        for key in [key for key in self._offsets if key[1] == name]:
+            del self._offsets[key]
+            self._offsets_dirty = True
+
+    def _topic(self, name: str) -> TopicRecord:
+        record = self._topics.get(name)
+        if record is None:
+            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+        return record
+
+    def _queue(self, topic: str, queue_id: int) -> QueueIndex:
+        index = self._indexes.get((topic, queue_id))
+        if index is None:
+            record = self._topic(topic)
+            raise BrokerError(
+                Code.BAD_REQUEST,
+                f"queue {queue_id!r} does not exist: topic {topic} has queues "
+                f"0..{record.queue_count - 1}",
+            )
+        return index
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise BrokerError(Code.INTERNAL_ERROR, "the store is not open")
+
+    # -- write -------------------------------------------------------------------------------
+    async def append(
+        self, topic: str, queue_id: int, messages: list[Message]
+    ) -> list[StoredMessage]:
+        """Store messages at the end of one queue, in order. See the module docstring for
+        when this returns relative to the fsync."""
+        self._check_open()
+        index = self._queue(topic, queue_id)
+        if not messages:
+            return []
+        now = self._clock()
+        if now < self._last_store_ts:  # keep store times ordered for offset_for_timestamp
+            now = self._last_store_ts
+        self._last_store_ts = now
+        base = index.max_offset
+        topic_bytes = self._topic_bytes[topic]
+        host = self._host_bytes
+        hashes = self._tag_hashes
+        frames: list[bytes] = []
+        ids: list[str] = []
+        for i, message in enumerate(messages):
+            message_id = message.message_id or new_message_id()
+            ids.append(message_id)
+            payload = encode_record(message, topic_bytes, queue_id, base + i, now, host,
+                                    message_id)  # fmt: skip
+            frames.append(encode_frame(payload))
+        try:
+            positions = self._commitlog.append(frames)
+            entries = []
+            for message, position, frame in zip(messages, positions, frames, strict=True):
+                code = hashes.get(message.tag)
+                if code is None:
+                    if len(hashes) > 4096:
+                        hashes.clear()
+                    code = hashes[message.tag] = tag_hash(message.tag)
+                entries.append(_pack_entry(position, len(frame), code, now))
+            index.append(b"".join(entries))
+        except OSError as exc:
+            raise BrokerError(Code.INTERNAL_ERROR, f"store write failed: {exc}") from exc
+        if self._sync:
+            await self._group.wait_durable(positions[-1] + len(frames[-1]))
+        stored = [
+            StoredMessage(
+                topic=topic,
+                queue_id=queue_id,
+                queue_offset=base + i,
+                body=message.body,
+                tag=message.tag,
+                keys=list(message.keys),
+                properties=dict(message.properties),
+                message_id=ids[i],
+                message_group=message.message_group,
+                delivery_timestamp_ms=message.delivery_timestamp_ms,
+                born_timestamp_ms=message.born_timestamp_ms,
+                born_host=message.born_host,
+                store_timestamp_ms=now,
+                store_host=self._broker_name,
+                reconsume_times=message.reconsume_times,
+            )
+            for i, message in enumerate(messages)
+        ]
+        self._notify(topic, queue_id, base + len(messages), {m.tag for m in messages})
+        return stored
+
+    def add_arrival_listener(self, callback: ArrivalListener) -> None:
+        """``callback(topic, queue_id, new_max_offset, tags)`` after every successful append
+        (after the fsync in sync mode). Exceptions are logged, never raised into append."""
+        self._listeners.append(callback)
+
+    def remove_arrival_listener(self, callback: ArrivalListener) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(callback)
+
+    def _notify(self, topic: str, queue_id: int, max_offset: int, tags: set[str]) -> None:
+        for listener in self._listeners:
+            try:
+                listener(topic, queue_id, max_offset, tags)
+            except Exception:
+                log.exception("store: arrival listener %r failed", listener)
+
+    # -- read --------------------------------------------------------------------------------
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        return self._queue(topic, queue_id).min_offset
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self._queue(topic, queue_id).max_offset
+
+    def _check_offset(self, topic: str, queue_id: int, index: QueueIndex, offset: int) -> None:
+        if offset < 0 or offset > index.max_offset:
+            raise OffsetOutOfRangeError(topic, queue_id, offset, index.max_offset)
+        if offset < index.min_offset:
+            raise OffsetPurgedError(topic, queue_id, offset, index.min_offset)
+
+    def read(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        tags: frozenset[str] | None = None,
+        max_bytes: int = 8 << 20,
+    ) -> ReadResult:
+        """Up to ``max_messages`` messages from ``offset`` on (at least one if any, then no more
+        than ``max_bytes`` of records). With ``tags``, other messages are skipped but still
+        advance ``next_offset``; a filtered read scans at most 16384 entries."""
+        index = self._queue(topic, queue_id)
+        self._check_offset(topic, queue_id, index, offset)
+        if max_messages <= 0:
+            return ReadResult([], offset)
+        selected, next_offset = self._select(index, offset, max_messages, tags, max_bytes)
+        if not selected:
+            return ReadResult([], next_offset)
+        try:
+            messages = self._fetch(topic, queue_id, selected, tags)
+        except PositionPurged:
+            raise OffsetPurgedError(topic, queue_id, offset, index.min_offset) from None
+        return ReadResult(messages, next_offset)
+
+    def _select(
+        self,
+        index: QueueIndex,
+        offset: int,
+        max_messages: int,
+        tags: frozenset[str] | None,
+        max_bytes: int,
+    ) -> tuple[list[tuple[int, int, int]], int]:
+        """(position, size, offset) of the messages to return, and the next offset."""
+        end = index.max_offset
+        codes = None if tags is None else {tag_hash(tag) for tag in tags}
+        selected: list[tuple[int, int, int]] = []
+        total = 0
+        cursor = offset
+        scan_end = end if codes is None else min(end, offset + _MAX_FILTER_SCAN)
+        while cursor < scan_end:
+            want = max_messages - len(selected)
+            count = min(scan_end - cursor, want if codes is None else _FILTER_CHUNK)
+            raw = index.read_raw(cursor, count)
+            for position, size, code, _ in _iter_entries(raw):
+                if codes is not None and code not in codes:
+                    cursor += 1
+                    continue
+                if selected and total + size > max_bytes:
+                    return selected, cursor
+                selected.append((position, size, cursor))
+                total += size
+                cursor += 1
+                if len(selected) == max_messages:
+                    return selected, cursor
+        return selected, cursor
+
+    def _fetch(
+        self,
+        topic: str,
+        queue_id: int,
+        selected: list[tuple[int, int, int]],
+        tags: frozenset[str] | None,
+    ) -> list[StoredMessage]:
+        messages: list[StoredMessage] = []
+        run_start = 0
+        while run_start < len(selected):
+            # Grow a run of records close together in the commitlog: one read for all.
+            first_position = selected[run_start][0]
+            run_end = run_start + 1
+            limit = selected[run_start][0] + selected[run_start][1]
+            while run_end < len(selected):
+                position, size, _ = selected[run_end]
+                if position < limit or position - limit > _COALESCE_GAP:
+                    break
+                if position + size - first_position > _COALESCE_SPAN:
+                    break
+                limit = position + size
+                run_end += 1
+            data = memoryview(self._commitlog.read(first_position, limit - first_position))
+            for position, size, offset in selected[run_start:run_end]:
+                message = self._decode_at(data, position - first_position, size)
+                if message is None or (message.topic, message.queue_id, message.queue_offset) != (
+                    topic,
+                    queue_id,
+                    offset,
+                ):
+                    log.error("store: record of %s/%d offset %d at position %d is corrupt; "
+                              "skipped", topic, queue_id, offset, position)  # fmt: skip
+                    continue
+                if tags is not None and message.tag not in tags:
+                    continue  # a tag hash collision
+                messages.append(message)
+            run_start = run_end
+        return messages
+
+    @staticmethod
+    def _decode_at(data: memoryview, start: int, size: int) -> StoredMessage | None:
+        if start + size > len(data) or size <= HEADER_SIZE:
+            return None
+        length, crc = _unpack_frame_header(data, start)
+        payload = data[start + HEADER_SIZE : start + size]
+        if length != size - HEADER_SIZE or _crc32(payload) != crc:
+            return None
+        try:
+            return decode_record(payload)
+        except ValueError:
+            return None
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first offset stored at or after ``timestamp_ms``; the max offset if none."""
+        index = self._queue(topic, queue_id)
+        return index.bisect(index.min_offset, index.max_offset, lambda e: e[3], timestamp_ms)
+
+    def count_matching(
+        self, topic: str, queue_id: int, start: int, end: int, tags: frozenset[str] | None
+    ) -> int:
+        """Messages in [start, end) whose tag is in ``tags`` (None: all). Exact for short
+        ranges; past 8192 entries the share of matches seen so far is extrapolated."""
+        index = self._queue(topic, queue_id)
+        start = max(start, index.min_offset)
+        end = min(end, index.max_offset)
+        if end <= start:
+            return 0
+        if tags is None:
+            return end - start
+        codes = {tag_hash(tag) for tag in tags}
+        scanned_end = min(end, start + _MAX_COUNT_SCAN)
+        matches = sum(
+            1 for entry in _iter_entries(index.read_raw(start, scanned_end - start))
+            if entry[2] in codes
+        )  # fmt: skip
+        if scanned_end == end:
+            return matches
+        return round(matches * (end - start) / (scanned_end - start))
+
+    # -- consumer offsets --------------------------------------------------------------------
+    def get_consumer_offset(self, group: str, topic: str, queue_id: int) -> int:
+        self._queue(topic, queue_id)
+        return self._offsets.get((group, topic, queue_id), -1)
+
+    def set_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self._queue(topic, queue_id)
+        if not isinstance(offset, int) or offset < 0:
+            raise BrokerError(Code.BAD_REQUEST, f"consumer offset must be >= 0, got {offset!r}")
+        key = (group, topic, queue_id)
+        if self._offsets.get(key) != offset:
+            self._offsets[key] = offset
+            self._offsets_dirty = True
+
+    # -- small documents ---------------------------------------------------------------------
+    def _state_path(self, name: str) -> Path:
+        if not isinstance(name, str) or not _STATE_NAME.match(name):
+            raise BrokerError(Code.BAD_REQUEST, f"illegal state document name {name!r}")
+        return self._dir / "state" / f"{name}.json"
+
+    def load_state(self, name: str) -> Any | None:
+        return read_json(self._state_path(name))
+
+    def save_state(self, name: str, value: Any) -> None:
+        """Atomically replace a document (temp file, fsync, rename); blocks for the fsync."""
+        write_json_atomic(self._state_path(name), value)
+
+    # -- retention ---------------------------------------------------------------------------
+    def apply_retention(self) -> int:
+        """Delete whole commitlog segments older than ``retention_hours`` (by last write) or
+        beyond ``retention_bytes`` (oldest first); never the active one, nor one not yet
+        fsynced. Queue min offsets move up; returns the bytes freed (commitlog + index)."""
+        self._check_open()
+        max_age_ms = self._config.retention_hours * 3_600_000
+        max_bytes = self._config.retention_bytes
+        now = self._clock()
+        freed = 0
+        while len(segments := self._commitlog.segments) > 1:
+            oldest = segments[0]
+            if oldest.end > self._commitlog.durable_position:
+                break
+            too_old = now - self._commitlog.segment_mtime_ms(oldest) > max_age_ms
+            too_big = max_bytes > 0 and self._commitlog.total_bytes > max_bytes
+            if not (too_old or too_big):
+                break
+            self._commitlog.delete_oldest()
+            freed += oldest.size
+            log.info("store: retention deleted commitlog segment %d (%d bytes)",
+                     oldest.start, oldest.size)  # fmt: skip
+        if freed:
+            freed += self._advance_min_offsets()
+        return freed
+
+    def _advance_min_offsets(self) -> int:
+        floor = self._commitlog.min_position
+        freed = 0
+        for index in self._indexes.values():
+            lo = max(index.min_offset, index.first_offset)
+            index.min_offset = index.bisect(lo, index.max_offset, lambda e: e[0], floor)
+            freed += index.delete_files_below(index.min_offset)
+        return freed
