@@ -1,0 +1,1 @@
+"""Benchmarks behind `popmq bench ...` (each module one scenario)."""

@@ -1,0 +1,482 @@
+"""`popmq bench longpoll`: real-time delivery of each long-poll strategy, side by side.
+
+Article 001's scenario: B brokers with one topic on all of them, C SimpleConsumer-style loops
+(receive with awaitDuration, then ack), and producers sending at a low random (Poisson) rate to
+random brokers. Every strategy gets a fresh cluster and the same load. Per strategy it reports
+the delivery latency from store to receipt, receives, empty and false-empty answers, broker
+RPCs per delivered message and CPU seconds. The busy scenario (many consumers, a high rate)
+checks that ``adaptive`` runs as ``pop`` there and keeps its throughput.
+
+The consumer loops call the strategy exactly as the proxy's ReceiveMessage handler does; the
+gRPC hop between client and proxy is left out, so the figures are the strategies' own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker.api.port import BrokerPort
+from broker.api.types import AckEntry, Message, PoppedMessage, PopRequest
+from popmq.config import BrokerConfig, ProxyConfig
+from proxy.longpoll import LongPollRequest, LongPollStrategy, make_strategy
+from proxy.metrics import ProxyMetrics
+
+TOPIC = "bench-longpoll"
+GROUP = "bench-longpoll-group"
+QUEUES_PER_BROKER = 4
+STRATEGIES = ("pop", "slices", "notify", "adaptive")
+# An empty answer is false when a message stored at least this long before it was still
+# waiting for a consumer (shorter gaps are messages in flight, not missed ones).
+FALSE_EMPTY_TOLERANCE_MS = 10.0
+DRAIN_S = 2.0  # after the producers stop, consumers get this long to take the rest
+WARMUP_S = 0.3  # consumers are already long-polling when the first message is sent
+
+
+def _now_ms() -> float:
+    return time.time() * 1000
+
+
+# -- the cluster -------------------------------------------------------------------------------
+@contextlib.asynccontextmanager
+async def _cluster(
+    count: int, root: Path, remote: bool, pids: list[int]
+) -> AsyncIterator[list[BrokerPort]]:
+    """B fresh brokers with the topic on each; remote ones add their process ids to pids."""
+    async with contextlib.AsyncExitStack() as stack:
+        ports: list[BrokerPort] = []
+        for index in range(count):
+            config = BrokerConfig(name=f"broker-{index}", port=0, data_dir=root / f"b{index}")
+            if remote:
+                port = await stack.enter_async_context(_remote_broker(config, pids))
+            else:
+                port = await stack.enter_async_context(_local_broker(config))
+            await port.create_topic(TOPIC, QUEUES_PER_BROKER)
+            ports.append(port)
+        yield ports
+
+
+@contextlib.asynccontextmanager
+async def _local_broker(config: BrokerConfig) -> AsyncIterator[BrokerPort]:
+    from broker.api.local import LocalBrokerPort
+    from broker.core import Broker
+
+    broker = Broker(config)
+    await broker.start()
+    try:
+        yield LocalBrokerPort(broker)
+    finally:
+        await broker.stop()
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """utime + stime of a live process, from /proc (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.asynccontextmanager
+async def _remote_broker(config: BrokerConfig, pids: list[int]) -> AsyncIterator[BrokerPort]:
+    """A `popmq broker` process on a free port, reached over gRPC."""
+    from broker.api.remote import RemoteBrokerPort
+
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "popmq", "broker", "--name", config.name, "--port", "0",
+        "--data-dir", str(config.data_dir),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    pids.append(process.pid)
+    port: RemoteBrokerPort | None = None
+    try:
+        assert process.stdout is not None
+        async with asyncio.timeout(30):
+            line = (await process.stdout.readline()).decode()
+        if "listening on" not in line:
+            raise RuntimeError(f"broker {config.name} did not start: {line!r}")
+        port = RemoteBrokerPort(config.name, line.rsplit(" ", 1)[1].strip())
+        yield port
+    finally:
+        if port is not None:
+            await port.close()
+        if process.returncode is None:
+            process.terminate()
+            try:
+                async with asyncio.timeout(10):
+                    await process.wait()
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+# -- one run -------------------------------------------------------------------------------------
+@dataclass
+class _Record:
+    sent_ms: dict[str, float] = field(default_factory=dict)  # message id -> send returned
+    stored_ms: dict[str, float] = field(default_factory=dict)  # message id -> store timestamp
+    received_ms: dict[str, float] = field(default_factory=dict)  # first receipt
+    duplicates: int = 0
+    receives: int = 0
+    empties: list[tuple[float, float]] = field(default_factory=list)  # (asked, answered)
+    produced_until_ms: float = 0.0
+
+
+async def _produce(
+    ports: Sequence[BrokerPort], rate: float, rng: random.Random, record: _Record, body: bytes
+) -> None:
+    while True:
+        await asyncio.sleep(rng.expovariate(rate))
+        port = rng.choice(ports)
+        results = await port.send([Message(topic=TOPIC, body=body)])
+        record.sent_ms[results[0].message_id] = _now_ms()
+
+
+async def _consume(
+    index: int,
+    ports: Sequence[BrokerPort],
+    strategy: LongPollStrategy,
+    metrics: ProxyMetrics,
+    record: _Record,
+    await_ms: int,
+) -> None:
+    """A SimpleConsumer: receive (rotating over the route's brokers), then ack what came."""
+    by_name = {port.name: port for port in ports}
+    turn = index
+    while True:
+        preferred = ports[turn % len(ports)].name
+        turn += 1
+        pop = PopRequest(
+            group=GROUP, topic=TOPIC, max_messages=32, invisible_time_ms=60_000,
+            client_id=f"bench-consumer-{index}",
+        )  # fmt: skip
+        asked = _now_ms()
+        messages = await strategy.receive(ports, LongPollRequest(pop, await_ms, preferred))
+        answered = _now_ms()
+        record.receives += 1
+        if not messages:
+            record.empties.append((asked, answered))
+            continue
+        for popped in messages:
+            message_id = popped.message.message_id
+            if message_id in record.received_ms:
+                record.duplicates += 1
+                continue
+            record.received_ms[message_id] = answered
+            record.stored_ms[message_id] = popped.message.store_timestamp_ms
+        await _ack(by_name, metrics, messages)
+
+
+async def _ack(
+    by_name: dict[str, BrokerPort], metrics: ProxyMetrics, messages: list[PoppedMessage]
+) -> None:
+    per_broker: dict[str, list[AckEntry]] = {}
+    for popped in messages:
+        entry = AckEntry(popped.receipt_handle, popped.message.message_id)
+        per_broker.setdefault(popped.message.store_host, []).append(entry)
+    for name, entries in per_broker.items():
+        metrics.broker_rpcs.labels("ack").inc()
+        await by_name[name].ack(GROUP, TOPIC, entries)
+
+
+async def _run_one(
+    name: str,
+    *,
+    brokers: int,
+    consumers: int,
+    rate: float,
+    duration_s: float,
+    await_ms: int,
+    remote: bool,
+    seed: int,
+    proxy_overrides: dict[str, Any],
+    body_bytes: int,
+) -> dict[str, Any]:
+    metrics = ProxyMetrics()
+    config = ProxyConfig(strategy=name, **proxy_overrides)  # type: ignore[arg-type]
+    strategy = make_strategy(config, metrics)
+    record = _Record()
+    rng = random.Random(seed)
+    body = bytes(body_bytes)
+    with tempfile.TemporaryDirectory(prefix=f"popmq-bench-{name}-") as root:
+        pids: list[int] = []
+        async with _cluster(brokers, Path(root), remote, pids) as ports:
+            cpu_before = time.process_time()
+            brokers_before = sum(_proc_cpu_s(pid) for pid in pids)
+            wall_before = time.perf_counter()
+            async with asyncio.TaskGroup() as group:
+                consumer_tasks = [
+                    group.create_task(_consume(i, ports, strategy, metrics, record, await_ms))
+                    for i in range(consumers)
+                ]
+                await asyncio.sleep(WARMUP_S)
+                producers = max(1, min(16, int(rate // 200) + 1))  # sleep granularity
+                producer_tasks = [
+                    group.create_task(_produce(ports, rate / producers, rng, record, body))
+                    for _ in range(producers)
+                ]
+                produce_started = time.perf_counter()
+                await asyncio.sleep(duration_s)
+                for task in producer_tasks:
+                    task.cancel()
+                produce_s = time.perf_counter() - produce_started
+                record.produced_until_ms = _now_ms()
+                drain_until = time.perf_counter() + DRAIN_S
+                # polled: "all received" has no event of its own, and 50 ms is fine here
+                while time.perf_counter() < drain_until and not _all_received(record):  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+                for task in consumer_tasks:  # clients going away mid-poll: cancellation path
+                    task.cancel()
+            await strategy.aclose()
+            wall_s = time.perf_counter() - wall_before
+            cpu_s = time.process_time() - cpu_before
+            broker_cpu_s = (
+                sum(_proc_cpu_s(pid) for pid in pids) - brokers_before if remote else None
+            )
+    return _summarise(name, record, metrics, cpu_s, broker_cpu_s, wall_s, produce_s)
+
+
+def _all_received(record: _Record) -> bool:
+    return all(message_id in record.received_ms for message_id in record.sent_ms)
+
+
+# -- figures -------------------------------------------------------------------------------------
+def _percentile(sorted_values: list[float], fraction: float) -> float:
+    if not sorted_values:
+        return 0.0
+    rank = max(0, min(len(sorted_values) - 1, math.ceil(fraction * len(sorted_values)) - 1))
+    return sorted_values[rank]
+
+
+def _false_empties(record: _Record, end_ms: float) -> int:
+    """Empty answers given while some message had been waiting for a consumer for more than
+    the tolerance (stored before, received by nobody until after the answer)."""
+    waiting = []
+    for message_id, sent in record.sent_ms.items():
+        stored = record.stored_ms.get(message_id, sent)
+        waiting.append((stored, record.received_ms.get(message_id, end_ms + 1)))
+    waiting.sort()
+    stores = [stored for stored, _ in waiting]
+    latest_receipt: list[float] = []  # prefix max of receipt times, in store order
+    for _, received in waiting:
+        latest_receipt.append(max(received, latest_receipt[-1] if latest_receipt else received))
+    false = 0
+    for _asked, answered in record.empties:
+        count = bisect.bisect_right(stores, answered - FALSE_EMPTY_TOLERANCE_MS)
+        if count and latest_receipt[count - 1] > answered:
+            false += 1
+    return false
+
+
+def _metric(metrics: ProxyMetrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def _summarise(
+    name: str,
+    record: _Record,
+    metrics: ProxyMetrics,
+    cpu_s: float,
+    broker_cpu_s: float | None,
+    wall_s: float,
+    produce_s: float,
+) -> dict[str, Any]:
+    end_ms = _now_ms()
+    latencies = []
+    undelivered = 0
+    for message_id, sent in record.sent_ms.items():
+        if message_id in record.received_ms:
+            latencies.append(record.received_ms[message_id] - record.stored_ms[message_id])
+        else:
+            # Not delivered by the end: counted at the time it had waited (a lower bound).
+            undelivered += 1
+            latencies.append(end_ms - sent)
+    latencies.sort()
+    label = name
+    rpcs: dict[str, int] = {}
+    for sample in metrics.broker_rpcs.collect()[0].samples:
+        if sample.name.endswith("_total"):
+            rpcs[sample.labels["kind"]] = int(sample.value)
+    delivered = len(record.received_ms)
+    return {
+        "strategy": name,
+        "sent": len(record.sent_ms),
+        "delivered": delivered,
+        "undelivered": undelivered,
+        "duplicates": record.duplicates,
+        "latency_ms": {
+            "p50": round(_percentile(latencies, 0.50), 2),
+            "p99": round(_percentile(latencies, 0.99), 2),
+            "max": round(latencies[-1] if latencies else 0.0, 2),
+        },
+        "receives": record.receives,
+        "empty": len(record.empties),
+        "false_empty": _false_empties(record, end_ms),
+        "false_empty_probe": int(
+            _metric(metrics, "popmq_proxy_false_empty_responses_total", strategy=label)
+        ),
+        "first_pop_hits": int(_metric(metrics, "popmq_proxy_first_pop_hits_total", strategy=label)),
+        "pop_with_notify": int(_metric(metrics, "popmq_proxy_pop_with_notify_total")),
+        "broker_rpcs": rpcs,
+        "rpcs_per_message": round(sum(rpcs.values()) / delivered, 2) if delivered else None,
+        "throughput_per_s": _throughput(record),
+        "cpu_s": round(cpu_s, 2),
+        "broker_cpu_s": None if broker_cpu_s is None else round(broker_cpu_s, 2),
+        "wall_s": round(wall_s, 2),
+        "produce_s": round(produce_s, 2),
+        "adaptive_mode": _adaptive_mode(metrics) if name == "adaptive" else None,
+        "adaptive_switches": {
+            mode: int(_metric(metrics, "popmq_proxy_adaptive_switches_total", mode=mode))
+            for mode in ("pop", "notify")
+        }
+        if name == "adaptive"
+        else None,
+    }
+
+
+def _throughput(record: _Record) -> float:
+    """Delivered messages per second, from the first send to the last receipt."""
+    if not record.received_ms or not record.sent_ms:
+        return 0.0
+    span_s = (max(record.received_ms.values()) - min(record.sent_ms.values())) / 1000
+    return round(len(record.received_ms) / span_s, 1) if span_s > 0 else 0.0
+
+
+def _adaptive_mode(metrics: ProxyMetrics) -> str:
+    for mode in ("pop", "notify"):
+        if _metric(metrics, "popmq_proxy_adaptive_mode", mode=mode) == 1:
+            return mode
+    return "?"
+
+
+# -- the benchmark -------------------------------------------------------------------------------
+async def bench_longpoll(
+    brokers: int = 8,
+    consumers: int = 1,
+    rate: float = 5.0,
+    duration_s: float = 30.0,
+    await_ms: int = 20_000,
+    strategies: Sequence[str] = STRATEGIES,
+    remote: bool = False,
+    busy: bool = False,
+    *,
+    busy_consumers: int = 32,
+    busy_rate: float = 1000.0,
+    busy_duration_s: float | None = None,
+    body_bytes: int = 1024,
+    seed: int = 1,
+    proxy_overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run every strategy on a fresh cluster under the same load; return the figures.
+
+    ``proxy_overrides`` are ProxyConfig fields (e.g. notify_threshold_rps) for every strategy.
+    With ``busy``, the busy scenario runs ``pop`` and ``adaptive`` with ``busy_consumers`` and
+    ``busy_rate`` too. The result is JSON-serialisable; ``format_table`` prints it.
+    """
+    unknown = set(strategies) - set(STRATEGIES)
+    if unknown:
+        raise ValueError(f"unknown strategies {sorted(unknown)}: choose from {STRATEGIES}")
+    overrides = dict(proxy_overrides or {})
+    common = {
+        "brokers": brokers, "await_ms": await_ms, "remote": remote, "seed": seed,
+        "proxy_overrides": overrides, "body_bytes": body_bytes,
+    }  # fmt: skip
+    result: dict[str, Any] = {
+        "settings": {
+            "brokers": brokers, "consumers": consumers, "rate": rate, "duration_s": duration_s,
+            "await_ms": await_ms, "remote": remote, "queues_per_broker": QUEUES_PER_BROKER,
+            "body_bytes": body_bytes, "seed": seed, "proxy_overrides": overrides,
+            "cpus": os.cpu_count(),
+        },
+        "low_rate": [],
+    }  # fmt: skip
+    for name in strategies:
+        result["low_rate"].append(
+            await _run_one(name, consumers=consumers, rate=rate, duration_s=duration_s, **common)
+        )
+    if busy:
+        runs = []
+        for name in ("pop", "adaptive"):
+            runs.append(
+                await _run_one(
+                    name,
+                    consumers=busy_consumers,
+                    rate=busy_rate,
+                    duration_s=busy_duration_s or duration_s,
+                    **common,
+                )
+            )
+        pop_tp = runs[0]["throughput_per_s"]
+        result["busy"] = {
+            "consumers": busy_consumers,
+            "rate": busy_rate,
+            "runs": runs,
+            "adaptive_vs_pop_throughput": round(runs[1]["throughput_per_s"] / pop_tp, 3)
+            if pop_tp
+            else None,
+        }
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The figures as plain-text tables (the same layout docs/longpolling.md shows)."""
+    settings = result["settings"]
+    lines = [
+        f"low rate: {settings['brokers']} brokers x {settings['queues_per_broker']} queues, "
+        f"{settings['consumers']} consumer(s), {settings['rate']} msg/s for "
+        f"{settings['duration_s']} s, awaitDuration {settings['await_ms']} ms"
+        f"{', remote brokers' if settings['remote'] else ', in-process brokers'}",
+        "",
+    ]
+    lines += _table(result["low_rate"])
+    busy = result.get("busy")
+    if busy:
+        lines += [
+            "",
+            f"busy: {busy['consumers']} consumers, {busy['rate']} msg/s offered; "
+            f"adaptive/pop throughput = {busy['adaptive_vs_pop_throughput']}",
+            "",
+        ]
+        lines += _table(busy["runs"], throughput=True)
+    return "\n".join(lines)
+
+
+def _table(runs: list[dict[str, Any]], throughput: bool = False) -> list[str]:
+    header = ["strategy", "sent", "delivered", "p50 ms", "p99 ms", "max ms", "receives",
+              "empty", "false empty", "RPC/msg", "CPU s"]  # fmt: skip
+    if throughput:
+        header[2:2] = ["msg/s"]
+        header.append("mode")
+    rows = [header]
+    for run in runs:
+        latency = run["latency_ms"]
+        row = [
+            run["strategy"], str(run["sent"]), str(run["delivered"]),
+            f"{latency['p50']:.1f}", f"{latency['p99']:.1f}", f"{latency['max']:.1f}",
+            str(run["receives"]), str(run["empty"]),
+            f"{run['false_empty']} ({run['false_empty_probe']})",
+            "-" if run["rpcs_per_message"] is None else f"{run['rpcs_per_message']:.2f}",
+            f"{run['cpu_s']:.2f}",
+        ]  # fmt: skip
+        if throughput:
+            row[2:2] = [f"{run['throughput_per_s']:.0f}"]
+            row.append(run["adaptive_mode"] or "-")
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    out = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
+           for row in rows]  # fmt: skip
+    out.insert(1, "  ".join("-" * width for width in widths))
+    out.append("false empty: measured from delivery times (probe metric in brackets)")
+    return out
