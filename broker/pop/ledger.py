@@ -61,6 +61,17 @@ class CheckpointLedger:
     def existing_queue(self, group: str, topic: str, queue_id: int) -> QueueState | None:
         return self.queues.get((group, topic, queue_id))
 
+    def reset_queue(self, group: str, topic: str, queue_id: int) -> None:
+        """Restart a group's cursor from its (newly set) start offset; what is in flight
+        beyond it stays in flight."""
+        key = (group, topic, queue_id)
+        old = self.queues.pop(key, None)
+        fresh = self.queue(group, topic, queue_id)
+        if old is not None:
+            for offset, owner in old.inflight.items():
+                if offset >= fresh.pop_offset:
+                    fresh.add_inflight(offset, owner)
+
     def forget_topic(self, topic: str) -> None:
         for key in [key for key in self.queues if key[1] == topic]:
             del self.queues[key]
@@ -132,6 +143,11 @@ class CheckpointLedger:
         self._set(ck, index, state)
         queue = self.queue(*ck.queue_key)
         self._changed(ck.queue_key, queue, queue.mark_done(ck.offsets[index], ck))
+
+    def finish_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """An offset no checkpoint holds is done (e.g. a released message that is gone)."""
+        queue = self.queue(group, topic, queue_id)
+        self._changed((group, topic, queue_id), queue, queue.mark_done(offset))
 
     def ack(self, ck: Checkpoint, index: int) -> None:
         self._finish_offset(ck, index, EntryState.ACKED)

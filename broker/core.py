@@ -1,0 +1,523 @@
+"""The Broker: one store plus the POP engine, the timer, revive and the hold table.
+
+``Broker`` structurally satisfies ``broker.api.port.BrokerPort``. ``start()`` opens the store
+(which recovers it), recovers the pop journal and the timer, and starts the background tasks
+the broker owns: revive, timer delivery, and checkpoint spill / journal maintenance (the store
+runs its own flush and retention task). ``stop()`` cancels them, journals what is still in
+flight, and closes everything.
+
+Durability window, in words: a message is never lost once ``send`` returns (subject to the
+store's flush mode). A popped message whose checkpoint was not yet journaled (younger than
+``pop.checkpoint_buffer_ms``) is redelivered after a crash, as are messages acked after the
+last consumer-offset flush (``store.flush_interval_ms``) when an older message of the same
+queue was still in flight: consumption is at least once. An ack whose consumer offset was
+flushed is never redelivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+from broker.api.errors import BrokerError, Code
+from broker.api.types import (
+    SYSTEM_PREFIX,
+    AckEntry,
+    AckEntryResult,
+    ChangeInvisibleResult,
+    GroupConfig,
+    GroupQueueStats,
+    Message,
+    NotifyRequest,
+    NotifyResult,
+    PopRequest,
+    PopResult,
+    PullRequest,
+    PullResult,
+    PullStatus,
+    QueueInfo,
+    SendResult,
+    StoredMessage,
+    TopicInfo,
+    retry_topic,
+)
+from broker.pop.engine import PopEngine
+from broker.pop.groups import GroupRegistry
+from broker.pop.hold import HoldOutcome, HoldTable
+from broker.pop.journal import PopJournal
+from broker.pop.ledger import CheckpointLedger
+from broker.pop.names import check_group, check_topic, is_system_topic
+from broker.pop.revive import ReviveService
+from broker.pop.selection import RoundRobin, queue_for_group
+from broker.store import MessageStore, TopicMeta, now_ms
+from broker.timer import TimerService
+from popmq.config import BrokerConfig
+
+log = logging.getLogger(__name__)
+
+SYSTEM_QUEUE_COUNT = 1  # retry, DLQ and timer topics have one queue (as in RocketMQ)
+_MAX_PULL_BATCH = 1024
+_IDLE_WAIT_S = 1.0
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self._config = config
+        self._clock: Callable[[], int] = now_ms
+        self._store = MessageStore(config.data_dir, config.name, config.store, self._clock)
+        self._hold = HoldTable(config.polling.max_held_per_key, config.polling.max_held_total)
+        self._groups = GroupRegistry(self._store, config.pop)
+        self._round_robin = RoundRobin()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+        self._journal: PopJournal | None = None
+        self._ledger: CheckpointLedger | None = None
+        self._engine: PopEngine | None = None
+        self._revive: ReviveService | None = None
+        self._timer = TimerService(self._store, self._clock, self._ensure_destination)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._config.name
+
+    @property
+    def config(self) -> BrokerConfig:
+        return self._config
+
+    @property
+    def store(self) -> MessageStore:
+        return self._store
+
+    @property
+    def hold_table(self) -> HoldTable:
+        return self._hold
+
+    @property
+    def engine(self) -> PopEngine:
+        if self._engine is None:
+            raise BrokerError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
+        return self._engine
+
+    @property
+    def ledger(self) -> CheckpointLedger:
+        if self._ledger is None:
+            raise BrokerError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
+        return self._ledger
+
+    @property
+    def revive_service(self) -> ReviveService:
+        if self._revive is None:
+            raise BrokerError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
+        return self._revive
+
+    @property
+    def timer(self) -> TimerService:
+        return self._timer
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._store.open()
+        try:
+            self._open_pop_state()
+        except BaseException:
+            await self._store.close()
+            raise
+        self._store.add_arrival_listener(self._on_arrival)
+        await self._store.start()
+        self._tasks = [
+            asyncio.create_task(self._supervise("revive", self._revive_step)),
+            asyncio.create_task(self._supervise("timer", self._timer_step)),
+            asyncio.create_task(self._supervise("pop-journal", self._journal_step)),
+        ]
+        self._started = True
+        log.info("broker %s started on %s", self.name, self._config.data_dir)
+
+    def _open_pop_state(self) -> None:
+        self._groups.load()
+        journal = PopJournal(self._store.data_dir / "pop" / "journal.log")
+        ledger = CheckpointLedger(
+            journal,
+            self._start_offset,
+            self._commit_offset,
+            first_id=self._clock() * 1000,
+        )
+        recovered = journal.load()
+        live = ledger.recover(recovered)
+        journal.rewrite(ledger.journaled())
+        pending_timers = self._timer.recover()
+        if recovered or pending_timers:
+            log.info(
+                "broker %s recovered %d in-flight checkpoints, %d delayed messages",
+                self.name,
+                live,
+                pending_timers,
+            )
+        self._journal = journal
+        self._ledger = ledger
+        self._engine = PopEngine(
+            name=self.name,
+            config=self._config,
+            store=self._store,
+            ledger=ledger,
+            journal=journal,
+            hold=self._hold,
+            groups=self._groups,
+            clock=self._clock,
+        )
+        self._revive = ReviveService(
+            store=self._store,
+            ledger=ledger,
+            journal=journal,
+            hold=self._hold,
+            groups=self._groups,
+            timer=self._timer,
+            append_system=self._append_system,
+            clock=self._clock,
+        )
+
+    async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        self._store.remove_arrival_listener(self._on_arrival)
+        try:
+            if self._ledger is not None and self._journal is not None:
+                # Everything still in flight becomes durable: after a restart it revives at
+                # its invisible time instead of being handed out again at once.
+                self._ledger.spill(self._clock(), buffer_ms=-(1 << 62))
+                self._journal.close()
+        finally:
+            await self._store.close()
+        log.info("broker %s stopped", self.name)
+
+    async def _supervise(self, name: str, step: Callable[[], Awaitable[float]]) -> None:
+        """Run one background job forever; a failing step is logged and retried."""
+        while True:
+            try:
+                delay = await step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("broker %s: %s task failed; retrying", self.name, name)
+                delay = 0.5
+            await asyncio.sleep(delay)
+
+    def _sleep_until(self, due_ms: int | None, cap_ms: int) -> float:
+        if due_ms is None:
+            return cap_ms / 1000
+        return min(max(due_ms - self._clock(), 1), cap_ms) / 1000
+
+    async def _revive_step(self) -> float:
+        await self.revive_service.revive_due()
+        return self._sleep_until(
+            self.ledger.next_due_ms(), self._config.pop.revive_scan_interval_ms
+        )
+
+    async def _timer_step(self) -> float:
+        await self._timer.deliver_due()
+        return self._sleep_until(
+            self._timer.next_due_ms(), self._config.pop.revive_scan_interval_ms
+        )
+
+    async def _journal_step(self) -> float:
+        """Spill checkpoints older than the buffer time; fsync and compact the journal."""
+        journal, ledger = self._journal, self.ledger
+        assert journal is not None
+        ledger.spill(self._clock(), self._config.pop.checkpoint_buffer_ms)
+        await journal.sync()
+        if journal.should_compact():
+            journal.rewrite(ledger.journaled())
+        interval = min(self._config.pop.checkpoint_buffer_ms, self._config.store.flush_interval_ms)
+        return max(interval, 10) / 1000
+
+    # -- store hooks ----------------------------------------------------------------------
+    def _on_arrival(self, topic: str, queue_id: int, max_offset: int, tags: set[str]) -> None:
+        self._hold.on_arrival(topic, queue_id, max_offset, tags)
+
+    def _start_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """Where a group starts on a queue: its committed offset, else the queue's start."""
+        committed = self._store.get_consumer_offset(group, topic, queue_id)
+        low = self._store.min_offset(topic, queue_id)
+        return low if committed < 0 else max(committed, low)
+
+    def _commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        with contextlib.suppress(BrokerError):  # the topic may have been deleted meanwhile
+            self._store.set_consumer_offset(group, topic, queue_id, offset)
+
+    def _ensure_destination(self, topic: str) -> bool:
+        if self._store.get_topic(topic) is not None:
+            return True
+        if is_system_topic(topic):
+            self._store.create_topic(topic, SYSTEM_QUEUE_COUNT)
+            return True
+        return False
+
+    async def _append_system(
+        self, topic: str, queue_id: int, messages: list[Message]
+    ) -> list[StoredMessage]:
+        self._ensure_destination(topic)
+        return await self._store.append(topic, queue_id, messages)
+
+    def _require_started(self) -> None:
+        if not self._started:
+            raise BrokerError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
+
+    # -- produce --------------------------------------------------------------------------
+    def _topic_for_send(self, topic: str) -> TopicMeta:
+        meta = self._store.get_topic(topic)
+        if meta is not None:
+            return meta
+        if not self._config.topics.auto_create:
+            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+        return self._store.create_topic(topic, self._config.topics.queue_count)
+
+    def _check_message(self, message: Message) -> None:
+        check_topic(message.topic)
+        if not message.body:
+            raise BrokerError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
+        limit = self._config.store.max_body_bytes
+        if len(message.body) > limit:
+            raise BrokerError(
+                Code.MESSAGE_BODY_TOO_LARGE,
+                f"message body is {len(message.body)} bytes; the limit is {limit}",
+            )
+        if "|" in message.tag or (message.tag and not message.tag.strip()):
+            raise BrokerError(Code.ILLEGAL_MESSAGE_TAG, f"illegal tag {message.tag!r}")
+
+    async def send(self, messages: list[Message], queue_id: int = -1) -> list[SendResult]:
+        self._require_started()
+        if not messages:
+            raise BrokerError(Code.BAD_REQUEST, "nothing to send")
+        now = self._clock()
+        immediate: dict[tuple[str, int], list[tuple[int, Message]]] = defaultdict(list)
+        delayed: list[tuple[int, Message, str, int]] = []
+        batch_queue: dict[str, int] = {}  # one round-robin queue per topic per call
+        for position, message in enumerate(messages):
+            self._check_message(message)
+            meta = self._topic_for_send(message.topic)
+            if queue_id >= 0:
+                if queue_id >= meta.queue_count:
+                    raise BrokerError(
+                        Code.BAD_REQUEST,
+                        f"queue {queue_id} is not a queue of {meta.name!r} "
+                        f"(0..{meta.queue_count - 1})",
+                    )
+                target = queue_id
+            elif message.message_group:
+                target = queue_for_group(message.message_group, meta.queue_count)
+            else:
+                target = batch_queue.get(meta.name, -1)
+                if target < 0:
+                    target = self._round_robin.next(meta.name, meta.queue_count)
+                    batch_queue[meta.name] = target
+            if not message.born_timestamp_ms:
+                message = replace(message, born_timestamp_ms=now)
+            if message.delivery_timestamp_ms > now:
+                delayed.append((position, message, meta.name, target))
+            else:
+                immediate[(meta.name, target)].append((position, message))
+        results: list[SendResult | None] = [None] * len(messages)
+        for (topic, target), items in immediate.items():
+            stored = await self._store.append(topic, target, [m for _, m in items])
+            for (position, _), record in zip(items, stored, strict=True):
+                results[position] = SendResult(
+                    record.message_id, topic, target, record.queue_offset, self.name
+                )
+        if delayed:
+            records = await self._timer.schedule([(m, t, q) for _, m, t, q in delayed])
+            for (position, _, topic, target), record in zip(delayed, records, strict=True):
+                # The queue offset is only known once the message is delivered.
+                results[position] = SendResult(record.message_id, topic, target, -1, self.name)
+        return [result for result in results if result is not None]
+
+    # -- POP consumption ------------------------------------------------------------------
+    async def pop(self, request: PopRequest) -> PopResult:
+        self._require_started()
+        return await self.engine.pop(request)
+
+    async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:
+        self._require_started()
+        return await self.engine.ack(group, topic, entries)
+
+    async def change_invisible_time(
+        self, group: str, topic: str, receipt_handle: str, invisible_time_ms: int
+    ) -> ChangeInvisibleResult:
+        self._require_started()
+        return await self.engine.change_invisible_time(
+            group, topic, receipt_handle, invisible_time_ms
+        )
+
+    async def notify(self, request: NotifyRequest) -> NotifyResult:
+        self._require_started()
+        return await self.engine.notify(request)
+
+    async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
+        self._require_started()
+        ck, index = self.engine.take_for_dlq(group, topic, receipt_handle)
+        await self.revive_service.forward_to_dlq(ck, index)
+
+    # -- offset-based consumption ---------------------------------------------------------
+    def _existing_topic(self, topic: str) -> TopicMeta:
+        check_topic(topic, user=False)
+        meta = self._store.get_topic(topic)
+        if meta is None:
+            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+        return meta
+
+    def _existing_queue(self, topic: str, queue_id: int) -> TopicMeta:
+        meta = self._existing_topic(topic)
+        if not 0 <= queue_id < meta.queue_count:
+            raise BrokerError(
+                Code.BAD_REQUEST,
+                f"queue {queue_id} is not a queue of {topic!r} (0..{meta.queue_count - 1})",
+            )
+        return meta
+
+    async def pull(self, request: PullRequest) -> PullResult:
+        self._require_started()
+        topic, queue_id = request.topic, request.queue_id
+        self._existing_queue(topic, queue_id)
+        if not 1 <= request.max_messages <= _MAX_PULL_BATCH:
+            raise BrokerError(Code.BAD_REQUEST, f"pull batch must be within [1, {_MAX_PULL_BATCH}]")
+        if request.poll_time_ms < 0:
+            raise BrokerError(Code.ILLEGAL_POLLING_TIME, "poll time must not be negative")
+        tags = request.filter.tags()
+        deadline = self._clock() + request.poll_time_ms
+        offset = request.offset
+        while True:
+            low = self._store.min_offset(topic, queue_id)
+            high = self._store.max_offset(topic, queue_id)
+            if offset < low:
+                return PullResult(PullStatus.OFFSET_PURGED, [], low, low, high)
+            if offset > high:
+                return PullResult(PullStatus.OFFSET_ILLEGAL, [], high, low, high)
+            if offset < high:
+                result = self._store.read(topic, queue_id, offset, request.max_messages, tags)
+                if result.messages:
+                    return PullResult(PullStatus.FOUND, result.messages, result.next_offset,
+                                      low, high)  # fmt: skip
+                if result.next_offset > offset:
+                    offset = result.next_offset  # only filtered-out messages so far
+                    continue
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return PullResult(PullStatus.NO_NEW_MESSAGE, [], offset, low, high)
+            outcome = await self._hold.wait(
+                [(topic, "", queue_id)], remaining, tags, min_offset=offset
+            )
+            if outcome is HoldOutcome.FULL:
+                return PullResult(PullStatus.POLLING_FULL, [], offset, low, high)
+
+    async def get_consumer_offset(self, group: str, topic: str, queue_id: int) -> int:
+        self._require_started()
+        check_group(group)
+        self._existing_queue(topic, queue_id)
+        return self._store.get_consumer_offset(group, topic, queue_id)
+
+    async def update_consumer_offset(
+        self, group: str, topic: str, queue_id: int, offset: int
+    ) -> None:
+        self._require_started()
+        check_group(group)
+        self._existing_queue(topic, queue_id)
+        high = self._store.max_offset(topic, queue_id)
+        if not 0 <= offset <= high:
+            raise BrokerError(
+                Code.ILLEGAL_OFFSET, f"offset {offset} is outside 0..{high} of {topic}/{queue_id}"
+            )
+        self._store.set_consumer_offset(group, topic, queue_id, offset)
+        # POP progress of the group restarts there (in-flight messages still revive).
+        self.ledger.reset_queue(group, topic, queue_id)
+
+    async def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        self._require_started()
+        self._existing_queue(topic, queue_id)
+        return self._store.offset_for_timestamp(topic, queue_id, timestamp_ms)
+
+    # -- administration -------------------------------------------------------------------
+    def _topic_info(self, meta: TopicMeta) -> TopicInfo:
+        queues = [
+            QueueInfo(q, self._store.min_offset(meta.name, q), self._store.max_offset(meta.name, q))
+            for q in range(meta.queue_count)
+        ]
+        return TopicInfo(meta.name, meta.queue_count, queues)
+
+    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo:
+        self._require_started()
+        check_topic(topic)
+        if not 1 <= queue_count <= 1024:
+            raise BrokerError(Code.BAD_REQUEST, "queue count must be within [1, 1024]")
+        return self._topic_info(self._store.create_topic(topic, queue_count))
+
+    async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
+        self._require_started()
+        check_topic(topic, user=False)
+        meta = self._store.get_topic(topic)
+        if meta is None:
+            if not (auto_create and self._config.topics.auto_create) or is_system_topic(topic):
+                raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+            meta = self._store.create_topic(topic, self._config.topics.queue_count)
+        return self._topic_info(meta)
+
+    async def list_topics(self) -> list[TopicInfo]:
+        self._require_started()
+        return [
+            self._topic_info(meta)
+            for meta in self._store.list_topics()
+            if not meta.name.startswith(SYSTEM_PREFIX)
+        ]
+
+    async def delete_topic(self, topic: str) -> None:
+        self._require_started()
+        check_topic(topic, user=False)
+        self._existing_topic(topic)
+        self._store.delete_topic(topic)
+        self.ledger.forget_topic(topic)
+
+    async def get_group(self, group: str) -> GroupConfig:
+        self._require_started()
+        return replace(self._groups.get(group))
+
+    async def update_group(self, config: GroupConfig) -> GroupConfig:
+        self._require_started()
+        return replace(self._groups.update(config))
+
+    async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]:
+        self._require_started()
+        check_group(group)
+        stats: list[GroupQueueStats] = []
+        for name in (topic, retry_topic(group, topic)):
+            meta = self._existing_topic(topic) if name == topic else self._store.get_topic(name)
+            if meta is None:
+                continue
+            for queue_id in range(meta.queue_count):
+                state = self.ledger.existing_queue(group, name, queue_id)
+                committed = (
+                    state.committed if state is not None
+                    else self._start_offset(group, name, queue_id)
+                )  # fmt: skip
+                stats.append(
+                    GroupQueueStats(
+                        name,
+                        queue_id,
+                        committed,
+                        self._store.max_offset(name, queue_id),
+                        len(state.inflight) if state is not None else 0,
+                    )
+                )
+        return stats
+
+    async def close(self) -> None:
+        """BrokerPort.close: a Broker is released by its owner with ``stop()``."""

@@ -1,0 +1,455 @@
+"""The POP engine: pop, ack, change_invisible_time, notify and forward_to_dlq.
+
+Flow of a pop (RocketMQ's PopMessageProcessor): about one pop in five reads the group's retry
+topic first; then the requested queue, or every queue starting at a random one; a pop that is
+not full then reads the retry topic. Each queue is read under a non-blocking lock (a busy queue
+is skipped) from the group's cursor, skipping offsets in flight or already done; what is read
+becomes one checkpoint (invisible until ``now + invisible_time``) and each message gets a
+signed receipt handle. FIFO pops skip a queue while it has messages in flight and never read
+the retry topic. An empty pop with ``poll_time_ms > 0`` waits in the hold table.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from broker.api.errors import BrokerError, Code
+from broker.api.types import (
+    PROP_ORIGIN_TOPIC,
+    AckEntry,
+    AckEntryResult,
+    ChangeInvisibleResult,
+    NotifyRequest,
+    NotifyResult,
+    PoppedMessage,
+    PopRequest,
+    PopResult,
+    PopStatus,
+    StoredMessage,
+    retry_topic,
+)
+from broker.pop.checkpoint import Checkpoint, EntryState
+from broker.pop.groups import GroupRegistry
+from broker.pop.handle import HandleCodec, ReceiptHandle, group_hash
+from broker.pop.hold import HoldKey, HoldOutcome, HoldTable
+from broker.pop.journal import PopJournal
+from broker.pop.ledger import CheckpointLedger
+from broker.pop.names import check_group, check_topic
+from broker.pop.selection import QueueLocks, pop_queue_order
+from popmq.config import BrokerConfig
+
+if TYPE_CHECKING:
+    from broker.store.message_store import MessageStore
+
+# How far notify scans past in-flight messages looking for a visible one, per queue.
+_NOTIFY_SCAN_READS = 4
+
+
+class PopEngine:
+    def __init__(
+        self,
+        *,
+        name: str,
+        config: BrokerConfig,
+        store: MessageStore,
+        ledger: CheckpointLedger,
+        journal: PopJournal,
+        hold: HoldTable,
+        groups: GroupRegistry,
+        clock: Callable[[], int],
+        rng: random.Random | None = None,
+    ) -> None:
+        self._name = name
+        self._config = config
+        self._store = store
+        self._ledger = ledger
+        self._journal = journal
+        self._hold = hold
+        self._groups = groups
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._codec = HandleCodec(config.handle_secret)
+        self.locks = QueueLocks()
+
+    # -- validation -----------------------------------------------------------------------
+    def _queue_count(self, topic: str) -> int:
+        meta = self._store.get_topic(topic)
+        if meta is None:
+            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+        return meta.queue_count
+
+    def _check_queue(self, queue_id: int, count: int, topic: str) -> None:
+        if queue_id != -1 and not 0 <= queue_id < count:
+            raise BrokerError(
+                Code.BAD_REQUEST, f"queue {queue_id} is not a queue of {topic!r} (0..{count - 1})"
+            )
+
+    def _check_invisible(self, invisible_time_ms: int) -> None:
+        pop = self._config.pop
+        if not pop.min_invisible_ms <= invisible_time_ms <= pop.max_invisible_ms:
+            raise BrokerError(
+                Code.ILLEGAL_INVISIBLE_TIME,
+                f"invisible time {invisible_time_ms} ms is outside "
+                f"[{pop.min_invisible_ms}, {pop.max_invisible_ms}] ms",
+            )
+
+    @staticmethod
+    def _check_poll(poll_time_ms: int) -> None:
+        if poll_time_ms < 0:
+            raise BrokerError(Code.ILLEGAL_POLLING_TIME, "poll time must not be negative")
+
+    # -- pop ------------------------------------------------------------------------------
+    async def pop(self, request: PopRequest) -> PopResult:
+        check_group(request.group)
+        check_topic(request.topic)
+        count = self._queue_count(request.topic)
+        self._check_queue(request.queue_id, count, request.topic)
+        if not 1 <= request.max_messages <= self._config.pop.max_batch:
+            raise BrokerError(
+                Code.BAD_REQUEST,
+                f"batch size {request.max_messages} is outside [1, {self._config.pop.max_batch}]",
+            )
+        self._check_invisible(request.invisible_time_ms)
+        self._check_poll(request.poll_time_ms)
+        fifo = request.fifo or self._groups.get(request.group).fifo
+        tags = request.filter.tags()
+        deadline = self._clock() + request.poll_time_ms
+        while True:
+            result = self._pop_once(request, count, fifo, tags)
+            remaining = deadline - self._clock()
+            if result.messages or remaining <= 0:
+                return result
+            outcome = await self._hold.wait(
+                self._hold_keys(request.group, request.topic, request.queue_id, fifo),
+                remaining,
+                tags,
+            )
+            if outcome is HoldOutcome.FULL:
+                return PopResult(PopStatus.POLLING_FULL, rest_num=result.rest_num)
+            if outcome is HoldOutcome.TIMEOUT:
+                return self._pop_once(request, count, fifo, tags)
+
+    @staticmethod
+    def _hold_keys(group: str, topic: str, queue_id: int, fifo: bool) -> list[HoldKey]:
+        keys: list[HoldKey] = [(topic, group, queue_id)]
+        if not fifo:
+            keys.append((retry_topic(group, topic), group, -1))
+        return keys
+
+    def _retry_queue_count(self, group: str, topic: str) -> int:
+        meta = self._store.get_topic(retry_topic(group, topic))
+        return meta.queue_count if meta is not None else 0
+
+    def _pop_once(
+        self, request: PopRequest, count: int, fifo: bool, tags: frozenset[str] | None
+    ) -> PopResult:
+        group, topic = request.group, request.topic
+        now = self._clock()
+        start = self._rng.randrange(max(count, 1))
+        if request.queue_id == -1:
+            normal = [(topic, q) for q in pop_queue_order(count, start)]
+        else:
+            normal = [(topic, request.queue_id)]
+        retry: list[tuple[str, int]] = []
+        retry_first = False
+        if not fifo:
+            retry_count = self._retry_queue_count(group, topic)
+            name = retry_topic(group, topic)
+            retry = [(name, q) for q in pop_queue_order(retry_count, start)]
+            retry_first = self._rng.randrange(100) < self._config.pop.retry_first_percent
+        plan = retry + normal if retry_first else normal + retry
+        out: list[PoppedMessage] = []
+        rest = 0
+        for queue_topic, queue_id in plan:
+            rest += self._pop_queue(request, queue_topic, queue_id, fifo, tags, now, out)
+        status = PopStatus.FOUND if out else PopStatus.NO_MESSAGE
+        return PopResult(status, out, rest)
+
+    def _pop_queue(
+        self,
+        request: PopRequest,
+        topic: str,
+        queue_id: int,
+        fifo: bool,
+        tags: frozenset[str] | None,
+        now: int,
+        out: list[PoppedMessage],
+    ) -> int:
+        """Pop what fits from one queue into ``out``; returns the backlog left there."""
+        group = request.group
+        key = (group, topic, queue_id)
+        max_offset = self._store.max_offset(topic, queue_id)
+        if not self.locks.try_lock(key):
+            state = self._ledger.existing_queue(group, topic, queue_id)
+            return max(max_offset - state.pop_offset, 0) if state is not None else 0
+        try:
+            state = self._ledger.queue(group, topic, queue_id)
+            room = request.max_messages - len(out)
+            if room <= 0 or (fifo and state.inflight):
+                return self._rest(topic, queue_id, state.pop_offset, max_offset, tags)
+            picked: list[StoredMessage] = []
+            for offset in state.take_released(room):
+                message = self._read_at(topic, queue_id, offset)
+                if message is None or (tags is not None and message.tag not in tags):
+                    self._ledger.finish_offset(group, topic, queue_id, offset)
+                else:
+                    picked.append(message)
+            cursor = state.pop_offset
+            while len(picked) < room and cursor < max_offset:
+                try:
+                    result = self._store.read(topic, queue_id, cursor, room - len(picked), tags)
+                except BrokerError as err:
+                    if err.code != Code.ILLEGAL_OFFSET:
+                        raise
+                    low = self._store.min_offset(topic, queue_id)
+                    if cursor >= low:
+                        break  # beyond the end: nothing to read
+                    cursor = low  # retention removed what was below
+                    continue
+                picked.extend(m for m in result.messages if not state.is_known(m.queue_offset))
+                if result.next_offset <= cursor:
+                    break
+                cursor = result.next_offset
+            if picked:
+                self._hand_out(request, topic, queue_id, fifo, picked, now, out)
+            self._ledger.advance_cursor(group, topic, queue_id, cursor)
+            return self._rest(topic, queue_id, cursor, max_offset, tags)
+        finally:
+            self.locks.unlock(key)
+
+    def _rest(
+        self, topic: str, queue_id: int, cursor: int, max_offset: int, tags: frozenset[str] | None
+    ) -> int:
+        if cursor >= max_offset:
+            return 0
+        if tags is None:
+            return max_offset - cursor
+        return self._store.count_matching(topic, queue_id, cursor, max_offset, tags)
+
+    def _read_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
+        try:
+            result = self._store.read(topic, queue_id, offset, 1)
+        except BrokerError:
+            return None
+        if result.messages and result.messages[0].queue_offset == offset:
+            return result.messages[0]
+        return None
+
+    def _hand_out(
+        self,
+        request: PopRequest,
+        topic: str,
+        queue_id: int,
+        fifo: bool,
+        picked: list[StoredMessage],
+        now: int,
+        out: list[PoppedMessage],
+    ) -> None:
+        state = self._ledger.queue(request.group, topic, queue_id)
+        attempts = [state.attempts.get(m.queue_offset, m.reconsume_times) for m in picked]
+        until = now + request.invisible_time_ms
+        ck = self._ledger.open(
+            request.group,
+            topic,
+            queue_id,
+            [m.queue_offset for m in picked],
+            attempts,
+            now,
+            until,
+            fifo,
+        )
+        gh = group_hash(request.group)
+        is_retry = topic != request.topic
+        for index, message in enumerate(picked):
+            handle = self._codec.encode(
+                ReceiptHandle(
+                    self._name,
+                    gh,
+                    topic,
+                    queue_id,
+                    message.queue_offset,
+                    now,
+                    until,
+                    ck.ck_id,
+                    index,
+                )
+            )
+            if attempts[index] != message.reconsume_times:
+                message = replace(message, reconsume_times=attempts[index])
+            if is_retry:  # consumers see the topic they subscribed to
+                origin = message.properties.get(PROP_ORIGIN_TOPIC, request.topic)
+                message = replace(message, topic=origin)
+            out.append(PoppedMessage(message, handle, until))
+
+    # -- handles --------------------------------------------------------------------------
+    def _resolve(
+        self, group: str, topic: str, text: str, now: int
+    ) -> tuple[ReceiptHandle, Checkpoint, int]:
+        """A handle's live checkpoint entry; INVALID_RECEIPT_HANDLE with the reason if none."""
+        handle = self._codec.decode(text)
+        if handle.broker != self._name:
+            raise _invalid(f"the handle belongs to broker {handle.broker!r}, not {self._name!r}")
+        if handle.group_hash != group_hash(group):
+            raise _invalid(f"the handle was not issued to consumer group {group!r}")
+        if handle.topic != topic and handle.topic != retry_topic(group, topic):
+            raise _invalid(f"the handle is for topic {handle.topic!r}, not {topic!r}")
+        ck = self._ledger.find(handle.checkpoint_id)
+        index = handle.index
+        if (
+            ck is None
+            or ck.pop_time_ms != handle.pop_time_ms
+            or ck.topic != handle.topic
+            or ck.queue_id != handle.queue_id
+            or index >= len(ck.offsets)
+            or ck.offsets[index] != handle.offset
+        ):
+            if now >= handle.invisible_until_ms:
+                raise _expired(handle)
+            raise _invalid("unknown checkpoint (finished long ago, or lost in a broker restart)")
+        state = ck.state(index)
+        if state == EntryState.SUPERSEDED:
+            raise _invalid("superseded by change_invisible_time: use the newest handle")
+        if state == EntryState.ACKED:
+            return handle, ck, index
+        if state != EntryState.PENDING or now >= handle.invisible_until_ms:
+            raise _expired(handle)
+        return handle, ck, index
+
+    # -- ack ------------------------------------------------------------------------------
+    async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:
+        check_group(group)
+        check_topic(topic)
+        now = self._clock()
+        results: list[AckEntryResult] = []
+        for entry in entries:
+            try:
+                _, ck, index = self._resolve(group, topic, entry.receipt_handle, now)
+                if ck.state(index) == EntryState.PENDING:
+                    self._ledger.ack(ck, index)
+                    if ck.fifo:
+                        self._wake_if_unblocked(ck)
+                results.append(AckEntryResult(entry.receipt_handle, entry.message_id, Code.OK))
+            except BrokerError as err:
+                results.append(
+                    AckEntryResult(entry.receipt_handle, entry.message_id, err.code, err.message)
+                )
+        self._journal.flush()
+        return results
+
+    def _wake_if_unblocked(self, ck: Checkpoint) -> None:
+        state = self._ledger.existing_queue(*ck.queue_key)
+        if state is not None and not state.inflight:
+            self._hold.wake(ck.topic, ck.group, ck.queue_id)
+
+    async def change_invisible_time(
+        self, group: str, topic: str, receipt_handle: str, invisible_time_ms: int
+    ) -> ChangeInvisibleResult:
+        check_group(group)
+        check_topic(topic)
+        self._check_invisible(invisible_time_ms)
+        now = self._clock()
+        handle, ck, index = self._resolve(group, topic, receipt_handle, now)
+        if ck.state(index) != EntryState.PENDING:
+            raise _invalid("the message was already acked")
+        until = now + invisible_time_ms
+        new = self._ledger.change(ck, index, now, until)
+        self._journal.flush()
+        text = self._codec.encode(
+            replace(
+                handle, pop_time_ms=now, invisible_until_ms=until, checkpoint_id=new.ck_id, index=0
+            )
+        )
+        return ChangeInvisibleResult(text, until)
+
+    def take_for_dlq(self, group: str, topic: str, receipt_handle: str) -> tuple[Checkpoint, int]:
+        """The pending entry a forward_to_dlq request names (validated like an ack)."""
+        check_group(group)
+        check_topic(topic)
+        _, ck, index = self._resolve(group, topic, receipt_handle, self._clock())
+        if ck.state(index) != EntryState.PENDING:
+            raise _invalid("the message was already acked")
+        return ck, index
+
+    # -- notify ---------------------------------------------------------------------------
+    async def notify(self, request: NotifyRequest) -> NotifyResult:
+        check_group(request.group)
+        check_topic(request.topic)
+        count = self._queue_count(request.topic)
+        self._check_queue(request.queue_id, count, request.topic)
+        self._check_poll(request.poll_time_ms)
+        fifo = request.fifo or self._groups.get(request.group).fifo
+        tags = request.filter.tags()
+        deadline = self._clock() + request.poll_time_ms
+        while True:
+            if self.has_visible(request.group, request.topic, request.queue_id, count, fifo, tags):
+                return NotifyResult(True)
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return NotifyResult(False)
+            outcome = await self._hold.wait(
+                self._hold_keys(request.group, request.topic, request.queue_id, fifo),
+                remaining,
+                tags,
+            )
+            if outcome is HoldOutcome.FULL:
+                return NotifyResult(False, polling_full=True)
+            if outcome is HoldOutcome.TIMEOUT:
+                return NotifyResult(
+                    self.has_visible(
+                        request.group, request.topic, request.queue_id, count, fifo, tags
+                    )
+                )
+
+    def has_visible(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        count: int,
+        fifo: bool,
+        tags: frozenset[str] | None,
+    ) -> bool:
+        queues = [(topic, q) for q in range(count)] if queue_id == -1 else [(topic, queue_id)]
+        if not fifo:
+            name = retry_topic(group, topic)
+            queues += [(name, q) for q in range(self._retry_queue_count(group, topic))]
+        return any(self._queue_has_visible(group, t, q, fifo, tags) for t, q in queues)
+
+    def _queue_has_visible(
+        self, group: str, topic: str, queue_id: int, fifo: bool, tags: frozenset[str] | None
+    ) -> bool:
+        state = self._ledger.queue(group, topic, queue_id)
+        if fifo and state.inflight:
+            return False
+        if state.released:
+            return True
+        max_offset = self._store.max_offset(topic, queue_id)
+        cursor = state.pop_offset
+        for _ in range(_NOTIFY_SCAN_READS):
+            if cursor >= max_offset:
+                return False
+            try:
+                result = self._store.read(topic, queue_id, cursor, 32, tags)
+            except BrokerError:
+                return False
+            if any(not state.is_known(m.queue_offset) for m in result.messages):
+                return True
+            if result.next_offset <= cursor:
+                return False
+            cursor = result.next_offset
+        return False
+
+
+def _invalid(reason: str) -> BrokerError:
+    return BrokerError(Code.INVALID_RECEIPT_HANDLE, f"invalid receipt handle: {reason}")
+
+
+def _expired(handle: ReceiptHandle) -> BrokerError:
+    return BrokerError(
+        Code.INVALID_RECEIPT_HANDLE,
+        f"receipt handle expired: the message became visible again at "
+        f"{handle.invisible_until_ms} ms (it is or will be redelivered)",
+    )

@@ -1,0 +1,175 @@
+"""Revive: what was popped and not acked in time comes back.
+
+For each checkpoint past its invisible time, every un-acked message is
+- (concurrent pops) rewritten with ``reconsume_times + 1`` to the group's retry topic
+  ``%RETRY%group_topic`` after the backoff of that attempt (through the timer), or to
+  ``%DLQ%group`` once its attempts reach the group's ``max_attempts``;
+- (FIFO pops) released back into its own queue, to be redelivered in place and in order, or
+  sent to the DLQ at ``max_attempts``.
+Only after the rewrite is stored is the original marked done, so a crash in between duplicates
+the message rather than losing it. The message id stays the same across retries and the origin
+is kept in ``PROP_ORIGIN_*`` properties.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from broker.api.errors import BrokerError
+from broker.api.types import (
+    PROP_ORIGIN_MESSAGE_ID,
+    PROP_ORIGIN_OFFSET,
+    PROP_ORIGIN_QUEUE,
+    PROP_ORIGIN_TOPIC,
+    RETRY_PREFIX,
+    Message,
+    StoredMessage,
+    dlq_topic,
+    retry_topic,
+)
+from broker.pop.checkpoint import Checkpoint, EntryState
+from broker.pop.groups import GroupRegistry
+from broker.pop.hold import HoldTable
+from broker.pop.journal import PopJournal
+from broker.pop.ledger import CheckpointLedger
+from broker.timer import TimerService, stored_to_message
+
+if TYPE_CHECKING:
+    from broker.store.message_store import MessageStore
+
+AppendFn = Callable[[str, int, list[Message]], Awaitable[list[StoredMessage]]]
+
+
+def with_origin(stored: StoredMessage, topic: str) -> Message:
+    """A copy of ``stored`` bound for ``topic`` that remembers where it first came from."""
+    message = stored_to_message(stored, topic)
+    props = message.properties
+    if PROP_ORIGIN_TOPIC not in props:
+        props[PROP_ORIGIN_TOPIC] = stored.topic
+        props[PROP_ORIGIN_QUEUE] = str(stored.queue_id)
+        props[PROP_ORIGIN_OFFSET] = str(stored.queue_offset)
+    props.setdefault(PROP_ORIGIN_MESSAGE_ID, stored.message_id)
+    return message
+
+
+class ReviveService:
+    def __init__(
+        self,
+        *,
+        store: MessageStore,
+        ledger: CheckpointLedger,
+        journal: PopJournal,
+        hold: HoldTable,
+        groups: GroupRegistry,
+        timer: TimerService,
+        append_system: AppendFn,
+        clock: Callable[[], int],
+    ) -> None:
+        self._store = store
+        self._ledger = ledger
+        self._journal = journal
+        self._hold = hold
+        self._groups = groups
+        self._timer = timer
+        self._append_system = append_system
+        self._clock = clock
+        self.revived = 0  # messages sent to retry topics or released in place
+        self.dead_lettered = 0
+
+    def next_due_ms(self) -> int | None:
+        return self._ledger.next_due_ms()
+
+    async def revive_due(self) -> int:
+        """Revive every checkpoint whose invisible time has passed. Returns how many."""
+        checkpoints = self._ledger.take_due(self._clock())
+        for ck in checkpoints:
+            await self._revive(ck)
+        if checkpoints:
+            self._journal.flush()
+        return len(checkpoints)
+
+    def _read(self, ck: Checkpoint, index: int) -> StoredMessage | None:
+        offset = ck.offsets[index]
+        try:
+            result = self._store.read(ck.topic, ck.queue_id, offset, 1)
+        except BrokerError:
+            return None
+        if result.messages and result.messages[0].queue_offset == offset:
+            return result.messages[0]
+        return None
+
+    async def _revive(self, ck: Checkpoint) -> None:
+        max_attempts = self._groups.get(ck.group).max_attempts
+        if ck.fifo:
+            await self._release_fifo(ck, max_attempts)
+            return
+        destination = ck.topic if ck.topic.startswith(RETRY_PREFIX) else None
+        now = self._clock()
+        retries: list[tuple[Message, str, int]] = []
+        dead: list[Message] = []
+        done: list[int] = []
+        config = self._groups.get(ck.group)
+        for index in ck.pending_indexes():
+            stored = self._read(ck, index)
+            if stored is None:
+                self._ledger.dropped(ck, index)
+                continue
+            reconsume = stored.reconsume_times + 1
+            if reconsume >= max_attempts:
+                message = with_origin(stored, dlq_topic(ck.group))
+                message.reconsume_times = reconsume
+                message.delivery_timestamp_ms = 0
+                dead.append(message)
+            else:
+                origin = stored.properties.get(PROP_ORIGIN_TOPIC, ck.topic)
+                target = destination or retry_topic(ck.group, origin)
+                message = with_origin(stored, target)
+                message.reconsume_times = reconsume
+                message.delivery_timestamp_ms = now + self._groups.retry_delay_ms(config, reconsume)
+                retries.append((message, target, 0))
+            done.append(index)
+        if retries:
+            await self._timer.schedule(retries)
+        if dead:
+            await self._append_system(dlq_topic(ck.group), 0, dead)
+        for index in done:
+            self._ledger.revived(ck, index)
+        self.revived += len(retries)
+        self.dead_lettered += len(dead)
+
+    async def _release_fifo(self, ck: Checkpoint, max_attempts: int) -> None:
+        released = False
+        for index in ck.pending_indexes():
+            if ck.attempts[index] + 1 < max_attempts:
+                self._ledger.release(ck, index)
+                self.revived += 1
+                released = True
+                continue
+            stored = self._read(ck, index)
+            if stored is not None:
+                message = with_origin(stored, dlq_topic(ck.group))
+                message.reconsume_times = ck.attempts[index] + 1
+                await self._append_system(dlq_topic(ck.group), 0, [message])
+                self.dead_lettered += 1
+            self._ledger.revived(ck, index)
+        state = self._ledger.existing_queue(*ck.queue_key)
+        if released or (state is not None and not state.inflight):
+            self._hold.wake(ck.topic, ck.group, ck.queue_id)
+
+    async def forward_to_dlq(self, ck: Checkpoint, index: int) -> None:
+        """Client-requested: move one popped message to the DLQ now and mark it done."""
+        stored = self._read(ck, index)
+        if stored is not None:
+            message = with_origin(stored, dlq_topic(ck.group))
+            message.reconsume_times = max(stored.reconsume_times, ck.attempts[index]) + 1
+            message.delivery_timestamp_ms = 0
+            await self._append_system(dlq_topic(ck.group), 0, [message])
+            self.dead_lettered += 1
+        if ck.state(index) == EntryState.PENDING:  # not acked while we were writing
+            self._ledger.revived(ck, index)
+        self._journal.flush()
+        if ck.fifo:
+            state = self._ledger.existing_queue(*ck.queue_key)
+            if state is not None and not state.inflight:
+                self._hold.wake(ck.topic, ck.group, ck.queue_id)
