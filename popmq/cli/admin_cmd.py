@@ -1,0 +1,330 @@
+"""`popmq admin`: topics, groups, clients and stats, through a proxy's AdminService.
+
+    popmq admin --endpoint 127.0.0.1:8081 topics create orders --queues 8
+    popmq admin topics list | topics describe orders --group billing | topics delete orders
+    popmq admin groups get billing
+    popmq admin groups set billing --consume-mode PULL --max-attempts 5 --retry-levels 1s,10s
+    popmq admin set-consume-mode billing POP
+    popmq admin clients [--group billing]
+    popmq admin stats [--raw]
+
+Every command takes --json for machine-readable output. Exit status 1 on a refusal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+DEFAULT_ENDPOINT = "127.0.0.1:8081"
+TIMEOUT_S = 10.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    admin = subparsers.add_parser(
+        "admin", help="administer topics, groups and clients through a proxy",
+        description="Administer a popmq cluster through any of its proxies.",
+    )  # fmt: skip
+    admin.add_argument(
+        "--endpoint", default=DEFAULT_ENDPOINT, help=f"proxy address (default {DEFAULT_ENDPOINT})"
+    )
+    admin.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    commands = admin.add_subparsers(dest="admin_command", required=True)
+
+    topics = commands.add_parser("topics", help="create, list, describe, delete topics")
+    topic_commands = topics.add_subparsers(dest="topics_command", required=True)
+    create = topic_commands.add_parser("create", help="create a topic on every broker")
+    create.add_argument("name")
+    create.add_argument("--queues", type=int, default=8, help="queues per broker (default 8)")
+    create.add_argument("--broker", action="append", default=[], help="only on these brokers")
+    create.set_defaults(func=_topics_create)
+    listing = topic_commands.add_parser("list", help="list topics")
+    listing.add_argument("--all", action="store_true", help="include %%RETRY%% and %%DLQ%% topics")
+    listing.set_defaults(func=_topics_list)
+    describe = topic_commands.add_parser("describe", help="queues, offsets and a group's backlog")
+    describe.add_argument("name")
+    describe.add_argument("--group", help="also show this group's offsets and backlog")
+    describe.set_defaults(func=_topics_describe)
+    delete = topic_commands.add_parser("delete", help="delete a topic and its messages")
+    delete.add_argument("name")
+    delete.set_defaults(func=_topics_delete)
+
+    groups = commands.add_parser("groups", help="show or change consumer group settings")
+    group_commands = groups.add_subparsers(dest="groups_command", required=True)
+    get = group_commands.add_parser("get", help="a group's settings")
+    get.add_argument("name")
+    get.set_defaults(func=_groups_get)
+    update = group_commands.add_parser("set", help="change a group's settings")
+    update.add_argument("name")
+    _group_options(update)
+    update.set_defaults(func=_groups_set)
+
+    mode = commands.add_parser("set-consume-mode", help="POP (default) or PULL for a group")
+    mode.add_argument("name")
+    mode.add_argument("mode", choices=("POP", "PULL", "pop", "pull"))
+    mode.set_defaults(func=_set_consume_mode)
+
+    clients = commands.add_parser("clients", help="clients connected to this proxy")
+    clients.add_argument("--group", default="", help="only this group's clients")
+    clients.set_defaults(func=_clients)
+
+    stats = commands.add_parser("stats", help="the proxy's metrics")
+    stats.add_argument("--raw", action="store_true", help="the full Prometheus text")
+    stats.set_defaults(func=_stats)
+
+
+def _group_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--consume-mode", choices=("POP", "PULL", "pop", "pull"))
+    parser.add_argument("--max-attempts", type=int, help="deliveries before the DLQ")
+    parser.add_argument(
+        "--retry-levels", metavar="1s,5s,...|default", help="redelivery delays, or 'default'"
+    )
+    fifo = parser.add_mutually_exclusive_group()
+    fifo.add_argument("--fifo", dest="fifo", action="store_true", default=None)
+    fifo.add_argument("--no-fifo", dest="fifo", action="store_false")
+
+
+# -- plumbing ----------------------------------------------------------------------------------
+
+
+class AdminError(Exception):
+    pass
+
+
+def _stub(args: argparse.Namespace) -> Any:
+    import grpc
+
+    from popmq.pb.admin.v1 import admin_pb2_grpc
+
+    channel = grpc.insecure_channel(args.endpoint)
+    return channel, admin_pb2_grpc.AdminServiceStub(channel)
+
+
+def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
+    import grpc
+
+    from broker.api.errors import Code
+
+    channel, stub = _stub(args)
+    try:
+        response = getattr(stub, method)(request, timeout=TIMEOUT_S)
+    except grpc.RpcError as exc:
+        detail = f"{exc.code().name} {exc.details()}"
+        raise AdminError(f"cannot reach {args.endpoint}: {detail}") from None
+    finally:
+        channel.close()
+    if response.status.code != Code.OK:
+        try:
+            name = Code(response.status.code).name
+        except ValueError:
+            name = str(response.status.code)
+        raise AdminError(f"{name}: {response.status.message}")
+    return response
+
+
+def _print_json(message: Any) -> None:
+    payload = MessageToDict(message, preserving_proto_field_name=True)
+    payload.pop("status", None)
+    print(json.dumps(payload, indent=2, sort_keys=True))
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for index, row in enumerate(cells):
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        if index == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def _command(func: Callable[[argparse.Namespace], None]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            func(args)
+        except AdminError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
+
+    return run
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+def _print_topic(args: argparse.Namespace, response: Any) -> None:
+    if args.json:
+        _print_json(response)
+        return
+    topic = response.topic
+    rows = [
+        (b.broker, q.queue_id, q.min_offset, q.max_offset, q.max_offset - q.min_offset)
+        for b in topic.brokers
+        for q in b.queues
+    ]
+    print(f"topic {topic.name}: {sum(b.queue_count for b in topic.brokers)} queues")
+    _table(("broker", "queue", "min_offset", "max_offset", "messages"), rows)
+    group_rows = getattr(response, "group_queues", None)
+    if group_rows:
+        print()
+        _table(
+            ("broker", "queue", "consumer_offset", "max_offset", "backlog", "inflight"),
+            [
+                (g.broker, g.queue_id, g.consumer_offset, g.max_offset, g.backlog, g.inflight)
+                for g in group_rows
+            ],
+        )
+        print(f"total backlog {sum(g.backlog for g in group_rows)}, "
+              f"in flight {sum(g.inflight for g in group_rows)}")  # fmt: skip
+
+
+@_command
+def _topics_create(args: argparse.Namespace) -> None:
+    from popmq.pb.admin.v1 import admin_pb2 as a
+
+    request = a.CreateTopicRequest(name=args.name, queue_count=args.queues, brokers=args.broker)
+    _print_topic(args, _call(args, "CreateTopic", request))
+
+
+@_command
+def _topics_list(args: argparse.Namespace) -> None:
+    from popmq.pb.admin.v1 import admin_pb2 as a
+
+    response = _call(args, "ListTopics", a.ListTopicsRequest(include_system=args.all))
+    if args.json:
+        _print_json(response)
+        return
+    rows = []
+    for topic in response.topics:
+        queues = sum(b.queue_count for b in topic.brokers)
+        messages = sum(q.max_offset - q.min_offset for b in topic.brokers for q in b.queues)
+        rows.append((topic.name, len(topic.brokers), queues, messages))
+    _table(("topic", "brokers", "queues", "messages"), rows)
+
+
+@_command
+def _topics_describe(args: argparse.Namespace) -> None:
+    from popmq.pb.admin.v1 import admin_pb2 as a
+
+    request = a.DescribeTopicRequest(name=args.name, group=args.group or "")
+    _print_topic(args, _call(args, "DescribeTopic", request))
+
+
+@_command
+def _topics_delete(args: argparse.Namespace) -> None:
+    from popmq.pb.admin.v1 import admin_pb2 as a
+
+    _call(args, "DeleteTopic", a.DeleteTopicRequest(name=args.name))
+    print(json.dumps({"deleted": args.name}) if args.json else f"deleted topic {args.name}")
+
+
+def _print_group(args: argparse.Namespace, response: Any) -> None:
+    if args.json:
+        _print_json(response)
+        return
+    group = response.group
+    levels = ",".join(group.retry_levels) or "(broker default)"
+    _table(
+        ("group", "consume_mode", "max_attempts", "fifo", "retry_levels"),
+        [(group.name, group.consume_mode, group.max_attempts, group.fifo, levels)],
+    )
+
+
+@_command
+def _groups_get(args: argparse.Namespace) -> None:
+    from popmq.pb.admin.v1 import admin_pb2 as a
+
+    _print_group(args, _call(args, "GetGroup", a.GetGroupRequest(name=args.name)))
+
+
+def _update_request(args: argparse.Namespace) -> Any:
+    from popmq.pb.admin.v1 import admin_pb2 as a
+
+    request = a.UpdateGroupRequest(name=args.name)
+    if args.consume_mode:
+        request.consume_mode = args.consume_mode.upper()
+    if args.max_attempts is not None:
+        request.max_attempts = args.max_attempts
+    if args.retry_levels:
+        if args.retry_levels == "default":
+            request.reset_retry_levels = True
+        else:
+            request.retry_levels.extend(x.strip() for x in args.retry_levels.split(",") if x)
+    if args.fifo is not None:
+        request.fifo = args.fifo
+    return request
+
+
+@_command
+def _groups_set(args: argparse.Namespace) -> None:
+    _print_group(args, _call(args, "UpdateGroup", _update_request(args)))
+
+
+@_command
+def _set_consume_mode(args: argparse.Namespace) -> None:
+    from popmq.pb.admin.v1 import admin_pb2 as a
+
+    request = a.UpdateGroupRequest(name=args.name, consume_mode=args.mode.upper())
+    _print_group(args, _call(args, "UpdateGroup", request))
+
+
+@_command
+def _clients(args: argparse.Namespace) -> None:
+    import time
+
+    from popmq.pb.admin.v1 import admin_pb2 as a
+
+    response = _call(args, "ListClients", a.ListClientsRequest(group=args.group))
+    if args.json:
+        _print_json(response)
+        return
+    now = time.time()
+    rows = [
+        (c.client_id, c.client_type, c.group or "-", ",".join(c.topics) or "-",
+         f"{c.language} {c.version}".strip(), c.peer, f"{now - c.last_seen:.0f}s ago")
+        for c in response.clients
+    ]  # fmt: skip
+    print(f"clients of proxy {response.proxy}: {len(rows)}")
+    _table(("client_id", "type", "group", "topics", "client", "peer", "last_seen"), rows)
+
+
+# Metrics summarised by `popmq admin stats` (the rest with --raw).
+_SUMMARY_PREFIXES = (
+    "popmq_proxy_rpc_requests_total",
+    "popmq_proxy_long_polls_total",
+    "popmq_proxy_first_pop_hits_total",
+    "popmq_proxy_empty_responses_total",
+    "popmq_proxy_false_empty_responses_total",
+    "popmq_proxy_pop_with_notify_total",
+    "popmq_proxy_messages_delivered_total",
+    "popmq_proxy_broker_rpcs_total",
+    "popmq_proxy_held_notification_tasks",
+    "popmq_proxy_adaptive_mode",
+    "popmq_proxy_pop_request_rate",
+)
+
+
+@_command
+def _stats(args: argparse.Namespace) -> None:
+    from popmq.pb.admin.v1 import admin_pb2 as a
+
+    text = _call(args, "Stats", a.StatsRequest()).prometheus_text
+    if args.raw:
+        print(text, end="")
+        return
+    samples = []
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, _, value = line.rpartition(" ")
+        if name.startswith(_SUMMARY_PREFIXES):
+            samples.append((name, float(value)))
+    if args.json:
+        print(json.dumps(dict(samples), indent=2, sort_keys=True))
+        return
+    _table(("metric", "value"), [(n, f"{v:g}") for n, v in samples])

@@ -1,0 +1,111 @@
+"""`popmq serve` (proxy + embedded brokers, one process) and `popmq proxy` (cluster mode).
+
+Both run until SIGTERM or SIGINT and exit 0 after a clean stop. Once serving they print
+``popmq proxy listening on HOST:PORT`` (the real port when --port is 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from popmq.cli.common import config_from_args
+from popmq.config import BrokerAddress
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (default 8081; 0: any)")
+    parser.add_argument(
+        "--advertise", metavar="HOST[:PORT]",
+        help="address written into routes, if clients reach the proxy by another one",
+    )  # fmt: skip
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    parser.add_argument(
+        "--strategy", choices=("pop", "slices", "notify", "adaptive"),
+        help="long-polling strategy (default adaptive)",
+    )  # fmt: skip
+    parser.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--set", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
+        help="override a config field, e.g. --set proxy.min_long_polling_ms=2000",
+    )  # fmt: skip
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    serve = subparsers.add_parser(
+        "serve",
+        help="run a proxy with embedded brokers (one process)",
+        description="Run the popmq proxy with N embedded brokers in one process; data in "
+        "DATA_DIR/broker-<i>. Point RocketMQ 5 clients at HOST:PORT.",
+    )
+    _common(serve)
+    serve.add_argument("--brokers", type=int, help="number of embedded brokers (default 3)")
+    serve.add_argument("--data-dir", help="directory for the brokers' data (default ./data)")
+    serve.set_defaults(func=run_serve)
+
+    proxy = subparsers.add_parser(
+        "proxy",
+        help="run a proxy in front of remote brokers (cluster mode)",
+        description="Run a stateless popmq proxy in front of `popmq broker` processes.",
+    )
+    _common(proxy)
+    proxy.add_argument(
+        "--broker", action="append", metavar="NAME=HOST:PORT",
+        help="a broker to front (repeat for each)",
+    )  # fmt: skip
+    proxy.set_defaults(func=run_proxy)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, object]:
+    overrides: dict[str, object] = {
+        "proxy.host": args.host,
+        "proxy.port": args.port,
+        "proxy.metrics_port": args.metrics_port,
+        "proxy.strategy": args.strategy,
+    }
+    if args.advertise:
+        host, _, port = args.advertise.partition(":")
+        overrides["proxy.advertise_host"] = host
+        overrides["proxy.advertise_port"] = int(port) if port else None
+    return overrides
+
+
+def _setup_logging() -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+
+
+def _announce(line: str) -> None:
+    print(line, flush=True)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    overrides = _overrides(args)
+    overrides["serve.brokers"] = args.brokers
+    overrides["serve.data_dir"] = args.data_dir
+    config = config_from_args(args, overrides)
+    _setup_logging()
+    from proxy.runtime import run_serve as serve
+
+    asyncio.run(serve(config, _announce))
+    return 0
+
+
+def run_proxy(args: argparse.Namespace) -> int:
+    overrides = _overrides(args)
+    if args.broker:
+        try:
+            brokers = [BrokerAddress.parse(text).model_dump() for text in args.broker]
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+        overrides["proxy.brokers"] = brokers
+    config = config_from_args(args, overrides)
+    _setup_logging()
+    from proxy.runtime import run_cluster_proxy
+
+    asyncio.run(run_cluster_proxy(config, _announce))
+    return 0

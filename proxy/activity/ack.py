@@ -1,0 +1,68 @@
+"""AckMessage: each entry goes to the broker its receipt handle names; per-entry statuses."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+from broker.api.errors import BrokerError, Code
+from broker.api.types import AckEntry, AckEntryResult
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+from proxy.activity import validate
+from proxy.grpc import status as st
+from proxy.grpc.headers import RequestContext
+from proxy.services import ProxyServices
+
+MAX_ACK_ENTRIES = 1024
+
+
+async def ack_message(
+    services: ProxyServices, request: s.AckMessageRequest, ctx: RequestContext
+) -> s.AckMessageResponse:
+    group = validate.group_name(request.group.name)
+    topic = validate.topic_name(request.topic.name, allow_dlq=True)
+    if not request.entries:
+        raise BrokerError(Code.BAD_REQUEST, "AckMessage needs at least one entry")
+    if len(request.entries) > MAX_ACK_ENTRIES:
+        raise BrokerError(Code.BAD_REQUEST, f"at most {MAX_ACK_ENTRIES} entries per ack")
+
+    results: list[AckEntryResult | None] = [None] * len(request.entries)
+    by_broker: dict[str, list[int]] = defaultdict(list)
+    for index, entry in enumerate(request.entries):
+        try:
+            port = services.cluster.port_for_handle(entry.receipt_handle)
+        except BrokerError as exc:
+            results[index] = AckEntryResult(
+                entry.receipt_handle, entry.message_id, int(exc.code), exc.message
+            )
+            continue
+        by_broker[port.name].append(index)
+
+    async def ack_on(broker: str, indexes: list[int]) -> None:
+        entries = [
+            AckEntry(request.entries[i].receipt_handle, request.entries[i].message_id)
+            for i in indexes
+        ]
+        try:
+            answers = await services.cluster.port(broker).ack(group, topic, entries)
+        except BrokerError as exc:  # the whole call failed: every entry shares its code
+            answers = [
+                AckEntryResult(e.receipt_handle, e.message_id, int(exc.code), exc.message)
+                for e in entries
+            ]
+        for i, answer in zip(indexes, answers, strict=True):
+            results[i] = answer
+
+    await asyncio.gather(*(ack_on(b, idx) for b, idx in by_broker.items()))
+    entries = [
+        s.AckMessageResultEntry(
+            message_id=r.message_id,
+            receipt_handle=r.receipt_handle,
+            status=st.status(r.code, r.message),
+        )
+        for r in results
+        if r is not None
+    ]
+    code = st.combined_code([Code(e.status.code) for e in entries])
+    message = entries[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
+    return s.AckMessageResponse(status=st.status(code, message), entries=entries)

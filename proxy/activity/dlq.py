@@ -1,0 +1,21 @@
+"""ForwardMessageToDeadLetterQueue: a consumer gives up on a message (push consumers do so
+after their max attempts); the broker moves it to %DLQ%<group> and acks it."""
+
+from __future__ import annotations
+
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+from proxy.activity import validate
+from proxy.grpc import status as st
+from proxy.grpc.headers import RequestContext
+from proxy.services import ProxyServices
+
+
+async def forward_to_dlq(
+    services: ProxyServices, request: s.ForwardMessageToDeadLetterQueueRequest, ctx: RequestContext
+) -> s.ForwardMessageToDeadLetterQueueResponse:
+    group = validate.group_name(request.group.name)
+    topic = validate.topic_name(request.topic.name)
+    handle = validate.receipt_handle(request.receipt_handle)
+    port = services.cluster.port_for_handle(handle)
+    await port.forward_to_dlq(group, topic, handle)
+    return s.ForwardMessageToDeadLetterQueueResponse(status=st.ok())

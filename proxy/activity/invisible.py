@@ -1,0 +1,26 @@
+"""ChangeInvisibleDuration: move a popped message's next-visible time; a new handle replaces
+the old one. The official clients adopt the response's handle before checking its status, so
+a failure answers with the handle they sent (still their best one)."""
+
+from __future__ import annotations
+
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+from proxy.activity import validate
+from proxy.grpc import status as st
+from proxy.grpc.headers import RequestContext
+from proxy.services import ProxyServices
+
+
+async def change_invisible_duration(
+    services: ProxyServices, request: s.ChangeInvisibleDurationRequest, ctx: RequestContext
+) -> s.ChangeInvisibleDurationResponse:
+    group = validate.group_name(request.group.name)
+    topic = validate.topic_name(request.topic.name, allow_dlq=True)
+    handle = validate.receipt_handle(request.receipt_handle)
+    # RocketMQ: any duration from 0 up to the maximum (the receive minimum does not apply).
+    invisible_ms = validate.invisible_time(
+        request.invisible_duration.ToMilliseconds(), 0, services.proxy.max_invisible_ms
+    )
+    port = services.cluster.port_for_handle(handle)
+    result = await port.change_invisible_time(group, topic, handle, invisible_ms)
+    return s.ChangeInvisibleDurationResponse(status=st.ok(), receipt_handle=result.receipt_handle)

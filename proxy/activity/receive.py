@@ -1,0 +1,161 @@
+"""ReceiveMessage: validate, clamp the poll time, long-poll through the strategy.
+
+The servicer streams the result (status, messages, delivery timestamp) and hands back what it
+could not write, which is made visible again soon (RocketMQ nacks it for 1 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from broker.api.errors import BrokerError, Code
+from broker.api.port import BrokerPort
+from broker.api.types import FilterExpression, PoppedMessage, PopRequest
+from popmq.config import ProxyConfig
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+from proxy.activity import validate
+from proxy.grpc.headers import RequestContext
+from proxy.longpoll.base import LongPollRequest
+from proxy.services import ProxyServices
+
+log = logging.getLogger(__name__)
+
+# RocketMQ's client request timeout; without a polling time the poll leaves half of it free.
+DEFAULT_REQUEST_TIMEOUT_MS = 3_000
+# How soon a message we popped but could not deliver becomes visible again.
+NACK_INVISIBLE_MS = 1_000
+
+
+def polling_time_ms(requested_ms: int | None, remaining_ms: int | None, config: ProxyConfig) -> int:
+    """How long a receive may hold.
+
+    - absent: the call's remaining time minus half a request timeout (RocketMQ), clamped;
+    - 0: the minimum; positive below the minimum: ILLEGAL_POLLING_TIME; above the max: max;
+    - never past the client's deadline minus the reserve; if that leaves less than the
+      minimum, ILLEGAL_POLLING_TIME (RocketMQ: "deadline time remaining is not enough").
+    """
+    low, high = config.min_long_polling_ms, config.max_long_polling_ms
+    if requested_ms is None:
+        if remaining_ms is None:
+            poll = high
+        else:
+            poll = remaining_ms - DEFAULT_REQUEST_TIMEOUT_MS // 2
+    elif requested_ms < 0:
+        raise BrokerError(Code.ILLEGAL_POLLING_TIME, "long polling timeout is negative")
+    elif 0 < requested_ms < low:
+        raise BrokerError(
+            Code.ILLEGAL_POLLING_TIME,
+            f"long polling timeout {requested_ms} ms is below the minimum {low} ms",
+        )
+    else:
+        poll = requested_ms
+    poll = min(max(poll, low), high)
+    if remaining_ms is not None:
+        budget = remaining_ms - config.long_polling_reserve_ms
+        if poll > budget:
+            if budget < low:
+                raise BrokerError(
+                    Code.ILLEGAL_POLLING_TIME,
+                    f"the call's deadline leaves {max(remaining_ms, 0)} ms, not enough for a "
+                    f"long poll of at least {low} ms",
+                )
+            poll = budget
+    return poll
+
+
+def filter_of(expression: pb.FilterExpression) -> FilterExpression:
+    if expression.type == pb.SQL:
+        raise BrokerError(Code.UNSUPPORTED, "SQL92 filter expressions are not supported")
+    text = expression.expression.strip() or "*"
+    if text != "*" and not FilterExpression(text).tags():
+        raise BrokerError(Code.ILLEGAL_FILTER_EXPRESSION, f"bad tag expression {text!r}")
+    return FilterExpression(text)
+
+
+@dataclass(slots=True)
+class ReceivePlan:
+    group: str
+    topic: str
+    brokers: list[BrokerPort]
+    long_poll: LongPollRequest
+
+
+async def plan_receive(
+    services: ProxyServices, request: s.ReceiveMessageRequest, ctx: RequestContext
+) -> ReceivePlan:
+    config = services.proxy
+    group = validate.group_name(request.group.name)
+    topic = validate.topic_name(request.message_queue.topic.name, allow_dlq=True)
+    if request.batch_size <= 0 or request.batch_size > config.max_batch:
+        raise BrokerError(
+            Code.BAD_REQUEST,
+            f"batch size must be in 1..{config.max_batch}, not {request.batch_size}",
+        )
+    if request.auto_renew:
+        # Push consumers: the proxy holds no renewal state, so they get the default time.
+        invisible_ms = config.default_invisible_ms
+    else:
+        invisible_ms = (
+            request.invisible_duration.ToMilliseconds()
+            if request.HasField("invisible_duration")
+            else 0
+        )
+        validate.invisible_time(invisible_ms, config.min_invisible_ms, config.max_invisible_ms)
+    requested = (
+        request.long_polling_timeout.ToMilliseconds()
+        if request.HasField("long_polling_timeout")
+        else None
+    )
+    poll_ms = polling_time_ms(requested, ctx.remaining_ms(), config)
+    expression = filter_of(request.filter_expression)
+    route = await services.cluster.route(topic)
+    group_config = await services.cluster.group(group)
+    preferred = request.message_queue.broker.name or None
+    if preferred not in route.brokers:
+        preferred = None
+    pop = PopRequest(
+        group=group,
+        topic=topic,
+        queue_id=-1,
+        max_messages=request.batch_size,
+        invisible_time_ms=invisible_ms,
+        poll_time_ms=0,
+        filter=expression,
+        fifo=group_config.fifo,
+        client_id=ctx.client_id,
+    )
+    return ReceivePlan(
+        group=group,
+        topic=topic,
+        brokers=[services.cluster.port(name) for name in route.brokers],
+        long_poll=LongPollRequest(pop=pop, poll_ms=poll_ms, preferred_broker=preferred),
+    )
+
+
+async def receive(services: ProxyServices, plan: ReceivePlan) -> list[PoppedMessage]:
+    return await services.strategy.receive(plan.brokers, plan.long_poll)
+
+
+def release_unsent(services: ProxyServices, plan: ReceivePlan, unsent: list[PoppedMessage]) -> None:
+    """Messages popped for a client that vanished: make them visible again soon, in the
+    background (the request that popped them is gone). If this fails they still come back
+    when their invisible time ends."""
+    if not unsent:
+        return
+
+    async def nack() -> None:
+        async def one(message: PoppedMessage) -> None:
+            try:
+                port = services.cluster.port_for_handle(message.receipt_handle)
+                await port.change_invisible_time(
+                    plan.group, plan.topic, message.receipt_handle, NACK_INVISIBLE_MS
+                )
+            except Exception as exc:  # best effort: the invisible time is the safety net
+                log.info("could not release an undelivered message: %s", exc)
+
+        await asyncio.gather(*(one(m) for m in unsent))
+
+    services.tasks.spawn(nack(), name=f"release-unsent-{plan.group}")

@@ -1,0 +1,106 @@
+"""SendMessage: validate each message, pick its queue, store it, one entry per message.
+
+A request's messages go to one queue per message group (FIFO) or one round-robin queue for the
+rest, as RocketMQ sends a batch to one queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import defaultdict
+
+from broker.api.errors import BrokerError, Code
+from broker.api.types import Message, SendResult
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+from proxy.activity import validate
+from proxy.cluster import QueueRef
+from proxy.grpc import status as st
+from proxy.grpc.convert import message_from_pb
+from proxy.grpc.headers import RequestContext
+from proxy.services import ProxyServices
+
+
+def _checked(services: ProxyServices, msg: pb.Message, ctx: RequestContext) -> Message:
+    props = msg.system_properties
+    topic = validate.topic_name(msg.topic.name)
+    validate.body(msg.body, services.proxy.max_body_bytes)
+    if props.body_encoding == pb.GZIP:
+        raise BrokerError(Code.UNSUPPORTED, "gzip-encoded message bodies are not supported")
+    if props.message_type == pb.TRANSACTION:
+        raise BrokerError(Code.UNSUPPORTED, "transactional messages are not supported")
+    if props.HasField("lite_topic") or props.message_type in (pb.LITE, pb.PRIORITY):
+        raise BrokerError(Code.UNSUPPORTED, "lite and priority messages are not supported")
+    validate.tag(props.tag)
+    validate.keys(list(props.keys))
+    validate.message_group(props.message_group)
+    validate.properties(dict(msg.user_properties))
+    if props.HasField("message_group") and props.HasField("delivery_timestamp"):
+        raise BrokerError(
+            Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            "a message cannot have both a message group (FIFO) and a delivery time (delay)",
+        )
+    if props.message_type == pb.FIFO and not props.message_group:
+        raise BrokerError(
+            Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a FIFO message needs a message group"
+        )
+    if props.HasField("delivery_timestamp"):
+        delay = props.delivery_timestamp.ToMilliseconds() - int(time.time() * 1000)
+        if delay > validate.MAX_DELAY_MS:
+            raise BrokerError(
+                Code.ILLEGAL_DELIVERY_TIME,
+                f"delivery time is more than {validate.MAX_DELAY_MS // 3_600_000} h ahead",
+            )
+    message = message_from_pb(msg, topic, ctx.peer)
+    if not message.message_id:
+        message.message_id = uuid.uuid4().hex.upper()
+    return message
+
+
+async def send_message(
+    services: ProxyServices, request: s.SendMessageRequest, ctx: RequestContext
+) -> s.SendMessageResponse:
+    if not request.messages:
+        raise BrokerError(Code.BAD_REQUEST, "SendMessage needs at least one message")
+    messages = [_checked(services, msg, ctx) for msg in request.messages]
+    cluster = services.cluster
+
+    # Batch by target queue: each FIFO message group has its queue, the rest share one.
+    batches: dict[QueueRef, list[int]] = defaultdict(list)
+    shared: dict[str, QueueRef] = {}
+    for index, message in enumerate(messages):
+        route = await cluster.route(message.topic)
+        if message.message_group:
+            target = cluster.pick_queue(route, message.message_group)
+        else:
+            target = shared.get(message.topic) or cluster.pick_queue(route)
+            shared[message.topic] = target
+        batches[target].append(index)
+
+    async def store(target: QueueRef, indexes: list[int]) -> list[SendResult]:
+        port = cluster.port(target.broker)
+        return await port.send([messages[i] for i in indexes], target.queue_id)
+
+    targets = list(batches.items())
+    outcomes = await asyncio.gather(
+        *(store(target, indexes) for target, indexes in targets), return_exceptions=True
+    )
+    entries: list[s.SendResultEntry | None] = [None] * len(messages)
+    for (_, indexes), outcome in zip(targets, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, Exception):
+                raise outcome  # cancellation and the like
+            failed = st.status_of(outcome)
+            for i in indexes:
+                entries[i] = s.SendResultEntry(status=failed, message_id=messages[i].message_id)
+            continue
+        for i, result in zip(indexes, outcome, strict=True):
+            entries[i] = s.SendResultEntry(
+                status=st.ok(), message_id=result.message_id, offset=result.queue_offset
+            )
+    done = [entry for entry in entries if entry is not None]
+    code = st.combined_code([Code(entry.status.code) for entry in done])
+    message = done[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
+    return s.SendMessageResponse(status=st.status(code, message), entries=done)

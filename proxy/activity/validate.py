@@ -1,0 +1,130 @@
+"""Request validation with RocketMQ's rules and codes (GrpcValidator / Validators)."""
+
+from __future__ import annotations
+
+import re
+
+from broker.api.errors import BrokerError, Code
+from broker.api.types import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX
+
+_NAME = re.compile(r"[%|a-zA-Z0-9_-]+")
+TOPIC_MAX_LENGTH = 127
+GROUP_MAX_LENGTH = 255
+MESSAGE_GROUP_MAX_LENGTH = 64
+# Internal property keys the broker sets; clients may not send them.
+RESERVED_PROPERTY_PREFIX = "__popmq."
+MAX_PROPERTIES_BYTES = 16 * 1024
+# RocketMQ rejects timers further ahead than this (timerMaxDelaySec: 3 days).
+MAX_DELAY_MS = 3 * 24 * 3_600_000
+
+
+def topic_name(name: str, *, allow_dlq: bool = False) -> str:
+    """A user topic: RocketMQ's character set and length; no system or retry topics."""
+    if not name or not name.strip():
+        raise BrokerError(Code.ILLEGAL_TOPIC, "topic name is empty")
+    if len(name) > TOPIC_MAX_LENGTH:
+        raise BrokerError(
+            Code.ILLEGAL_TOPIC, f"topic name is longer than {TOPIC_MAX_LENGTH} characters"
+        )
+    if not _NAME.fullmatch(name):
+        raise BrokerError(
+            Code.ILLEGAL_TOPIC, f"topic {name!r} has characters outside [%|a-zA-Z0-9_-]"
+        )
+    if name.startswith((SYSTEM_PREFIX, RETRY_PREFIX)) or (
+        name.startswith(DLQ_PREFIX) and not allow_dlq
+    ):
+        raise BrokerError(Code.ILLEGAL_TOPIC, f"topic {name!r} is a system topic")
+    return name
+
+
+def group_name(name: str) -> str:
+    if not name or not name.strip():
+        raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
+    if len(name) > GROUP_MAX_LENGTH:
+        raise BrokerError(
+            Code.ILLEGAL_CONSUMER_GROUP,
+            f"consumer group name is longer than {GROUP_MAX_LENGTH} characters",
+        )
+    if not _NAME.fullmatch(name):
+        raise BrokerError(
+            Code.ILLEGAL_CONSUMER_GROUP,
+            f"consumer group {name!r} has characters outside [%|a-zA-Z0-9_-]",
+        )
+    if name.startswith((SYSTEM_PREFIX, RETRY_PREFIX, DLQ_PREFIX)):
+        raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP, f"{name!r} is a system group")
+    return name
+
+
+def _has_control_chars(text: str) -> bool:
+    return any(ord(ch) < 32 or ord(ch) == 127 for ch in text)
+
+
+def tag(value: str) -> str:
+    if value and (not value.strip() or "|" in value or _has_control_chars(value)):
+        raise BrokerError(
+            Code.ILLEGAL_MESSAGE_TAG, "tag must not be blank or contain '|' or control characters"
+        )
+    return value
+
+
+def keys(values: list[str]) -> list[str]:
+    for key in values:
+        if not key.strip() or _has_control_chars(key):
+            raise BrokerError(
+                Code.ILLEGAL_MESSAGE_KEY, "message keys must not be blank or contain control chars"
+            )
+    return values
+
+
+def message_group(value: str) -> str:
+    if value and (len(value) > MESSAGE_GROUP_MAX_LENGTH or _has_control_chars(value)):
+        raise BrokerError(
+            Code.ILLEGAL_MESSAGE_GROUP,
+            f"message group must be at most {MESSAGE_GROUP_MAX_LENGTH} printable characters",
+        )
+    return value
+
+
+def properties(values: dict[str, str]) -> dict[str, str]:
+    size = 0
+    for key, value in values.items():
+        if not key or key.startswith(RESERVED_PROPERTY_PREFIX) or _has_control_chars(key):
+            raise BrokerError(
+                Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"property key {key!r} is empty or reserved"
+            )
+        size += len(key.encode()) + len(value.encode())
+    if size > MAX_PROPERTIES_BYTES:
+        raise BrokerError(
+            Code.PAYLOAD_TOO_LARGE,
+            f"user properties take {size} bytes, more than {MAX_PROPERTIES_BYTES}",
+        )
+    return values
+
+
+def body(data: bytes, max_bytes: int) -> bytes:
+    if not data:
+        raise BrokerError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
+    if len(data) > max_bytes:
+        raise BrokerError(
+            Code.MESSAGE_BODY_TOO_LARGE,
+            f"message body is {len(data)} bytes, more than the limit of {max_bytes}",
+        )
+    return data
+
+
+def invisible_time(ms: int, min_ms: int, max_ms: int) -> int:
+    if ms < min_ms:
+        raise BrokerError(
+            Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration {ms} ms is below the minimum {min_ms}"
+        )
+    if ms > max_ms:
+        raise BrokerError(
+            Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration {ms} ms is above the maximum {max_ms}"
+        )
+    return ms
+
+
+def receipt_handle(handle: str) -> str:
+    if not handle:
+        raise BrokerError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is empty")
+    return handle

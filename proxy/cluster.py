@@ -1,0 +1,169 @@
+"""BrokerCluster: the brokers a proxy fronts, by name, and everything derived from them.
+
+It routes by receipt handle (the handle names its broker), finds which brokers serve a topic,
+picks the queue for a send, and caches topic and group metadata for a few seconds. The ports
+may be in-process (LocalBrokerPort) or remote (RemoteBrokerPort); nothing here cares which.
+The caches are soft: losing them loses nothing, and several proxies over the same brokers agree
+within CACHE_TTL_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from broker.api.errors import BrokerError, Code
+from broker.api.port import BrokerPort
+from broker.api.types import GroupConfig, TopicInfo
+from broker.pop.handle import peek_broker_name
+
+CACHE_TTL_S = 3.0
+
+
+@dataclass(slots=True, frozen=True, order=True)
+class QueueRef:
+    """One queue of a topic on one broker (an entry of a route)."""
+
+    broker: str
+    queue_id: int
+
+
+@dataclass(slots=True)
+class TopicRoute:
+    topic: str
+    # broker name -> queue count, in the cluster's broker order; only brokers with the topic.
+    brokers: dict[str, int]
+
+    @property
+    def queues(self) -> list[QueueRef]:
+        return [QueueRef(b, q) for b, count in self.brokers.items() for q in range(count)]
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _TtlCache(Generic[K, V]):
+    def __init__(self, ttl_s: float) -> None:
+        self._ttl_s = ttl_s
+        self._items: dict[K, tuple[float, V]] = {}
+
+    def get(self, key: K) -> V | None:
+        hit = self._items.get(key)
+        if hit is None or hit[0] < time.monotonic():
+            return None
+        return hit[1]
+
+    def put(self, key: K, value: V) -> None:
+        if len(self._items) > 10_000:  # bounded: stale entries are only an optimisation
+            self._items.clear()
+        self._items[key] = (time.monotonic() + self._ttl_s, value)
+
+    def drop(self, key: K) -> None:
+        self._items.pop(key, None)
+
+
+class BrokerCluster:
+    def __init__(self, ports: Sequence[BrokerPort], *, auto_create_topics: bool = True) -> None:
+        if not ports:
+            raise ValueError("a proxy needs at least one broker")
+        self._ports: dict[str, BrokerPort] = {}
+        for port in ports:
+            if port.name in self._ports:
+                raise ValueError(f"two brokers are named {port.name!r}")
+            self._ports[port.name] = port
+        self.auto_create_topics = auto_create_topics
+        self._routes: _TtlCache[str, TopicRoute] = _TtlCache(CACHE_TTL_S)
+        self._groups: _TtlCache[str, GroupConfig] = _TtlCache(CACHE_TTL_S)
+        self._round_robin = itertools.count()
+
+    # -- brokers -----------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return list(self._ports)
+
+    @property
+    def ports(self) -> list[BrokerPort]:
+        return list(self._ports.values())
+
+    def port(self, name: str) -> BrokerPort:
+        port = self._ports.get(name)
+        if port is None:
+            raise BrokerError(Code.NOT_FOUND, f"no broker named {name!r} behind this proxy")
+        return port
+
+    def port_for_handle(self, receipt_handle: str) -> BrokerPort:
+        """The broker that issued a receipt handle (read from the handle, not verified here:
+        the broker verifies its signature)."""
+        if not receipt_handle:
+            raise BrokerError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is empty")
+        name = peek_broker_name(receipt_handle)
+        port = self._ports.get(name)
+        if port is None:
+            raise BrokerError(
+                Code.INVALID_RECEIPT_HANDLE, f"receipt handle names unknown broker {name!r}"
+            )
+        return port
+
+    async def close(self) -> None:
+        for port in self._ports.values():
+            await port.close()
+
+    # -- topics ------------------------------------------------------------------------------
+    async def route(self, topic: str, *, create: bool | None = None) -> TopicRoute:
+        """Which brokers serve a topic, with their queue counts. TOPIC_NOT_FOUND if none."""
+        cached = self._routes.get(topic)
+        if cached is not None:
+            return cached
+        auto_create = self.auto_create_topics if create is None else create
+
+        async def lookup(port: BrokerPort) -> TopicInfo | None:
+            try:
+                return await port.get_topic(topic, auto_create=auto_create)
+            except BrokerError as exc:
+                if exc.code == Code.TOPIC_NOT_FOUND:
+                    return None
+                raise
+
+        infos = await asyncio.gather(*(lookup(port) for port in self._ports.values()))
+        brokers = {
+            name: info.queue_count
+            for name, info in zip(self._ports, infos, strict=True)
+            if info is not None and info.queue_count > 0
+        }
+        if not brokers:
+            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+        route = TopicRoute(topic, brokers)
+        self._routes.put(topic, route)
+        return route
+
+    def forget_topic(self, topic: str) -> None:
+        self._routes.drop(topic)
+
+    def pick_queue(self, route: TopicRoute, message_group: str = "") -> QueueRef:
+        """Round robin over the topic's queues; a FIFO message group always maps to one queue."""
+        queues = route.queues
+        if message_group:
+            digest = hashlib.blake2b(message_group.encode(), digest_size=8).digest()
+            return queues[int.from_bytes(digest, "big") % len(queues)]
+        return queues[next(self._round_robin) % len(queues)]
+
+    # -- groups ------------------------------------------------------------------------------
+    async def group(self, name: str) -> GroupConfig:
+        """A group's config as the first broker has it (admin writes it to every broker)."""
+        cached = self._groups.get(name)
+        if cached is not None:
+            return cached
+        config = await self.ports[0].get_group(name)
+        self._groups.put(name, config)
+        return config
+
+    async def update_group(self, config: GroupConfig) -> GroupConfig:
+        results = await asyncio.gather(*(port.update_group(config) for port in self.ports))
+        self._groups.put(config.name, results[0])
+        return results[0]

@@ -1,0 +1,114 @@
+"""Conversions between apache.rocketmq.v2 messages and the broker port's plain types."""
+
+from __future__ import annotations
+
+import zlib
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from broker.api.types import (
+    PROP_ORIGIN_MESSAGE_ID,
+    PROP_ORIGIN_TOPIC,
+    RETRY_PREFIX,
+    Message,
+    PoppedMessage,
+    StoredMessage,
+)
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+
+INTERNAL_PROPERTY_PREFIX = "__popmq."
+
+
+def timestamp(ms: int) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromMilliseconds(ms)
+    return stamp
+
+
+def duration(ms: int) -> Duration:
+    value = Duration()
+    value.FromMilliseconds(ms)
+    return value
+
+
+def crc32_hex(data: bytes) -> str:
+    """The body digest the clients verify: CRC32, 8 upper-case hex digits."""
+    return format(zlib.crc32(data) & 0xFFFFFFFF, "08X")
+
+
+def message_from_pb(msg: pb.Message, topic: str, peer: str = "") -> Message:
+    """A producer's message as the broker stores it (fields already validated)."""
+    props = msg.system_properties
+    delivery_ms = 0
+    if props.HasField("delivery_timestamp"):
+        delivery_ms = props.delivery_timestamp.ToMilliseconds()
+    return Message(
+        topic=topic,
+        body=msg.body,
+        tag=props.tag if props.HasField("tag") else "",
+        keys=list(props.keys),
+        properties=dict(msg.user_properties),
+        message_id=props.message_id,
+        message_group=props.message_group if props.HasField("message_group") else "",
+        delivery_timestamp_ms=delivery_ms,
+        born_timestamp_ms=props.born_timestamp.ToMilliseconds(),
+        born_host=props.born_host or peer,
+    )
+
+
+def _message_type(stored: StoredMessage) -> int:
+    if stored.message_group:
+        return pb.FIFO
+    if stored.delivery_timestamp_ms > 0:
+        return pb.DELAY
+    return pb.NORMAL
+
+
+def stored_to_pb(stored: StoredMessage, namespace: str = "") -> pb.Message:
+    """A stored message as clients expect it. Retried messages travel through the group's
+    retry topic; the client sees the original topic and message id."""
+    topic = stored.topic
+    message_id = stored.message_id
+    if topic.startswith(RETRY_PREFIX):
+        topic = stored.properties.get(PROP_ORIGIN_TOPIC, topic)
+        message_id = stored.properties.get(PROP_ORIGIN_MESSAGE_ID, message_id)
+    user_properties = {
+        key: value
+        for key, value in stored.properties.items()
+        if not key.startswith(INTERNAL_PROPERTY_PREFIX)
+    }
+    system = pb.SystemProperties(
+        keys=stored.keys,
+        message_id=message_id,
+        body_digest=pb.Digest(type=pb.CRC32, checksum=crc32_hex(stored.body)),
+        body_encoding=pb.IDENTITY,
+        message_type=_message_type(stored),
+        born_timestamp=timestamp(stored.born_timestamp_ms),
+        born_host=stored.born_host,
+        store_timestamp=timestamp(stored.store_timestamp_ms),
+        store_host=stored.store_host,
+        queue_id=stored.queue_id,
+        queue_offset=stored.queue_offset,
+    )
+    if stored.tag:
+        system.tag = stored.tag
+    if stored.message_group:
+        system.message_group = stored.message_group
+    if stored.delivery_timestamp_ms > 0:
+        system.delivery_timestamp.CopyFrom(timestamp(stored.delivery_timestamp_ms))
+    return pb.Message(
+        topic=pb.Resource(name=topic, resource_namespace=namespace),
+        user_properties=user_properties,
+        system_properties=system,
+        body=stored.body,
+    )
+
+
+def popped_to_pb(popped: PoppedMessage, now_ms: int, namespace: str = "") -> pb.Message:
+    msg = stored_to_pb(popped.message, namespace)
+    system = msg.system_properties
+    system.receipt_handle = popped.receipt_handle
+    system.delivery_attempt = popped.delivery_attempt
+    system.invisible_duration.CopyFrom(duration(max(popped.invisible_until_ms - now_ms, 0)))
+    return msg

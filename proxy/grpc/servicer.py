@@ -1,0 +1,259 @@
+"""MessagingServiceServicer: apache.rocketmq.v2.MessagingService over the activities.
+
+Every RPC answers with a RocketMQ Status, never a gRPC error: activities raise BrokerError for
+bad requests, and any other exception becomes INTERNAL_ERROR. Streams (ReceiveMessage,
+PullMessage) always end with their trailing frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from broker.api.errors import Code
+from broker.api.types import PullStatus
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+from popmq.pb.rocketmq.v2 import service_pb2_grpc
+from proxy.activity import ack, assignment, clients, dlq, invisible, offsets, receive, route, send
+from proxy.grpc import status as st
+from proxy.grpc.convert import popped_to_pb, stored_to_pb, timestamp
+from proxy.grpc.headers import RequestContext
+from proxy.services import ProxyServices
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Activity = Callable[[ProxyServices, Any, RequestContext], Awaitable[Any]]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
+    """gRPC method names are the protocol's (CamelCase)."""
+
+    def __init__(self, services: ProxyServices) -> None:
+        self.services = services
+        self.metrics = services.metrics
+
+    # -- plumbing ----------------------------------------------------------------------------
+    def _record(self, method: str, code: int, started: float) -> None:
+        try:
+            name = Code(code).name
+        except ValueError:
+            name = str(code)
+        self.metrics.rpc_requests.labels(method, name).inc()
+        self.metrics.rpc_latency.labels(method).observe(time.perf_counter() - started)
+
+    async def _unary(
+        self,
+        method: str,
+        activity: Activity,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        response_type: type[Resp],
+        on_error: Callable[[Resp, Any], None] | None = None,
+    ) -> Resp:
+        started = time.perf_counter()
+        ctx = RequestContext.from_grpc(context)
+        try:
+            response = await activity(self.services, request, ctx)
+        except Exception as exc:
+            response = response_type(status=st.status_of(exc))  # type: ignore[call-arg]
+            if on_error is not None:
+                on_error(response, request)
+        self._record(method, response.status.code, started)  # type: ignore[attr-defined]
+        return response
+
+    # -- route and clients -------------------------------------------------------------------
+    async def QueryRoute(self, request, context):
+        return await self._unary(
+            "QueryRoute", route.query_route, request, context, s.QueryRouteResponse
+        )
+
+    async def Heartbeat(self, request, context):
+        return await self._unary(
+            "Heartbeat", clients.heartbeat, request, context, s.HeartbeatResponse
+        )
+
+    async def NotifyClientTermination(self, request, context):
+        return await self._unary(
+            "NotifyClientTermination", clients.notify_termination, request, context,
+            s.NotifyClientTerminationResponse,
+        )  # fmt: skip
+
+    async def QueryAssignment(self, request, context):
+        return await self._unary(
+            "QueryAssignment", assignment.query_assignment, request, context,
+            s.QueryAssignmentResponse,
+        )  # fmt: skip
+
+    async def Telemetry(
+        self, request_iterator: AsyncIterator[s.TelemetryCommand], context
+    ) -> AsyncIterator[s.TelemetryCommand]:
+        ctx = RequestContext.from_grpc(context)
+        registry = self.services.registry
+        try:
+            async for command in request_iterator:
+                if command.WhichOneof("command") != "settings":
+                    continue  # stack traces, verify results: nothing asked them of us
+                started = time.perf_counter()
+                try:
+                    reply = await clients.answer_settings(self.services, command.settings, ctx)
+                    answer = s.TelemetryCommand(status=st.ok(), settings=reply)
+                    registry.set_telemetry(ctx.client_id, True)
+                except Exception as exc:
+                    answer = s.TelemetryCommand(status=st.status_of(exc))
+                self._record("Telemetry", answer.status.code, started)
+                yield answer
+        finally:
+            registry.set_telemetry(ctx.client_id, False)
+
+    # -- produce -----------------------------------------------------------------------------
+    async def SendMessage(self, request, context):
+        def one_entry_each(response: s.SendMessageResponse, req: s.SendMessageRequest) -> None:
+            for msg in req.messages:
+                response.entries.add(
+                    status=response.status, message_id=msg.system_properties.message_id
+                )
+
+        return await self._unary(
+            "SendMessage", send.send_message, request, context, s.SendMessageResponse,
+            one_entry_each,
+        )  # fmt: skip
+
+    # -- POP consumption ---------------------------------------------------------------------
+    async def ReceiveMessage(self, request, context):
+        started = time.perf_counter()
+        ctx = RequestContext.from_grpc(context)
+        services = self.services
+        try:
+            plan = await receive.plan_receive(services, request, ctx)
+            popped = await receive.receive(services, plan)
+        except Exception as exc:
+            failed = st.status_of(exc)
+            await self._finish_receive(context, failed)
+            self._record("ReceiveMessage", failed.code, started)
+            return
+        if not popped:
+            await self._finish_receive(context, st.status(Code.MESSAGE_NOT_FOUND, "no new message"))
+            self._record("ReceiveMessage", Code.MESSAGE_NOT_FOUND, started)
+            return
+        sent = 0
+        try:
+            await context.write(s.ReceiveMessageResponse(status=st.ok()))
+            now = _now_ms()
+            namespace = request.message_queue.topic.resource_namespace
+            for message in popped:
+                await context.write(
+                    s.ReceiveMessageResponse(message=popped_to_pb(message, now, namespace))
+                )
+                sent += 1
+            await context.write(s.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms())))
+        except BaseException:
+            # The client is gone: whatever it did not get becomes visible again soon.
+            receive.release_unsent(services, plan, popped[sent:])
+            self._record("ReceiveMessage", Code.REQUEST_TIMEOUT, started)
+            raise
+        self._record("ReceiveMessage", Code.OK, started)
+
+    async def _finish_receive(self, context: grpc.aio.ServicerContext, status: Any) -> None:
+        try:
+            await context.write(s.ReceiveMessageResponse(status=status))
+            await context.write(s.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms())))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            pass  # the client is gone; nothing was popped
+
+    async def AckMessage(self, request, context):
+        return await self._unary(
+            "AckMessage", ack.ack_message, request, context, s.AckMessageResponse
+        )
+
+    async def ChangeInvisibleDuration(self, request, context):
+        def keep_handle(
+            response: s.ChangeInvisibleDurationResponse, req: s.ChangeInvisibleDurationRequest
+        ) -> None:
+            # Clients adopt this handle before reading the status: give theirs back.
+            response.receipt_handle = req.receipt_handle
+
+        return await self._unary(
+            "ChangeInvisibleDuration", invisible.change_invisible_duration, request, context,
+            s.ChangeInvisibleDurationResponse, keep_handle,
+        )  # fmt: skip
+
+    async def ForwardMessageToDeadLetterQueue(self, request, context):
+        return await self._unary(
+            "ForwardMessageToDeadLetterQueue", dlq.forward_to_dlq, request, context,
+            s.ForwardMessageToDeadLetterQueueResponse,
+        )  # fmt: skip
+
+    # -- offsets -----------------------------------------------------------------------------
+    async def PullMessage(self, request, context):
+        started = time.perf_counter()
+        ctx = RequestContext.from_grpc(context)
+        try:
+            result = await offsets.pull_message(self.services, request, ctx)
+        except Exception as exc:
+            failed = st.status_of(exc)
+            await self._write_quietly(context, s.PullMessageResponse(status=failed))
+            self._record("PullMessage", failed.code, started)
+            return
+        code, text = offsets.PULL_STATUS[result.status]
+        if result.status == PullStatus.FOUND and not result.messages:
+            code, text = Code.MESSAGE_NOT_FOUND, "no matching message"
+        await context.write(s.PullMessageResponse(status=st.status(code, text)))
+        namespace = request.message_queue.topic.resource_namespace
+        for message in result.messages:
+            await context.write(s.PullMessageResponse(message=stored_to_pb(message, namespace)))
+        await context.write(s.PullMessageResponse(next_offset=result.next_offset))
+        self._record("PullMessage", code, started)
+
+    async def _write_quietly(self, context: grpc.aio.ServicerContext, frame: Any) -> None:
+        try:
+            await context.write(frame)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            pass
+
+    async def QueryOffset(self, request, context):
+        return await self._unary(
+            "QueryOffset", offsets.query_offset, request, context, s.QueryOffsetResponse
+        )
+
+    async def GetOffset(self, request, context):
+        return await self._unary(
+            "GetOffset", offsets.get_offset, request, context, s.GetOffsetResponse
+        )
+
+    async def UpdateOffset(self, request, context):
+        return await self._unary(
+            "UpdateOffset", offsets.update_offset, request, context, s.UpdateOffsetResponse
+        )
+
+    # -- not supported -----------------------------------------------------------------------
+    async def _not_implemented(self, method: str, response_type: type[Resp], what: str) -> Resp:
+        self._record(method, Code.NOT_IMPLEMENTED, time.perf_counter())
+        failed = st.status(Code.NOT_IMPLEMENTED, f"popmq does not support {what}")
+        return response_type(status=failed)  # type: ignore[call-arg]
+
+    async def EndTransaction(self, request, context):
+        return await self._not_implemented(
+            "EndTransaction", s.EndTransactionResponse, "transactional messages"
+        )
+
+    async def RecallMessage(self, request, context):
+        return await self._not_implemented(
+            "RecallMessage", s.RecallMessageResponse, "recalling delay messages"
+        )
+
+    async def SyncLiteSubscription(self, request, context):
+        return await self._not_implemented(
+            "SyncLiteSubscription", s.SyncLiteSubscriptionResponse, "lite topics"
+        )

@@ -1,0 +1,52 @@
+"""Building apache.rocketmq.v2.Status and mapping exceptions to RocketMQ codes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from broker.api.errors import BrokerError, Code
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+def status(code: Code | int, message: str = "") -> pb.Status:
+    code = Code(code)
+    return pb.Status(code=int(code), message=message or code.name)
+
+
+def ok() -> pb.Status:
+    return status(Code.OK)
+
+
+def code_of(exc: BaseException) -> tuple[Code, str]:
+    """The RocketMQ code a client should see for an exception raised while serving it."""
+    if isinstance(exc, BrokerError):
+        return exc.code, exc.message
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+        return Code.PROXY_TIMEOUT, "the broker did not answer in time"
+    if isinstance(exc, grpc.aio.AioRpcError):
+        # A remote broker failed at the transport level (down, deadline, ...).
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return Code.PROXY_TIMEOUT, f"broker call timed out: {exc.details()}"
+        return Code.INTERNAL_SERVER_ERROR, f"broker unavailable: {exc.code().name} {exc.details()}"
+    log.exception("unexpected error while serving a request", exc_info=exc)
+    return Code.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"
+
+
+def status_of(exc: BaseException) -> pb.Status:
+    code, message = code_of(exc)
+    return status(code, message)
+
+
+def combined_code(codes: list[Code]) -> Code:
+    """Top-level code of a batch: the shared code if all entries agree, else MULTIPLE_RESULTS."""
+    distinct = set(codes)
+    if not distinct:
+        return Code.OK
+    if len(distinct) == 1:
+        return distinct.pop()
+    return Code.MULTIPLE_RESULTS

@@ -1,0 +1,128 @@
+"""Running a proxy as a process: embedded brokers (`popmq serve`) or remote ones
+(`popmq proxy`), the metrics endpoint, and a clean stop on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from broker.api.port import BrokerPort
+from popmq.config import PopmqConfig
+from proxy.metrics import ProxyMetrics
+from proxy.server import ProxyServer
+
+log = logging.getLogger("popmq.proxy")
+
+STOP_GRACE_S = 1.0
+
+
+def embedded_broker_names(count: int) -> list[str]:
+    return [f"broker-{i}" for i in range(count)]
+
+
+@contextlib.asynccontextmanager
+async def embedded_brokers(config: PopmqConfig) -> AsyncIterator[list[BrokerPort]]:
+    """Start config.serve.brokers brokers in this process, data in DATA_DIR/<name>."""
+    from broker.api.local import LocalBrokerPort
+    from broker.core import Broker
+
+    started: list[Any] = []
+    try:
+        for name in embedded_broker_names(config.serve.brokers):
+            broker_config = config.broker.model_copy(
+                update={"name": name, "data_dir": config.serve.data_dir / name}
+            )
+            broker = Broker(broker_config)
+            await broker.start()
+            started.append(broker)
+        yield [LocalBrokerPort(broker) for broker in started]
+    finally:
+        for broker in reversed(started):
+            try:
+                await broker.stop()
+            except Exception:
+                log.exception("broker %s did not stop cleanly", broker)
+
+
+def remote_brokers(config: PopmqConfig) -> list[BrokerPort]:
+    from broker.api.remote import RemoteBrokerPort
+
+    if not config.proxy.brokers:
+        raise SystemExit("popmq proxy needs at least one --broker NAME=HOST:PORT")
+    return [RemoteBrokerPort(b.name, b.address) for b in config.proxy.brokers]
+
+
+@contextlib.contextmanager
+def metrics_endpoint(port: int | None, metrics: ProxyMetrics, host: str) -> Any:
+    """Serve /metrics over HTTP on `port` (None: not at all) while the context is open."""
+    if port is None:
+        yield None
+        return
+    from prometheus_client import start_http_server
+
+    server, thread = start_http_server(port, addr=host, registry=metrics.registry)
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=2)
+
+
+async def serve_proxy(
+    config: PopmqConfig,
+    ports: list[BrokerPort],
+    *,
+    announce: Callable[[str], None],
+    stop: asyncio.Event,
+) -> None:
+    metrics = ProxyMetrics()
+    proxy = config.proxy
+    with metrics_endpoint(proxy.metrics_port, metrics, proxy.host) as http:
+        server = ProxyServer(config, ports, metrics=metrics)
+        await server.start()
+        try:
+            if http is not None:
+                log.info("metrics on http://%s:%d/metrics", proxy.host, http.server_port)
+                announce(f"popmq metrics on {proxy.host}:{http.server_port}")
+            announce(f"popmq proxy listening on {proxy.host}:{server.port}")
+            await stop.wait()
+            log.info("stopping proxy")
+        finally:
+            await server.stop(STOP_GRACE_S)
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: asyncio.Event) -> Any:
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for signum in signals:
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        yield
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
+
+
+async def run_serve(
+    config: PopmqConfig, announce: Callable[[str], None], stop: asyncio.Event | None = None
+) -> None:
+    """`popmq serve`: N embedded brokers and one proxy in this process."""
+    stop = stop or asyncio.Event()
+    with stop_on_signals(stop):
+        async with embedded_brokers(config) as ports:
+            await serve_proxy(config, ports, announce=announce, stop=stop)
+
+
+async def run_cluster_proxy(
+    config: PopmqConfig, announce: Callable[[str], None], stop: asyncio.Event | None = None
+) -> None:
+    """`popmq proxy`: a proxy in front of remote `popmq broker` processes."""
+    stop = stop or asyncio.Event()
+    with stop_on_signals(stop):
+        await serve_proxy(config, remote_brokers(config), announce=announce, stop=stop)

@@ -1,0 +1,113 @@
+"""ProxyServer: one proxy's gRPC server (MessagingService, admin, health) over a broker cluster.
+
+    server = ProxyServer(config, ports)     # ports: BrokerPort, in-process or remote
+    port = await server.start()             # bound port (config.proxy.port 0 picks one)
+    ...
+    await server.stop()
+
+The server does not own the brokers behind the ports (embedded mode closes them itself), but
+it closes the ports (remote ports close their channels).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from broker.api.port import BrokerPort
+from popmq.config import PopmqConfig
+from popmq.pb.rocketmq.v2 import service_pb2_grpc
+from proxy.cluster import BrokerCluster
+from proxy.grpc.servicer import MessagingServicer
+from proxy.longpoll import make_strategy
+from proxy.longpoll.base import LongPollStrategy
+from proxy.metrics import ProxyMetrics
+from proxy.services import ProxyServices
+
+log = logging.getLogger(__name__)
+
+MESSAGING_SERVICE = "apache.rocketmq.v2.MessagingService"
+
+
+def grpc_options(max_body_bytes: int) -> list[tuple[str, int]]:
+    # Room for a maximal body plus the rest of the request, so an oversize body reaches
+    # validation (MESSAGE_BODY_TOO_LARGE) instead of failing in the transport.
+    limit = max(2 * max_body_bytes + (1 << 20), 16 << 20)
+    return [
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", limit),
+        ("grpc.so_reuseport", 0),
+        # Notice clients that vanished without closing (their held receives are freed).
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+
+
+class ProxyServer:
+    def __init__(
+        self,
+        config: PopmqConfig,
+        ports: Sequence[BrokerPort],
+        *,
+        metrics: ProxyMetrics | None = None,
+        strategy: LongPollStrategy | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or ProxyMetrics()
+        cluster = BrokerCluster(ports, auto_create_topics=config.broker.topics.auto_create)
+        self.services = ProxyServices(
+            config=config,
+            cluster=cluster,
+            strategy=strategy or make_strategy(config.proxy, self.metrics),
+            metrics=self.metrics,
+        )
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self.port = 0
+
+    @property
+    def address(self) -> str:
+        return f"{self.services.advertised_host}:{self.port}"
+
+    async def start(self) -> int:
+        proxy = self.config.proxy
+        server = grpc.aio.server(options=grpc_options(proxy.max_body_bytes))
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(
+            MessagingServicer(self.services), server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        self._add_admin(server)
+        self.port = server.add_insecure_port(f"{proxy.host}:{proxy.port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind the proxy to {proxy.host}:{proxy.port}")
+        self.services.advertised_host = (
+            "127.0.0.1" if proxy.host in ("0.0.0.0", "::", "") else proxy.host
+        )
+        self.services.advertised_port = self.port
+        await server.start()
+        for name in ("", MESSAGING_SERVICE):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._server = server
+        log.info("proxy listening on %s:%d", proxy.host, self.port)
+        return self.port
+
+    def _add_admin(self, server: grpc.aio.Server) -> None:
+        from proxy.admin.service import add_admin_service  # the admin API is optional
+
+        add_admin_service(server, self.services)
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        """Stop taking calls, let running ones end for grace_s, then release everything."""
+        if self._server is None:
+            return
+        await self._health.enter_graceful_shutdown()
+        await self._server.stop(grace_s)
+        self._server = None
+        await self.services.tasks.close()
+        await self.services.strategy.aclose()
+        await self.services.cluster.close()

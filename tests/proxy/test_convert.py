@@ -1,0 +1,70 @@
+"""Stored/popped messages as the official clients read them."""
+
+from __future__ import annotations
+
+import zlib
+
+from broker.api.types import (
+    PROP_ORIGIN_MESSAGE_ID,
+    PROP_ORIGIN_TOPIC,
+    PoppedMessage,
+    StoredMessage,
+    retry_topic,
+)
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+from proxy.grpc.convert import crc32_hex, popped_to_pb
+
+
+def stored(**overrides) -> StoredMessage:
+    fields = dict(
+        topic="orders", queue_id=2, queue_offset=41, body=b"hello", tag="TagA",
+        keys=["k1"], properties={"app": "x"}, message_id="MID1", message_group="",
+        delivery_timestamp_ms=0, born_timestamp_ms=1_700_000_000_123, born_host="10.0.0.1",
+        store_timestamp_ms=1_700_000_000_456, store_host="broker-0", reconsume_times=0,
+    )  # fmt: skip
+    fields.update(overrides)
+    return StoredMessage(**fields)
+
+
+def test_crc32_is_upper_hex_of_8_digits() -> None:
+    assert crc32_hex(b"hello") == format(zlib.crc32(b"hello"), "08X")
+    assert crc32_hex(b"") == "00000000"
+
+
+def test_popped_message_fields() -> None:
+    now = 1_700_000_010_000
+    msg = popped_to_pb(PoppedMessage(stored(reconsume_times=2), "HANDLE", now + 30_000), now)
+    props = msg.system_properties
+    assert msg.topic.name == "orders" and msg.body == b"hello"
+    assert props.body_encoding == pb.IDENTITY
+    assert props.body_digest.type == pb.CRC32 and props.body_digest.checksum == crc32_hex(b"hello")
+    assert props.receipt_handle == "HANDLE"
+    assert props.delivery_attempt == 3
+    assert props.tag == "TagA" and list(props.keys) == ["k1"]
+    assert props.message_type == pb.NORMAL
+    assert props.born_timestamp.ToMilliseconds() == 1_700_000_000_123
+    assert props.invisible_duration.ToMilliseconds() == 30_000
+    assert props.queue_id == 2 and props.queue_offset == 41
+    assert not props.HasField("delivery_timestamp")
+    assert dict(msg.user_properties) == {"app": "x"}
+
+
+def test_retried_message_shows_origin_topic_and_id_without_internal_props() -> None:
+    retried = stored(
+        topic=retry_topic("g", "orders"),
+        message_id="RETRY-ID",
+        properties={PROP_ORIGIN_TOPIC: "orders", PROP_ORIGIN_MESSAGE_ID: "MID1", "app": "x"},
+    )
+    msg = popped_to_pb(PoppedMessage(retried, "H", 0), 0)
+    assert msg.topic.name == "orders"
+    assert msg.system_properties.message_id == "MID1"
+    assert dict(msg.user_properties) == {"app": "x"}
+
+
+def test_fifo_and_delay_types() -> None:
+    fifo = popped_to_pb(PoppedMessage(stored(message_group="g1"), "H", 0), 0)
+    assert fifo.system_properties.message_type == pb.FIFO
+    assert fifo.system_properties.message_group == "g1"
+    delay = popped_to_pb(PoppedMessage(stored(delivery_timestamp_ms=1_800_000_000_000), "H", 0), 0)
+    assert delay.system_properties.message_type == pb.DELAY
+    assert delay.system_properties.delivery_timestamp.ToMilliseconds() == 1_800_000_000_000

@@ -1,0 +1,58 @@
+"""ReceiveMessage's poll time: clamping to [min, max] and to the client's deadline."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.api.errors import BrokerError, Code
+from popmq.config import ProxyConfig
+from proxy.activity.receive import DEFAULT_REQUEST_TIMEOUT_MS, polling_time_ms
+
+CONFIG = ProxyConfig(min_long_polling_ms=5_000, max_long_polling_ms=20_000,
+                     long_polling_reserve_ms=100)  # fmt: skip
+
+
+def test_within_range_is_kept() -> None:
+    assert polling_time_ms(7_000, 60_000, CONFIG) == 7_000
+
+
+def test_above_max_is_clamped() -> None:
+    assert polling_time_ms(60_000, 120_000, CONFIG) == 20_000
+
+
+def test_positive_below_min_is_illegal() -> None:
+    with pytest.raises(BrokerError) as err:
+        polling_time_ms(1_000, 60_000, CONFIG)
+    assert err.value.code == Code.ILLEGAL_POLLING_TIME
+
+
+def test_zero_means_minimum() -> None:
+    assert polling_time_ms(0, 60_000, CONFIG) == 5_000
+
+
+def test_negative_is_illegal() -> None:
+    with pytest.raises(BrokerError) as err:
+        polling_time_ms(-1, 60_000, CONFIG)
+    assert err.value.code == Code.ILLEGAL_POLLING_TIME
+
+
+def test_absent_uses_deadline_minus_half_request_timeout() -> None:
+    remaining = 12_000
+    assert polling_time_ms(None, remaining, CONFIG) == remaining - DEFAULT_REQUEST_TIMEOUT_MS // 2
+
+
+def test_absent_without_deadline_is_max() -> None:
+    assert polling_time_ms(None, None, CONFIG) == 20_000
+
+
+def test_never_past_deadline_minus_reserve() -> None:
+    # Python client: deadline = awaitDuration (20 s) + request timeout (3 s)
+    assert polling_time_ms(20_000, 23_000, CONFIG) == 20_000
+    # a tighter deadline cuts the poll to what is left minus the reserve
+    assert polling_time_ms(20_000, 8_000, CONFIG) == 8_000 - 100
+
+
+def test_deadline_shorter_than_min_is_illegal() -> None:
+    with pytest.raises(BrokerError) as err:
+        polling_time_ms(6_000, 3_000, CONFIG)
+    assert err.value.code == Code.ILLEGAL_POLLING_TIME

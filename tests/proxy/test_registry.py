@@ -1,0 +1,31 @@
+"""The client registry: soft state refreshed by heartbeats, expired by silence."""
+
+from __future__ import annotations
+
+from proxy.registry import ClientRegistry
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_members_by_group_and_topic_and_expiry() -> None:
+    clock = Clock()
+    registry = ClientRegistry(expiry_s=30, clock=clock)
+    registry.touch("b", client_type="PUSH_CONSUMER", group="g", topics={"t1"})
+    registry.touch("a", client_type="SIMPLE_CONSUMER", group="g", topics={"t1", "t2"})
+    registry.touch("p", client_type="PRODUCER", topics={"t1"})
+    registry.touch("c", client_type="PUSH_CONSUMER", group="other", topics={"t1"})
+    assert registry.group_members("g", "t1") == ["a", "b"]
+    assert registry.group_members("g", "t2") == ["a"]
+    clock.now += 20
+    registry.touch("a")  # a heartbeat keeps a alive, keeps what it said before
+    clock.now += 15
+    assert registry.group_members("g") == ["a"]
+    assert registry.get("a").topics == {"t1", "t2"}
+    registry.remove("a")
+    assert registry.clients("g") == []

@@ -1,0 +1,62 @@
+"""Name and field validation with RocketMQ's codes."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.api.errors import BrokerError, Code
+from proxy.activity import validate
+
+
+def code_of(fn, *args, **kwargs) -> Code | None:
+    try:
+        fn(*args, **kwargs)
+    except BrokerError as exc:
+        return exc.code
+    return None
+
+
+@pytest.mark.parametrize("name", ["orders", "a-b_c", "T%1", "x" * 127])
+def test_good_topics(name: str) -> None:
+    assert code_of(validate.topic_name, name) is None
+
+
+@pytest.mark.parametrize(
+    "name", ["", "  ", "has space", "slash/no", "x" * 128, "%RETRY%g_t", "%SYS%x", "é"]
+)
+def test_bad_topics(name: str) -> None:
+    assert code_of(validate.topic_name, name) == Code.ILLEGAL_TOPIC
+
+
+def test_dlq_topic_readable_only_where_allowed() -> None:
+    assert code_of(validate.topic_name, "%DLQ%g") == Code.ILLEGAL_TOPIC
+    assert code_of(validate.topic_name, "%DLQ%g", allow_dlq=True) is None
+
+
+@pytest.mark.parametrize("name", ["", "a b", "x" * 256, "%DLQ%x", "g\n"])
+def test_bad_groups(name: str) -> None:
+    assert code_of(validate.group_name, name) == Code.ILLEGAL_CONSUMER_GROUP
+
+
+def test_body_limits() -> None:
+    assert code_of(validate.body, b"", 10) == Code.MESSAGE_BODY_EMPTY
+    assert code_of(validate.body, b"x" * 11, 10) == Code.MESSAGE_BODY_TOO_LARGE
+    assert code_of(validate.body, b"x" * 10, 10) is None
+
+
+def test_tags_keys_groups_properties() -> None:
+    assert code_of(validate.tag, "a|b") == Code.ILLEGAL_MESSAGE_TAG
+    assert code_of(validate.tag, "  ") == Code.ILLEGAL_MESSAGE_TAG
+    assert code_of(validate.tag, "") is None
+    assert code_of(validate.keys, ["ok", " "]) == Code.ILLEGAL_MESSAGE_KEY
+    assert code_of(validate.message_group, "g" * 65) == Code.ILLEGAL_MESSAGE_GROUP
+    assert code_of(validate.properties, {"__popmq.origin_topic": "x"}) == (
+        Code.ILLEGAL_MESSAGE_PROPERTY_KEY
+    )
+    assert code_of(validate.properties, {"k": "v" * 20_000}) == Code.PAYLOAD_TOO_LARGE
+
+
+def test_invisible_time_range() -> None:
+    assert code_of(validate.invisible_time, 999, 1_000, 5_000) == Code.ILLEGAL_INVISIBLE_TIME
+    assert code_of(validate.invisible_time, 5_001, 1_000, 5_000) == Code.ILLEGAL_INVISIBLE_TIME
+    assert code_of(validate.invisible_time, 1_000, 1_000, 5_000) is None
