@@ -1,0 +1,287 @@
+"""The connector's options: parsed once on the driver into frozen, picklable settings.
+
+Spark hands options over as a case-insensitive dict of strings. Every mistake the user can
+make here raises OptionError with the option's name and what a good value looks like, before
+any Spark job starts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from popmq.client.codec import parse_endpoint
+
+
+class OptionError(ValueError):
+    """A bad or missing option of format("popmq")."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"popmq: {message}")
+
+
+# Per-queue JSON offsets use Kafka's sentinels for "the first" and "the next" offset.
+EARLIEST_SENTINEL = -2
+LATEST_SENTINEL = -1
+
+_EXAMPLE_JSON = '{"broker-a": {"0": 42, "1": -2}}'
+_OFFSETS_HELP = (
+    "use 'earliest', 'latest', per-queue JSON like "
+    f"{_EXAMPLE_JSON} (-2 = earliest, -1 = latest), or a timestamp "
+    "('timestamp:1700000000000' in epoch milliseconds, or ISO-8601 like '2024-05-01T12:00:00Z')"
+)
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Where a read starts or ends: a policy for every queue, or explicit per-queue offsets."""
+
+    kind: Literal["earliest", "latest", "timestamp", "json"]
+    timestamp_ms: int | None = None
+    # broker -> queue id -> offset (or a sentinel); sorted tuples so the spec stays hashable.
+    per_queue: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = ()
+
+    def queue_offsets(self) -> dict[tuple[str, int], int]:
+        return {(b, q): o for b, queues in self.per_queue for q, o in queues}
+
+
+def parse_offset_spec(name: str, text: str) -> OffsetSpec:
+    value = text.strip()
+    lowered = value.lower()
+    if lowered in ("earliest", "latest"):
+        return OffsetSpec(kind=lowered)  # type: ignore[arg-type]
+    if value.startswith("{"):
+        return _parse_offsets_json(name, value)
+    if lowered.startswith("timestamp:"):
+        digits = value.split(":", 1)[1].strip()
+        if not digits.lstrip("-").isdigit() or int(digits) < 0:
+            raise OptionError(f"{name}={text!r}: the timestamp must be epoch milliseconds >= 0")
+        return OffsetSpec(kind="timestamp", timestamp_ms=int(digits))
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise OptionError(f"{name}={text!r} is not understood: {_OFFSETS_HELP}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)  # a bare date-time is read as UTC, like Spark's
+    return OffsetSpec(kind="timestamp", timestamp_ms=int(moment.timestamp() * 1000))
+
+
+def _parse_offsets_json(name: str, text: str) -> OffsetSpec:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise OptionError(f"{name} is not valid JSON ({error}); {_OFFSETS_HELP}") from None
+    if not isinstance(data, dict) or not data:
+        raise OptionError(f"{name} must be a non-empty JSON object like {_EXAMPLE_JSON}")
+    per_queue = []
+    for broker, queues in sorted(data.items()):
+        if not isinstance(queues, dict):
+            raise OptionError(
+                f"{name}: the value for broker {broker!r} must be an object of queue id -> "
+                f"offset, like {_EXAMPLE_JSON}"
+            )
+        parsed = []
+        for queue_id, offset in sorted(queues.items()):
+            if not str(queue_id).isdigit():
+                raise OptionError(f"{name}: queue id {queue_id!r} of {broker!r} is not a number")
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < -2:
+                raise OptionError(
+                    f"{name}: offset {offset!r} of {broker}/{queue_id} must be an integer >= 0, "
+                    "or -2 (earliest) / -1 (latest)"
+                )
+            parsed.append((int(queue_id), offset))
+        per_queue.append((broker, tuple(sorted(parsed))))
+    return OffsetSpec(kind="json", per_queue=tuple(per_queue))
+
+
+@dataclass(frozen=True)
+class Connection:
+    """What a task needs to reach the proxy."""
+
+    endpoint: str
+    timeout_ms: int = 10_000
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    connection: Connection
+    topic: str
+    mode: Literal["offset", "pop"]
+    starting: OffsetSpec
+    ending: OffsetSpec  # batch reads only
+    fail_on_data_loss: bool
+    max_messages_per_trigger: int | None
+    max_messages_per_partition: int
+    pull_batch_size: int
+    filter_expression: str
+    group: str  # pop mode: the consumer group; offset mode: commit progress there (optional)
+    invisible_time_ms: int
+    pop_partitions: int | None
+    pop_long_polling_ms: int
+    max_messages: int  # batch reads in pop mode: how many to pop
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    connection: Connection
+    topic: str  # may be empty when the DataFrame has a topic column
+    send_batch_size: int
+    max_inflight: int
+
+
+_COMMON = {"endpoint", "topic", "requesttimeoutms"}
+READ_OPTIONS = _COMMON | {
+    "mode",
+    "startingoffsets",
+    "endingoffsets",
+    "failondataloss",
+    "maxmessagespertrigger",
+    "maxmessagesperpartition",
+    "pullbatchsize",
+    "filter",
+    "group",
+    "invisibletimems",
+    "poppartitions",
+    "poplongpollingms",
+    "maxmessages",
+}
+WRITE_OPTIONS = _COMMON | {"sendbatchsize", "maxinflight"}
+# Spark adds these on its own for some calls.
+_SPARK_OWNED = {"path", "checkpointlocation", "__partition_columns"}
+
+
+class _Options:
+    """Typed access to Spark's string options, with errors naming the option."""
+
+    def __init__(self, raw: Mapping[str, str], known: set[str], role: str) -> None:
+        self.raw = {str(k).lower(): str(v) for k, v in raw.items() if v is not None}
+        unknown = sorted(k for k in self.raw if k not in known and k not in _SPARK_OWNED)
+        if unknown:
+            raise OptionError(
+                f"unknown option(s) {', '.join(unknown)} for {role}; known options are "
+                f"{', '.join(sorted(_display(k) for k in known))}"
+            )
+
+    def text(self, name: str, default: str | None = None) -> str | None:
+        value = self.raw.get(name.lower())
+        if value is None or value.strip() == "":
+            return default
+        return value.strip()
+
+    def required(self, name: str, hint: str) -> str:
+        value = self.text(name)
+        if value is None:
+            raise OptionError(f"option '{name}' is required: {hint}")
+        return value
+
+    def integer(self, name: str, default: int | None, minimum: int = 1) -> int | None:
+        value = self.text(name)
+        if value is None:
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            raise OptionError(f"option '{name}'={value!r} must be an integer") from None
+        if number < minimum:
+            raise OptionError(f"option '{name}'={number} must be >= {minimum}")
+        return number
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.text(name)
+        if value is None:
+            return default
+        if value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise OptionError(f"option '{name}'={value!r} must be true or false")
+
+
+def _display(lower: str) -> str:
+    names = {
+        "requesttimeoutms": "requestTimeoutMs",
+        "startingoffsets": "startingOffsets",
+        "endingoffsets": "endingOffsets",
+        "failondataloss": "failOnDataLoss",
+        "maxmessagespertrigger": "maxMessagesPerTrigger",
+        "maxmessagesperpartition": "maxMessagesPerPartition",
+        "pullbatchsize": "pullBatchSize",
+        "invisibletimems": "invisibleTimeMs",
+        "poppartitions": "popPartitions",
+        "poplongpollingms": "popLongPollingMs",
+        "maxmessages": "maxMessages",
+        "sendbatchsize": "sendBatchSize",
+        "maxinflight": "maxInflight",
+    }
+    return names.get(lower, lower)
+
+
+def _connection(options: _Options) -> Connection:
+    endpoint = options.required("endpoint", "the proxy address as HOST:PORT, e.g. 127.0.0.1:8081")
+    try:
+        host, port = parse_endpoint(endpoint)
+    except ValueError as error:
+        raise OptionError(f"option 'endpoint': {error}") from None
+    timeout = options.integer("requestTimeoutMs", 10_000, minimum=100)
+    return Connection(endpoint=f"{host}:{port}", timeout_ms=timeout or 10_000)
+
+
+def parse_read_options(raw: Mapping[str, str], streaming: bool) -> ReadOptions:
+    role = "spark.readStream.format('popmq')" if streaming else "spark.read.format('popmq')"
+    options = _Options(raw, READ_OPTIONS, role)
+    connection = _connection(options)
+    topic = options.required("topic", "the topic to read")
+    mode = (options.text("mode", "offset") or "offset").lower()
+    if mode not in ("offset", "pop"):
+        raise OptionError(f"option 'mode'={mode!r} must be 'offset' (the default) or 'pop'")
+    group = options.text("group", "") or ""
+    if mode == "pop" and not group:
+        raise OptionError("mode=pop needs option 'group': the consumer group that pops and acks")
+
+    starting = parse_offset_spec(
+        "startingOffsets", options.text("startingOffsets", "latest" if streaming else "earliest")
+    )  # type: ignore[arg-type]
+    ending_text = options.text("endingOffsets")
+    if ending_text is not None and streaming:
+        raise OptionError("endingOffsets is for batch reads; a stream has no end")
+    ending = parse_offset_spec("endingOffsets", ending_text or "latest")
+    if ending.kind == "earliest":
+        raise OptionError("endingOffsets='earliest' would read nothing; use 'latest' or offsets")
+    if mode == "pop" and (options.text("startingOffsets") or ending_text):
+        raise OptionError("mode=pop reads where the group stands; drop startingOffsets/ending")
+
+    max_per_trigger = options.integer("maxMessagesPerTrigger", None)
+    if mode == "pop" and max_per_trigger is None:
+        max_per_trigger = 10_000  # a pop batch needs a bound: it is not planned from offsets
+    return ReadOptions(
+        connection=connection,
+        topic=topic,
+        mode=mode,  # type: ignore[arg-type]
+        starting=starting,
+        ending=ending,
+        fail_on_data_loss=options.boolean("failOnDataLoss", True),
+        max_messages_per_trigger=max_per_trigger,
+        max_messages_per_partition=options.integer("maxMessagesPerPartition", 200_000) or 1,
+        pull_batch_size=options.integer("pullBatchSize", 256) or 1,
+        filter_expression=options.text("filter", "*") or "*",
+        group=group,
+        invisible_time_ms=options.integer("invisibleTimeMs", 300_000) or 1,
+        pop_partitions=options.integer("popPartitions", None),
+        pop_long_polling_ms=options.integer("popLongPollingMs", 1_000, minimum=0) or 0,
+        max_messages=options.integer("maxMessages", 10_000) or 1,
+    )
+
+
+def parse_write_options(raw: Mapping[str, str], has_topic_column: bool) -> WriteOptions:
+    options = _Options(raw, WRITE_OPTIONS, "df.write.format('popmq')")
+    connection = _connection(options)
+    topic = options.text("topic", "") or ""
+    if not topic and not has_topic_column:
+        raise OptionError("option 'topic' is required (or give the DataFrame a 'topic' column)")
+    return WriteOptions(
+        connection=connection,
+        topic=topic,
+        send_batch_size=options.integer("sendBatchSize", 64) or 1,
+        max_inflight=options.integer("maxInflight", 8) or 1,
+    )
