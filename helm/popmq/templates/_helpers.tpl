@@ -1,0 +1,165 @@
+{{/*
+Names. The full name is cut to 40 characters so that "<fullname>-broker-headless" (a Service)
+and "<fullname>-broker" (a StatefulSet, whose revision label adds 11 characters) stay within
+Kubernetes' 63-character limits.
+*/}}
+{{- define "popmq.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "popmq.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "popmq.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "popmq.broker.fullname" -}}{{ include "popmq.fullname" . }}-broker{{- end -}}
+{{- define "popmq.broker.headless" -}}{{ include "popmq.fullname" . }}-broker-headless{{- end -}}
+{{- define "popmq.proxy.fullname" -}}{{ include "popmq.fullname" . }}-proxy{{- end -}}
+{{- define "popmq.proxy.metricsService" -}}{{ include "popmq.fullname" . }}-proxy-metrics{{- end -}}
+{{- define "popmq.configName" -}}{{ include "popmq.fullname" . }}-config{{- end -}}
+
+{{- define "popmq.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "popmq.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels. Call with (dict "ctx" $ "component" "broker"). */}}
+{{- define "popmq.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "popmq.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+{{- with .component }}
+app.kubernetes.io/component: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{- define "popmq.labels" -}}
+helm.sh/chart: {{ include "popmq.chart" .ctx }}
+{{ include "popmq.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: popmq
+{{- end -}}
+
+{{- define "popmq.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* The handle secret: the Secret's name and key the pods read it from. */}}
+{{- define "popmq.handleSecretName" -}}
+{{- default (printf "%s-handle-secret" (include "popmq.fullname" .)) .Values.handleSecret.existingSecret -}}
+{{- end -}}
+
+{{- define "popmq.handleSecretKey" -}}
+{{- if .Values.handleSecret.existingSecret -}}
+{{- .Values.handleSecret.existingSecretKey -}}
+{{- else -}}
+handle-secret
+{{- end -}}
+{{- end -}}
+
+{{/*
+Brokers as the proxy reaches them: one per StatefulSet pod, named after the pod (the broker's
+--name is its pod name, so receipt handles name a broker that keeps its identity across
+restarts) and addressed by the pod's stable DNS name under the headless Service.
+Renders one NAME=HOST:PORT per line.
+*/}}
+{{- define "popmq.brokerList" -}}
+{{- $sts := include "popmq.broker.fullname" . -}}
+{{- $headless := include "popmq.broker.headless" . -}}
+{{- range $i := until (int .Values.broker.replicas) }}
+{{ printf "%s-%d=%s-%d.%s.%s.svc.%s:%d" $sts $i $sts $i $headless $.Release.Namespace $.Values.clusterDomain (int $.Values.broker.port) }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The address written into routes (values.yaml, proxy.advertise). "" means none: the proxy then
+answers QueryRoute with the address the client itself connected to, which is right for the
+Service DNS name, a LoadBalancer and a port-forward alike.
+*/}}
+{{- define "popmq.advertiseHost" -}}
+{{- .Values.proxy.advertise.host -}}
+{{- end -}}
+
+{{- define "popmq.advertisePort" -}}
+{{- if .Values.proxy.advertise.podIP -}}
+{{- int (default .Values.proxy.port .Values.proxy.advertise.port) -}}
+{{- else -}}
+{{- int (default .Values.proxy.service.port .Values.proxy.advertise.port) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Environment shared by brokers and proxies: the handle secret. */}}
+{{- define "popmq.secretEnv" -}}
+- name: POPMQ_BROKER__HANDLE_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "popmq.handleSecretName" . }}
+      key: {{ include "popmq.handleSecretKey" . }}
+- name: POPMQ_PROXY__HANDLE_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "popmq.handleSecretName" . }}
+      key: {{ include "popmq.handleSecretKey" . }}
+{{- end -}}
+
+{{/*
+The popmq config file (popmq/config.py's PopmqConfig) as YAML: values.config plus what the chart
+knows better than the user (an explicitly advertised address). Listen addresses, ports, broker names and
+the broker list go on the command line; the handle secret comes from a Secret through
+POPMQ_*__HANDLE_SECRET.
+*/}}
+{{- define "popmq.configDocument" -}}
+{{- $config := deepCopy .Values.config -}}
+{{- $proxy := default (dict) $config.proxy -}}
+{{- if .Values.proxy.advertise.host -}}
+{{- $_ := set $proxy "advertise_host" .Values.proxy.advertise.host -}}
+{{- end -}}
+{{- if or .Values.proxy.advertise.host .Values.proxy.advertise.podIP -}}
+{{- $_ := set $proxy "advertise_port" (include "popmq.advertisePort" . | int) -}}
+{{- end -}}
+{{- $_ := set $config "proxy" $proxy -}}
+{{- toYaml $config -}}
+{{- end -}}
+
+{{/* Checks across values that values.schema.json cannot express. */}}
+{{- define "popmq.validate" -}}
+{{- $p := .Values.config.proxy -}}
+{{- if gt (int $p.min_long_polling_ms) (int $p.max_long_polling_ms) -}}
+{{- fail (printf "config.proxy.min_long_polling_ms (%v) must not exceed config.proxy.max_long_polling_ms (%v)" $p.min_long_polling_ms $p.max_long_polling_ms) -}}
+{{- end -}}
+{{- if gt (int $p.min_invisible_ms) (int $p.max_invisible_ms) -}}
+{{- fail (printf "config.proxy.min_invisible_ms (%v) must not exceed config.proxy.max_invisible_ms (%v)" $p.min_invisible_ms $p.max_invisible_ms) -}}
+{{- end -}}
+{{- $b := .Values.config.broker.pop -}}
+{{- if gt (int $b.min_invisible_ms) (int $b.max_invisible_ms) -}}
+{{- fail (printf "config.broker.pop.min_invisible_ms (%v) must not exceed config.broker.pop.max_invisible_ms (%v)" $b.min_invisible_ms $b.max_invisible_ms) -}}
+{{- end -}}
+{{- if lt (int .Values.proxy.terminationGracePeriodSeconds) (add1 (div (int $p.max_long_polling_ms) 1000)) -}}
+{{- fail (printf "proxy.terminationGracePeriodSeconds (%v) must be longer than config.proxy.max_long_polling_ms (%v ms), or shutdown cuts long polls short" .Values.proxy.terminationGracePeriodSeconds $p.max_long_polling_ms) -}}
+{{- end -}}
+{{- $hpa := .Values.proxy.autoscaling -}}
+{{- if and $hpa.enabled (gt (int $hpa.minReplicas) (int $hpa.maxReplicas)) -}}
+{{- fail (printf "proxy.autoscaling.minReplicas (%v) must not exceed proxy.autoscaling.maxReplicas (%v)" $hpa.minReplicas $hpa.maxReplicas) -}}
+{{- end -}}
+{{- if and .Values.proxy.advertise.podIP .Values.proxy.advertise.host -}}
+{{- fail "set either proxy.advertise.host or proxy.advertise.podIP, not both" -}}
+{{- end -}}
+{{- if and .Values.proxy.metrics.enabled (eq (int .Values.proxy.metrics.port) (int .Values.proxy.port)) -}}
+{{- fail (printf "proxy.metrics.port and proxy.port are both %v" .Values.proxy.port) -}}
+{{- end -}}
+{{- end -}}

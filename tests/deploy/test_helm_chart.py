@@ -1,0 +1,371 @@
+"""The Helm chart, rendered by Helm's real engine and checked against Kubernetes' schemas, the
+config model the servers load, and the CLI they run."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deploykit import (
+    CHART_DIR,
+    NAMESPACE,
+    Rendered,
+    container,
+    helm,
+    load_values_file,
+    parse_cli,
+    pod_env,
+    render,
+    walk,
+)
+
+from popmq.config import BrokerAddress, PopmqConfig, load_config
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion: native gRPC probes) and the
+# newest the offline schemas know.
+KUBE_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "dev-example": load_values_file("values-dev.yaml"),
+    "production-example": load_values_file("values-production.yaml"),
+    "external-example": load_values_file("values-external.yaml"),
+    "pod-ip-five-brokers": {
+        "fullnameOverride": "mq",
+        "clusterDomain": "corp.local",
+        "serviceAccount": {"create": False},
+        "broker": {"replicas": 5, "persistence": {"storageClass": "-"}, "pdb": {"enabled": False}},
+        "proxy": {
+            "advertise": {"podIP": True},
+            "metrics": {"enabled": False},
+            "pdb": {"maxUnavailable": "50%"},
+        },
+    },
+    "tuned-config": {
+        "handleSecret": {"value": "kSecretForTheTuningVariant123"},
+        "proxy": {
+            "terminationGracePeriodSeconds": 40,
+            "advertise": {"host": "mq.internal.example", "port": 443},
+        },
+        "config": {
+            "broker": {
+                "store": {"flush": "sync", "retention_hours": 0.5, "segment_bytes": 1048576},
+                "pop": {"retry_levels": ["1s", "10s", "1m"], "max_attempts": 3},
+                "topics": {"auto_create": False, "queue_count": 2},
+            },
+            "proxy": {
+                "strategy": "notify",
+                "min_long_polling_ms": 1000,
+                "max_long_polling_ms": 30000,
+                "notify_threshold_rps": 12.5,
+            },
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, Rendered]:
+    return {name: render(values) for name, values in VARIANTS.items()}
+
+
+def merged_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The values an install would use: Helm's own coalescing of defaults and overrides."""
+    with helm.Chart.load(str(CHART_DIR)) as chart:
+        return chart.merge_values(values)
+
+
+def test_chart_lints_clean() -> None:
+    report = helm.lint(str(CHART_DIR), strict=True, namespace=NAMESPACE)
+    assert report["errors"] == []
+    serious = [m for m in report["messages"] if m["severity"] >= 2]
+    assert serious == []
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_manifest_is_valid_kubernetes(rendered: dict[str, Rendered], variant: str) -> None:
+    out = rendered[variant]
+    assert out.manifests, "nothing rendered"
+    for manifest in out.manifests:
+        if manifest["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD; checked by test_service_monitor_selects_the_metrics_service
+        for version in KUBE_VERSIONS:
+            kubernetes_validate.validate(manifest, version, strict=True)
+        assert manifest["metadata"]["namespace"] == NAMESPACE
+        assert len(manifest["metadata"]["name"]) <= 63
+
+
+def test_the_kubernetes_validator_rejects_broken_manifests(rendered: dict[str, Rendered]) -> None:
+    """A control: the same validation fails on a wrong type and on an unknown field."""
+    sts = copy.deepcopy(rendered["defaults"].one("StatefulSet"))
+    sts["spec"]["replicas"] = "three"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(sts, KUBE_VERSIONS[-1], strict=True)
+    deploy = copy.deepcopy(rendered["defaults"].one("Deployment"))
+    container(deploy)["readinessProbe"]["grpcc"] = {"port": 8081}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deploy, KUBE_VERSIONS[-1], strict=True)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_config_map_loads_into_the_config_model(
+    rendered: dict[str, Rendered], variant: str, tmp_path: Path
+) -> None:
+    out = rendered[variant]
+    values = merged_values(VARIANTS[variant])
+    path = tmp_path / "popmq.yaml"
+    path.write_text(out.config_text())
+    secret = out.handle_secret() if out.maybe("Secret") else "kExistingSecretValue0001"
+
+    for workload in (out.one("StatefulSet"), out.one("Deployment")):
+        config = load_config(path, environ=pod_env(workload, secret))
+        assert isinstance(config, PopmqConfig)
+        assert config.broker.handle_secret == secret == config.proxy.handle_secret
+        # Every value under `config` reached the model unchanged.
+        for dotted, expected in walk(values["config"]):
+            actual: Any = config
+            for part in dotted.split("."):
+                actual = getattr(actual, part)
+            assert actual == expected, f"config.{dotted}: values {expected!r}, loaded {actual!r}"
+
+    proxy = load_config(path, environ=pod_env(out.one("Deployment"), secret)).proxy
+    advertise = values["proxy"]["advertise"]
+    if advertise["podIP"]:
+        assert proxy.advertise_host == "10.0.0.7"  # from the downward API env
+        assert proxy.advertise_port == values["proxy"]["port"]
+    elif advertise["host"]:
+        assert proxy.advertise_host == advertise["host"]
+        assert proxy.advertise_port == (advertise.get("port") or values["proxy"]["service"]["port"])
+    else:  # routes echo the address each client connected to
+        assert (proxy.advertise_host, proxy.advertise_port) == (None, None)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_proxies_address_every_broker_by_its_stable_name(
+    rendered: dict[str, Rendered], variant: str
+) -> None:
+    out = rendered[variant]
+    values = merged_values(VARIANTS[variant])
+    sts = out.one("StatefulSet")
+    headless = out.one("Service", sts["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    port = values["broker"]["port"]
+    assert headless["spec"]["ports"][0]["port"] == port
+
+    args = container(out.one("Deployment"))["args"]
+    brokers = [BrokerAddress.parse(args[i + 1]) for i, a in enumerate(args) if a == "--broker"]
+    pods = [f"{sts['metadata']['name']}-{i}" for i in range(sts["spec"]["replicas"])]
+    assert [b.name for b in brokers] == pods
+    domain = values["clusterDomain"]
+    assert [b.address for b in brokers] == [
+        f"{pod}.{headless['metadata']['name']}.{NAMESPACE}.svc.{domain}:{port}" for pod in pods
+    ]
+    # The broker's --name is its pod name, the name the proxies use.
+    broker_args = container(sts)["args"]
+    assert broker_args[broker_args.index("--name") + 1] == "$(POD_NAME)"
+    env = {e["name"]: e for e in container(sts)["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_broker_command_parses_with_the_real_cli(
+    rendered: dict[str, Rendered], variant: str
+) -> None:
+    out = rendered[variant]
+    broker = container(out.one("StatefulSet"))
+    assert broker["command"] == ["popmq"]
+    argv = [a.replace("$(POD_NAME)", "popmq-broker-0") for a in broker["args"]]
+    args = parse_cli(argv)
+    assert args.command == "broker"
+    assert args.config == "/etc/popmq/popmq.yaml"
+    assert (args.name, args.host, args.port) == ("popmq-broker-0", "0.0.0.0", 10911)
+    mount = next(m for m in broker["volumeMounts"] if m["name"] == "data")["mountPath"]
+    assert Path(args.data_dir).is_relative_to(mount), "broker data must live on the volume"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_proxy_command_parses_with_the_real_cli(
+    rendered: dict[str, Rendered], variant: str
+) -> None:
+    out = rendered[variant]
+    values = merged_values(VARIANTS[variant])
+    proxy = container(out.one("Deployment"))
+    assert proxy["command"] == ["popmq"]
+    args = parse_cli(proxy["args"])
+    assert args.command == "proxy"
+    assert (args.host, args.port) == ("0.0.0.0", values["proxy"]["port"])
+    metrics_port = (
+        values["proxy"]["metrics"]["port"] if values["proxy"]["metrics"]["enabled"] else None
+    )
+    assert getattr(args, "metrics_port", None) == metrics_port
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_services_probes_and_ports_line_up(rendered: dict[str, Rendered], variant: str) -> None:
+    out = rendered[variant]
+    workloads = {"broker": out.one("StatefulSet"), "proxy": out.one("Deployment")}
+    for service in out.all("Service"):
+        selector = service["spec"]["selector"]
+        targets = [
+            w for w in workloads.values()
+            if selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()
+        ]  # fmt: skip
+        assert len(targets) == 1, f"Service {service['metadata']['name']} selects {len(targets)}"
+        port_names = {p["name"] for p in container(targets[0])["ports"]}
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in port_names
+    for workload in workloads.values():
+        spec = workload["spec"]
+        assert (
+            spec["selector"]["matchLabels"].items()
+            <= spec["template"]["metadata"]["labels"].items()
+        )
+        c = container(workload)
+        grpc_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert c[probe]["grpc"] == {"port": grpc_port}, "probes use grpc.health.v1"
+    assert container(workloads["broker"])["startupProbe"]["grpc"]["port"] == 10911
+    for pdb in out.all("PodDisruptionBudget"):
+        labels = pdb["spec"]["selector"]["matchLabels"]
+        assert any(labels.items() <= w["spec"]["template"]["metadata"]["labels"].items()
+                   for w in workloads.values())  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_pods_run_as_non_root_with_a_read_only_root(
+    rendered: dict[str, Rendered], variant: str
+) -> None:
+    out = rendered[variant]
+    for workload in (out.one("StatefulSet"), out.one("Deployment")):
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        assert pod["automountServiceAccountToken"] is False
+        c = container(workload)
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert "emptyDir" in volumes[mounts["/tmp"]], "/tmp is the only scratch space"
+        assert (
+            volumes[mounts["/etc/popmq"]]["configMap"]["name"]
+            == out.one("ConfigMap")["metadata"]["name"]
+        )
+    claim = out.one("StatefulSet")["spec"]["volumeClaimTemplates"][0]
+    assert claim["metadata"]["name"] == "data"
+
+
+def test_variant_specific_resources(rendered: dict[str, Rendered]) -> None:
+    base = rendered["defaults"]
+    assert base.maybe("HorizontalPodAutoscaler") is None
+    assert base.maybe("ServiceMonitor") is None
+    assert base.one("Deployment")["spec"]["replicas"] == 2
+    assert len(base.all("PodDisruptionBudget")) == 2
+    annotations = base.one("Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == "9090"
+    assert (
+        "storageClassName" not in base.one("StatefulSet")["spec"]["volumeClaimTemplates"][0]["spec"]
+    )
+
+    prod = rendered["production-example"]
+    hpa = prod.one("HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == prod.one("Deployment")["metadata"]["name"]
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 12)
+    assert "replicas" not in prod.one("Deployment")["spec"], "the HPA owns the replica count"
+    assert prod.maybe("Secret") is None, "existingSecret: the chart makes no Secret"
+    env = {e["name"]: e for e in container(prod.one("StatefulSet"))["env"]}
+    ref = env["POPMQ_BROKER__HANDLE_SECRET"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "popmq-handle-secret", "key": "handle-secret"}
+    claim = prod.one("StatefulSet")["spec"]["volumeClaimTemplates"][0]["spec"]
+    assert (claim["storageClassName"], claim["resources"]["requests"]["storage"]) == (
+        "fast-ssd",
+        "200Gi",
+    )
+
+    ext = rendered["external-example"]
+    svc = ext.one("Service", "popmq-proxy")
+    assert svc["spec"]["type"] == "LoadBalancer"
+    assert svc["spec"]["loadBalancerSourceRanges"] == ["10.0.0.0/8"]
+    assert "mq.internal.example:443" in rendered["tuned-config"].notes
+
+    pod_ip = rendered["pod-ip-five-brokers"]
+    assert pod_ip.maybe("ServiceAccount") is None
+    assert pod_ip.all("PodDisruptionBudget")[0]["metadata"]["name"] == "mq-proxy"
+    assert pod_ip.maybe("ServiceMonitor") is None
+    assert [s["metadata"]["name"] for s in pod_ip.all("Service")] == [
+        "mq-broker-headless",
+        "mq-proxy",
+    ]
+    claim = pod_ip.one("StatefulSet")["spec"]["volumeClaimTemplates"][0]["spec"]
+    assert claim["storageClassName"] == ""
+    assert "--metrics-port" not in container(pod_ip.one("Deployment"))["args"]
+
+
+def test_service_monitor_selects_the_metrics_service(rendered: dict[str, Rendered]) -> None:
+    out = rendered["production-example"]
+    monitor = out.one("ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    services = [
+        s for s in out.all("Service") if selector.items() <= s["metadata"]["labels"].items()
+    ]
+    assert [s["metadata"]["name"] for s in services] == ["popmq-proxy-metrics"]
+    endpoint = monitor["spec"]["endpoints"][0]
+    assert endpoint["port"] in {p["name"] for p in services[0]["spec"]["ports"]}
+    assert (endpoint["path"], endpoint["interval"]) == ("/metrics", "15s")
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE]
+
+
+def test_config_changes_roll_the_right_pods() -> None:
+    def checksums(values: dict[str, Any]) -> tuple[str, str]:
+        out = render(values)
+        sts, dep = out.one("StatefulSet"), out.one("Deployment")
+        return (
+            sts["spec"]["template"]["metadata"]["annotations"]["checksum/config"],
+            dep["spec"]["template"]["metadata"]["annotations"]["checksum/config"],
+        )
+
+    broker0, proxy0 = checksums({})
+    broker1, proxy1 = checksums({"config": {"proxy": {"min_long_polling_ms": 2000}}})
+    assert broker1 == broker0, "proxy tuning must not restart brokers"
+    assert proxy1 != proxy0
+    broker2, proxy2 = checksums({"config": {"broker": {"pop": {"max_attempts": 5}}}})
+    assert broker2 != broker0
+    assert proxy2 != proxy0
+
+
+def test_generated_handle_secret_is_usable_by_the_config_loader(
+    rendered: dict[str, Rendered],
+) -> None:
+    secret = rendered["defaults"].handle_secret()
+    assert len(secret) >= 32 and secret[0].isalpha()
+    # POPMQ_* values are JSON-decoded when they parse: the secret must stay a string.
+    env = {"POPMQ_BROKER__HANDLE_SECRET": secret, "POPMQ_PROXY__HANDLE_SECRET": secret}
+    assert load_config(environ=env).broker.handle_secret == secret
+    assert rendered["tuned-config"].handle_secret() == "kSecretForTheTuningVariant123"
+    keep = rendered["defaults"].one("Secret")["metadata"]["annotations"]["helm.sh/resource-policy"]
+    assert keep == "keep"
+
+
+def test_notes_tell_how_to_connect(rendered: dict[str, Rendered]) -> None:
+    notes = rendered["defaults"].notes
+    assert "popmq-proxy.mq.svc.cluster.local:8081" in notes
+    assert "ClientConfiguration(" in notes and "SimpleConsumer(" in notes
+    assert "the address the client connected to" in notes
+    dev = rendered["dev-example"].notes
+    assert "port-forward svc/popmq-proxy 8081:8081" in dev
+    assert "awaitDuration is clamped to [1000 ms, 20000 ms]" in dev
+    assert "IP of the proxy pod" in rendered["pod-ip-five-brokers"].notes
+
+
+def test_example_values_files_are_what_the_docs_say() -> None:
+    for name in ("values-dev.yaml", "values-production.yaml", "values-external.yaml"):
+        assert name in (CHART_DIR.parents[1] / "deploy" / "k8s" / "README.md").read_text()
+        assert yaml.safe_load((CHART_DIR.parents[1] / "deploy" / "k8s" / name).read_text())
