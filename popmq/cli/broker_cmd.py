@@ -1,0 +1,106 @@
+"""`popmq broker`: one broker (durable store + POP engine) behind its gRPC server.
+
+Runs until SIGTERM or SIGINT, then stops taking calls (held long polls are released), stops the
+broker (final flush) and exits 0. Once serving it prints one line on stdout,
+``popmq broker NAME listening on HOST:PORT``, with the real port when --port is 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+
+from popmq.cli.common import config_from_args
+from popmq.config import BrokerConfig
+
+log = logging.getLogger("popmq.broker")
+
+# How long in-flight calls may finish after a stop signal before they are cancelled.
+STOP_GRACE_S = 1.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "broker",
+        help="run one broker behind its gRPC server (cluster mode)",
+        description="Run one popmq broker: a durable store with POP consumption, served over "
+        "gRPC (popmq.broker.v1.BrokerService) for proxies in cluster mode.",
+    )
+    parser.add_argument("--name", help="broker name, unique in the cluster (default broker-a)")
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on; 0 picks a free one")
+    parser.add_argument("--data-dir", help="directory of the broker's store")
+    parser.add_argument(
+        "--flush", choices=("sync", "async"), help="sync: a send returns after fsync"
+    )
+    # Also accepted after the subcommand; SUPPRESS keeps the top-level values when absent.
+    parser.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--set", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
+        help="override a config field, e.g. --set broker.pop.time_scale=0.01",
+    )  # fmt: skip
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(
+        args,
+        {
+            "broker.name": args.name,
+            "broker.host": args.host,
+            "broker.port": args.port,
+            "broker.data_dir": args.data_dir,
+            "broker.store.flush": args.flush,
+        },
+    )
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+    asyncio.run(serve_broker(config.broker, announce=_announce))
+    return 0
+
+
+def _announce(line: str) -> None:
+    print(line, flush=True)
+
+
+async def serve_broker(
+    config: BrokerConfig,
+    *,
+    announce: Callable[[str], None] = _announce,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve until `stop` is set (default: until SIGTERM/SIGINT)."""
+    # Imported here so `popmq --help` works while a broker module fails to import.
+    from broker.api.local import LocalBrokerPort
+    from broker.core import Broker
+    from broker.server import BrokerGrpcServer
+
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for signum in signals:
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        broker = Broker(config)
+        await broker.start()
+        try:
+            server = BrokerGrpcServer(LocalBrokerPort(broker), config.host, config.port)
+            await server.start()
+            try:
+                announce(
+                    f"popmq broker {config.name} listening on {config.host}:{server.bound_port}"
+                )
+                await stop.wait()
+                log.info("stopping broker %s", config.name)
+            finally:
+                await server.stop(STOP_GRACE_S)
+        finally:
+            await broker.stop()
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
