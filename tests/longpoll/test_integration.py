@@ -1,0 +1,236 @@
+"""The strategies against real brokers: in-process (LocalBrokerPort) and over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.api.local import LocalBrokerPort
+from broker.api.port import BrokerPort
+from broker.api.remote import RemoteBrokerPort
+from broker.api.types import AckEntry, Message, PoppedMessage
+from broker.pop.testing import fast_broker_config, running_broker
+from broker.server import BrokerGrpcServer
+from proxy.longpoll.adaptive import AdaptiveStrategy
+from proxy.longpoll.calls import BrokerCalls
+from proxy.longpoll.notify import NotifyStrategy
+from proxy.longpoll.pop import PopStrategy
+from proxy.metrics import ProxyMetrics
+
+from .helpers import make_request, sample, wait_until
+
+TOPIC = "t"
+
+
+@contextlib.asynccontextmanager
+async def _cluster(
+    root: Path, count: int, remote: bool = False
+) -> AsyncIterator[tuple[list[BrokerPort], list[Any]]]:
+    async with contextlib.AsyncExitStack() as stack:
+        ports: list[BrokerPort] = []
+        brokers = []
+        for index in range(count):
+            config = fast_broker_config(root / f"b{index}", name=f"b{index}")
+            broker = await stack.enter_async_context(running_broker(config))
+            local = LocalBrokerPort(broker)
+            await local.create_topic(TOPIC, 2)
+            if remote:
+                server = BrokerGrpcServer(local)
+                await server.start()
+                stack.push_async_callback(server.stop, 0)
+                port: BrokerPort = RemoteBrokerPort(f"b{index}", server.address)
+                stack.push_async_callback(port.close)
+            else:
+                port = local
+            ports.append(port)
+            brokers.append(broker)
+        yield ports, brokers
+
+
+def _tasks() -> set[asyncio.Task[Any]]:
+    """Live tasks, without the gRPC server's own (it starts one per incoming call)."""
+    return {task for task in asyncio.all_tasks() if "grpc" not in repr(task)}
+
+
+def _held(brokers: list[Any]) -> list[int]:
+    return [broker.hold_table.total for broker in brokers]
+
+
+def _notify(metrics: ProxyMetrics) -> NotifyStrategy:
+    calls = BrokerCalls(metrics, fallback_invisible_ms=1)
+    return NotifyStrategy(calls, metrics, probe_false_empty=True)
+
+
+async def _send(port: BrokerPort, body: bytes = b"x") -> float:
+    await port.send([Message(topic=TOPIC, body=body)])
+    return time.time() * 1000
+
+
+def _latency_ms(messages: list[PoppedMessage]) -> float:
+    return time.time() * 1000 - messages[0].message.store_timestamp_ms
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "grpc"])
+async def test_notify_delivers_a_message_from_another_broker_in_milliseconds(
+    tmp_path: Path, remote: bool
+) -> None:
+    metrics = ProxyMetrics()
+    strategy = _notify(metrics)
+    async with _cluster(tmp_path, 4, remote) as (ports, brokers):
+        before = _tasks()
+        receive = asyncio.create_task(strategy.receive(ports, make_request(10_000, "b0")))
+        await wait_until(lambda: _held(brokers) == [1, 1, 1, 1], limit_s=5)
+        await _send(ports[2])
+        async with asyncio.timeout(1):
+            got = await receive
+        latency = _latency_ms(got)
+        assert [m.message.store_host for m in got] == ["b2"]
+        assert latency < (50 if remote else 20)  # a few ms; generous for a shared machine
+        await ports[2].ack("g", TOPIC, [AckEntry(got[0].receipt_handle)])
+        await wait_until(lambda: _held(brokers) == [0, 0, 0, 0])
+        await strategy.aclose()
+        assert _tasks() == before
+    assert sample(metrics, "popmq_proxy_pop_with_notify_total") == 1
+    assert sample(metrics, "popmq_proxy_held_notification_tasks") == 0
+
+
+async def test_pop_baseline_gives_a_false_empty_where_notify_does_not(tmp_path: Path) -> None:
+    async with _cluster(tmp_path, 3) as (ports, brokers):
+        metrics = ProxyMetrics()
+        pop = PopStrategy(BrokerCalls(metrics), metrics)
+        receive = asyncio.create_task(pop.receive(ports, make_request(300, "b0")))
+        await wait_until(lambda: _held(brokers) == [1, 0, 0])
+        await _send(ports[1])
+        assert await receive == []  # bound to b0 while b1 has the message
+        await pop.aclose()
+        assert sample(metrics, "popmq_proxy_false_empty_responses_total", strategy="pop") == 1
+        # the same situation under notify: delivered at once
+        got = await _notify(metrics).receive(ports, make_request(300, "b0"))
+        assert [m.message.store_host for m in got] == ["b1"]
+
+
+async def test_two_proxies_race_for_one_message_and_the_loser_keeps_waiting(
+    tmp_path: Path,
+) -> None:
+    async with _cluster(tmp_path, 3) as (ports, brokers):
+        metrics_a, metrics_b = ProxyMetrics(), ProxyMetrics()
+        proxy_a, proxy_b = _notify(metrics_a), _notify(metrics_b)
+        a = asyncio.create_task(proxy_a.receive(ports, make_request(10_000, "b0")))
+        b = asyncio.create_task(proxy_b.receive(ports, make_request(10_000, "b1")))
+        await wait_until(lambda: _held(brokers) == [2, 2, 2], limit_s=5)
+        await _send(ports[2])
+        done, pending = await asyncio.wait({a, b}, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1
+        winner, loser = done.pop(), pending.pop()
+        assert len(winner.result()) == 1
+        # The loser popped nothing and re-armed: it waits on every broker again.
+        await wait_until(lambda: _held(brokers) == [1, 1, 1])
+        assert not loser.done()
+        loser_metrics = metrics_a if loser is a else metrics_b
+        notifications = "popmq_proxy_broker_rpcs_total"
+        assert sample(loser_metrics, notifications, kind="notify") >= 3
+        await _send(ports[0])
+        async with asyncio.timeout(1):
+            assert len(await loser) == 1
+        assert _held(brokers) == [0, 0, 0]
+
+
+async def test_the_deadline_is_respected(tmp_path: Path) -> None:
+    async with _cluster(tmp_path, 3) as (ports, brokers):
+        metrics = ProxyMetrics()
+        strategy = _notify(metrics)
+        started = time.perf_counter()
+        assert await strategy.receive(ports, make_request(400)) == []
+        elapsed = time.perf_counter() - started
+        assert 0.39 <= elapsed < 0.5
+        assert _held(brokers) == [0, 0, 0]
+        await strategy.aclose()
+        assert sample(metrics, "popmq_proxy_false_empty_responses_total", strategy="notify") == 0
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "grpc"])
+async def test_a_client_leaving_cancels_everything(tmp_path: Path, remote: bool) -> None:
+    async with _cluster(tmp_path, 3, remote) as (ports, brokers):
+        metrics = ProxyMetrics()
+        strategy = _notify(metrics)
+        before = _tasks()
+        receive = asyncio.create_task(strategy.receive(ports, make_request(10_000)))
+        await wait_until(lambda: _held(brokers) == [1, 1, 1], limit_s=5)
+        receive.cancel()
+        await asyncio.gather(receive, return_exceptions=True)
+        await wait_until(lambda: _held(brokers) == [0, 0, 0])  # over gRPC: a round trip
+        await strategy.aclose()
+        assert _tasks() == before
+        assert sample(metrics, "popmq_proxy_held_notification_tasks") == 0
+
+
+async def test_messages_popped_for_a_departed_client_are_visible_again(tmp_path: Path) -> None:
+    async with _cluster(tmp_path, 2) as (ports, brokers):
+        metrics = ProxyMetrics()
+        strategy = _notify(metrics)
+        receive = asyncio.create_task(strategy.receive(ports, make_request(10_000, "b0")))
+        await wait_until(lambda: _held(brokers) == [1, 1])
+        original = ports[1].pop
+
+        async def pop_then_client_leaves(request: Any) -> Any:
+            result = await original(request)
+            if result.messages:
+                asyncio.get_running_loop().call_soon(receive.cancel)
+            return result
+
+        ports[1].pop = pop_then_client_leaves  # type: ignore[method-assign]
+        await _send(ports[1])
+        await asyncio.gather(receive, return_exceptions=True)
+        assert receive.cancelled()
+        await strategy.aclose()
+        del ports[1].pop
+        released = "popmq_proxy_released_messages_total"
+        # the fast test broker's minimum is 1 ms, so 0 is refused and 1 ms is used
+        assert sample(metrics, released, outcome="shortened") == 1
+        # Long before its 60 s invisible time, the next receive gets it again.
+        again = await _notify(ProxyMetrics()).receive(ports, make_request(2_000, "b1"))
+        assert len(again) == 1
+        assert again[0].delivery_attempt >= 1
+
+
+async def test_adaptive_crosses_its_threshold_both_ways(tmp_path: Path) -> None:
+    async with _cluster(tmp_path, 2) as (ports, _brokers):
+        metrics = ProxyMetrics()
+        strategy = AdaptiveStrategy(
+            BrokerCalls(metrics), metrics, threshold_rps=40, window_s=0.5, hysteresis=0.5,
+            probe_false_empty=False,
+        )  # fmt: skip
+
+        def mode() -> str:
+            pop = sample(metrics, "popmq_proxy_adaptive_mode", mode="pop")
+            return "pop" if pop == 1 else "notify"
+
+        rpcs: Callable[[str], float] = lambda kind: sample(  # noqa: E731
+            metrics, "popmq_proxy_broker_rpcs_total", kind=kind
+        )
+        for _ in range(31):  # exactly what the receives below take
+            await ports[0].send([Message(topic=TOPIC, body=b"x")])
+        # Busy: a quick stream of receives, each finding a message.
+        for _ in range(30):
+            got = await strategy.receive(ports, make_request(1_000, "b0", max_messages=1))
+            await ports[0].ack("g", TOPIC, [AckEntry(m.receipt_handle) for m in got])
+        assert mode() == "pop"
+        notify_calls = rpcs("notify")
+        got = await strategy.receive(ports, make_request(1_000, "b0", max_messages=1))
+        assert len(got) == 1 and rpcs("notify") == notify_calls  # plain pop now
+        # Quiet: the window empties, the next receive runs as notify and finds b1's message.
+        await asyncio.sleep(0.6)
+        receive = asyncio.create_task(strategy.receive(ports, make_request(2_000, "b0")))
+        await wait_until(lambda: mode() == "notify")
+        await wait_until(lambda: rpcs("notify") >= notify_calls + 2)
+        await _send(ports[1])
+        assert [m.message.store_host for m in await receive] == ["b1"]
+        switches = "popmq_proxy_adaptive_switches_total"
+        assert sample(metrics, switches, mode="pop") == 1
+        assert sample(metrics, switches, mode="notify") == 1
