@@ -173,9 +173,17 @@ def _print_topic(args: argparse.Namespace, response: Any) -> None:
     if group_rows:
         print()
         _table(
-            ("broker", "queue", "consumer_offset", "max_offset", "backlog", "inflight"),
+            ("broker", "topic", "queue", "consumer_offset", "max_offset", "backlog", "inflight"),
             [
-                (g.broker, g.queue_id, g.consumer_offset, g.max_offset, g.backlog, g.inflight)
+                (
+                    g.broker,
+                    g.topic,
+                    g.queue_id,
+                    g.consumer_offset,
+                    g.max_offset,
+                    g.backlog,
+                    g.inflight,
+                )
                 for g in group_rows
             ],
         )

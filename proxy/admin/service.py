@@ -133,6 +133,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                         response.group_queues.append(
                             a.GroupQueue(
                                 broker=broker,
+                                topic=row.topic,
                                 queue_id=row.queue_id,
                                 consumer_offset=row.consumer_offset,
                                 max_offset=row.max_offset,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from popmq.pb.rocketmq.v2 import definition_pb2 as popmq_dot_pb_dot_rocketmq_dot_v2_dot_definition__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpopmq/pb/admin/v1/admin.proto\x12\x0epopmq.admin.v1\x1a%popmq/pb/rocketmq/v2/definition.proto\"H\n\x0cQueueOffsets\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\"`\n\x0b\x42rokerTopic\x12\x0e\n\x06\x62roker\x18\x01 \x01(\t\x12\x13\n\x0bqueue_count\x18\x02 \x01(\x05\x12,\n\x06queues\x18\x03 \x03(\x0b\x32\x1c.popmq.admin.v1.QueueOffsets\"C\n\x05Topic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12,\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x1b.popmq.admin.v1.BrokerTopic\"H\n\x12\x43reateTopicRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bqueue_count\x18\x02 \x01(\x05\x12\x0f\n\x07\x62rokers\x18\x03 \x03(\t\"a\n\rTopicResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.Status\x12$\n\x05topic\x18\x02 \x01(\x0b\x32\x15.popmq.admin.v1.Topic\"+\n\x11ListTopicsRequest\x12\x16\n\x0einclude_system\x18\x01 \x01(\x08\"g\n\x12ListTopicsResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.Status\x12%\n\x06topics\x18\x02 \x03(\x0b\x32\x15.popmq.admin.v1.Topic\"3\n\x14\x44\x65scribeTopicRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\"~\n\nGroupQueue\x12\x0e\n\x06\x62roker\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x17\n\x0f\x63onsumer_offset\x18\x03 \x01(\x03\x12\x12\n\nmax_offset\x18\x04 \x01(\x03\x12\x0f\n\x07\x62\x61\x63klog\x18\x05 \x01(\x03\x12\x10\n\x08inflight\x18\x06 \x01(\x03\"\x9b\x01\n\x15\x44\x65scribeTopicResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.Status\x12$\n\x05topic\x18\x02 \x01(\x0b\x32\x15.popmq.admin.v1.Topic\x12\x30\n\x0cgroup_queues\x18\x03 \x03(\x0b\x32\x1a.popmq.admin.v1.GroupQueue\"\"\n\x12\x44\x65leteTopicRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"A\n\x13\x44\x65leteTopicResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.Status\"e\n\x05Group\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x63onsume_mode\x18\x02 \x01(\t\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x12\x14\n\x0cretry_levels\x18\x04 \x03(\t\x12\x0c\n\x04\x66ifo\x18\x05 \x01(\x08\"\x1f\n\x0fGetGroupRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xc8\x01\n\x12UpdateGroupRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x0c\x63onsume_mode\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x0cmax_attempts\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x14\n\x0cretry_levels\x18\x04 \x03(\t\x12\x1a\n\x12reset_retry_levels\x18\x05 \x01(\x08\x12\x11\n\x04\x66ifo\x18\x06 \x01(\x08H\x02\x88\x01\x01\x42\x0f\n\r_consume_modeB\x0f\n\r_max_attemptsB\x07\n\x05_fifo\"a\n\rGroupResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.Status\x12$\n\x05group\x18\x02 \x01(\x0b\x32\x15.popmq.admin.v1.Group\"\xbf\x01\n\x06\x43lient\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63lient_type\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12\x0e\n\x06topics\x18\x04 \x03(\t\x12\x10\n\x08language\x18\x05 \x01(\t\x12\x0f\n\x07version\x18\x06 \x01(\t\x12\x0c\n\x04peer\x18\x07 \x01(\t\x12\x12\n\nfirst_seen\x18\x08 \x01(\x01\x12\x11\n\tlast_seen\x18\t \x01(\x01\x12\x16\n\x0etelemetry_open\x18\n \x01(\x08\"#\n\x12ListClientsRequest\x12\r\n\x05group\x18\x01 \x01(\t\"y\n\x13ListClientsResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.Status\x12\'\n\x07\x63lients\x18\x02 \x03(\x0b\x32\x16.popmq.admin.v1.Client\x12\r\n\x05proxy\x18\x03 \x01(\t\"\x0e\n\x0cStatsRequest\"T\n\rStatsResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.Status\x12\x17\n\x0fprometheus_text\x18\x02 \x01(\t2\xb7\x05\n\x0c\x41\x64minService\x12R\n\x0b\x43reateTopic\x12\".popmq.admin.v1.CreateTopicRequest\x1a\x1d.popmq.admin.v1.TopicResponse\"\x00\x12U\n\nListTopics\x12!.popmq.admin.v1.ListTopicsRequest\x1a\".popmq.admin.v1.ListTopicsResponse\"\x00\x12^\n\rDescribeTopic\x12$.popmq.admin.v1.DescribeTopicRequest\x1a%.popmq.admin.v1.DescribeTopicResponse\"\x00\x12X\n\x0b\x44\x65leteTopic\x12\".popmq.admin.v1.DeleteTopicRequest\x1a#.popmq.admin.v1.DeleteTopicResponse\"\x00\x12L\n\x08GetGroup\x12\x1f.popmq.admin.v1.GetGroupRequest\x1a\x1d.popmq.admin.v1.GroupResponse\"\x00\x12R\n\x0bUpdateGroup\x12\".popmq.admin.v1.UpdateGroupRequest\x1a\x1d.popmq.admin.v1.GroupResponse\"\x00\x12X\n\x0bListClients\x12\".popmq.admin.v1.ListClientsRequest\x1a#.popmq.admin.v1.ListClientsResponse\"\x00\x12\x46\n\x05Stats\x12\x1c.popmq.admin.v1.StatsRequest\x1a\x1d.popmq.admin.v1.StatsResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpopmq/pb/admin/v1/admin.proto\x12\x0epopmq.admin.v1\x1a%popmq/pb/rocketmq/v2/definition.proto\"H\n\x0cQueueOffsets\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\"`\n\x0b\x42rokerTopic\x12\x0e\n\x06\x62roker\x18\x01 \x01(\t\x12\x13\n\x0bqueue_count\x18\x02 \x01(\x05\x12,\n\x06queues\x18\x03 \x03(\x0b\x32\x1c.popmq.admin.v1.QueueOffsets\"C\n\x05Topic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12,\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x1b.popmq.admin.v1.BrokerTopic\"H\n\x12\x43reateTopicRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bqueue_count\x18\x02 \x01(\x05\x12\x0f\n\x07\x62rokers\x18\x03 \x03(\t\"a\n\rTopicResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.Status\x12$\n\x05topic\x18\x02 \x01(\x0b\x32\x15.popmq.admin.v1.Topic\"+\n\x11ListTopicsRequest\x12\x16\n\x0einclude_system\x18\x01 \x01(\x08\"g\n\x12ListTopicsResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.Status\x12%\n\x06topics\x18\x02 \x03(\x0b\x32\x15.popmq.admin.v1.Topic\"3\n\x14\x44\x65scribeTopicRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\"\x8d\x01\n\nGroupQueue\x12\x0e\n\x06\x62roker\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x17\n\x0f\x63onsumer_offset\x18\x03 \x01(\x03\x12\x12\n\nmax_offset\x18\x04 \x01(\x03\x12\x0f\n\x07\x62\x61\x63klog\x18\x05 \x01(\x03\x12\x10\n\x08inflight\x18\x06 \x01(\x03\x12\r\n\x05topic\x18\x07 \x01(\t\"\x9b\x01\n\x15\x44\x65scribeTopicResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.Status\x12$\n\x05topic\x18\x02 \x01(\x0b\x32\x15.popmq.admin.v1.Topic\x12\x30\n\x0cgroup_queues\x18\x03 \x03(\x0b\x32\x1a.popmq.admin.v1.GroupQueue\"\"\n\x12\x44\x65leteTopicRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"A\n\x13\x44\x65leteTopicResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.Status\"e\n\x05Group\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x63onsume_mode\x18\x02 \x01(\t\x12\x14\n\x0cmax_attempts\x18\x03 \x01(\x05\x12\x14\n\x0cretry_levels\x18\x04 \x03(\t\x12\x0c\n\x04\x66ifo\x18\x05 \x01(\x08\"\x1f\n\x0fGetGroupRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xc8\x01\n\x12UpdateGroupRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x0c\x63onsume_mode\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x0cmax_attempts\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x14\n\x0cretry_levels\x18\x04 \x03(\t\x12\x1a\n\x12reset_retry_levels\x18\x05 \x01(\x08\x12\x11\n\x04\x66ifo\x18\x06 \x01(\x08H\x02\x88\x01\x01\x42\x0f\n\r_consume_modeB\x0f\n\r_max_attemptsB\x07\n\x05_fifo\"a\n\rGroupResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.Status\x12$\n\x05group\x18\x02 \x01(\x0b\x32\x15.popmq.admin.v1.Group\"\xbf\x01\n\x06\x43lient\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63lient_type\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12\x0e\n\x06topics\x18\x04 \x03(\t\x12\x10\n\x08language\x18\x05 \x01(\t\x12\x0f\n\x07version\x18\x06 \x01(\t\x12\x0c\n\x04peer\x18\x07 \x01(\t\x12\x12\n\nfirst_seen\x18\x08 \x01(\x01\x12\x11\n\tlast_seen\x18\t \x01(\x01\x12\x16\n\x0etelemetry_open\x18\n \x01(\x08\"#\n\x12ListClientsRequest\x12\r\n\x05group\x18\x01 \x01(\t\"y\n\x13ListClientsResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.Status\x12\'\n\x07\x63lients\x18\x02 \x03(\x0b\x32\x16.popmq.admin.v1.Client\x12\r\n\x05proxy\x18\x03 \x01(\t\"\x0e\n\x0cStatsRequest\"T\n\rStatsResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.Status\x12\x17\n\x0fprometheus_text\x18\x02 \x01(\t2\xb7\x05\n\x0c\x41\x64minService\x12R\n\x0b\x43reateTopic\x12\".popmq.admin.v1.CreateTopicRequest\x1a\x1d.popmq.admin.v1.TopicResponse\"\x00\x12U\n\nListTopics\x12!.popmq.admin.v1.ListTopicsRequest\x1a\".popmq.admin.v1.ListTopicsResponse\"\x00\x12^\n\rDescribeTopic\x12$.popmq.admin.v1.DescribeTopicRequest\x1a%.popmq.admin.v1.DescribeTopicResponse\"\x00\x12X\n\x0b\x44\x65leteTopic\x12\".popmq.admin.v1.DeleteTopicRequest\x1a#.popmq.admin.v1.DeleteTopicResponse\"\x00\x12L\n\x08GetGroup\x12\x1f.popmq.admin.v1.GetGroupRequest\x1a\x1d.popmq.admin.v1.GroupResponse\"\x00\x12R\n\x0bUpdateGroup\x12\".popmq.admin.v1.UpdateGroupRequest\x1a\x1d.popmq.admin.v1.GroupResponse\"\x00\x12X\n\x0bListClients\x12\".popmq.admin.v1.ListClientsRequest\x1a#.popmq.admin.v1.ListClientsResponse\"\x00\x12\x46\n\x05Stats\x12\x1c.popmq.admin.v1.StatsRequest\x1a\x1d.popmq.admin.v1.StatsResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,32 +48,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTTOPICSRESPONSE']._serialized_end=650
   _globals['_DESCRIBETOPICREQUEST']._serialized_start=652
   _globals['_DESCRIBETOPICREQUEST']._serialized_end=703
-  _globals['_GROUPQUEUE']._serialized_start=705
-  _globals['_GROUPQUEUE']._serialized_end=831
-  _globals['_DESCRIBETOPICRESPONSE']._serialized_start=834
-  _globals['_DESCRIBETOPICRESPONSE']._serialized_end=989
-  _globals['_DELETETOPICREQUEST']._serialized_start=991
-  _globals['_DELETETOPICREQUEST']._serialized_end=1025
-  _globals['_DELETETOPICRESPONSE']._serialized_start=1027
-  _globals['_DELETETOPICRESPONSE']._serialized_end=1092
-  _globals['_GROUP']._serialized_start=1094
-  _globals['_GROUP']._serialized_end=1195
-  _globals['_GETGROUPREQUEST']._serialized_start=1197
-  _globals['_GETGROUPREQUEST']._serialized_end=1228
-  _globals['_UPDATEGROUPREQUEST']._serialized_start=1231
-  _globals['_UPDATEGROUPREQUEST']._serialized_end=1431
-  _globals['_GROUPRESPONSE']._serialized_start=1433
-  _globals['_GROUPRESPONSE']._serialized_end=1530
-  _globals['_CLIENT']._serialized_start=1533
-  _globals['_CLIENT']._serialized_end=1724
-  _globals['_LISTCLIENTSREQUEST']._serialized_start=1726
-  _globals['_LISTCLIENTSREQUEST']._serialized_end=1761
-  _globals['_LISTCLIENTSRESPONSE']._serialized_start=1763
-  _globals['_LISTCLIENTSRESPONSE']._serialized_end=1884
-  _globals['_STATSREQUEST']._serialized_start=1886
-  _globals['_STATSREQUEST']._serialized_end=1900
-  _globals['_STATSRESPONSE']._serialized_start=1902
-  _globals['_STATSRESPONSE']._serialized_end=1986
-  _globals['_ADMINSERVICE']._serialized_start=1989
-  _globals['_ADMINSERVICE']._serialized_end=2684
+  _globals['_GROUPQUEUE']._serialized_start=706
+  _globals['_GROUPQUEUE']._serialized_end=847
+  _globals['_DESCRIBETOPICRESPONSE']._serialized_start=850
+  _globals['_DESCRIBETOPICRESPONSE']._serialized_end=1005
+  _globals['_DELETETOPICREQUEST']._serialized_start=1007
+  _globals['_DELETETOPICREQUEST']._serialized_end=1041
+  _globals['_DELETETOPICRESPONSE']._serialized_start=1043
+  _globals['_DELETETOPICRESPONSE']._serialized_end=1108
+  _globals['_GROUP']._serialized_start=1110
+  _globals['_GROUP']._serialized_end=1211
+  _globals['_GETGROUPREQUEST']._serialized_start=1213
+  _globals['_GETGROUPREQUEST']._serialized_end=1244
+  _globals['_UPDATEGROUPREQUEST']._serialized_start=1247
+  _globals['_UPDATEGROUPREQUEST']._serialized_end=1447
+  _globals['_GROUPRESPONSE']._serialized_start=1449
+  _globals['_GROUPRESPONSE']._serialized_end=1546
+  _globals['_CLIENT']._serialized_start=1549
+  _globals['_CLIENT']._serialized_end=1740
+  _globals['_LISTCLIENTSREQUEST']._serialized_start=1742
+  _globals['_LISTCLIENTSREQUEST']._serialized_end=1777
+  _globals['_LISTCLIENTSRESPONSE']._serialized_start=1779
+  _globals['_LISTCLIENTSRESPONSE']._serialized_end=1900
+  _globals['_STATSREQUEST']._serialized_start=1902
+  _globals['_STATSREQUEST']._serialized_end=1916
+  _globals['_STATSRESPONSE']._serialized_start=1918
+  _globals['_STATSRESPONSE']._serialized_end=2002
+  _globals['_ADMINSERVICE']._serialized_start=2005
+  _globals['_ADMINSERVICE']._serialized_end=2700
 # @@protoc_insertion_point(module_scope)

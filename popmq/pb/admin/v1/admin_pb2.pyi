@@ -76,20 +76,22 @@ class DescribeTopicRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
 
 class GroupQueue(_message.Message):
-    __slots__ = ("broker", "queue_id", "consumer_offset", "max_offset", "backlog", "inflight")
+    __slots__ = ("broker", "queue_id", "consumer_offset", "max_offset", "backlog", "inflight", "topic")
     BROKER_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     BACKLOG_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
     broker: str
     queue_id: int
     consumer_offset: int
     max_offset: int
     backlog: int
     inflight: int
-    def __init__(self, broker: _Optional[str] = ..., queue_id: _Optional[int] = ..., consumer_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., backlog: _Optional[int] = ..., inflight: _Optional[int] = ...) -> None: ...
+    topic: str
+    def __init__(self, broker: _Optional[str] = ..., queue_id: _Optional[int] = ..., consumer_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., backlog: _Optional[int] = ..., inflight: _Optional[int] = ..., topic: _Optional[str] = ...) -> None: ...
 
 class DescribeTopicResponse(_message.Message):
     __slots__ = ("status", "topic", "group_queues")

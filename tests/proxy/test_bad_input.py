@@ -1,0 +1,275 @@
+"""Bad input gets the right RocketMQ code, never a crash, never a leaked task."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+
+import grpc
+import pytest
+from conftest import Cluster, message, unique
+
+from broker.api.errors import Code
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+
+def _forge(handle: str, **changes: object) -> str:
+    """The same handle with payload fields changed and the signature kept."""
+    payload, signature = handle.split(".")
+    fields = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    for index, value in changes.items():
+        fields[int(index[1:])] = value
+    encoded = base64.urlsafe_b64encode(json.dumps(fields, separators=(",", ":")).encode())
+    return encoded.rstrip(b"=").decode() + "." + signature
+
+
+async def _one_received(cluster: Cluster, group: str, topic: str) -> pb.Message:
+    await cluster.send(topic, b"payload")
+    _, (msg,), _ = await cluster.receive(group, topic, invisible_ms=5_000)
+    return msg
+
+
+@pytest.mark.parametrize(
+    "handle", ["", "garbage", "a.b.c", "bm90anNvbg.c2ln", base64.b64encode(b"[1,2]").decode()]
+)
+async def test_malformed_handles(cluster: Cluster, handle: str) -> None:
+    topic, group = unique("t"), unique("g")
+    entry = s.AckMessageEntry(message_id="X", receipt_handle=handle)
+    acked = await cluster.ack_handles(group, topic, [entry])
+    assert acked.status.code == Code.INVALID_RECEIPT_HANDLE
+    assert acked.entries[0].status.code == Code.INVALID_RECEIPT_HANDLE
+    changed = await cluster.change_invisible(group, topic, handle, 1_000)
+    assert changed.status.code == Code.INVALID_RECEIPT_HANDLE
+    assert changed.receipt_handle == handle  # clients adopt it before checking the status
+
+
+async def test_forged_handles_are_refused_and_nothing_is_lost(cluster: Cluster) -> None:
+    topic, group = unique("t"), unique("g")
+    msg = await _one_received(cluster, group, topic)
+    real = msg.system_properties.receipt_handle
+    for forged in (
+        _forge(real, f5=real and 999_999),  # another offset
+        _forge(real, f1="broker-9"),  # a broker we do not have
+        real[:-4] + ("AAAA" if not real.endswith("AAAA") else "BBBB"),  # altered signature
+    ):
+        acked = await cluster.ack_handles(group, topic, [s.AckMessageEntry(receipt_handle=forged)])
+        assert acked.status.code == Code.INVALID_RECEIPT_HANDLE, forged
+    # the real handle still works: the forgeries changed nothing
+    assert (await cluster.ack(group, topic, msg)).status.code == Code.OK
+
+
+async def test_handle_of_another_group_is_refused(cluster: Cluster) -> None:
+    topic, group = unique("t"), unique("g")
+    msg = await _one_received(cluster, group, topic)
+    other = await cluster.ack(unique("other"), topic, msg)
+    assert other.status.code == Code.INVALID_RECEIPT_HANDLE
+    assert (await cluster.ack(group, topic, msg)).status.code == Code.OK
+
+
+async def test_mixed_batch_ack_reports_each_entry(cluster: Cluster) -> None:
+    topic, group = unique("t"), unique("g")
+    msg = await _one_received(cluster, group, topic)
+    entries = [
+        s.AckMessageEntry(message_id=msg.system_properties.message_id,
+                          receipt_handle=msg.system_properties.receipt_handle),
+        s.AckMessageEntry(message_id="bad", receipt_handle="nonsense"),
+    ]  # fmt: skip
+    acked = await cluster.ack_handles(group, topic, entries)
+    assert acked.status.code == Code.MULTIPLE_RESULTS
+    assert [e.status.code for e in acked.entries] == [Code.OK, Code.INVALID_RECEIPT_HANDLE]
+
+
+@pytest.mark.parametrize(
+    ("topic", "group", "code"),
+    [
+        ("bad topic", "g", Code.ILLEGAL_TOPIC),
+        ("%SYS%x", "g", Code.ILLEGAL_TOPIC),
+        ("t" * 200, "g", Code.ILLEGAL_TOPIC),
+        ("ok-topic", "bad group", Code.ILLEGAL_CONSUMER_GROUP),
+        ("ok-topic", "", Code.ILLEGAL_CONSUMER_GROUP),
+    ],
+)
+async def test_bad_names(cluster: Cluster, topic: str, group: str, code: Code) -> None:
+    status, messages, kinds = await cluster.receive(group, topic)
+    assert status.code == code and not messages
+    assert kinds == ["status", "delivery_timestamp"]
+    if group == "g":
+        sent = await cluster.send(topic, b"x")
+        assert sent.status.code == code
+        assert len(sent.entries) == 1 and sent.entries[0].status.code == code
+        assert (await cluster.route(topic)).status.code == code
+
+
+async def test_unknown_topic_without_auto_create(make_cluster) -> None:
+    cluster = await make_cluster(brokers=1, **{"broker.topics.auto_create": False})
+    topic = unique("missing")
+    assert (await cluster.route(topic)).status.code == Code.TOPIC_NOT_FOUND
+    assert (await cluster.send(topic, b"x")).status.code == Code.TOPIC_NOT_FOUND
+    status, _, _ = await cluster.receive("g", topic)
+    assert status.code == Code.TOPIC_NOT_FOUND
+
+
+async def test_empty_and_oversize_bodies(make_cluster) -> None:
+    cluster = await make_cluster(brokers=1, **{"proxy.max_body_bytes": 1024})
+    topic = unique("t")
+    assert (await cluster.send(topic, b"")).status.code == Code.MESSAGE_BODY_EMPTY
+    assert (await cluster.send(topic, b"x" * 1025)).status.code == Code.MESSAGE_BODY_TOO_LARGE
+    assert (await cluster.send(topic, b"x" * 1024)).status.code == Code.OK
+    # far beyond the limit still gets a status, not a transport error
+    assert (await cluster.send(topic, b"x" * (2 << 20))).status.code == Code.MESSAGE_BODY_TOO_LARGE
+
+
+async def test_bad_message_fields(cluster: Cluster) -> None:
+    topic = unique("t")
+    cases = [
+        (message(topic, b"x", tag="a|b"), Code.ILLEGAL_MESSAGE_TAG),
+        (message(topic, b"x", keys=[" "]), Code.ILLEGAL_MESSAGE_KEY),
+        (message(topic, b"x", group="g" * 100), Code.ILLEGAL_MESSAGE_GROUP),
+        (message(topic, b"x", properties={"__popmq.origin_topic": "x"}),
+         Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+        (message(topic, b"x", message_type=pb.FIFO), Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+        (message(topic, b"x", message_type=pb.TRANSACTION), Code.UNSUPPORTED),
+        (message(topic, b"x", delivery_ms=int(time.time() * 1000) + 10 * 86_400_000),
+         Code.ILLEGAL_DELIVERY_TIME),
+    ]  # fmt: skip
+    for msg, code in cases:
+        sent = await cluster.stub.SendMessage(
+            s.SendMessageRequest(messages=[msg]), metadata=cluster.metadata()
+        )
+        assert sent.status.code == code, (msg, sent.status)
+    empty = await cluster.stub.SendMessage(s.SendMessageRequest(), metadata=cluster.metadata())
+    assert empty.status.code == Code.BAD_REQUEST
+
+
+async def test_invisible_time_out_of_range(cluster: Cluster) -> None:
+    topic, group = unique("t"), unique("g")
+    for invisible in (None, 100, 13 * 3_600_000):
+        status, _, _ = await cluster.receive(group, topic, invisible_ms=invisible)
+        assert status.code == Code.ILLEGAL_INVISIBLE_TIME, invisible
+    msg = await _one_received(cluster, group, topic)
+    handle = msg.system_properties.receipt_handle
+    changed = await cluster.change_invisible(group, topic, handle, 13 * 3_600_000)
+    assert changed.status.code == Code.ILLEGAL_INVISIBLE_TIME
+    assert changed.receipt_handle == handle
+
+
+async def test_polling_time_out_of_range(cluster: Cluster) -> None:
+    topic, group = unique("t"), unique("g")
+    status, _, _ = await cluster.receive(group, topic, poll_ms=100)  # below min (300 ms)
+    assert status.code == Code.ILLEGAL_POLLING_TIME
+    # a deadline too short for the minimum poll
+    status, _, _ = await cluster.receive(group, topic, poll_ms=1_000, deadline_s=0.35)
+    assert status.code == Code.ILLEGAL_POLLING_TIME
+    # above max is clamped, and never past the client's deadline
+    started = time.monotonic()
+    status, _, _ = await cluster.receive(group, topic, poll_ms=60_000, deadline_s=1.5)
+    assert status.code == Code.MESSAGE_NOT_FOUND
+    assert time.monotonic() - started < 1.5
+
+
+@pytest.mark.parametrize("batch", [0, -1, 33, 1000])
+async def test_batch_size_out_of_range(cluster: Cluster, batch: int) -> None:
+    status, _, _ = await cluster.receive(unique("g"), unique("t"), batch=batch)
+    assert status.code == Code.BAD_REQUEST
+
+
+async def test_sql_filter_is_unsupported(cluster: Cluster) -> None:
+    request = s.ReceiveMessageRequest(
+        group=pb.Resource(name="g"),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=unique("t"))),
+        filter_expression=pb.FilterExpression(type=pb.SQL, expression="a > 1"),
+        batch_size=1,
+    )
+    request.invisible_duration.FromMilliseconds(5_000)
+    frames = [f async for f in cluster.stub.ReceiveMessage(request, metadata=cluster.metadata())]
+    assert frames[0].status.code == Code.UNSUPPORTED
+
+
+async def test_ack_without_entries(cluster: Cluster) -> None:
+    assert (await cluster.ack_handles("g", "t", [])).status.code == Code.BAD_REQUEST
+
+
+async def test_not_implemented_rpcs_answer_at_once(cluster: Cluster) -> None:
+    md = cluster.metadata()
+    end = await cluster.stub.EndTransaction(s.EndTransactionRequest(), metadata=md, timeout=2)
+    recall = await cluster.stub.RecallMessage(s.RecallMessageRequest(), metadata=md, timeout=2)
+    assert end.status.code == recall.status.code == Code.NOT_IMPLEMENTED
+
+
+async def test_missing_client_id(cluster: Cluster) -> None:
+    response = await cluster.stub.Heartbeat(
+        s.HeartbeatRequest(client_type=pb.PRODUCER), metadata=(("x-mq-language", "PYTHON"),)
+    )
+    assert response.status.code == Code.CLIENT_ID_REQUIRED
+
+
+async def test_client_disconnect_mid_long_poll(cluster: Cluster) -> None:
+    topic, group = unique("t"), unique("g")
+    await cluster.route(topic)
+    baseline = len(asyncio.all_tasks())
+    request = s.ReceiveMessageRequest(
+        group=pb.Resource(name=group),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic)),
+        filter_expression=pb.FilterExpression(expression="*"),
+        batch_size=8,
+    )
+    request.invisible_duration.FromMilliseconds(60_000)
+    request.long_polling_timeout.FromMilliseconds(3_000)
+    call = cluster.stub.ReceiveMessage(request, metadata=cluster.metadata(), timeout=10)
+    await asyncio.sleep(0.3)  # the proxy is now holding the poll on the brokers
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call.read()
+    await asyncio.sleep(0.3)
+    # the abandoned poll took nothing: a new message goes to the next receive at once
+    await cluster.send(topic, b"after")
+    started = time.monotonic()
+    _, messages, _ = await cluster.receive(group, topic, poll_ms=2_000)
+    assert [m.body for m in messages] == [b"after"] and time.monotonic() - started < 1.0
+    # and nothing of the cancelled call is left running
+    await asyncio.sleep(0.2)
+    assert len(asyncio.all_tasks()) <= baseline + 1
+    assert len(cluster.server.services.tasks) == 0
+
+
+async def test_undelivered_messages_are_released_quickly(cluster: Cluster) -> None:
+    """The release path the servicer takes when writing to a vanished client fails."""
+    from proxy.activity import receive
+
+    topic, group = unique("t"), unique("g")
+    await cluster.send(topic, b"orphan")
+    request = s.ReceiveMessageRequest(
+        group=pb.Resource(name=group),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic)),
+        batch_size=4,
+    )
+    request.invisible_duration.FromMilliseconds(60_000)
+    request.long_polling_timeout.FromMilliseconds(300)
+    from proxy.grpc.headers import RequestContext
+
+    services = cluster.server.services
+    plan = await receive.plan_receive(services, request, RequestContext(client_id="x"))
+    popped = await receive.receive(services, plan)
+    assert len(popped) == 1
+    receive.release_unsent(services, plan, popped)  # as if the client vanished
+    started = time.monotonic()
+    got: list[pb.Message] = []
+    while not got and time.monotonic() - started < 5:
+        _, got, _ = await cluster.receive(group, topic, poll_ms=1_000)
+    assert [m.body for m in got] == [b"orphan"]
+    assert time.monotonic() - started < 3  # well before the 60 s invisible time
+
+
+async def test_garbage_bytes_do_not_break_the_server(cluster: Cluster) -> None:
+    """A request that is not a valid protobuf fails in the transport; the server lives on."""
+    method = cluster.channel.unary_unary(
+        "/apache.rocketmq.v2.MessagingService/QueryRoute",
+        request_serializer=lambda raw: raw,
+        response_deserializer=lambda raw: raw,
+    )
+    with pytest.raises(grpc.aio.AioRpcError):
+        await method(b"\xff\xff\xff\xff", timeout=2)
+    assert (await cluster.route(unique("t"))).status.code == Code.OK

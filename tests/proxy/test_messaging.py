@@ -1,0 +1,183 @@
+"""The messaging API end to end over real gRPC: route, send, receive, ack, change invisible."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from conftest import Cluster, unique
+
+from broker.api.errors import Code
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+from proxy.grpc.convert import crc32_hex
+
+
+async def test_route_lists_every_broker_queue_at_the_proxy_address(cluster: Cluster) -> None:
+    topic = unique("route")
+    response = await cluster.route(topic)
+    assert response.status.code == Code.OK
+    queues = response.message_queues
+    assert {(q.broker.name, q.id) for q in queues} == {
+        (b, i) for b in ("broker-0", "broker-1") for i in range(4)
+    }
+    for queue in queues:
+        assert queue.permission == pb.READ_WRITE
+        assert queue.broker.id == 0
+        assert queue.topic.name == topic
+        assert set(queue.accept_message_types) >= {pb.NORMAL, pb.FIFO, pb.DELAY}
+        assert pb.TRANSACTION not in queue.accept_message_types
+        (address,) = queue.broker.endpoints.addresses
+        assert (address.host, address.port) == ("127.0.0.1", cluster.server.port)
+        assert queue.broker.endpoints.scheme == pb.IPv4
+
+
+async def test_send_receive_ack_roundtrip(cluster: Cluster) -> None:
+    topic, group = unique("t"), unique("g")
+    sent = await cluster.send(topic, b"one", b"two", tag="TagA", keys=["k1"])
+    assert sent.status.code == Code.OK
+    assert len(sent.entries) == 2 and all(e.status.code == Code.OK for e in sent.entries)
+
+    status, messages, kinds = await cluster.receive(group, topic)
+    assert status.code == Code.OK
+    assert kinds == ["status", "message", "message", "delivery_timestamp"]
+    assert sorted(m.body for m in messages) == [b"one", b"two"]
+    ids = {e.message_id for e in sent.entries}
+    for msg in messages:
+        props = msg.system_properties
+        assert props.message_id in ids
+        assert props.body_encoding == pb.IDENTITY
+        assert props.body_digest.checksum == crc32_hex(msg.body)
+        assert props.delivery_attempt == 1
+        assert props.tag == "TagA" and list(props.keys) == ["k1"]
+        assert props.receipt_handle
+
+    acked = await cluster.ack(group, topic, *messages)
+    assert acked.status.code == Code.OK
+    assert [e.status.code for e in acked.entries] == [Code.OK, Code.OK]
+    status, messages, kinds = await cluster.receive(group, topic)
+    assert status.code == Code.MESSAGE_NOT_FOUND and messages == []
+    assert kinds == ["status", "delivery_timestamp"]
+
+
+async def test_empty_receive_holds_for_the_polling_time(cluster: Cluster) -> None:
+    topic, group = unique("t"), unique("g")
+    await cluster.route(topic)
+    started = time.monotonic()
+    status, messages, _ = await cluster.receive(group, topic, poll_ms=800)
+    elapsed = time.monotonic() - started
+    assert status.code == Code.MESSAGE_NOT_FOUND and not messages
+    assert 0.7 <= elapsed < 2.0
+
+
+async def test_long_poll_returns_when_a_message_arrives_on_any_broker(cluster: Cluster) -> None:
+    topic, group = unique("t"), unique("g")
+    await cluster.route(topic)
+    receive = asyncio.create_task(cluster.receive(group, topic, poll_ms=2_500, broker="broker-0"))
+    await asyncio.sleep(0.3)
+    started = time.monotonic()
+    # round robin: two sends land on two different queues (one of them on broker-1 at least)
+    await cluster.send(topic, b"late")
+    status, messages, _ = await receive
+    assert status.code == Code.OK and [m.body for m in messages] == [b"late"]
+    assert time.monotonic() - started < 1.5
+
+
+async def test_unacked_message_is_redelivered_after_invisible_time(cluster: Cluster) -> None:
+    topic, group = unique("t"), unique("g")
+    await cluster.send(topic, b"again")
+    _, first, _ = await cluster.receive(group, topic, invisible_ms=600)
+    assert len(first) == 1 and first[0].system_properties.delivery_attempt == 1
+    _, none, _ = await cluster.receive(group, topic, poll_ms=300)
+    assert none == []
+    deadline = time.monotonic() + 6
+    again: list[pb.Message] = []
+    while not again and time.monotonic() < deadline:
+        _, again, _ = await cluster.receive(group, topic, poll_ms=1_000)
+    assert [m.body for m in again] == [b"again"]
+    assert again[0].system_properties.delivery_attempt == 2
+    assert again[0].system_properties.message_id == first[0].system_properties.message_id
+    assert again[0].topic.name == topic
+    assert (await cluster.ack(group, topic, *again)).status.code == Code.OK
+
+
+async def test_change_invisible_duration_gives_a_new_handle(cluster: Cluster) -> None:
+    topic, group = unique("t"), unique("g")
+    await cluster.send(topic, b"slow")
+    _, (msg,), _ = await cluster.receive(group, topic, invisible_ms=600)
+    old = msg.system_properties.receipt_handle
+    changed = await cluster.change_invisible(group, topic, old, 10_000)
+    assert changed.status.code == Code.OK
+    assert changed.receipt_handle and changed.receipt_handle != old
+    await asyncio.sleep(1.0)  # past the first invisible time: still invisible now
+    _, none, _ = await cluster.receive(group, topic, poll_ms=300)
+    assert none == []
+    stale = await cluster.ack_handles(group, topic, [_entry(msg.system_properties.message_id, old)])
+    assert stale.status.code == Code.INVALID_RECEIPT_HANDLE
+    fresh = await cluster.ack_handles(
+        group, topic, [_entry(msg.system_properties.message_id, changed.receipt_handle)]
+    )
+    assert fresh.status.code == Code.OK
+
+
+async def test_fifo_group_stays_on_one_queue_in_order(cluster: Cluster) -> None:
+    topic, group = unique("fifo"), unique("g")
+    for i in range(6):
+        sent = await cluster.send(topic, f"m{i}".encode(), group="order-42")
+        assert sent.status.code == Code.OK
+    _, messages, _ = await cluster.receive(group, topic, batch=32)
+    assert [m.body for m in messages] == [f"m{i}".encode() for i in range(6)]
+    assert len({(m.system_properties.queue_id) for m in messages}) == 1
+    assert all(m.system_properties.message_group == "order-42" for m in messages)
+    assert all(m.system_properties.message_type == pb.FIFO for m in messages)
+
+
+async def test_delay_message_waits_for_its_delivery_time(cluster: Cluster) -> None:
+    topic, group = unique("delay"), unique("g")
+    due = int(time.time() * 1000) + 1_200
+    assert (await cluster.send(topic, b"later", delivery_ms=due)).status.code == Code.OK
+    _, early, _ = await cluster.receive(group, topic, poll_ms=300)
+    assert early == []
+    deadline = time.monotonic() + 5
+    got: list[pb.Message] = []
+    while not got and time.monotonic() < deadline:
+        _, got, _ = await cluster.receive(group, topic, poll_ms=1_000)
+    assert [m.body for m in got] == [b"later"]
+    assert time.time() * 1000 >= due - 50
+    assert got[0].system_properties.message_type == pb.DELAY
+
+
+async def test_two_proxies_receive_on_one_ack_on_the_other(make_cluster) -> None:
+    first: Cluster = await make_cluster(brokers=2)
+    # a second proxy over the same brokers
+    from broker.api.local import LocalBrokerPort
+    from proxy.server import ProxyServer
+
+    second = ProxyServer(first.config, [LocalBrokerPort(b) for b in first.brokers])
+    await second.start()
+    try:
+        import grpc
+
+        from popmq.pb.rocketmq.v2 import service_pb2_grpc
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{second.port}") as channel:
+            other = Cluster(
+                first.config, first.brokers, second, channel,
+                service_pb2_grpc.MessagingServiceStub(channel), "other@1",
+            )  # fmt: skip
+            topic, group = unique("t"), unique("g")
+            await first.send(topic, b"x", b"y")
+            _, messages, _ = await first.receive(group, topic, invisible_ms=2_000)
+            assert len(messages) == 2
+            acked = await other.ack(group, topic, *messages)
+            assert acked.status.code == Code.OK
+            await asyncio.sleep(2.3)  # past the invisible time: acked, so never again
+            _, again, _ = await first.receive(group, topic, poll_ms=500)
+            assert again == []
+    finally:
+        await second.stop(0.2)
+
+
+def _entry(message_id: str, handle: str):
+    from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+    return s.AckMessageEntry(message_id=message_id, receipt_handle=handle)
