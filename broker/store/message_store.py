@@ -249,34 +249,62 @@ class MessageStore:
         await self._group.wait_durable(self._commitlog.write_position)
 
     async def checkpoint(self) -> None:
-        """Make the commitlog, the indexes, the consumer offsets and the checkpoint durable."""
+        """Make the commitlog, the indexes, the consumer offsets and the checkpoint durable;
+        then delete the index files that retention emptied."""
         async with self._checkpoint_lock:
             position = self._commitlog.write_position
-            maxes = {queue_key_text(*key): idx.max_offset for key, idx in self._indexes.items()}
+            extents = self._index_extents()
             await self._group.wait_durable(position)
             fds = [fd for idx in self._indexes.values() for fd in idx.take_dirty_fds()]
             offsets = self._offsets_snapshot() if self._offsets_dirty else None
             self._offsets_dirty = False
             try:
-                await asyncio.to_thread(self._write_checkpoint, fds, position, maxes, offsets)
+                await asyncio.to_thread(
+                    self._write_checkpoint, fds, position, self._extents_doc(extents), offsets
+                )
             except BaseException:
                 for idx in self._indexes.values():
                     idx.mark_all_dirty()
                 self._offsets_dirty = self._offsets_dirty or offsets is not None
                 raise
+            self._delete_purged_index_files(extents)
 
     def _checkpoint_now(self) -> None:
         """checkpoint() for synchronous callers (open): everything fsynced inline."""
         target, fds, dir_dirty = self._commitlog.flush_targets()
         self._commitlog.sync_fds(fds, dir_dirty)
         self._commitlog.mark_durable(target, len(fds))
-        maxes = {queue_key_text(*key): idx.max_offset for key, idx in self._indexes.items()}
+        extents = self._index_extents()
         fds = [fd for idx in self._indexes.values() for fd in idx.take_dirty_fds()]
-        self._write_checkpoint(fds, target, maxes, self._offsets_snapshot())
+        self._write_checkpoint(fds, target, self._extents_doc(extents), self._offsets_snapshot())
         self._offsets_dirty = False
+        self._delete_purged_index_files(extents)
+
+    def _index_extents(self) -> list[tuple[QueueKey, QueueIndex, int, int]]:
+        """(queue, its index, first offset to keep in a file, max offset) of every queue.
+
+        Index files below the first offset to keep hold only purged entries. They are deleted
+        only after a checkpoint recorded the new first offset: recovery treats an index that
+        starts later than the checkpoint says as damaged, and must not mistake retention for
+        a lost file."""
+        return [
+            (key, idx, idx.first_kept(idx.min_offset), idx.max_offset)
+            for key, idx in self._indexes.items()
+        ]
+
+    @staticmethod
+    def _extents_doc(extents: list[tuple[QueueKey, QueueIndex, int, int]]) -> dict:
+        return {queue_key_text(*key): [first, top] for key, _, first, top in extents}
+
+    def _delete_purged_index_files(
+        self, extents: list[tuple[QueueKey, QueueIndex, int, int]]
+    ) -> None:
+        for key, idx, first, _ in extents:
+            if self._indexes.get(key) is idx:  # not deleted (or recreated) meanwhile
+                idx.delete_files_below(first)
 
     def _write_checkpoint(
-        self, fds: list[int], position: int, maxes: dict[str, int], offsets: list | None
+        self, fds: list[int], position: int, extents: dict[str, list[int]], offsets: list | None
     ) -> None:
         try:
             for fd in fds:
@@ -284,7 +312,7 @@ class MessageStore:
         finally:
             for fd in fds:
                 os.close(fd)
-        write_json_atomic(self._dir / "checkpoint.json", {"position": position, "queues": maxes})
+        write_json_atomic(self._dir / "checkpoint.json", {"position": position, "queues": extents})
         if offsets is not None:
             write_json_atomic(self._dir / "consumer_offsets.json", offsets)
 
@@ -623,7 +651,8 @@ class MessageStore:
     def apply_retention(self) -> int:
         """Delete whole commitlog segments older than ``retention_hours`` (by last write) or
         beyond ``retention_bytes`` (oldest first); never the active one, nor one not yet
-        fsynced. Queue min offsets move up; returns the bytes freed (commitlog + index)."""
+        fsynced. Queue min offsets move up at once; index files left empty go at the next
+        checkpoint. Returns the commitlog bytes freed."""
         self._check_open()
         max_age_ms = self._config.retention_hours * 3_600_000
         max_bytes = self._config.retention_bytes
@@ -642,14 +671,12 @@ class MessageStore:
             log.info("store: retention deleted commitlog segment %d (%d bytes)",
                      oldest.start, oldest.size)  # fmt: skip
         if freed:
-            freed += self._advance_min_offsets()
+            self._advance_min_offsets()
         return freed
 
-    def _advance_min_offsets(self) -> int:
+    def _advance_min_offsets(self) -> None:
+        """Move each queue's min offset past the entries whose records retention deleted."""
         floor = self._commitlog.min_position
-        freed = 0
         for index in self._indexes.values():
             lo = max(index.min_offset, index.first_offset)
             index.min_offset = index.bisect(lo, index.max_offset, lambda e: e[0], floor)
-            freed += index.delete_files_below(index.min_offset)
-        return freed

@@ -191,19 +191,18 @@ class QueueIndex:
         self._dirty.add(last)
         fsync_dir(self._dir)
 
-    def delete_files_below(self, offset: int) -> int:
-        """Delete whole files whose entries are all below ``offset`` (never the last file, nor
-        one not yet flushed). Returns the bytes freed."""
-        freed = 0
+    def first_kept(self, offset: int) -> int:
+        """Start of the file holding ``offset`` (the last file if beyond it)."""
+        index = min(max(self._file_index(offset), 0), len(self._starts) - 1)
+        return self._starts[index]
+
+    def delete_files_below(self, offset: int) -> None:
+        """Delete whole files whose entries are all below ``offset`` (never the last one)."""
         while len(self._starts) > 1 and self._starts[1] <= offset:
-            start = self._starts[0]
-            if start in self._dirty:
-                break
-            self._starts.pop(0)
+            start = self._starts.pop(0)
+            self._dirty.discard(start)
             self._handles.discard(self._path(start))
             self._path(start).unlink(missing_ok=True)
-            freed += self._per_file * ENTRY_SIZE
-        return freed
 
     def destroy(self) -> None:
         """Delete the whole index (the topic is deleted)."""

@@ -1,16 +1,16 @@
 """Bringing the commitlog and the queue indexes back in line when the store opens.
 
 The checkpoint (written by the flush task after fsyncing the commitlog and every index) says:
-"everything below commitlog position P, and every index entry for it, is on disk; queue q had
-max offset M_q then". Opening therefore:
+"everything below commitlog position P, and every index entry for it, is on disk; queue q's
+index files held offsets F_q .. M_q - 1 then". Opening therefore:
 
 1. walks the commitlog from the segment holding P to the end, checking every frame, and cuts
    it at the first torn or corrupt frame (a crash mid-write leaves such a tail);
 2. drops index entries that point at or after that segment start, and re-adds an entry for
    every record the walk found (so an index that lagged or ran ahead of the commitlog is fixed);
 3. checks each index against the commitlog (its last entry must be the record it claims, and it
-   must hold at least M_q entries); an index that fails, or whose files are missing or short,
-   is rebuilt from a walk over the whole commitlog.
+   must span at least the offsets it spanned at the checkpoint); an index that fails, or whose
+   files are missing or short, is rebuilt from a walk over the whole commitlog.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ class Recovery:
         self._indexes = indexes
         self._damaged = set(damaged)
         self._checkpoint_position = int((checkpoint or {}).get("position", 0))
-        self._expected: dict[str, int] = dict((checkpoint or {}).get("queues", {}))
+        # "topic/queue" -> [first offset held in an index file, max offset] at the checkpoint
+        self._expected: dict[str, list[int]] = dict((checkpoint or {}).get("queues", {}))
         self.report = RecoveryReport()
 
     def run(self) -> RecoveryReport:
@@ -86,9 +87,11 @@ class Recovery:
         )
         self._write_pending(pending)
         for key, index in self._indexes.items():
-            if key not in self._damaged and index.max_offset < self._expected.get(
-                queue_key_text(*key), 0
-            ):
+            first, top = self._expected.get(queue_key_text(*key), (0, 0))
+            # Fewer entries than the checkpoint saw: an index file was lost or cut short.
+            # (A first offset above the checkpoint's can also follow retention that ran just
+            # before a crash; the rebuild then merely confirms the index.)
+            if index.max_offset < top or index.first_offset > first:
                 self._damaged.add(key)
         if self._damaged:
             self._rebuild(self._damaged)
@@ -185,7 +188,7 @@ class Recovery:
             if slot is not None:
                 base = slot.next_offset - len(slot.entries) // ENTRY.size
             else:  # nothing left in the commitlog: keep the offsets the queue had reached
-                base = max(self._expected.get(queue_key_text(*key), 0), 0)
+                base = self._expected.get(queue_key_text(*key), (0, 0))[1]
             index.reset(base)
             self.report.rebuilt_queues.append(queue_key_text(*key))
             log.warning("store recovery: rebuilt the index of %s/%d from the commitlog", *key)

@@ -16,7 +16,8 @@ StoreFactory = Callable[..., MessageStore]
 
 @pytest.fixture
 async def store_factory(tmp_path: Path) -> AsyncIterator[StoreFactory]:
-    """open_store(subdir="store", clock=None, index_entries_per_file=..., **StoreConfig fields)
+    """open_store(subdir="store", clock=None, index_entries_per_file=...,
+    retention_interval_s=..., **StoreConfig fields)
     -> an opened MessageStore; every store still open is closed at the end."""
     opened: list[MessageStore] = []
 
@@ -24,9 +25,13 @@ async def store_factory(tmp_path: Path) -> AsyncIterator[StoreFactory]:
         subdir: str = "store",
         clock: Callable[[], int] | None = None,
         index_entries_per_file: int = 300_000,
+        retention_interval_s: float = 10.0,
         **config: Any,
     ) -> MessageStore:
-        kwargs: dict[str, Any] = {"index_entries_per_file": index_entries_per_file}
+        kwargs: dict[str, Any] = {
+            "index_entries_per_file": index_entries_per_file,
+            "retention_interval_s": retention_interval_s,
+        }
         if clock is not None:
             kwargs["clock"] = clock
         store = MessageStore(tmp_path / subdir, "broker-t", StoreConfig(**config), **kwargs)
