@@ -199,6 +199,10 @@ class Broker:
                 self._ledger.spill(self._clock(), buffer_ms=-(1 << 62))
                 self._journal.close()
         finally:
+            # A checkpoint first waits out one the store's own flush task may be running, so
+            # close() does not cancel that one half-way through its file writes.
+            with contextlib.suppress(Exception):
+                await self._store.checkpoint()
             await self._store.close()
         log.info("broker %s stopped", self.name)
 

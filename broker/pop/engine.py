@@ -182,9 +182,9 @@ class PopEngine:
         group = request.group
         key = (group, topic, queue_id)
         max_offset = self._store.max_offset(topic, queue_id)
-        if not self.locks.try_lock(key):
-            state = self._ledger.existing_queue(group, topic, queue_id)
-            return max(max_offset - state.pop_offset, 0) if state is not None else 0
+        if not self.locks.try_lock(key):  # busy: skip it, but count its backlog
+            state = self._ledger.queue(group, topic, queue_id)
+            return self._rest(topic, queue_id, state.pop_offset, max_offset, tags)
         try:
             state = self._ledger.queue(group, topic, queue_id)
             room = request.max_messages - len(out)

@@ -270,6 +270,9 @@ class CheckpointLedger:
                 live += 1
         while len(self._recent) > self._recent_capacity:
             self._recent.popitem(last=False)
+        for key, queue in self.queues.items():
+            queue.skip_known()
+            self._changed(key, queue, queue.recommit())
         return live
 
     # -- stats ----------------------------------------------------------------------------

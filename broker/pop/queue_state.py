@@ -55,7 +55,7 @@ class QueueState:
         return index < len(self.released) and self.released[index] == offset
 
     # -- changes (each returns True when the commit offset moved) ----------------------------
-    def _recommit(self) -> bool:
+    def recommit(self) -> bool:
         offset = self.commit_offset()
         if offset != self.committed:
             self.committed = offset
@@ -77,7 +77,7 @@ class QueueState:
         if self.done_ahead:
             self.done_ahead = {o for o in self.done_ahead if o >= next_offset}
         self.pop_offset = next_offset
-        return self._recommit()
+        return self.recommit()
 
     def reset_cursor(self, offset: int) -> bool:
         """Move the cursor forward to ``offset`` (e.g. retention removed what was below)."""
@@ -92,8 +92,15 @@ class QueueState:
             return False  # someone else holds it now (e.g. after change_invisible_time)
         if offset >= self.pop_offset:
             self.done_ahead.add(offset)
+            self.skip_known()
         self.attempts.pop(offset, None)
-        return self._recommit()
+        return self.recommit()
+
+    def skip_known(self) -> None:
+        """Move the cursor over a run of known offsets right at it (nothing to read there)."""
+        while self.pop_offset in self.done_ahead or self.pop_offset in self.inflight:
+            self.done_ahead.discard(self.pop_offset)
+            self.pop_offset += 1
 
     def release(self, offset: int, owner: Any, attempts: int) -> bool:
         """FIFO: ``offset`` comes back for redelivery in place with ``attempts`` recorded."""
@@ -104,7 +111,7 @@ class QueueState:
         if offset < self.pop_offset:
             insort(self.released, offset)
             heapq.heappush(self._heap, offset)
-        return self._recommit()
+        return self.recommit()
 
     def take_released(self, limit: int) -> list[int]:
         taken = self.released[:limit]
