@@ -38,6 +38,8 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_ping_strikes", 0),
+    # gRPC shares ports by default: a second broker on a taken port must fail, not co-listen.
+    ("grpc.so_reuseport", 0),
 ]
 
 
@@ -261,7 +263,10 @@ class BrokerGrpcServer:
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(self._port), server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        bound = server.add_insecure_port(f"{self._host}:{self._port_number}")
+        try:
+            bound = server.add_insecure_port(f"{self._host}:{self._port_number}")
+        except RuntimeError as error:  # grpc reports a failed bind this way
+            raise OSError(f"cannot listen on {self._host}:{self._port_number}: {error}") from None
         if bound == 0:
             raise OSError(f"cannot listen on {self._host}:{self._port_number}")
         await server.start()

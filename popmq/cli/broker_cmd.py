@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 from collections.abc import Callable
 
 from popmq.cli.common import config_from_args
@@ -60,7 +61,11 @@ def run(args: argparse.Namespace) -> int:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
-    asyncio.run(serve_broker(config.broker, announce=_announce))
+    try:
+        asyncio.run(serve_broker(config.broker, announce=_announce))
+    except OSError as error:  # port taken, data dir locked or unwritable
+        print(f"popmq broker: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
