@@ -109,7 +109,8 @@ def cli_commands() -> set[str]:
 
 def parse_cli(argv: list[str]) -> argparse.Namespace:
     """Parse a popmq command line, skipping when its subcommand is not built yet."""
-    command = next((arg for arg in argv if arg in {"serve", "proxy", "broker", "admin"}), None)
+    known = {"serve", "proxy", "broker", "admin", "bench"}
+    command = next((arg for arg in argv if arg in known), None)
     if command is not None and command not in cli_commands():
         pytest.skip(f"`popmq {command}` is not registered in popmq.cli yet")
     try:

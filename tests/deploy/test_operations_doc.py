@@ -1,0 +1,103 @@
+"""docs/operations.md stays true to the code: the metrics, labels and status codes it names
+exist, its popmq commands parse, and the files and settings it points at are real."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import yaml
+from deploykit import CHART_DIR, REPO, parse_cli
+from pydantic import BaseModel
+
+from broker.api.errors import Code
+from popmq.config import PopmqConfig
+from proxy.metrics import ProxyMetrics
+
+DOC = (REPO / "docs" / "operations.md").read_text()
+# Placeholders in the doc's command lines, and a value the parser accepts for each.
+PLACEHOLDERS = {"NAME": "broker-a", "HOST:PORT": "127.0.0.1:10911", "DIR": "/tmp/d",
+                "FILE": "popmq.yaml", "TOPIC": "orders", "GROUP": "billing", "N": "3"}  # fmt: skip
+
+
+def _families() -> dict[str, Any]:
+    return {family.name: family for family in ProxyMetrics().registry.collect()}
+
+
+def _labels() -> dict[str, set[str]]:
+    metrics = ProxyMetrics()
+    return {
+        collector._name: set(collector._labelnames)  # prometheus_client keeps them here
+        for collector in vars(metrics).values()
+        if hasattr(collector, "_labelnames")
+    }
+
+
+def _base(name: str, families: dict[str, Any]) -> str | None:
+    for suffix in ("", "_total", "_bucket", "_sum", "_count"):
+        if suffix and not name.endswith(suffix):
+            continue
+        base = name[: len(name) - len(suffix)] if suffix else name
+        if base in families:
+            return base
+    return None
+
+
+def test_every_metric_named_exists_with_its_labels_and_codes() -> None:
+    families = _families()
+    labels = _labels()
+    named = set(re.findall(r"popmq_proxy_\w+", DOC))
+    assert len(named) >= 10
+    for name in named:
+        assert _base(name, families), f"docs name {name}, which proxy/metrics.py does not define"
+    for name, body in re.findall(r"(popmq_proxy_\w+)\{([^}]*)\}", DOC):
+        allowed = labels[_base(name, families) or ""] | {"le"}
+        used = re.findall(r"(\w+)\s*(?:=~|!=|!~|=)", body) or [
+            part.strip() for part in body.split(",")
+        ]
+        assert set(used) <= allowed, f"{name}{{{body}}}: labels {set(used) - allowed} unknown"
+        for code_value in re.findall(r'code=~?"([^"]+)"', body):
+            for code in re.split(r"\\?\|", code_value):
+                assert code in Code.__members__, f"no status code {code}"
+
+
+def _commands() -> list[str]:
+    spans = re.findall(r"`(popmq [^`]+)`", DOC) + re.findall(r"^(popmq .+)$", DOC, re.M)
+    return sorted({" ".join(span.split()) for span in spans})
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_commands_in_the_doc_parse(command: str) -> None:
+    argv = [PLACEHOLDERS.get(token, token) for token in command.split()[1:] if token != "..."]
+    argv = [re.sub(r"=HOST:PORT$", "=127.0.0.1:10911", token) for token in argv]
+    parse_cli(argv)
+
+
+def test_files_the_doc_points_at_exist() -> None:
+    paths = set(re.findall(r"`((?:helm|deploy|docs|popmq|proxy|broker)/[\w./-]*)`", DOC))
+    paths |= {f"docs/{link}" for link in re.findall(r"\]\(([\w.-]+\.md)", DOC)}
+    assert "helm/popmq" in paths
+    for path in paths:
+        assert (REPO / path).exists(), f"docs/operations.md names {path}, which does not exist"
+
+
+def _has_path(tree: Any, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if isinstance(tree, dict) and part in tree:
+            tree = tree[part]
+        elif isinstance(tree, BaseModel) and part in type(tree).model_fields:
+            tree = getattr(tree, part)
+        else:
+            return False
+    return True
+
+
+def test_settings_the_doc_names_exist() -> None:
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    model = PopmqConfig()
+    named = set(re.findall(r"`((?:broker|proxy|handleSecret)\.[\w.]+)(?::[^`]*)?`", DOC))
+    assert len(named) >= 10
+    for dotted in named:
+        # a config field (broker.pop.max_attempts) or a chart value (proxy.replicas)
+        assert _has_path(model, dotted) or _has_path(values, dotted), f"no setting {dotted}"
