@@ -80,8 +80,9 @@ def merged_values(values: dict[str, Any]) -> dict[str, Any]:
         return chart.merge_values(values)
 
 
-def test_chart_lints_clean() -> None:
-    report = helm.lint(str(CHART_DIR), strict=True, namespace=NAMESPACE)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_chart_lints_clean(variant: str) -> None:
+    report = helm.lint(str(CHART_DIR), VARIANTS[variant], strict=True, namespace=NAMESPACE)
     assert report["errors"] == []
     serious = [m for m in report["messages"] if m["severity"] >= 2]
     assert serious == []
