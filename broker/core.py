@@ -149,6 +149,7 @@ class Broker:
         )
         recovered = journal.load()
         live = ledger.recover(recovered)
+        ledger.flush_commits()
         journal.rewrite(ledger.journaled())
         pending_timers = self._timer.recover()
         if recovered or pending_timers:
@@ -197,6 +198,7 @@ class Broker:
                 # Everything still in flight becomes durable: after a restart it revives at
                 # its invisible time instead of being handed out again at once.
                 self._ledger.spill(self._clock(), buffer_ms=-(1 << 62))
+                self._ledger.flush_commits()
                 self._journal.close()
         finally:
             # A checkpoint first waits out one the store's own flush task may be running, so
@@ -240,6 +242,7 @@ class Broker:
         journal, ledger = self._journal, self.ledger
         assert journal is not None
         ledger.spill(self._clock(), self._config.pop.checkpoint_buffer_ms)
+        ledger.flush_commits()
         await journal.sync()
         if journal.should_compact():
             journal.rewrite(ledger.journaled())

@@ -165,6 +165,7 @@ class PopEngine:
         rest = 0
         for queue_topic, queue_id in plan:
             rest += self._pop_queue(request, queue_topic, queue_id, fifo, tags, now, out)
+        self._ledger.flush_commits()
         status = PopStatus.FOUND if out else PopStatus.NO_MESSAGE
         return PopResult(status, out, rest)
 
@@ -261,22 +262,12 @@ class PopEngine:
             until,
             fifo,
         )
-        gh = group_hash(request.group)
+        handles = self._codec.encode_batch(
+            self._name, group_hash(request.group), topic, queue_id, ck.offsets, now, until, ck.ck_id
+        )
         is_retry = topic != request.topic
         for index, message in enumerate(picked):
-            handle = self._codec.encode(
-                ReceiptHandle(
-                    self._name,
-                    gh,
-                    topic,
-                    queue_id,
-                    message.queue_offset,
-                    now,
-                    until,
-                    ck.ck_id,
-                    index,
-                )
-            )
+            handle = handles[index]
             if attempts[index] != message.reconsume_times:
                 message = replace(message, reconsume_times=attempts[index])
             if is_retry:  # consumers see the topic they subscribed to
@@ -309,7 +300,7 @@ class PopEngine:
             if now >= handle.invisible_until_ms:
                 raise _expired(handle)
             raise _invalid("unknown checkpoint (finished long ago, or lost in a broker restart)")
-        state = ck.state(index)
+        state = ck.states[index]
         if state == EntryState.SUPERSEDED:
             raise _invalid("superseded by change_invisible_time: use the newest handle")
         if state == EntryState.ACKED:
@@ -327,7 +318,7 @@ class PopEngine:
         for entry in entries:
             try:
                 _, ck, index = self._resolve(group, topic, entry.receipt_handle, now)
-                if ck.state(index) == EntryState.PENDING:
+                if ck.states[index] == EntryState.PENDING:
                     self._ledger.ack(ck, index)
                     if ck.fifo:
                         self._wake_if_unblocked(ck)
@@ -336,6 +327,7 @@ class PopEngine:
                 results.append(
                     AckEntryResult(entry.receipt_handle, entry.message_id, err.code, err.message)
                 )
+        self._ledger.flush_commits()
         self._journal.flush()
         return results
 
@@ -352,7 +344,7 @@ class PopEngine:
         self._check_invisible(invisible_time_ms)
         now = self._clock()
         handle, ck, index = self._resolve(group, topic, receipt_handle, now)
-        if ck.state(index) != EntryState.PENDING:
+        if ck.states[index] != EntryState.PENDING:
             raise _invalid("the message was already acked")
         until = now + invisible_time_ms
         new = self._ledger.change(ck, index, now, until)
@@ -369,7 +361,7 @@ class PopEngine:
         check_group(group)
         check_topic(topic)
         _, ck, index = self._resolve(group, topic, receipt_handle, self._clock())
-        if ck.state(index) != EntryState.PENDING:
+        if ck.states[index] != EntryState.PENDING:
             raise _invalid("the message was already acked")
         return ck, index
 

@@ -1,20 +1,18 @@
 """Receipt handles: self-contained, signed locators of one popped message.
 
-A handle is ``<payload>.<signature>``, both base64url without padding. The payload is a compact
-JSON array (version, broker, group hash, topic popped, queue id, queue offset, pop time,
-invisible-until time, checkpoint id, index in the checkpoint); the signature is a truncated
-HMAC-SHA256 of the payload under the cluster's ``handle_secret``. Any proxy can therefore route
-an ack to the right broker (``peek_broker_name`` needs no secret), and a broker rejects handles
-it did not sign.
+A handle is ``<payload>.<signature>``, both base64url without padding. The payload is the text
+``version~group hash~topic~queue~offset~pop time~invisible until~checkpoint id~index~broker``
+(the topic popped may be the retry topic; the broker name comes last so it may hold any
+character); the signature is a truncated HMAC-SHA256 of the payload under the cluster's
+``handle_secret``. Any proxy can therefore route an ack to the right broker
+(``peek_broker_name`` needs no secret), and a broker rejects handles it did not sign.
 """
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hashlib
 import hmac
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -23,6 +21,10 @@ from broker.api.errors import BrokerError, Code
 HANDLE_VERSION = 1
 _SIGNATURE_BYTES = 16
 _FIELDS = 10
+_SEP = "~"
+_TO_URL = bytes.maketrans(b"+/", b"-_")
+_FROM_URL = bytes.maketrans(b"-_", b"+/")
+_hmac_digest = hmac.digest
 
 
 @lru_cache(maxsize=4096)
@@ -45,11 +47,12 @@ class ReceiptHandle:
 
 
 def _b64encode(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+    return binascii.b2a_base64(raw, newline=False).translate(_TO_URL).rstrip(b"=").decode()
 
 
 def _b64decode(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    raw = text.encode("ascii")
+    return binascii.a2b_base64(raw.translate(_FROM_URL) + b"=" * (-len(raw) % 4), strict_mode=True)
 
 
 def _malformed(detail: str) -> BrokerError:
@@ -63,30 +66,39 @@ class HandleCodec:
         self._key = secret.encode()
 
     def _sign(self, payload: bytes) -> bytes:
-        return hmac.new(self._key, payload, hashlib.sha256).digest()[:_SIGNATURE_BYTES]
+        return _hmac_digest(self._key, payload, "sha256")[:_SIGNATURE_BYTES]
 
-    def encode(self, handle: ReceiptHandle) -> str:
-        payload = json.dumps(
-            [
-                HANDLE_VERSION,
-                handle.broker,
-                handle.group_hash,
-                handle.topic,
-                handle.queue_id,
-                handle.offset,
-                handle.pop_time_ms,
-                handle.invisible_until_ms,
-                handle.checkpoint_id,
-                handle.index,
-            ],
-            separators=(",", ":"),
+    def encode(self, h: ReceiptHandle) -> str:
+        payload = (
+            f"{HANDLE_VERSION}~{h.group_hash}~{h.topic}~{h.queue_id}~{h.offset}~{h.pop_time_ms}"
+            f"~{h.invisible_until_ms}~{h.checkpoint_id}~{h.index}~{h.broker}"
         ).encode()
         return f"{_b64encode(payload)}.{_b64encode(self._sign(payload))}"
 
+    def encode_batch(
+        self,
+        broker: str,
+        group_hash: str,
+        topic: str,
+        queue_id: int,
+        offsets: list[int],
+        pop_time_ms: int,
+        invisible_until_ms: int,
+        checkpoint_id: int,
+    ) -> list[str]:
+        """Handles of a whole checkpoint at once (same bytes as ``encode`` per message)."""
+        head = f"{HANDLE_VERSION}~{group_hash}~{topic}~{queue_id}~"
+        tail = f"~{pop_time_ms}~{invisible_until_ms}~{checkpoint_id}~"
+        handles = []
+        for index, offset in enumerate(offsets):
+            payload = f"{head}{offset}{tail}{index}~{broker}".encode()
+            handles.append(f"{_b64encode(payload)}.{_b64encode(self._sign(payload))}")
+        return handles
+
     def decode(self, text: str) -> ReceiptHandle:
         """The verified handle; INVALID_RECEIPT_HANDLE when malformed or not signed by us."""
-        payload, fields = _parse(text)
-        signature = _split(text)[1]
+        encoded, signature = _split(text)
+        payload, handle = _parse(encoded)
         try:
             given = _b64decode(signature)
         except (binascii.Error, ValueError):
@@ -96,7 +108,7 @@ class HandleCodec:
                 Code.INVALID_RECEIPT_HANDLE,
                 "receipt handle signature does not match (forged, altered or from another cluster)",
             )
-        return ReceiptHandle(*fields[1:])
+        return handle
 
 
 def _split(text: str) -> tuple[str, str]:
@@ -108,25 +120,27 @@ def _split(text: str) -> tuple[str, str]:
     return payload, signature
 
 
-def _parse(text: str) -> tuple[bytes, list]:
-    encoded, _ = _split(text)
+def _parse(encoded: str) -> tuple[bytes, ReceiptHandle]:
     try:
         payload = _b64decode(encoded)
-        fields = json.loads(payload)
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        raise _malformed("payload is not base64url JSON") from None
-    if not isinstance(fields, list) or len(fields) != _FIELDS:
+        fields = payload.decode().split(_SEP, _FIELDS - 1)
+    except (binascii.Error, ValueError):
+        raise _malformed("payload is not base64url text") from None
+    if len(fields) != _FIELDS:
         raise _malformed("wrong field count")
-    if fields[0] != HANDLE_VERSION:
-        raise _malformed(f"unknown version {fields[0]!r}")
-    kinds = (int, str, str, str, int, int, int, int, int, int)
-    for value, kind in zip(fields, kinds, strict=True):
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise _malformed("field of the wrong type")
-    return payload, fields
+    if fields[0] != str(HANDLE_VERSION):
+        raise _malformed(f"unknown version {fields[0][:8]!r}")
+    _, ghash, topic, queue, offset, pop, until, ck, index, broker = fields
+    try:
+        handle = ReceiptHandle(
+            broker, ghash, topic, int(queue), int(offset), int(pop), int(until), int(ck), int(index)
+        )
+    except ValueError:
+        raise _malformed("a numeric field is not a number") from None
+    return payload, handle
 
 
 def peek_broker_name(handle: str) -> str:
     """The broker a handle belongs to, read without verifying it (for routing only)."""
-    _, fields = _parse(handle)
-    return fields[1]
+    encoded, _ = _split(handle)
+    return _parse(encoded)[1].broker

@@ -5,8 +5,8 @@ a checkpoint is written there only once it has stayed un-acked for ``checkpoint_
 (``spill``); from then on every change of one of its entries is journaled too. Checkpoints
 acked sooner never touch the disk (RocketMQ's PopBufferMergeService idea).
 
-Consumer offsets move through ``commit(group, topic, queue, offset)`` whenever the done prefix
-of a queue grows.
+Consumer offsets move through ``commit(group, topic, queue, offset)`` when the done prefix of a
+queue has grown and ``flush_commits()`` is called (callers do at the end of each operation).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class CheckpointLedger:
         self._next_id = first_id
         self._recent_capacity = recent_capacity
         self.queues: dict[QueueKey, QueueState] = {}
+        self._dirty: dict[QueueKey, QueueState] = {}  # commit offsets moved, not yet handed on
         self.live: dict[int, Checkpoint] = {}
         # Finished checkpoints, kept a while so a repeated ack is answered OK, not "unknown".
         self._recent: OrderedDict[int, Checkpoint] = OrderedDict()
@@ -78,7 +79,16 @@ class CheckpointLedger:
 
     def _changed(self, key: QueueKey, state: QueueState, moved: bool) -> None:
         if moved:
-            self._commit(key[0], key[1], key[2], state.committed)
+            self._dirty[key] = state
+
+    def flush_commits(self) -> int:
+        """Hand the moved commit offsets to ``commit`` (batched: once per queue per call)."""
+        if not self._dirty:
+            return 0
+        dirty, self._dirty = self._dirty, {}
+        for (group, topic, queue_id), state in dirty.items():
+            self._commit(group, topic, queue_id, state.committed)
+        return len(dirty)
 
     def advance_cursor(self, group: str, topic: str, queue_id: int, next_offset: int) -> None:
         state = self.queue(group, topic, queue_id)

@@ -83,9 +83,11 @@ class ReviveService:
     async def revive_due(self) -> int:
         """Revive every checkpoint whose invisible time has passed. Returns how many."""
         checkpoints = self._ledger.take_due(self._clock())
-        for ck in checkpoints:
-            await self._revive(ck)
-        if checkpoints:
+        try:
+            for ck in checkpoints:
+                await self._revive(ck)
+        finally:
+            self._ledger.flush_commits()
             self._journal.flush()
         return len(checkpoints)
 
@@ -166,8 +168,9 @@ class ReviveService:
             message.delivery_timestamp_ms = 0
             await self._append_system(dlq_topic(ck.group), 0, [message])
             self.dead_lettered += 1
-        if ck.state(index) == EntryState.PENDING:  # not acked while we were writing
+        if ck.states[index] == EntryState.PENDING:  # not acked while we were writing
             self._ledger.revived(ck, index)
+        self._ledger.flush_commits()
         self._journal.flush()
         if ck.fifo:
             state = self._ledger.existing_queue(*ck.queue_key)

@@ -1,5 +1,5 @@
 import base64
-import json
+from dataclasses import replace
 
 import pytest
 
@@ -44,12 +44,21 @@ def test_other_secret_rejected_as_forged() -> None:
 def test_altered_payload_rejected() -> None:
     codec = HandleCodec("s3cret")
     payload, signature = codec.encode(_handle()).split(".")
-    fields = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    fields[5] = 1  # another offset
-    forged = base64.urlsafe_b64encode(json.dumps(fields).encode()).rstrip(b"=").decode()
+    text = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()
+    assert "~12345~" in text
+    altered = text.replace("~12345~", "~12346~").encode()
+    forged = base64.urlsafe_b64encode(altered).rstrip(b"=").decode()
     with pytest.raises(BrokerError) as err:
         codec.decode(f"{forged}.{signature}")
     assert err.value.code == Code.INVALID_RECEIPT_HANDLE
+    assert "signature" in err.value.message
+
+
+def test_any_broker_name() -> None:
+    codec = HandleCodec("s3cret")
+    text = codec.encode(_handle(broker="b~r.o/k+er é"))
+    assert peek_broker_name(text) == "b~r.o/k+er é"
+    assert codec.decode(text).broker == "b~r.o/k+er é"
 
 
 @pytest.mark.parametrize(
@@ -69,3 +78,14 @@ def test_malformed(text: str) -> None:
 def test_group_hash_distinguishes_groups() -> None:
     assert group_hash("g1") == group_hash("g1")
     assert group_hash("g1") != group_hash("g2")
+
+
+def test_batch_encoding_matches_single() -> None:
+    codec = HandleCodec("s3cret")
+    h = _handle()
+    batch = codec.encode_batch(
+        h.broker, h.group_hash, h.topic, h.queue_id, [5, h.offset], h.pop_time_ms,
+        h.invisible_until_ms, h.checkpoint_id,
+    )  # fmt: skip
+    assert batch[1] == codec.encode(replace(h, index=1))
+    assert codec.decode(batch[0]).offset == 5

@@ -15,7 +15,24 @@ def _ledger(journal: PopJournal | None = None, offsets: dict | None = None):
     def commit(group: str, topic: str, queue_id: int, offset: int) -> None:
         commits[(group, topic, queue_id)] = offset
 
-    return CheckpointLedger(journal, start_offset, commit, first_id=1000), commits
+    ledger = CheckpointLedger(journal, start_offset, commit, first_id=1000)
+    return ledger, _Commits(ledger, commits)
+
+
+class _Commits:
+    """The offsets handed to ``commit``, read after flushing the ledger's batch."""
+
+    def __init__(self, ledger: CheckpointLedger, seen: dict) -> None:
+        self._ledger = ledger
+        self._seen = seen
+
+    def __getitem__(self, key: tuple[str, str, int]) -> int:
+        self._ledger.flush_commits()
+        return self._seen[key]
+
+    def __eq__(self, other: object) -> bool:
+        self._ledger.flush_commits()
+        return self._seen == other
 
 
 def _pop(ledger: CheckpointLedger, offsets: list[int], until: int = 100, t: int = 0):

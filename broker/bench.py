@@ -1,0 +1,139 @@
+"""In-process broker throughput: send, pop+ack and pull, with async and sync flush.
+
+``bench_broker`` starts a real Broker on a temporary (or given) directory for each flush mode,
+sends ``messages`` messages of ``body_bytes`` in batches from ``producers`` concurrent tasks,
+then drains them with ``consumers`` concurrent pop (batch ``batch``) + ack loops, then reads
+them all again by offset with pull. Figures are messages per second of wall time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from broker.api.types import AckEntry, Message, PopRequest, PullRequest, PullStatus
+from broker.core import Broker
+from popmq.config import BrokerConfig
+
+TOPIC = "bench"
+GROUP = "bench-group"
+
+
+def _config(data_dir: Path, flush: str, queues: int) -> BrokerConfig:
+    return BrokerConfig.model_validate(
+        {
+            "name": f"bench-{flush}",
+            "data_dir": str(data_dir),
+            "store": {"flush": flush},
+            "topics": {"queue_count": queues},
+        }
+    )
+
+
+async def _send_all(broker: Broker, total: int, batch: int, producers: int, body: bytes) -> float:
+    per_task = total // producers
+
+    async def produce() -> None:
+        left = per_task
+        while left > 0:
+            n = min(batch, left)
+            await broker.send([Message(TOPIC, body) for _ in range(n)])
+            left -= n
+
+    started = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for _ in range(producers):
+            group.create_task(produce())
+    return per_task * producers / (time.perf_counter() - started)
+
+
+async def _pop_ack_all(broker: Broker, total: int, batch: int, consumers: int) -> float:
+    done = 0
+    request = PopRequest(GROUP, TOPIC, max_messages=batch, invisible_time_ms=60_000)
+
+    async def consume() -> None:
+        nonlocal done
+        empty = 0
+        while done < total and empty < 3:
+            result = await broker.pop(request)
+            if not result.messages:
+                empty += 1
+                await asyncio.sleep(0)
+                continue
+            entries = [AckEntry(p.receipt_handle) for p in result.messages]
+            await broker.ack(GROUP, TOPIC, entries)
+            done += len(entries)
+
+    started = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for _ in range(consumers):
+            group.create_task(consume())
+    return done / (time.perf_counter() - started)
+
+
+async def _pull_all(broker: Broker, queues: int, batch: int) -> float:
+    count = 0
+    started = time.perf_counter()
+    for queue_id in range(queues):
+        offset = 0
+        while True:
+            result = await broker.pull(PullRequest(TOPIC, queue_id, offset, max_messages=batch))
+            if result.status != PullStatus.FOUND:
+                break
+            count += len(result.messages)
+            offset = result.next_offset
+    return count / (time.perf_counter() - started)
+
+
+async def bench_broker(
+    messages: int = 50_000,
+    body_bytes: int = 1024,
+    batch: int = 32,
+    producers: int = 4,
+    consumers: int = 4,
+    queues: int = 8,
+    flush_modes: tuple[str, ...] = ("async", "sync"),
+    data_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Run the benchmark; returns ``{"params": ..., "results": {mode: {...msg/s}}}``."""
+    body = b"x" * body_bytes
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(dir=data_dir) as tmp:
+        for mode in flush_modes:
+            broker = Broker(_config(Path(tmp) / mode, mode, queues))
+            await broker.start()
+            try:
+                send = await _send_all(broker, messages, batch, producers, body)
+                pop_ack = await _pop_ack_all(broker, messages, batch, consumers)
+                pull = await _pull_all(broker, queues, batch)
+            finally:
+                await broker.stop()
+            results[mode] = {
+                "send_msgs_per_s": round(send),
+                "pop_ack_msgs_per_s": round(pop_ack),
+                "pull_msgs_per_s": round(pull),
+            }
+    return {
+        "params": {
+            "messages": messages,
+            "body_bytes": body_bytes,
+            "batch": batch,
+            "producers": producers,
+            "consumers": consumers,
+            "queues": queues,
+        },
+        "results": results,
+    }
+
+
+def main() -> None:
+    import json
+
+    print(json.dumps(asyncio.run(bench_broker()), indent=2))
+
+
+if __name__ == "__main__":
+    main()
