@@ -32,19 +32,23 @@ VALUES = {
         "proxy": {"strategy": "notify", "min_long_polling_ms": 1000, "max_long_polling_ms": 3000},
     },
 }
-START_TIMEOUT_S = 20
 
 
-def _read_line(process: subprocess.Popen[str], pattern: str) -> re.Match[str]:
-    """Lines of stdout until one matches (the process announces its ports there)."""
+def _announced(process: subprocess.Popen[str], **patterns: str) -> dict[str, str]:
+    """Read stdout until every pattern matched once (the process announces its ports there,
+    in any order); returns each pattern's first group."""
     assert process.stdout is not None
+    found: dict[str, str] = {}
     seen = []
     for line in process.stdout:
         seen.append(line)
-        match = re.search(pattern, line)
-        if match:
-            return match
-    raise AssertionError(f"popmq exited without {pattern!r}; stdout: {seen}")
+        for key, pattern in patterns.items():
+            match = re.search(pattern, line)
+            if match and key not in found:
+                found[key] = match.group(1)
+        if len(found) == len(patterns):
+            return found
+    raise AssertionError(f"popmq exited before announcing {sorted(patterns)}; stdout: {seen}")
 
 
 @pytest.fixture
@@ -64,9 +68,10 @@ def served(tmp_path: Path) -> Iterator[tuple[str, str]]:
         argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
     try:
-        metrics = _read_line(process, r"popmq metrics on (\S+)").group(1)
-        proxy = _read_line(process, r"popmq proxy listening on (\S+)").group(1)
-        yield proxy, metrics
+        ports = _announced(
+            process, proxy=r"popmq proxy listening on (\S+)", metrics=r"popmq metrics on (\S+)"
+        )
+        yield ports["proxy"], ports["metrics"]
     finally:
         process.terminate()
         try:
