@@ -29,6 +29,9 @@ class GroupCommit:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._inflight = done
             try:
+                # Let writers that are already runnable append first, so they ride on this
+                # fsync instead of each waiting for the next one.
+                await asyncio.sleep(0)
                 await self._fsync()
             finally:
                 self._inflight = None

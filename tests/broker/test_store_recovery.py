@@ -224,6 +224,8 @@ CRASH_WRITER = textwrap.dedent(
         store.open()
         await store.start()
         store.create_topic("T", 4)
+        store.set_consumer_offset("g", "T", 2, 123)
+        await store.checkpoint()
         os.write(1, b"ready\\n")
         await asyncio.gather(*(writer(store, w) for w in range(8)))
 
@@ -269,6 +271,8 @@ async def test_kill_9_loses_nothing_acknowledged_under_sync_flush(tmp_path: Path
     try:
         assert store.recovery is not None
         assert store.recovery.rebuilt_queues == []
+        assert store.get_consumer_offset("g", "T", 2) == 123
+        assert store.get_consumer_offset("g", "T", 1) == -1
         assert len(list((data_dir / "commitlog").iterdir())) > 3  # rolled over while writing
         for writer, seq, queue_id, offset in acked:
             (message,) = store.read("T", queue_id, offset, 1).messages
