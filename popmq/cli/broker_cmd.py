@@ -14,6 +14,7 @@ import signal
 import sys
 from collections.abc import Callable
 
+from broker.api.errors import BrokerError
 from popmq.cli.common import config_from_args
 from popmq.config import BrokerConfig
 
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         asyncio.run(serve_broker(config.broker, announce=_announce))
-    except OSError as error:  # port taken, data dir locked or unwritable
+    except (OSError, BrokerError) as error:  # port taken, data dir locked or unwritable
         print(f"popmq broker: {error}", file=sys.stderr)
         return 1
     return 0

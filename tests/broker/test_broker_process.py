@@ -154,6 +154,19 @@ async def test_port_in_use_fails_fast(tmp_path: Path, spawn) -> None:
     assert b"cannot listen" in err
 
 
+async def test_data_dir_in_use_fails_fast(tmp_path: Path, spawn) -> None:
+    await spawn(tmp_path / "shared", "broker-a")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "popmq", "broker", "--port", "0",
+        "--data-dir", str(tmp_path / "shared"),
+        cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), STARTUP_TIMEOUT_S)
+    assert proc.returncode == 1
+    assert b"listening" not in out
+    assert b"used by another" in err and b"Traceback" not in err
+
+
 @pytest.mark.slow
 async def test_kill_9_under_traffic_loses_nothing(tmp_path: Path, spawn) -> None:
     """Producers (sync flush) and consumers run over gRPC; the broker is killed -9 mid-way and
