@@ -38,12 +38,13 @@ class AdaptiveStrategy:
         hysteresis: float = 0.2,
         probe_false_empty: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        warmup_s: float | None = None,
     ) -> None:
         self.calls = calls
         self.metrics = metrics
         self.threshold_rps = threshold_rps
         self.low_rps = threshold_rps * (1 - hysteresis)
-        self.rate = SlidingRate(window_s, clock=clock)
+        self.rate = SlidingRate(window_s, clock=clock, warmup_s=warmup_s)
         probe = probe_false_empty
         self._strategies = {
             "notify": NotifyStrategy(calls, metrics, label=self.name, probe_false_empty=probe),

@@ -20,7 +20,7 @@ from .helpers import make_request, sample
 def _adaptive(metrics: ProxyMetrics, now: list[float]) -> AdaptiveStrategy:
     return AdaptiveStrategy(
         BrokerCalls(metrics), metrics, threshold_rps=10, window_s=1.0, hysteresis=0.5,
-        probe_false_empty=False, clock=lambda: now[0],
+        probe_false_empty=False, clock=lambda: now[0], warmup_s=1.0,
     )  # fmt: skip
 
 
@@ -34,6 +34,8 @@ def test_adaptive_switches_both_ways_with_hysteresis(metrics: ProxyMetrics) -> N
     now = [1000.0]
     strategy = _adaptive(metrics, now)
     assert _mode(metrics) == "notify"
+    assert strategy.decide() == "notify"  # the first request: 1/s over the 1 s warm-up
+    now[0] += 2.0  # past the warm-up, and that request left the window
     modes = [strategy.decide() for _ in range(9)]
     assert set(modes) == {"notify"}  # 9 requests in a 1 s window: 9/s < 10/s
     assert strategy.decide() == "pop"  # the 10th reaches the threshold

@@ -36,7 +36,7 @@ def test_custody_abandon_releases_everything() -> None:
 
 def test_sliding_rate_counts_only_the_window() -> None:
     now = [100.0]
-    rate = SlidingRate(window_s=10.0, buckets=10, clock=lambda: now[0])
+    rate = SlidingRate(window_s=10.0, buckets=10, clock=lambda: now[0], warmup_s=10.0)
     for _ in range(50):
         rate.add()
     assert rate.per_second() == 5.0
@@ -47,3 +47,18 @@ def test_sliding_rate_counts_only_the_window() -> None:
     assert rate.per_second() == 5.0
     now[0] += 20.0
     assert rate.per_second() == 0.0
+
+
+def test_sliding_rate_warms_up_over_the_elapsed_time() -> None:
+    now = [0.0]
+    rate = SlidingRate(window_s=10.0, buckets=10, clock=lambda: now[0], warmup_s=1.0)
+    assert rate.per_second() == 0.0
+    rate.add(50)
+    assert rate.per_second() == 50.0  # not yet a second in: over the 1 s minimum
+    now[0] = 2.0
+    rate.add(50)
+    assert rate.per_second() == 50.0  # 100 over the 2 s so far, not over the 10 s window
+    now[0] = 5.0
+    assert rate.per_second() == 20.0
+    now[0] = 11.0
+    assert rate.per_second() == 5.0  # a full window: the first 50 fell out

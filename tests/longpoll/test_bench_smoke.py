@@ -1,0 +1,25 @@
+"""The long-poll benchmark runs end to end on a tiny scale and reports what it measured."""
+
+from __future__ import annotations
+
+import json
+
+from popmq.bench.longpoll import bench_longpoll, format_table
+
+
+async def test_bench_longpoll_small_run() -> None:
+    result = await bench_longpoll(
+        brokers=3, consumers=1, rate=20.0, duration_s=1.0, await_ms=1_000,
+        strategies=("notify", "pop"),
+    )  # fmt: skip
+    json.dumps(result)  # the CLI writes it with --json
+    runs = {run["strategy"]: run for run in result["low_rate"]}
+    notify = runs["notify"]
+    assert notify["sent"] > 5
+    assert notify["delivered"] == notify["sent"]
+    assert notify["false_empty"] == 0
+    assert notify["latency_ms"]["p99"] < 500
+    assert notify["broker_rpcs"]["notify"] > 0
+    assert runs["pop"]["broker_rpcs"].get("notify", 0) == 0
+    table = format_table(result)
+    assert "notify" in table and "p99 ms" in table
