@@ -263,12 +263,13 @@ def parse_read_options(raw: Mapping[str, str], streaming: bool) -> ReadOptions:
         fail_on_data_loss=options.boolean("failOnDataLoss", True),
         max_messages_per_trigger=max_per_trigger,
         max_messages_per_partition=options.integer("maxMessagesPerPartition", 200_000) or 1,
-        pull_batch_size=options.integer("pullBatchSize", 256) or 1,
+        pull_batch_size=options.integer("pullBatchSize", 32) or 1,  # the proxy max batch
         filter_expression=options.text("filter", "*") or "*",
         group=group,
         invisible_time_ms=options.integer("invisibleTimeMs", 300_000) or 1,
         pop_partitions=options.integer("popPartitions", None),
-        pop_long_polling_ms=options.integer("popLongPollingMs", 1_000, minimum=0) or 0,
+        # RocketMQ proxies reject long polls below their minimum (5 s by default).
+        pop_long_polling_ms=options.integer("popLongPollingMs", 5_000, minimum=0) or 0,
         max_messages=options.integer("maxMessages", 10_000) or 1,
     )
 

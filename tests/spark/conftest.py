@@ -1,0 +1,85 @@
+"""One SparkSession and one popmq server for the whole Spark suite (both are slow to start).
+
+Spark: local[2] (the machine has two cores), no UI, worker Python = this interpreter.
+popmq: `popmq serve` with 2 embedded brokers, topics created explicitly (auto-create off, so
+an unknown topic is an error), short minimum long-polling and invisible times for pop tests.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from popmq.client.local_server import LocalServer
+
+SERVER_SETTINGS = {
+    "broker.topics.auto_create": "false",
+    "proxy.min_long_polling_ms": 100,
+    "proxy.min_invisible_ms": 500,
+    "broker.pop.min_invisible_ms": 500,
+    "broker.pop.time_scale": 0.01,  # retry backoff "1s" becomes 10 ms
+}
+QUEUES_PER_BROKER = 2
+
+
+def spark_environment() -> dict[str, str]:
+    return {"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    os.environ.update(spark_environment())
+    from pyspark.sql import SparkSession
+
+    import popmq_spark
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("popmq-spark-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    popmq_spark.register(session)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="session")
+def popmq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    data = tmp_path_factory.mktemp("popmq-spark-server")
+    with LocalServer(data, brokers=2, settings=SERVER_SETTINGS) as server:
+        yield server
+
+
+@pytest.fixture
+def endpoint(popmq_server: LocalServer) -> str:
+    return popmq_server.endpoint
+
+
+@pytest.fixture
+def topic(popmq_server: LocalServer) -> str:
+    """A fresh topic with 2 queues on each of the 2 brokers."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    popmq_server.create_topic(name, queues=QUEUES_PER_BROKER)
+    return name
+
+
+@pytest.fixture
+def new_topic(popmq_server: LocalServer):  # type: ignore[no-untyped-def]
+    def make() -> str:
+        name = f"t-{uuid.uuid4().hex[:10]}"
+        popmq_server.create_topic(name, queues=QUEUES_PER_BROKER)
+        return name
+
+    return make
