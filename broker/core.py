@@ -129,6 +129,7 @@ class Broker:
             await self._store.close()
             raise
         self._store.add_arrival_listener(self._on_arrival)
+        self._hold.reopen()
         await self._store.start()
         self._tasks = [
             asyncio.create_task(self._supervise("revive", self._revive_step)),
@@ -186,6 +187,7 @@ class Broker:
         if not self._started:
             return
         self._started = False
+        self._hold.close()  # held long polls answer now (with what is there)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -311,8 +313,9 @@ class Broker:
         immediate: dict[tuple[str, int], list[tuple[int, Message]]] = defaultdict(list)
         delayed: list[tuple[int, Message, str, int]] = []
         batch_queue: dict[str, int] = {}  # one round-robin queue per topic per call
-        for position, message in enumerate(messages):
+        for message in messages:
             self._check_message(message)
+        for position, message in enumerate(messages):
             meta = self._topic_for_send(message.topic)
             if queue_id >= 0:
                 if queue_id >= meta.queue_count:
@@ -426,6 +429,8 @@ class Broker:
             )
             if outcome is HoldOutcome.FULL:
                 return PullResult(PullStatus.POLLING_FULL, [], offset, low, high)
+            if outcome is HoldOutcome.TIMEOUT:
+                deadline = 0  # one last read, then answer
 
     async def get_consumer_offset(self, group: str, topic: str, queue_id: int) -> int:
         self._require_started()

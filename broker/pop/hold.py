@@ -49,6 +49,19 @@ class HoldTable:
         # topic -> (group, queue id) -> waiters (dict as an insertion-ordered set)
         self._by_topic: dict[str, dict[tuple[str, int], dict[_Waiter, None]]] = {}
         self._total = 0
+        self.closed = False
+
+    def close(self) -> None:
+        """The broker stops: answer every held request now, hold nothing more."""
+        self.closed = True
+        for groups in self._by_topic.values():
+            for waiters in groups.values():
+                for waiter in waiters:
+                    if not waiter.future.done():
+                        waiter.future.set_result(None)
+
+    def reopen(self) -> None:
+        self.closed = False
 
     @property
     def total(self) -> int:
@@ -66,7 +79,10 @@ class HoldTable:
         tags: frozenset[str] | None = None,
         min_offset: int = -1,
     ) -> HoldOutcome:
-        """Hold until a matching arrival (WOKEN), the timeout (TIMEOUT), or refuse (FULL)."""
+        """Hold until a matching arrival (WOKEN), the timeout (TIMEOUT), or refuse (FULL).
+        A closed table answers TIMEOUT at once."""
+        if self.closed:
+            return HoldOutcome.TIMEOUT
         waiter = self._register(tuple(dict.fromkeys(keys)), tags, min_offset)
         if waiter is None:
             return HoldOutcome.FULL

@@ -64,9 +64,17 @@ class PopJournal:
         self._log.flush()
 
     async def sync(self) -> None:
-        """Flush and fsync (in a worker thread) what was written so far."""
+        """Flush and fsync (in a worker thread) what was written so far.
+
+        A cancelled caller still waits for the fsync thread, which cannot be stopped, so the
+        file is never closed under it."""
         self._log.flush()
-        await asyncio.to_thread(self._log.sync)
+        fsync = asyncio.ensure_future(asyncio.to_thread(self._log.sync))
+        try:
+            await asyncio.shield(fsync)
+        except asyncio.CancelledError:
+            await asyncio.wait([fsync])
+            raise
 
     def should_compact(self, min_bytes: int = 16 << 20) -> bool:
         return self.size > max(min_bytes, 4 * self._size_after_compaction)

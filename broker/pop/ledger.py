@@ -218,6 +218,11 @@ class CheckpointLedger:
                 due.append(ck)
         return due
 
+    def reschedule(self, ck: Checkpoint, at_ms: int) -> None:
+        """Revive ``ck`` again at ``at_ms`` (its revive failed and must be retried)."""
+        if ck.ck_id in self.live:
+            heapq.heappush(self._revive_heap, (at_ms, ck.ck_id))
+
     # -- durability -----------------------------------------------------------------------
     def spill(self, now_ms: int, buffer_ms: int) -> int:
         """Journal checkpoints still un-acked after ``buffer_ms``. Returns how many."""

@@ -38,6 +38,9 @@ from broker.timer import TimerService, stored_to_message
 if TYPE_CHECKING:
     from broker.store.message_store import MessageStore
 
+# A revive that failed (e.g. the store refused a write) is retried this much later.
+_RETRY_FAILED_MS = 1000
+
 AppendFn = Callable[[str, int, list[Message]], Awaitable[list[StoredMessage]]]
 
 
@@ -84,8 +87,14 @@ class ReviveService:
         """Revive every checkpoint whose invisible time has passed. Returns how many."""
         checkpoints = self._ledger.take_due(self._clock())
         try:
-            for ck in checkpoints:
-                await self._revive(ck)
+            for position, ck in enumerate(checkpoints):
+                try:
+                    await self._revive(ck)
+                except BaseException:
+                    retry_at = self._clock() + _RETRY_FAILED_MS
+                    for left in checkpoints[position:]:
+                        self._ledger.reschedule(left, retry_at)
+                    raise
         finally:
             self._ledger.flush_commits()
             self._journal.flush()

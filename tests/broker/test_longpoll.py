@@ -173,3 +173,20 @@ async def test_held_pop_wakes_when_delayed_message_is_due(tmp_path) -> None:
         now = time.time() * 1000
         assert [p.message.body for p in result.messages] == [b"later"]
         assert due <= now < due + 200
+
+
+async def test_stop_answers_held_requests(tmp_path) -> None:
+    async with running_broker(fast_broker_config(tmp_path)) as broker:
+        await _topic(broker)
+        tasks = [
+            asyncio.create_task(broker.pop(_pop(10_000))),
+            asyncio.create_task(broker.pull(PullRequest("t", 0, 0, poll_time_ms=10_000))),
+            asyncio.create_task(broker.notify(NotifyRequest("g", "t", poll_time_ms=10_000))),
+        ]
+        await _held(broker, 3)
+        started = time.monotonic()
+    pop, pull, notify = await asyncio.wait_for(asyncio.gather(*tasks), 2)
+    assert time.monotonic() - started < 1
+    assert pop.messages == [] and pull.status == PullStatus.NO_NEW_MESSAGE
+    assert notify.has_message is False
+    assert broker.hold_table.total == 0

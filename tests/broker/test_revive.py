@@ -125,3 +125,24 @@ async def test_change_invisible_time_on_retry_message(tmp_path) -> None:
         assert result.code == Code.OK
         await asyncio.sleep(0.3)
         assert (await broker.pop(_pop())).messages == []
+
+
+async def test_failed_revive_is_retried(tmp_path, monkeypatch) -> None:
+    import broker.pop.revive as revive_module
+
+    monkeypatch.setattr(revive_module, "_RETRY_FAILED_MS", 30)
+    async with running_broker(fast_broker_config(tmp_path)) as broker:
+        real_schedule = broker.timer.schedule
+        failures = []
+
+        async def flaky_schedule(entries):
+            if not failures:
+                failures.append(len(entries))
+                raise OSError("disk hiccup")
+            return await real_schedule(entries)
+
+        monkeypatch.setattr(broker.timer, "schedule", flaky_schedule)
+        await broker.send([Message("t", b"x")])
+        await broker.pop(_pop(invisible_ms=10))
+        (again,) = (await broker.pop(_pop(invisible_ms=1000, poll_ms=2000))).messages
+        assert failures == [1] and again.delivery_attempt == 2
