@@ -39,6 +39,9 @@ class GroupCommit:
 
     async def _fsync(self) -> None:
         target, fds, dir_dirty = self._log.flush_targets()
+        if not fds and not dir_dirty:
+            self._log.mark_durable(target, 0)
+            return
         try:
             await asyncio.to_thread(self._log.sync_fds, fds, dir_dirty)
         except OSError as exc:

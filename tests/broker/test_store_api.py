@@ -297,3 +297,38 @@ async def test_second_store_on_same_directory_is_refused(store_factory) -> None:
     with pytest.raises(BrokerError) as err:
         store_factory()
     assert "another store" in err.value.message
+
+
+async def test_filtered_scans_are_bounded(store_factory, monkeypatch) -> None:
+    import broker.store.message_store as message_store
+
+    monkeypatch.setattr(message_store, "_MAX_FILTER_SCAN", 40)
+    monkeypatch.setattr(message_store, "_FILTER_CHUNK", 16)
+    monkeypatch.setattr(message_store, "_MAX_COUNT_SCAN", 100)
+    store = store_factory()
+    store.create_topic("T", 1)
+    tags = ["A" if i % 4 == 0 else "B" for i in range(1000)]
+    tags[950] = "RARE"
+    await store.append("T", 0, [msg(b"m", tag) for tag in tags])
+    first = store.read("T", 0, 0, 5, tags=frozenset({"RARE"}))
+    assert first.messages == [] and first.next_offset == 40  # gave up after 40 entries
+    found = store.read("T", 0, 920, 5, tags=frozenset({"RARE"}))
+    assert [m.queue_offset for m in found.messages] == [950] and found.next_offset == 960
+    assert store.count_matching("T", 0, 0, 100, frozenset({"A"})) == 25  # exact
+    assert store.count_matching("T", 0, 0, 1000, frozenset({"A"})) == 250  # extrapolated
+    assert store.count_matching("T", 0, 900, 1000, frozenset({"RARE", "A"})) == 26
+
+
+async def test_close_while_the_flush_task_is_mid_checkpoint(store_factory) -> None:
+    for round_ in range(15):
+        store = store_factory(flush_interval_ms=1)
+        if store.get_topic("T") is None:
+            store.create_topic("T", 1)
+        await store.start()
+        await store.append("T", 0, [msg(b"x")])
+        store.set_consumer_offset("g", "T", 0, round_)
+        await asyncio.sleep(0.001 * (round_ % 4))
+        await store.close()  # cancels the task, whatever it is doing, then checkpoints
+    reopened = store_factory()
+    assert reopened.max_offset("T", 0) == 15
+    assert reopened.get_consumer_offset("g", "T", 0) == 14
