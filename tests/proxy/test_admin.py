@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import grpc
-from conftest import Cluster, unique
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from proxy_support import Cluster, unique
 
 from broker.api.errors import Code
 from popmq.pb.admin.v1 import admin_pb2 as a

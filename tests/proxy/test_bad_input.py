@@ -4,26 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import time
+from dataclasses import replace
 
 import grpc
 import pytest
-from conftest import Cluster, message, unique
+from proxy_support import Cluster, message, unique
 
 from broker.api.errors import Code
+from broker.pop.handle import HandleCodec
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
 
-def _forge(handle: str, **changes: object) -> str:
-    """The same handle with payload fields changed and the signature kept."""
+def _tampered(handle: str) -> str:
+    """The same handle with one payload byte changed and the signature kept."""
     payload, signature = handle.split(".")
-    fields = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    for index, value in changes.items():
-        fields[int(index[1:])] = value
-    encoded = base64.urlsafe_b64encode(json.dumps(fields, separators=(",", ":")).encode())
-    return encoded.rstrip(b"=").decode() + "." + signature
+    raw = bytearray(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    digit = next(i for i, b in enumerate(raw) if chr(b).isdigit())  # e.g. an offset digit
+    raw[digit] = ord("7") if raw[digit] != ord("7") else ord("8")
+    return base64.urlsafe_b64encode(bytes(raw)).rstrip(b"=").decode() + "." + signature
 
 
 async def _one_received(cluster: Cluster, group: str, topic: str) -> pb.Message:
@@ -50,9 +50,12 @@ async def test_forged_handles_are_refused_and_nothing_is_lost(cluster: Cluster) 
     topic, group = unique("t"), unique("g")
     msg = await _one_received(cluster, group, topic)
     real = msg.system_properties.receipt_handle
+    secret = cluster.config.broker.handle_secret
+    decoded = HandleCodec(secret).decode(real)
     for forged in (
-        _forge(real, f5=real and 999_999),  # another offset
-        _forge(real, f1="broker-9"),  # a broker we do not have
+        _tampered(real),  # another offset / time / queue, same signature
+        HandleCodec("not-the-cluster-secret").encode(decoded),  # signed by someone else
+        HandleCodec(secret).encode(replace(decoded, broker="broker-9")),
         real[:-4] + ("AAAA" if not real.endswith("AAAA") else "BBBB"),  # altered signature
     ):
         acked = await cluster.ack_handles(group, topic, [s.AckMessageEntry(receipt_handle=forged)])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import Cluster, unique
+from proxy_support import Cluster, unique
 
 from broker.api.errors import Code
 from broker.api.types import ConsumeMode, GroupConfig

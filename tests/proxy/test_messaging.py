@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from conftest import Cluster, unique
+from proxy_support import Cluster, unique
 
 from broker.api.errors import Code
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
