@@ -120,7 +120,15 @@ class PopEngine:
         while True:
             result = self._pop_once(request, count, fifo, tags)
             remaining = deadline - self._clock()
-            if result.messages or remaining <= 0:
+            if result.messages:
+                if result.rest_num > 0:  # more is there: let the next held consumer have it
+                    self._hold.wake(request.topic, request.group, request.queue_id)
+                    if not fifo:
+                        self._hold.wake(
+                            retry_topic(request.group, request.topic), request.group, -1
+                        )
+                return result
+            if remaining <= 0:
                 return result
             outcome = await self._hold.wait(
                 self._hold_keys(request.group, request.topic, request.queue_id, fifo),

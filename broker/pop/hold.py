@@ -2,9 +2,15 @@
 
 A waiter is registered under one or more keys ``(topic, group, queue_id)``; ``group`` is "" for
 pull and ``queue_id`` is -1 for "any queue of the topic". A message arriving on ``(topic, q)``
-wakes the waiters under ``(topic, *, q)`` and ``(topic, *, -1)`` whose tag filter accepts one of
-its tags (and, for pull, whose offset it passes). A woken request retries its read; if another
-consumer took the message first it simply holds again for the rest of its time.
+wakes waiters under ``(topic, *, q)`` and ``(topic, *, -1)`` whose tag filter accepts one of its
+tags (and, for pull, whose offset it passes):
+- pull keys (group ""): every matching waiter (each puller reads its own offsets);
+- group keys (pop, notify): the oldest matching waiter only, as RocketMQ's pop long polling
+  does, so one message does not stampede every idle consumer of the group. The woken request
+  passes the wake on when it leaves more behind (``wake``), and a woken request that is
+  cancelled before it could use the wake hands it to the next waiter.
+A woken request retries its read; if another consumer took the message first it simply holds
+again for the rest of its time.
 
 The table is bounded per key and in total; a full table refuses at once (POLLING_FULL).
 Registration and removal are synchronous and paired in ``wait``'s ``finally``, so a cancelled
@@ -46,7 +52,7 @@ class HoldTable:
     def __init__(self, max_per_key: int, max_total: int) -> None:
         self._max_per_key = max_per_key
         self._max_total = max_total
-        # topic -> (group, queue id) -> waiters (dict as an insertion-ordered set)
+        # topic -> (group, queue id) -> waiters, oldest first (dict as an ordered set)
         self._by_topic: dict[str, dict[tuple[str, int], dict[_Waiter, None]]] = {}
         self._total = 0
         self.closed = False
@@ -92,6 +98,14 @@ class HoldTable:
             return HoldOutcome.WOKEN
         except TimeoutError:
             return HoldOutcome.TIMEOUT
+        except asyncio.CancelledError:
+            future = waiter.future
+            if future.done() and not future.cancelled():  # woken, but will not use it
+                self._remove(waiter)
+                for topic, group, queue_id in waiter.keys:
+                    if group:
+                        self._wake_first((topic, group, queue_id), -1, None)
+            raise
         finally:
             self._remove(waiter)
 
@@ -125,6 +139,14 @@ class HoldTable:
         if removed:
             self._total -= 1
 
+    def _wake_first(self, key: HoldKey, max_offset: int, tags: Iterable[str] | None) -> int:
+        topic, group, queue_id = key
+        for waiter in self._by_topic.get(topic, {}).get((group, queue_id), ()):
+            if not waiter.future.done() and waiter.accepts(max_offset, tags):
+                waiter.future.set_result(None)
+                return 1
+        return 0
+
     def on_arrival(
         self, topic: str, queue_id: int, max_offset: int, tags: Iterable[str] | None
     ) -> int:
@@ -133,8 +155,11 @@ class HoldTable:
         if not groups:
             return 0
         woken = 0
-        for (_, held_queue), waiters in list(groups.items()):
+        for (group, held_queue), waiters in list(groups.items()):
             if held_queue != queue_id and held_queue != -1:
+                continue
+            if group:
+                woken += self._wake_first((topic, group, held_queue), max_offset, tags)
                 continue
             for waiter in list(waiters):
                 if not waiter.future.done() and waiter.accepts(max_offset, tags):
@@ -143,15 +168,10 @@ class HoldTable:
         return woken
 
     def wake(self, topic: str, group: str, queue_id: int) -> int:
-        """Something became visible for ``group`` on (topic, queue_id) without an arrival
-        (a FIFO queue unblocked, a message released in place): wake its waiters."""
-        groups = self._by_topic.get(topic)
-        if not groups:
-            return 0
-        woken = 0
-        for key in ((group, queue_id), (group, -1)) if queue_id != -1 else ((group, -1),):
-            for waiter in list(groups.get(key, ())):
-                if not waiter.future.done():
-                    waiter.future.set_result(None)
-                    woken += 1
-        return woken
+        """Something is visible for ``group`` on (topic, queue_id) without a new arrival (more
+        left behind by a pop, a FIFO queue unblocked, a message released in place): wake the
+        oldest waiter of each matching key."""
+        keys = [(topic, group, queue_id), (topic, group, -1)] if queue_id != -1 else []
+        if queue_id == -1:
+            keys = [(topic, group, q) for (g, q) in self._by_topic.get(topic, {}) if g == group]
+        return sum(self._wake_first(key, -1, None) for key in keys)

@@ -190,3 +190,20 @@ async def test_stop_answers_held_requests(tmp_path) -> None:
     assert pop.messages == [] and pull.status == PullStatus.NO_NEW_MESSAGE
     assert notify.has_message is False
     assert broker.hold_table.total == 0
+
+
+async def test_one_message_wakes_one_held_pop_of_the_group(tmp_path) -> None:
+    async with running_broker(fast_broker_config(tmp_path)) as broker:
+        await _topic(broker)
+        held = [asyncio.create_task(broker.pop(_pop(3000, max_messages=1))) for _ in range(4)]
+        await _held(broker, 4)
+        await broker.send([Message("t", b"one")])
+        await asyncio.sleep(0.05)
+        done = [t for t in held if t.done()]
+        assert len(done) == 1 and len(done[0].result().messages) == 1
+        assert broker.hold_table.total == 3
+        # three at once: each woken pop takes one and passes the wake on
+        await broker.send([Message("t", f"m{i}".encode()) for i in range(3)], 0)
+        results = await asyncio.wait_for(asyncio.gather(*held), 2)
+        assert sorted(len(r.messages) for r in results) == [1, 1, 1, 1]
+        assert broker.hold_table.total == 0

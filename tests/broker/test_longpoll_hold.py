@@ -60,3 +60,32 @@ async def test_wake_for_group_queue() -> None:
     assert table.wake("t", "g", 2) == 1
     assert await mine == HoldOutcome.WOKEN
     assert await other == HoldOutcome.TIMEOUT
+
+
+async def test_group_waiters_woken_one_at_a_time_pull_all() -> None:
+    table = HoldTable(10, 100)
+    pops = [asyncio.create_task(table.wait([("t", "g", -1)], 5_000)) for _ in range(3)]
+    pulls = [asyncio.create_task(table.wait([("t", "", 0)], 5_000, min_offset=0)) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert table.on_arrival("t", 0, 1, {""}) == 1 + 2
+    await asyncio.sleep(0)
+    assert [t.done() for t in pops] == [True, False, False]  # the oldest pop only
+    assert all(t.done() for t in pulls)
+    assert table.wake("t", "g", -1) == 1
+    await asyncio.sleep(0)
+    assert [t.done() for t in pops] == [True, True, False]
+    pops[2].cancel()
+    await asyncio.gather(*pops, *pulls, return_exceptions=True)
+    assert table.total == 0
+
+
+async def test_cancelled_after_wake_passes_it_on() -> None:
+    table = HoldTable(10, 100)
+    first = asyncio.create_task(table.wait([("t", "g", -1)], 5_000))
+    second = asyncio.create_task(table.wait([("t", "g", -1)], 5_000))
+    await asyncio.sleep(0)
+    assert table.on_arrival("t", 1, 5, None) == 1
+    first.cancel()  # woken, but its caller goes away before using the wake
+    assert await second == HoldOutcome.WOKEN
+    assert first.cancelled()
+    assert table.total == 0
