@@ -17,25 +17,31 @@ from broker.store.commitlog import CommitLog
 class GroupCommit:
     def __init__(self, commitlog: CommitLog) -> None:
         self._log = commitlog
-        self._inflight: asyncio.Future[None] | None = None
+        self._leading = False
+        # One future per waiting writer: resolving it wakes that writer in the very next loop
+        # iteration, and a cancelled writer cancels only its own future.
+        self._waiters: list[asyncio.Future[None]] = []
 
     async def wait_durable(self, position: int) -> None:
         """Return once every commitlog byte below ``position`` is fsynced."""
         while self._log.durable_position < position:
-            if self._inflight is not None:
-                # shield: a cancelled follower must not cancel the leader's fsync
-                await asyncio.shield(self._inflight)
+            if self._leading:
+                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                await waiter
                 continue
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._inflight = done
+            self._leading = True
             try:
                 # Let writers that are already runnable append first, so they ride on this
                 # fsync instead of each waiting for the next one.
                 await asyncio.sleep(0)
                 await self._fsync()
             finally:
-                self._inflight = None
-                done.set_result(None)
+                self._leading = False
+                waiters, self._waiters = self._waiters, []
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
 
     async def _fsync(self) -> None:
         target, fds, dir_dirty = self._log.flush_targets()
