@@ -257,9 +257,14 @@ class Broker:
 
     def _start_offset(self, group: str, topic: str, queue_id: int) -> int:
         """Where a group starts on a queue: its committed offset, else the queue's start."""
-        committed = self._store.get_consumer_offset(group, topic, queue_id)
-        low = self._store.min_offset(topic, queue_id)
-        return low if committed < 0 else max(committed, low)
+        try:
+            committed = self._store.get_consumer_offset(group, topic, queue_id)
+            low = self._store.min_offset(topic, queue_id)
+            high = self._store.max_offset(topic, queue_id)
+        except BrokerError:  # the topic or queue is gone (deleted while messages were out)
+            return 0
+        # An offset past the end means the store lost its tail (machine crash, async flush).
+        return low if committed < 0 else min(max(committed, low), high)
 
     def _commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         with contextlib.suppress(BrokerError):  # the topic may have been deleted meanwhile

@@ -196,6 +196,11 @@ class PopEngine:
             return self._rest(topic, queue_id, state.pop_offset, max_offset, tags)
         try:
             state = self._ledger.queue(group, topic, queue_id)
+            if state.pop_offset > max_offset:
+                # The queue is shorter than our progress (e.g. the store dropped a torn tail
+                # after a power cut): continue from its end rather than wait forever.
+                self._ledger.reset_queue(group, topic, queue_id, max_offset)
+                state = self._ledger.queue(group, topic, queue_id)
             room = request.max_messages - len(out)
             if room <= 0 or (fifo and state.inflight):
                 return self._rest(topic, queue_id, state.pop_offset, max_offset, tags)

@@ -62,12 +62,16 @@ class CheckpointLedger:
     def existing_queue(self, group: str, topic: str, queue_id: int) -> QueueState | None:
         return self.queues.get((group, topic, queue_id))
 
-    def reset_queue(self, group: str, topic: str, queue_id: int) -> None:
-        """Restart a group's cursor from its (newly set) start offset; what is in flight
-        beyond it stays in flight."""
+    def reset_queue(self, group: str, topic: str, queue_id: int, offset: int | None = None) -> None:
+        """Restart a group's cursor at ``offset`` (default: its start offset, e.g. newly set);
+        what is in flight beyond it stays in flight."""
         key = (group, topic, queue_id)
         old = self.queues.pop(key, None)
-        fresh = self.queue(group, topic, queue_id)
+        if offset is None:
+            fresh = self.queue(group, topic, queue_id)
+        else:
+            fresh = self.queues[key] = QueueState(offset)
+            self._dirty[key] = fresh
         if old is not None:
             for offset, owner in old.inflight.items():
                 if offset >= fresh.pop_offset:

@@ -181,3 +181,35 @@ async def test_not_started(tmp_path) -> None:
     broker = Broker(fast_broker_config(tmp_path))
     await _raises(broker.send([Message("t", b"x")]), Code.INTERNAL_ERROR)
     await broker.stop()  # harmless
+
+
+async def test_delete_topic_with_messages_in_flight(tmp_path) -> None:
+    config = fast_broker_config(tmp_path)
+    async with running_broker(config) as broker:
+        await broker.send([Message("t", b"x")], 0)
+        await broker.pop(PopRequest("g", "t", invisible_time_ms=30))
+        await broker.delete_topic("t")
+        for _ in range(100):
+            if not broker.ledger.live:
+                break
+            await asyncio.sleep(0.01)
+        assert not broker.ledger.live  # dropped, not retried forever
+    async with running_broker(config) as broker:
+        await broker.send([Message("t", b"fresh")], 0)
+        popped = (await broker.pop(PopRequest("g", "t", invisible_time_ms=100))).messages
+        assert [p.message.body for p in popped] == [b"fresh"]
+
+
+async def test_progress_beyond_queue_end_is_clamped(tmp_path) -> None:
+    async with running_broker(fast_broker_config(tmp_path)) as broker:
+        await broker.send([Message("t", b"a")], 0)
+        broker.ledger.reset_queue("g", "t", 0, 50)  # as if the store lost its tail
+        popped = (
+            await broker.pop(PopRequest("g", "t", queue_id=0, invisible_time_ms=100))
+        ).messages
+        assert popped == []
+        await broker.send([Message("t", b"b")], 0)
+        popped = (
+            await broker.pop(PopRequest("g", "t", queue_id=0, invisible_time_ms=100))
+        ).messages
+        assert [p.message.body for p in popped] == [b"b"]
