@@ -27,7 +27,6 @@ Messages are readable as soon as they are written, before their fsync.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import itertools
@@ -35,10 +34,8 @@ import logging
 import os
 import re
 import shutil
-import sys
 import time
 import uuid
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,13 +43,14 @@ from typing import Any
 
 from broker.api.errors import BrokerError, Code
 from broker.api.types import Message, StoredMessage
-from broker.store.codec import decode_record, encode_record, tag_hash
+from broker.store.codec import encode_record, tag_hash
 from broker.store.commitlog import CommitLog, PositionPurged
 from broker.store.errors import OffsetOutOfRangeError, OffsetPurgedError
 from broker.store.files import DirLock, HandleCache, read_json, write_json_atomic
-from broker.store.framing import FRAME_HEADER, HEADER_SIZE, encode_frame
+from broker.store.framing import encode_frame
 from broker.store.group_commit import GroupCommit
 from broker.store.queue_index import ENTRY, IndexDamaged, QueueIndex
+from broker.store.reader import count_tagged, fetch_messages, select_entries
 from broker.store.recovery import QueueKey, Recovery, RecoveryReport, queue_key_text
 from broker.store.topics import (
     TopicMeta,
@@ -68,21 +66,9 @@ log = logging.getLogger(__name__)
 ArrivalListener = Callable[[str, int, int, set[str]], None]
 
 _STATE_NAME = re.compile(r"^[A-Za-z0-9_%-][A-Za-z0-9_.%-]{0,199}$")
-# A filtered read looks at no more than this many index entries per call (RocketMQ bounds
-# its filtered pulls the same way), so a rare tag cannot make one read scan a whole queue.
-_MAX_FILTER_SCAN = 16_384
-_FILTER_CHUNK = 1_024
-# Index entries read per step when counting a tag's backlog; beyond it, extrapolate.
-_MAX_COUNT_SCAN = 65_536
-# Records closer than this in the commitlog are fetched with one read.
-_COALESCE_GAP = 16 * 1024
-_COALESCE_SPAN = 4 << 20
 _RETENTION_INTERVAL_S = 10.0
 
 _pack_entry = ENTRY.pack
-_iter_entries = ENTRY.iter_unpack
-_crc32 = zlib.crc32
-_unpack_frame_header = FRAME_HEADER.unpack_from
 
 
 def now_ms() -> int:
@@ -524,98 +510,14 @@ class MessageStore:
         self._check_offset(topic, queue_id, index, offset)
         if max_messages <= 0:
             return ReadResult([], offset)
-        selected, next_offset = self._select(index, offset, max_messages, tags, max_bytes)
+        selected, next_offset = select_entries(index, offset, max_messages, tags, max_bytes)
         if not selected:
             return ReadResult([], next_offset)
         try:
-            messages = self._fetch(topic, queue_id, selected, tags)
+            messages = fetch_messages(self._commitlog, topic, queue_id, selected, tags)
         except PositionPurged:
             raise OffsetPurgedError(topic, queue_id, offset, index.min_offset) from None
         return ReadResult(messages, next_offset)
-
-    def _select(
-        self,
-        index: QueueIndex,
-        offset: int,
-        max_messages: int,
-        tags: frozenset[str] | None,
-        max_bytes: int,
-    ) -> tuple[list[tuple[int, int, int]], int]:
-        """(position, size, offset) of the messages to return, and the next offset."""
-        end = index.max_offset
-        codes = None if tags is None else {tag_hash(tag) for tag in tags}
-        selected: list[tuple[int, int, int]] = []
-        total = 0
-        cursor = offset
-        scan_end = end if codes is None else min(end, offset + _MAX_FILTER_SCAN)
-        while cursor < scan_end:
-            want = max_messages - len(selected)
-            count = min(scan_end - cursor, want if codes is None else _FILTER_CHUNK)
-            raw = index.read_raw(cursor, count)
-            for position, size, code, _ in _iter_entries(raw):
-                if codes is not None and code not in codes:
-                    cursor += 1
-                    continue
-                if selected and total + size > max_bytes:
-                    return selected, cursor
-                selected.append((position, size, cursor))
-                total += size
-                cursor += 1
-                if len(selected) == max_messages:
-                    return selected, cursor
-        return selected, cursor
-
-    def _fetch(
-        self,
-        topic: str,
-        queue_id: int,
-        selected: list[tuple[int, int, int]],
-        tags: frozenset[str] | None,
-    ) -> list[StoredMessage]:
-        messages: list[StoredMessage] = []
-        run_start = 0
-        while run_start < len(selected):
-            # Grow a run of records close together in the commitlog: one read for all.
-            first_position = selected[run_start][0]
-            run_end = run_start + 1
-            limit = selected[run_start][0] + selected[run_start][1]
-            while run_end < len(selected):
-                position, size, _ = selected[run_end]
-                if position < limit or position - limit > _COALESCE_GAP:
-                    break
-                if position + size - first_position > _COALESCE_SPAN:
-                    break
-                limit = position + size
-                run_end += 1
-            data = memoryview(self._commitlog.read(first_position, limit - first_position))
-            for position, size, offset in selected[run_start:run_end]:
-                message = self._decode_at(data, position - first_position, size)
-                if message is None or (message.topic, message.queue_id, message.queue_offset) != (
-                    topic,
-                    queue_id,
-                    offset,
-                ):
-                    log.error("store: record of %s/%d offset %d at position %d is corrupt; "
-                              "skipped", topic, queue_id, offset, position)  # fmt: skip
-                    continue
-                if tags is not None and message.tag not in tags:
-                    continue  # a tag hash collision
-                messages.append(message)
-            run_start = run_end
-        return messages
-
-    @staticmethod
-    def _decode_at(data: memoryview, start: int, size: int) -> StoredMessage | None:
-        if start + size > len(data) or size <= HEADER_SIZE:
-            return None
-        length, crc = _unpack_frame_header(data, start)
-        payload = data[start + HEADER_SIZE : start + size]
-        if length != size - HEADER_SIZE or _crc32(payload) != crc:
-            return None
-        try:
-            return decode_record(payload)
-        except ValueError:
-            return None
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first offset stored at or after ``timestamp_ms``; the max offset if none."""
@@ -634,16 +536,7 @@ class MessageStore:
             return 0
         if tags is None:
             return end - start
-        scanned_end = min(end, start + _MAX_COUNT_SCAN)
-        words = array.array("I", index.read_raw(start, scanned_end - start))
-        if sys.byteorder == "big":
-            words.byteswap()
-        # An entry is 6 u32 words; the tag hash is the fourth. Counting runs in C.
-        tag_codes = words[3 :: ENTRY.size // 4]
-        matches = sum(tag_codes.count(code) for code in {tag_hash(tag) for tag in tags})
-        if scanned_end == end:
-            return matches
-        return round(matches * (end - start) / (scanned_end - start))
+        return count_tagged(index, start, end, tags)
 
     # -- consumer offsets --------------------------------------------------------------------
     def get_consumer_offset(self, group: str, topic: str, queue_id: int) -> int:

@@ -300,11 +300,11 @@ async def test_second_store_on_same_directory_is_refused(store_factory) -> None:
 
 
 async def test_filtered_scans_are_bounded(store_factory, monkeypatch) -> None:
-    import broker.store.message_store as message_store
+    import broker.store.reader as reader
 
-    monkeypatch.setattr(message_store, "_MAX_FILTER_SCAN", 40)
-    monkeypatch.setattr(message_store, "_FILTER_CHUNK", 16)
-    monkeypatch.setattr(message_store, "_MAX_COUNT_SCAN", 100)
+    monkeypatch.setattr(reader, "_MAX_FILTER_SCAN", 40)
+    monkeypatch.setattr(reader, "_FILTER_CHUNK", 16)
+    monkeypatch.setattr(reader, "_MAX_COUNT_SCAN", 100)
     store = store_factory()
     store.create_topic("T", 1)
     tags = ["A" if i % 4 == 0 else "B" for i in range(1000)]
