@@ -398,6 +398,7 @@ class PopEngine:
                 self._hold_keys(request.group, request.topic, request.queue_id, fifo),
                 remaining,
                 tags,
+                broadcast=True,
             )
             if outcome is HoldOutcome.FULL:
                 return NotifyResult(False, polling_full=True)

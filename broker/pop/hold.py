@@ -4,11 +4,12 @@ A waiter is registered under one or more keys ``(topic, group, queue_id)``; ``gr
 pull and ``queue_id`` is -1 for "any queue of the topic". A message arriving on ``(topic, q)``
 wakes waiters under ``(topic, *, q)`` and ``(topic, *, -1)`` whose tag filter accepts one of its
 tags (and, for pull, whose offset it passes):
-- pull keys (group ""): every matching waiter (each puller reads its own offsets);
-- group keys (pop, notify): the oldest matching waiter only, as RocketMQ's pop long polling
-  does, so one message does not stampede every idle consumer of the group. The woken request
-  passes the wake on when it leaves more behind (``wake``), and a woken request that is
-  cancelled before it could use the wake hands it to the next waiter.
+- broadcast waiters (pull: each puller reads its own offsets; notify: it only looks, and the
+  proxies it answers race to pop): every matching one;
+- pop waiters: the oldest matching one only, as RocketMQ's pop long polling does, so one
+  message does not stampede every idle consumer of the group. The woken pop passes the wake
+  on when it leaves more behind (``wake``), and a woken pop that is cancelled before it could
+  use the wake hands it to the next waiter.
 A woken request retries its read; if another consumer took the message first it simply holds
 again for the rest of its time.
 
@@ -38,6 +39,7 @@ class _Waiter:
     keys: tuple[HoldKey, ...]
     tags: frozenset[str] | None  # None: any tag
     min_offset: int  # pull: wake only when the queue's max offset passes it; -1 otherwise
+    broadcast: bool  # woken with every other matching waiter, not one at a time
     future: asyncio.Future[None] = field(repr=False)
 
     def accepts(self, max_offset: int, tags: Iterable[str] | None) -> bool:
@@ -84,12 +86,13 @@ class HoldTable:
         timeout_ms: int,
         tags: frozenset[str] | None = None,
         min_offset: int = -1,
+        broadcast: bool = False,
     ) -> HoldOutcome:
         """Hold until a matching arrival (WOKEN), the timeout (TIMEOUT), or refuse (FULL).
         A closed table answers TIMEOUT at once."""
         if self.closed:
             return HoldOutcome.TIMEOUT
-        waiter = self._register(tuple(dict.fromkeys(keys)), tags, min_offset)
+        waiter = self._register(tuple(dict.fromkeys(keys)), tags, min_offset, broadcast)
         if waiter is None:
             return HoldOutcome.FULL
         try:
@@ -100,23 +103,27 @@ class HoldTable:
             return HoldOutcome.TIMEOUT
         except asyncio.CancelledError:
             future = waiter.future
-            if future.done() and not future.cancelled():  # woken, but will not use it
-                self._remove(waiter)
-                for topic, group, queue_id in waiter.keys:
-                    if group:
-                        self._wake_first((topic, group, queue_id), -1, None)
+            if future.done() and not future.cancelled() and not waiter.broadcast:
+                self._remove(waiter)  # woken, but will not use it: hand the wake on
+                for key in waiter.keys:
+                    self._wake_key(key, -1, None)
             raise
         finally:
             self._remove(waiter)
 
     def _register(
-        self, keys: tuple[HoldKey, ...], tags: frozenset[str] | None, min_offset: int
+        self,
+        keys: tuple[HoldKey, ...],
+        tags: frozenset[str] | None,
+        min_offset: int,
+        broadcast: bool,
     ) -> _Waiter | None:
         if self._total >= self._max_total:
             return None
         if any(self.count(key) >= self._max_per_key for key in keys):
             return None
-        waiter = _Waiter(keys, tags, min_offset, asyncio.get_running_loop().create_future())
+        future = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(keys, tags, min_offset, broadcast or min_offset >= 0, future)
         for topic, group, queue_id in keys:
             self._by_topic.setdefault(topic, {}).setdefault((group, queue_id), {})[waiter] = None
         self._total += 1
@@ -139,13 +146,25 @@ class HoldTable:
         if removed:
             self._total -= 1
 
-    def _wake_first(self, key: HoldKey, max_offset: int, tags: Iterable[str] | None) -> int:
+    def _wake_key(self, key: HoldKey, max_offset: int, tags: Iterable[str] | None) -> int:
+        """Wake the matching broadcast waiters of ``key`` and its oldest matching pop."""
         topic, group, queue_id = key
-        for waiter in self._by_topic.get(topic, {}).get((group, queue_id), ()):
-            if not waiter.future.done() and waiter.accepts(max_offset, tags):
+        waiters = self._by_topic.get(topic, {}).get((group, queue_id))
+        if not waiters:
+            return 0
+        woken = 0
+        single_woken = False
+        for waiter in list(waiters):
+            if waiter.future.done() or not waiter.accepts(max_offset, tags):
+                continue
+            if waiter.broadcast:
                 waiter.future.set_result(None)
-                return 1
-        return 0
+                woken += 1
+            elif not single_woken:
+                waiter.future.set_result(None)
+                woken += 1
+                single_woken = True
+        return woken
 
     def on_arrival(
         self, topic: str, queue_id: int, max_offset: int, tags: Iterable[str] | None
@@ -155,23 +174,17 @@ class HoldTable:
         if not groups:
             return 0
         woken = 0
-        for (group, held_queue), waiters in list(groups.items()):
-            if held_queue != queue_id and held_queue != -1:
-                continue
-            if group:
-                woken += self._wake_first((topic, group, held_queue), max_offset, tags)
-                continue
-            for waiter in list(waiters):
-                if not waiter.future.done() and waiter.accepts(max_offset, tags):
-                    waiter.future.set_result(None)
-                    woken += 1
+        for group, held_queue in list(groups):
+            if held_queue == queue_id or held_queue == -1:
+                woken += self._wake_key((topic, group, held_queue), max_offset, tags)
         return woken
 
     def wake(self, topic: str, group: str, queue_id: int) -> int:
         """Something is visible for ``group`` on (topic, queue_id) without a new arrival (more
         left behind by a pop, a FIFO queue unblocked, a message released in place): wake the
-        oldest waiter of each matching key."""
-        keys = [(topic, group, queue_id), (topic, group, -1)] if queue_id != -1 else []
+        oldest pop and the notifications of each matching key (``queue_id`` -1: any queue)."""
         if queue_id == -1:
             keys = [(topic, group, q) for (g, q) in self._by_topic.get(topic, {}) if g == group]
-        return sum(self._wake_first(key, -1, None) for key in keys)
+        else:
+            keys = [(topic, group, queue_id), (topic, group, -1)]
+        return sum(self._wake_key(key, -1, None) for key in keys)

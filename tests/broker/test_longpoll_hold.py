@@ -67,7 +67,10 @@ async def test_group_waiters_woken_one_at_a_time_pull_all() -> None:
     pops = [asyncio.create_task(table.wait([("t", "g", -1)], 5_000)) for _ in range(3)]
     pulls = [asyncio.create_task(table.wait([("t", "", 0)], 5_000, min_offset=0)) for _ in range(2)]
     await asyncio.sleep(0)
-    assert table.on_arrival("t", 0, 1, {""}) == 1 + 2
+    notify = asyncio.create_task(table.wait([("t", "g", -1)], 5_000, broadcast=True))
+    await asyncio.sleep(0)
+    assert table.on_arrival("t", 0, 1, {""}) == 1 + 2 + 1
+    assert await notify == HoldOutcome.WOKEN
     await asyncio.sleep(0)
     assert [t.done() for t in pops] == [True, False, False]  # the oldest pop only
     assert all(t.done() for t in pulls)
