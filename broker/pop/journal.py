@@ -69,7 +69,7 @@ class PopJournal:
         A cancelled caller still waits for the fsync thread, which cannot be stopped, so the
         file is never closed under it."""
         self._log.flush()
-        fsync = asyncio.ensure_future(asyncio.to_thread(self._log.sync))
+        fsync = asyncio.get_running_loop().run_in_executor(None, self._log.sync)
         try:
             await asyncio.shield(fsync)
         except asyncio.CancelledError:
