@@ -207,3 +207,20 @@ async def test_one_message_wakes_one_held_pop_of_the_group(tmp_path) -> None:
         results = await asyncio.wait_for(asyncio.gather(*held), 2)
         assert sorted(len(r.messages) for r in results) == [1, 1, 1, 1]
         assert broker.hold_table.total == 0
+
+
+async def test_notify_respects_tag_filter(tmp_path) -> None:
+    async with running_broker(fast_broker_config(tmp_path)) as broker:
+        await _topic(broker)
+        await broker.send([Message("t", b"b", tag="B")])
+        only_a = NotifyRequest("g", "t", filter=FilterExpression("A"))
+        assert (await broker.notify(only_a)).has_message is False
+        waiter = asyncio.create_task(
+            broker.notify(NotifyRequest("g", "t", poll_time_ms=3000, filter=FilterExpression("A")))
+        )
+        await _held(broker, 1)
+        await broker.send([Message("t", b"b2", tag="B")])
+        await asyncio.sleep(0.05)
+        assert not waiter.done()
+        await broker.send([Message("t", b"a", tag="A")])
+        assert (await asyncio.wait_for(waiter, 1)).has_message is True
