@@ -101,8 +101,12 @@ def batch_to_messages(batch: pa.RecordBatch, default_topic: str) -> list[Message
     if delivery_index >= 0:
         column = batch.column(delivery_index)
         if pa.types.is_timestamp(column.type):
-            column = column.cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
-        delivery = column.to_pylist()
+            # Truncate to milliseconds (a plain cast refuses to drop the microseconds).
+            per_ms = {"s": 1 / 1000, "ms": 1, "us": 1000, "ns": 1_000_000}[column.type.unit]
+            raw = column.cast(pa.int64()).to_pylist()
+            delivery = [None if v is None else int(v // per_ms) for v in raw]
+        else:
+            delivery = column.to_pylist()
 
     messages = []
     for row in range(count):

@@ -21,8 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
 
 from popmq.client import Client
 
@@ -38,27 +37,27 @@ class AckReport:
 
 def _ack_partition(
     endpoint: str, group: str, timeout_s: float
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+) -> Callable[[Iterator[Row]], Iterator[tuple[int, int]]]:
+    def run(rows: Iterator[Row]) -> Iterator[tuple[int, int]]:
         acked = failed = 0
         with Client(endpoint, timeout_s) as client:
-            for batch in batches:
-                columns = batch.to_pydict()
-                by_topic: dict[str, list[tuple[str, str]]] = {}
-                for topic, message_id, handle in zip(
-                    *(columns[c] for c in _ACK_COLUMNS), strict=True
-                ):
-                    by_topic.setdefault(topic, []).append((message_id, handle))
-                for topic, entries in by_topic.items():
-                    for i in range(0, len(entries), ACK_CHUNK):
-                        outcomes = client.ack(group, topic, entries[i : i + ACK_CHUNK])
-                        ok = sum(1 for o in outcomes if o.ok)
-                        acked += ok
-                        failed += len(outcomes) - ok
-        yield pa.RecordBatch.from_pydict(
-            {"acked": [acked], "failed": [failed]},
-            schema=pa.schema([("acked", pa.int64()), ("failed", pa.int64())]),
-        )
+            pending: dict[str, list[tuple[str, str]]] = {}
+
+            def flush(topic: str) -> None:
+                nonlocal acked, failed
+                outcomes = client.ack(group, topic, pending.pop(topic))
+                ok = sum(1 for o in outcomes if o.ok)
+                acked += ok
+                failed += len(outcomes) - ok
+
+            for topic, message_id, handle in rows:
+                entries = pending.setdefault(topic, [])
+                entries.append((message_id, handle))
+                if len(entries) >= ACK_CHUNK:
+                    flush(topic)
+            for topic in list(pending):
+                flush(topic)
+        yield (acked, failed)
 
     return run
 
@@ -73,13 +72,10 @@ def ack_messages(df: DataFrame, endpoint: str, group: str, timeout_ms: int = 10_
         raise ValueError(f"popmq: cannot ack: the DataFrame lacks {missing} (read with mode=pop)")
     counts = (
         df.select(*_ACK_COLUMNS)
-        .mapInArrow(_ack_partition(endpoint, group, timeout_ms / 1000), "acked long, failed long")
-        .groupBy()
-        .sum("acked", "failed")
+        .rdd.mapPartitions(_ack_partition(endpoint, group, timeout_ms / 1000))
         .collect()
     )
-    acked, failed = counts[0] if counts and counts[0][0] is not None else (0, 0)
-    return AckReport(int(acked), int(failed))
+    return AckReport(sum(a for a, _ in counts), sum(f for _, f in counts))
 
 
 def pop_foreach_batch(

@@ -1,0 +1,108 @@
+"""mode=pop: at-least-once shared consumption, acked only after the batch is written."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from popmq_spark import AckReport, pop_foreach_batch
+
+from .helpers import produce, receive_all
+
+pytestmark = pytest.mark.spark
+
+INVISIBLE_MS = 4000
+
+
+def _pop_stream(spark, endpoint: str, topic: str, group: str):  # type: ignore[no-untyped-def]
+    return (
+        spark.readStream.format("popmq")
+        .option("endpoint", endpoint)
+        .option("topic", topic)
+        .option("mode", "pop")
+        .option("group", group)
+        .option("invisibleTimeMs", str(INVISIBLE_MS))
+        .option("popLongPollingMs", "100")
+        .load()
+    )
+
+
+def test_everything_is_acked_after_a_good_batch(
+    spark, endpoint: str, topic: str, tmp_path: Path
+) -> None:
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    ids = produce(endpoint, topic, 20)
+    out = str(tmp_path / "out")
+    reports: list[AckReport] = []
+
+    def write(batch_df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+        batch_df.write.mode("append").parquet(out)
+
+    query = (
+        _pop_stream(spark, endpoint, topic, group)
+        .writeStream.foreachBatch(
+            pop_foreach_batch(write, endpoint, group, on_acked=lambda _, r: reports.append(r))
+        )
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+
+    stored = spark.read.parquet(out).collect()
+    assert sorted(r.message_id for r in stored) == sorted(ids)
+    assert all(r.receipt_handle and r.delivery_attempt == 1 for r in stored)
+    assert sum(r.acked for r in reports) == 20 and sum(r.failed for r in reports) == 0
+    # Acked: nothing comes back for the group, even after the invisible time is over.
+    assert receive_all(endpoint, topic, group, wait_s=INVISIBLE_MS / 1000 + 1.0) == []
+
+
+def test_messages_come_back_after_a_failed_batch(
+    spark, endpoint: str, topic: str, tmp_path: Path
+) -> None:
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    ids = produce(endpoint, topic, 10)
+    popped: list[str] = []
+
+    def failing_sink(batch_df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+        popped.extend(r.message_id for r in batch_df.select("message_id").collect())
+        raise RuntimeError("the sink is down")
+
+    query = (
+        _pop_stream(spark, endpoint, topic, group)
+        .writeStream.foreachBatch(pop_foreach_batch(failing_sink, endpoint, group))
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match="the sink is down"):
+        query.awaitTermination(120)
+    assert sorted(popped) == sorted(ids)
+
+    # Not acked: once the invisible time is over, the group gets them all again.
+    again = receive_all(endpoint, topic, group, wait_s=INVISIBLE_MS / 1000 + 10, expected=len(ids))
+    assert sorted(m.message_id for m in again) == sorted(ids)
+    assert {m.delivery_attempt for m in again} == {2}
+
+
+def test_batch_pop_read_and_ack(spark, endpoint: str, topic: str) -> None:
+    from popmq_spark import ack_messages
+
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    ids = produce(endpoint, topic, 12)
+    df = (
+        spark.read.format("popmq")
+        .option("endpoint", endpoint)
+        .option("topic", topic)
+        .option("mode", "pop")
+        .option("group", group)
+        .option("popLongPollingMs", "100")
+        .load()
+        .localCheckpoint(eager=True)
+    )
+    assert sorted(r.message_id for r in df.collect()) == sorted(ids)
+    report = ack_messages(df, endpoint, group)
+    assert (report.acked, report.failed) == (12, 0)
