@@ -1,9 +1,11 @@
-"""In-process broker throughput: send, pop+ack and pull, with async and sync flush.
+"""Broker throughput: send, pop+ack and pull, in-process and over gRPC, async and sync flush.
 
-``bench_broker`` starts a real Broker on a temporary (or given) directory for each flush mode,
-sends ``messages`` messages of ``body_bytes`` in batches from ``producers`` concurrent tasks,
-then drains them with ``consumers`` concurrent pop (batch ``batch``) + ack loops, then reads
-them all again by offset with pull. Figures are messages per second of wall time.
+``bench_broker`` starts a fresh broker for each (transport, flush) pair: ``inproc`` calls a
+Broker in this process through LocalBrokerPort; ``grpc`` starts a `popmq broker` child process
+and calls it through RemoteBrokerPort. It sends ``messages`` messages of ``body_bytes`` in
+batches from ``producers`` concurrent tasks, drains them with ``consumers`` concurrent pop
+(batch ``batch``) + ack loops, then reads them all again by offset with pull. Figures are
+messages per second of wall time.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from broker.api.port import BrokerPort
 from broker.api.types import AckEntry, Message, PopRequest, PullRequest, PullStatus
-from broker.core import Broker
+from popmq.bench.brokers import local_broker, remote_broker
 from popmq.config import BrokerConfig
 
 TOPIC = "bench"
@@ -33,7 +36,9 @@ def _config(data_dir: Path, flush: str, queues: int) -> BrokerConfig:
     )
 
 
-async def _send_all(broker: Broker, total: int, batch: int, producers: int, body: bytes) -> float:
+async def _send_all(
+    broker: BrokerPort, total: int, batch: int, producers: int, body: bytes
+) -> float:
     per_task = total // producers
 
     async def produce() -> None:
@@ -50,7 +55,7 @@ async def _send_all(broker: Broker, total: int, batch: int, producers: int, body
     return per_task * producers / (time.perf_counter() - started)
 
 
-async def _pop_ack_all(broker: Broker, total: int, batch: int, consumers: int) -> float:
+async def _pop_ack_all(broker: BrokerPort, total: int, batch: int, consumers: int) -> float:
     done = 0
     request = PopRequest(GROUP, TOPIC, max_messages=batch, invisible_time_ms=60_000)
 
@@ -74,7 +79,7 @@ async def _pop_ack_all(broker: Broker, total: int, batch: int, consumers: int) -
     return done / (time.perf_counter() - started)
 
 
-async def _pull_all(broker: Broker, queues: int, batch: int) -> float:
+async def _pull_all(broker: BrokerPort, queues: int, batch: int) -> float:
     count = 0
     started = time.perf_counter()
     for queue_id in range(queues):
@@ -96,26 +101,28 @@ async def bench_broker(
     consumers: int = 4,
     queues: int = 8,
     flush_modes: tuple[str, ...] = ("async", "sync"),
+    transports: tuple[str, ...] = ("inproc",),
     data_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the benchmark; returns ``{"params": ..., "results": {mode: {...msg/s}}}``."""
+    """Run the benchmark; returns ``{"params": ..., "results": {"inproc/async": {msg/s}}}``."""
     body = b"x" * body_bytes
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(dir=data_dir) as tmp:
-        for mode in flush_modes:
-            broker = Broker(_config(Path(tmp) / mode, mode, queues))
-            await broker.start()
-            try:
-                send = await _send_all(broker, messages, batch, producers, body)
-                pop_ack = await _pop_ack_all(broker, messages, batch, consumers)
-                pull = await _pull_all(broker, queues, batch)
-            finally:
-                await broker.stop()
-            results[mode] = {
-                "send_msgs_per_s": round(send),
-                "pop_ack_msgs_per_s": round(pop_ack),
-                "pull_msgs_per_s": round(pull),
-            }
+        for transport in transports:
+            for mode in flush_modes:
+                label = f"{transport}/{mode}"
+                config = _config(Path(tmp) / label.replace("/", "-"), mode, queues)
+                start = remote_broker if transport == "grpc" else local_broker
+                async with start(config) as broker:
+                    await broker.create_topic(TOPIC, queues)
+                    send = await _send_all(broker, messages, batch, producers, body)
+                    pop_ack = await _pop_ack_all(broker, messages, batch, consumers)
+                    pull = await _pull_all(broker, queues, batch)
+                results[label] = {
+                    "send_msgs_per_s": round(send),
+                    "pop_ack_msgs_per_s": round(pop_ack),
+                    "pull_msgs_per_s": round(pull),
+                }
     return {
         "params": {
             "messages": messages,
@@ -127,13 +134,3 @@ async def bench_broker(
         },
         "results": results,
     }
-
-
-def main() -> None:
-    import json
-
-    print(json.dumps(asyncio.run(bench_broker()), indent=2))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,112 @@
+"""`popmq bench ...`: benchmarks that print a table and write JSON.
+
+Each benchmark compares modes or strategies side by side in ONE run, because these machines are
+shared and noisy: read the ratios, not the absolute figures. The logic lives next to what it
+measures; this module only parses flags, runs it, prints and saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_broker(result: dict[str, Any]) -> str:
+    params = result["params"]
+    head = (
+        f"{params['messages']} messages x {params['body_bytes']} B, batch {params['batch']}, "
+        f"{params['producers']} producers, {params['consumers']} consumers, "
+        f"{params['queues']} queues"
+    )
+    rows = [["mode", "send msg/s", "pop+ack msg/s", "pull msg/s"]]
+    for mode, figures in result["results"].items():
+        rows.append(
+            [
+                mode,
+                str(figures["send_msgs_per_s"]),
+                str(figures["pop_ack_msgs_per_s"]),
+                str(figures["pull_msgs_per_s"]),
+            ]
+        )
+    return head + "\n\n" + _table(rows)
+
+
+def _emit(result: dict[str, Any], table: str, json_path: str | None) -> int:
+    print(table)
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2, default=str))
+        print(f"\nwrote {json_path}")
+    return 0
+
+
+def _run_bench(module: str, function: str, formatter: Callable[[dict[str, Any]], str] | str,
+               json_path: str | None, **kwargs: Any) -> int:  # fmt: skip
+    bench = getattr(importlib.import_module(module), function)
+    result = asyncio.run(bench(**kwargs))
+    if isinstance(formatter, str):
+        formatter = getattr(importlib.import_module(module), formatter)
+    return _emit(result, formatter(result), json_path)
+
+
+def _broker(args: argparse.Namespace) -> int:
+    return _run_bench(
+        "broker.bench", "bench_broker", format_broker, args.json,
+        messages=args.messages, body_bytes=args.body_bytes, batch=args.batch,
+        producers=args.producers, consumers=args.consumers, queues=args.queues,
+        transports=tuple(args.transport), flush_modes=tuple(args.flush),
+    )  # fmt: skip
+
+
+def _longpoll(args: argparse.Namespace) -> int:
+    return _run_bench(
+        "popmq.bench.longpoll", "bench_longpoll", "format_table", args.json,
+        brokers=args.brokers, consumers=args.consumers, rate=args.rate,
+        duration_s=args.duration, await_ms=args.await_ms, strategies=tuple(args.strategy),
+        remote=args.remote, busy=args.busy, busy_consumers=args.busy_consumers,
+        busy_rate=args.busy_rate,
+    )  # fmt: skip
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    bench = subparsers.add_parser("bench", help="benchmarks: print a table, write --json")
+    kinds = bench.add_subparsers(dest="bench", required=True)
+
+    broker = kinds.add_parser("broker", help="send, pop+ack and pull msg/s of one broker")
+    broker.add_argument("--messages", type=int, default=50_000)
+    broker.add_argument("--body-bytes", type=int, default=1024)
+    broker.add_argument("--batch", type=int, default=32)
+    broker.add_argument("--producers", type=int, default=4)
+    broker.add_argument("--consumers", type=int, default=4)
+    broker.add_argument("--queues", type=int, default=8)
+    broker.add_argument("--transport", nargs="+", choices=("inproc", "grpc"),
+                        default=["inproc", "grpc"])  # fmt: skip
+    broker.add_argument("--flush", nargs="+", choices=("async", "sync"), default=["async", "sync"])
+    broker.add_argument("--json", help="also write the figures to this file")
+    broker.set_defaults(func=_broker)
+
+    longpoll = kinds.add_parser("longpoll", help="real-time delivery per long-poll strategy")
+    longpoll.add_argument("--brokers", type=int, default=8)
+    longpoll.add_argument("--consumers", type=int, default=1)
+    longpoll.add_argument("--rate", type=float, default=5.0, help="messages per second sent")
+    longpoll.add_argument("--duration", type=float, default=30.0, help="seconds per strategy")
+    longpoll.add_argument("--await-ms", type=int, default=20_000, help="client awaitDuration")
+    longpoll.add_argument("--strategy", nargs="+", default=["pop", "slices", "notify", "adaptive"],
+                          choices=("pop", "slices", "notify", "adaptive"))  # fmt: skip
+    longpoll.add_argument("--remote", action="store_true", help="brokers over gRPC")
+    longpoll.add_argument("--busy", action="store_true", help="also run the busy scenario")
+    longpoll.add_argument("--busy-consumers", type=int, default=32)
+    longpoll.add_argument("--busy-rate", type=float, default=1000.0)
+    longpoll.add_argument("--json", help="also write the figures to this file")
+    longpoll.set_defaults(func=_longpoll)
