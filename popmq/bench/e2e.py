@@ -1,0 +1,360 @@
+"""`popmq bench e2e`: send + receive + ack per second through one proxy, against direct calls.
+
+Two modes do the same work: P producers send 1 KiB messages in batches while C consumers
+receive (batch 32), then ack what they got, until every message is acked.
+
+- ``direct``: the load generator calls in-process brokers (LocalBrokerPort) itself;
+- ``proxy``:  the load generator talks apache.rocketmq.v2 over gRPC to a ``popmq serve``
+  process (proxy + the same number of embedded brokers) -- what a RocketMQ client does.
+
+The proxy overhead is direct msg/s divided by proxy msg/s. Each mode gets fresh brokers. The
+load generator and the server run in separate processes in proxy mode (as in production), so
+the machine's cores are shared differently: read the figures on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TOPIC = "bench-e2e"
+GROUP = "bench-e2e-group"
+MODES = ("direct", "proxy")
+INVISIBLE_MS = 60_000
+POLL_MS = 1_000
+
+
+@dataclass
+class _Progress:
+    target: int
+    sent: int = 0
+    acked: int = 0
+    receives: int = 0
+    empty_receives: int = 0
+    latencies_ms: list[float] = field(default_factory=list)  # born -> acked, sampled
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    send_done_s: float = 0.0
+
+    def add_acked(self, count: int) -> None:
+        self.acked += count
+        if self.acked >= self.target:
+            self.done.set()
+
+
+def _percentile(values: Sequence[float], fraction: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)]
+
+
+def _cpu_s(pid: int | None = None) -> float:
+    if pid is None:
+        times = os.times()
+        return times.user + times.system
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _batches(total: int, size: int, workers: int) -> list[list[int]]:
+    """Split `total` messages into per-worker lists of batch sizes."""
+    sizes = [size] * (total // size) + ([total % size] if total % size else [])
+    return [sizes[i::workers] for i in range(workers)]
+
+
+# -- direct mode -------------------------------------------------------------------------------
+@contextlib.asynccontextmanager
+async def _brokers(count: int, queues: int, root: Path) -> AsyncIterator[list[Any]]:
+    from broker.api.local import LocalBrokerPort
+    from broker.core import Broker
+    from popmq.config import BrokerConfig
+
+    async with contextlib.AsyncExitStack() as stack:
+        ports = []
+        for index in range(count):
+            config = BrokerConfig(name=f"broker-{index}", data_dir=root / f"broker-{index}")
+            broker = Broker(config)
+            await broker.start()
+            stack.push_async_callback(broker.stop)
+            port = LocalBrokerPort(broker)
+            await port.create_topic(TOPIC, queues)
+            ports.append(port)
+        yield ports
+
+
+async def _run_direct(params: dict[str, Any], root: Path) -> dict[str, Any]:
+    from broker.api.types import AckEntry, Message, PopRequest
+
+    body = b"x" * params["body_bytes"]
+    progress = _Progress(params["messages"])
+    async with _brokers(params["brokers"], params["queues"], root) as ports:
+        turn = itertools.count()
+
+        async def produce(sizes: list[int]) -> None:
+            for size in sizes:
+                port = ports[next(turn) % len(ports)]
+                now = int(time.time() * 1000)
+                batch = [Message(TOPIC, body, born_timestamp_ms=now) for _ in range(size)]
+                await port.send(batch)
+                progress.sent += size
+
+        async def consume(index: int) -> None:
+            request = PopRequest(group=GROUP, topic=TOPIC, max_messages=params["receive_batch"],
+                                 invisible_time_ms=INVISIBLE_MS, poll_time_ms=POLL_MS)  # fmt: skip
+            for round_ in itertools.count(index):
+                port = ports[round_ % len(ports)]
+                result = await port.pop(request)
+                progress.receives += 1
+                if not result.messages:
+                    progress.empty_receives += 1
+                    continue
+                await port.ack(GROUP, TOPIC, [AckEntry(m.receipt_handle) for m in result.messages])
+                now = time.time() * 1000
+                progress.latencies_ms.append(now - result.messages[0].message.born_timestamp_ms)
+                progress.add_acked(len(result.messages))
+
+        return await _drive(params, progress, produce, consume, server_pid=None)
+
+
+# -- proxy mode --------------------------------------------------------------------------------
+@contextlib.asynccontextmanager
+async def _serve(params: dict[str, Any], root: Path) -> AsyncIterator[tuple[str, int]]:
+    """A `popmq serve` process with the topic created; yields (endpoint, pid)."""
+    settings = [
+        f"broker.topics.queue_count={params['queues']}",
+        f"proxy.strategy={params['strategy']}",
+        "proxy.min_long_polling_ms=1000",
+    ]
+    args = [sys.executable, "-m", "popmq", "serve", "--port", "0",
+            "--brokers", str(params["brokers"]), "--data-dir", str(root / "data")]  # fmt: skip
+    for setting in settings:
+        args += ["--set", setting]
+    process = await asyncio.create_subprocess_exec(
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
+    try:
+        assert process.stdout is not None
+        async with asyncio.timeout(60):
+            while True:
+                line = (await process.stdout.readline()).decode()
+                if not line:
+                    raise RuntimeError("popmq serve exited before listening")
+                if "popmq proxy listening on" in line:
+                    break
+        port = int(line.rsplit(":", 1)[1])
+        yield f"127.0.0.1:{port}", process.pid
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                async with asyncio.timeout(15):
+                    await process.wait()
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
+    import grpc
+
+    from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+    from popmq.pb.rocketmq.v2 import service_pb2 as s
+    from popmq.pb.rocketmq.v2 import service_pb2_grpc
+
+    body = b"x" * params["body_bytes"]
+    progress = _Progress(params["messages"])
+    client_id = f"bench@{os.getpid()}"
+    metadata = (("x-mq-client-id", client_id), ("x-mq-language", "PYTHON"),
+                ("x-mq-protocol", "GRPC_V2"))  # fmt: skip
+    async with _serve(params, root) as (endpoint, pid):
+        # A few connections, as several client processes would open.
+        channels = [grpc.aio.insecure_channel(endpoint) for _ in range(params["channels"])]
+        stubs = [service_pb2_grpc.MessagingServiceStub(c) for c in channels]
+        try:
+            topic = pb.Resource(name=TOPIC)
+            route = await stubs[0].QueryRoute(s.QueryRouteRequest(topic=topic), metadata=metadata)
+            if route.status.code != 20000:
+                raise RuntimeError(f"route failed: {route.status}")
+            brokers = sorted({q.broker.name for q in route.message_queues})
+
+            async def produce(index: int, sizes: list[int]) -> None:
+                stub = stubs[index % len(stubs)]
+                for size in sizes:
+                    born = pb.SystemProperties(body_encoding=pb.IDENTITY, message_type=pb.NORMAL)
+                    born.born_timestamp.GetCurrentTime()
+                    messages = []
+                    for _ in range(size):
+                        props = pb.SystemProperties()
+                        props.CopyFrom(born)
+                        props.message_id = uuid.uuid4().hex
+                        messages.append(pb.Message(topic=topic, body=body, system_properties=props))
+                    response = await stub.SendMessage(
+                        s.SendMessageRequest(messages=messages), metadata=metadata
+                    )
+                    if response.status.code != 20000:
+                        raise RuntimeError(f"send failed: {response.status}")
+                    progress.sent += size
+
+            async def consume(index: int) -> None:
+                stub = stubs[index % len(stubs)]
+                group = pb.Resource(name=GROUP)
+                for round_ in itertools.count(index):
+                    request = s.ReceiveMessageRequest(
+                        group=group,
+                        message_queue=pb.MessageQueue(
+                            topic=topic, broker=pb.Broker(name=brokers[round_ % len(brokers)])
+                        ),
+                        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+                        batch_size=params["receive_batch"],
+                    )
+                    request.invisible_duration.FromMilliseconds(INVISIBLE_MS)
+                    request.long_polling_timeout.FromMilliseconds(POLL_MS)
+                    entries = []
+                    first_born = 0.0
+                    async for frame in stub.ReceiveMessage(request, metadata=metadata, timeout=10):
+                        if frame.WhichOneof("content") == "message":
+                            props = frame.message.system_properties
+                            if not entries:
+                                first_born = props.born_timestamp.ToMilliseconds()
+                            entries.append(s.AckMessageEntry(
+                                message_id=props.message_id, receipt_handle=props.receipt_handle
+                            ))  # fmt: skip
+                    progress.receives += 1
+                    if not entries:
+                        progress.empty_receives += 1
+                        continue
+                    acked = await stub.AckMessage(
+                        s.AckMessageRequest(group=group, topic=topic, entries=entries),
+                        metadata=metadata,
+                    )
+                    if acked.status.code != 20000:
+                        raise RuntimeError(f"ack failed: {acked.status}")
+                    progress.latencies_ms.append(time.time() * 1000 - first_born)
+                    progress.add_acked(len(entries))
+
+            producer_ids = itertools.count()
+
+            def produce_all(sizes: list[int]) -> Any:
+                return produce(next(producer_ids), sizes)
+
+            return await _drive(params, progress, produce_all, consume, server_pid=pid)
+        finally:
+            for channel in channels:
+                await channel.close()
+
+
+# -- shared driver -----------------------------------------------------------------------------
+async def _drive(
+    params: dict[str, Any], progress: _Progress, produce: Any, consume: Any, server_pid: int | None
+) -> dict[str, Any]:
+    cpu_before = (_cpu_s(), _cpu_s(server_pid) if server_pid else 0.0)
+    started = time.perf_counter()
+
+    async def producers() -> None:
+        plan = _batches(params["messages"], params["send_batch"], params["producers"])
+        async with asyncio.TaskGroup() as group:
+            for sizes in plan:
+                group.create_task(produce(sizes))
+        progress.send_done_s = time.perf_counter() - started
+
+    async with asyncio.TaskGroup() as group:
+        group.create_task(producers())
+        consumers = [group.create_task(consume(i)) for i in range(params["consumers"])]
+        await progress.done.wait()
+        for task in consumers:
+            task.cancel()
+    elapsed = time.perf_counter() - started
+    cpu_after = (_cpu_s(), _cpu_s(server_pid) if server_pid else 0.0)
+    return {
+        "msgs_per_s": round(progress.acked / elapsed),
+        "elapsed_s": round(elapsed, 3),
+        "send_msgs_per_s": round(params["messages"] / progress.send_done_s),
+        "acked": progress.acked,
+        "receives": progress.receives,
+        "empty_receives": progress.empty_receives,
+        "latency_p50_ms": round(_percentile(progress.latencies_ms, 0.5), 1),
+        "latency_p99_ms": round(_percentile(progress.latencies_ms, 0.99), 1),
+        "cpu_s_load_generator": round(cpu_after[0] - cpu_before[0], 2),
+        "cpu_s_server": round(cpu_after[1] - cpu_before[1], 2),
+    }
+
+
+async def bench_e2e(
+    messages: int = 50_000,
+    body_bytes: int = 1024,
+    producers: int = 8,
+    consumers: int = 32,
+    brokers: int = 3,
+    queues: int = 8,
+    send_batch: int = 16,
+    receive_batch: int = 32,
+    channels: int = 4,
+    strategy: str = "adaptive",
+    modes: Sequence[str] = MODES,
+) -> dict[str, Any]:
+    """Run each mode on fresh brokers; return the JSON-serialisable figures."""
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        raise ValueError(f"unknown modes {sorted(unknown)}: choose from {MODES}")
+    params = {
+        "messages": messages, "body_bytes": body_bytes, "producers": producers,
+        "consumers": consumers, "brokers": brokers, "queues": queues, "send_batch": send_batch,
+        "receive_batch": receive_batch, "channels": channels, "strategy": strategy,
+    }  # fmt: skip
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="popmq-bench-e2e-") as tmp:
+        for mode in modes:
+            root = Path(tmp) / mode
+            root.mkdir()
+            run = _run_direct if mode == "direct" else _run_proxy
+            results[mode] = await run(params, root)
+    result: dict[str, Any] = {"params": params, "results": results}
+    if "direct" in results and "proxy" in results:
+        result["proxy_overhead"] = round(
+            results["direct"]["msgs_per_s"] / max(results["proxy"]["msgs_per_s"], 1), 2
+        )
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    p = result["params"]
+    lines = [
+        f"{p['messages']} messages x {p['body_bytes']} B; {p['producers']} producers "
+        f"(batches of {p['send_batch']}), {p['consumers']} consumers (receive {p['receive_batch']}"
+        f" + ack); {p['brokers']} brokers x {p['queues']} queues; strategy {p['strategy']}",
+        "",
+    ]
+    header = ["mode", "e2e msg/s", "send msg/s", "p50 ms", "p99 ms", "receives", "empty",
+              "CPU s (gen)", "CPU s (server)"]  # fmt: skip
+    rows = [header]
+    for mode, r in result["results"].items():
+        rows.append([mode, str(r["msgs_per_s"]), str(r["send_msgs_per_s"]),
+                     str(r["latency_p50_ms"]), str(r["latency_p99_ms"]), str(r["receives"]),
+                     str(r["empty_receives"]), str(r["cpu_s_load_generator"]),
+                     str(r["cpu_s_server"])])  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for index, row in enumerate(rows):
+        lines.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
+        if index == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    if "proxy_overhead" in result:
+        lines += ["", f"proxy overhead (direct / proxy msg/s): {result['proxy_overhead']}x"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m popmq.bench.e2e [messages]
+    count = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
+    print(format_table(asyncio.run(bench_e2e(messages=count))))
