@@ -12,15 +12,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from broker.api.errors import BrokerError, Code
+from broker.api.errors import BrokerError, BrokerUnavailableError, Code
 from broker.api.port import BrokerPort
 from broker.api.types import GroupConfig, TopicInfo
 from broker.pop.handle import peek_broker_name
+
+log = logging.getLogger(__name__)
 
 CACHE_TTL_S = 3.0
 
@@ -122,9 +125,17 @@ class BrokerCluster:
             return cached
         auto_create = self.auto_create_topics if create is None else create
 
+        unavailable: list[BrokerUnavailableError] = []
+
         async def lookup(port: BrokerPort) -> TopicInfo | None:
             try:
                 return await port.get_topic(topic, auto_create=auto_create)
+            except BrokerUnavailableError as exc:
+                # A broker that is down leaves the route (as a name server drops it) until
+                # it answers again; the others keep serving the topic.
+                log.warning("broker %s left out of the route of %s: %s", port.name, topic, exc)
+                unavailable.append(exc)
+                return None
             except BrokerError as exc:
                 if exc.code == Code.TOPIC_NOT_FOUND:
                     return None
@@ -137,6 +148,8 @@ class BrokerCluster:
             if info is not None and info.queue_count > 0
         }
         if not brokers:
+            if unavailable:
+                raise unavailable[0]
             raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
         route = TopicRoute(topic, brokers)
         self._routes.put(topic, route)

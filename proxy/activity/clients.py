@@ -35,6 +35,13 @@ def client_type_name(value: int) -> str:
         return f"UNKNOWN({value})"
 
 
+def language_name(value: int) -> str:
+    try:
+        return pb.Language.Name(value)
+    except ValueError:
+        return f"UNKNOWN({value})"
+
+
 def require_client_id(ctx: RequestContext) -> str:
     if not ctx.client_id:
         raise BrokerError(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is required")
@@ -99,7 +106,7 @@ async def answer_settings(
         client_type=client_type_name(kind),
         group=group or None,
         topics=topics,
-        language=ctx.language or pb.Language.Name(settings.user_agent.language),
+        language=ctx.language or language_name(settings.user_agent.language),
         version=ctx.client_version or settings.user_agent.version,
         peer=ctx.peer,
     )

@@ -41,11 +41,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.metrics = services.metrics
 
     # -- plumbing ----------------------------------------------------------------------------
-    def _record(self, method: str, code: int, started: float) -> None:
-        try:
-            name = Code(code).name
-        except ValueError:
-            name = str(code)
+    def _record(self, method: str, code: int | str, started: float) -> None:
+        if isinstance(code, str):
+            name = code
+        else:
+            try:
+                name = Code(code).name
+            except ValueError:
+                name = str(code)
         self.metrics.rpc_requests.labels(method, name).inc()
         self.metrics.rpc_latency.labels(method).observe(time.perf_counter() - started)
 
@@ -157,7 +160,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         except BaseException:
             # The client is gone: whatever it did not get becomes visible again soon.
             receive.release_unsent(services, plan, popped[sent:])
-            self._record("ReceiveMessage", Code.REQUEST_TIMEOUT, started)
+            self._record("ReceiveMessage", "CLIENT_GONE", started)
             raise
         self._record("ReceiveMessage", Code.OK, started)
 

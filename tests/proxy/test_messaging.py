@@ -181,3 +181,42 @@ def _entry(message_id: str, handle: str):
     from popmq.pb.rocketmq.v2 import service_pb2 as s
 
     return s.AckMessageEntry(message_id=message_id, receipt_handle=handle)
+
+
+async def test_forward_to_dead_letter_queue(cluster: Cluster) -> None:
+    from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+    topic, group = unique("t"), unique("g")
+    await cluster.send(topic, b"poison")
+    _, (msg,), _ = await cluster.receive(group, topic, invisible_ms=600)
+    forwarded = await cluster.stub.ForwardMessageToDeadLetterQueue(
+        s.ForwardMessageToDeadLetterQueueRequest(
+            group=pb.Resource(name=group), topic=pb.Resource(name=topic),
+            receipt_handle=msg.system_properties.receipt_handle,
+            message_id=msg.system_properties.message_id, delivery_attempt=1,
+            max_delivery_attempts=16,
+        ),
+        metadata=cluster.metadata(),
+    )  # fmt: skip
+    assert forwarded.status.code == Code.OK
+    await asyncio.sleep(1.0)  # past its invisible time: it was acked, so it never comes back
+    _, again, _ = await cluster.receive(group, topic, poll_ms=300)
+    assert again == []
+    # it waits in the group's dead-letter topic, readable by offset
+    route = await cluster.route(f"%DLQ%{group}")
+    assert route.status.code == Code.OK
+    dlq_queue = route.message_queues[0]
+    request = s.PullMessageRequest(
+        group=pb.Resource(name="dlq-reader"), message_queue=dlq_queue, offset=0, batch_size=8
+    )
+    frames = [f async for f in cluster.stub.PullMessage(request, metadata=cluster.metadata())]
+    dead = [f.message for f in frames if f.WhichOneof("content") == "message"]
+    assert [m.body for m in dead] == [b"poison"]
+    # a forged handle is refused
+    bad = await cluster.stub.ForwardMessageToDeadLetterQueue(
+        s.ForwardMessageToDeadLetterQueueRequest(
+            group=pb.Resource(name=group), topic=pb.Resource(name=topic), receipt_handle="x.y"
+        ),
+        metadata=cluster.metadata(),
+    )
+    assert bad.status.code == Code.INVALID_RECEIPT_HANDLE

@@ -1,0 +1,70 @@
+"""A broker that is down leaves the route; the proxy keeps serving with the others."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import grpc
+from proxy_support import Cluster, make_config, unique
+
+from broker.api.errors import Code
+from broker.api.local import LocalBrokerPort
+from broker.api.remote import RemoteBrokerPort
+from broker.core import Broker
+from popmq.pb.rocketmq.v2 import service_pb2_grpc
+from proxy.server import ProxyServer
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_route_send_receive_without_the_dead_broker(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    config.proxy.port = 0
+    broker = Broker(config.broker.model_copy(update={"name": "alive", "data_dir": tmp_path / "a"}))
+    await broker.start()
+    dead = RemoteBrokerPort("dead", f"127.0.0.1:{_closed_port()}", rpc_timeout_s=2)
+    server = ProxyServer(config, [LocalBrokerPort(broker), dead])
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            cluster = Cluster(
+                config, [broker], server, channel, service_pb2_grpc.MessagingServiceStub(channel),
+                "c@1",
+            )  # fmt: skip
+            topic, group = unique("t"), unique("g")
+            route = await cluster.route(topic)
+            assert route.status.code == Code.OK
+            assert {q.broker.name for q in route.message_queues} == {"alive"}
+            sent = await cluster.send(topic, b"still-works")
+            assert sent.status.code == Code.OK
+            status, messages, _ = await cluster.receive(group, topic, poll_ms=500)
+            assert status.code == Code.OK and [m.body for m in messages] == [b"still-works"]
+    finally:
+        await server.stop(0.2)
+        await broker.stop()
+
+
+async def test_every_broker_down_is_an_error_status(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    config.proxy.port = 0
+    dead = RemoteBrokerPort("dead", f"127.0.0.1:{_closed_port()}", rpc_timeout_s=2)
+    server = ProxyServer(config, [dead])
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            cluster = Cluster(
+                config, [], server, channel, service_pb2_grpc.MessagingServiceStub(channel), "c@1"
+            )
+            route = await cluster.route(unique("t"))
+            assert route.status.code == Code.INTERNAL_SERVER_ERROR
+            assert "unavailable" in route.status.message
+            status, _, kinds = await cluster.receive("g", unique("t"))
+            assert status.code == Code.INTERNAL_SERVER_ERROR
+            assert kinds == ["status", "delivery_timestamp"]
+    finally:
+        await server.stop(0.2)
