@@ -148,13 +148,17 @@ def release_unsent(services: ProxyServices, plan: ReceivePlan, unsent: list[Popp
 
     async def nack() -> None:
         async def one(message: PoppedMessage) -> None:
+            outcome = "visible_soon"
             try:
                 port = services.cluster.port_for_handle(message.receipt_handle)
+                services.metrics.broker_rpcs.labels("change_invisible").inc()
                 await port.change_invisible_time(
                     plan.group, plan.topic, message.receipt_handle, NACK_INVISIBLE_MS
                 )
             except Exception as exc:  # best effort: the invisible time is the safety net
+                outcome = "kept"
                 log.info("could not release an undelivered message: %s", exc)
+            services.metrics.released_messages.labels(outcome).inc()
 
         await asyncio.gather(*(one(m) for m in unsent))
 

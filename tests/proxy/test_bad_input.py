@@ -264,6 +264,8 @@ async def test_undelivered_messages_are_released_quickly(cluster: Cluster) -> No
         _, got, _ = await cluster.receive(group, topic, poll_ms=1_000)
     assert [m.body for m in got] == [b"orphan"]
     assert time.monotonic() - started < 3  # well before the 60 s invisible time
+    released = services.metrics.released_messages.labels("visible_soon")._value.get()
+    assert released >= 1
 
 
 async def test_garbage_bytes_do_not_break_the_server(cluster: Cluster) -> None:
