@@ -220,3 +220,27 @@ async def test_forward_to_dead_letter_queue(cluster: Cluster) -> None:
         metadata=cluster.metadata(),
     )
     assert bad.status.code == Code.INVALID_RECEIPT_HANDLE
+
+
+async def test_advertised_address_goes_into_routes(make_cluster) -> None:
+    cluster = await make_cluster(
+        brokers=1, **{"proxy.advertise_host": "mq.example.com", "proxy.advertise_port": 9876}
+    )
+    response = await cluster.route(unique("t"))
+    endpoints = {
+        (q.broker.endpoints.scheme, a.host, a.port)
+        for q in response.message_queues
+        for a in q.broker.endpoints.addresses
+    }
+    assert endpoints == {(pb.DOMAIN_NAME, "mq.example.com", 9876)}
+
+
+async def test_route_echoes_the_address_the_client_used(cluster: Cluster) -> None:
+    from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+    asked = pb.Endpoints(scheme=pb.IPv4, addresses=[pb.Address(host="127.0.0.1", port=1234)])
+    response = await cluster.stub.QueryRoute(
+        s.QueryRouteRequest(topic=pb.Resource(name=unique("t")), endpoints=asked),
+        metadata=cluster.metadata(),
+    )
+    assert {a.port for q in response.message_queues for a in q.broker.endpoints.addresses} == {1234}
