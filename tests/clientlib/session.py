@@ -136,9 +136,7 @@ class Session:
             config.get("request_timeout", 3),
         )
         self.client_config = client_config
-        subscription = {
-            topic: FilterExpression(config.get("filter", "*")) for topic in self.topics
-        }
+        subscription = {topic: FilterExpression(config.get("filter", "*")) for topic in self.topics}
         self.listener: Listener | None = None
         if self.role == "producer":
             self.client: Any = Producer(client_config, self.topics or None)
