@@ -39,6 +39,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def __init__(self, services: ProxyServices) -> None:
         self.services = services
         self.metrics = services.metrics
+        # Metric children by label values: labels() is a lookup with locking on every RPC.
+        self._counters: dict[tuple[str, str], Any] = {}
+        self._timers: dict[str, Any] = {}
 
     # -- plumbing ----------------------------------------------------------------------------
     def _record(self, method: str, code: int | str, started: float) -> None:
@@ -49,8 +52,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 name = Code(code).name
             except ValueError:
                 name = str(code)
-        self.metrics.rpc_requests.labels(method, name).inc()
-        self.metrics.rpc_latency.labels(method).observe(time.perf_counter() - started)
+        counter = self._counters.get((method, name))
+        if counter is None:
+            counter = self._counters[method, name] = self.metrics.rpc_requests.labels(method, name)
+        timer = self._timers.get(method)
+        if timer is None:
+            timer = self._timers[method] = self.metrics.rpc_latency.labels(method)
+        counter.inc()
+        timer.observe(time.perf_counter() - started)
 
     async def _unary(
         self,
