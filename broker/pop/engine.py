@@ -87,13 +87,15 @@ class PopEngine:
                 Code.BAD_REQUEST, f"queue {queue_id} is not a queue of {topic!r} (0..{count - 1})"
             )
 
-    def _check_invisible(self, invisible_time_ms: int) -> None:
+    def _check_invisible(self, invisible_time_ms: int, minimum_ms: int | None = None) -> None:
+        """Pops must ask at least min_invisible_ms; a change (a nack) may ask down to 0."""
         pop = self._config.pop
-        if not pop.min_invisible_ms <= invisible_time_ms <= pop.max_invisible_ms:
+        low = pop.min_invisible_ms if minimum_ms is None else minimum_ms
+        if not low <= invisible_time_ms <= pop.max_invisible_ms:
             raise BrokerError(
                 Code.ILLEGAL_INVISIBLE_TIME,
                 f"invisible time {invisible_time_ms} ms is outside "
-                f"[{pop.min_invisible_ms}, {pop.max_invisible_ms}] ms",
+                f"[{low}, {pop.max_invisible_ms}] ms",
             )
 
     @staticmethod
@@ -354,7 +356,7 @@ class PopEngine:
     ) -> ChangeInvisibleResult:
         check_group(group)
         check_topic(topic)
-        self._check_invisible(invisible_time_ms)
+        self._check_invisible(invisible_time_ms, minimum_ms=0)
         now = self._clock()
         handle, ck, index = self._resolve(group, topic, receipt_handle, now)
         if ck.states[index] != EntryState.PENDING:

@@ -123,6 +123,20 @@ async def test_change_invisible_time_range_checked(tmp_path) -> None:
         assert err.value.code == Code.ILLEGAL_INVISIBLE_TIME
 
 
+async def test_change_invisible_time_zero_is_a_nack(tmp_path) -> None:
+    # Pops must ask at least min_invisible_ms, but a change may go down to 0 (RocketMQ lets a
+    # consumer give a message back at once); the message then revives through the retry topic.
+    config = fast_broker_config(tmp_path, min_invisible_ms=400)
+    async with running_broker(config) as broker:
+        await _send(broker, 1, 0)
+        (popped,) = (await broker.pop(_pop(invisible_time_ms=400))).messages
+        changed = await broker.change_invisible_time("g", "t", popped.receipt_handle, 0)
+        assert changed.invisible_until_ms <= popped.invisible_until_ms
+        again = await broker.pop(_pop(invisible_time_ms=400, poll_time_ms=2_000))
+        assert [m.message.message_id for m in again.messages] == [popped.message.message_id]
+        assert again.messages[0].delivery_attempt == 2
+
+
 async def test_bad_handles_rejected_per_entry(tmp_path) -> None:
     async with running_broker(
         fast_broker_config(tmp_path, revive_scan_interval_ms=5_000)
