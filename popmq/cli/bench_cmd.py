@@ -79,6 +79,23 @@ def _longpoll(args: argparse.Namespace) -> int:
     )  # fmt: skip
 
 
+def _e2e(args: argparse.Namespace) -> int:
+    return _run_bench(
+        "popmq.bench.e2e", "bench_e2e", "format_table", args.json,
+        messages=args.messages, body_bytes=args.body_bytes, producers=args.producers,
+        consumers=args.consumers, brokers=args.brokers, queues=args.queues,
+        strategy=args.strategy, modes=tuple(args.mode),
+    )  # fmt: skip
+
+
+def _spark(args: argparse.Namespace) -> int:
+    return _run_bench(
+        "popmq.bench.spark", "bench_spark", "format_table", args.json,
+        messages=args.messages, body_bytes=args.body_bytes, brokers=args.brokers,
+        queues=args.queues, master=args.master, endpoint=args.endpoint,
+    )  # fmt: skip
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks: print a table, write --json")
     kinds = bench.add_subparsers(dest="bench", required=True)
@@ -110,3 +127,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     longpoll.add_argument("--busy-rate", type=float, default=1000.0)
     longpoll.add_argument("--json", help="also write the figures to this file")
     longpoll.set_defaults(func=_longpoll)
+
+    e2e = kinds.add_parser("e2e", help="send + receive + ack msg/s through one proxy vs direct")
+    e2e.add_argument("--messages", type=int, default=50_000)
+    e2e.add_argument("--body-bytes", type=int, default=1024)
+    e2e.add_argument("--producers", type=int, default=8)
+    e2e.add_argument("--consumers", type=int, default=32)
+    e2e.add_argument("--brokers", type=int, default=3)
+    e2e.add_argument("--queues", type=int, default=8, help="queues per broker")
+    e2e.add_argument("--strategy", default="adaptive",
+                     choices=("pop", "slices", "notify", "adaptive"))  # fmt: skip
+    e2e.add_argument("--mode", nargs="+", default=["direct", "proxy"], choices=("direct", "proxy"))
+    e2e.add_argument("--json", help="also write the figures to this file")
+    e2e.set_defaults(func=_e2e)
+
+    spark = kinds.add_parser("spark", help="Spark connector read/write msg/s vs raw pull")
+    spark.add_argument("--messages", type=int, default=100_000)
+    spark.add_argument("--body-bytes", type=int, default=256)
+    spark.add_argument("--brokers", type=int, default=2)
+    spark.add_argument("--queues", type=int, default=4, help="queues per broker")
+    spark.add_argument("--master", default="local[2]")
+    spark.add_argument("--endpoint", help="use this proxy instead of starting popmq serve")
+    spark.add_argument("--json", help="also write the figures to this file")
+    spark.set_defaults(func=_spark)

@@ -27,8 +27,7 @@ def quickstart_blocks() -> list[str]:
 
 def test_readme_quickstart_runs(serve_deployment: Deployment, tmp_path) -> None:
     blocks = quickstart_blocks()
-    if not blocks:
-        pytest.skip("README.md has no official-client quick start (```python with rocketmq)")
+    assert blocks, "README.md lost its official-client quick start (```python with rocketmq)"
     for index, block in enumerate(blocks):
         code = block
         for default in DEFAULT_ENDPOINTS:
