@@ -116,6 +116,7 @@ class ReadOptions:
     max_messages_per_trigger: int | None
     max_messages_per_partition: int
     pull_batch_size: int
+    pull_concurrency: int
     filter_expression: str
     group: str  # pop mode: the consumer group; offset mode: commit progress there (optional)
     invisible_time_ms: int
@@ -141,6 +142,7 @@ READ_OPTIONS = _COMMON | {
     "maxmessagespertrigger",
     "maxmessagesperpartition",
     "pullbatchsize",
+    "pullconcurrency",
     "filter",
     "group",
     "invisibletimems",
@@ -207,6 +209,7 @@ def _display(lower: str) -> str:
         "maxmessagespertrigger": "maxMessagesPerTrigger",
         "maxmessagesperpartition": "maxMessagesPerPartition",
         "pullbatchsize": "pullBatchSize",
+        "pullconcurrency": "pullConcurrency",
         "invisibletimems": "invisibleTimeMs",
         "poppartitions": "popPartitions",
         "poplongpollingms": "popLongPollingMs",
@@ -264,6 +267,7 @@ def parse_read_options(raw: Mapping[str, str], streaming: bool) -> ReadOptions:
         max_messages_per_trigger=max_per_trigger,
         max_messages_per_partition=options.integer("maxMessagesPerPartition", 200_000) or 1,
         pull_batch_size=options.integer("pullBatchSize", 32) or 1,  # the proxy max batch
+        pull_concurrency=options.integer("pullConcurrency", 8) or 1,
         filter_expression=options.text("filter", "*") or "*",
         group=group,
         invisible_time_ms=options.integer("invisibleTimeMs", 300_000) or 1,

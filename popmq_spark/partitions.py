@@ -23,6 +23,7 @@ class PullSettings:
     filter_expression: str
     fail_on_data_loss: bool
     group: str
+    pull_concurrency: int = 8
 
     @classmethod
     def of(cls, options: ReadOptions) -> PullSettings:
@@ -33,6 +34,7 @@ class PullSettings:
             filter_expression=options.filter_expression,
             fail_on_data_loss=options.fail_on_data_loss,
             group=options.group,
+            pull_concurrency=options.pull_concurrency,
         )
 
 

@@ -1,15 +1,22 @@
-"""Reading one QueueRange with PullMessage, on an executor, as Arrow record batches."""
+"""Reading one QueueRange with PullMessage, on an executor, as Arrow record batches.
+
+The range is cut into windows of pullBatchSize offsets and up to pullConcurrency windows are
+pulled at once (the proxy answers at most 32 messages per pull, so one pull at a time leaves
+it idle between round trips). Windows are consumed in order, so rows come out in offset order.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 
 from broker.api.errors import Code
-from popmq.client import Client, OffsetPolicy, ProxyError, QueueRef
+from popmq.client import Client, OffsetPolicy, ProxyError, QueueRef, ReceivedMessage
 from popmq_spark.arrow_rows import BatchBuffer
 from popmq_spark.partitions import QueueRange
 
@@ -29,37 +36,79 @@ def read_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
     settings = part.settings
     queue = QueueRef(settings.topic, part.broker, part.queue_id, settings.connection.endpoint)
     buffer = BatchBuffer(pop=False)
-    with Client(settings.connection.endpoint, settings.connection.timeout_ms / 1000) as client:
-        offset, empty_pulls = part.start, 0
+    timeout_s = settings.connection.timeout_ms / 1000
+    with (
+        Client(settings.connection.endpoint, timeout_s) as client,
+        ThreadPoolExecutor(settings.pull_concurrency, "popmq-pull") as pool,
+    ):
+        offset = part.start
         while offset < part.end:
             try:
-                result = client.pull(
-                    queue,
-                    offset,
-                    batch_size=min(settings.pull_batch_size, part.end - offset),
-                    filter_expression=settings.filter_expression,
-                    group=settings.group,
-                )
+                for messages, window_end in _windows(pool, client, queue, part, offset):
+                    yield from buffer.add(messages)
+                    offset = window_end
             except ProxyError as error:
                 if error.code != Code.ILLEGAL_OFFSET:
                     raise
+                # `offset` is where the failing window starts: windows complete in order.
                 offset = _after_lost_offsets(client, queue, part, offset, error)
-                continue
-            if result.next_offset <= offset:
-                empty_pulls += 1
-                if empty_pulls > EMPTY_PULL_RETRIES:
-                    raise RuntimeError(
-                        f"popmq: queue {part.broker}/{part.queue_id} of {settings.topic} returns "
-                        f"nothing at offset {offset} although the range ends at {part.end}"
-                    )
-                time.sleep(EMPTY_PULL_PAUSE_S)
-                continue
-            empty_pulls = 0
-            # A pull may run past the range end; those belong to the next batch.
-            yield from buffer.add([m for m in result.messages if m.offset < part.end])
-            offset = result.next_offset
     if len(buffer):
         yield buffer.flush()
+
+
+def _windows(
+    pool: ThreadPoolExecutor, client: Client, queue: QueueRef, part: QueueRange, start: int
+) -> Iterator[tuple[list[ReceivedMessage], int]]:
+    """(messages, window end) for consecutive windows from `start`, several in flight."""
+    size = part.settings.pull_batch_size
+    bounds = ((a, min(a + size, part.end)) for a in range(start, part.end, size))
+    pending: deque[tuple[Future[list[ReceivedMessage]], int]] = deque()
+
+    def submit() -> None:
+        window = next(bounds, None)
+        if window is not None:
+            pending.append((pool.submit(_pull_window, client, queue, part, *window), window[1]))
+
+    try:
+        for _ in range(part.settings.pull_concurrency):
+            submit()
+        while pending:
+            future, window_end = pending.popleft()
+            messages = future.result()
+            submit()
+            yield messages, window_end
+    finally:
+        for future, _ in pending:  # a failure or an abandoned read: stop what is queued
+            future.cancel()
+
+
+def _pull_window(client: Client, queue: QueueRef, part: QueueRange, first: int, end: int):  # type: ignore[no-untyped-def]
+    """Every message with an offset in [first, end): normally one pull."""
+    settings = part.settings
+    messages: list[ReceivedMessage] = []
+    offset, empty_pulls = first, 0
+    while offset < end:
+        result = client.pull(
+            queue,
+            offset,
+            batch_size=end - offset,
+            filter_expression=settings.filter_expression,
+            group=settings.group,
+        )
+        if result.next_offset <= offset:
+            empty_pulls += 1
+            if empty_pulls > EMPTY_PULL_RETRIES:
+                raise RuntimeError(
+                    f"popmq: queue {part.broker}/{part.queue_id} of {settings.topic} returns "
+                    f"nothing at offset {offset} although the range ends at {part.end}"
+                )
+            time.sleep(EMPTY_PULL_PAUSE_S)
+            continue
+        empty_pulls = 0
+        # With a tag filter a pull can run past the window; those belong to the next one.
+        messages += [m for m in result.messages if m.offset < end]
+        offset = result.next_offset
+    return messages
 
 
 def _after_lost_offsets(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 import zlib
 from collections.abc import Iterable, Sequence
@@ -66,7 +67,7 @@ def call_metadata(client_id: str) -> tuple[tuple[str, str], ...]:
 
 def new_message_id() -> str:
     """34 upper-case hex characters, the length of RocketMQ 5 message ids."""
-    return "01" + uuid.uuid4().hex.upper()
+    return "01" + os.urandom(16).hex().upper()
 
 
 # -- small conversions ----------------------------------------------------------------------
@@ -142,29 +143,27 @@ def route_request(topic: str, endpoint: str) -> s.QueryRouteRequest:
 def message_to_pb(message: Message) -> d.Message:
     """A message to send. The client makes the id when the caller left it empty."""
     system = d.SystemProperties(
-        keys=list(message.keys),
+        keys=message.keys,
         message_id=message.message_id or new_message_id(),
-        body_digest=d.Digest(type=d.CRC32, checksum=f"{zlib.crc32(message.body):08X}"),
         body_encoding=d.IDENTITY,
         message_type=d.NORMAL,
-        born_timestamp=timestamp_ms(message.born_timestamp_ms or _now_ms()),
         born_host=message.born_host or _HOST,
     )
+    system.body_digest.type = d.CRC32
+    system.body_digest.checksum = f"{zlib.crc32(message.body):08X}"
+    system.born_timestamp.FromMilliseconds(message.born_timestamp_ms or _now_ms())
     if message.tag:
         system.tag = message.tag
     if message.message_group:
         system.message_group = message.message_group
         system.message_type = d.FIFO
     if message.delivery_timestamp_ms:
-        system.delivery_timestamp.CopyFrom(timestamp_ms(message.delivery_timestamp_ms))
+        system.delivery_timestamp.FromMilliseconds(message.delivery_timestamp_ms)
         if not message.message_group:
             system.message_type = d.DELAY
-    return d.Message(
-        topic=resource(message.topic),
-        user_properties=dict(message.properties),
-        system_properties=system,
-        body=message.body,
-    )
+    out = d.Message(user_properties=message.properties, system_properties=system, body=message.body)
+    out.topic.name = message.topic
+    return out
 
 
 def send_request(messages: Sequence[Message]) -> s.SendMessageRequest:
@@ -361,4 +360,4 @@ def offset_from(response: s.QueryOffsetResponse | s.GetOffsetResponse, rpc: str)
 
 
 def _now_ms() -> int:
-    return int(datetime.now(UTC).timestamp() * 1000)
+    return time.time_ns() // 1_000_000
