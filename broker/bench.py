@@ -55,7 +55,9 @@ async def _send_all(
     return per_task * producers / (time.perf_counter() - started)
 
 
-async def _pop_ack_all(broker: BrokerPort, total: int, batch: int, consumers: int) -> float:
+async def _pop_ack_all(
+    broker: BrokerPort, total: int, batch: int, consumers: int
+) -> tuple[float, int]:
     done = 0
     request = PopRequest(GROUP, TOPIC, max_messages=batch, invisible_time_ms=60_000)
 
@@ -76,10 +78,10 @@ async def _pop_ack_all(broker: BrokerPort, total: int, batch: int, consumers: in
     async with asyncio.TaskGroup() as group:
         for _ in range(consumers):
             group.create_task(consume())
-    return done / (time.perf_counter() - started)
+    return done / (time.perf_counter() - started), done
 
 
-async def _pull_all(broker: BrokerPort, queues: int, batch: int) -> float:
+async def _pull_all(broker: BrokerPort, queues: int, batch: int) -> tuple[float, int]:
     count = 0
     started = time.perf_counter()
     for queue_id in range(queues):
@@ -90,7 +92,7 @@ async def _pull_all(broker: BrokerPort, queues: int, batch: int) -> float:
                 break
             count += len(result.messages)
             offset = result.next_offset
-    return count / (time.perf_counter() - started)
+    return count / (time.perf_counter() - started), count
 
 
 async def bench_broker(
@@ -116,12 +118,14 @@ async def bench_broker(
                 async with start(config) as broker:
                     await broker.create_topic(TOPIC, queues)
                     send = await _send_all(broker, messages, batch, producers, body)
-                    pop_ack = await _pop_ack_all(broker, messages, batch, consumers)
-                    pull = await _pull_all(broker, queues, batch)
+                    pop_ack, acked = await _pop_ack_all(broker, messages, batch, consumers)
+                    pull, pulled = await _pull_all(broker, queues, batch)
                 results[label] = {
                     "send_msgs_per_s": round(send),
                     "pop_ack_msgs_per_s": round(pop_ack),
                     "pull_msgs_per_s": round(pull),
+                    "acked": acked,
+                    "pulled": pulled,
                 }
     return {
         "params": {
