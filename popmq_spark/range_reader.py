@@ -44,14 +44,16 @@ def read_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
         offset = part.start
         while offset < part.end:
             try:
-                for messages, window_end in _windows(pool, client, queue, part, offset):
+                for messages, reached in _windows(pool, client, queue, part, offset):
                     yield from buffer.add(messages)
-                    offset = window_end
+                    offset = reached
             except ProxyError as error:
                 if error.code != Code.ILLEGAL_OFFSET:
                     raise
                 # `offset` is where the failing window starts: windows complete in order.
                 offset = _after_lost_offsets(client, queue, part, offset, error)
+            except _QueueEnded as ended:
+                offset = _after_lost_offsets(client, queue, part, ended.offset, ended.error)
     if len(buffer):
         yield buffer.flush()
 
@@ -62,7 +64,7 @@ def _windows(
     """(messages, window end) for consecutive windows from `start`, several in flight."""
     size = part.settings.pull_batch_size
     bounds = ((a, min(a + size, part.end)) for a in range(start, part.end, size))
-    pending: deque[tuple[Future[list[ReceivedMessage]], int]] = deque()
+    pending: deque[tuple[Future[tuple[list[ReceivedMessage], int]], int]] = deque()
 
     def submit() -> None:
         window = next(bounds, None)
@@ -74,7 +76,10 @@ def _windows(
             submit()
         while pending:
             future, window_end = pending.popleft()
-            messages = future.result()
+            messages, reached = future.result()
+            if reached < window_end:  # the queue ended inside this window
+                yield messages, reached
+                raise _QueueEnded(reached)
             submit()
             yield messages, window_end
     finally:
@@ -82,8 +87,11 @@ def _windows(
             future.cancel()
 
 
-def _pull_window(client: Client, queue: QueueRef, part: QueueRange, first: int, end: int):  # type: ignore[no-untyped-def]
-    """Every message with an offset in [first, end): normally one pull."""
+def _pull_window(
+    client: Client, queue: QueueRef, part: QueueRange, first: int, end: int
+) -> tuple[list[ReceivedMessage], int]:
+    """The messages with offsets in [first, end) (normally one pull), and where it stopped:
+    `end`, or the queue's end offset when the queue ends inside the window."""
     settings = part.settings
     messages: list[ReceivedMessage] = []
     offset, empty_pulls = first, 0
@@ -96,6 +104,8 @@ def _pull_window(client: Client, queue: QueueRef, part: QueueRange, first: int, 
             group=settings.group,
         )
         if result.next_offset <= offset:
+            if client.query_offset(queue, OffsetPolicy.END) <= offset:
+                return messages, offset  # the queue is shorter than the planned range
             empty_pulls += 1
             if empty_pulls > EMPTY_PULL_RETRIES:
                 raise RuntimeError(
@@ -108,7 +118,14 @@ def _pull_window(client: Client, queue: QueueRef, part: QueueRange, first: int, 
         # With a tag filter a pull can run past the window; those belong to the next one.
         messages += [m for m in result.messages if m.offset < end]
         offset = result.next_offset
-    return messages
+    return messages, end
+
+
+class _QueueEnded(Exception):
+    def __init__(self, offset: int) -> None:
+        super().__init__(f"the queue ends at offset {offset}")
+        self.offset = offset
+        self.error = ProxyError(Code.ILLEGAL_OFFSET, f"the queue ends at offset {offset}")
 
 
 def _after_lost_offsets(

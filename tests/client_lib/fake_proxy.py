@@ -46,6 +46,8 @@ class FakeState:
         default_factory=lambda: defaultdict(list)
     )
     offsets: dict[tuple[str, str, str, int], int] = field(default_factory=dict)
+    # (topic, broker, queue) -> first offset still stored: retention removed those below.
+    purged: dict[tuple[str, str, int], int] = field(default_factory=dict)
     popped: dict[tuple[str, str, str, int, int], _Popped] = field(default_factory=dict)
     next_queue: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -113,9 +115,10 @@ class FakeMessagingService(service_pb2_grpc.MessagingServiceServicer):
     def PullMessage(self, request, context):
         self.state.calls.append("PullMessage")
         queue = request.message_queue
-        log = self.state.messages.get((queue.topic.name, queue.broker.name, queue.id), [])
+        key = (queue.topic.name, queue.broker.name, queue.id)
+        log = self.state.messages.get(key, [])
         offset = request.offset
-        if offset < 0 or offset > len(log):
+        if offset < self.state.purged.get(key, 0) or offset > len(log):
             yield s.PullMessageResponse(status=_status(d.ILLEGAL_OFFSET, f"offset {offset}"))
             return
         batch = log[offset : offset + max(request.batch_size, 1)]
@@ -132,7 +135,7 @@ class FakeMessagingService(service_pb2_grpc.MessagingServiceServicer):
         queue = request.message_queue
         log = self.state.messages.get((queue.topic.name, queue.broker.name, queue.id), [])
         if request.query_offset_policy == d.BEGINNING:
-            offset = 0
+            offset = self.state.purged.get((queue.topic.name, queue.broker.name, queue.id), 0)
         elif request.query_offset_policy == d.END:
             offset = len(log)
         else:

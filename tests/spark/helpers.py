@@ -51,6 +51,12 @@ def end_offsets(endpoint: str, topic: str) -> dict[tuple[str, int], int]:
         return client.query_offsets(client.query_route(topic), OffsetPolicy.END)
 
 
+def group_offsets(endpoint: str, topic: str, group: str) -> dict[tuple[str, int], int]:
+    """The group's committed offsets (queues it never committed on count as 0)."""
+    with Client(endpoint) as client:
+        return {q.key: max(client.get_offset(group, q), 0) for q in client.query_route(topic)}
+
+
 def receive_all(
     endpoint: str,
     topic: str,
