@@ -15,7 +15,7 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from broker.api.errors import BrokerError, BrokerUnavailableError, Code
@@ -41,10 +41,11 @@ class TopicRoute:
     topic: str
     # broker name -> queue count, in the cluster's broker order; only brokers with the topic.
     brokers: dict[str, int]
+    # Every queue, built once: routes are cached and read on every send.
+    queues: list[QueueRef] = field(init=False)
 
-    @property
-    def queues(self) -> list[QueueRef]:
-        return [QueueRef(b, q) for b, count in self.brokers.items() for q in range(count)]
+    def __post_init__(self) -> None:
+        self.queues = [QueueRef(b, q) for b, count in self.brokers.items() for q in range(count)]
 
 
 K = TypeVar("K")

@@ -44,7 +44,8 @@ from popmq.config import BrokerConfig
 if TYPE_CHECKING:
     from broker.store.message_store import MessageStore
 
-# How far notify scans past in-flight messages looking for a visible one, per queue.
+# How far notify scans past in-flight messages looking for a visible one, per queue (in
+# index reads of 32 entries).
 _NOTIFY_SCAN_READS = 4
 
 
@@ -435,19 +436,27 @@ class PopEngine:
         if state.released:
             return True
         max_offset = self._store.max_offset(topic, queue_id)
-        cursor = state.pop_offset
+        # Below the queue's min offset retention removed everything: the pop skips it too.
+        cursor = max(state.pop_offset, self._store.min_offset(topic, queue_id))
+        if cursor >= max_offset:
+            return False
+        if tags is None:
+            # Every offset from the cursor on is a candidate: no need to look at the store.
+            end = min(max_offset, cursor + _NOTIFY_SCAN_READS * 32)
+            return any(not state.is_known(offset) for offset in range(cursor, end))
+        # Filtered: the index's tag hashes say which offsets match, without decoding records.
         for _ in range(_NOTIFY_SCAN_READS):
             if cursor >= max_offset:
                 return False
             try:
-                result = self._store.read(topic, queue_id, cursor, 32, tags)
+                offsets, next_offset = self._store.peek_offsets(topic, queue_id, cursor, 32, tags)
             except BrokerError:
                 return False
-            if any(not state.is_known(m.queue_offset) for m in result.messages):
+            if any(not state.is_known(offset) for offset in offsets):
                 return True
-            if result.next_offset <= cursor:
+            if next_offset <= cursor:
                 return False
-            cursor = result.next_offset
+            cursor = next_offset
         return False
 
 

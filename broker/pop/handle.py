@@ -19,6 +19,7 @@ from functools import lru_cache
 from broker.api.errors import BrokerError, Code
 
 HANDLE_VERSION = 1
+_VERSION_TEXT = str(HANDLE_VERSION)
 _SIGNATURE_BYTES = 16
 _FIELDS = 10
 _SEP = "~"
@@ -128,7 +129,7 @@ def _parse(encoded: str) -> tuple[bytes, ReceiptHandle]:
         raise _malformed("payload is not base64url text") from None
     if len(fields) != _FIELDS:
         raise _malformed("wrong field count")
-    if fields[0] != str(HANDLE_VERSION):
+    if fields[0] != _VERSION_TEXT:
         raise _malformed(f"unknown version {fields[0][:8]!r}")
     _, ghash, topic, queue, offset, pop, until, ck, index, broker = fields
     try:
@@ -141,6 +142,15 @@ def _parse(encoded: str) -> tuple[bytes, ReceiptHandle]:
 
 
 def peek_broker_name(handle: str) -> str:
-    """The broker a handle belongs to, read without verifying it (for routing only)."""
+    """The broker a handle belongs to, read without verifying it (for routing only: the
+    broker checks the rest, so the numeric fields are not parsed here)."""
     encoded, _ = _split(handle)
-    return _parse(encoded)[1].broker
+    try:
+        fields = _b64decode(encoded).decode().split(_SEP, _FIELDS - 1)
+    except (binascii.Error, ValueError):
+        raise _malformed("payload is not base64url text") from None
+    if len(fields) != _FIELDS:
+        raise _malformed("wrong field count")
+    if fields[0] != _VERSION_TEXT:
+        raise _malformed(f"unknown version {fields[0][:8]!r}")
+    return fields[-1]

@@ -519,6 +519,24 @@ class MessageStore:
             raise OffsetPurgedError(topic, queue_id, offset, index.min_offset) from None
         return ReadResult(messages, next_offset)
 
+    def peek_offsets(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        tags: frozenset[str] | None = None,
+    ) -> tuple[list[int], int]:
+        """The offsets ``read`` would return from ``offset`` (and its next offset), from the
+        index alone: nothing is fetched or decoded. A tag hash collision may let a message
+        with another tag through (``read`` drops it); a corrupt record is not noticed."""
+        index = self._queue(topic, queue_id)
+        self._check_offset(topic, queue_id, index, offset)
+        if max_messages <= 0:
+            return [], offset
+        selected, next_offset = select_entries(index, offset, max_messages, tags, 1 << 62)
+        return [entry[2] for entry in selected], next_offset
+
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first offset stored at or after ``timestamp_ms``; the max offset if none."""
         index = self._queue(topic, queue_id)

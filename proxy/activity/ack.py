@@ -7,6 +7,7 @@ from collections import defaultdict
 
 from broker.api.errors import BrokerError, Code
 from broker.api.types import AckEntry, AckEntryResult
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from proxy.activity import validate
 from proxy.grpc import status as st
@@ -54,15 +55,18 @@ async def ack_message(
             results[i] = answer
 
     await asyncio.gather(*(ack_on(b, idx) for b, idx in by_broker.items()))
-    entries = [
-        s.AckMessageResultEntry(
-            message_id=r.message_id,
-            receipt_handle=r.receipt_handle,
-            status=st.status(r.code, r.message),
+    done = [r for r in results if r is not None]
+    statuses: dict[tuple[int, str], pb.Status] = {}  # nearly every entry shares one status
+    entries = []
+    for r in done:
+        status = statuses.get((r.code, r.message))
+        if status is None:
+            status = statuses[r.code, r.message] = st.status(r.code, r.message)
+        entries.append(
+            s.AckMessageResultEntry(
+                message_id=r.message_id, receipt_handle=r.receipt_handle, status=status
+            )
         )
-        for r in results
-        if r is not None
-    ]
-    code = st.combined_code([Code(e.status.code) for e in entries])
+    code = st.combined_code([Code(c) for c in {c for c, _ in statuses}])
     message = entries[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
     return s.AckMessageResponse(status=st.status(code, message), entries=entries)

@@ -16,7 +16,7 @@ from broker.api.types import Message, SendResult
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from proxy.activity import validate
-from proxy.cluster import QueueRef
+from proxy.cluster import QueueRef, TopicRoute
 from proxy.grpc import status as st
 from proxy.grpc.convert import message_from_pb
 from proxy.grpc.headers import RequestContext
@@ -34,9 +34,11 @@ def _checked(services: ProxyServices, msg: pb.Message, ctx: RequestContext) -> M
     if props.HasField("lite_topic") or props.message_type in (pb.LITE, pb.PRIORITY):
         raise BrokerError(Code.UNSUPPORTED, "lite and priority messages are not supported")
     validate.tag(props.tag)
-    validate.keys(list(props.keys))
+    if props.keys:
+        validate.keys(list(props.keys))
     validate.message_group(props.message_group)
-    validate.properties(dict(msg.user_properties))
+    if msg.user_properties:
+        validate.properties(dict(msg.user_properties))
     if props.HasField("message_group") and props.HasField("delivery_timestamp"):
         raise BrokerError(
             Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
@@ -70,8 +72,11 @@ async def send_message(
     # Batch by target queue: each FIFO message group has its queue, the rest share one.
     batches: dict[QueueRef, list[int]] = defaultdict(list)
     shared: dict[str, QueueRef] = {}
+    routes: dict[str, TopicRoute] = {}  # a request's messages nearly always share one topic
     for index, message in enumerate(messages):
-        route = await cluster.route(message.topic)
+        route = routes.get(message.topic)
+        if route is None:
+            route = routes[message.topic] = await cluster.route(message.topic)
         if message.message_group:
             target = cluster.pick_queue(route, message.message_group)
         else:
@@ -88,19 +93,23 @@ async def send_message(
         *(store(target, indexes) for target, indexes in targets), return_exceptions=True
     )
     entries: list[s.SendResultEntry | None] = [None] * len(messages)
+    ok = st.ok()
+    codes = set()
     for (_, indexes), outcome in zip(targets, outcomes, strict=True):
         if isinstance(outcome, BaseException):
             if not isinstance(outcome, Exception):
                 raise outcome  # cancellation and the like
             failed = st.status_of(outcome)
+            codes.add(Code(failed.code))
             for i in indexes:
                 entries[i] = s.SendResultEntry(status=failed, message_id=messages[i].message_id)
             continue
+        codes.add(Code.OK)
         for i, result in zip(indexes, outcome, strict=True):
             entries[i] = s.SendResultEntry(
-                status=st.ok(), message_id=result.message_id, offset=result.queue_offset
+                status=ok, message_id=result.message_id, offset=result.queue_offset
             )
     done = [entry for entry in entries if entry is not None]
-    code = st.combined_code([Code(entry.status.code) for entry in done])
+    code = st.combined_code(list(codes))
     message = done[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
     return s.SendMessageResponse(status=st.status(code, message), entries=done)

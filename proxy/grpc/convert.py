@@ -60,18 +60,28 @@ def message_from_pb(msg: pb.Message, topic: str, peer: str = "") -> Message:
 def stored_to_pb(stored: StoredMessage, namespace: str = "") -> pb.Message:
     """A stored message as clients expect it. Retried messages travel through the group's
     retry topic; the client sees the original topic and message id."""
+    msg = pb.Message()
+    stored_into(msg, stored, namespace)
+    return msg
+
+
+def stored_into(msg: pb.Message, stored: StoredMessage, namespace: str = "") -> None:
+    """``stored_to_pb`` into an empty message, e.g. the one inside a response frame (building
+    a message and then copying it into the frame would copy the body too)."""
     topic = stored.topic
     message_id = stored.message_id
     properties = stored.properties
-    if topic.startswith(RETRY_PREFIX):
-        topic = properties.get(PROP_ORIGIN_TOPIC, topic)
-        message_id = properties.get(PROP_ORIGIN_MESSAGE_ID, message_id)
-    if properties and any(key.startswith(INTERNAL_PROPERTY_PREFIX) for key in properties):
-        properties = {
-            k: v for k, v in properties.items() if not k.startswith(INTERNAL_PROPERTY_PREFIX)
-        }
+    if properties:
+        if topic.startswith(RETRY_PREFIX):
+            topic = properties.get(PROP_ORIGIN_TOPIC, topic)
+            message_id = properties.get(PROP_ORIGIN_MESSAGE_ID, message_id)
+        if any(key.startswith(INTERNAL_PROPERTY_PREFIX) for key in properties):
+            properties = {
+                k: v for k, v in properties.items() if not k.startswith(INTERNAL_PROPERTY_PREFIX)
+            }
+        msg.user_properties.update(properties)
     # Fields are set in place: building sub-messages and copying them in costs twice as much.
-    msg = pb.Message(body=stored.body, user_properties=properties)
+    msg.body = stored.body
     msg.topic.name = topic
     if namespace:
         msg.topic.resource_namespace = namespace
@@ -79,12 +89,13 @@ def stored_to_pb(stored: StoredMessage, namespace: str = "") -> pb.Message:
     system.message_id = message_id
     if stored.keys:
         system.keys.extend(stored.keys)
-    system.body_digest.type = pb.CRC32
-    system.body_digest.checksum = crc32_hex(stored.body)
+    digest = system.body_digest
+    digest.type = pb.CRC32
+    digest.checksum = crc32_hex(stored.body)
     system.body_encoding = pb.IDENTITY
-    system.born_timestamp.FromMilliseconds(stored.born_timestamp_ms)
+    _set_ms(system.born_timestamp, stored.born_timestamp_ms)
     system.born_host = stored.born_host
-    system.store_timestamp.FromMilliseconds(stored.store_timestamp_ms)
+    _set_ms(system.store_timestamp, stored.store_timestamp_ms)
     system.store_host = stored.store_host
     system.queue_id = stored.queue_id
     system.queue_offset = stored.queue_offset
@@ -98,14 +109,29 @@ def stored_to_pb(stored: StoredMessage, namespace: str = "") -> pb.Message:
     else:
         system.message_type = pb.NORMAL
     if stored.delivery_timestamp_ms > 0:
-        system.delivery_timestamp.FromMilliseconds(stored.delivery_timestamp_ms)
-    return msg
+        _set_ms(system.delivery_timestamp, stored.delivery_timestamp_ms)
 
 
 def popped_to_pb(popped: PoppedMessage, now_ms: int, namespace: str = "") -> pb.Message:
-    msg = stored_to_pb(popped.message, namespace)
+    msg = pb.Message()
+    popped_into(msg, popped, now_ms, namespace)
+    return msg
+
+
+def popped_into(msg: pb.Message, popped: PoppedMessage, now_ms: int, namespace: str = "") -> None:
+    """``popped_to_pb`` into an empty message (see ``stored_into``)."""
+    stored_into(msg, popped.message, namespace)
     system = msg.system_properties
     system.receipt_handle = popped.receipt_handle
     system.delivery_attempt = popped.delivery_attempt
-    system.invisible_duration.FromMilliseconds(max(popped.invisible_until_ms - now_ms, 0))
-    return msg
+    _set_ms(system.invisible_duration, max(popped.invisible_until_ms - now_ms, 0))
+
+
+def _set_ms(value: Timestamp | Duration, ms: int) -> None:
+    """FromMilliseconds without its validation, for times we made ourselves (non-negative;
+    for negative ones FromMilliseconds is used, which normalises the nanos' sign)."""
+    if ms >= 0:
+        value.seconds, millis = divmod(ms, 1000)
+        value.nanos = millis * 1_000_000
+    else:
+        value.FromMilliseconds(ms)

@@ -20,7 +20,7 @@ from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
 from proxy.activity import ack, assignment, clients, dlq, invisible, offsets, receive, route, send
 from proxy.grpc import status as st
-from proxy.grpc.convert import popped_to_pb, stored_to_pb, timestamp
+from proxy.grpc.convert import popped_into, stored_into, timestamp
 from proxy.grpc.headers import RequestContext
 from proxy.services import ProxyServices
 
@@ -161,9 +161,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             now = _now_ms()
             namespace = request.message_queue.topic.resource_namespace
             for message in popped:
-                await context.write(
-                    s.ReceiveMessageResponse(message=popped_to_pb(message, now, namespace))
-                )
+                frame = s.ReceiveMessageResponse()
+                popped_into(frame.message, message, now, namespace)
+                await context.write(frame)
                 sent += 1
             await context.write(s.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms())))
         except BaseException:
@@ -222,7 +222,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         await context.write(s.PullMessageResponse(status=st.status(code, text)))
         namespace = request.message_queue.topic.resource_namespace
         for message in result.messages:
-            await context.write(s.PullMessageResponse(message=stored_to_pb(message, namespace)))
+            frame = s.PullMessageResponse()
+            stored_into(frame.message, message, namespace)
+            await context.write(frame)
         await context.write(s.PullMessageResponse(next_offset=result.next_offset))
         self._record("PullMessage", code, started)
 

@@ -89,3 +89,16 @@ def test_batch_encoding_matches_single() -> None:
     )  # fmt: skip
     assert batch[1] == codec.encode(replace(h, index=1))
     assert codec.decode(batch[0]).offset == 5
+
+
+def test_peek_refuses_an_unknown_version_like_decode() -> None:
+    codec = HandleCodec("s3cret")
+    text = codec.encode(_handle())
+    payload, signature = text.split(".")
+    raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+    forged = base64.urlsafe_b64encode(b"9" + raw[1:]).rstrip(b"=").decode() + "." + signature
+    for read in (peek_broker_name, codec.decode):
+        with pytest.raises(BrokerError) as err:
+            read(forged)
+        assert err.value.code == Code.INVALID_RECEIPT_HANDLE
+        assert "unknown version" in err.value.message

@@ -224,3 +224,33 @@ async def test_notify_respects_tag_filter(tmp_path) -> None:
         assert not waiter.done()
         await broker.send([Message("t", b"a", tag="A")])
         assert (await asyncio.wait_for(waiter, 1)).has_message is True
+
+
+async def test_notify_decides_from_the_index_without_reading_messages(
+    tmp_path, monkeypatch
+) -> None:
+    async with running_broker(fast_broker_config(tmp_path)) as broker:
+        await _topic(broker)
+        await broker.send([Message("t", b"a", tag="A"), Message("t", b"b", tag="B")], 2)
+
+        def no_fetch(*args: object, **kwargs: object) -> None:
+            raise AssertionError("notify must not fetch and decode records")
+
+        with monkeypatch.context() as patch:
+            patch.setattr("broker.store.message_store.fetch_messages", no_fetch)
+            assert (await broker.notify(NotifyRequest("g", "t"))).has_message is True
+            only_c = NotifyRequest("g", "t", filter=FilterExpression("C"))
+            assert (await broker.notify(only_c)).has_message is False
+            only_b = NotifyRequest("g", "t", filter=FilterExpression("B"))
+            assert (await broker.notify(only_b)).has_message is True
+        popped = await broker.pop(_pop(0, filter=FilterExpression("B")))
+        assert [p.message.body for p in popped.messages] == [b"b"]
+        with monkeypatch.context() as patch:
+            patch.setattr("broker.store.message_store.fetch_messages", no_fetch)
+            # g's B is in flight (and g's cursor passed A); another group sees both.
+            assert (await broker.notify(only_b)).has_message is False
+            assert (await broker.notify(NotifyRequest("g", "t"))).has_message is False
+            assert (await broker.notify(NotifyRequest("other", "t"))).has_message is True
+        everything = await broker.pop(PopRequest("other", "t", invisible_time_ms=10_000))
+        assert [p.message.body for p in everything.messages] == [b"a", b"b"]
+        assert (await broker.notify(NotifyRequest("other", "t"))).has_message is False

@@ -332,3 +332,27 @@ async def test_close_while_the_flush_task_is_mid_checkpoint(store_factory) -> No
     reopened = store_factory()
     assert reopened.max_offset("T", 0) == 15
     assert reopened.get_consumer_offset("g", "T", 0) == 14
+
+
+async def test_peek_offsets_reads_the_index_only(store_factory, monkeypatch) -> None:
+    store = store_factory()
+    store.create_topic("T", 1)
+    tags = ["A", "B", "A", "C", "B", "B", "A"]
+    await store.append("T", 0, [msg(f"m{i}".encode(), tag) for i, tag in enumerate(tags)])
+    expected = {
+        (start, limit, wanted): store.read("T", 0, start, limit, wanted)
+        for start in (0, 3, 7)
+        for limit in (1, 2, 10)
+        for wanted in (None, frozenset({"B"}), frozenset({"A", "C"}), frozenset({"Z"}))
+    }
+
+    def no_fetch(*args: object, **kwargs: object) -> None:
+        raise AssertionError("peek_offsets must not fetch records")
+
+    monkeypatch.setattr("broker.store.message_store.fetch_messages", no_fetch)
+    for (start, limit, wanted), result in expected.items():
+        offsets, next_offset = store.peek_offsets("T", 0, start, limit, wanted)
+        assert offsets == [m.queue_offset for m in result.messages], (start, limit, wanted)
+        assert next_offset == result.next_offset
+    with pytest.raises(OffsetOutOfRangeError):
+        store.peek_offsets("T", 0, 8, 1)

@@ -68,3 +68,26 @@ def test_fifo_and_delay_types() -> None:
     delay = popped_to_pb(PoppedMessage(stored(delivery_timestamp_ms=1_800_000_000_000), "H", 0), 0)
     assert delay.system_properties.message_type == pb.DELAY
     assert delay.system_properties.delivery_timestamp.ToMilliseconds() == 1_800_000_000_000
+
+
+def test_times_match_protobuf_conversions_including_negative_ones() -> None:
+    # Times are set without FromMilliseconds on the hot path; they must read back the same.
+    for born in (0, 1, 999, 1_000, 1_700_000_000_123, -1, -1_500):
+        msg = popped_to_pb(PoppedMessage(stored(born_timestamp_ms=born), "H", 5_250), 1_000)
+        expected = pb.Message()
+        expected.system_properties.born_timestamp.FromMilliseconds(born)
+        assert msg.system_properties.born_timestamp == expected.system_properties.born_timestamp
+        assert msg.system_properties.born_timestamp.ToMilliseconds() == born
+        assert msg.system_properties.invisible_duration.ToMilliseconds() == 4_250
+
+
+def test_filling_a_frame_in_place_equals_building_the_message() -> None:
+    from popmq.pb.rocketmq.v2 import service_pb2 as s
+    from proxy.grpc.convert import popped_into
+
+    popped = PoppedMessage(stored(properties={"app": "x", "__popmq.internal": "y"}), "H", 9)
+    frame = s.ReceiveMessageResponse()
+    popped_into(frame.message, popped, 5, "ns")
+    assert frame.message == popped_to_pb(popped, 5, "ns")
+    assert dict(frame.message.user_properties) == {"app": "x"}
+    assert frame.message.topic.resource_namespace == "ns"
