@@ -42,6 +42,7 @@ STRATEGIES = ("pop", "slices", "notify", "adaptive")
 FALSE_EMPTY_TOLERANCE_MS = 10.0
 DRAIN_S = 2.0  # after the producers stop, consumers get this long to take the rest
 WARMUP_S = 0.3  # consumers are already long-polling when the first message is sent
+RAM_DISK = "/dev/shm"
 
 
 def _now_ms() -> float:
@@ -220,6 +221,7 @@ async def _run_one(
     seed: int,
     proxy_overrides: dict[str, Any],
     body_bytes: int,
+    data_dir: str | None,
 ) -> dict[str, Any]:
     metrics = ProxyMetrics()
     config = ProxyConfig(strategy=name, **proxy_overrides)  # type: ignore[arg-type]
@@ -227,7 +229,7 @@ async def _run_one(
     record = _Record()
     rng = random.Random(seed)
     body = bytes(body_bytes)
-    with tempfile.TemporaryDirectory(prefix=f"popmq-bench-{name}-") as root:
+    with tempfile.TemporaryDirectory(prefix=f"popmq-bench-{name}-", dir=data_dir) as root:
         pids: list[int] = []
         async with _cluster(brokers, Path(root), remote, pids) as ports:
             cpu_before = time.process_time()
@@ -395,6 +397,10 @@ def _adaptive_mode(metrics: ProxyMetrics) -> str:
     return "?"
 
 
+def _default_data_dir() -> str | None:
+    return RAM_DISK if os.path.isdir(RAM_DISK) else None
+
+
 # -- the benchmark -------------------------------------------------------------------------------
 async def bench_longpoll(
     brokers: int = 8,
@@ -413,27 +419,32 @@ async def bench_longpoll(
     body_bytes: int = 1024,
     seed: int = 1,
     proxy_overrides: dict[str, Any] | None = None,
+    data_dir: str | None = None,
 ) -> dict[str, Any]:
     """Run every strategy on a fresh cluster under the same load; return the figures.
 
     ``proxy_overrides`` are ProxyConfig fields (e.g. notify_threshold_rps) for every strategy.
     With ``busy``, the busy scenario runs ``pop`` and ``adaptive`` with ``busy_consumers`` and
     ``busy_rate`` too. The result is JSON-serialisable; ``format_table`` prints it.
+
+    Broker data goes under ``data_dir``; by default a RAM disk (/dev/shm) when there is one,
+    so the disk stalls of a shared machine do not blur the long-polling figures.
     """
     unknown = set(strategies) - set(STRATEGIES)
     if unknown:
         raise ValueError(f"unknown strategies {sorted(unknown)}: choose from {STRATEGIES}")
     overrides = dict(proxy_overrides or {})
+    data_dir = data_dir or _default_data_dir()
     common = {
         "brokers": brokers, "await_ms": await_ms, "remote": remote, "seed": seed,
-        "proxy_overrides": overrides, "body_bytes": body_bytes,
+        "proxy_overrides": overrides, "body_bytes": body_bytes, "data_dir": data_dir,
     }  # fmt: skip
     result: dict[str, Any] = {
         "settings": {
             "brokers": brokers, "consumers": consumers, "rate": rate, "duration_s": duration_s,
             "await_ms": await_ms, "remote": remote, "queues_per_broker": QUEUES_PER_BROKER,
             "body_bytes": body_bytes, "seed": seed, "proxy_overrides": overrides,
-            "cpus": os.cpu_count(),
+            "cpus": os.cpu_count(), "data_dir": data_dir or tempfile.gettempdir(),
         },
         "low_rate": [],
     }  # fmt: skip
@@ -474,7 +485,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"low rate: {settings['brokers']} brokers x {settings['queues_per_broker']} queues, "
         f"{settings['consumers']} consumer(s), {settings['rate']} msg/s for "
         f"{settings['duration_s']} s, awaitDuration {settings['await_ms']} ms"
-        f"{', remote brokers' if settings['remote'] else ', in-process brokers'}",
+        f"{', remote brokers' if settings['remote'] else ', in-process brokers'}"
+        f", data in {settings['data_dir']}",
         "",
     ]
     lines += _table(result["low_rate"])
