@@ -53,9 +53,13 @@ async def _cluster(
         yield ports, brokers
 
 
-def _tasks() -> set[asyncio.Task[Any]]:
-    """Live tasks, without the gRPC server's own (it starts one per incoming call)."""
-    return {task for task in asyncio.all_tasks() if "grpc" not in repr(task)}
+_STRATEGY_TASKS = ("pop:", "notify:", "consume:", "release:", "false-empty-probe")
+
+
+def _strategy_tasks() -> set[asyncio.Task[Any]]:
+    """Live tasks the strategies started (they name every task they create); the brokers'
+    and gRPC's own background tasks come and go and are not counted."""
+    return {t for t in asyncio.all_tasks() if t.get_name().startswith(_STRATEGY_TASKS)}
 
 
 def _held(brokers: list[Any]) -> list[int]:
@@ -83,19 +87,22 @@ async def test_notify_delivers_a_message_from_another_broker_in_milliseconds(
     metrics = ProxyMetrics()
     strategy = _notify(metrics)
     async with _cluster(tmp_path, 4, remote) as (ports, brokers):
-        before = _tasks()
         receive = asyncio.create_task(strategy.receive(ports, make_request(10_000, "b0")))
         await wait_until(lambda: _held(brokers) == [1, 1, 1, 1], limit_s=5)
+        assert len(_strategy_tasks()) == 4  # one notification task per broker
         await _send(ports[2])
         async with asyncio.timeout(1):
             got = await receive
         latency = _latency_ms(got)
         assert [m.message.store_host for m in got] == ["b2"]
-        assert latency < (50 if remote else 20)  # a few ms; generous for a shared machine
+        # A few ms in practice (docs/longpolling.md has the measured figures); the bound is
+        # loose because a busy shared machine can stall the process for 100+ ms, and still
+        # 40x below the 10 s poll that plain pop long polling would wait out.
+        assert latency < 250
         await ports[2].ack("g", TOPIC, [AckEntry(got[0].receipt_handle)])
         await wait_until(lambda: _held(brokers) == [0, 0, 0, 0])
         await strategy.aclose()
-        assert _tasks() == before
+        assert _strategy_tasks() == set()
     assert sample(metrics, "popmq_proxy_pop_with_notify_total") == 1
     assert sample(metrics, "popmq_proxy_held_notification_tasks") == 0
 
@@ -159,14 +166,13 @@ async def test_a_client_leaving_cancels_everything(tmp_path: Path, remote: bool)
     async with _cluster(tmp_path, 3, remote) as (ports, brokers):
         metrics = ProxyMetrics()
         strategy = _notify(metrics)
-        before = _tasks()
         receive = asyncio.create_task(strategy.receive(ports, make_request(10_000)))
         await wait_until(lambda: _held(brokers) == [1, 1, 1], limit_s=5)
         receive.cancel()
         await asyncio.gather(receive, return_exceptions=True)
         await wait_until(lambda: _held(brokers) == [0, 0, 0])  # over gRPC: a round trip
         await strategy.aclose()
-        assert _tasks() == before
+        assert _strategy_tasks() == set()
         assert sample(metrics, "popmq_proxy_held_notification_tasks") == 0
 
 
