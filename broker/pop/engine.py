@@ -194,6 +194,9 @@ class PopEngine:
         group = request.group
         key = (group, topic, queue_id)
         max_offset = self._store.max_offset(topic, queue_id)
+        idle = self._ledger.existing_queue(group, topic, queue_id)
+        if idle is not None and idle.pop_offset == max_offset and not idle.released:
+            return 0  # read up to the end and nothing to redeliver: most queues, most pops
         if not self.locks.try_lock(key):  # busy: skip it, but count its backlog
             state = self._ledger.queue(group, topic, queue_id)
             return self._rest(topic, queue_id, state.pop_offset, max_offset, tags)

@@ -42,7 +42,7 @@ def message_from_pb(msg: pb.Message, topic: str, peer: str = "") -> Message:
     props = msg.system_properties
     delivery_ms = 0
     if props.HasField("delivery_timestamp"):
-        delivery_ms = props.delivery_timestamp.ToMilliseconds()
+        delivery_ms = _ms_of(props.delivery_timestamp)
     return Message(
         topic=topic,
         body=msg.body,
@@ -52,7 +52,7 @@ def message_from_pb(msg: pb.Message, topic: str, peer: str = "") -> Message:
         message_id=props.message_id,
         message_group=props.message_group if props.HasField("message_group") else "",
         delivery_timestamp_ms=delivery_ms,
-        born_timestamp_ms=props.born_timestamp.ToMilliseconds(),
+        born_timestamp_ms=_ms_of(props.born_timestamp),
         born_host=props.born_host or peer,
     )
 
@@ -135,3 +135,17 @@ def _set_ms(value: Timestamp | Duration, ms: int) -> None:
         value.nanos = millis * 1_000_000
     else:
         value.FromMilliseconds(ms)
+
+
+# Timestamp's valid range (years 1..9999), as protobuf checks it.
+_TIMESTAMP_MIN_S = -62_135_596_800
+_TIMESTAMP_MAX_S = 253_402_300_799
+
+
+def _ms_of(value: Timestamp) -> int:
+    """ToMilliseconds for a valid timestamp without its Python-level call chain; anything else
+    goes through ToMilliseconds, which refuses it as before (ValueError)."""
+    seconds, nanos = value.seconds, value.nanos
+    if _TIMESTAMP_MIN_S <= seconds <= _TIMESTAMP_MAX_S and 0 <= nanos < 1_000_000_000:
+        return seconds * 1000 + nanos // 1_000_000
+    return value.ToMilliseconds()

@@ -91,3 +91,21 @@ def test_filling_a_frame_in_place_equals_building_the_message() -> None:
     assert frame.message == popped_to_pb(popped, 5, "ns")
     assert dict(frame.message.user_properties) == {"app": "x"}
     assert frame.message.topic.resource_namespace == "ns"
+
+
+def test_producer_times_read_like_protobuf_and_invalid_ones_are_refused() -> None:
+    import pytest
+
+    from proxy.grpc.convert import message_from_pb
+
+    for ms in (0, 1, 1_700_000_000_123, -1, -1_500):
+        msg = pb.Message(body=b"x")
+        msg.system_properties.born_timestamp.FromMilliseconds(ms)
+        msg.system_properties.delivery_timestamp.FromMilliseconds(ms + 5)
+        converted = message_from_pb(msg, "orders")
+        assert converted.born_timestamp_ms == ms
+        assert converted.delivery_timestamp_ms == ms + 5
+    broken = pb.Message(body=b"x")
+    broken.system_properties.born_timestamp.seconds = 10**12  # past year 9999
+    with pytest.raises(ValueError):
+        message_from_pb(broken, "orders")
