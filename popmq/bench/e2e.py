@@ -1,11 +1,13 @@
 """`popmq bench e2e`: send + receive + ack per second through one proxy, against direct calls.
 
-Two modes do the same work: P producers send 1 KiB messages in batches while C consumers
+Each mode does the same work: P producers send 1 KiB messages in batches while C consumers
 receive (batch 32), then ack what they got, until every message is acked.
 
 - ``direct``: the load generator calls in-process brokers (LocalBrokerPort) itself;
 - ``proxy``:  the load generator talks apache.rocketmq.v2 over gRPC to a ``popmq serve``
-  process (proxy + the same number of embedded brokers) -- what a RocketMQ client does.
+  process (proxy + the same number of embedded brokers) -- what a RocketMQ client does;
+- ``floor``:  the same gRPC load against a server that does no work (popmq.bench.floor):
+  the ceiling of any Python grpc.aio proxy with this load generator on this machine.
 
 The proxy overhead is direct msg/s divided by proxy msg/s. Each mode gets fresh brokers. The
 load generator and the server run in separate processes in proxy mode (as in production), so
@@ -29,7 +31,8 @@ from typing import Any
 
 TOPIC = "bench-e2e"
 GROUP = "bench-e2e-group"
-MODES = ("direct", "proxy")
+MODES = ("direct", "proxy", "floor")
+DEFAULT_MODES = ("direct", "proxy")
 INVISIBLE_MS = 60_000
 POLL_MS = 1_000
 
@@ -130,9 +133,12 @@ async def _run_direct(params: dict[str, Any], root: Path) -> dict[str, Any]:
 
 
 # -- proxy mode --------------------------------------------------------------------------------
-@contextlib.asynccontextmanager
-async def _serve(params: dict[str, Any], root: Path) -> AsyncIterator[tuple[str, int]]:
-    """A `popmq serve` process with the topic created; yields (endpoint, pid)."""
+def _serve_command(params: dict[str, Any], root: Path) -> list[str]:
+    """`popmq serve` (proxy mode) or the do-nothing floor server (floor mode)."""
+    if params["mode"] == "floor":
+        return [sys.executable, "-m", "popmq.bench.floor", "--port", "0",
+                "--brokers", str(params["brokers"]),
+                "--body-bytes", str(params["body_bytes"])]  # fmt: skip
     settings = [
         f"broker.topics.queue_count={params['queues']}",
         f"proxy.strategy={params['strategy']}",
@@ -142,6 +148,13 @@ async def _serve(params: dict[str, Any], root: Path) -> AsyncIterator[tuple[str,
             "--brokers", str(params["brokers"]), "--data-dir", str(root / "data")]  # fmt: skip
     for setting in settings:
         args += ["--set", setting]
+    return args
+
+
+@contextlib.asynccontextmanager
+async def _serve(params: dict[str, Any], root: Path) -> AsyncIterator[tuple[str, int]]:
+    """The server process of the mode, listening; yields (endpoint, pid)."""
+    args = _serve_command(params, root)
     process = await asyncio.create_subprocess_exec(
         *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
     )
@@ -152,7 +165,7 @@ async def _serve(params: dict[str, Any], root: Path) -> AsyncIterator[tuple[str,
                 line = (await process.stdout.readline()).decode()
                 if not line:
                     raise RuntimeError("popmq serve exited before listening")
-                if "popmq proxy listening on" in line:
+                if "proxy listening on" in line:
                     break
         port = int(line.rsplit(":", 1)[1])
         yield f"127.0.0.1:{port}", process.pid
@@ -303,7 +316,7 @@ async def bench_e2e(
     receive_batch: int = 32,
     channels: int = 4,
     strategy: str = "adaptive",
-    modes: Sequence[str] = MODES,
+    modes: Sequence[str] = DEFAULT_MODES,
 ) -> dict[str, Any]:
     """Run each mode on fresh brokers; return the JSON-serialisable figures."""
     unknown = set(modes) - set(MODES)
@@ -320,11 +333,16 @@ async def bench_e2e(
             root = Path(tmp) / mode
             root.mkdir()
             run = _run_direct if mode == "direct" else _run_proxy
-            results[mode] = await run(params, root)
+            results[mode] = await run({**params, "mode": mode}, root)
     result: dict[str, Any] = {"params": params, "results": results}
     if "direct" in results and "proxy" in results:
         result["proxy_overhead"] = round(
             results["direct"]["msgs_per_s"] / max(results["proxy"]["msgs_per_s"], 1), 2
+        )
+    if "floor" in results and "proxy" in results:
+        # How far the proxy is from what gRPC alone allows (1.0: the proxy costs nothing).
+        result["floor_over_proxy"] = round(
+            results["floor"]["msgs_per_s"] / max(results["proxy"]["msgs_per_s"], 1), 2
         )
     return result
 
@@ -352,6 +370,8 @@ def format_table(result: dict[str, Any]) -> str:
             lines.append("  ".join("-" * w for w in widths))
     if "proxy_overhead" in result:
         lines += ["", f"proxy overhead (direct / proxy msg/s): {result['proxy_overhead']}x"]
+    if "floor_over_proxy" in result:
+        lines += [f"gRPC floor / proxy msg/s: {result['floor_over_proxy']}x"]
     return "\n".join(lines)
 
 

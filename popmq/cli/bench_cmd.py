@@ -137,7 +137,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e2e.add_argument("--queues", type=int, default=8, help="queues per broker")
     e2e.add_argument("--strategy", default="adaptive",
                      choices=("pop", "slices", "notify", "adaptive"))  # fmt: skip
-    e2e.add_argument("--mode", nargs="+", default=["direct", "proxy"], choices=("direct", "proxy"))
+    e2e.add_argument("--mode", nargs="+", default=["direct", "proxy"],
+                     choices=("direct", "proxy", "floor"),
+                     help="floor: the same gRPC load on a server that does no work")  # fmt: skip
     e2e.add_argument("--json", help="also write the figures to this file")
     e2e.set_defaults(func=_e2e)
 
