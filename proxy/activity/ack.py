@@ -54,7 +54,10 @@ async def ack_message(
         for i, answer in zip(indexes, answers, strict=True):
             results[i] = answer
 
-    await asyncio.gather(*(ack_on(b, idx) for b, idx in by_broker.items()))
+    if len(by_broker) == 1:  # handles of one receive come from one broker: no task needed
+        await ack_on(*next(iter(by_broker.items())))
+    else:
+        await asyncio.gather(*(ack_on(b, idx) for b, idx in by_broker.items()))
     done = [r for r in results if r is not None]
     statuses: dict[tuple[int, str], pb.Status] = {}  # nearly every entry shares one status
     entries = []

@@ -89,9 +89,16 @@ async def send_message(
         return await port.send([messages[i] for i in indexes], target.queue_id)
 
     targets = list(batches.items())
-    outcomes = await asyncio.gather(
-        *(store(target, indexes) for target, indexes in targets), return_exceptions=True
-    )
+    outcomes: list[list[SendResult] | BaseException]
+    if len(targets) == 1:  # the usual case: one batch needs no task of its own
+        try:
+            outcomes = [await store(*targets[0])]
+        except Exception as exc:
+            outcomes = [exc]
+    else:
+        outcomes = await asyncio.gather(
+            *(store(target, indexes) for target, indexes in targets), return_exceptions=True
+        )
     entries: list[s.SendResultEntry | None] = [None] * len(messages)
     ok = st.ok()
     codes = set()
