@@ -314,6 +314,9 @@ _SUMMARY_PREFIXES = (
     "popmq_proxy_held_notification_tasks",
     "popmq_proxy_adaptive_mode",
     "popmq_proxy_pop_request_rate",
+    "popmq_proxy_adaptive_switches_total",
+    "popmq_proxy_broker_rpc_errors_total",
+    "popmq_proxy_released_messages_total",
 )
 
 
