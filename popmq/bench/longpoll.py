@@ -19,7 +19,6 @@ import contextlib
 import math
 import os
 import random
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -29,6 +28,7 @@ from typing import Any
 
 from broker.api.port import BrokerPort
 from broker.api.types import AckEntry, Message, PoppedMessage, PopRequest
+from popmq.bench.brokers import local_broker, process_cpu_s, remote_broker
 from popmq.config import BrokerConfig, ProxyConfig
 from proxy.longpoll import LongPollRequest, LongPollStrategy, make_strategy
 from proxy.metrics import ProxyMetrics
@@ -60,67 +60,12 @@ async def _cluster(
         for index in range(count):
             config = BrokerConfig(name=f"broker-{index}", port=0, data_dir=root / f"b{index}")
             if remote:
-                port = await stack.enter_async_context(_remote_broker(config, pids))
+                port = await stack.enter_async_context(remote_broker(config, pids))
             else:
-                port = await stack.enter_async_context(_local_broker(config))
+                port = await stack.enter_async_context(local_broker(config))
             await port.create_topic(TOPIC, QUEUES_PER_BROKER)
             ports.append(port)
         yield ports
-
-
-@contextlib.asynccontextmanager
-async def _local_broker(config: BrokerConfig) -> AsyncIterator[BrokerPort]:
-    from broker.api.local import LocalBrokerPort
-    from broker.core import Broker
-
-    broker = Broker(config)
-    await broker.start()
-    try:
-        yield LocalBrokerPort(broker)
-    finally:
-        await broker.stop()
-
-
-def _proc_cpu_s(pid: int) -> float:
-    """utime + stime of a live process, from /proc (Linux)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@contextlib.asynccontextmanager
-async def _remote_broker(config: BrokerConfig, pids: list[int]) -> AsyncIterator[BrokerPort]:
-    """A `popmq broker` process on a free port, reached over gRPC."""
-    from broker.api.remote import RemoteBrokerPort
-
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "popmq", "broker", "--name", config.name, "--port", "0",
-        "--data-dir", str(config.data_dir),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    pids.append(process.pid)
-    port: RemoteBrokerPort | None = None
-    try:
-        assert process.stdout is not None
-        async with asyncio.timeout(30):
-            line = (await process.stdout.readline()).decode()
-        if "listening on" not in line:
-            raise RuntimeError(f"broker {config.name} did not start: {line!r}")
-        port = RemoteBrokerPort(config.name, line.rsplit(" ", 1)[1].strip())
-        yield port
-    finally:
-        if port is not None:
-            await port.close()
-        if process.returncode is None:
-            process.terminate()
-            try:
-                async with asyncio.timeout(10):
-                    await process.wait()
-            except TimeoutError:
-                process.kill()
-                await process.wait()
 
 
 # -- one run -------------------------------------------------------------------------------------
@@ -233,7 +178,7 @@ async def _run_one(
         pids: list[int] = []
         async with _cluster(brokers, Path(root), remote, pids) as ports:
             cpu_before = time.process_time()
-            brokers_before = sum(_proc_cpu_s(pid) for pid in pids)
+            brokers_before = sum(process_cpu_s(pid) for pid in pids)
             wall_before = time.perf_counter()
             async with asyncio.TaskGroup() as group:
                 watcher = group.create_task(_watch_loop(record))
@@ -264,7 +209,7 @@ async def _run_one(
             wall_s = time.perf_counter() - wall_before
             cpu_s = time.process_time() - cpu_before
             broker_cpu_s = (
-                sum(_proc_cpu_s(pid) for pid in pids) - brokers_before if remote else None
+                sum(process_cpu_s(pid) for pid in pids) - brokers_before if remote else None
             )
     return _summarise(name, record, metrics, cpu_s, broker_cpu_s, wall_s, produce_s)
 
