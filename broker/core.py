@@ -45,6 +45,8 @@ from broker.api.types import (
     TopicInfo,
     retry_topic,
 )
+from broker.metered_hold import MeteredHoldTable
+from broker.metrics import BrokerMetrics, take_snapshot
 from broker.pop.engine import PopEngine
 from broker.pop.groups import GroupRegistry
 from broker.pop.hold import HoldOutcome, HoldTable
@@ -69,7 +71,11 @@ class Broker:
         self._config = config
         self._clock: Callable[[], int] = now_ms
         self._store = MessageStore(config.data_dir, config.name, config.store, self._clock)
-        self._hold = HoldTable(config.polling.max_held_per_key, config.polling.max_held_total)
+        self._metrics = BrokerMetrics(config.name)
+        self._metrics_state = self._metrics.watch(lambda: take_snapshot(self))
+        self._hold = MeteredHoldTable(
+            config.polling.max_held_per_key, config.polling.max_held_total, self._metrics
+        )
         self._groups = GroupRegistry(self._store, config.pop)
         self._round_robin = RoundRobin()
         self._tasks: list[asyncio.Task[None]] = []
@@ -88,6 +94,14 @@ class Broker:
     @property
     def config(self) -> BrokerConfig:
         return self._config
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def metrics(self) -> BrokerMetrics:
+        return self._metrics
 
     @property
     def store(self) -> MessageStore:
@@ -137,6 +151,7 @@ class Broker:
             asyncio.create_task(self._supervise("pop-journal", self._journal_step)),
         ]
         self._started = True
+        self._metrics_state.loop = asyncio.get_running_loop()
         log.info("broker %s started on %s", self.name, self._config.data_dir)
 
     def _open_pop_state(self) -> None:
@@ -234,7 +249,7 @@ class Broker:
         )
 
     async def _timer_step(self) -> float:
-        await self._timer.deliver_due()
+        self._metrics.timer_delivered(await self._timer.deliver_due())
         return self._sleep_until(
             self._timer.next_due_ms(), self._config.pop.revive_scan_interval_ms
         )
@@ -243,7 +258,7 @@ class Broker:
         """Spill checkpoints older than the buffer time; fsync and compact the journal."""
         journal, ledger = self._journal, self.ledger
         assert journal is not None
-        ledger.spill(self._clock(), self._config.pop.checkpoint_buffer_ms)
+        self._metrics.spilled(ledger.spill(self._clock(), self._config.pop.checkpoint_buffer_ms))
         ledger.flush_commits()
         await journal.sync()
         if journal.should_compact():
@@ -346,12 +361,18 @@ class Broker:
         results: list[SendResult | None] = [None] * len(messages)
         for (topic, target), items in immediate.items():
             stored = await self._store.append(topic, target, [m for _, m in items])
+            self._metrics.stored(topic, len(stored))
             for (position, _), record in zip(items, stored, strict=True):
                 results[position] = SendResult(
                     record.message_id, topic, target, record.queue_offset, self.name
                 )
         if delayed:
             records = await self._timer.schedule([(m, t, q) for _, m, t, q in delayed])
+            delayed_per_topic: dict[str, int] = defaultdict(int)
+            for _, _, topic, _ in delayed:
+                delayed_per_topic[topic] += 1
+            for topic, count in delayed_per_topic.items():
+                self._metrics.stored(topic, count)
             for (position, _, topic, target), record in zip(delayed, records, strict=True):
                 # The queue offset is only known once the message is delivered.
                 results[position] = SendResult(record.message_id, topic, target, -1, self.name)
@@ -360,19 +381,25 @@ class Broker:
     # -- POP consumption ------------------------------------------------------------------
     async def pop(self, request: PopRequest) -> PopResult:
         self._require_started()
-        return await self.engine.pop(request)
+        result = await self.engine.pop(request)
+        self._metrics.popped(result.status, len(result.messages))
+        return result
 
     async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:
         self._require_started()
-        return await self.engine.ack(group, topic, entries)
+        results = await self.engine.ack(group, topic, entries)
+        self._metrics.acked(result.code for result in results)
+        return results
 
     async def change_invisible_time(
         self, group: str, topic: str, receipt_handle: str, invisible_time_ms: int
     ) -> ChangeInvisibleResult:
         self._require_started()
-        return await self.engine.change_invisible_time(
+        result = await self.engine.change_invisible_time(
             group, topic, receipt_handle, invisible_time_ms
         )
+        self._metrics.invisible_changed()
+        return result
 
     async def notify(self, request: NotifyRequest) -> NotifyResult:
         self._require_started()
@@ -512,6 +539,10 @@ class Broker:
         return replace(self._groups.update(config))
 
     async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]:
+        return self.group_stats_now(group, topic)
+
+    def group_stats_now(self, group: str, topic: str) -> list[GroupQueueStats]:
+        """group_stats without a coroutine (for the metrics read at scrape time)."""
         self._require_started()
         check_group(group)
         stats: list[GroupQueueStats] = []

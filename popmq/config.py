@@ -110,6 +110,9 @@ class BrokerConfig(Section):
     # Signs receipt handles so forged ones are rejected; every broker and proxy of one
     # cluster must share it. Change it in production.
     handle_secret: str = "popmq-dev-secret"
+    # Serve Prometheus /metrics on this port of `host` (None: not at all; 0: any free port).
+    # `popmq serve` ignores it: embedded brokers' metrics are on the proxy's endpoint.
+    metrics_port: int | None = Field(None, ge=0, le=65535)
     store: StoreConfig = Field(default_factory=StoreConfig)
     topics: TopicDefaults = Field(default_factory=TopicDefaults)
     pop: PopConfig = Field(default_factory=PopConfig)

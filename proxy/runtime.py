@@ -10,8 +10,12 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from broker.api.port import BrokerPort
+from broker.metrics import merged_registry
 from popmq.config import PopmqConfig
+from popmq.metrics_http import metrics_endpoint
 from proxy.metrics import ProxyMetrics
 from proxy.server import ProxyServer
 
@@ -56,21 +60,11 @@ def remote_brokers(config: PopmqConfig) -> list[BrokerPort]:
     return [RemoteBrokerPort(b.name, b.address) for b in config.proxy.brokers]
 
 
-@contextlib.contextmanager
-def metrics_endpoint(port: int | None, metrics: ProxyMetrics, host: str) -> Any:
-    """Serve /metrics over HTTP on `port` (None: not at all) while the context is open."""
-    if port is None:
-        yield None
-        return
-    from prometheus_client import start_http_server
+def embedded_registries(ports: list[BrokerPort]) -> list[CollectorRegistry]:
+    """The metrics registries of the brokers behind in-process ports (none for remote ones)."""
+    from broker.api.local import LocalBrokerPort
 
-    server, thread = start_http_server(port, addr=host, registry=metrics.registry)
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=2)
+    return [port.broker.metrics.registry for port in ports if isinstance(port, LocalBrokerPort)]
 
 
 async def serve_proxy(
@@ -82,7 +76,10 @@ async def serve_proxy(
 ) -> None:
     metrics = ProxyMetrics()
     proxy = config.proxy
-    with metrics_endpoint(proxy.metrics_port, metrics, proxy.host) as http:
+    # `popmq serve`: the embedded brokers' metrics are served on the proxy's endpoint too.
+    brokers = embedded_registries(ports)
+    registry = merged_registry([metrics.registry, *brokers]) if brokers else metrics.registry
+    with metrics_endpoint(proxy.metrics_port, registry, proxy.host) as http:
         server = ProxyServer(config, ports, metrics=metrics)
         await server.start()
         try:

@@ -2,7 +2,8 @@
 
 Runs until SIGTERM or SIGINT, then stops taking calls (held long polls are released), stops the
 broker (final flush) and exits 0. Once serving it prints one line on stdout,
-``popmq broker NAME listening on HOST:PORT``, with the real port when --port is 0.
+``popmq broker NAME listening on HOST:PORT``, with the real port when --port is 0. With
+--metrics-port it also serves Prometheus /metrics on HOST (the bound port is logged on stderr).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--flush", choices=("sync", "async"), help="sync: a send returns after fsync"
     )
+    parser.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any)"
+    )
     # Also accepted after the subcommand; SUPPRESS keeps the top-level values when absent.
     parser.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -56,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
             "broker.port": args.port,
             "broker.data_dir": args.data_dir,
             "broker.store.flush": args.flush,
+            "broker.metrics_port": args.metrics_port,
         },
     )
     if not logging.getLogger().handlers:
@@ -85,6 +90,7 @@ async def serve_broker(
     from broker.api.local import LocalBrokerPort
     from broker.core import Broker
     from broker.server import BrokerGrpcServer
+    from popmq.metrics_http import metrics_endpoint
 
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -98,11 +104,16 @@ async def serve_broker(
             server = BrokerGrpcServer(LocalBrokerPort(broker), config.host, config.port)
             await server.start()
             try:
-                announce(
-                    f"popmq broker {config.name} listening on {config.host}:{server.bound_port}"
-                )
-                await stop.wait()
-                log.info("stopping broker %s", config.name)
+                with metrics_endpoint(
+                    config.metrics_port, broker.metrics.registry, config.host
+                ) as http:
+                    if http is not None:  # stderr only: stdout's first line is the contract
+                        log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)
+                    announce(
+                        f"popmq broker {config.name} listening on {config.host}:{server.bound_port}"
+                    )
+                    await stop.wait()
+                    log.info("stopping broker %s", config.name)
             finally:
                 await server.stop(STOP_GRACE_S)
         finally:

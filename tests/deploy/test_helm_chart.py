@@ -39,7 +39,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "fullnameOverride": "mq",
         "clusterDomain": "corp.local",
         "serviceAccount": {"create": False},
-        "broker": {"replicas": 5, "persistence": {"storageClass": "-"}, "pdb": {"enabled": False}},
+        "broker": {
+            "replicas": 5,
+            "persistence": {"storageClass": "-"},
+            "pdb": {"enabled": False},
+            "metrics": {"enabled": False},
+        },
         "proxy": {
             "advertise": {"podIP": True},
             "metrics": {"enabled": False},
@@ -185,6 +190,16 @@ def test_broker_command_parses_with_the_real_cli(
     assert args.command == "broker"
     assert args.config == "/etc/popmq/popmq.yaml"
     assert (args.name, args.host, args.port) == ("popmq-broker-0", "0.0.0.0", 10911)
+    values = merged_values(VARIANTS[variant])
+    metrics = values["broker"]["metrics"]
+    assert args.metrics_port == (metrics["port"] if metrics["enabled"] else None)
+    annotations = out.one("StatefulSet")["spec"]["template"]["metadata"]["annotations"]
+    if metrics["enabled"] and metrics["podAnnotations"]:
+        assert annotations["prometheus.io/port"] == str(args.metrics_port)
+        ports = {p["name"]: p["containerPort"] for p in broker["ports"]}
+        assert ports["metrics"] == args.metrics_port
+    else:
+        assert "prometheus.io/scrape" not in annotations
     mount = next(m for m in broker["volumeMounts"] if m["name"] == "data")["mountPath"]
     assert Path(args.data_dir).is_relative_to(mount), "broker data must live on the volume"
 

@@ -73,6 +73,7 @@ BAD_COMBINATIONS: list[tuple[dict[str, Any], str]] = [
 # (test-only knobs, the single-process `serve` section).
 CHART_OWNED = {
     "broker.name", "broker.host", "broker.port", "broker.data_dir", "broker.handle_secret",
+    "broker.metrics_port",
     "broker.pop.time_scale",
     "proxy.host", "proxy.port", "proxy.advertise_host", "proxy.advertise_port",
     "proxy.metrics_port", "proxy.brokers", "proxy.handle_secret",

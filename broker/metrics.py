@@ -1,0 +1,374 @@
+"""A broker's Prometheus metrics (names are stable; docs/operations.md explains each one).
+
+Each Broker owns one ``BrokerMetrics`` with its own registry, so several brokers in one process
+(``popmq serve``, tests) do not mix their counts; every series carries a ``broker`` label so the
+registries of embedded brokers can be served together (``merged_registry``).
+
+Two kinds of numbers:
+- counters and gauges the broker moves as it works (one ``inc`` per batch, never per message);
+- state read at scrape time (``BrokerStateCollector``): backlog and in-flight per (group,
+  topic), DLQ sizes, pending timer entries, revive/DLQ totals and commitlog size. That state
+  lives on the broker's event loop while the HTTP server scrapes from its own thread, so the
+  collector computes it on the loop (``call_soon_threadsafe``) and waits a bounded time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from broker.api.errors import BrokerError, Code
+from broker.api.types import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX
+
+if TYPE_CHECKING:
+    from broker.core import Broker
+
+log = logging.getLogger(__name__)
+
+HOLD_KINDS = ("pop", "pull", "notify")
+# How long a scrape waits for the broker's loop; a loop blocked longer loses these series for
+# that scrape instead of hanging the scrape.
+SCRAPE_TIMEOUT_S = 5.0
+# At most this many (group, topic) series per scrape, so a broker with very many groups keeps
+# its scrape cheap (each pair costs one look at each of its queues).
+MAX_GROUP_SERIES = 2_000
+
+
+class BrokerMetrics:
+    def __init__(self, broker: str, registry: CollectorRegistry | None = None) -> None:
+        self.broker = broker
+        self.registry = registry or CollectorRegistry()
+        r, b = self.registry, ["broker"]
+        self._stored = Counter(
+            "popmq_broker_messages_stored",
+            "Messages stored by producers' sends, by topic (delay messages when accepted)",
+            ["broker", "topic"], registry=r,
+        )  # fmt: skip
+        self._stored_by_topic: dict[str, Any] = {}
+        pops = Counter(
+            "popmq_broker_pop_requests", "Pop requests answered, by result",
+            ["broker", "result"], registry=r,
+        )  # fmt: skip
+        self._pops = {result: pops.labels(broker, result) for result in _POP_RESULTS.values()}
+        self._popped = Counter(
+            "popmq_broker_popped_messages", "Messages handed out by pops", b, registry=r
+        ).labels(broker)
+        acks = Counter(
+            "popmq_broker_acks", "Ack entries, by result (failed: unknown, expired or forged "
+            "receipt handles)", ["broker", "result"], registry=r,
+        )  # fmt: skip
+        self._acks_ok, self._acks_failed = acks.labels(broker, "ok"), acks.labels(broker, "failed")
+        self._invisible = Counter(
+            "popmq_broker_invisible_time_changes",
+            "Successful changeInvisibleTime calls (including nacks to 0)", b, registry=r,
+        ).labels(broker)  # fmt: skip
+        self._timer = Counter(
+            "popmq_broker_timer_deliveries",
+            "Messages the timer moved to their topic (delay messages and retry backoffs)",
+            b, registry=r,
+        ).labels(broker)  # fmt: skip
+        self._spilled = Counter(
+            "popmq_broker_checkpoints_spilled",
+            "Checkpoints written to the pop journal because they were not acked within "
+            "pop.checkpoint_buffer_ms", b, registry=r,
+        )  # fmt: skip
+        self._spilled_child = self._spilled.labels(broker)
+        held = Gauge(
+            "popmq_broker_held_requests", "Long polls waiting in the hold table, by kind",
+            ["broker", "kind"], registry=r,
+        )  # fmt: skip
+        self.held = {kind: held.labels(broker, kind) for kind in HOLD_KINDS}
+        full = Counter(
+            "popmq_broker_polling_full", "Long polls refused because the hold table was full",
+            ["broker", "kind"], registry=r,
+        )  # fmt: skip
+        self.polling_full = {kind: full.labels(broker, kind) for kind in HOLD_KINDS}
+        self.held_limit = Gauge(
+            "popmq_broker_held_requests_limit", "broker.polling.max_held_total", b, registry=r
+        ).labels(broker)
+
+    # -- hooks (cheap: one inc per call or batch) --------------------------------------------
+    def stored(self, topic: str, count: int) -> None:
+        child = self._stored_by_topic.get(topic)
+        if child is None:
+            child = self._stored_by_topic[topic] = self._stored.labels(self.broker, topic)
+        child.inc(count)
+
+    def popped(self, status: Any, count: int) -> None:
+        self._pops[_POP_RESULTS[status.value]].inc()
+        if count:
+            self._popped.inc(count)
+
+    def acked(self, codes: Iterable[int]) -> None:
+        ok = failed = 0
+        for code in codes:
+            if code == Code.OK:
+                ok += 1
+            else:
+                failed += 1
+        if ok:
+            self._acks_ok.inc(ok)
+        if failed:
+            self._acks_failed.inc(failed)
+
+    def invisible_changed(self) -> None:
+        self._invisible.inc()
+
+    def timer_delivered(self, count: int) -> None:
+        if count:
+            self._timer.inc(count)
+
+    def spilled(self, count: int) -> None:
+        if count:
+            self._spilled_child.inc(count)
+
+    def watch(self, snapshot: Callable[[], BrokerSnapshot | None]) -> BrokerStateCollector:
+        """Serve the broker's state, read by ``snapshot`` on the broker's loop (set the
+        returned collector's ``loop`` when it runs), at each scrape."""
+        collector = BrokerStateCollector(self.broker, snapshot)
+        self.registry.register(collector)
+        return collector
+
+
+_POP_RESULTS = {"FOUND": "found", "NO_MESSAGE": "empty", "POLLING_FULL": "polling_full"}
+
+
+@dataclass(slots=True)
+class GroupRow:
+    group: str
+    topic: str
+    backlog: int  # not yet consumed in the topic's queues
+    retry_backlog: int  # not yet consumed in the group's retry topic for it
+    inflight: int  # popped, not yet acked (both)
+
+
+@dataclass(slots=True)
+class BrokerSnapshot:
+    revived: int
+    dead_lettered: int
+    timer_pending: int
+    data_dir: Path
+    groups: list[GroupRow] = field(default_factory=list)
+    groups_dropped: int = 0  # pairs past MAX_GROUP_SERIES
+    dlq_stored: dict[str, int] = field(default_factory=dict)  # group -> messages in its DLQ
+
+
+def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
+    """The broker's state for one scrape (on its loop); None while it is stopped."""
+    if not broker.started:
+        return None
+    revive = broker.revive_service
+    snap = BrokerSnapshot(
+        revived=revive.revived,
+        dead_lettered=revive.dead_lettered,
+        timer_pending=broker.timer.pending,
+        data_dir=broker.store.data_dir,
+    )
+    pairs = sorted(_group_topics(broker))
+    snap.groups_dropped = max(len(pairs) - MAX_GROUP_SERIES, 0)
+    for group, topic in pairs[:MAX_GROUP_SERIES]:
+        try:
+            stats = broker.group_stats_now(group, topic)
+        except BrokerError:  # the topic was deleted
+            continue
+        row = GroupRow(group, topic, 0, 0, 0)
+        for queue in stats:
+            if queue.topic == topic:
+                row.backlog += queue.backlog
+            else:
+                row.retry_backlog += queue.backlog
+            row.inflight += queue.inflight
+        snap.groups.append(row)
+    for meta in broker.store.list_topics():
+        if meta.name.startswith(DLQ_PREFIX):
+            stored = sum(
+                broker.store.max_offset(meta.name, q) - broker.store.min_offset(meta.name, q)
+                for q in range(meta.queue_count)
+            )
+            snap.dlq_stored[meta.name[len(DLQ_PREFIX) :]] = stored
+    return snap
+
+
+def _group_topics(broker: Broker) -> set[tuple[str, str]]:
+    """(group, topic) pairs the broker knows a consumer position for: queues it popped since
+    start (or recovered with messages in flight) and committed consumer offsets, so a group
+    whose consumers are all down after a restart still shows its backlog."""
+    keys = list(broker.ledger.queues)
+    # The store has no public listing of its consumer offsets; read its table (keys only).
+    keys += list(getattr(broker.store, "_offsets", {}))
+    pairs: set[tuple[str, str]] = set()
+    for group, topic, _ in keys:
+        if group.startswith(SYSTEM_PREFIX):  # the timer's own progress
+            continue
+        if topic.startswith(RETRY_PREFIX):
+            prefix = f"{RETRY_PREFIX}{group}_"
+            if not topic.startswith(prefix):
+                continue
+            topic = topic[len(prefix) :]
+        pairs.add((group, topic))
+    return pairs
+
+
+def commitlog_usage(data_dir: Path) -> tuple[int, int]:
+    """(bytes, segments) of the commitlog on disk; segment files are named by 20 digits."""
+    total = segments = 0
+    try:
+        entries = list((data_dir / "commitlog").iterdir())
+    except OSError:
+        return 0, 0
+    for entry in entries:
+        if len(entry.name) == 20 and entry.name.isdigit():
+            try:
+                total += entry.stat().st_size
+            except OSError:  # deleted by retention meanwhile
+                continue
+            segments += 1
+    return total, segments
+
+
+class BrokerStateCollector(Collector):
+    def __init__(self, broker: str, snapshot: Callable[[], BrokerSnapshot | None]) -> None:
+        self._broker = broker
+        self._snapshot = snapshot
+        self.loop: asyncio.AbstractEventLoop | None = None  # set when the broker starts
+
+    def describe(self) -> list[Metric]:
+        return []  # computed at scrape time; nothing to check against other collectors
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._take()
+        if snap is None:
+            return
+        b = [self._broker]
+        yield _counter("popmq_broker_revived_messages",
+                       "Un-acked messages sent to a retry topic (or released in place for FIFO) "
+                       "after their invisible time", b, snap.revived)  # fmt: skip
+        yield _counter("popmq_broker_dead_lettered_messages",
+                       "Messages moved to a dead-letter queue (max attempts reached, or asked "
+                       "by the client)", b, snap.dead_lettered)  # fmt: skip
+        yield _gauge(
+            "popmq_broker_timer_pending_messages",
+            "Delay messages and retries waiting in the timer",
+            b,
+            snap.timer_pending,
+        )
+        size, segments = commitlog_usage(snap.data_dir)
+        yield _gauge("popmq_broker_commitlog_bytes", "Bytes of commitlog on disk", b, size)
+        yield _gauge("popmq_broker_commitlog_segments", "Commitlog segment files", b, segments)
+        labels = ["broker", "group", "topic"]
+        backlog = GaugeMetricFamily(
+            "popmq_broker_group_backlog_messages",
+            "Messages of the topic the group has not acked yet (max offset - consumer offset; "
+            "includes in-flight ones)",
+            labels=labels,
+        )
+        retry = GaugeMetricFamily(
+            "popmq_broker_group_retry_backlog_messages",
+            "Messages waiting in the group's retry topic for this topic", labels=labels
+        )  # fmt: skip
+        inflight = GaugeMetricFamily(
+            "popmq_broker_group_inflight_messages",
+            "Messages popped by the group and not yet acked", labels=labels,
+        )  # fmt: skip
+        for row in snap.groups:
+            values = [self._broker, row.group, row.topic]
+            backlog.add_metric(values, row.backlog)
+            retry.add_metric(values, row.retry_backlog)
+            inflight.add_metric(values, row.inflight)
+        yield from (backlog, retry, inflight)
+        yield _gauge("popmq_broker_group_series_dropped",
+                     f"(group, topic) pairs left out of this scrape (over {MAX_GROUP_SERIES})",
+                     b, snap.groups_dropped)  # fmt: skip
+        dlq = GaugeMetricFamily(
+            "popmq_broker_dlq_stored_messages",
+            "Messages stored in the group's dead-letter queue (%DLQ%group), until retention",
+            labels=["broker", "group"],
+        )
+        for group, count in sorted(snap.dlq_stored.items()):
+            dlq.add_metric([self._broker, group], count)
+        yield dlq
+
+    def _take(self) -> BrokerSnapshot | None:
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return None
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:  # scraped from the loop itself (tests, admin): read directly
+            return self._snapshot()
+        if not loop.is_running():
+            return None
+        future: concurrent.futures.Future[BrokerSnapshot | None] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(self._snapshot())
+            except BaseException as exc:  # reported to the scraping thread
+                future.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(run)
+            return future.result(timeout=SCRAPE_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            log.warning("broker %s: loop busy for %.0f s; state metrics skipped this scrape",
+                        self._broker, SCRAPE_TIMEOUT_S)  # fmt: skip
+        except RuntimeError:  # the loop closed in between
+            pass
+        except Exception:
+            log.exception("broker %s: reading state for metrics failed", self._broker)
+        return None
+
+
+def _counter(name: str, doc: str, values: list[str], value: float) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=["broker"])
+    family.add_metric(values, value)
+    return family
+
+
+def _gauge(name: str, doc: str, values: list[str], value: float) -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=["broker"])
+    family.add_metric(values, value)
+    return family
+
+
+class MergedCollector(Collector):
+    """Several registries as one: families of the same name (one per embedded broker) become
+    one family, because the text format allows each name once."""
+
+    def __init__(self, registries: Iterable[CollectorRegistry]) -> None:
+        self._registries = list(registries)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for registry in self._registries:
+            for family in registry.collect():
+                into = merged.get(family.name)
+                if into is None:
+                    into = merged[family.name] = Metric(
+                        family.name, family.documentation, family.type, family.unit
+                    )
+                into.samples.extend(family.samples)
+        yield from merged.values()
+
+
+def merged_registry(registries: Iterable[CollectorRegistry]) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(MergedCollector(registries))
+    return registry
