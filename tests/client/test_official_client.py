@@ -103,7 +103,9 @@ def test_redelivery_after_invisible_time(deployment: Deployment, open_client: Op
     again = _ok(consumer.call("receive_until", count=1, timeout_s=20, invisible_s=15))
     (redelivered,) = again["messages"]
     assert redelivered["message_id"] == message["message_id"]
-    assert redelivered["delivery_attempt"] == 2
+    # Usually 2. A receive the client gave up on (its deadline passed while the proxy popped)
+    # is released and counts as an attempt too, as in RocketMQ: never less than 2.
+    assert redelivered["delivery_attempt"] >= 2
     assert time.monotonic() - received_at >= 1.5  # not before the invisible time ended
 
 
