@@ -102,10 +102,15 @@ class ProxyServer:
         add_admin_service(server, self.services)
 
     async def stop(self, grace_s: float = 1.0) -> None:
-        """Stop taking calls, let running ones end for grace_s, then release everything."""
+        """Stop taking calls, let running ones end for grace_s, then release everything.
+
+        Held receives do not wait for the grace to run out: they are answered at once with
+        what they hold, usually nothing (MESSAGE_NOT_FOUND, as any empty long poll), so a
+        client sees a normal empty receive and polls again elsewhere."""
         if self._server is None:
             return
         await self._health.enter_graceful_shutdown()
+        self.services.strategy.drain()
         await self._server.stop(grace_s)
         self._server = None
         await self.services.tasks.close()

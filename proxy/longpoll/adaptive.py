@@ -78,5 +78,9 @@ class AdaptiveStrategy:
     ) -> list[PoppedMessage]:
         return await self._strategies[self.decide()].receive(brokers, request)
 
+    def drain(self) -> None:
+        for strategy in self._strategies.values():
+            strategy.drain()
+
     async def aclose(self) -> None:
         await self.calls.aclose()

@@ -47,6 +47,11 @@ class LongPollStrategy(Protocol):
         """
         ...
 
+    def drain(self) -> None:
+        """The proxy is stopping: end every held receive now as if its poll time were up (an
+        empty answer unless it already holds messages) and answer new ones empty at once."""
+        ...
+
     async def aclose(self) -> None:
         """Finish background work (releases of undelivered messages, false-empty probes)."""
         ...
@@ -94,6 +99,9 @@ class StrategyBase:
         self.label = label or self.name
         self.probe_false_empty = probe_false_empty
         self.picker = BrokerPicker()
+        # The deadlines of the receives holding now, so drain() can bring them forward.
+        self._held: set[asyncio.Timeout] = set()
+        self.draining = False
 
     async def _poll(
         self,
@@ -108,7 +116,7 @@ class StrategyBase:
     async def receive(
         self, brokers: Sequence[BrokerPort], request: LongPollRequest
     ) -> list[PoppedMessage]:
-        if not brokers:
+        if not brokers or self.draining:
             return []
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -122,7 +130,11 @@ class StrategyBase:
                 timeout = asyncio.timeout_at(deadline)
                 try:
                     async with timeout:
-                        await self._poll(brokers, request, deadline, custody)
+                        self._held.add(timeout)
+                        try:
+                            await self._poll(brokers, request, deadline, custody)
+                        finally:
+                            self._held.discard(timeout)
                 except TimeoutError:
                     if not timeout.expired():
                         raise  # a broker's timeout, not our deadline
@@ -140,9 +152,17 @@ class StrategyBase:
         else:
             self.metrics.empty_responses.labels(self.label).inc()
             self.metrics.receive_latency.labels(self.label, "empty").observe(elapsed)
-            if self.probe_false_empty:
+            if self.probe_false_empty and not self.draining:
                 self.calls.probe_false_empty(brokers, request.pop, self.label)
         return messages
+
+    def drain(self) -> None:
+        self.draining = True
+        now = asyncio.get_running_loop().time()
+        for timeout in self._held:
+            # Expiring the timeout cancels _poll exactly as the deadline would: broker calls
+            # are cancelled and whatever was popped is handed over (or released).
+            timeout.reschedule(now)
 
     async def aclose(self) -> None:
         await self.calls.aclose()
