@@ -4,6 +4,7 @@ exist, its popmq commands parse, and the files and settings it points at are rea
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,8 @@ from deploykit import CHART_DIR, REPO, parse_cli
 from pydantic import BaseModel
 
 from broker.api.errors import Code
+from broker.api.types import Message, PopRequest
+from broker.pop.testing import fast_broker_config, running_broker
 from popmq.config import PopmqConfig
 from proxy.metrics import ProxyMetrics
 
@@ -60,6 +63,34 @@ def test_every_metric_named_exists_with_its_labels_and_codes() -> None:
         for code_value in re.findall(r'code=~?"([^"]+)"', body):
             for code in re.split(r"\\?\|", code_value):
                 assert code in Code.__members__, f"no status code {code}"
+
+
+async def _broker_families(data_dir: Path) -> dict[str, set[str]]:
+    """Family name -> label names, from a real broker that has a group, a DLQ and traffic."""
+    async with running_broker(fast_broker_config(data_dir)) as broker:
+        await broker.send([Message("t", b"x"), Message("t", b"y")])
+        popped = await broker.pop(PopRequest("g", "t", invisible_time_ms=60_000))
+        await broker.forward_to_dlq("g", "t", popped.messages[0].receipt_handle)
+        families = list(broker.metrics.registry.collect())
+    return {
+        family.name: {label for sample in family.samples for label in sample.labels}
+        for family in families
+    }
+
+
+async def test_every_broker_metric_named_exists_with_its_labels(tmp_path: Path) -> None:
+    families = await _broker_families(tmp_path)
+    named = set(re.findall(r"popmq_broker_\w+", DOC))
+    assert len(named) >= 15
+    for name in named:
+        assert _base(name, families), f"docs name {name}, which broker/metrics.py does not define"
+    for name, body in re.findall(r"(popmq_broker_\w+)\{([^}]*)\}", DOC):
+        used = set(re.findall(r"(\w+)\s*(?:=~|!=|!~|=)", body))
+        assert used <= families[_base(name, families) or ""], f"{name}{{{body}}}: bad labels"
+    # The table's label column names real labels too.
+    for name, labels in re.findall(r"^\| `(popmq_broker_\w+)`[^|]*\| ([^|]*) \|", DOC, re.M):
+        for label in re.findall(r"`(\w+)`", labels):
+            assert label in families[_base(name, families) or ""], f"{name}: no label {label}"
 
 
 def _commands() -> list[str]:
