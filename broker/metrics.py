@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from broker.api.errors import BrokerError, Code
-from broker.api.types import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX
+from broker.api.types import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, PopStatus
 
 if TYPE_CHECKING:
     from broker.core import Broker
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HOLD_KINDS = ("pop", "pull", "notify")
+_OK = int(Code.OK)
 # How long a scrape waits for the broker's loop; a loop blocked longer loses these series for
 # that scrape instead of hanging the scrape.
 SCRAPE_TIMEOUT_S = 5.0
@@ -58,7 +59,9 @@ class BrokerMetrics:
             "popmq_broker_pop_requests", "Pop requests answered, by result",
             ["broker", "result"], registry=r,
         )  # fmt: skip
-        self._pops = {result: pops.labels(broker, result) for result in _POP_RESULTS.values()}
+        self._pops = {
+            status: pops.labels(broker, result) for status, result in _POP_RESULTS.items()
+        }
         self._popped = Counter(
             "popmq_broker_popped_messages", "Messages handed out by pops", b, registry=r
         ).labels(broker)
@@ -103,15 +106,15 @@ class BrokerMetrics:
             child = self._stored_by_topic[topic] = self._stored.labels(self.broker, topic)
         child.inc(count)
 
-    def popped(self, status: Any, count: int) -> None:
-        self._pops[_POP_RESULTS[status.value]].inc()
+    def popped(self, status: PopStatus, count: int) -> None:
+        self._pops[status].inc()
         if count:
             self._popped.inc(count)
 
     def acked(self, codes: Iterable[int]) -> None:
         ok = failed = 0
         for code in codes:
-            if code == Code.OK:
+            if code == _OK:
                 ok += 1
             else:
                 failed += 1
@@ -139,7 +142,11 @@ class BrokerMetrics:
         return collector
 
 
-_POP_RESULTS = {"FOUND": "found", "NO_MESSAGE": "empty", "POLLING_FULL": "polling_full"}
+_POP_RESULTS = {
+    PopStatus.FOUND: "found",
+    PopStatus.NO_MESSAGE: "empty",
+    PopStatus.POLLING_FULL: "polling_full",
+}
 
 
 @dataclass(slots=True)
