@@ -210,8 +210,7 @@ def _group_topics(broker: Broker) -> set[tuple[str, str]]:
     start (or recovered with messages in flight) and committed consumer offsets, so a group
     whose consumers are all down after a restart still shows its backlog."""
     keys = list(broker.ledger.queues)
-    # The store has no public listing of its consumer offsets; read its table (keys only).
-    keys += list(getattr(broker.store, "_offsets", {}))
+    keys += broker.store.consumer_offset_keys()
     pairs: set[tuple[str, str]] = set()
     for group, topic, _ in keys:
         if group.startswith(SYSTEM_PREFIX):  # the timer's own progress

@@ -557,6 +557,10 @@ class MessageStore:
         return count_tagged(index, start, end, tags)
 
     # -- consumer offsets --------------------------------------------------------------------
+    def consumer_offset_keys(self) -> list[tuple[str, str, int]]:
+        """Every (group, topic, queue id) with a committed consumer offset."""
+        return list(self._offsets)
+
     def get_consumer_offset(self, group: str, topic: str, queue_id: int) -> int:
         self._queue(topic, queue_id)
         return self._offsets.get((group, topic, queue_id), -1)
