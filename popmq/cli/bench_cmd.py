@@ -96,6 +96,18 @@ def _spark(args: argparse.Namespace) -> int:
     )  # fmt: skip
 
 
+def _scale(args: argparse.Namespace) -> int:
+    return _run_bench(
+        "popmq.bench.scale", "bench_scale", "format_table", args.json,
+        consumers=tuple(args.consumers), brokers=args.brokers, queues=args.queues,
+        process_ms=args.process_ms, per_consumer=args.per_consumer, batch=args.batch,
+        body_bytes=args.body_bytes, kinds=tuple(args.kind), strategy=args.strategy,
+        scenarios=tuple(args.scenario), hang_consumers=args.hang_consumers,
+        hang_messages=args.hang_messages, invisible_ms=args.invisible_ms,
+        time_scale=args.time_scale,
+    )  # fmt: skip
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks: print a table, write --json")
     kinds = bench.add_subparsers(dest="bench", required=True)
@@ -152,3 +164,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     spark.add_argument("--endpoint", help="use this proxy instead of starting popmq serve")
     spark.add_argument("--json", help="also write the figures to this file")
     spark.set_defaults(func=_spark)
+
+    scale = kinds.add_parser(
+        "scale", help="msg/s as consumers grow past the queue count; a hung consumer"
+    )
+    scale.add_argument("--consumers", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    scale.add_argument("--brokers", type=int, default=2)
+    scale.add_argument("--queues", type=int, default=2, help="queues per broker")
+    scale.add_argument("--process-ms", type=float, default=5.0,
+                       help="simulated work per message before its ack")  # fmt: skip
+    scale.add_argument("--per-consumer", type=int, default=256,
+                       help="backlog messages per consumer in each step")  # fmt: skip
+    scale.add_argument("--batch", type=int, default=16, help="receive / pull batch size")
+    scale.add_argument("--body-bytes", type=int, default=1024)
+    scale.add_argument("--kind", nargs="+", default=["pop", "queue-bound"],
+                       choices=("pop", "queue-bound"))  # fmt: skip
+    scale.add_argument("--strategy", default="adaptive",
+                       choices=("pop", "slices", "notify", "adaptive"))  # fmt: skip
+    scale.add_argument("--scenario", nargs="+", default=["scale", "hang"],
+                       choices=("scale", "hang"))  # fmt: skip
+    scale.add_argument("--hang-consumers", type=int, default=4)
+    scale.add_argument("--hang-messages", type=int, default=2_000)
+    scale.add_argument("--invisible-ms", type=int, default=2_000,
+                       help="invisible time of the hung-consumer run")  # fmt: skip
+    scale.add_argument("--time-scale", type=float, default=0.1,
+                       help="broker pop.time_scale: retry backoff multiplier")  # fmt: skip
+    scale.add_argument("--json", help="also write the figures to this file")
+    scale.set_defaults(func=_scale)
