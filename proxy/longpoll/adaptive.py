@@ -83,4 +83,6 @@ class AdaptiveStrategy:
             strategy.drain()
 
     async def aclose(self) -> None:
-        await self.calls.aclose()
+        # Each closes what it owns (notify: its notification hub), then the shared calls.
+        for strategy in self._strategies.values():
+            await strategy.aclose()

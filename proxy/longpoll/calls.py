@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -100,13 +100,14 @@ class BrokerCalls:
             raise _PollingFull
         return result.has_message
 
-    async def watch(self, port: BrokerPort, pop: PopRequest, deadline: float) -> bool:
+    async def watch(self, port: BrokerPort, pop: PopRequest, deadline: Callable[[], float]) -> bool:
         """Long-poll notifications on one broker until it reports a message (True) or the
-        deadline passes (False). Broker errors and a full hold table are retried."""
+        deadline passes (False). ``deadline()`` is read at every (re-)arm, so it may move
+        later while watching. Broker errors and a full hold table are retried."""
         backoff = BACKOFF_START_S
         loop = asyncio.get_running_loop()
         while True:
-            poll_ms = _remaining_ms(deadline)
+            poll_ms = _remaining_ms(deadline())
             if poll_ms == 0:
                 return False
             asked = loop.time()
@@ -122,7 +123,7 @@ class BrokerCalls:
                 if loop.time() - asked >= poll_ms / 2000:
                     backoff = BACKOFF_START_S
                     continue
-            await asyncio.sleep(min(backoff, _remaining_ms(deadline) / 1000))
+            await asyncio.sleep(min(backoff, _remaining_ms(deadline()) / 1000))
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def note_error(self, kind: str, exc: Exception, port: BrokerPort) -> None:

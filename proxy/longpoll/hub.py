@@ -1,0 +1,227 @@
+"""The notification hub: a proxy's long polls share one held notification per broker and group.
+
+Without it, every long poll in its notify phase holds its own notification on every broker:
+N idle consumers of a group cost N x B held requests, and one arrival wakes all N (each then
+pops; N-1 pops come back empty). The hub holds ONE notification per **channel** --
+(broker, group, topic, filter, fifo) -- while at least one long poll subscribes to it, and
+turns the broker's "has message" into a **signal** for one subscriber at a time:
+
+- the signal goes to the oldest subscriber that does not hold one already (a subscriber that
+  cannot use it, because its long poll already has messages, declines: the next one gets it);
+- the subscriber reports what its pop did: ``used(rest_num)`` (it took messages; if the pop
+  left more behind, the signal goes on to as many further subscribers as that backlog needs,
+  at most ``MAX_PARALLEL_SIGNALS`` at once), ``missed()`` (an empty pop: someone else took the
+  message) or ``pass_on()`` (it did not pop: its long poll found messages elsewhere);
+- a subscriber that leaves while holding a signal (deadline, client gone) passes it on;
+- while no signal is out, the channel's notification is held on the broker; it is armed again
+  whenever the last signal comes back, so a message that landed meanwhile is reported at once
+  (the broker answers "yes" straight away while anything is visible). After empty pops it is
+  re-armed after a short growing pause rather than in a tight loop;
+- the last subscriber to leave cancels the held notification, and ``leave`` waits until the
+  broker call is gone.
+
+Each long poll's own logic (first pop, result queue, one consume task at a time, the
+deadline) stays in ``proxy.longpoll.notify``; the hub only shares the notification calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
+
+from broker.api.port import BrokerPort
+from broker.api.types import FilterExpression, PopRequest
+from proxy.longpoll.calls import BACKOFF_MAX_S, BrokerCalls
+
+# How many subscribers a pop's leftover backlog may signal at once; more pops on the same
+# broker at the same moment mostly find its queues locked by each other.
+MAX_PARALLEL_SIGNALS = 4
+# A broker that says "message" while the pops it triggers come back empty (queues busy with
+# other pullers, another proxy faster) is asked again after a growing pause.
+_MISS_PAUSE_START_S = 0.002
+_MISS_PAUSE_MAX_S = BACKOFF_MAX_S / 5
+
+ChannelKey = tuple[BrokerPort, str, str, FilterExpression, bool]
+# Called when a subscription receives a signal; False declines it (the next one gets it).
+OnSignal = Callable[["Subscription"], bool]
+
+
+class Subscription:
+    """One long poll's interest in one channel."""
+
+    __slots__ = ("channel", "deadline", "on_signal", "want")
+
+    def __init__(self, channel: _Channel, deadline: float, want: int, on_signal: OnSignal):
+        self.channel = channel
+        self.deadline = deadline
+        self.want = max(want, 1)  # messages one pop of this long poll takes at most
+        self.on_signal = on_signal
+
+    @property
+    def port(self) -> BrokerPort:
+        return self.channel.port
+
+    @property
+    def holds_signal(self) -> bool:
+        return self in self.channel.holders
+
+    def used(self, rest_num: int) -> None:
+        """Its pop took messages and left ``rest_num`` visible behind."""
+        self.channel.resolve(self, rest_num=rest_num, missed=False)
+
+    def missed(self) -> None:
+        """Its pop came back empty (or failed)."""
+        self.channel.resolve(self, rest_num=0, missed=True)
+
+    def pass_on(self) -> None:
+        """It will not pop: give the signal to the next subscriber."""
+        self.channel.resolve(self, rest_num=None, missed=False)
+
+
+class _Channel:
+    """The subscribers of one (broker, group, topic, filter, fifo) and its held notification."""
+
+    def __init__(self, hub: NotificationHub, key: ChannelKey, pop: PopRequest) -> None:
+        self.hub = hub
+        self.key = key
+        self.port: BrokerPort = key[0]
+        self.pop = pop  # group, topic, filter, fifo of every notification request
+        self.subscribers: dict[Subscription, None] = {}  # oldest first
+        self.holders: set[Subscription] = set()  # subscribers holding a signal now
+        self.task: asyncio.Task[None] | None = None  # the held notification, when armed
+        self.latest = 0.0  # the latest deadline of any subscriber so far (loop clock)
+        self.misses = 0  # empty pops since the last pop that found messages
+
+    # -- signals ---------------------------------------------------------------------------
+    def hand_out(self, count: int, skip: Subscription | None = None) -> None:
+        """Give a signal to up to ``count`` subscribers (not ``skip``), oldest first; arm the
+        notification if no signal is out afterwards."""
+        handed = 0
+        if count > 0:
+            # on_signal only queues work (it never subscribes or leaves), so iterating the
+            # live dict is safe.
+            for sub in self.subscribers:
+                if sub is skip or sub in self.holders:
+                    continue
+                self.holders.add(sub)
+                if sub.on_signal(sub):
+                    handed += 1
+                    if handed == count:
+                        break
+                else:
+                    self.holders.discard(sub)
+        if not self.holders:
+            self.arm()
+
+    def resolve(self, sub: Subscription, *, rest_num: int | None, missed: bool) -> None:
+        if sub not in self.holders:
+            return  # it left, and its signal went on already
+        self.holders.discard(sub)
+        if rest_num is None:  # passed on unused
+            self.hand_out(1, skip=sub)
+        elif missed:
+            self.misses += 1
+            if not self.holders:
+                self.arm()
+        else:
+            self.misses = 0
+            if rest_num > 0:
+                wanted = min(MAX_PARALLEL_SIGNALS, math.ceil(rest_num / sub.want))
+                self.hand_out(wanted - len(self.holders), skip=sub)
+            elif not self.holders:
+                self.arm()
+
+    # -- the held notification ---------------------------------------------------------------
+    def arm(self) -> None:
+        if self.task is not None or self.holders or not self.subscribers:
+            return
+        pause = 0.0
+        if self.misses > 2:
+            pause = min(_MISS_PAUSE_START_S * 2 ** (self.misses - 3), _MISS_PAUSE_MAX_S)
+        self.task = self.hub.start(self._notify(pause), f"notify:{self.port.name}")
+
+    async def _notify(self, pause: float) -> None:
+        try:
+            if pause:
+                await asyncio.sleep(pause)
+            # Held until the latest subscriber's deadline; the last one to leave cancels it.
+            found = await self.hub.calls.watch(self.port, self.pop, lambda: self.latest)
+        finally:
+            if self.task is asyncio.current_task():
+                self.task = None
+        if found:
+            self.hand_out(1)
+        # Not found: every subscriber's deadline has passed; they are leaving. One that
+        # subscribes meanwhile arms a new notification.
+
+
+class NotificationHub:
+    """Shared notification channels of one proxy (owned by its notify strategy)."""
+
+    def __init__(self, calls: BrokerCalls) -> None:
+        self.calls = calls
+        self._channels: dict[ChannelKey, _Channel] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @property
+    def channels(self) -> int:
+        """Channels with at least one subscriber."""
+        return len(self._channels)
+
+    def held(self) -> int:
+        """Channels whose notification is held on (or about to be sent to) a broker."""
+        return sum(1 for channel in self._channels.values() if channel.task is not None)
+
+    def subscribe(
+        self, port: BrokerPort, pop: PopRequest, deadline: float, on_signal: OnSignal
+    ) -> Subscription:
+        key = (port, pop.group, pop.topic, pop.filter, pop.fifo)
+        channel = self._channels.get(key)
+        if channel is None:
+            channel = self._channels[key] = _Channel(self, key, pop)
+        sub = Subscription(channel, deadline, pop.max_messages, on_signal)
+        channel.subscribers[sub] = None
+        channel.latest = max(channel.latest, deadline)
+        channel.arm()  # no-op while armed or while a signal is out
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> asyncio.Task[None] | None:
+        """Remove a subscription now; a signal it held goes on to the next subscriber.
+        Returns the channel's notification task when this cancelled it (last one out)."""
+        channel = sub.channel
+        if channel.subscribers.pop(sub, False) is False:
+            return None
+        held = sub in channel.holders
+        channel.holders.discard(sub)
+        if not channel.subscribers:
+            del self._channels[channel.key]
+            task, channel.task = channel.task, None
+            if task is not None:
+                task.cancel()
+            return task
+        if held:
+            channel.hand_out(1)
+        return None
+
+    async def leave(self, subs: Iterable[Subscription]) -> None:
+        """Unsubscribe at once, then wait until the notifications this cancelled are gone
+        (so the broker holds nothing for a long poll that has ended)."""
+        ending = [task for sub in subs if (task := self.unsubscribe(sub)) is not None]
+        if ending:
+            await asyncio.wait(ending)
+
+    async def aclose(self) -> None:
+        """Cancel every held notification (the proxy is stopping)."""
+        self._channels.clear()
+        for task in self._tasks:
+            task.cancel()
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))

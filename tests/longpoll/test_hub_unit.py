@@ -1,0 +1,227 @@
+"""The notification hub: long polls of one proxy share one notification per broker and group."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from broker.api.types import PopRequest, PopResult
+from proxy.longpoll.calls import BrokerCalls
+from proxy.longpoll.hub import NotificationHub, Subscription
+from proxy.longpoll.notify import NotifyStrategy
+from proxy.metrics import ProxyMetrics
+
+from .fake_broker import FakeBroker
+from .helpers import make_request, sample, wait_until
+
+
+def _strategy(metrics: ProxyMetrics) -> NotifyStrategy:
+    return NotifyStrategy(BrokerCalls(metrics), metrics, probe_false_empty=False)
+
+
+def _pops(brokers: list[FakeBroker]) -> int:
+    return sum(b.calls.count("pop") for b in brokers)
+
+
+def _receives(
+    strategy: NotifyStrategy, brokers: list[FakeBroker], count: int, **request: Any
+) -> list[asyncio.Task[Any]]:
+    return [
+        asyncio.create_task(strategy.receive(brokers, make_request(5_000, **request)))
+        for _ in range(count)
+    ]
+
+
+async def _subscribed(strategy: NotifyStrategy, brokers: list[FakeBroker], polls: int) -> None:
+    """Every long poll is past its first pop and subscribed; every channel holds."""
+    await wait_until(lambda: _pops(brokers) == polls and all(b.held == 1 for b in brokers))
+    await wait_until(lambda: strategy.hub.held() == len(brokers))
+
+
+async def _finish(tasks: list[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_many_long_polls_hold_one_notification_per_broker(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    strategy = _strategy(metrics)
+    before = asyncio.all_tasks()
+    polls = _receives(strategy, fakes, 20)
+    await _subscribed(strategy, fakes, 20)
+    assert [b.calls.count("notify") for b in fakes] == [1, 1, 1, 1]  # not 20 each
+    assert sample(metrics, "popmq_proxy_held_notification_tasks") == 4
+    assert strategy.hub.channels == 4
+    await _finish(polls)
+    # The last long poll out cancelled every notification, and waited until it was gone.
+    assert all(b.held == 0 for b in fakes)
+    assert strategy.hub.channels == 0
+    assert sample(metrics, "popmq_proxy_held_notification_tasks") == 0
+    assert asyncio.all_tasks() == before
+
+
+async def test_one_message_is_popped_once_by_the_oldest_long_poll(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    strategy = _strategy(metrics)
+    polls: list[asyncio.Task[Any]] = []
+    for count in range(1, 11):  # subscribe in a known order
+        polls += _receives(strategy, fakes, 1)
+        await wait_until(lambda n=count: _pops(fakes) == n)
+    await _subscribed(strategy, fakes, 10)
+    first_pops = fakes[2].calls.count("pop")
+    fakes[2].put(1)
+    done, pending = await asyncio.wait(polls, return_when=asyncio.FIRST_COMPLETED)
+    assert done == {polls[0]}  # the oldest waiting long poll got it
+    assert [m.message.store_host for m in polls[0].result()] == ["b2"]
+    # The other nine keep waiting on a re-armed notification; nobody else popped.
+    await wait_until(lambda: fakes[2].held == 1)
+    assert fakes[2].calls.count("pop") == first_pops + 1
+    assert _pops(fakes) == 10 + 1
+    assert all(not p.done() for p in pending)
+    # The next message goes to the next oldest.
+    fakes[0].put(1)
+    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+    assert done == {polls[1]}
+    await _finish(polls)
+
+
+async def test_a_pop_that_leaves_more_behind_passes_the_signal_on(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    strategy = _strategy(metrics)
+    polls = _receives(strategy, fakes, 6, max_messages=2)
+    await _subscribed(strategy, fakes, 6)
+    first_pops = fakes[1].calls.count("pop")
+    fakes[1].put(7)  # four pops of at most 2: four long polls served, two keep waiting
+    await wait_until(lambda: sum(p.done() for p in polls) == 4)
+    got = sorted(len(p.result()) for p in polls if p.done())
+    assert got == [1, 2, 2, 2]
+    assert fakes[1].visible == []
+    assert fakes[1].calls.count("pop") == first_pops + 4  # no empty pop: exactly the pops needed
+    await _finish(polls)
+    assert all(b.held == 0 for b in fakes)
+
+
+async def test_a_long_poll_that_already_has_messages_passes_the_signal_on(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    strategy = _strategy(metrics)
+    first = _receives(strategy, fakes, 1)[0]
+    await wait_until(lambda: _pops(fakes) == 1)
+    second = _receives(strategy, fakes, 1)[0]
+    await _subscribed(strategy, fakes, 2)
+    fakes[0].put(1)
+    fakes[3].put(1)  # both signals go to the oldest first; it can use only one of them
+    async with asyncio.timeout(1):
+        a, b = await asyncio.gather(first, second)
+    assert sorted(m.message.store_host for m in a + b) == ["b0", "b3"]
+    assert _pops(fakes) == 2 + 2
+
+
+async def test_the_signal_goes_on_when_the_chosen_long_poll_is_cancelled(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    strategy = _strategy(metrics)
+    chosen = _receives(strategy, fakes, 1)[0]
+    await wait_until(lambda: _pops(fakes) == 1)
+    others = _receives(strategy, fakes, 2)
+    await _subscribed(strategy, fakes, 3)
+    # The chosen long poll's pop hangs until its client goes away.
+    broker = fakes[1]
+    gate = asyncio.Event()
+
+    async def pop_stuck(request: PopRequest) -> PopResult:
+        gate.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    broker.pop = pop_stuck  # type: ignore[method-assign]
+    broker.put(1)
+    await gate.wait()
+    del broker.pop  # later pops are the fake's own again
+    chosen.cancel()
+    await asyncio.gather(chosen, return_exceptions=True)
+    # Its signal went on at once to the next subscriber, which pops the message.
+    async with asyncio.timeout(1):
+        done, _ = await asyncio.wait(others, return_when=asyncio.FIRST_COMPLETED)
+    assert done == {others[0]}
+    assert [m.message.store_host for m in others[0].result()] == ["b1"]
+    await _finish(others)
+
+
+async def test_a_shorter_long_poll_leaving_keeps_the_others_notification(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    strategy = _strategy(metrics)
+    short = asyncio.create_task(strategy.receive(fakes, make_request(100)))
+    long = _receives(strategy, fakes, 1)[0]
+    await _subscribed(strategy, fakes, 2)
+    assert await short == []  # its deadline
+    assert all(b.held == 1 for b in fakes)  # still held for the long poll
+    fakes[3].put(1)
+    async with asyncio.timeout(1):
+        assert [m.message.store_host for m in await long] == ["b3"]
+
+
+async def test_deadlines_of_later_subscribers_extend_the_held_notification(
+    metrics: ProxyMetrics,
+) -> None:
+    broker = FakeBroker("b")
+    strategy = _strategy(metrics)
+    first = asyncio.create_task(strategy.receive([broker], make_request(80)))
+    await wait_until(lambda: broker.held == 1)
+    second = asyncio.create_task(strategy.receive([broker], make_request(400)))
+    assert await first == []
+    # The notification asked for the first poll's time answered "no" and was re-armed for
+    # the second: a message now still reaches it.
+    await wait_until(lambda: broker.calls.count("notify") == 2)
+    broker.put(1)
+    async with asyncio.timeout(1):
+        assert len(await second) == 1
+
+
+async def test_subscriptions_directly(metrics: ProxyMetrics) -> None:
+    """The hub's contract on its own: one signal at a time, hand-off, re-arm, no leaks."""
+    broker = FakeBroker("b")
+    hub = NotificationHub(BrokerCalls(metrics))
+    pop = PopRequest(group="g", topic="t", max_messages=1)
+    deadline = asyncio.get_running_loop().time() + 5
+    signalled: list[int] = []
+
+    def subscriber(index: int) -> Callable[[Subscription], bool]:
+        def on_signal(sub: Subscription) -> bool:
+            signalled.append(index)
+            return True
+
+        return on_signal
+
+    subs = [hub.subscribe(broker, pop, deadline, subscriber(i)) for i in range(3)]
+    other_group = hub.subscribe(broker, PopRequest(group="h", topic="t"), deadline, subscriber(9))
+    await wait_until(lambda: broker.held == 2)  # one per group
+    broker.put(1)
+    await wait_until(lambda: signalled == [0, 9])
+    assert broker.held == 0  # no notification held while the signal is out
+    assert subs[0].holds_signal
+    # The holder leaves without popping: the next one gets it.
+    await hub.leave([subs[0]])
+    assert signalled == [0, 9, 1]
+    # It pops and leaves one more behind: the signal goes on once more.
+    broker.visible.clear()
+    subs[1].used(rest_num=1)
+    assert signalled == [0, 9, 1, 2]
+    # An empty pop: nobody holds the signal, the notification is armed again.
+    subs[2].missed()
+    assert not any(sub.holds_signal for sub in subs)
+    await wait_until(lambda: broker.held == 1)
+    other_group.pass_on()  # nobody else in that group: it re-arms too
+    await wait_until(lambda: broker.held == 2)
+    subs[1].pass_on()  # not holding a signal: ignored
+    assert signalled == [0, 9, 1, 2]
+    await hub.leave([*subs[1:], other_group])
+    assert broker.held == 0
+    assert hub.channels == 0
+    await hub.aclose()
