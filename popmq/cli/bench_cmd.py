@@ -108,6 +108,21 @@ def _scale(args: argparse.Namespace) -> int:
     )  # fmt: skip
 
 
+def _idle(args: argparse.Namespace) -> int:
+    settings = {}
+    for text in args.proxy_set:
+        key, sep, value = text.partition("=")
+        if not sep:
+            raise SystemExit(f"--proxy-set wants KEY=VALUE, got {text!r}")
+        settings[key] = value
+    return _run_bench(
+        "popmq.bench.idle", "bench_idle", "format_table", args.json,
+        long_polls=args.long_polls, brokers=args.brokers, duration_s=args.duration,
+        strategies=tuple(args.strategy), await_ms=args.await_ms, channels=args.channels,
+        ramp_s=args.ramp, proxy_settings=settings,
+    )  # fmt: skip
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks: print a table, write --json")
     kinds = bench.add_subparsers(dest="bench", required=True)
@@ -191,3 +206,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="broker pop.time_scale: retry backoff multiplier")  # fmt: skip
     scale.add_argument("--json", help="also write the figures to this file")
     scale.set_defaults(func=_scale)
+
+    idle = kinds.add_parser(
+        "idle", help="proxy memory, broker RPC/s and CPU of thousands of idle long polls"
+    )
+    idle.add_argument("--long-polls", type=int, default=2000, help="concurrent idle receives")
+    idle.add_argument("--brokers", type=int, default=4, help="broker processes")
+    idle.add_argument("--duration", type=float, default=20.0, help="seconds measured each")
+    idle.add_argument("--strategy", nargs="+", default=["pop", "notify", "adaptive"],
+                      choices=("pop", "slices", "notify", "adaptive"))  # fmt: skip
+    idle.add_argument("--await-ms", type=int, default=20_000, help="client awaitDuration")
+    idle.add_argument("--channels", type=int, default=4, help="client gRPC connections")
+    idle.add_argument("--ramp", type=float, default=5.0,
+                      help="seconds over which the long polls start")  # fmt: skip
+    idle.add_argument("--proxy-set", action="append", default=[], metavar="KEY=VALUE",
+                      help="proxy config override, e.g. proxy.false_empty_probe=false")  # fmt: skip
+    idle.add_argument("--json", help="also write the figures to this file")
+    idle.set_defaults(func=_idle)

@@ -1,0 +1,29 @@
+"""`popmq bench idle` with small numbers: real broker and proxy processes, real gRPC clients."""
+
+from __future__ import annotations
+
+from popmq.bench.idle import bench_idle, format_table
+
+
+async def test_bench_idle_small_run() -> None:
+    result = await bench_idle(
+        long_polls=30, brokers=2, duration_s=0.6, strategies=("pop", "notify"),
+        await_ms=1_000, ramp_s=0.2, settle_s=0.3,
+        proxy_settings={"proxy.min_long_polling_ms": 500},
+    )  # fmt: skip
+    runs = {run["strategy"]: run for run in result["runs"]}
+    for run in runs.values():
+        assert run["client_errors"] == 0
+        assert run["unexpected_messages"] == 0
+        assert run["receives_per_s"] > 0
+        assert run["proxy_rss_mib"]["max"] >= run["proxy_rss_mib"]["base"] > 0
+        assert run["broker_rpcs_per_s_by_kind"]["pop"] > 0
+    # pop: each long poll is a pop held on a broker; notify: one shared notification per
+    # broker for the whole group, whatever the number of long polls.
+    assert runs["pop"]["held_on_brokers"]["pop"] > 15
+    assert runs["pop"]["held_on_brokers"].get("notify", 0) == 0
+    assert runs["notify"]["held_on_brokers"]["notify"] <= 2
+    assert runs["notify"]["held_on_brokers"].get("pop", 0) == 0
+    assert runs["notify"]["broker_rpcs_per_s_by_kind"]["notify"] < 30
+    table = format_table(result)
+    assert "notify" in table and "broker RPC/s" in table
