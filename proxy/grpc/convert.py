@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import zlib
+import hashlib
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -32,9 +32,11 @@ def duration(ms: int) -> Duration:
     return value
 
 
-def crc32_hex(data: bytes) -> str:
-    """The body digest the clients verify: CRC32, 8 upper-case hex digits."""
-    return format(zlib.crc32(data) & 0xFFFFFFFF, "08X")
+def md5_hex(data: bytes) -> str:
+    """The body digest every official client verifies alike: MD5 in upper-case hex, as
+    RocketMQ's proxy sends. (CRC32 is not: the Node.js client compares it as a decimal string,
+    the Python client as hex, so one of them would flag every message as corrupted.)"""
+    return hashlib.md5(data, usedforsecurity=False).hexdigest().upper()
 
 
 def message_from_pb(msg: pb.Message, topic: str, peer: str = "") -> Message:
@@ -90,8 +92,8 @@ def stored_into(msg: pb.Message, stored: StoredMessage, namespace: str = "") -> 
     if stored.keys:
         system.keys.extend(stored.keys)
     digest = system.body_digest
-    digest.type = pb.CRC32
-    digest.checksum = crc32_hex(stored.body)
+    digest.type = pb.MD5
+    digest.checksum = md5_hex(stored.body)
     system.body_encoding = pb.IDENTITY
     _set_ms(system.born_timestamp, stored.born_timestamp_ms)
     system.born_host = stored.born_host

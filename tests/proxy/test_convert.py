@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
-
 from broker.api.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_TOPIC,
@@ -12,7 +10,7 @@ from broker.api.types import (
     retry_topic,
 )
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
-from proxy.grpc.convert import crc32_hex, popped_to_pb
+from proxy.grpc.convert import md5_hex, popped_to_pb
 
 
 def stored(**overrides) -> StoredMessage:
@@ -26,9 +24,9 @@ def stored(**overrides) -> StoredMessage:
     return StoredMessage(**fields)
 
 
-def test_crc32_is_upper_hex_of_8_digits() -> None:
-    assert crc32_hex(b"hello") == format(zlib.crc32(b"hello"), "08X")
-    assert crc32_hex(b"") == "00000000"
+def test_body_digest_is_upper_hex_md5() -> None:
+    assert md5_hex(b"hello") == "5D41402ABC4B2A76B9719D911017C592"
+    assert md5_hex(b"") == "D41D8CD98F00B204E9800998ECF8427E"
 
 
 def test_popped_message_fields() -> None:
@@ -37,7 +35,7 @@ def test_popped_message_fields() -> None:
     props = msg.system_properties
     assert msg.topic.name == "orders" and msg.body == b"hello"
     assert props.body_encoding == pb.IDENTITY
-    assert props.body_digest.type == pb.CRC32 and props.body_digest.checksum == crc32_hex(b"hello")
+    assert props.body_digest.type == pb.MD5 and props.body_digest.checksum == md5_hex(b"hello")
     assert props.receipt_handle == "HANDLE"
     assert props.delivery_attempt == 3
     assert props.tag == "TagA" and list(props.keys) == ["k1"]

@@ -9,7 +9,7 @@ from proxy_support import Cluster, unique
 
 from broker.api.errors import Code
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
-from proxy.grpc.convert import crc32_hex
+from proxy.grpc.convert import md5_hex
 
 
 async def test_route_lists_every_broker_queue_at_the_proxy_address(cluster: Cluster) -> None:
@@ -46,7 +46,8 @@ async def test_send_receive_ack_roundtrip(cluster: Cluster) -> None:
         props = msg.system_properties
         assert props.message_id in ids
         assert props.body_encoding == pb.IDENTITY
-        assert props.body_digest.checksum == crc32_hex(msg.body)
+        assert props.body_digest.type == pb.MD5
+        assert props.body_digest.checksum == md5_hex(msg.body)
         assert props.delivery_attempt == 1
         assert props.tag == "TagA" and list(props.keys) == ["k1"]
         assert props.receipt_handle
