@@ -1,15 +1,20 @@
 # popmq developer commands. `make run` starts the service, `make test` runs every test.
 # Both install what they need from nothing: a venv in .venv for popmq, and a separate venv in
 # .venv-client for the official rocketmq-python-client (its generated protos clash with ours
-# inside one Python process, so the tests run it in subprocesses).
+# inside one Python process, so the tests run it in subprocesses). Where node and npm exist, the
+# official Node.js client goes into .node-client (`make node-client`) for its tests too.
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 CLIENT_VENV := .venv-client
+NODE_CLIENT := .node-client
+NODE_CLIENT_PACKAGE := rocketmq-client-nodejs@1.0.8
+# `make test` installs the Node.js client only where node and npm exist (its tests skip otherwise).
+HAVE_NODE := $(and $(shell command -v node 2>/dev/null),$(shell command -v npm 2>/dev/null))
 PYTEST_ARGS ?=
 
-.PHONY: run test install client-venv lint protos clean
+.PHONY: run test install client-venv node-client lint protos clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +32,13 @@ $(CLIENT_VENV)/.installed:
 
 client-venv: $(CLIENT_VENV)/.installed
 
+$(NODE_CLIENT)/.installed:
+	mkdir -p $(NODE_CLIENT)
+	npm install --no-audit --no-fund --save-exact --prefix $(NODE_CLIENT) '$(NODE_CLIENT_PACKAGE)'
+	touch $@
+
+node-client: $(NODE_CLIENT)/.installed
+
 run: install
 	$(VENV)/bin/popmq serve --host 127.0.0.1 --port 8081 --brokers 3 --data-dir ./data
 
@@ -34,11 +46,11 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-test: install client-venv lint
+test: install client-venv $(if $(HAVE_NODE),node-client) lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 protos: install
 	$(PY) scripts/gen_protos.py
 
 clean:
-	rm -rf $(VENV) $(CLIENT_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(CLIENT_VENV) $(NODE_CLIENT) .pytest_cache .ruff_cache

@@ -135,19 +135,27 @@ def cluster_proxy(brokers: dict[str, int], log_dir: Path, tag: str = "proxy") ->
 
 
 class ClientSession:
-    """One official client (Producer, SimpleConsumer or PushConsumer) in .venv-client."""
+    """One official client (Producer, SimpleConsumer or PushConsumer) in .venv-client, or
+    another driver speaking the same JSON lines (`command`, e.g. the Node.js one)."""
 
-    def __init__(self, config: dict[str, Any], home: Path, start_timeout: float = 30) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        home: Path,
+        start_timeout: float = 30,
+        command: list[str] | None = None,
+    ) -> None:
         env = dict(os.environ, HOME=str(home), PYTHONUNBUFFERED="1")
         env.pop("PYTHONPATH", None)
         self.stderr_path = home / f"session-{time.monotonic_ns()}.err"
         self._stderr = open(self.stderr_path, "w")
         self.process = subprocess.Popen(
-            [str(CLIENT_PYTHON), str(SESSION_SCRIPT), json.dumps(config)],
+            [*(command or [str(CLIENT_PYTHON), str(SESSION_SCRIPT)]), json.dumps(config)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
+            env=env,
         )
         self.reader = LineReader(self.process.stdout)
         ready = self._answer(start_timeout)
