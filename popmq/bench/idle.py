@@ -3,10 +3,10 @@
 B ``popmq broker`` processes are started once; for each strategy a fresh ``popmq proxy``
 process (cluster mode, so the proxy's memory and CPU are its own) fronts them. The load
 generator opens a few gRPC connections and keeps ``long_polls`` ReceiveMessage calls waiting
-on an empty topic: each poller loops ``receive`` with ``awaitDuration = await_ms``, the
-pollers start spread over ``ramp_s`` so their polls do not all end together, and they use
-the route's queues in turn (so ``pop`` binds them evenly to the brokers). Once every poller
-is waiting, it measures for ``duration_s``:
+on an empty topic: each poller loops ``receive`` with ``awaitDuration = await_ms``; the
+pollers start spread over ``ramp_s`` (one awaitDuration) so their polls do not end together,
+and they use the route's queues in turn (so ``pop`` binds them evenly to the brokers). Once
+every poller is waiting, it measures the steady state for ``duration_s``:
 
 - the proxy's RSS (VmRSS from /proc) before any long poll and at most while they wait;
 - broker RPCs per second, from the proxy's ``popmq_proxy_broker_rpcs_total`` (by kind);
@@ -169,6 +169,11 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
+def _own_cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
 def _scrape_now(address: str) -> Samples:
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
         text = response.read().decode()
@@ -215,7 +220,14 @@ class _Pollers:
     started: int = 0
     receives: int = 0
     errors: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)  # "CODE: detail" -> count
     unexpected_messages: int = 0
+
+    def note_error(self, error: Exception) -> None:
+        self.errors += 1
+        text = str(error)
+        kind = f"{getattr(error, 'code', type(error).__name__)}: {text.split(': ', 1)[-1][:80]}"
+        self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
 
 
 async def _poll_forever(
@@ -230,8 +242,8 @@ async def _poll_forever(
             got = await client.receive(
                 GROUP, queue, batch_size=32, invisible_ms=60_000, long_polling_ms=await_ms
             )
-        except (ProxyError, ProxyUnavailable):
-            stats.errors += 1
+        except (ProxyError, ProxyUnavailable) as error:
+            stats.note_error(error)
             await asyncio.sleep(0.5)  # as a client backs off before polling again
             continue
         stats.receives += 1
@@ -301,7 +313,8 @@ async def _measure(
     duration_s: float = params["duration_s"]
     step_s = min(1.0, duration_s / 5)
     before = await _scrape(metrics)
-    cpu_before = (process_cpu_s(proxy.pid), sum(process_cpu_s(p) for p in brokers.pids))
+    cpu_before = (process_cpu_s(proxy.pid), sum(process_cpu_s(p) for p in brokers.pids),
+                  _own_cpu_s())  # fmt: skip
     receives_before, errors_before = stats.receives, stats.errors
     started = time.perf_counter()
     rss: list[float] = []
@@ -317,7 +330,8 @@ async def _measure(
         await asyncio.sleep(min(step_s, left))
     window = time.perf_counter() - started
     after = await _scrape(metrics)
-    cpu_after = (process_cpu_s(proxy.pid), sum(process_cpu_s(p) for p in brokers.pids))
+    cpu_after = (process_cpu_s(proxy.pid), sum(process_cpu_s(p) for p in brokers.pids),
+                 _own_cpu_s())  # fmt: skip
     rss.append(_rss_mib(proxy.pid))
     rpcs_name = "popmq_proxy_broker_rpcs_total"
     rpcs = _by_label(after, rpcs_name, "kind")
@@ -342,9 +356,11 @@ async def _measure(
         "cpu_s": {
             "proxy": round(cpu_after[0] - cpu_before[0], 2),
             "brokers": round(cpu_after[1] - cpu_before[1], 2),
+            "load_generator": round(cpu_after[2] - cpu_before[2], 2),
         },
         "adaptive_mode": max(modes, key=lambda m: modes[m]) if any(modes.values()) else None,
         "client_errors": stats.errors - errors_before,
+        "client_error_kinds": dict(stats.error_kinds),
         "unexpected_messages": stats.unexpected_messages,
     }
 
@@ -361,7 +377,7 @@ async def bench_idle(
     strategies: Sequence[str] = ("pop", "notify", "adaptive"),
     await_ms: int = 20_000,
     channels: int = 4,
-    ramp_s: float = 5.0,
+    ramp_s: float | None = None,
     settle_s: float = 2.0,
     proxy_settings: Mapping[str, Any] | None = None,
     broker_settings: Mapping[str, Any] | None = None,
@@ -369,6 +385,9 @@ async def bench_idle(
 ) -> dict[str, Any]:
     """Run each strategy's proxy in front of the same brokers; return the figures.
 
+    The pollers start evenly over ``ramp_s`` (default: one awaitDuration), so their polls end
+    evenly too: the steady state of ``long_polls`` idle consumers, about
+    ``long_polls / awaitDuration`` receives per second, is what is measured.
     ``proxy_settings`` / ``broker_settings`` are config overrides (``--set KEY=VALUE``), e.g.
     ``{"proxy.min_long_polling_ms": 1000}`` to poll shorter than the 5 s default minimum.
     """
@@ -377,7 +396,8 @@ async def bench_idle(
         raise ValueError(f"unknown strategies {sorted(unknown)}: choose from {STRATEGIES}")
     params: dict[str, Any] = {
         "long_polls": long_polls, "brokers": brokers, "duration_s": duration_s,
-        "await_ms": await_ms, "channels": channels, "ramp_s": ramp_s, "settle_s": settle_s,
+        "await_ms": await_ms, "channels": channels, "settle_s": settle_s,
+        "ramp_s": await_ms / 1000 if ramp_s is None else ramp_s,
         "proxy_settings": dict(proxy_settings or {}),
         "broker_settings": dict(broker_settings or {}), "cpus": os.cpu_count(),
     }  # fmt: skip

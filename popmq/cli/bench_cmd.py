@@ -217,8 +217,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       choices=("pop", "slices", "notify", "adaptive"))  # fmt: skip
     idle.add_argument("--await-ms", type=int, default=20_000, help="client awaitDuration")
     idle.add_argument("--channels", type=int, default=4, help="client gRPC connections")
-    idle.add_argument("--ramp", type=float, default=5.0,
-                      help="seconds over which the long polls start")  # fmt: skip
+    idle.add_argument("--ramp", type=float, help="seconds over which the polls start "
+                      "(default: awaitDuration)")  # fmt: skip
     idle.add_argument("--proxy-set", action="append", default=[], metavar="KEY=VALUE",
                       help="proxy config override, e.g. proxy.false_empty_probe=false")  # fmt: skip
     idle.add_argument("--json", help="also write the figures to this file")

@@ -60,9 +60,11 @@ class _LongPoll:
         """The hub hands this long poll a broker's "has message"; False declines it."""
         if self.closed or self.found.is_set():
             return False
+        consume = self.consume(self)
         try:
-            self.start(self.consume(self), f"consume:{sub.port.name}")
+            self.start(consume, f"consume:{sub.port.name}")
         except RuntimeError:  # the TaskGroup is shutting down: this long poll is ending
+            consume.close()
             return False
         self.results.put_nowait(sub)
         return True
