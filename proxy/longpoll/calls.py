@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from broker.api.errors import BrokerError, Code
@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 # Back-off when a broker's hold table is full or a broker call fails, doubling up to the max.
 BACKOFF_START_S = 0.05
 BACKOFF_MAX_S = 1.0
+# Empty answers of one group within this time of a false-empty probe share its result, so
+# thousands of idle consumers of a group cost a few probes per second, not one per answer.
+PROBE_SHARE_S = 0.5
 
 
 def _remaining_ms(deadline: float) -> int:
@@ -49,12 +52,23 @@ def notify_request(pop: PopRequest, poll_time_ms: int) -> NotifyRequest:
     )
 
 
+@dataclass(slots=True)
+class _Probe:
+    """One false-empty probe of a group and the empty answers that share it."""
+
+    started: float
+    label: str
+    found: bool | None = None  # None while the brokers have not all answered
+    waiting: int = 1  # empty answers counted when the result comes
+
+
 class BrokerCalls:
     def __init__(self, metrics: ProxyMetrics, *, fallback_invisible_ms: int = 10_000) -> None:
         self.metrics = metrics
         # Used to release a message when the broker refuses an invisible time of 0.
         self.fallback_invisible_ms = fallback_invisible_ms
         self._background: set[asyncio.Task[Any]] = set()
+        self._probes: dict[tuple[Any, ...], _Probe] = {}
 
     # -- pop -----------------------------------------------------------------------------------
     async def pop(self, port: BrokerPort, request: PopRequest, custody: Custody) -> PopResult:
@@ -174,17 +188,44 @@ class BrokerCalls:
 
     def probe_false_empty(self, brokers: Sequence[BrokerPort], pop: PopRequest, label: str) -> None:
         """After an empty answer, ask every broker at once (no hold) whether a message is
-        visible for the group; if one is, the answer was a false empty."""
-        self._spawn(self._probe(list(brokers), pop, label), "false-empty-probe")
+        visible for the group; if one is, the answer was a false empty. Empty answers of the
+        same group within PROBE_SHARE_S of a probe share its result instead of probing again."""
+        key = (pop.group, pop.topic, pop.filter.expression, pop.fifo, label,
+               tuple(port.name for port in brokers))  # fmt: skip
+        now = time.monotonic()
+        probe = self._probes.get(key)
+        if probe is not None and now - probe.started < PROBE_SHARE_S:
+            if probe.found is None:
+                probe.waiting += 1
+            elif probe.found:
+                self.metrics.false_empty_responses.labels(label).inc()
+            return
+        probe = self._probes[key] = _Probe(started=now, label=label)
+        self._spawn(self._probe(key, probe, list(brokers), pop), "false-empty-probe")
 
-    async def _probe(self, brokers: list[BrokerPort], pop: PopRequest, label: str) -> None:
+    async def _probe(
+        self, key: tuple[Any, ...], probe: _Probe, brokers: list[BrokerPort], pop: PopRequest
+    ) -> None:
         request = notify_request(pop, 0)
-        answers = await asyncio.gather(
-            *(self.notify(port, request, kind="notify_probe") for port in brokers),
-            return_exceptions=True,
-        )
-        if any(answer is True for answer in answers):
-            self.metrics.false_empty_responses.labels(label).inc()
+        try:
+            answers = await asyncio.gather(
+                *(self.notify(port, request, kind="notify_probe") for port in brokers),
+                return_exceptions=True,
+            )
+            probe.found = any(answer is True for answer in answers)
+            if probe.found:
+                self.metrics.false_empty_responses.labels(probe.label).inc(probe.waiting)
+        finally:
+            if probe.found is None:
+                probe.found = False
+            # Forget it once its sharing time is over (the next empty answer starts anew).
+            loop = asyncio.get_running_loop()
+            delay = max(0.0, PROBE_SHARE_S - (time.monotonic() - probe.started))
+            loop.call_later(delay, self._forget_probe, key, probe)
+
+    def _forget_probe(self, key: tuple[Any, ...], probe: _Probe) -> None:
+        if self._probes.get(key) is probe:
+            del self._probes[key]
 
     async def aclose(self) -> None:
         """Wait for releases (they protect messages) and probes (zero-wait calls) to end."""

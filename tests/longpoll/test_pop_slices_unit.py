@@ -62,6 +62,22 @@ async def test_pop_answers_a_false_empty_and_the_probe_counts_it(
     assert sample(metrics, "popmq_proxy_false_empty_responses_total", strategy="pop") == 1
 
 
+async def test_empty_answers_of_one_group_share_one_probe(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    # 10 consumers of one group, all held on b0, answer empty at about the same time while b2
+    # holds a message: one probe of the brokers answers for all ten, each a false empty.
+    strategy = _pop(metrics, probe=True)
+    fakes[2].put(1)
+    receives = [
+        asyncio.create_task(strategy.receive(fakes, make_request(80, "b0"))) for _ in range(10)
+    ]
+    assert await asyncio.gather(*receives) == [[]] * 10
+    await strategy.aclose()
+    assert sample(metrics, "popmq_proxy_broker_rpcs_total", kind="notify_probe") == len(fakes)
+    assert sample(metrics, "popmq_proxy_false_empty_responses_total", strategy="pop") == 10
+
+
 async def test_pop_cancel_leaves_nothing_held(
     metrics: ProxyMetrics, fakes: list[FakeBroker]
 ) -> None:
