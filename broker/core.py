@@ -166,7 +166,7 @@ class Broker:
         recovered = journal.load()
         live = ledger.recover(recovered)
         ledger.flush_commits()
-        journal.rewrite(ledger.journaled())
+        journal.rewrite(ledger.journaled(self._durable_offset))
         pending_timers = self._timer.recover()
         if recovered or pending_timers:
             log.info(
@@ -262,11 +262,14 @@ class Broker:
         ledger.flush_commits()
         await journal.sync()
         if journal.should_compact():
-            journal.rewrite(ledger.journaled())
+            journal.rewrite(ledger.journaled(self._durable_offset))
         interval = min(self._config.pop.checkpoint_buffer_ms, self._config.store.flush_interval_ms)
         return max(interval, 10) / 1000
 
     # -- store hooks ----------------------------------------------------------------------
+    def _durable_offset(self, queue_key: tuple[str, str, int]) -> int:
+        return self._store.durable_consumer_offset(*queue_key)
+
     def _on_arrival(self, topic: str, queue_id: int, max_offset: int, tags: set[str]) -> None:
         self._hold.on_arrival(topic, queue_id, max_offset, tags)
 

@@ -241,15 +241,21 @@ class CheckpointLedger:
                 written += 1
         return written
 
-    def journaled(self) -> list[Checkpoint]:
+    def journaled(
+        self, durable: Callable[[tuple[str, str, int]], int] | None = None
+    ) -> list[Checkpoint]:
         """Checkpoints a compacted journal must keep: live spilled ones, and finished ones
-        still ahead of their queue's commit offset (their acks are not in any offset yet)."""
+        still ahead of their queue's commit offset (their acks are not in any offset yet).
+        ``durable`` gives the commit offset on disk: until an offset is written, the journal
+        is what remembers the acks below it."""
         keep = [ck for ck in self.live.values() if ck.spilled]
         for ck in self._recent.values():
             if not ck.spilled:
                 continue
             queue = self.queues.get(ck.queue_key)
             committed = queue.committed if queue is not None else 0
+            if durable is not None:
+                committed = min(committed, durable(ck.queue_key))
             if any(offset >= committed for offset in ck.offsets):
                 keep.append(ck)
         return keep

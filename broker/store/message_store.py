@@ -123,6 +123,8 @@ class MessageStore:
         self._indexes: dict[QueueKey, QueueIndex] = {}
         self._offsets: dict[tuple[str, str, int], int] = {}
         self._offsets_dirty = False
+        # The consumer offsets as last written to disk: what a crash would fall back to.
+        self._durable_offsets: dict[tuple[str, str, int], int] = {}
         self._listeners: list[ArrivalListener] = []
         self._tag_hashes: dict[str, int] = {}
         self._ids = MessageIds()
@@ -325,6 +327,7 @@ class MessageStore:
         write_json_atomic(self._dir / "checkpoint.json", {"position": position, "queues": extents})
         if offsets is not None:
             write_json_atomic(self._dir / "consumer_offsets.json", offsets)
+            self._durable_offsets = {(g, t, q): o for g, t, q, o in offsets}
 
     def _offsets_snapshot(self) -> list[list[Any]]:
         return [[g, t, q, o] for (g, t, q), o in self._offsets.items()]
@@ -557,6 +560,11 @@ class MessageStore:
         return count_tagged(index, start, end, tags)
 
     # -- consumer offsets --------------------------------------------------------------------
+    def durable_consumer_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The consumer offset as last written to disk (-1 if never): a crash falls back to
+        it, so journal entries above it must be kept."""
+        return self._durable_offsets.get((group, topic, queue_id), -1)
+
     def consumer_offset_keys(self) -> list[tuple[str, str, int]]:
         """Every (group, topic, queue id) with a committed consumer offset."""
         return list(self._offsets)

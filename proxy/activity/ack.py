@@ -56,8 +56,10 @@ async def ack_message(
 
     if len(by_broker) == 1:  # handles of one receive come from one broker: no task needed
         await ack_on(*next(iter(by_broker.items())))
-    else:
-        await asyncio.gather(*(ack_on(b, idx) for b, idx in by_broker.items()))
+    else:  # one task per broker, owned here: a failure cancels the others, nothing dangles
+        async with asyncio.TaskGroup() as tasks:
+            for broker, indexes in by_broker.items():
+                tasks.create_task(ack_on(broker, indexes))
     done = [r for r in results if r is not None]
     statuses: dict[tuple[int, str], pb.Status] = {}  # nearly every entry shares one status
     entries = []

@@ -193,19 +193,25 @@ class BrokerCalls:
         key = (pop.group, pop.topic, pop.filter.expression, pop.fifo, label,
                tuple(port.name for port in brokers))  # fmt: skip
         now = time.monotonic()
+        self._forget_old_probes(now)
         probe = self._probes.get(key)
-        if probe is not None and now - probe.started < PROBE_SHARE_S:
+        if probe is not None:
             if probe.found is None:
                 probe.waiting += 1
             elif probe.found:
                 self.metrics.false_empty_responses.labels(label).inc()
             return
         probe = self._probes[key] = _Probe(started=now, label=label)
-        self._spawn(self._probe(key, probe, list(brokers), pop), "false-empty-probe")
+        self._spawn(self._probe(probe, list(brokers), pop), "false-empty-probe")
 
-    async def _probe(
-        self, key: tuple[Any, ...], probe: _Probe, brokers: list[BrokerPort], pop: PopRequest
-    ) -> None:
+    def _forget_old_probes(self, now: float) -> None:
+        """Drop finished probes past their sharing time (the next empty answer probes anew)."""
+        old = [key for key, probe in self._probes.items()
+               if probe.found is not None and now - probe.started >= PROBE_SHARE_S]  # fmt: skip
+        for key in old:
+            del self._probes[key]
+
+    async def _probe(self, probe: _Probe, brokers: list[BrokerPort], pop: PopRequest) -> None:
         request = notify_request(pop, 0)
         try:
             answers = await asyncio.gather(
@@ -218,14 +224,6 @@ class BrokerCalls:
         finally:
             if probe.found is None:
                 probe.found = False
-            # Forget it once its sharing time is over (the next empty answer starts anew).
-            loop = asyncio.get_running_loop()
-            delay = max(0.0, PROBE_SHARE_S - (time.monotonic() - probe.started))
-            loop.call_later(delay, self._forget_probe, key, probe)
-
-    def _forget_probe(self, key: tuple[Any, ...], probe: _Probe) -> None:
-        if self._probes.get(key) is probe:
-            del self._probes[key]
 
     async def aclose(self) -> None:
         """Wait for releases (they protect messages) and probes (zero-wait calls) to end."""

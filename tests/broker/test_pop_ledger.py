@@ -149,3 +149,22 @@ def test_compaction_keeps_only_needed(tmp_path: Path) -> None:
     journal.write_state(live.ck_id, 0, EntryState.ACKED)
     journal.flush()
     assert PopJournal(path).load()[0].state(0) == EntryState.ACKED
+
+
+def test_compaction_keeps_acks_above_the_offset_on_disk(tmp_path: Path) -> None:
+    # An acked checkpoint below the in-memory commit offset may only leave the journal once
+    # that offset is on disk: until then a crash would fall back and redeliver it.
+    path = tmp_path / "pop.journal"
+    journal = PopJournal(path)
+    ledger, commits = _ledger(journal)
+    done = _pop(ledger, [0])
+    ledger.spill(10_000, 0)
+    ledger.ack(done, 0)
+    assert commits[("g", "t", 0)] == 1  # committed in memory
+    assert ledger.journaled(lambda key: 1) == []  # offset 1 on disk: the ack may go
+    kept = ledger.journaled(lambda key: -1)  # nothing on disk yet: keep the ack
+    assert [ck.ck_id for ck in kept] == [done.ck_id]
+    journal.rewrite(kept)
+    journal.close()
+    (reloaded,) = PopJournal(path).load()  # the ack survived the compaction
+    assert reloaded.ck_id == done.ck_id and reloaded.state(0) == EntryState.ACKED
