@@ -23,8 +23,8 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
-from broker.api.errors import BrokerError, Code
-from broker.api.types import (
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import (
     SYSTEM_PREFIX,
     AckEntry,
     AckEntryResult,
@@ -45,18 +45,19 @@ from broker.api.types import (
     TopicInfo,
     retry_topic,
 )
-from broker.metered_hold import MeteredHoldTable
-from broker.metrics import BrokerMetrics, take_snapshot
-from broker.pop.engine import PopEngine
-from broker.pop.groups import GroupRegistry
-from broker.pop.hold import HoldOutcome, HoldTable
-from broker.pop.journal import PopJournal
-from broker.pop.ledger import CheckpointLedger
-from broker.pop.names import check_group, check_topic, is_system_topic
-from broker.pop.revive import ReviveService
-from broker.pop.selection import RoundRobin, queue_for_group
-from broker.store import MessageStore, TopicMeta, now_ms
-from broker.timer import TimerService
+from popmq.broker.metered_hold import MeteredHoldTable
+from popmq.broker.metrics import BrokerMetrics, take_snapshot
+from popmq.broker.pop.engine import PopEngine
+from popmq.broker.pop.groups import GroupRegistry
+from popmq.broker.pop.hold import HoldOutcome, HoldTable
+from popmq.broker.pop.journal import PopJournal
+from popmq.broker.pop.ledger import CheckpointLedger
+from popmq.broker.pop.names import check_group, check_topic, is_system_topic
+from popmq.broker.pop.revive import ReviveService
+from popmq.broker.pop.selection import RoundRobin, queue_for_group
+from popmq.broker.store import MessageStore, TopicMeta, now_ms
+from popmq.broker.timer import TimerService
+
 from popmq.config import BrokerConfig
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from broker.metrics import BrokerMetrics
-from broker.pop.hold import HoldKey, HoldOutcome, HoldTable
+from popmq.broker.metrics import BrokerMetrics
+from popmq.broker.pop.hold import HoldKey, HoldOutcome, HoldTable
 
 
 class MeteredHoldTable(HoldTable):

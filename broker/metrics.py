@@ -22,15 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, PopStatus
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from broker.api.errors import BrokerError, Code
-from broker.api.types import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, PopStatus
-
 if TYPE_CHECKING:
-    from broker.core import Broker
+    from popmq.broker.core import Broker
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ import grpc
 from google.protobuf.message import Message as ProtoMessage
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
+from popmq.broker.api import convert
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.port import BrokerPort
 
-from broker.api import convert
-from broker.api.errors import BrokerError, Code
-from broker.api.port import BrokerPort
 from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
 

@@ -18,12 +18,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from broker.api.errors import BrokerError
-from broker.api.types import Message, StoredMessage
-from broker.pop.queue_state import QueueState
+from popmq.broker.api.errors import BrokerError
+from popmq.broker.api.types import Message, StoredMessage
+from popmq.broker.pop.queue_state import QueueState
 
 if TYPE_CHECKING:
-    from broker.store.message_store import MessageStore
+    from popmq.broker.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
 

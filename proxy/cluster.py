@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from broker.api.errors import BrokerError, BrokerUnavailableError, Code
-from broker.api.port import BrokerPort
-from broker.api.types import GroupConfig, TopicInfo
-from broker.pop.handle import peek_broker_name
+from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.types import GroupConfig, TopicInfo
+from popmq.broker.pop.handle import peek_broker_name
 
 log = logging.getLogger(__name__)
 

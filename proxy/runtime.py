@@ -10,14 +10,14 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from popmq.broker.api.port import BrokerPort
+from popmq.broker.metrics import merged_registry
+from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.server import ProxyServer
 from prometheus_client import CollectorRegistry
 
-from broker.api.port import BrokerPort
-from broker.metrics import merged_registry
 from popmq.config import PopmqConfig
 from popmq.metrics_http import metrics_endpoint
-from proxy.metrics import ProxyMetrics
-from proxy.server import ProxyServer
 
 log = logging.getLogger("popmq.proxy")
 
@@ -31,8 +31,8 @@ def embedded_broker_names(count: int) -> list[str]:
 @contextlib.asynccontextmanager
 async def embedded_brokers(config: PopmqConfig) -> AsyncIterator[list[BrokerPort]]:
     """Start config.serve.brokers brokers in this process, data in DATA_DIR/<name>."""
-    from broker.api.local import LocalBrokerPort
-    from broker.core import Broker
+    from popmq.broker.api.local import LocalBrokerPort
+    from popmq.broker.core import Broker
 
     started: list[Any] = []
     try:
@@ -53,7 +53,7 @@ async def embedded_brokers(config: PopmqConfig) -> AsyncIterator[list[BrokerPort
 
 
 def remote_brokers(config: PopmqConfig) -> list[BrokerPort]:
-    from broker.api.remote import RemoteBrokerPort
+    from popmq.broker.api.remote import RemoteBrokerPort
 
     if not config.proxy.brokers:
         raise SystemExit("popmq proxy needs at least one --broker NAME=HOST:PORT")
@@ -62,7 +62,7 @@ def remote_brokers(config: PopmqConfig) -> list[BrokerPort]:
 
 def embedded_registries(ports: list[BrokerPort]) -> list[CollectorRegistry]:
     """The metrics registries of the brokers behind in-process ports (none for remote ones)."""
-    from broker.api.local import LocalBrokerPort
+    from popmq.broker.api.local import LocalBrokerPort
 
     return [port.broker.metrics.registry for port in ports if isinstance(port, LocalBrokerPort)]
 

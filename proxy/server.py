@@ -16,16 +16,16 @@ from collections.abc import Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from popmq.broker.api.port import BrokerPort
+from popmq.proxy.cluster import BrokerCluster
+from popmq.proxy.grpc.servicer import MessagingServicer
+from popmq.proxy.longpoll import make_strategy
+from popmq.proxy.longpoll.base import LongPollStrategy
+from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.services import ProxyServices
 
-from broker.api.port import BrokerPort
 from popmq.config import PopmqConfig
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
-from proxy.cluster import BrokerCluster
-from proxy.grpc.servicer import MessagingServicer
-from proxy.longpoll import make_strategy
-from proxy.longpoll.base import LongPollStrategy
-from proxy.metrics import ProxyMetrics
-from proxy.services import ProxyServices
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class ProxyServer:
         return self.port
 
     def _add_admin(self, server: grpc.aio.Server) -> None:
-        from proxy.admin.service import add_admin_service  # the admin API is optional
+        from popmq.proxy.admin.service import add_admin_service  # the admin API is optional
 
         add_admin_service(server, self.services)
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from popmq.proxy.cluster import BrokerCluster
+from popmq.proxy.longpoll.base import LongPollStrategy
+from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.registry import ClientRegistry
+from popmq.proxy.tasks import BackgroundTasks
+
 from popmq.config import PopmqConfig, ProxyConfig
-from proxy.cluster import BrokerCluster
-from proxy.longpoll.base import LongPollStrategy
-from proxy.metrics import ProxyMetrics
-from proxy.registry import ClientRegistry
-from proxy.tasks import BackgroundTasks
 
 
 @dataclass(slots=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from broker.api.errors import BrokerError, Code
+from popmq.broker.api.errors import BrokerError, Code
+
 from popmq.pb.rocketmq.v2 import definition_pb2
 
 

@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message as ProtoMessage
-
-from broker.api.errors import BrokerError, Code
-from broker.api.types import (
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import (
     AckEntry,
     AckEntryResult,
     ChangeInvisibleResult,
@@ -38,6 +37,7 @@ from broker.api.types import (
     StoredMessage,
     TopicInfo,
 )
+
 from popmq.pb.broker.v1 import broker_pb2 as pb
 
 T = TypeVar("T")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.api.types import (
+from popmq.broker.api.types import (
     AckEntry,
     AckEntryResult,
     ChangeInvisibleResult,
@@ -18,7 +18,7 @@ from broker.api.types import (
     SendResult,
     TopicInfo,
 )
-from broker.core import Broker
+from popmq.broker.core import Broker
 
 
 class LocalBrokerPort:

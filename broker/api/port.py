@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from broker.api.types import (
+from popmq.broker.api.types import (
     AckEntry,
     AckEntryResult,
     ChangeInvisibleResult,

@@ -12,10 +12,9 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
-
-from broker.api import convert
-from broker.api.errors import BrokerError, BrokerUnavailableError, Code
-from broker.api.types import (
+from popmq.broker.api import convert
+from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.api.types import (
     AckEntry,
     AckEntryResult,
     ChangeInvisibleResult,
@@ -31,6 +30,7 @@ from broker.api.types import (
     SendResult,
     TopicInfo,
 )
+
 from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
 

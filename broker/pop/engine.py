@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from broker.api.errors import BrokerError, Code
-from broker.api.types import (
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import (
     PROP_ORIGIN_TOPIC,
     AckEntry,
     AckEntryResult,
@@ -31,18 +31,19 @@ from broker.api.types import (
     StoredMessage,
     retry_topic,
 )
-from broker.pop.checkpoint import Checkpoint, EntryState
-from broker.pop.groups import GroupRegistry
-from broker.pop.handle import HandleCodec, ReceiptHandle, group_hash
-from broker.pop.hold import HoldKey, HoldOutcome, HoldTable
-from broker.pop.journal import PopJournal
-from broker.pop.ledger import CheckpointLedger
-from broker.pop.names import check_group, check_topic
-from broker.pop.selection import QueueLocks, pop_queue_order
+from popmq.broker.pop.checkpoint import Checkpoint, EntryState
+from popmq.broker.pop.groups import GroupRegistry
+from popmq.broker.pop.handle import HandleCodec, ReceiptHandle, group_hash
+from popmq.broker.pop.hold import HoldKey, HoldOutcome, HoldTable
+from popmq.broker.pop.journal import PopJournal
+from popmq.broker.pop.ledger import CheckpointLedger
+from popmq.broker.pop.names import check_group, check_topic
+from popmq.broker.pop.selection import QueueLocks, pop_queue_order
+
 from popmq.config import BrokerConfig
 
 if TYPE_CHECKING:
-    from broker.store.message_store import MessageStore
+    from popmq.broker.store.message_store import MessageStore
 
 # How far notify scans past in-flight messages looking for a visible one, per queue (in
 # index reads of 32 entries).

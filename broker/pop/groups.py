@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker.api.errors import BrokerError, Code
-from broker.api.types import ConsumeMode, GroupConfig
-from broker.pop.names import check_group
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import ConsumeMode, GroupConfig
+from popmq.broker.pop.names import check_group
+
 from popmq.config import PopConfig, parse_duration_ms
 
 if TYPE_CHECKING:
-    from broker.store.message_store import MessageStore
+    from popmq.broker.store.message_store import MessageStore
 
 STATE_NAME = "groups"
 

@@ -16,7 +16,7 @@ import hmac
 from dataclasses import dataclass
 from functools import lru_cache
 
-from broker.api.errors import BrokerError, Code
+from popmq.broker.api.errors import BrokerError, Code
 
 HANDLE_VERSION = 1
 _VERSION_TEXT = str(HANDLE_VERSION)

@@ -16,8 +16,8 @@ import json
 import os
 from pathlib import Path
 
-from broker.pop.checkpoint import Checkpoint, EntryState
-from broker.store.framing import FramedLog, fsync_dir
+from popmq.broker.pop.checkpoint import Checkpoint, EntryState
+from popmq.broker.store.framing import FramedLog, fsync_dir
 
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 

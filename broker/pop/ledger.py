@@ -16,8 +16,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from broker.pop.checkpoint import DONE_STATES, Checkpoint, EntryState
-from broker.pop.queue_state import QueueState
+from popmq.broker.pop.checkpoint import DONE_STATES, Checkpoint, EntryState
+from popmq.broker.pop.queue_state import QueueState
 
 QueueKey = tuple[str, str, int]  # (group, topic, queue id)
 

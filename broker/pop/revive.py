@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from broker.api.errors import BrokerError
-from broker.api.types import (
+from popmq.broker.api.errors import BrokerError
+from popmq.broker.api.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_OFFSET,
     PROP_ORIGIN_QUEUE,
@@ -28,15 +28,15 @@ from broker.api.types import (
     dlq_topic,
     retry_topic,
 )
-from broker.pop.checkpoint import Checkpoint, EntryState
-from broker.pop.groups import GroupRegistry
-from broker.pop.hold import HoldTable
-from broker.pop.journal import PopJournal
-from broker.pop.ledger import CheckpointLedger
-from broker.timer import TimerService, stored_to_message
+from popmq.broker.pop.checkpoint import Checkpoint, EntryState
+from popmq.broker.pop.groups import GroupRegistry
+from popmq.broker.pop.hold import HoldTable
+from popmq.broker.pop.journal import PopJournal
+from popmq.broker.pop.ledger import CheckpointLedger
+from popmq.broker.timer import TimerService, stored_to_message
 
 if TYPE_CHECKING:
-    from broker.store.message_store import MessageStore
+    from popmq.broker.store.message_store import MessageStore
 
 # A revive that failed (e.g. the store refused a write) is retried this much later.
 _RETRY_FAILED_MS = 1000

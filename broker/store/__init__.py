@@ -4,9 +4,9 @@ Public API: MessageStore (message_store.py), TopicMeta, ReadResult, OffsetPurged
 OffsetOutOfRangeError; framing.py for any other append-only file of the broker.
 """
 
-from broker.store.errors import OffsetOutOfRangeError, OffsetPurgedError
-from broker.store.message_store import MessageStore, ReadResult, now_ms
-from broker.store.topics import TopicMeta
+from popmq.broker.store.errors import OffsetOutOfRangeError, OffsetPurgedError
+from popmq.broker.store.message_store import MessageStore, ReadResult, now_ms
+from popmq.broker.store.topics import TopicMeta
 
 __all__ = [
     "MessageStore",

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.store.files import HandleCache
-from broker.store.framing import HEADER_SIZE, check_frame, fsync_dir, iter_frames
+from popmq.broker.store.files import HandleCache
+from popmq.broker.store.framing import HEADER_SIZE, check_frame, fsync_dir, iter_frames
 
 log = logging.getLogger(__name__)
 

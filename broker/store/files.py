@@ -9,8 +9,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from broker.api.errors import BrokerError, Code
-from broker.store.framing import fsync_dir
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.store.framing import fsync_dir
 
 
 def write_json_atomic(path: Path, value: Any) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from broker.api.errors import BrokerError, Code
-from broker.store.commitlog import CommitLog
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.store.commitlog import CommitLog
 
 
 class GroupCommit:

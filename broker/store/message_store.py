@@ -41,24 +41,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.api.errors import BrokerError, Code
-from broker.api.types import Message, StoredMessage
-from broker.store.codec import encode_record, tag_hash
-from broker.store.commitlog import CommitLog, PositionPurged
-from broker.store.errors import OffsetOutOfRangeError, OffsetPurgedError
-from broker.store.files import DirLock, HandleCache, read_json, write_json_atomic
-from broker.store.framing import encode_frame
-from broker.store.group_commit import GroupCommit
-from broker.store.queue_index import ENTRY, IndexDamaged, QueueIndex
-from broker.store.reader import count_tagged, fetch_messages, select_entries
-from broker.store.recovery import QueueKey, Recovery, RecoveryReport, queue_key_text
-from broker.store.topics import (
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import Message, StoredMessage
+from popmq.broker.store.codec import encode_record, tag_hash
+from popmq.broker.store.commitlog import CommitLog, PositionPurged
+from popmq.broker.store.errors import OffsetOutOfRangeError, OffsetPurgedError
+from popmq.broker.store.files import DirLock, HandleCache, read_json, write_json_atomic
+from popmq.broker.store.framing import encode_frame
+from popmq.broker.store.group_commit import GroupCommit
+from popmq.broker.store.queue_index import ENTRY, IndexDamaged, QueueIndex
+from popmq.broker.store.reader import count_tagged, fetch_messages, select_entries
+from popmq.broker.store.recovery import QueueKey, Recovery, RecoveryReport, queue_key_text
+from popmq.broker.store.topics import (
     TopicMeta,
     TopicRecord,
     TopicTable,
     check_queue_count,
     check_topic_name,
 )
+
 from popmq.config import StoreConfig
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from broker.store.files import HandleCache
-from broker.store.framing import fsync_dir
+from popmq.broker.store.files import HandleCache
+from popmq.broker.store.framing import fsync_dir
 
 ENTRY = struct.Struct("<QIIq")
 ENTRY_SIZE = ENTRY.size

@@ -11,11 +11,11 @@ import logging
 import sys
 import zlib
 
-from broker.api.types import StoredMessage
-from broker.store.codec import decode_record, tag_hash
-from broker.store.commitlog import CommitLog
-from broker.store.framing import FRAME_HEADER, HEADER_SIZE
-from broker.store.queue_index import ENTRY, QueueIndex
+from popmq.broker.api.types import StoredMessage
+from popmq.broker.store.codec import decode_record, tag_hash
+from popmq.broker.store.commitlog import CommitLog
+from popmq.broker.store.framing import FRAME_HEADER, HEADER_SIZE
+from popmq.broker.store.queue_index import ENTRY, QueueIndex
 
 log = logging.getLogger(__name__)
 

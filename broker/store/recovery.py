@@ -19,11 +19,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from broker.store.codec import decode_header, tag_hash
-from broker.store.commitlog import CommitLog, PositionPurged
-from broker.store.framing import HEADER_SIZE
-from broker.store.queue_index import ENTRY, QueueIndex
-from broker.store.topics import TopicRecord
+from popmq.broker.store.codec import decode_header, tag_hash
+from popmq.broker.store.commitlog import CommitLog, PositionPurged
+from popmq.broker.store.framing import HEADER_SIZE
+from popmq.broker.store.queue_index import ENTRY, QueueIndex
+from popmq.broker.store.topics import TopicRecord
 
 log = logging.getLogger(__name__)
 

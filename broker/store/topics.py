@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.api.errors import BrokerError, Code
-from broker.store.files import read_json, write_json_atomic
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.store.files import read_json, write_json_atomic
 
 # RocketMQ's topic charset; names are also directory names, so nothing else is allowed.
 _TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,255}$")

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import popmq_spark
+import popmq.spark
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -58,7 +58,7 @@ def report(messages: Any) -> Any:
 
 
 def run(spark: Any, args: argparse.Namespace) -> None:
-    popmq_spark.register(spark)
+    popmq.spark.register(spark)
     if not args.stream:
         messages = (
             spark.read.format("popmq")

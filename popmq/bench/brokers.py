@@ -12,14 +12,14 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from broker.api.port import BrokerPort
+from popmq.broker.api.port import BrokerPort
 from popmq.config import BrokerConfig
 
 
 @contextlib.asynccontextmanager
 async def local_broker(config: BrokerConfig) -> AsyncIterator[BrokerPort]:
-    from broker.api.local import LocalBrokerPort
-    from broker.core import Broker
+    from popmq.broker.api.local import LocalBrokerPort
+    from popmq.broker.core import Broker
 
     broker = Broker(config)
     await broker.start()
@@ -46,7 +46,7 @@ async def remote_broker(
 
     Its process id is appended to ``pids`` (for CPU accounting) while it runs.
     """
-    from broker.api.remote import RemoteBrokerPort
+    from popmq.broker.api.remote import RemoteBrokerPort
 
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "popmq", "broker", "--name", config.name, "--port", "0",

@@ -123,7 +123,7 @@ class _Brokers:
 @contextlib.asynccontextmanager
 async def _brokers(count: int, root: Path, settings: Mapping[str, Any]) -> AsyncIterator[_Brokers]:
     """``count`` broker processes, started side by side, with the topic on each."""
-    from broker.api.remote import RemoteBrokerPort
+    from popmq.broker.api.remote import RemoteBrokerPort
 
     async with contextlib.AsyncExitStack() as stack:
         names = [f"broker-{i}" for i in range(count)]

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.api.port import BrokerPort
-from broker.api.types import AckEntry, Message, PoppedMessage, PopRequest
 from popmq.bench.brokers import local_broker, process_cpu_s, remote_broker
+from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.types import AckEntry, Message, PoppedMessage, PopRequest
 from popmq.config import BrokerConfig, ProxyConfig
-from proxy.longpoll import LongPollRequest, LongPollStrategy, make_strategy
-from proxy.metrics import ProxyMetrics
+from popmq.proxy.longpoll import LongPollRequest, LongPollStrategy, make_strategy
+from popmq.proxy.metrics import ProxyMetrics
 
 TOPIC = "bench-longpoll"
 GROUP = "bench-longpoll-group"

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from broker.api.types import Message
+from popmq.broker.api.types import Message
 from popmq.client import AsyncClient, OffsetPolicy, QueueRef
 from popmq.client.local_server import LocalServer
 
@@ -84,7 +84,7 @@ def _spark_session(master: str) -> Any:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    import popmq_spark
+    import popmq.spark
 
     spark = (
         SparkSession.builder.master(master)
@@ -94,7 +94,7 @@ def _spark_session(master: str) -> Any:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    popmq_spark.register(spark)
+    popmq.spark.register(spark)
     return spark
 
 

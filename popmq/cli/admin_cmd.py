@@ -108,7 +108,7 @@ def _stub(args: argparse.Namespace) -> Any:
 def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
     import grpc
 
-    from broker.api.errors import Code
+    from popmq.broker.api.errors import Code
 
     channel, stub = _stub(args)
     try:

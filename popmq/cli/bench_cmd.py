@@ -62,7 +62,7 @@ def _run_bench(module: str, function: str, formatter: Callable[[dict[str, Any]],
 
 def _broker(args: argparse.Namespace) -> int:
     return _run_bench(
-        "broker.bench", "bench_broker", format_broker, args.json,
+        "popmq.bench.broker_throughput", "bench_broker", format_broker, args.json,
         messages=args.messages, body_bytes=args.body_bytes, batch=args.batch,
         producers=args.producers, consumers=args.consumers, queues=args.queues,
         transports=tuple(args.transport), flush_modes=tuple(args.flush),

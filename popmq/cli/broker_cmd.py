@@ -15,7 +15,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from broker.api.errors import BrokerError
+from popmq.broker.api.errors import BrokerError
 from popmq.cli.common import config_from_args
 from popmq.config import BrokerConfig
 
@@ -87,9 +87,9 @@ async def serve_broker(
 ) -> None:
     """Serve until `stop` is set (default: until SIGTERM/SIGINT)."""
     # Imported here so `popmq --help` works while a broker module fails to import.
-    from broker.api.local import LocalBrokerPort
-    from broker.core import Broker
-    from broker.server import BrokerGrpcServer
+    from popmq.broker.api.local import LocalBrokerPort
+    from popmq.broker.core import Broker
+    from popmq.broker.server import BrokerGrpcServer
     from popmq.metrics_http import metrics_endpoint
 
     stop = stop or asyncio.Event()

@@ -89,7 +89,7 @@ def run_serve(args: argparse.Namespace) -> int:
     overrides["serve.data_dir"] = args.data_dir
     config = config_from_args(args, overrides)
     _setup_logging()
-    from proxy.runtime import run_serve as serve
+    from popmq.proxy.runtime import run_serve as serve
 
     asyncio.run(serve(config, _announce))
     return 0
@@ -105,7 +105,7 @@ def run_proxy(args: argparse.Namespace) -> int:
         overrides["proxy.brokers"] = brokers
     config = config_from_args(args, overrides)
     _setup_logging()
-    from proxy.runtime import run_cluster_proxy
+    from popmq.proxy.runtime import run_cluster_proxy
 
     asyncio.run(run_cluster_proxy(config, _announce))
     return 0

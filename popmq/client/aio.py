@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import grpc
 
-from broker.api.types import Message
+from popmq.broker.api.types import Message
 from popmq.client import codec
 from popmq.client.errors import ProxyUnavailable
 from popmq.client.model import (

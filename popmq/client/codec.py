@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from broker.api.errors import Code
-from broker.api.types import Message
+from popmq.broker.api.errors import Code
+from popmq.broker.api.types import Message
 from popmq.client.errors import ProxyError
 from popmq.client.model import (
     AckOutcome,

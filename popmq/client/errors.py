@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.api.errors import BrokerError, Code
+from popmq.broker.api.errors import BrokerError, Code
 
 
 class ProxyError(BrokerError):

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import grpc.experimental
 
-from broker.api.types import Message
+from popmq.broker.api.types import Message
 from popmq.client import codec
 from popmq.client.aio import CHANNEL_OPTIONS
 from popmq.client.errors import ProxyUnavailable

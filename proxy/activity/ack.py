@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
-from broker.api.errors import BrokerError, Code
-from broker.api.types import AckEntry, AckEntryResult
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import AckEntry, AckEntryResult
+from popmq.proxy.activity import validate
+from popmq.proxy.grpc import status as st
+from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.services import ProxyServices
+
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
-from proxy.activity import validate
-from proxy.grpc import status as st
-from proxy.grpc.headers import RequestContext
-from proxy.services import ProxyServices
 
 MAX_ACK_ENTRIES = 1024
 

@@ -9,16 +9,17 @@ pull by offset. The group members are the consumers this proxy has heard from.
 
 from __future__ import annotations
 
-from broker.api.errors import BrokerError, Code
-from broker.api.types import ConsumeMode
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import ConsumeMode
+from popmq.proxy.activity import validate
+from popmq.proxy.activity.route import ACCEPTED_TYPES, MASTER_BROKER_ID, proxy_endpoints
+from popmq.proxy.cluster import QueueRef
+from popmq.proxy.grpc import status as st
+from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.services import ProxyServices
+
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
-from proxy.activity import validate
-from proxy.activity.route import ACCEPTED_TYPES, MASTER_BROKER_ID, proxy_endpoints
-from proxy.cluster import QueueRef
-from proxy.grpc import status as st
-from proxy.grpc.headers import RequestContext
-from proxy.services import ProxyServices
 
 ALL_QUEUES = -1
 

@@ -6,16 +6,17 @@ publishing limits or subscription parameters and retry policy filled in.
 
 from __future__ import annotations
 
-from broker.api.errors import BrokerError, Code
-from broker.api.types import GroupConfig
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import GroupConfig
+from popmq.proxy.activity import validate
+from popmq.proxy.grpc import status as st
+from popmq.proxy.grpc.convert import duration
+from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.services import ProxyServices
+
 from popmq.config import DEFAULT_RETRY_LEVELS, parse_duration_ms
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
-from proxy.activity import validate
-from proxy.grpc import status as st
-from proxy.grpc.convert import duration
-from proxy.grpc.headers import RequestContext
-from proxy.services import ProxyServices
 
 # RocketMQ's producer retry policy (grpcClientProducerBackoff*): 10 ms doubling to 1 s, 3 tries.
 PRODUCER_MAX_ATTEMPTS = 3

@@ -3,11 +3,12 @@ after their max attempts); the broker moves it to %DLQ%<group> and acks it."""
 
 from __future__ import annotations
 
+from popmq.proxy.activity import validate
+from popmq.proxy.grpc import status as st
+from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.services import ProxyServices
+
 from popmq.pb.rocketmq.v2 import service_pb2 as s
-from proxy.activity import validate
-from proxy.grpc import status as st
-from proxy.grpc.headers import RequestContext
-from proxy.services import ProxyServices
 
 
 async def forward_to_dlq(

@@ -4,11 +4,12 @@ a failure answers with the handle they sent (still their best one)."""
 
 from __future__ import annotations
 
+from popmq.proxy.activity import validate
+from popmq.proxy.grpc import status as st
+from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.services import ProxyServices
+
 from popmq.pb.rocketmq.v2 import service_pb2 as s
-from proxy.activity import validate
-from proxy.grpc import status as st
-from proxy.grpc.headers import RequestContext
-from proxy.services import ProxyServices
 
 
 async def change_invisible_duration(

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.api.errors import BrokerError, Code
-from broker.api.port import BrokerPort
-from broker.api.types import PullRequest, PullResult, PullStatus, QueueInfo, TopicInfo
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.types import PullRequest, PullResult, PullStatus, QueueInfo, TopicInfo
+from popmq.proxy.activity import validate
+from popmq.proxy.activity.receive import filter_of
+from popmq.proxy.grpc import status as st
+from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.services import ProxyServices
+
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
-from proxy.activity import validate
-from proxy.activity.receive import filter_of
-from proxy.grpc import status as st
-from proxy.grpc.headers import RequestContext
-from proxy.services import ProxyServices
 
 PULL_STATUS = {
     PullStatus.FOUND: (Code.OK, "OK"),

@@ -10,16 +10,17 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from broker.api.errors import BrokerError, Code
-from broker.api.port import BrokerPort
-from broker.api.types import FilterExpression, PoppedMessage, PopRequest
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.types import FilterExpression, PoppedMessage, PopRequest
+from popmq.proxy.activity import validate
+from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.longpoll.base import LongPollRequest
+from popmq.proxy.services import ProxyServices
+
 from popmq.config import ProxyConfig
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
-from proxy.activity import validate
-from proxy.grpc.headers import RequestContext
-from proxy.longpoll.base import LongPollRequest
-from proxy.services import ProxyServices
 
 log = logging.getLogger(__name__)
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 
+from popmq.proxy.activity import validate
+from popmq.proxy.cluster import TopicRoute
+from popmq.proxy.grpc import status as st
+from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.services import ProxyServices
+
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
-from proxy.activity import validate
-from proxy.cluster import TopicRoute
-from proxy.grpc import status as st
-from proxy.grpc.headers import RequestContext
-from proxy.services import ProxyServices
 
 # Transactions are not supported: leaving TRANSACTION out makes clients refuse them up front.
 ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY)

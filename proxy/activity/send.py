@@ -11,16 +11,17 @@ import time
 import uuid
 from collections import defaultdict
 
-from broker.api.errors import BrokerError, Code
-from broker.api.types import Message, SendResult
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import Message, SendResult
+from popmq.proxy.activity import validate
+from popmq.proxy.cluster import QueueRef, TopicRoute
+from popmq.proxy.grpc import status as st
+from popmq.proxy.grpc.convert import message_from_pb
+from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.services import ProxyServices
+
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
-from proxy.activity import validate
-from proxy.cluster import QueueRef, TopicRoute
-from proxy.grpc import status as st
-from proxy.grpc.convert import message_from_pb
-from proxy.grpc.headers import RequestContext
-from proxy.services import ProxyServices
 
 
 def _checked(services: ProxyServices, msg: pb.Message, ctx: RequestContext) -> Message:

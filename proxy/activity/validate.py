@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from broker.api.errors import BrokerError, Code
-from broker.api.types import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX
 
 _NAME = re.compile(r"[%|a-zA-Z0-9_-]+")
 TOPIC_MAX_LENGTH = 127

@@ -12,16 +12,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import DLQ_PREFIX, RETRY_PREFIX, ConsumeMode, TopicInfo
+from popmq.proxy.activity import validate
+from popmq.proxy.grpc import status as st
+from popmq.proxy.services import ProxyServices
 from prometheus_client import generate_latest
 
-from broker.api.errors import BrokerError, Code
-from broker.api.types import DLQ_PREFIX, RETRY_PREFIX, ConsumeMode, TopicInfo
 from popmq.config import parse_duration_ms
 from popmq.pb.admin.v1 import admin_pb2 as a
 from popmq.pb.admin.v1 import admin_pb2_grpc
-from proxy.activity import validate
-from proxy.grpc import status as st
-from proxy.services import ProxyServices
 
 
 def _broker_topic(broker: str, info: TopicInfo) -> a.BrokerTopic:

@@ -6,8 +6,7 @@ import hashlib
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
-
-from broker.api.types import (
+from popmq.broker.api.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_TOPIC,
     RETRY_PREFIX,
@@ -15,6 +14,7 @@ from broker.api.types import (
     PoppedMessage,
     StoredMessage,
 )
+
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 
 INTERNAL_PROPERTY_PREFIX = "__popmq."

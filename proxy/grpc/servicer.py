@@ -13,16 +13,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from popmq.broker.api.errors import Code
+from popmq.broker.api.types import PullStatus
+from popmq.proxy.activity import (
+    ack,
+    assignment,
+    clients,
+    dlq,
+    invisible,
+    offsets,
+    receive,
+    route,
+    send,
+)
+from popmq.proxy.grpc import status as st
+from popmq.proxy.grpc.convert import popped_into, stored_into, timestamp
+from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.services import ProxyServices
 
-from broker.api.errors import Code
-from broker.api.types import PullStatus
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
-from proxy.activity import ack, assignment, clients, dlq, invisible, offsets, receive, route, send
-from proxy.grpc import status as st
-from proxy.grpc.convert import popped_into, stored_into, timestamp
-from proxy.grpc.headers import RequestContext
-from proxy.services import ProxyServices
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")

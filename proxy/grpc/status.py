@@ -6,8 +6,8 @@ import asyncio
 import logging
 
 import grpc
+from popmq.broker.api.errors import BrokerError, Code
 
-from broker.api.errors import BrokerError, Code
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -13,14 +13,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from broker.api.port import BrokerPort
-from broker.api.types import PoppedMessage
-from proxy.longpoll.base import LongPollRequest
-from proxy.longpoll.calls import BrokerCalls
-from proxy.longpoll.notify import NotifyStrategy
-from proxy.longpoll.pop import PopStrategy
-from proxy.longpoll.rate import SlidingRate
-from proxy.metrics import ProxyMetrics
+from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.types import PoppedMessage
+from popmq.proxy.longpoll.base import LongPollRequest
+from popmq.proxy.longpoll.calls import BrokerCalls
+from popmq.proxy.longpoll.notify import NotifyStrategy
+from popmq.proxy.longpoll.pop import PopStrategy
+from popmq.proxy.longpoll.rate import SlidingRate
+from popmq.proxy.metrics import ProxyMetrics
 
 Mode = Literal["notify", "pop"]
 

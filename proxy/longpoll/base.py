@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from broker.api.port import BrokerPort
-from broker.api.types import PoppedMessage, PopRequest
-from proxy.longpoll.calls import BrokerCalls
-from proxy.longpoll.custody import Custody
-from proxy.metrics import ProxyMetrics
+from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.types import PoppedMessage, PopRequest
+from popmq.proxy.longpoll.calls import BrokerCalls
+from popmq.proxy.longpoll.custody import Custody
+from popmq.proxy.metrics import ProxyMetrics
 
 
 @dataclass(slots=True)

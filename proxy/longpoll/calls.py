@@ -14,9 +14,9 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from broker.api.errors import BrokerError, Code
-from broker.api.port import BrokerPort
-from broker.api.types import (
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.types import (
     NotifyRequest,
     NotifyResult,
     PoppedMessage,
@@ -24,8 +24,8 @@ from broker.api.types import (
     PopResult,
     PopStatus,
 )
-from proxy.longpoll.custody import Custody
-from proxy.metrics import ProxyMetrics
+from popmq.proxy.longpoll.custody import Custody
+from popmq.proxy.metrics import ProxyMetrics
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from broker.api.port import BrokerPort
-from broker.api.types import PoppedMessage
+from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.types import PoppedMessage
 
 Release = Callable[[BrokerPort, list[PoppedMessage]], None]
 

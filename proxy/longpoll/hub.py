@@ -31,9 +31,9 @@ import math
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
-from broker.api.port import BrokerPort
-from broker.api.types import FilterExpression, PopRequest
-from proxy.longpoll.calls import BACKOFF_MAX_S, BrokerCalls
+from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.types import FilterExpression, PopRequest
+from popmq.proxy.longpoll.calls import BACKOFF_MAX_S, BrokerCalls
 
 # How many subscribers a pop's leftover backlog may signal at once; more pops on the same
 # broker at the same moment mostly find its queues locked by each other.

@@ -27,12 +27,12 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from broker.api.port import BrokerPort
-from proxy.longpoll.base import LongPollRequest, StrategyBase, remaining_ms
-from proxy.longpoll.calls import BrokerCalls
-from proxy.longpoll.custody import Custody
-from proxy.longpoll.hub import NotificationHub, Subscription
-from proxy.metrics import ProxyMetrics
+from popmq.broker.api.port import BrokerPort
+from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, remaining_ms
+from popmq.proxy.longpoll.calls import BrokerCalls
+from popmq.proxy.longpoll.custody import Custody
+from popmq.proxy.longpoll.hub import NotificationHub, Subscription
+from popmq.proxy.metrics import ProxyMetrics
 
 
 @dataclass(eq=False)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from broker.api.port import BrokerPort
-from proxy.longpoll.base import LongPollRequest, StrategyBase
-from proxy.longpoll.custody import Custody
+from popmq.broker.api.port import BrokerPort
+from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase
+from popmq.proxy.longpoll.custody import Custody
 
 
 class PopStrategy(StrategyBase):

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from broker.api.port import BrokerPort
-from proxy.longpoll.base import LongPollRequest, StrategyBase, remaining_ms
-from proxy.longpoll.calls import BrokerCalls
-from proxy.longpoll.custody import Custody
-from proxy.metrics import ProxyMetrics
+from popmq.broker.api.port import BrokerPort
+from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, remaining_ms
+from popmq.proxy.longpoll.calls import BrokerCalls
+from popmq.proxy.longpoll.custody import Custody
+from popmq.proxy.metrics import ProxyMetrics
 
 
 class SlicesStrategy(StrategyBase):

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from popmq.broker.store import MessageStore
 
-from broker.store import MessageStore
 from popmq.config import StoreConfig
 
 StoreFactory = Callable[..., MessageStore]

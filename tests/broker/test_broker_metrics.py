@@ -12,10 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest
-
-from broker.api.remote import RemoteBrokerPort
-from broker.api.types import (
+from popmq.broker.api.remote import RemoteBrokerPort
+from popmq.broker.api.types import (
     AckEntry,
     GroupConfig,
     Message,
@@ -24,9 +22,10 @@ from broker.api.types import (
     PopStatus,
     PullRequest,
 )
-from broker.core import Broker
-from broker.metrics import MergedCollector
-from broker.pop.testing import fast_broker_config, running_broker
+from popmq.broker.core import Broker
+from popmq.broker.metrics import MergedCollector
+from prometheus_client import CollectorRegistry, generate_latest
+from support.brokers import fast_broker_config, running_broker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

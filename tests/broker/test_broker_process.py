@@ -17,10 +17,9 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from broker.api.errors import BrokerError, Code
-from broker.api.remote import RemoteBrokerPort
-from broker.api.types import AckEntry, Message, PopRequest, PopStatus
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.remote import RemoteBrokerPort
+from popmq.broker.api.types import AckEntry, Message, PopRequest, PopStatus
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"^popmq broker (\S+) listening on (\S+):(\d+)$")

@@ -2,9 +2,8 @@ import asyncio
 import time
 
 import pytest
-
-from broker.api.errors import BrokerError, Code
-from broker.api.types import (
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import (
     AckEntry,
     ConsumeMode,
     GroupConfig,
@@ -13,7 +12,7 @@ from broker.api.types import (
     PullRequest,
     PullStatus,
 )
-from broker.pop.testing import fast_broker_config, running_broker
+from support.brokers import fast_broker_config, running_broker
 
 
 async def _raises(call, code: Code) -> BrokerError:
@@ -97,7 +96,7 @@ async def test_pull_offsets_and_status(tmp_path) -> None:
 
 
 def _filter(expression: str):
-    from broker.api.types import FilterExpression
+    from popmq.broker.api.types import FilterExpression
 
     return FilterExpression(expression)
 
@@ -176,7 +175,7 @@ async def test_group_configs(tmp_path) -> None:
 
 
 async def test_not_started(tmp_path) -> None:
-    from broker.core import Broker
+    from popmq.broker.core import Broker
 
     broker = Broker(fast_broker_config(tmp_path))
     await _raises(broker.send([Message("t", b"x")]), Code.INTERNAL_ERROR)

@@ -1,11 +1,10 @@
 import pytest
-
-from broker.api.errors import BrokerError, Code
-from broker.api.local import LocalBrokerPort
-from broker.api.port import BrokerPort
-from broker.api.types import AckEntry, Message, PopRequest, PopStatus
-from broker.core import Broker
-from broker.pop.testing import fast_broker_config, running_broker
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.local import LocalBrokerPort
+from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.types import AckEntry, Message, PopRequest, PopStatus
+from popmq.broker.core import Broker
+from support.brokers import fast_broker_config, running_broker
 
 
 def test_structurally_a_broker_port(tmp_path) -> None:

@@ -1,4 +1,4 @@
-from broker.bench import bench_broker
+from popmq.bench.broker_throughput import bench_broker
 
 
 async def test_bench_drains_everything_over_both_transports(tmp_path) -> None:

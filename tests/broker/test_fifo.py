@@ -1,7 +1,7 @@
 import asyncio
 import time
 
-from broker.api.types import (
+from popmq.broker.api.types import (
     AckEntry,
     GroupConfig,
     Message,
@@ -10,8 +10,8 @@ from broker.api.types import (
     PullRequest,
     dlq_topic,
 )
-from broker.core import Broker
-from broker.pop.testing import fast_broker_config, running_broker
+from popmq.broker.core import Broker
+from support.brokers import fast_broker_config, running_broker
 
 
 def _fifo(max_messages: int = 32, invisible_ms: int = 10_000, poll_ms: int = 0) -> PopRequest:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
-from broker.api import convert
-from broker.api.errors import BrokerError, Code
-from broker.api.types import (
+from popmq.broker.api import convert
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import (
     AckEntry,
     AckEntryResult,
     ChangeInvisibleResult,
@@ -31,6 +30,7 @@ from broker.api.types import (
     StoredMessage,
     TopicInfo,
 )
+
 from popmq.pb.broker.v1 import broker_pb2 as pb
 
 

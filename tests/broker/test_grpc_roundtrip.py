@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from broker.api.errors import BrokerError, Code
-from broker.api.local import LocalBrokerPort
-from broker.api.remote import RemoteBrokerPort
-from broker.api.types import (
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.local import LocalBrokerPort
+from popmq.broker.api.remote import RemoteBrokerPort
+from popmq.broker.api.types import (
     AckEntry,
     ConsumeMode,
     FilterExpression,
@@ -26,9 +25,9 @@ from broker.api.types import (
     PullRequest,
     PullStatus,
 )
-from broker.core import Broker
-from broker.pop.testing import fast_broker_config, running_broker
-from broker.server import BrokerGrpcServer
+from popmq.broker.core import Broker
+from popmq.broker.server import BrokerGrpcServer
+from support.brokers import fast_broker_config, running_broker
 
 
 @dataclass

@@ -10,11 +10,10 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from broker.api.errors import BrokerError, BrokerUnavailableError, Code
-from broker.api.port import BrokerPort
-from broker.api.remote import RemoteBrokerPort
-from broker.api.types import (
+from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.remote import RemoteBrokerPort
+from popmq.broker.api.types import (
     AckEntry,
     AckEntryResult,
     ChangeInvisibleResult,
@@ -34,7 +33,7 @@ from broker.api.types import (
     StoredMessage,
     TopicInfo,
 )
-from broker.server import SERVICE_NAME, BrokerGrpcServer
+from popmq.broker.server import SERVICE_NAME, BrokerGrpcServer
 
 
 class FakePort:

@@ -2,9 +2,8 @@ import base64
 from dataclasses import replace
 
 import pytest
-
-from broker.api.errors import BrokerError, Code
-from broker.pop.handle import HandleCodec, ReceiptHandle, group_hash, peek_broker_name
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.pop.handle import HandleCodec, ReceiptHandle, group_hash, peek_broker_name
 
 
 def _handle(**changes: object) -> ReceiptHandle:

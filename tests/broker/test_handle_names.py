@@ -1,7 +1,6 @@
 import pytest
-
-from broker.api.errors import BrokerError, Code
-from broker.pop.names import check_group, check_topic
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.pop.names import check_group, check_topic
 
 
 @pytest.mark.parametrize("name", ["orders", "a-b_c|d%e", "x" * 127])

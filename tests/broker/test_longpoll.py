@@ -1,7 +1,7 @@
 import asyncio
 import time
 
-from broker.api.types import (
+from popmq.broker.api.types import (
     FilterExpression,
     Message,
     NotifyRequest,
@@ -10,8 +10,8 @@ from broker.api.types import (
     PullRequest,
     PullStatus,
 )
-from broker.core import Broker
-from broker.pop.testing import fast_broker_config, running_broker
+from popmq.broker.core import Broker
+from support.brokers import fast_broker_config, running_broker
 
 
 def _pop(poll_ms: int, **kw: object) -> PopRequest:

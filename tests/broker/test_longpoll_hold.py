@@ -1,6 +1,6 @@
 import asyncio
 
-from broker.pop.hold import HoldOutcome, HoldTable
+from popmq.broker.pop.hold import HoldOutcome, HoldTable
 
 
 async def test_arrival_wakes_matching_waiter_only() -> None:

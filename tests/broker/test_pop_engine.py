@@ -2,18 +2,17 @@ import asyncio
 from dataclasses import replace
 
 import pytest
-
-from broker.api.errors import BrokerError, Code
-from broker.api.types import (
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import (
     AckEntry,
     FilterExpression,
     Message,
     PopRequest,
     retry_topic,
 )
-from broker.core import Broker
-from broker.pop.handle import HandleCodec, peek_broker_name
-from broker.pop.testing import fast_broker_config, running_broker
+from popmq.broker.core import Broker
+from popmq.broker.pop.handle import HandleCodec, peek_broker_name
+from support.brokers import fast_broker_config, running_broker
 
 
 def _pop(group: str = "g", topic: str = "t", **kw: object) -> PopRequest:

@@ -1,8 +1,8 @@
 from pathlib import Path
 
-from broker.pop.checkpoint import EntryState
-from broker.pop.journal import PopJournal
-from broker.pop.ledger import CheckpointLedger
+from popmq.broker.pop.checkpoint import EntryState
+from popmq.broker.pop.journal import PopJournal
+from popmq.broker.pop.ledger import CheckpointLedger
 
 
 def _ledger(journal: PopJournal | None = None, offsets: dict | None = None):

@@ -1,4 +1,4 @@
-from broker.pop.queue_state import QueueState
+from popmq.broker.pop.queue_state import QueueState
 
 
 def test_out_of_order_done_advances_commit_only_over_prefix() -> None:

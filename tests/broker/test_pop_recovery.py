@@ -8,9 +8,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from broker.api.errors import Code
-from broker.api.types import AckEntry, GroupConfig, Message, PopRequest
-from broker.pop.testing import fast_broker_config, running_broker
+from popmq.broker.api.errors import Code
+from popmq.broker.api.types import AckEntry, GroupConfig, Message, PopRequest
+from support.brokers import fast_broker_config, running_broker
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,9 +77,9 @@ async def test_delay_messages_and_group_configs_survive_restart(tmp_path) -> Non
 _CHILD = textwrap.dedent(
     """
     import asyncio, sys
-    from broker.api.types import AckEntry, Message, PopRequest
-    from broker.core import Broker
-    from broker.pop.testing import fast_broker_config
+    from popmq.broker.api.types import AckEntry, Message, PopRequest
+    from popmq.broker.core import Broker
+    from support.brokers import fast_broker_config
 
     async def main():
         broker = Broker(fast_broker_config(sys.argv[1]))
@@ -109,7 +109,7 @@ async def test_kill_9_redelivers_unjournaled_and_keeps_journaled(tmp_path) -> No
         str(data),
         cwd=REPO,
         stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO / "tests")},
     )
     try:
         assert child.stdout is not None

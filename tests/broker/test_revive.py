@@ -2,8 +2,8 @@ import asyncio
 import itertools
 import time
 
-from broker.api.errors import Code
-from broker.api.types import (
+from popmq.broker.api.errors import Code
+from popmq.broker.api.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_OFFSET,
     PROP_ORIGIN_QUEUE,
@@ -17,8 +17,8 @@ from broker.api.types import (
     dlq_topic,
     retry_topic,
 )
-from broker.core import Broker
-from broker.pop.testing import fast_broker_config, running_broker
+from popmq.broker.core import Broker
+from support.brokers import fast_broker_config, running_broker
 
 
 def _pop(invisible_ms: int = 20, poll_ms: int = 0, **kw: object) -> PopRequest:
@@ -128,7 +128,7 @@ async def test_change_invisible_time_on_retry_message(tmp_path) -> None:
 
 
 async def test_failed_revive_is_retried(tmp_path, monkeypatch) -> None:
-    import broker.pop.revive as revive_module
+    import popmq.broker.pop.revive as revive_module
 
     monkeypatch.setattr(revive_module, "_RETRY_FAILED_MS", 30)
     async with running_broker(fast_broker_config(tmp_path)) as broker:

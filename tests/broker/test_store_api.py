@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from broker.api.errors import BrokerError, Code
-from broker.api.types import Message
-from broker.store import OffsetOutOfRangeError, TopicMeta
-from broker.store.framing import HEADER_SIZE, iter_frames
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import Message
+from popmq.broker.store import OffsetOutOfRangeError, TopicMeta
+from popmq.broker.store.framing import HEADER_SIZE, iter_frames
 
 
 def msg(body: bytes, tag: str = "", **kw: object) -> Message:
@@ -300,7 +299,7 @@ async def test_second_store_on_same_directory_is_refused(store_factory) -> None:
 
 
 async def test_filtered_scans_are_bounded(store_factory, monkeypatch) -> None:
-    import broker.store.reader as reader
+    import popmq.broker.store.reader as reader
 
     monkeypatch.setattr(reader, "_MAX_FILTER_SCAN", 40)
     monkeypatch.setattr(reader, "_FILTER_CHUNK", 16)

@@ -7,10 +7,9 @@ import struct
 from pathlib import Path
 
 import pytest
-
-from broker.api.types import Message
-from broker.store.codec import decode_header, decode_record, encode_record, tag_hash
-from broker.store.framing import (
+from popmq.broker.api.types import Message
+from popmq.broker.store.codec import decode_header, decode_record, encode_record, tag_hash
+from popmq.broker.store.framing import (
     HEADER_SIZE,
     FramedLog,
     check_frame,

@@ -10,11 +10,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from broker.api.types import Message
-from broker.store import MessageStore
-from broker.store.framing import HEADER_SIZE, iter_frames
-from broker.store.queue_index import ENTRY_SIZE
+from popmq.broker.api.types import Message
+from popmq.broker.store import MessageStore
+from popmq.broker.store.framing import HEADER_SIZE, iter_frames
+from popmq.broker.store.queue_index import ENTRY_SIZE
 
 REPO = Path(__file__).resolve().parents[2]
 PER_FILE = 8  # small index files, so queues span several
@@ -221,8 +220,8 @@ CRASH_WRITER = textwrap.dedent(
     """
     import asyncio, os, sys
     from pathlib import Path
-    from broker.api.types import Message
-    from broker.store import MessageStore
+    from popmq.broker.api.types import Message
+    from popmq.broker.store import MessageStore
     from popmq.config import StoreConfig
 
     def body_for(writer, seq):
@@ -264,7 +263,7 @@ async def test_kill_9_loses_nothing_acknowledged_under_sync_flush(tmp_path: Path
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", CRASH_WRITER, str(data_dir),
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO / "tests")},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

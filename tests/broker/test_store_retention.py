@@ -9,10 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from broker.api.errors import Code
-from broker.api.types import Message
-from broker.store import MessageStore, OffsetPurgedError
+from popmq.broker.api.errors import Code
+from popmq.broker.api.types import Message
+from popmq.broker.store import MessageStore, OffsetPurgedError
 
 SEGMENT = 4096
 

@@ -16,9 +16,9 @@ import grpc
 import pytest
 from deploykit import REPO, cli_commands, pod_env, render
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from popmq.broker.api.errors import Code
+from popmq.broker.api.types import Message
 
-from broker.api.errors import Code
-from broker.api.types import Message
 from popmq.client import Client, ProxyError
 
 if "serve" not in cli_commands():

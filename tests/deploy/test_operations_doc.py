@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import yaml
 from deploykit import CHART_DIR, REPO, parse_cli
+from popmq.broker.api.errors import Code
+from popmq.broker.api.types import Message, PopRequest
+from popmq.proxy.metrics import ProxyMetrics
 from pydantic import BaseModel
+from support.brokers import fast_broker_config, running_broker
 
-from broker.api.errors import Code
-from broker.api.types import Message, PopRequest
-from broker.pop.testing import fast_broker_config, running_broker
 from popmq.config import PopmqConfig
-from proxy.metrics import ProxyMetrics
 
 DOC = (REPO / "docs" / "operations.md").read_text()
 # Placeholders in the doc's command lines, and a value the parser accepts for each.

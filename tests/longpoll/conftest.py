@@ -3,8 +3,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-
-from proxy.metrics import ProxyMetrics
+from popmq.proxy.metrics import ProxyMetrics
 
 from .fake_broker import FakeBroker
 

@@ -12,8 +12,8 @@ import itertools
 import time
 from collections.abc import Callable
 
-from broker.api.errors import BrokerError, Code
-from broker.api.types import (
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import (
     ChangeInvisibleResult,
     NotifyRequest,
     NotifyResult,

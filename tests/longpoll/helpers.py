@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from broker.api.types import PopRequest
-from proxy.longpoll.base import LongPollRequest
-from proxy.metrics import ProxyMetrics
+from popmq.broker.api.types import PopRequest
+from popmq.proxy.longpoll.base import LongPollRequest
+from popmq.proxy.metrics import ProxyMetrics
 
 
 def make_request(

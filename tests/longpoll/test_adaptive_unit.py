@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from popmq.proxy.longpoll import make_strategy
+from popmq.proxy.longpoll.adaptive import AdaptiveStrategy
+from popmq.proxy.longpoll.calls import BrokerCalls
+from popmq.proxy.longpoll.notify import NotifyStrategy
+from popmq.proxy.longpoll.pop import PopStrategy
+from popmq.proxy.longpoll.slices import SlicesStrategy
+from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.config import ProxyConfig
-from proxy.longpoll import make_strategy
-from proxy.longpoll.adaptive import AdaptiveStrategy
-from proxy.longpoll.calls import BrokerCalls
-from proxy.longpoll.notify import NotifyStrategy
-from proxy.longpoll.pop import PopStrategy
-from proxy.longpoll.slices import SlicesStrategy
-from proxy.metrics import ProxyMetrics
 
 from .fake_broker import FakeBroker
 from .helpers import make_request, sample

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from broker.api.types import PoppedMessage
-from proxy.longpoll.custody import Custody
-from proxy.longpoll.rate import SlidingRate
+from popmq.broker.api.types import PoppedMessage
+from popmq.proxy.longpoll.custody import Custody
+from popmq.proxy.longpoll.rate import SlidingRate
 
 from .fake_broker import FakeBroker
 

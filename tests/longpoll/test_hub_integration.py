@@ -7,11 +7,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
-from broker.api.types import Message
-from proxy.longpoll.calls import BrokerCalls
-from proxy.longpoll.notify import NotifyStrategy
-from proxy.metrics import ProxyMetrics
+from popmq.broker.api.types import Message
+from popmq.proxy.longpoll.calls import BrokerCalls
+from popmq.proxy.longpoll.notify import NotifyStrategy
+from popmq.proxy.metrics import ProxyMetrics
 
 from .helpers import make_request, sample, wait_until
 from .test_integration import TOPIC, _cluster, _held, _strategy_tasks

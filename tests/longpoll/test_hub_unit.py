@@ -6,11 +6,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from broker.api.types import PopRequest, PopResult
-from proxy.longpoll.calls import BrokerCalls
-from proxy.longpoll.hub import NotificationHub, Subscription
-from proxy.longpoll.notify import NotifyStrategy
-from proxy.metrics import ProxyMetrics
+from popmq.broker.api.types import PopRequest, PopResult
+from popmq.proxy.longpoll.calls import BrokerCalls
+from popmq.proxy.longpoll.hub import NotificationHub, Subscription
+from popmq.proxy.longpoll.notify import NotifyStrategy
+from popmq.proxy.metrics import ProxyMetrics
 
 from .fake_broker import FakeBroker
 from .helpers import make_request, sample, wait_until

@@ -10,18 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from broker.api.local import LocalBrokerPort
-from broker.api.port import BrokerPort
-from broker.api.remote import RemoteBrokerPort
-from broker.api.types import AckEntry, Message, PoppedMessage
-from broker.pop.testing import fast_broker_config, running_broker
-from broker.server import BrokerGrpcServer
-from proxy.longpoll.adaptive import AdaptiveStrategy
-from proxy.longpoll.calls import BrokerCalls
-from proxy.longpoll.notify import NotifyStrategy
-from proxy.longpoll.pop import PopStrategy
-from proxy.metrics import ProxyMetrics
+from popmq.broker.api.local import LocalBrokerPort
+from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.remote import RemoteBrokerPort
+from popmq.broker.api.types import AckEntry, Message, PoppedMessage
+from popmq.broker.server import BrokerGrpcServer
+from popmq.proxy.longpoll.adaptive import AdaptiveStrategy
+from popmq.proxy.longpoll.calls import BrokerCalls
+from popmq.proxy.longpoll.notify import NotifyStrategy
+from popmq.proxy.longpoll.pop import PopStrategy
+from popmq.proxy.metrics import ProxyMetrics
+from support.brokers import fast_broker_config, running_broker
 
 from .helpers import make_request, sample, wait_until
 

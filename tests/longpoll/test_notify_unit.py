@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from broker.api.errors import BrokerError, Code
-from broker.api.types import PopResult
-from proxy.longpoll.calls import BrokerCalls
-from proxy.longpoll.notify import NotifyStrategy
-from proxy.metrics import ProxyMetrics
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import PopResult
+from popmq.proxy.longpoll.calls import BrokerCalls
+from popmq.proxy.longpoll.notify import NotifyStrategy
+from popmq.proxy.metrics import ProxyMetrics
 
 from .fake_broker import FakeBroker
 from .helpers import make_request, sample, wait_until

@@ -8,15 +8,13 @@ the poll: under plain pop long polling three rounds in four would wait the whole
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from support import official_clients
 
 pytestmark = pytest.mark.client
 
@@ -24,33 +22,19 @@ ROUNDS = 6
 SETTLE_S = 0.7  # the consumer's receive is on the proxy by then
 
 
-def _client_support() -> ModuleType:
-    """tests/client/official_client_support.py (that folder is not a package)."""
-    name = "official_client_support"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "client" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def test_official_client_receives_in_real_time_from_four_brokers(tmp_path: Path) -> None:
-    support = _client_support()
-    if not support.CLIENT_PYTHON.exists():
+    if not official_clients.CLIENT_PYTHON.exists():
         pytest.fail("the official client venv is missing: run `make client-venv`")
-    server = support.serve(tmp_path / "data", brokers=4)
+    server = official_clients.serve(tmp_path / "data", brokers=4)
     sessions = []
     try:
         endpoint = f"127.0.0.1:{server.wait_listening()}"
         topic, group = f"rt-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
-        producer = support.ClientSession(
+        producer = official_clients.ClientSession(
             {"endpoint": endpoint, "role": "producer", "topics": [topic]}, tmp_path
         )
         sessions.append(producer)
-        consumer = support.ClientSession(
+        consumer = official_clients.ClientSession(
             {"endpoint": endpoint, "role": "simple", "topics": [topic], "group": group,
              "await_s": 5},
             tmp_path,

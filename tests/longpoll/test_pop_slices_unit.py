@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.longpoll.calls import BrokerCalls
-from proxy.longpoll.pop import PopStrategy
-from proxy.longpoll.slices import SlicesStrategy
-from proxy.metrics import ProxyMetrics
+from popmq.proxy.longpoll.calls import BrokerCalls
+from popmq.proxy.longpoll.pop import PopStrategy
+from popmq.proxy.longpoll.slices import SlicesStrategy
+from popmq.proxy.metrics import ProxyMetrics
 
 from .fake_broker import FakeBroker
 from .helpers import make_request, sample, wait_until

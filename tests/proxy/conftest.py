@@ -9,12 +9,12 @@ from typing import Any
 
 import grpc
 import pytest
+from popmq.broker.api.local import LocalBrokerPort
+from popmq.broker.core import Broker
+from popmq.proxy.server import ProxyServer
 from proxy_support import Cluster, make_config
 
-from broker.api.local import LocalBrokerPort
-from broker.core import Broker
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
-from proxy.server import ProxyServer
 
 
 @pytest.fixture

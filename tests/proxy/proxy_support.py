@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from popmq.broker.core import Broker
+from popmq.proxy.server import ProxyServer
 
-from broker.core import Broker
 from popmq.config import PopmqConfig, load_config
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
-from proxy.server import ProxyServer
 
 # Small time scales so the suite stays fast; bounds keep RocketMQ's shape.
 TEST_SETTINGS: dict[str, Any] = {

@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import grpc
 import pytest
+from popmq.broker.api.errors import Code
+from popmq.broker.pop.handle import HandleCodec
 from proxy_support import Cluster, message, unique
 
-from broker.api.errors import Code
-from broker.pop.handle import HandleCodec
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
@@ -240,7 +240,7 @@ async def test_client_disconnect_mid_long_poll(cluster: Cluster) -> None:
 
 async def test_undelivered_messages_are_released_quickly(cluster: Cluster) -> None:
     """The release path the servicer takes when writing to a vanished client fails."""
-    from proxy.activity import receive
+    from popmq.proxy.activity import receive
 
     topic, group = unique("t"), unique("g")
     await cluster.send(topic, b"orphan")
@@ -251,7 +251,7 @@ async def test_undelivered_messages_are_released_quickly(cluster: Cluster) -> No
     )
     request.invisible_duration.FromMilliseconds(60_000)
     request.long_polling_timeout.FromMilliseconds(300)
-    from proxy.grpc.headers import RequestContext
+    from popmq.proxy.grpc.headers import RequestContext
 
     services = cluster.server.services
     plan = await receive.plan_receive(services, request, RequestContext(client_id="x"))

@@ -6,14 +6,14 @@ import socket
 from pathlib import Path
 
 import grpc
+from popmq.broker.api.errors import Code
+from popmq.broker.api.local import LocalBrokerPort
+from popmq.broker.api.remote import RemoteBrokerPort
+from popmq.broker.core import Broker
+from popmq.proxy.server import ProxyServer
 from proxy_support import Cluster, make_config, unique
 
-from broker.api.errors import Code
-from broker.api.local import LocalBrokerPort
-from broker.api.remote import RemoteBrokerPort
-from broker.core import Broker
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
-from proxy.server import ProxyServer
 
 
 def _closed_port() -> int:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+from popmq.broker.api.errors import Code
+from popmq.broker.api.types import ConsumeMode, GroupConfig
 from proxy_support import Cluster, unique
 
-from broker.api.errors import Code
-from broker.api.types import ConsumeMode, GroupConfig
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 

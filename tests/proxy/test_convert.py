@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from broker.api.types import (
+from popmq.broker.api.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_TOPIC,
     PoppedMessage,
     StoredMessage,
     retry_topic,
 )
+from popmq.proxy.grpc.convert import md5_hex, popped_to_pb
+
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
-from proxy.grpc.convert import md5_hex, popped_to_pb
 
 
 def stored(**overrides) -> StoredMessage:
@@ -80,8 +81,9 @@ def test_times_match_protobuf_conversions_including_negative_ones() -> None:
 
 
 def test_filling_a_frame_in_place_equals_building_the_message() -> None:
+    from popmq.proxy.grpc.convert import popped_into
+
     from popmq.pb.rocketmq.v2 import service_pb2 as s
-    from proxy.grpc.convert import popped_into
 
     popped = PoppedMessage(stored(properties={"app": "x", "__popmq.internal": "y"}), "H", 9)
     frame = s.ReceiveMessageResponse()
@@ -93,8 +95,7 @@ def test_filling_a_frame_in_place_equals_building_the_message() -> None:
 
 def test_producer_times_read_like_protobuf_and_invalid_ones_are_refused() -> None:
     import pytest
-
-    from proxy.grpc.convert import message_from_pb
+    from popmq.proxy.grpc.convert import message_from_pb
 
     for ms in (0, 1, 1_700_000_000_123, -1, -1_500):
         msg = pb.Message(body=b"x")

@@ -9,11 +9,10 @@ import time
 
 import grpc
 import pytest
+from popmq.broker.api.local import LocalBrokerPort
+from popmq.broker.api.types import Message, PopRequest
+from popmq.proxy.longpoll import LongPollRequest
 from proxy_support import Cluster, eventually, unique
-
-from broker.api.local import LocalBrokerPort
-from broker.api.types import Message, PopRequest
-from proxy.longpoll import LongPollRequest
 
 NOT_FOUND = 40401
 

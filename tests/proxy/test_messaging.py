@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+from popmq.broker.api.errors import Code
+from popmq.proxy.grpc.convert import md5_hex
 from proxy_support import Cluster, unique
 
-from broker.api.errors import Code
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
-from proxy.grpc.convert import md5_hex
 
 
 async def test_route_lists_every_broker_queue_at_the_proxy_address(cluster: Cluster) -> None:
@@ -150,8 +150,8 @@ async def test_delay_message_waits_for_its_delivery_time(cluster: Cluster) -> No
 async def test_two_proxies_receive_on_one_ack_on_the_other(make_cluster) -> None:
     first: Cluster = await make_cluster(brokers=2)
     # a second proxy over the same brokers
-    from broker.api.local import LocalBrokerPort
-    from proxy.server import ProxyServer
+    from popmq.broker.api.local import LocalBrokerPort
+    from popmq.proxy.server import ProxyServer
 
     second = ProxyServer(first.config, [LocalBrokerPort(b) for b in first.brokers])
     await second.start()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
+from popmq.broker.api.errors import Code
 from proxy_support import Cluster, unique
 
-from broker.api.errors import Code
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 

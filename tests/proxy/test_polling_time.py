@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.proxy.activity.receive import DEFAULT_REQUEST_TIMEOUT_MS, polling_time_ms
 
-from broker.api.errors import BrokerError, Code
 from popmq.config import ProxyConfig
-from proxy.activity.receive import DEFAULT_REQUEST_TIMEOUT_MS, polling_time_ms
 
 CONFIG = ProxyConfig(min_long_polling_ms=5_000, max_long_polling_ms=20_000,
                      long_polling_reserve_ms=100)  # fmt: skip

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.registry import ClientRegistry
+from popmq.proxy.registry import ClientRegistry
 
 
 class Clock:

@@ -9,11 +9,11 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+from popmq.proxy.runtime import run_serve
 from proxy_support import make_config, message
 
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
-from proxy.runtime import run_serve
 
 
 def fetch(url: str) -> str:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from broker.api.errors import BrokerError, Code
-from proxy.activity import validate
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.proxy.activity import validate
 
 
 def code_of(fn, *args, **kwargs) -> Code | None:

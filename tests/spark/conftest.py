@@ -37,7 +37,7 @@ def spark() -> Iterator[object]:
     os.environ.update(spark_environment())
     from pyspark.sql import SparkSession
 
-    import popmq_spark
+    import popmq.spark
 
     session = (
         SparkSession.builder.master("local[2]")
@@ -48,7 +48,7 @@ def spark() -> Iterator[object]:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    popmq_spark.register(session)
+    popmq.spark.register(session)
     try:
         yield session
     finally:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from broker.api.types import Message
+from popmq.broker.api.types import Message
+
 from popmq.client import Client, OffsetPolicy, ReceivedMessage
 
 

@@ -17,7 +17,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 from pyspark.sql import SparkSession
 from pyspark.sql.functions import udf
 
-import popmq_spark
+import popmq.spark
 
 
 def _slow_identity(offset: int) -> int:
@@ -34,7 +34,7 @@ def main(endpoint: str, topic: str, checkpoint: str, out: str) -> None:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    popmq_spark.register(spark)
+    popmq.spark.register(spark)
     stream = (
         spark.readStream.format("popmq")
         .option("endpoint", endpoint)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from popmq_spark import AckReport, pop_foreach_batch
+from popmq.spark import AckReport, pop_foreach_batch
 
 from .helpers import produce, receive_all
 
@@ -89,7 +89,7 @@ def test_messages_come_back_after_a_failed_batch(
 
 
 def test_batch_pop_read_and_ack(spark, endpoint: str, topic: str) -> None:
-    from popmq_spark import ack_messages
+    from popmq.spark import ack_messages
 
     group = f"g-{uuid.uuid4().hex[:8]}"
     ids = produce(endpoint, topic, 12)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from client_lib.fake_proxy import FakeProxy
+from popmq.broker.api.types import Message
+from support.fake_proxy import FakeProxy
 
-from broker.api.types import Message
 from popmq.client import Client
-from popmq_spark.options import Connection
-from popmq_spark.partitions import PullSettings, QueueRange
-from popmq_spark.range_reader import DataLossError, read_range
+from popmq.spark.options import Connection
+from popmq.spark.partitions import PullSettings, QueueRange
+from popmq.spark.range_reader import DataLossError, read_range
 
 TOPIC = "orders"
 

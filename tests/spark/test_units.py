@@ -6,16 +6,16 @@ import pyarrow as pa
 import pytest
 
 from popmq.client import ReceivedMessage
-from popmq_spark.arrow_rows import batch_to_messages, messages_to_batch
-from popmq_spark.offsets import cap_total, from_spark, to_spark
-from popmq_spark.options import (
+from popmq.spark.arrow_rows import batch_to_messages, messages_to_batch
+from popmq.spark.offsets import cap_total, from_spark, to_spark
+from popmq.spark.options import (
     Connection,
     OptionError,
     parse_offset_spec,
     parse_read_options,
     parse_write_options,
 )
-from popmq_spark.partitions import PullSettings, plan_ranges
+from popmq.spark.partitions import PullSettings, plan_ranges
 
 
 def test_offset_specs() -> None:
