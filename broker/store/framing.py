@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 FRAME_HEADER = struct.Struct("<II")
@@ -65,6 +65,62 @@ def iter_frames(data: bytes | memoryview, start: int = 0) -> Iterator[tuple[int,
             return
         yield offset, payload
         offset = body_end
+
+
+def next_valid_frame(
+    data: bytes | memoryview,
+    start: int,
+    payload_prefix: bytes = b"",
+    accept: Callable[[memoryview], bool] | None = None,
+) -> int:
+    """Offset of the first valid frame at or after ``start`` (resync past damage), or -1.
+
+    A candidate must have a sane length and a matching CRC-32 (a false match in damaged bytes
+    is a 1 in 2**32 chance); ``payload_prefix`` (the first byte(s) every payload of this file
+    starts with) lets the search jump between candidates in C instead of trying every byte,
+    and ``accept`` may check the payload further (e.g. that a record header decodes)."""
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    raw = view.obj if isinstance(view.obj, bytes) and len(view.obj) == len(view) else bytes(view)
+    end = len(raw)
+    offset = start
+    while offset + HEADER_SIZE < end:
+        if payload_prefix:
+            found = raw.find(payload_prefix, offset + HEADER_SIZE)
+            if found < 0:
+                return -1
+            offset = found - HEADER_SIZE
+        size = check_frame(raw, offset)
+        if size > 0 and (accept is None or accept(view[offset + HEADER_SIZE :][:size])):
+            return offset
+        offset += 1
+    return -1
+
+
+def walk_frames(
+    data: bytes | memoryview,
+    start: int = 0,
+    payload_prefix: bytes = b"",
+    accept: Callable[[memoryview], bool] | None = None,
+) -> Iterator[tuple[int, int, memoryview | None]]:
+    """Every frame from ``start``, resyncing past damage: yields ``(offset, end, payload)``
+    for a valid frame and ``(offset, end, None)`` for a damaged run of bytes (up to the next
+    valid frame, or the end of the data when none follows)."""
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    offset = start
+    end = len(view)
+    while offset < end:
+        last = offset
+        for frame_offset, payload in iter_frames(view, offset):
+            if accept is not None and not accept(payload):
+                break
+            last = frame_offset + HEADER_SIZE + len(payload)
+            yield frame_offset, last, payload
+        if last >= end:
+            return
+        resync = next_valid_frame(view, last + 1, payload_prefix, accept)
+        stop = end if resync < 0 else resync
+        yield last, stop, None
+        offset = stop
 
 
 def valid_end(data: bytes | memoryview, start: int = 0) -> int:

@@ -20,6 +20,9 @@ from popmq.broker.store.framing import fsync_dir
 
 ENTRY = struct.Struct("<QIIq")
 ENTRY_SIZE = ENTRY.size
+# The frame size of a *hole*: an offset whose record recovery found lost (see recovery.py).
+# Not 0, so a zero-filled entry (a file extended by a crash) is never taken for one.
+HOLE_SIZE = 0xFFFFFFFF
 _NAME_DIGITS = 20
 
 

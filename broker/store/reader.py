@@ -15,7 +15,7 @@ from popmq.broker.api.types import StoredMessage
 from popmq.broker.store.codec import decode_record, tag_hash
 from popmq.broker.store.commitlog import CommitLog
 from popmq.broker.store.framing import FRAME_HEADER, HEADER_SIZE
-from popmq.broker.store.queue_index import ENTRY, QueueIndex
+from popmq.broker.store.queue_index import ENTRY, HOLE_SIZE, QueueIndex
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,8 @@ def select_entries(
 
     Unfiltered: the next ``max_messages`` entries. Filtered: entries whose tag hash is one of
     ``tags``, scanning at most _MAX_FILTER_SCAN entries. The first entry is always taken; later
-    ones only while the total stays within ``max_bytes``."""
+    ones only while the total stays within ``max_bytes``. Holes (entries of records lost to
+    damage, see recovery.py) are skipped like filtered-out entries."""
     end = index.max_offset
     codes = None if tags is None else {tag_hash(tag) for tag in tags}
     selected: list[tuple[int, int, int]] = []
@@ -56,7 +57,8 @@ def select_entries(
         want = max_messages - len(selected)
         count = min(scan_end - cursor, want if codes is None else _FILTER_CHUNK)
         for position, size, code, _ in _iter_entries(index.read_raw(cursor, count)):
-            if codes is not None and code not in codes:
+            if size == HOLE_SIZE or (codes is not None and code not in codes):
+                # a hole, whose record recovery found lost (and reported then)
                 cursor += 1
                 continue
             if selected and total + size > max_bytes:
