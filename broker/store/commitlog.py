@@ -244,7 +244,15 @@ class CommitLog:
             seg = self._segment_at(position)
             take = min(size, seg.end - position)
             if take <= 0:
-                raise ValueError(f"read past the end of the commitlog at {position}")
+                index = bisect.bisect_right(self._starts, position)
+                if index >= len(self._segments):
+                    raise ValueError(f"read past the end of the commitlog at {position}")
+                # Bytes a segment lost (recovery reported them): zeros, never a record.
+                gap = min(size, self._segments[index].start - position)
+                parts.append(bytes(gap))
+                position += gap
+                size -= gap
+                continue
             parts.append(os.pread(self._fd_for(seg), take, position - seg.start))
             position += take
             size -= take

@@ -235,7 +235,6 @@ CRASH_WRITER = textwrap.dedent(
     from pathlib import Path
     from popmq.broker.api.types import Message
     from popmq.broker.store import MessageStore
-from popmq.broker.store.codec import decode_header
     from popmq.config import StoreConfig
 
     def body_for(writer, seq):
