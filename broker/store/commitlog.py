@@ -17,7 +17,13 @@ from pathlib import Path
 
 from popmq.broker.store.damage import DAMAGED, MISSING, TORN_TAIL
 from popmq.broker.store.files import HandleCache
-from popmq.broker.store.framing import HEADER_SIZE, check_frame, fsync_dir, walk_frames
+from popmq.broker.store.framing import (
+    HEADER_SIZE,
+    Resync,
+    check_frame,
+    fsync_dir,
+    walk_frames,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +43,6 @@ class Segment:
     @property
     def end(self) -> int:
         return self.start + self.size
-
-
-@dataclass(slots=True, frozen=True)
-class Resync:
-    """How to recognise a real frame when searching past damage: the first byte(s) every
-    payload starts with, and a check of the payload beyond its CRC."""
-
-    prefix: bytes = b""
-    accept: Callable[[memoryview], bool] | None = None
 
 
 class PositionPurged(Exception):

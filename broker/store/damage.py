@@ -70,6 +70,13 @@ class Quarantine:
     def directory(self) -> Path:
         return self._dir
 
+    def relative(self, path: Path) -> str:
+        """``path`` as named in events: relative to the data directory when inside it."""
+        try:
+            return str(Path(path).relative_to(self._data_dir))
+        except ValueError:
+            return str(path)
+
     def name_for(self, file: str, start: int, end: int) -> str:
         return f"{file.replace('/', '_')}.{start}-{end}"
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from popmq.broker.store.codec import RECORD_VERSION, decode_header, tag_hash
-from popmq.broker.store.commitlog import CommitLog, PositionPurged, Resync
+from popmq.broker.store.commitlog import CommitLog, PositionPurged, segment_name
 from popmq.broker.store.damage import (
     TORN_TAIL,
     UNREADABLE,
@@ -37,7 +37,7 @@ from popmq.broker.store.damage import (
     Quarantine,
     StoreFaults,
 )
-from popmq.broker.store.framing import HEADER_SIZE
+from popmq.broker.store.framing import HEADER_SIZE, Resync
 from popmq.broker.store.queue_index import ENTRY, HOLE_SIZE, QueueIndex
 from popmq.broker.store.topics import TopicRecord
 
@@ -163,8 +163,9 @@ class Recovery:
         self._last_damage = start
         if start in self._damage:
             return
-        event = DamageEvent(COMMITLOG_FILE, start, end, reason)
-        if self._quarantine.known(COMMITLOG_FILE, start, end):
+        file = f"{COMMITLOG_FILE}/{segment_name(self._log.segment_start_for(start))}"
+        event = DamageEvent(file, start, end, reason)
+        if self._quarantine.known(file, start, end):
             event.quarantined_to = "(quarantined by an earlier start)"
         else:
             self._quarantine.keep(event, data)
@@ -239,8 +240,8 @@ class Recovery:
             level = logging.WARNING if event.reason == TORN_TAIL else logging.ERROR
             log.log(
                 level,
-                "store recovery: %s commitlog bytes %d..%d (%d bytes, %d frames lost); %s",
-                event.reason.replace("_", " "), event.start, event.end, event.size,
+                "store recovery: %s commitlog bytes %d..%d in %s (%d bytes, %d frames lost); %s",
+                event.reason.replace("_", " "), event.start, event.end, event.file, event.size,
                 event.frames_lost,
                 f"copied to {event.quarantined_to}" if event.quarantined_to
                 else "nothing left to copy",

@@ -141,7 +141,7 @@ async def test_torn_commitlog_tail_is_cut_and_index_follows(store_factory) -> No
     # The record was durable (the checkpoint at close covers it): its loss is reported, the
     # cut bytes are kept in the quarantine, and its offset stays reserved as a hole.
     assert reopened.faults.frames_lost == 1
-    assert list((store.data_dir / "quarantine").glob("commitlog.*.bin"))
+    assert list((store.data_dir / "quarantine").glob("commitlog_*.bin"))
     assert_intact(reopened, COUNTS, lost={0: {29}})
     stored = await reopened.append("T", 0, [Message("T", body_for(0, 30), tag="t0")])
     assert stored[0].queue_offset == 30
