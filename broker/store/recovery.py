@@ -61,6 +61,7 @@ def _decodable(payload: memoryview) -> bool:
     return True
 
 
+_KNOWN = "(quarantined by an earlier start)"
 RECORD_RESYNC = Resync(bytes([RECORD_VERSION]), _decodable)
 
 
@@ -166,7 +167,7 @@ class Recovery:
         file = f"{COMMITLOG_FILE}/{segment_name(self._log.segment_start_for(start))}"
         event = DamageEvent(file, start, end, reason)
         if self._quarantine.known(file, start, end):
-            event.quarantined_to = "(quarantined by an earlier start)"
+            event.quarantined_to = _KNOWN
         else:
             self._quarantine.keep(event, data)
         self._damage[start] = event
@@ -236,6 +237,11 @@ class Recovery:
     def _report_damage(self) -> None:
         for start in self._damage_starts:
             event = self._damage[start]
+            if event.quarantined_to == _KNOWN and not event.frames_lost:
+                log.warning("store recovery: commitlog bytes %d..%d in %s are still damaged "
+                            "(quarantined and reported at an earlier start)",
+                            event.start, event.end, event.file)  # fmt: skip
+                continue
             self._faults.damage.append(event)
             level = logging.WARNING if event.reason == TORN_TAIL else logging.ERROR
             log.log(
