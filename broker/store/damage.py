@@ -86,11 +86,21 @@ class Quarantine:
 
     def keep(self, event: DamageEvent, data: bytes) -> None:
         """Copy ``data`` (the event's bytes) aside with a JSON record; fsynced."""
-        self._dir.mkdir(exist_ok=True)
-        name = self.name_for(event.file, event.start, event.end)
+        self.keep_bytes(event, data)
+        self.record(event)
+
+    def keep_bytes(self, event: DamageEvent, data: bytes) -> None:
+        """Copy the event's bytes aside (``record`` writes its JSON record later, once the
+        frames it lost are counted)."""
         if data:
+            self._dir.mkdir(exist_ok=True)
+            name = self.name_for(event.file, event.start, event.end)
             self._write(self._dir / (name + ".bin"), data)
             event.quarantined_to = f"{QUARANTINE_DIR}/{name}.bin"
+
+    def record(self, event: DamageEvent) -> None:
+        self._dir.mkdir(exist_ok=True)
+        name = self.name_for(event.file, event.start, event.end)
         record = json.dumps(asdict(event), indent=1, sort_keys=True).encode()
         self._write(self._dir / (name + ".json"), record)
 

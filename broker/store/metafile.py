@@ -61,14 +61,26 @@ def encode(body: Any) -> bytes:
     )
 
 
+_ENVELOPE_KEYS = (b'"format"', b'"crc32"', b'"body"')
+
+
+def _looks_like_envelope(data: bytes) -> bool:
+    """Two of the three keys present: an envelope (one flipped byte alters at most one key,
+    so a damaged envelope is never mistaken for a legacy plain document)."""
+    head = data[:64]
+    return sum(key in head for key in _ENVELOPE_KEYS[:2]) + (_ENVELOPE_KEYS[2] in head) >= 2
+
+
 def decode(data: bytes) -> Any:
     """The body of an envelope (or a legacy plain JSON document); MetaFileError if damaged."""
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise MetaFileError(f"not valid JSON ({exc})") from None
-    if not (isinstance(doc, dict) and "format" in doc and "crc32" in doc and "body" in doc):
+    if not _looks_like_envelope(data):
         return doc  # written before checksums existed
+    if not (isinstance(doc, dict) and set(doc) == {"format", "crc32", "body"}):
+        raise MetaFileError("damaged envelope")
     version = doc["format"]
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise MetaFileError(f"format {version!r} is newer than this popmq ({FORMAT_VERSION})")
@@ -82,23 +94,30 @@ def previous_path(path: Path) -> Path:
 
 
 def write(path: Path, body: Any) -> None:
-    """Atomically replace ``path`` by ``body``; the replaced copy becomes ``<name>.prev``
-    when it was intact (a damaged current copy never overwrites a good previous one)."""
+    """Atomically replace ``path`` by ``body``; the replaced version becomes ``<name>.prev``
+    when it was intact; a first write also writes ``.prev`` (a separate copy), so every
+    document has a backup from its first write on."""
     data = encode(body)
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    _write_file(tmp, data)
+    link = path.with_name(path.name + ".prev.tmp")
+    link.unlink(missing_ok=True)
+    if _is_intact(path):
+        os.link(path, link)  # the replaced version (its own inode: never written again)
+    else:  # a first write (or a damaged current copy): the backup is a copy of this version
+        _write_file(link, data)
+    os.replace(link, previous_path(path))
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.write(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
-    if _is_intact(path):
-        link = path.with_name(path.name + ".prev.tmp")
-        link.unlink(missing_ok=True)
-        os.link(path, link)
-        os.replace(link, previous_path(path))
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def _is_intact(path: Path) -> bool:
@@ -138,7 +157,7 @@ def inspect(path: Path) -> str:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError):
         return "damaged: not valid JSON"
-    if not (isinstance(doc, dict) and "crc32" in doc and "body" in doc):
+    if not _looks_like_envelope(data):
         return "legacy (no checksum)"
     try:
         decode(data)

@@ -169,7 +169,7 @@ class Recovery:
         if self._quarantine.known(file, start, end):
             event.quarantined_to = _KNOWN
         else:
-            self._quarantine.keep(event, data)
+            self._quarantine.keep_bytes(event, data)
         self._damage[start] = event
         bisect.insort(self._damage_starts, start)
 
@@ -237,12 +237,13 @@ class Recovery:
     def _report_damage(self) -> None:
         for start in self._damage_starts:
             event = self._damage[start]
-            if event.quarantined_to == _KNOWN and not event.frames_lost:
+            if event.quarantined_to == _KNOWN:
                 log.warning("store recovery: commitlog bytes %d..%d in %s are still damaged "
                             "(quarantined and reported at an earlier start)",
                             event.start, event.end, event.file)  # fmt: skip
                 continue
             self._faults.damage.append(event)
+            self._quarantine.record(event)
             level = logging.WARNING if event.reason == TORN_TAIL else logging.ERROR
             log.log(
                 level,
