@@ -208,6 +208,10 @@ class MessageStore:
             Quarantine(self._dir), self.faults,
         )  # fmt: skip
         self.recovery = recovery.run()
+        for queue in self.recovery.rebuilt_queues:  # repaired, nothing lost: still reported
+            self.faults.metadata.append(
+                MetadataFallback(f"index/{queue}", "rebuilt", "damaged, missing or behind")
+            )
         self._last_store_ts = self.recovery.last_store_timestamp_ms
         self._advance_min_offsets()
         offsets = self._read_meta("consumer_offsets.json", "reset", fresh=marked == "created")

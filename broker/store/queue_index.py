@@ -157,6 +157,26 @@ class QueueIndex:
             return parts[0]
         return b"".join(parts)
 
+    def first_broken_entry(self, log_end: int, max_size: int) -> int | None:
+        """The first offset whose entry cannot be right (positions and store times must grow,
+        a record must fit before the next one and inside the log), or None. Catches damage
+        anywhere in the files (bit rot, a stray write) without reading the commitlog."""
+        previous_start = previous_end = previous_ts = -1
+        for start in self._starts:
+            count = min(self._per_file, self.max_offset - start)
+            if count <= 0:
+                break
+            for i, (position, size, _, ts) in enumerate(ENTRY.iter_unpack(self.read_raw(start, count))):
+                if size == HOLE_SIZE:  # a lost record: placed at or after the one before
+                    if position < previous_start:
+                        return start + i
+                    continue
+                if (size < 9 or size > max_size or position < previous_end
+                        or position + size > log_end or ts < previous_ts):  # fmt: skip
+                    return start + i
+                previous_start, previous_end, previous_ts = position, position + size, ts
+        return None
+
     def entry(self, offset: int) -> tuple[int, int, int, int]:
         """(position, size, tag hash, store timestamp) of one offset."""
         return ENTRY.unpack(self.read_raw(offset, 1))

@@ -37,7 +37,7 @@ from popmq.broker.store.damage import (
     Quarantine,
     StoreFaults,
 )
-from popmq.broker.store.framing import HEADER_SIZE, Resync
+from popmq.broker.store.framing import HEADER_SIZE, MAX_FRAME_PAYLOAD, Resync
 from popmq.broker.store.queue_index import ENTRY, HOLE_SIZE, QueueIndex
 from popmq.broker.store.topics import TopicRecord
 
@@ -124,8 +124,15 @@ class Recovery:
         if inconsistent is not None:
             scan_from = min(scan_from, inconsistent)
         self.report.scanned_from = scan_from
+        log_end = self._log.write_position
         for key, index in self._indexes.items():
             if key not in self._damaged:
+                broken = index.first_broken_entry(log_end, MAX_FRAME_PAYLOAD + HEADER_SIZE)
+                if broken is not None:
+                    log.error("store recovery: the index of %s/%d is damaged at offset %d; "
+                              "rebuilding it from the commitlog", *key, broken)  # fmt: skip
+                    self._damaged.add(key)
+                    continue
                 self._remember_tail(key, index, scan_from)
                 self._drop_entries_from(index, scan_from)
                 if not self._last_entry_matches(key, index):

@@ -334,3 +334,19 @@ async def test_verify_reports_damage_and_changes_nothing(store_factory, capsys) 
     reopened = store_factory(flush="sync")
     await reopened.close()
     assert not verify(store.data_dir).damaged
+
+
+# -- index damage anywhere in its files ---------------------------------------------------------
+
+
+async def test_flipped_bytes_inside_an_index_are_rebuilt_not_lost(store_factory) -> None:
+    """On 7bac2a5 only an index's last entry was checked: a damaged middle entry made reads
+    skip its message for good."""
+    store = store_factory(flush="sync")
+    await fill(store)
+    await store.close()
+    [path] = (store.data_dir / "index" / "T" / "1").iterdir()
+    flip(path, 24 * 40 + 2, 8)  # entry 40: its position and size fields
+    reopened = store_factory(flush="sync")
+    assert len(readable(reopened)) == TOTAL
+    assert ("index/T/1", "rebuilt") in [(m.file, m.action) for m in reopened.faults.metadata]
