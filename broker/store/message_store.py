@@ -151,6 +151,7 @@ class MessageStore:
         self._open = False
         self.recovery: RecoveryReport | None = None
         self.faults = StoreFaults()
+        self.was_new = False  # open() found an empty data directory
 
     @property
     def data_dir(self) -> Path:
@@ -180,11 +181,14 @@ class MessageStore:
 
     def _open_locked(self) -> None:
         marked = data_format.check_and_mark(self._dir)
-        if marked == "added" and (self._dir / "commitlog").exists():
-            log.info("store: %s predates the format marker; marked as format %d",
-                     self._dir, data_format.CURRENT_VERSION)  # fmt: skip
-        (self._dir / "state").mkdir(exist_ok=True)
         self.faults = StoreFaults()
+        self.was_new = marked == "created"
+        if marked == "added":
+            log.warning("store: %s had no FORMAT marker (deleted, or written before markers "
+                        "existed); marked as format %d", self._dir,
+                        data_format.CURRENT_VERSION)  # fmt: skip
+            self.faults.metadata.append(MetadataFallback("FORMAT", "recreated", "missing"))
+        (self._dir / "state").mkdir(exist_ok=True)
         topics_trusted = self._load_topics(fresh=marked == "created")
         self._commitlog.open()
         if not topics_trusted:
@@ -208,7 +212,8 @@ class MessageStore:
             Quarantine(self._dir), self.faults,
         )  # fmt: skip
         self.recovery = recovery.run()
-        for queue in self.recovery.rebuilt_queues:  # repaired, nothing lost: still reported
+        for queue in self.recovery.rebuilt_queues + self.recovery.repaired_queues:
+            # repaired from the commitlog, nothing lost: still reported
             self.faults.metadata.append(
                 MetadataFallback(f"index/{queue}", "rebuilt", "damaged, missing or behind")
             )

@@ -157,10 +157,11 @@ class QueueIndex:
             return parts[0]
         return b"".join(parts)
 
-    def first_broken_entry(self, log_end: int, max_size: int) -> int | None:
+    def first_broken_entry(self, max_size: int) -> int | None:
         """The first offset whose entry cannot be right (positions and store times must grow,
-        a record must fit before the next one and inside the log), or None. Catches damage
-        anywhere in the files (bit rot, a stray write) without reading the commitlog."""
+        a record must fit before the next one), or None. Catches damage anywhere in the files
+        (bit rot, a stray write) without reading the commitlog. (Entries past the end of the
+        log are not index damage: recovery counts their records as lost.)"""
         previous_start = previous_end = previous_ts = -1
         for start in self._starts:
             count = min(self._per_file, self.max_offset - start)
@@ -171,8 +172,7 @@ class QueueIndex:
                     if position < previous_start:
                         return start + i
                     continue
-                if (size < 9 or size > max_size or position < previous_end
-                        or position + size > log_end or ts < previous_ts):  # fmt: skip
+                if size < 9 or size > max_size or position < previous_end or ts < previous_ts:
                     return start + i
                 previous_start, previous_end, previous_ts = position, position + size, ts
         return None

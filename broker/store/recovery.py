@@ -74,6 +74,7 @@ class RecoveryReport:
     rebuilt_queues: list[str] = field(default_factory=list)
     last_store_timestamp_ms: int = 0
     holes: int = 0  # queue offsets whose records were lost (index holes written)
+    repaired_queues: list[str] = field(default_factory=list)  # short indexes, re-added
 
 
 @dataclass
@@ -124,10 +125,12 @@ class Recovery:
         if inconsistent is not None:
             scan_from = min(scan_from, inconsistent)
         self.report.scanned_from = scan_from
-        log_end = self._log.write_position
+        short: list[QueueKey] = []
         for key, index in self._indexes.items():
+            if index.max_offset < self._expected.get(queue_key_text(*key), (0, 0))[1]:
+                short.append(key)  # lost entries the checkpoint saw: re-added or rebuilt
             if key not in self._damaged:
-                broken = index.first_broken_entry(log_end, MAX_FRAME_PAYLOAD + HEADER_SIZE)
+                broken = index.first_broken_entry(MAX_FRAME_PAYLOAD + HEADER_SIZE)
                 if broken is not None:
                     log.error("store recovery: the index of %s/%d is damaged at offset %d; "
                               "rebuilding it from the commitlog", *key, broken)  # fmt: skip
@@ -156,6 +159,11 @@ class Recovery:
                 self._damaged.add(key)
         if self._damaged:
             self._rebuild(self._damaged)
+        for key in short:
+            if key not in self._damaged:
+                self.report.repaired_queues.append(queue_key_text(*key))
+                log.warning("store recovery: the index of %s/%d had lost entries; re-added "
+                            "from the commitlog", *key)  # fmt: skip
         if self._damage:
             self._pad_lost_tails()
         self._report_damage()
@@ -363,7 +371,13 @@ class Recovery:
             if slot is not None:
                 base = slot.next_offset - len(slot.entries) // ENTRY.size
             else:  # nothing left in the commitlog: keep the offsets the queue had reached
-                base = self._expected.get(queue_key_text(*key), (0, 0))[1]
+                first, base = self._expected.get(queue_key_text(*key), (0, 0))
+                first = max(first, self._min_offset_before.get(key, first))
+                if self._damage and first < base:
+                    # ... and they were lost with the damage: holes, counted.
+                    slot = pending[key] = _Pending(first)
+                    self._add_holes(slot, base - first, self._damage_starts[-1])
+                    base = first
             index.reset(base)
             self.report.rebuilt_queues.append(queue_key_text(*key))
             log.warning("store recovery: rebuilt the index of %s/%d from the commitlog", *key)
