@@ -94,8 +94,9 @@ def _check_format(data_dir: Path, report: Report) -> None:
     if version is None:
         report.add("format", data_format.MARKER, INFO, "missing (added at the next start)")
     elif version > data_format.CURRENT_VERSION:
-        report.add("format", data_format.MARKER, DAMAGED,
-                   f"format {version} is newer than this popmq")  # fmt: skip
+        report.add(
+            "format", data_format.MARKER, DAMAGED, f"format {version} is newer than this popmq"
+        )
     else:
         report.add("format", data_format.MARKER, OK, f"format {version}")
 
@@ -137,8 +138,9 @@ def _check_commitlog(
         name = f"commitlog/{path.name}"
         data = _read(path)
         damaged = 0
-        for offset, end, payload in walk_frames(data, 0, RECORD_RESYNC.prefix,
-                                                RECORD_RESYNC.accept):  # fmt: skip
+        for offset, end, payload in walk_frames(
+            data, 0, RECORD_RESYNC.prefix, RECORD_RESYNC.accept
+        ):
             if payload is None:
                 damaged += 1
                 damage.append((start + offset, start + end))
@@ -147,8 +149,15 @@ def _check_commitlog(
             try:
                 header = decode_header(payload)
             except (ValueError, UnicodeDecodeError):
-                _damage(report, quarantine, "commitlog", name, start + offset, start + end,
-                        "undecodable record")  # fmt: skip
+                _damage(
+                    report,
+                    quarantine,
+                    "commitlog",
+                    name,
+                    start + offset,
+                    start + end,
+                    "undecodable record",
+                )
                 continue
             key = (header.topic, header.queue_id, header.queue_offset)
             records[key] = (start + offset, end - offset)
@@ -157,8 +166,15 @@ def _check_commitlog(
             following = int(segments[number + 1].name)
             if start + len(data) < following:
                 damage.append((start + len(data), following))
-                _damage(report, quarantine, "commitlog", name, start + len(data), following,
-                        "bytes missing before the next segment")  # fmt: skip
+                _damage(
+                    report,
+                    quarantine,
+                    "commitlog",
+                    name,
+                    start + len(data),
+                    following,
+                    "bytes missing before the next segment",
+                )
         if not damaged:
             report.add("commitlog", name, OK, f"{len(data)} bytes")
     if not segments:
@@ -166,8 +182,15 @@ def _check_commitlog(
     return records
 
 
-def _damage(report: Report, quarantine: Quarantine, area: str, name: str, start: int,
-            end: int, what: str = "") -> None:  # fmt: skip
+def _damage(
+    report: Report,
+    quarantine: Quarantine,
+    area: str,
+    name: str,
+    start: int,
+    end: int,
+    what: str = "",
+) -> None:
     detail = f"bytes {start}..{end} ({end - start} bytes)" + (f": {what}" if what else "")
     if quarantine.known(name, start, end):
         report.add(area, name, QUARANTINED, detail + "; reported at an earlier start")
@@ -194,8 +217,16 @@ def _check_indexes(
         for queue_dir in sorted(p for p in topic_dir.iterdir() if p.is_dir()):
             if not queue_dir.name.isdigit():
                 continue
-            _check_index(topic_dir.name, int(queue_dir.name), queue_dir, records, newest,
-                         min_position, damage, report)  # fmt: skip
+            _check_index(
+                topic_dir.name,
+                int(queue_dir.name),
+                queue_dir,
+                records,
+                newest,
+                min_position,
+                damage,
+                report,
+            )
 
 
 def _check_index(
@@ -217,8 +248,12 @@ def _check_index(
     for path in files:
         first = int(path.name)
         if first != top:
-            report.add("index", name, DAMAGED,
-                       f"file {path.name} does not follow offset {top} (rebuilt at start)")  # fmt: skip
+            report.add(
+                "index",
+                name,
+                DAMAGED,
+                f"file {path.name} does not follow offset {top} (rebuilt at start)",
+            )
             return
         data = _read(path)
         whole = len(data) - len(data) % ENTRY_SIZE
@@ -239,17 +274,31 @@ def _check_index(
     report.holes += holes
     behind = newest.get((topic, queue_id), -1) + 1 - top
     if in_damage:
-        report.add("index", name, DAMAGED, f"{in_damage} records lost in damaged commitlog "
-                   "bytes (a broker start reports them and keeps their offsets as holes)")  # fmt: skip
+        report.add(
+            "index",
+            name,
+            DAMAGED,
+            f"{in_damage} records lost in damaged commitlog "
+            "bytes (a broker start reports them and keeps their offsets as holes)",
+        )
     if wrong:
         shown = ", ".join(map(str, wrong[:5])) + (" ..." if len(wrong) > 5 else "")
-        report.add("index", name, DAMAGED, f"{len(wrong)} of {checked} entries do not point at "
-                   f"their record (offsets {shown}); delete the directory to rebuild it")  # fmt: skip
+        report.add(
+            "index",
+            name,
+            DAMAGED,
+            f"{len(wrong)} of {checked} entries do not point at "
+            f"their record (offsets {shown}); delete the directory to rebuild it",
+        )
     elif in_damage:
         pass
     elif holes:
-        report.add("index", name, QUARANTINED,
-                   f"{holes} offsets lost to commitlog damage (reported at an earlier start)")  # fmt: skip
+        report.add(
+            "index",
+            name,
+            QUARANTINED,
+            f"{holes} offsets lost to commitlog damage (reported at an earlier start)",
+        )
     else:
         extra = f"; {behind} records behind the log (re-added at start)" if behind > 0 else ""
         report.add("index", name, OK, f"{checked} entries checked{extra}")
@@ -273,8 +322,15 @@ def _check_journal(data_dir: Path, quarantine: Quarantine, report: Report) -> No
             kind = record["k"]
         except (ValueError, KeyError, TypeError):
             bad += 1
-            _damage(report, quarantine, "pop-journal", name, offset, offset + HEADER_SIZE
-                    + len(payload), "unreadable record")  # fmt: skip
+            _damage(
+                report,
+                quarantine,
+                "pop-journal",
+                name,
+                offset,
+                offset + HEADER_SIZE + len(payload),
+                "unreadable record",
+            )
             continue
         if kind not in ("ck", "st"):
             bad += 1
@@ -285,14 +341,18 @@ def _check_journal(data_dir: Path, quarantine: Quarantine, report: Report) -> No
 
 def format_table(report: Report) -> str:
     rows = [("AREA", "FILE", "STATUS", "DETAIL")]
-    rows += [(f.area, f.file, f.status.upper() if f.status == DAMAGED else f.status, f.detail)
-             for f in report.findings]  # fmt: skip
+    rows += [
+        (f.area, f.file, f.status.upper() if f.status == DAMAGED else f.status, f.detail)
+        for f in report.findings
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = [
         "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:3])) + "  " + row[3]
         for row in rows
     ]
     verdict = "DAMAGE FOUND" if report.damaged else "no unhandled damage"
-    lines.append(f"{report.data_dir}: {report.records} records, {report.holes} lost offsets "
-                 f"(holes); {verdict}")  # fmt: skip
+    lines.append(
+        f"{report.data_dir}: {report.records} records, {report.holes} lost offsets "
+        f"(holes); {verdict}"
+    )
     return "\n".join(lines)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from dataclasses import dataclass
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 FRAME_HEADER = struct.Struct("<II")

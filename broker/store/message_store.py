@@ -49,12 +49,11 @@ from typing import Any
 
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import Message, StoredMessage
-from popmq.broker.store.codec import encode_record, tag_hash
-from popmq.broker.store.commitlog import CommitLog, PositionPurged
-from popmq.broker.store.errors import OffsetOutOfRangeError, OffsetPurgedError
 from popmq.broker.store import data_format, metafile
-from popmq.broker.store.codec import decode_header
+from popmq.broker.store.codec import decode_header, encode_record, tag_hash
+from popmq.broker.store.commitlog import CommitLog, PositionPurged
 from popmq.broker.store.damage import MetadataFallback, Quarantine, StoreFaults
+from popmq.broker.store.errors import OffsetOutOfRangeError, OffsetPurgedError
 from popmq.broker.store.files import DirLock, HandleCache
 from popmq.broker.store.framing import encode_frame
 from popmq.broker.store.group_commit import GroupCommit

@@ -56,9 +56,7 @@ def _canonical(body: Any) -> bytes:
 
 def encode(body: Any) -> bytes:
     text = _canonical(body)
-    return (
-        b'{"format":%d,"crc32":%d,"body":' % (FORMAT_VERSION, zlib.crc32(text)) + text + b"}"
-    )
+    return b'{"format":%d,"crc32":%d,"body":' % (FORMAT_VERSION, zlib.crc32(text)) + text + b"}"
 
 
 _ENVELOPE_KEYS = (b'"format"', b'"crc32"', b'"body"')
@@ -154,7 +152,7 @@ def inspect(path: Path) -> str:
     except FileNotFoundError:
         return "missing"
     try:
-        doc = json.loads(data)
+        json.loads(data)
     except (ValueError, UnicodeDecodeError):
         return "damaged: not valid JSON"
     if not _looks_like_envelope(data):

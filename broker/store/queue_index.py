@@ -167,7 +167,8 @@ class QueueIndex:
             count = min(self._per_file, self.max_offset - start)
             if count <= 0:
                 break
-            for i, (position, size, _, ts) in enumerate(ENTRY.iter_unpack(self.read_raw(start, count))):
+            entries = ENTRY.iter_unpack(self.read_raw(start, count))
+            for i, (position, size, _, ts) in enumerate(entries):
                 if size == HOLE_SIZE:  # a lost record: placed at or after the one before
                     if position < previous_start:
                         return start + i

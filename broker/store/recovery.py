@@ -14,10 +14,10 @@ index files held offsets F_q .. M_q - 1 then". Opening therefore:
    must span at least the offsets it spanned at the checkpoint); an index that fails, or whose
    files are missing or short, is rebuilt from a walk over the whole commitlog.
 
-Lost messages keep their queue offsets: the index gets a *hole* entry (frame size HOLE_SIZE) for each
-offset whose record was inside damaged or missing bytes, so offsets never move or get reused,
-and readers skip holes (reader.py). Every damaged range is logged at ERROR (WARNING for a torn
-tail), recorded in ``StoreFaults`` (metrics) with the number of frames lost.
+Lost messages keep their queue offsets: the index gets a *hole* entry (frame size HOLE_SIZE)
+for each offset whose record was inside damaged or missing bytes, so offsets never move or get
+reused, and readers skip holes (reader.py). Every damaged range is logged at ERROR (WARNING
+for a torn tail), recorded in ``StoreFaults`` (metrics) with the number of frames lost.
 """
 
 from __future__ import annotations

@@ -99,9 +99,7 @@ SCENARIOS: dict[str, Callable[[Path], None]] = {
 }
 for _name in ("topics.json", "checkpoint.json", "consumer_offsets.json", "state/groups.json"):
     SCENARIOS[f"{_name}: 8 bytes flipped"] = lambda d, n=_name: _flip(d / n, 0.5)
-    SCENARIOS[f"{_name} deleted (and .prev)"] = lambda d, n=_name: _delete(
-        d / n, d / (n + ".prev")
-    )
+    SCENARIOS[f"{_name} deleted (and .prev)"] = lambda d, n=_name: _delete(d / n, d / (n + ".prev"))
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -179,8 +177,14 @@ async def _count_after_restart(data: Path, log_path: Path, row: Row) -> None:
 def format_rows(rows: list[Row]) -> str:
     head = ("scenario", "written", "recovered", "quarantined", "notices", "lost silently")
     cells = [head] + [
-        (r.scenario, str(r.written), str(r.recovered), str(r.quarantined), str(r.notices),
-         str(r.lost_silently))  # fmt: skip
+        (
+            r.scenario,
+            str(r.written),
+            str(r.recovered),
+            str(r.quarantined),
+            str(r.notices),
+            str(r.lost_silently),
+        )
         for r in rows
     ]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
