@@ -342,11 +342,12 @@ async def test_verify_reports_damage_and_changes_nothing(store_factory, capsys) 
 async def test_flipped_bytes_inside_an_index_are_rebuilt_not_lost(store_factory) -> None:
     """On 7bac2a5 only an index's last entry was checked: a damaged middle entry made reads
     skip its message for good."""
-    store = store_factory(flush="sync")
+    store = store_factory(flush="sync", segment_bytes=4096)
     await fill(store)
     await store.close()
+    assert len(segments(store)) > 3  # recovery walks only the last ones
     [path] = (store.data_dir / "index" / "T" / "1").iterdir()
-    flip(path, 24 * 40 + 2, 8)  # entry 40: its position and size fields
-    reopened = store_factory(flush="sync")
+    flip(path, 24 * 5 + 2, 8)  # entry 5 (first segment): its position and size fields
+    reopened = store_factory(flush="sync", segment_bytes=4096)
     assert len(readable(reopened)) == TOTAL
     assert ("index/T/1", "rebuilt") in [(m.file, m.action) for m in reopened.faults.metadata]
