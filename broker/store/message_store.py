@@ -151,6 +151,8 @@ class MessageStore:
         self.recovery: RecoveryReport | None = None
         self.faults = StoreFaults()
         self.was_new = False  # open() found an empty data directory
+        # Records found damaged by reads (damage older than recovery's walk; see reader.py).
+        self.corrupt_records_read = 0
 
     @property
     def data_dir(self) -> Path:
@@ -631,10 +633,15 @@ class MessageStore:
         if not selected:
             return ReadResult([], next_offset)
         try:
-            messages = fetch_messages(self._commitlog, topic, queue_id, selected, tags)
+            messages = fetch_messages(
+                self._commitlog, topic, queue_id, selected, tags, self._count_corrupt_read
+            )
         except PositionPurged:
             raise OffsetPurgedError(topic, queue_id, offset, index.min_offset) from None
         return ReadResult(messages, next_offset)
+
+    def _count_corrupt_read(self) -> None:
+        self.corrupt_records_read += 1
 
     def peek_offsets(
         self,

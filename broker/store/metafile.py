@@ -107,6 +107,9 @@ def write(path: Path, body: Any) -> None:
     os.replace(link, previous_path(path))
     os.replace(tmp, path)
     fsync_dir(path.parent)
+    identity = _identity(path)
+    if identity is not None:
+        _written[path] = identity
 
 
 def _write_file(path: Path, data: bytes) -> None:
@@ -118,7 +121,26 @@ def _write_file(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+# (size, mtime_ns, inode) of each file as this process last wrote it: a file that still
+# matches was intact when written, so frequent writers (the checkpoint every flush interval)
+# do not re-read and re-check it each time.
+_written: dict[Path, tuple[int, int, int]] = {}
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
 def _is_intact(path: Path) -> bool:
+    identity = _identity(path)
+    if identity is None:
+        return False
+    if _written.get(path) == identity:
+        return True
     try:
         decode(path.read_bytes())
     except (OSError, MetaFileError):

@@ -10,6 +10,7 @@ import array
 import logging
 import sys
 import zlib
+from collections.abc import Callable
 
 from popmq.broker.api.types import StoredMessage
 from popmq.broker.store.codec import decode_record, tag_hash
@@ -77,9 +78,11 @@ def fetch_messages(
     queue_id: int,
     selected: list[tuple[int, int, int]],
     tags: frozenset[str] | None,
+    on_corrupt: Callable[[], None] | None = None,
 ) -> list[StoredMessage]:
     """Read and decode the selected records. A corrupt record (bad checksum, or not the
-    message its index entry claims) is logged and skipped rather than blocking the queue."""
+    message its index entry claims) is logged, counted (``on_corrupt``) and skipped rather
+    than blocking the queue."""
     messages: list[StoredMessage] = []
     run_start = 0
     while run_start < len(selected):
@@ -105,6 +108,8 @@ def fetch_messages(
             ):
                 log.error("store: record of %s/%d offset %d at position %d is corrupt; skipped",
                           topic, queue_id, offset, position)  # fmt: skip
+                if on_corrupt is not None:
+                    on_corrupt()
                 continue
             if tags is not None and message.tag not in tags:
                 continue  # a tag hash collision
