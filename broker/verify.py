@@ -73,8 +73,7 @@ def verify(data_dir: Path) -> Report:
     data_dir = Path(data_dir)
     report = Report(str(data_dir))
     if not data_dir.is_dir():
-        report.add("format", str(data_dir), DAMAGED, "not a directory")
-        return report
+        raise NotADirectoryError(f"{data_dir} is not a directory")
     quarantine = Quarantine(data_dir)
     _check_format(data_dir, report)
     _check_metadata(data_dir, report)

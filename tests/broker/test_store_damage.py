@@ -351,3 +351,17 @@ async def test_flipped_bytes_inside_an_index_are_rebuilt_not_lost(store_factory)
     reopened = store_factory(flush="sync", segment_bytes=4096)
     assert len(readable(reopened)) == TOTAL
     assert ("index/T/1", "rebuilt") in [(m.file, m.action) for m in reopened.faults.metadata]
+
+
+def test_verify_finds_pop_journal_damage_and_refuses_a_missing_dir(tmp_path: Path) -> None:
+    path = tmp_path / "data" / "pop" / "journal.log"
+    journal = PopJournal(path)
+    for ck_id in range(5):
+        journal.write_checkpoint(_checkpoint(ck_id))
+    journal.close()
+    flip(path, list(iter_frames(path.read_bytes()))[2][0] + HEADER_SIZE + 3, 4)
+    report = verify(tmp_path / "data")
+    assert [(f.area, f.status) for f in report.findings if f.area == "pop-journal"] == [
+        ("pop-journal", "damaged")
+    ]
+    assert popmq_main(["broker", "verify", "--data-dir", str(tmp_path / "nowhere")]) == 2
