@@ -301,9 +301,9 @@ class BrokerStateCollector(Collector):
         yield _gauge("popmq_broker_commitlog_bytes", "Bytes of commitlog on disk", b, size)
         yield _gauge("popmq_broker_commitlog_segments", "Commitlog segment files", b, segments)
         yield _counter("popmq_broker_store_corrupt_reads",
-                       "Reads that found a stored record damaged (checksum or identity) and "
-                       "skipped it: damage behind recovery's walk; run popmq broker verify",
-                       b, snap.corrupt_reads)  # fmt: skip
+                       "Damaged records found by reads (damage older than recovery's walk), "
+                       "each skipped, copied to DATA/quarantine/ and counted once; run popmq "
+                       "broker verify", b, snap.corrupt_reads)  # fmt: skip
         labels = ["broker", "group", "topic"]
         backlog = GaugeMetricFamily(
             "popmq_broker_group_backlog_messages",

@@ -51,8 +51,8 @@ from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import Message, StoredMessage
 from popmq.broker.store import data_format, metafile
 from popmq.broker.store.codec import decode_header, encode_record, tag_hash
-from popmq.broker.store.commitlog import CommitLog, PositionPurged
-from popmq.broker.store.damage import MetadataFallback, Quarantine, StoreFaults
+from popmq.broker.store.commitlog import CommitLog, PositionPurged, segment_name
+from popmq.broker.store.damage import DamageEvent, MetadataFallback, Quarantine, StoreFaults
 from popmq.broker.store.errors import OffsetOutOfRangeError, OffsetPurgedError
 from popmq.broker.store.files import DirLock, HandleCache
 from popmq.broker.store.framing import encode_frame
@@ -153,6 +153,7 @@ class MessageStore:
         self.was_new = False  # open() found an empty data directory
         # Records found damaged by reads (damage older than recovery's walk; see reader.py).
         self.corrupt_records_read = 0
+        self._corrupt_seen: set[int] = set()
 
     @property
     def data_dir(self) -> Path:
@@ -640,8 +641,26 @@ class MessageStore:
             raise OffsetPurgedError(topic, queue_id, offset, index.min_offset) from None
         return ReadResult(messages, next_offset)
 
-    def _count_corrupt_read(self) -> None:
+    def _count_corrupt_read(self, position: int, size: int) -> None:
+        """A read found a damaged record (older than recovery's walk): report it once per
+        start, set its bytes aside like recovery does, and count it."""
+        if position in self._corrupt_seen:
+            return
+        self._corrupt_seen.add(position)
+        segment = self._commitlog.segment_start_for(position)
+        event = DamageEvent(f"commitlog/{segment_name(segment)}", position, position + size,
+                            "damaged", frames_lost=1)  # fmt: skip
+        quarantine = Quarantine(self._dir)
+        if quarantine.known(event.file, event.start, event.end):
+            return
         self.corrupt_records_read += 1
+        try:
+            quarantine.keep(event, self._commitlog.read(position, size))
+        except (OSError, ValueError, PositionPurged) as exc:
+            log.error("store: could not copy damaged record at %d aside: %s", position, exc)
+        log.error("store: damaged commitlog record at %d..%d in %s found by a read (1 frame "
+                  "lost); skipped, copied to %s", event.start, event.end, event.file,
+                  event.quarantined_to or "(nothing)")  # fmt: skip
 
     def peek_offsets(
         self,

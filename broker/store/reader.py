@@ -78,11 +78,11 @@ def fetch_messages(
     queue_id: int,
     selected: list[tuple[int, int, int]],
     tags: frozenset[str] | None,
-    on_corrupt: Callable[[], None] | None = None,
+    on_corrupt: Callable[[int, int], None] | None = None,
 ) -> list[StoredMessage]:
     """Read and decode the selected records. A corrupt record (bad checksum, or not the
-    message its index entry claims) is logged, counted (``on_corrupt``) and skipped rather
-    than blocking the queue."""
+    message its index entry claims) is logged, reported (``on_corrupt(position, size)``) and
+    skipped rather than blocking the queue."""
     messages: list[StoredMessage] = []
     run_start = 0
     while run_start < len(selected):
@@ -106,10 +106,11 @@ def fetch_messages(
                 queue_id,
                 offset,
             ):
-                log.error("store: record of %s/%d offset %d at position %d is corrupt; skipped",
-                          topic, queue_id, offset, position)  # fmt: skip
                 if on_corrupt is not None:
-                    on_corrupt()
+                    on_corrupt(position, size)
+                else:
+                    log.error("store: record of %s/%d offset %d at position %d is corrupt; "
+                              "skipped", topic, queue_id, offset, position)  # fmt: skip
                 continue
             if tags is not None and message.tag not in tags:
                 continue  # a tag hash collision

@@ -225,6 +225,9 @@ async def test_corrupt_record_in_an_old_segment_is_skipped_by_reads(store_factor
     assert [m.queue_offset for m in result.messages] == [1, 2]
     assert result.next_offset == 3
     assert reopened.corrupt_records_read == 1  # exported as popmq_broker_store_corrupt_reads
+    reopened.read("T", 0, 0, 3)  # reported once, not per read
+    assert reopened.corrupt_records_read == 1
+    assert len(list((reopened.data_dir / "quarantine").glob("commitlog_*.bin"))) == 1
     assert [m.body for m in reopened.read("T", 1, 0, 3).messages] == [
         body_for(1, o) for o in range(3)
     ]

@@ -8,7 +8,8 @@ deletion), restarts a broker on it and reads every queue back over gRPC. It coun
 - written: messages acknowledged before the crash;
 - recovered: of those, messages read back after the restart;
 - quarantined: messages the broker reported lost (popmq_broker_store_quarantined_frames of
-  commitlog files: logged at ERROR, bytes copied to DATA/quarantine/);
+  commitlog files at start, popmq_broker_store_corrupt_reads for damage behind recovery's
+  walk found by the reads: logged at ERROR, bytes copied to DATA/quarantine/);
 - notices: metric series the broker raised about the damage (quarantine, metadata fallbacks);
 - lost silently: written - recovered - quarantined. It must be 0 in every scenario.
 
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 TOPIC, GROUP, QUEUES = "chaos", "cg", 4
 MESSAGES = 240  # acknowledged sends, 60 per queue
 FAST = [
+    "--set", "broker.store.segment_bytes=8192",  # several segments: damage behind the checkpoint
     "--set", "broker.store.flush_interval_ms=50",
     "--set", "broker.pop.checkpoint_buffer_ms=50",
     "--set", "broker.pop.min_invisible_ms=1",
@@ -49,8 +51,9 @@ def body(i: int) -> bytes:
 # -- damage ------------------------------------------------------------------------------------
 
 
-def _segment(data: Path) -> Path:
-    return sorted((data / "commitlog").iterdir())[-1]
+def _segment(data: Path, which: str = "last") -> Path:
+    files = sorted((data / "commitlog").iterdir())
+    return {"first": files[0], "middle": files[len(files) // 2], "last": files[-1]}[which]
 
 
 def _index(data: Path) -> Path:
@@ -81,14 +84,15 @@ def _meta(name: str) -> Callable[[Path], Path]:
 
 
 SCENARIOS: dict[str, Callable[[Path], None]] = {
-    "commitlog head: 8 bytes flipped": lambda d: _flip(_segment(d), 0.01),
-    "commitlog middle: 8 bytes flipped": lambda d: _flip(_segment(d), 0.5),
+    "commitlog head: 8 bytes flipped": lambda d: _flip(_segment(d, "first"), 0.01),
+    "commitlog middle: 8 bytes flipped": lambda d: _flip(_segment(d, "middle"), 0.5),
     "commitlog tail: 8 bytes flipped": lambda d: _flip(_segment(d), 0.999),
-    "commitlog: truncated to 60%": lambda d: _truncate(_segment(d), 0.6),
+    "commitlog middle segment truncated to 60%": lambda d: _truncate(_segment(d, "middle"), 0.6),
     "commitlog tail: last 100 bytes cut": lambda d: os.truncate(
         _segment(d), _segment(d).stat().st_size - 100
     ),
-    "commitlog segment deleted": lambda d: _delete(_segment(d)),
+    "commitlog middle segment deleted": lambda d: _delete(_segment(d, "middle")),
+    "commitlog last segment deleted": lambda d: _delete(_segment(d)),
     "index: 8 bytes flipped": lambda d: _flip(_index(d), 0.5),
     "index: truncated to 50%": lambda d: _truncate(_index(d), 0.5),
     "index file deleted": lambda d: _delete(_index(d)),
@@ -163,7 +167,8 @@ async def _count_after_restart(data: Path, log_path: Path, row: Row) -> None:
     row.recovered = len(seen & {body(i) for i in range(MESSAGES)})
     for family in text_string_to_metric_families(text):
         if not family.name.startswith(("popmq_broker_store_quarantined",
-                                       "popmq_broker_store_metadata")):  # fmt: skip
+                                       "popmq_broker_store_metadata",
+                                       "popmq_broker_store_corrupt")):  # fmt: skip
             continue
         for sample in family.samples:
             if not sample.name.endswith("_total") or sample.value <= 0:
@@ -171,6 +176,8 @@ async def _count_after_restart(data: Path, log_path: Path, row: Row) -> None:
             row.notices += 1
             frames = sample.name == "popmq_broker_store_quarantined_frames_total"
             if frames and sample.labels["file"].startswith("commitlog"):
+                row.quarantined += int(sample.value)
+            if sample.name == "popmq_broker_store_corrupt_reads_total":  # found by our reads
                 row.quarantined += int(sample.value)
 
 
