@@ -57,7 +57,8 @@ def remote_brokers(config: PopmqConfig) -> list[BrokerPort]:
 
     if not config.proxy.brokers:
         raise SystemExit("popmq proxy needs at least one --broker NAME=HOST:PORT")
-    return [RemoteBrokerPort(b.name, b.address) for b in config.proxy.brokers]
+    link = config.proxy.broker_link
+    return [RemoteBrokerPort(b.name, b.address, link=link) for b in config.proxy.brokers]
 
 
 def embedded_registries(ports: list[BrokerPort]) -> list[CollectorRegistry]:

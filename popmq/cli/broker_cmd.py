@@ -101,7 +101,9 @@ async def serve_broker(
         broker = Broker(config)
         await broker.start()
         try:
-            server = BrokerGrpcServer(LocalBrokerPort(broker), config.host, config.port)
+            server = BrokerGrpcServer(
+                LocalBrokerPort(broker), config.host, config.port, config=config
+            )
             await server.start()
             try:
                 with metrics_endpoint(

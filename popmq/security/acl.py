@@ -30,7 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 @lru_cache(maxsize=1024)
 def _compile(pattern: str) -> re.Pattern[str]:
-    return re.compile("".join(".*" if part == "*" else re.escape(part) for part in re.split(r"(\*)", pattern)))
+    return re.compile(
+        "".join(".*" if part == "*" else re.escape(part) for part in re.split(r"(\*)", pattern))
+    )
 
 
 def matches(pattern: str, name: str) -> bool:

@@ -50,7 +50,9 @@ def sign(secret_key: str, date_time: str) -> str:
     return hmac.new(secret_key.encode(), date_time.encode(), sha1).hexdigest()
 
 
-def signed_metadata(access_key: str, secret_key: str, now: float | None = None) -> list[tuple[str, str]]:
+def signed_metadata(
+    access_key: str, secret_key: str, now: float | None = None
+) -> list[tuple[str, str]]:
     """The two headers a popmq tool (e.g. `popmq admin`) sends, in UTC."""
     stamp = datetime.fromtimestamp(time.time() if now is None else now, UTC).strftime(DATE_FORMAT)
     auth = (
@@ -81,7 +83,9 @@ def _stamp_seconds(date_time: str) -> float:
     try:
         return datetime.strptime(date_time, DATE_FORMAT).replace(tzinfo=UTC).timestamp()
     except ValueError:
-        raise unauthorized(f"bad {DATE_HEADER} {date_time[:32]!r}: expected YYYYMMDDTHHMMSSZ") from None
+        raise unauthorized(
+            f"bad {DATE_HEADER} {date_time[:32]!r}: expected YYYYMMDDTHHMMSSZ"
+        ) from None
 
 
 class SignatureVerifier:
