@@ -88,6 +88,8 @@ async def serve_proxy(
                 log.info("metrics on http://%s:%d/metrics", proxy.host, http.server_port)
                 announce(f"popmq metrics on {proxy.host}:{http.server_port}")
             announce(f"popmq proxy listening on {proxy.host}:{server.port}")
+            if server.admin_port is not None:
+                announce(f"popmq admin listening on {proxy.host}:{server.admin_port}")
             await stop.wait()
             log.info("stopping proxy")
         finally:

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from cryptography.exceptions import InvalidTag
-
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.pop.handle_keys import HandleKeyring
 

@@ -102,7 +102,7 @@ def write_keys(path: Path, active: str, keys: list[HandleKey]) -> None:
 
 def rotate(path: Path) -> HandleKey:
     """Add a new random key and make it the active one; older keys keep opening handles."""
-    active, keys = read_keys(path)
+    _, keys = read_keys(path)
     key = new_key()
     write_keys(path, key.key_id, [*keys, key])
     return key
