@@ -113,7 +113,9 @@ class ProxyServer:
         )
         self.services.advertised_port = self.port
         if proxy.admin_port is not None:
-            admin = grpc.aio.server(interceptors=interceptors)
+            admin = grpc.aio.server(
+                interceptors=[guard.for_another_server()] if guard is not None else None
+            )
             self._add_admin(admin)
             health_pb2_grpc.add_HealthServicer_to_server(self._health, admin)
             self.admin_port = _bind(admin, proxy.host, proxy.admin_port, credentials)

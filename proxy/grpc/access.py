@@ -110,6 +110,10 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
         self._last_logged: dict[tuple[str, str, int], float] = {}
 
+    def for_another_server(self) -> AccessGuard:
+        """The same users for another listener: wrapped handlers are cached per server."""
+        return AccessGuard(self._authn, self._metrics)
+
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
         path: str = details.method
         cached = self._wrapped.get(path)

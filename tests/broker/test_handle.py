@@ -137,7 +137,8 @@ def test_first_start_makes_a_private_random_key(tmp_path) -> None:
     path = tmp_path / "b" / "handle-keys.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     data = json.loads(path.read_text())
-    assert data["active"] == ring.active_id and len(base64.b64decode(data["keys"][0]["secret"])) == 32
+    assert data["active"] == ring.active_id
+    assert len(base64.b64decode(data["keys"][0]["secret"])) == 32
     # a restart keeps it; another broker gets another key
     assert HandleKeyring.open(config).active_id == ring.active_id
     other = HandleKeyring.open(BrokerConfig(name="c", data_dir=tmp_path / "c"))
