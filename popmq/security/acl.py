@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 @lru_cache(maxsize=1024)
@@ -140,5 +148,10 @@ def load_acl(path: str | Path) -> Acl:
         raise ValueError(f"cannot read ACL file {path}: {exc}") from None
     try:
         return Acl.model_validate(data)
-    except ValueError as exc:
-        raise ValueError(f"bad ACL file {path}: {exc}") from None
+    except ValidationError as exc:
+        # Where and what, never the input values: they may hold secret keys.
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in error['loc']) or 'file'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ValueError(f"bad ACL file {path}: {problems}") from None
