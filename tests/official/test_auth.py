@@ -15,11 +15,19 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from support.official_clients import REPO, ClientSession, PopmqProcess, serve, unique
+from support.official_clients import (
+    REPO,
+    SERVER_SETTINGS,
+    ClientSession,
+    PopmqProcess,
+    serve,
+    unique,
+)
 from support.tls_certs import Pki, make_pki
 
 pytestmark = pytest.mark.client
@@ -268,3 +276,68 @@ def test_node_client_signs_and_uses_tls(
     finally:
         for session in sessions:
             session.close()
+
+
+def test_cluster_mode_brokers_admit_only_proxies_with_the_token(
+    tmp_path: Path, open_client: Any
+) -> None:
+    """`popmq broker --cluster-token-file` behind `popmq proxy --cluster-token-file`: clients
+    work through the proxy; a stranger on the broker port moves no offset and lists nothing."""
+    token = tmp_path / "cluster-token"
+    token.write_text("kClusterTokenForTheTest0123456789\n")
+    token.chmod(0o600)
+    settings = [a for s in SERVER_SETTINGS if s.startswith("broker.") for a in ("--set", s)]
+    broker_process = PopmqProcess(
+        ["broker", "--name", "broker-a", "--port", "0", "--data-dir", str(tmp_path / "b"),
+         "--cluster-token-file", str(token), *settings],
+        tmp_path / "broker.log",
+    )  # fmt: skip
+    processes = [broker_process]
+    try:
+        broker_port = broker_process.wait_listening("broker")
+        proxy_settings = [a for s in SERVER_SETTINGS for a in ("--set", s)]
+        proxy_process = PopmqProcess(
+            ["proxy", "--port", "0", "--broker", f"broker-a=127.0.0.1:{broker_port}",
+             "--cluster-token-file", str(token), *proxy_settings],
+            tmp_path / "proxy.log",
+        )  # fmt: skip
+        processes.append(proxy_process)
+        endpoint = f"127.0.0.1:{proxy_process.wait_listening()}"
+        topic, group = unique("orders"), unique("billing")
+        producer = open_client(endpoint, "producer", topics=[topic])
+        assert producer.call("send", messages=[{"body": "via proxy"}])["results"][0]["ok"]
+
+        stranger = subprocess.run(
+            [sys.executable, "-c", STRANGER, f"127.0.0.1:{broker_port}", group, topic],
+            cwd=REPO, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert stranger.stdout.split() == ["UNAUTHENTICATED"] * 3, stranger.stderr
+
+        consumer = open_client(endpoint, "simple", topics=[topic], group=group, await_s=2)
+        got = consumer.call("receive_until", count=1, ack=True, timeout_s=20)
+        assert [m["body"] for m in got["messages"]] == ["via proxy"]  # offset never moved
+        assert "OPEN to anyone" not in (tmp_path / "broker.log").read_text()
+    finally:
+        for process in reversed(processes):
+            process.stop()
+
+
+# A client on the broker port without the token: move offsets, delete the topic, list topics.
+STRANGER = """
+import sys, grpc
+from popmq.pb.broker.v1 import broker_pb2 as pb, broker_pb2_grpc
+address, group, topic = sys.argv[1:]
+stub = broker_pb2_grpc.BrokerServiceStub(grpc.insecure_channel(address))
+calls = [
+    (stub.UpdateConsumerOffset,
+     pb.UpdateConsumerOffsetRequest(group=group, topic=topic, queue_id=0, offset=10**6)),
+    (stub.DeleteTopic, pb.DeleteTopicRequest(topic=topic)),
+    (stub.ListTopics, pb.ListTopicsRequest()),
+]
+for call, request in calls:
+    try:
+        call(request, timeout=5)
+        print("OK")
+    except grpc.RpcError as exc:
+        print(exc.code().name)
+"""
