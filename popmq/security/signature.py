@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 from hashlib import sha1
 
 from popmq.security.errors import AccessDenied, unauthorized
@@ -79,6 +80,7 @@ def parse(headers: Mapping[str, str]) -> SignedRequest:
     return SignedRequest(access_key, signature, date_time)
 
 
+@lru_cache(maxsize=1024)  # one parse per distinct second, not per request
 def _stamp_seconds(date_time: str) -> float:
     try:
         return datetime.strptime(date_time, DATE_FORMAT).replace(tzinfo=UTC).timestamp()
@@ -101,8 +103,9 @@ class SignatureVerifier:
         self._any_timezone = any_timezone
         self._clock = clock
 
-    def _local_offset_s(self, now: float) -> float:
-        return datetime.fromtimestamp(now).astimezone().utcoffset().total_seconds()  # type: ignore[union-attr]
+    @staticmethod
+    def _local_offset_s(now: float) -> float:
+        return float(time.localtime(now).tm_gmtoff)
 
     def fresh(self, date_time: str) -> bool:
         """Is the date-time within the skew of now (UTC, server-local, or any zone)?"""
