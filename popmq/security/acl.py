@@ -19,7 +19,10 @@ Secret keys are held as SecretStr: they never appear in a repr, a log line or an
 
 from __future__ import annotations
 
+import logging
 import re
+import time
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+log = logging.getLogger(__name__)
+_RELOAD_EVERY_S = 1.0
 
 
 @lru_cache(maxsize=1024)
@@ -155,3 +161,38 @@ def load_acl(path: str | Path) -> Acl:
             for error in exc.errors()
         )
         raise ValueError(f"bad ACL file {path}: {problems}") from None
+
+
+class AclFile:
+    """An ACL file, re-read when it changes (a Kubernetes Secret update, an edit), checked at
+    most once a second. A file that no longer parses keeps the last good ACL and logs an ERROR
+    (never the secrets): a typo must not lock every client out or open the doors."""
+
+    def __init__(self, path: str | Path, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = Path(path)
+        self._clock = clock
+        self._mtime = self._stat()
+        self.acl = load_acl(self.path)
+        self._checked = clock()
+        self.reload_failures = 0
+
+    def _stat(self) -> float:
+        try:
+            return self.path.stat().st_mtime
+        except OSError:
+            return -1.0
+
+    def current(self) -> Acl:
+        now = self._clock()
+        if now - self._checked >= _RELOAD_EVERY_S:
+            self._checked = now
+            mtime = self._stat()
+            if mtime != self._mtime:
+                self._mtime = mtime
+                try:
+                    self.acl = load_acl(self.path)
+                    log.info("ACL reloaded from %s: %d users", self.path, len(self.acl.users))
+                except ValueError as exc:
+                    self.reload_failures += 1
+                    log.error("keeping the previous ACL: %s", exc)
+        return self.acl

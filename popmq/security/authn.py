@@ -5,14 +5,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from popmq.security import signature
-from popmq.security.acl import Acl, User
+from popmq.security.acl import Acl, AclFile, User
 from popmq.security.errors import unauthorized
 
 
 class Authenticator:
-    def __init__(self, acl: Acl, verifier: signature.SignatureVerifier) -> None:
-        self.acl = acl
+    """Checks requests against an ACL, fixed or read from a file that may change."""
+
+    def __init__(self, acl: Acl | AclFile, verifier: signature.SignatureVerifier) -> None:
+        self._acl = acl
         self._verifier = verifier
+
+    @property
+    def acl(self) -> Acl:
+        return self._acl.current() if isinstance(self._acl, AclFile) else self._acl
 
     def authenticate(self, headers: Mapping[str, str]) -> User:
         """The calling user; UNAUTHORIZED if unknown, unsigned, badly signed or stale."""

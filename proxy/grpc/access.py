@@ -35,7 +35,7 @@ from popmq.pb.admin.v1 import admin_pb2
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.security import signature
-from popmq.security.acl import Acl, User, load_acl
+from popmq.security.acl import AclFile, User
 from popmq.security.authn import Authenticator
 from popmq.security.errors import UNAUTHORIZED, AccessDenied, forbidden
 
@@ -238,9 +238,9 @@ def access_guard(config: ProxyConfig, metrics: ProxyMetrics) -> AccessGuard | No
             "administer (local development only; give --acl FILE to turn it on)"
         )
         return None
-    acl: Acl = load_acl(config.acl)
+    acl = AclFile(config.acl)  # re-read when the file changes
     verifier = signature.SignatureVerifier(
         config.auth_clock_skew_ms / 1000, any_timezone=config.auth_any_timezone
     )
-    log.info("authentication on: %d users from %s", len(acl.users), config.acl)
+    log.info("authentication on: %d users from %s", len(acl.acl.users), config.acl)
     return AccessGuard(Authenticator(acl, verifier), metrics)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from popmq.security.acl import load_acl, matches
+from popmq.security.acl import AclFile, load_acl, matches
 
 ACL = """
 users:
@@ -67,3 +68,24 @@ def test_bad_files_are_refused_with_the_reason(tmp_path: Path, text: str, proble
         load_acl(path)
     assert str(path) in str(err.value)
     assert "sk1" not in str(err.value) and "sk2" not in str(err.value)  # never the secrets
+
+
+def test_acl_file_reloads_on_change_and_keeps_the_last_good_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [0.0]
+    path = tmp_path / "acl.yaml"
+    path.write_text(ACL)
+    source = AclFile(path, clock=lambda: now[0])
+    assert source.current().user("app1") is not None
+    path.write_text("users: [{access_key: carol, secret_key: c4r0l-secret}]")
+    os.utime(path, ns=(1, 1))
+    assert source.current().user("carol") is None  # not checked again within a second
+    now[0] = 1.5
+    assert source.current().user("carol") is not None and source.current().user("app1") is None
+    path.write_text("users: [{access_key: dave}]")  # broken: no secret key
+    os.utime(path, ns=(2, 2))
+    now[0] = 3.0
+    assert source.current().user("carol") is not None  # the last good ACL stays
+    assert source.reload_failures == 1
+    assert "keeping the previous ACL" in caplog.text and "c4r0l-secret" not in caplog.text
