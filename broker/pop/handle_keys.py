@@ -118,13 +118,19 @@ def retire(path: Path, key_id: str) -> None:
     write_keys(path, active, [k for k in keys if k.key_id != key_id])
 
 
+def _identity(path: Path) -> tuple[int, int, int]:
+    """What tells a rewritten file apart: mtime, inode (os.replace makes a new one), size."""
+    st = path.stat()
+    return (st.st_mtime_ns, st.st_ino, st.st_size)
+
+
 class HandleKeyring:
     """The keys of one broker, reloaded when the file changes."""
 
     def __init__(self, path: Path | None, keys: list[HandleKey] | None = None) -> None:
         """From a keyring file, or (path None) from keys held in memory only (tests)."""
         self.path = path
-        self._mtime = -1.0
+        self._mtime: tuple[int, int, int] | None = None
         self._checked = 0.0
         self.active_id = ""
         self._ciphers: dict[str, AESGCM] = {}
@@ -149,10 +155,12 @@ class HandleKeyring:
 
     def _load(self) -> None:
         assert self.path is not None
-        mtime = self.path.stat().st_mtime if self.path.exists() else -1.0
         active, keys = read_keys(self.path)
         self._use(keys, active)
-        self._mtime = mtime
+        try:
+            self._mtime = _identity(self.path)
+        except OSError:
+            self._mtime = None
 
     def refresh(self) -> None:
         """Pick up a rotation at most once a second; a bad new file keeps the old keys."""
@@ -161,7 +169,7 @@ class HandleKeyring:
             return
         self._checked = now
         try:
-            mtime = self.path.stat().st_mtime
+            mtime = _identity(self.path)
         except OSError:
             return
         if mtime == self._mtime:

@@ -176,11 +176,13 @@ class AclFile:
         self._checked = clock()
         self.reload_failures = 0
 
-    def _stat(self) -> float:
+    def _stat(self) -> tuple[int, int, int] | None:
+        """mtime, inode and size: a Secret update swaps a symlink, an editor may replace."""
         try:
-            return self.path.stat().st_mtime
+            st = self.path.stat()
         except OSError:
-            return -1.0
+            return None
+        return (st.st_mtime_ns, st.st_ino, st.st_size)
 
     def current(self) -> Acl:
         now = self._clock()
