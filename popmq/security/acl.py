@@ -168,9 +168,15 @@ class AclFile:
     most once a second. A file that no longer parses keeps the last good ACL and logs an ERROR
     (never the secrets): a typo must not lock every client out or open the doors."""
 
-    def __init__(self, path: str | Path, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        clock: Callable[[], float] = time.monotonic,
+        on_reload_failure: Callable[[], None] | None = None,
+    ) -> None:
         self.path = Path(path)
         self._clock = clock
+        self._on_reload_failure = on_reload_failure
         self._mtime = self._stat()
         self.acl = load_acl(self.path)
         self._checked = clock()
@@ -197,4 +203,6 @@ class AclFile:
                 except ValueError as exc:
                     self.reload_failures += 1
                     log.error("keeping the previous ACL: %s", exc)
+                    if self._on_reload_failure is not None:
+                        self._on_reload_failure()
         return self.acl

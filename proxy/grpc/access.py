@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 from google.protobuf import message_factory
 from popmq.proxy.metrics import ProxyMetrics
+from prometheus_client import Counter
 
 from popmq.config import ProxyConfig
 from popmq.pb.admin.v1 import admin_pb2
@@ -238,7 +239,12 @@ def access_guard(config: ProxyConfig, metrics: ProxyMetrics) -> AccessGuard | No
             "administer (local development only; give --acl FILE to turn it on)"
         )
         return None
-    acl = AclFile(config.acl)  # re-read when the file changes
+    failures = Counter(
+        "popmq_proxy_acl_reload_failures",
+        "Changes to the ACL file that did not parse (the previous ACL stayed in force)",
+        registry=metrics.registry,
+    )
+    acl = AclFile(config.acl, on_reload_failure=failures.inc)  # re-read when the file changes
     verifier = signature.SignatureVerifier(
         config.auth_clock_skew_ms / 1000, any_timezone=config.auth_any_timezone
     )

@@ -76,7 +76,8 @@ def test_acl_file_reloads_on_change_and_keeps_the_last_good_one(
     now = [0.0]
     path = tmp_path / "acl.yaml"
     path.write_text(ACL)
-    source = AclFile(path, clock=lambda: now[0])
+    failures: list[int] = []
+    source = AclFile(path, clock=lambda: now[0], on_reload_failure=lambda: failures.append(1))
     assert source.current().user("app1") is not None
     path.write_text("users: [{access_key: carol, secret_key: c4r0l-secret}]")
     os.utime(path, ns=(1, 1))
@@ -87,5 +88,5 @@ def test_acl_file_reloads_on_change_and_keeps_the_last_good_one(
     os.utime(path, ns=(2, 2))
     now[0] = 3.0
     assert source.current().user("carol") is not None  # the last good ACL stays
-    assert source.reload_failures == 1
+    assert source.reload_failures == 1 and failures == [1]  # the proxy counts it in a metric
     assert "keeping the previous ACL" in caplog.text and "c4r0l-secret" not in caplog.text
