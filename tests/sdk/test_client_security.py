@@ -69,3 +69,37 @@ async def test_signed_client_over_tls(secured_proxy: Any) -> None:
         with pytest.raises(ProxyError) as err:
             await client.send([Message("other-topic", b"x")])
         assert err.value.code == Code.FORBIDDEN
+
+
+async def test_client_certificates_required_with_a_client_ca(tmp_path: Path) -> None:
+    import grpc
+
+    from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+    from popmq.pb.rocketmq.v2 import service_pb2 as s
+    from popmq.pb.rocketmq.v2 import service_pb2_grpc
+
+    pki = make_pki(tmp_path / "pki")
+    broker = Broker(fast_broker_config(tmp_path / "b"))
+    await broker.start()
+    tls = TlsConfig(cert=pki.server_cert, key=pki.server_key, client_ca=pki.ca)
+    server = ProxyServer(PopmqConfig(proxy=ProxyConfig(port=0, tls=tls)), [LocalBrokerPort(broker)])
+    await server.start()
+    address = f"127.0.0.1:{server.port}"
+    request = s.QueryRouteRequest(topic=pb.Resource(name="t"))
+    try:
+        with_cert = grpc.ssl_channel_credentials(
+            pki.ca.read_bytes(), pki.client_key.read_bytes(), pki.client_cert.read_bytes()
+        )
+        async with grpc.aio.secure_channel(address, with_cert) as channel:
+            route = await service_pb2_grpc.MessagingServiceStub(channel).QueryRoute(
+                request, timeout=5
+            )
+            assert route.status.code == Code.OK
+        without = grpc.ssl_channel_credentials(pki.ca.read_bytes())
+        async with grpc.aio.secure_channel(address, without) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await service_pb2_grpc.MessagingServiceStub(channel).QueryRoute(request, timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await server.stop(0.2)
+        await broker.stop()
