@@ -47,6 +47,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any)"
     )
+    parser.add_argument("--tls-cert", metavar="FILE", help="TLS certificate (PEM) of the broker")
+    parser.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
+    parser.add_argument(
+        "--tls-client-ca", metavar="FILE",
+        help="admit only callers with a client certificate signed by this CA (mutual TLS)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cluster-token-file", metavar="FILE",
+        help="admit only callers presenting this shared token (the proxies)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--handle-keys-file", metavar="FILE",
+        help="receipt-handle keyring to use (default DATA_DIR/handle-keys.json, made on start)",
+    )  # fmt: skip
     # Also accepted after the subcommand; SUPPRESS keeps the top-level values when absent.
     parser.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -90,6 +104,11 @@ def run(args: argparse.Namespace) -> int:
             "broker.data_dir": args.data_dir,
             "broker.store.flush": args.flush,
             "broker.metrics_port": args.metrics_port,
+            "broker.tls.cert": args.tls_cert,
+            "broker.tls.key": args.tls_key,
+            "broker.tls.client_ca": args.tls_client_ca,
+            "broker.cluster_token_file": args.cluster_token_file,
+            "broker.handle_keys_file": args.handle_keys_file,
         },
     )
     if not logging.getLogger().handlers:
@@ -98,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         asyncio.run(serve_broker(config.broker, announce=_announce))
-    except (OSError, BrokerError) as error:  # port taken, data dir locked or unwritable
+    except (OSError, BrokerError, ValueError) as error:  # port taken, data dir locked, bad keys
         print(f"popmq broker: {error}", file=sys.stderr)
         return 1
     return 0
@@ -130,7 +149,9 @@ async def serve_broker(
         broker = Broker(config)
         await broker.start()
         try:
-            server = BrokerGrpcServer(LocalBrokerPort(broker), config.host, config.port)
+            server = BrokerGrpcServer(
+                LocalBrokerPort(broker), config.host, config.port, config=config
+            )
             await server.start()
             try:
                 with metrics_endpoint(
