@@ -23,6 +23,7 @@ from popmq.broker.api.port import BrokerPort
 
 from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
+from popmq.reflection import enable_reflection
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +264,7 @@ class BrokerGrpcServer:
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(self._port), server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        enable_reflection(server, [SERVICE_NAME, "grpc.health.v1.Health"])
         try:
             bound = server.add_insecure_port(f"{self._host}:{self._port_number}")
         except RuntimeError as error:  # grpc reports a failed bind this way

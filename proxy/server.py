@@ -26,10 +26,14 @@ from popmq.proxy.services import ProxyServices
 
 from popmq.config import PopmqConfig
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
+from popmq.reflection import enable_reflection
 
 log = logging.getLogger(__name__)
 
 MESSAGING_SERVICE = "apache.rocketmq.v2.MessagingService"
+ADMIN_SERVICE = "popmq.admin.v1.AdminService"
+HEALTH_SERVICE = "grpc.health.v1.Health"
+SERVED_SERVICES = (MESSAGING_SERVICE, ADMIN_SERVICE)
 
 
 def grpc_options(max_body_bytes: int) -> list[tuple[str, int]]:
@@ -82,6 +86,7 @@ class ProxyServer:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self._add_admin(server)
+        enable_reflection(server, [*SERVED_SERVICES, HEALTH_SERVICE])
         self.port = server.add_insecure_port(f"{proxy.host}:{proxy.port}")
         if self.port == 0:
             raise OSError(f"cannot bind the proxy to {proxy.host}:{proxy.port}")
@@ -90,7 +95,8 @@ class ProxyServer:
         )
         self.services.advertised_port = self.port
         await server.start()
-        for name in ("", MESSAGING_SERVICE):
+        # Health per service (each one served here), plus "" for the server as a whole.
+        for name in ("", *SERVED_SERVICES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
         log.info("proxy listening on %s:%d", proxy.host, self.port)
