@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from popmq.broker.api.port import BrokerPort
 from popmq.proxy.cluster import BrokerCluster
+from popmq.proxy.grpc.namespace import NamespaceInterceptor
 from popmq.proxy.grpc.servicer import MessagingServicer
 from popmq.proxy.longpoll import make_strategy
 from popmq.proxy.longpoll.base import LongPollStrategy
@@ -80,7 +81,9 @@ class ProxyServer:
 
     async def start(self) -> int:
         proxy = self.config.proxy
-        server = grpc.aio.server(options=grpc_options(proxy.max_body_bytes))
+        server = grpc.aio.server(
+            options=grpc_options(proxy.max_body_bytes), interceptors=[NamespaceInterceptor()]
+        )
         service_pb2_grpc.add_MessagingServiceServicer_to_server(
             MessagingServicer(self.services), server
         )
