@@ -1,4 +1,4 @@
-"""popmq's private protobuf DescriptorPool. Written by scripts/gen_protos.py: do not edit.
+"""popmq's private DescriptorPool (written by gen_protos.py: do not edit).
 
 Our apache.rocketmq.v2 types live here, not in protobuf's default pool, so that popmq imports
 in a process that also uses the official rocketmq-python-client (which registers the same
