@@ -30,6 +30,7 @@ from popmq.spark.partitions import QueueRange
 from popmq.spark.range_reader import read_range
 from popmq.spark.stream_reader import OffsetStreamReader
 from popmq.spark.topology import TopicNotFoundError
+from popmq.spark.trigger_delay import min_trigger
 
 TopicOffsets = dict[str, dict[str, dict[str, int]]]
 
@@ -67,7 +68,10 @@ def resolve_topics(options: ReadOptions) -> list[str]:
 
 
 def one_topic(options: ReadOptions, topic: str) -> ReadOptions:
-    return replace(options, topic=topic, topics=(topic,), topic_pattern=None)
+    # The fan-out reader applies the trigger minimum to all topics together.
+    return replace(
+        options, topic=topic, topics=(topic,), topic_pattern=None, min_messages_per_trigger=None
+    )
 
 
 class MultiTopicBatchReader(DataSourceReader):
@@ -91,6 +95,8 @@ class MultiTopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.readers = {
             t: OffsetStreamReader(one_topic(options, t)) for t in resolve_topics(options)
         }
+        self._min = min_trigger(options)
+        self._available_now = False
 
     def initialOffset(self) -> dict:
         return {topic: reader.initialOffset() for topic, reader in self.readers.items()}
@@ -100,6 +106,7 @@ class MultiTopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now = True
         for reader in self.readers.values():
             reader.prepareForTriggerAvailableNow()
 
@@ -108,9 +115,12 @@ class MultiTopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             topic: reader.latestOffset(start.get(topic, {}), ReadAllAvailable())
             for topic, reader in self.readers.items()
         }
+        begin = _flatten({t: start.get(t, {}) for t in self.readers})
+        waiting = self._min is not None and not self._available_now
+        if waiting and self._min.hold(begin, _flatten(latest)):  # type: ignore[union-attr]
+            return start
         if not isinstance(limit, ReadMaxRows):
             return {**start, **latest}
-        begin = _flatten({t: start.get(t, {}) for t in self.readers})
         capped = off.cap_total(begin, _flatten(latest), limit.max_rows)
         return {**start, **_unflatten(capped)}
 

@@ -129,6 +129,9 @@ class ReadOptions:
     # when there is exactly one (else empty, and the multi-topic readers take over).
     topics: tuple[str, ...] = ()
     topic_pattern: str | None = None
+    # Kafka's minOffsetsPerTrigger / maxTriggerDelay (streams in offset mode)
+    min_messages_per_trigger: int | None = None
+    max_trigger_delay_ms: int | None = None
 
     @property
     def multi_topic(self) -> bool:
@@ -165,6 +168,8 @@ READ_OPTIONS = _COMMON | {
     "maxoffsetspertrigger",
     "startingtimestamp",
     "startingoffsetsbytimestamp",
+    "minoffsetspertrigger",
+    "maxtriggerdelay",
 }
 WRITE_OPTIONS = _COMMON | {"sendbatchsize", "maxinflight"}
 # Spark adds these on its own for some calls.
@@ -236,6 +241,8 @@ def _display(lower: str) -> str:
         "maxoffsetspertrigger": "maxOffsetsPerTrigger",
         "startingtimestamp": "startingTimestamp",
         "startingoffsetsbytimestamp": "startingOffsetsByTimestamp",
+        "minoffsetspertrigger": "minOffsetsPerTrigger",
+        "maxtriggerdelay": "maxTriggerDelay",
     }
     return names.get(lower, lower)
 
@@ -281,6 +288,17 @@ def parse_read_options(raw: Mapping[str, str], streaming: bool) -> ReadOptions:
         )
 
     max_per_trigger = _max_per_trigger(options)
+    min_per_trigger = options.integer("minOffsetsPerTrigger", None)
+    if min_per_trigger is not None and (mode == "pop" or not streaming):
+        raise OptionError("minOffsetsPerTrigger is for streams in offset mode")
+    if min_per_trigger is not None and max_per_trigger is not None:
+        if min_per_trigger > max_per_trigger:
+            raise OptionError(
+                f"minOffsetsPerTrigger={min_per_trigger} is above maxOffsetsPerTrigger="
+                f"{max_per_trigger}"
+            )
+    delay_text = options.text("maxTriggerDelay")
+    max_delay = parse_delay_ms(delay_text) if delay_text is not None else None
     if mode == "pop" and max_per_trigger is None:
         max_per_trigger = 10_000  # a pop batch needs a bound: it is not planned from offsets
     return ReadOptions(
@@ -303,6 +321,8 @@ def parse_read_options(raw: Mapping[str, str], streaming: bool) -> ReadOptions:
         max_messages=options.integer("maxMessages", 10_000) or 1,
         topics=topics,
         topic_pattern=pattern,
+        min_messages_per_trigger=min_per_trigger,
+        max_trigger_delay_ms=max_delay,
     )
 
 
@@ -364,6 +384,19 @@ def _starting_spec(options: _Options, streaming: bool) -> OffsetSpec:
         return OffsetSpec(kind="timestamps", per_queue=spec.per_queue)
     default = "latest" if streaming else "earliest"
     return parse_offset_spec("startingOffsets", options.text("startingOffsets", default))  # type: ignore[arg-type]
+
+
+_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_delay_ms(text: str) -> int:
+    """Spark's time strings: '15m', '30s', '500ms', '1h'; a bare number is milliseconds."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
+    if not match or match.group(2) not in ("", *_UNITS_MS):
+        raise OptionError(
+            f"option 'maxTriggerDelay'={text!r} must be a duration like '15m', '30s' or '500ms'"
+        )
+    return int(match.group(1)) * _UNITS_MS.get(match.group(2) or "ms", 1)
 
 
 def _max_per_trigger(options: _Options) -> int | None:

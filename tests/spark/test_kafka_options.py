@@ -114,3 +114,50 @@ def test_option_conflicts_are_clear_errors(spark, endpoint: str, topic: str) -> 
     assert parse_read_options(alias, streaming=True).max_messages_per_trigger == 7
     with pytest.raises(Exception, match=r"startingTimestamp.*epoch milliseconds"):
         load(topic=topic, startingTimestamp="yesterday").collect()
+
+
+def test_min_offsets_per_trigger_waits_for_enough_messages_or_the_delay(
+    endpoint: str, topic: str
+) -> None:
+    """The driver-side reader, on a real server, with a hand-moved clock."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from popmq.spark.stream_reader import OffsetStreamReader
+
+    raw = {"endpoint": endpoint, "topic": topic, "startingOffsets": "earliest",
+           "minOffsetsPerTrigger": "5", "maxTriggerDelay": "1h"}  # fmt: skip
+    reader = OffsetStreamReader(parse_read_options(raw, streaming=True))
+    now = [1000.0]
+    assert reader._min is not None
+    reader._min.clock = lambda: now[0]
+
+    def total(offsets: dict) -> int:
+        return sum(o for queues in offsets.values() for o in queues.values())
+
+    start = reader.initialOffset()
+    produce(endpoint, topic, 2, prefix="a")
+    first = reader.latestOffset(start, ReadAllAvailable())
+    assert total(first) == 2  # the first trigger never waits (as in Kafka)
+    produce(endpoint, topic, 3, prefix="b")
+    assert reader.latestOffset(first, ReadAllAvailable()) == first  # 3 < 5: no batch
+    produce(endpoint, topic, 2, prefix="c")
+    second = reader.latestOffset(first, ReadAllAvailable())
+    assert total(second) == 7  # 5 new: go
+    produce(endpoint, topic, 1, prefix="d")
+    assert reader.latestOffset(second, ReadAllAvailable()) == second
+    now[0] += 3600  # maxTriggerDelay passed: whatever is there goes
+    assert total(reader.latestOffset(second, ReadAllAvailable())) == 8
+
+
+def test_trigger_option_errors(endpoint: str, topic: str) -> None:
+    base = {"endpoint": endpoint, "topic": topic}
+    parsed = parse_read_options(
+        {**base, "minOffsetsPerTrigger": "2", "maxTriggerDelay": "90s"}, True
+    )
+    assert (parsed.min_messages_per_trigger, parsed.max_trigger_delay_ms) == (2, 90_000)
+    with pytest.raises(OptionError, match="maxTriggerDelay"):
+        parse_read_options({**base, "minOffsetsPerTrigger": "2", "maxTriggerDelay": "soon"}, True)
+    with pytest.raises(OptionError, match="for streams"):
+        parse_read_options({**base, "minOffsetsPerTrigger": "2"}, streaming=False)
+    with pytest.raises(OptionError, match="above maxOffsetsPerTrigger"):
+        parse_read_options({**base, "minOffsetsPerTrigger": "9", "maxOffsetsPerTrigger": "3"}, True)
