@@ -88,3 +88,22 @@ def test_retries_stay_in_their_namespace(serve_deployment: Deployment, open_clie
     system = {t["name"] for t in _admin(endpoint, "topics", "list", "--all").get("topics", [])}
     retry = [name for name in system if name.startswith("%RETRY%") and group in name]
     assert retry and all(f"ns-r%{group}" in name for name in retry), retry
+
+
+def test_push_consumer_in_a_namespace(serve_deployment: Deployment, open_client) -> None:  # type: ignore[no-untyped-def]
+    """Telemetry settings, assignment and push retries inside a namespace."""
+    endpoint = serve_deployment.endpoint
+    topic, group = unique("pushed"), unique("g")
+    producer = open_client(endpoint, "producer", topics=[topic], namespace="ns-p")
+    _ok(producer.call("send", topic=topic, messages=[{"body": f"p{i}"} for i in range(3)]))
+    # A same-named topic outside the namespace must not leak in.
+    outsider = open_client(endpoint, "producer", topics=[topic])
+    _ok(outsider.call("send", topic=topic, messages=[{"body": "outside"}]))
+    consumer = open_client(
+        endpoint, "push", topics=[topic], group=group, namespace="ns-p", fail_attempts=1
+    )
+    consumed = _ok(consumer.call("push_collect", count=3, timeout_s=40))["consumed"]
+    succeeded = sorted(r["body"] for r in consumed if r["result"] == "SUCCESS")
+    assert succeeded == ["p0", "p1", "p2"]  # each failed once, then came back from the retry
+    assert {r["topic"] for r in consumed} == {topic}
+    assert "outside" not in {r["body"] for r in consumed}
