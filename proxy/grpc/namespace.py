@@ -11,6 +11,7 @@ on the way out. Clients without a namespace see no change at all (and pay nothin
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import cache
@@ -213,6 +214,8 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
         self, handler: grpc.RpcMethodHandler, header: str, method: str
     ) -> Callable[..., Any]:
         behavior = handler.unary_stream
+        if inspect.isasyncgenfunction(behavior):  # a servicer that yields its frames
+            return self._unary_stream_yielding(handler, header, method)
 
         async def call(request: Message, context: grpc.aio.ServicerContext) -> None:
             namespace = self._namespace_of(request, header)
@@ -225,6 +228,28 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
                 await context.write(_status_frame(method, error))
                 return
             await behavior(request, _Context(context, namespace))
+
+        return call
+
+    def _unary_stream_yielding(
+        self, handler: grpc.RpcMethodHandler, header: str, method: str
+    ) -> Callable[..., Any]:
+        behavior = handler.unary_stream
+
+        async def call(
+            request: Message, context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Message]:
+            namespace = self._namespace_of(request, header)
+            if namespace:
+                try:
+                    qualify_request(request, header)
+                except BrokerError as error:
+                    yield _status_frame(method, error)
+                    return
+            async for frame in behavior(request, context):
+                if namespace:
+                    unqualify_response(frame, namespace)
+                yield frame
 
         return call
 

@@ -62,3 +62,23 @@ async def test_bad_namespaced_names_are_refused_with_rocketmq_codes(cluster) -> 
     frames = [f async for f in cluster.stub.ReceiveMessage(
         receive, metadata=_metadata(cluster, "ns1"))]  # fmt: skip
     assert [f.status.code for f in frames] == [Code.ILLEGAL_CONSUMER_GROUP]
+
+
+async def test_yielding_stream_servicers_are_mapped_too() -> None:
+    import grpc
+    from popmq.proxy.grpc.namespace import NamespaceInterceptor
+
+    async def behavior(request, context):  # type: ignore[no-untyped-def]
+        frame = s.ReceiveMessageResponse()
+        frame.message.topic.name = request.message_queue.topic.name
+        yield frame
+
+    handler = grpc.unary_stream_rpc_method_handler(behavior)
+    method = "/apache.rocketmq.v2.MessagingService/ReceiveMessage"
+    wrapped = NamespaceInterceptor()._unary_stream(handler, "ns1", method)
+    request = s.ReceiveMessageRequest(message_queue=pb.MessageQueue(topic=pb.Resource(name="t")))
+    frames = [frame async for frame in wrapped(request, None)]
+    assert request.message_queue.topic.name == "ns1%t"  # the servicer saw the inside name
+    assert [(f.message.topic.name, f.message.topic.resource_namespace) for f in frames] == [
+        ("t", "ns1")
+    ]
