@@ -99,8 +99,8 @@ def test_a_received_message_round_trips_through_the_wire_format() -> None:
 
 
 def _client_descriptor(name: str) -> descriptor_pb2.FileDescriptorProto:
-    """Parse the serialized descriptor inside the client's module without importing it (its
-    symbols would clash with ours in this process)."""
+    """Parse the serialized descriptor inside the client's module without importing it (the
+    comparison reads .venv-client's copy, the one the session tests drive)."""
     assert CLIENT_PROTOCOL_DIR is not None
     source = (CLIENT_PROTOCOL_DIR / name).read_text()
     match = re.search(r"AddSerializedFile\((b'.*?')\)", source, re.S)

@@ -1,7 +1,7 @@
 """A long-lived official-client process driven by JSON lines (runs in .venv-client).
 
-The official ``rocketmq`` package registers apache.rocketmq.v2 protos that clash with ours, so
-tests run it here, in its own interpreter. Usage:
+Each client runs in its own interpreter, as a separate application would (popmq and the official
+client can share one process too: tests/official/test_coexistence.py). Usage:
 
     .venv-client/bin/python tests/official/python_session.py '{"endpoint": "127.0.0.1:8081",
         "role": "producer" | "simple" | "push", "topics": [...], "group": "...", ...}'
