@@ -55,11 +55,27 @@ class StoreConfig(Section):
     retention_hours: float = Field(72.0, gt=0)
     retention_bytes: int = Field(0, ge=0)  # 0 = no size limit
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
+    # Open index and old-segment descriptors kept at most (least recently used closed first);
+    # the active commitlog segment is one more. Bounds the store's fds however many queues.
+    max_open_files: int = Field(256, ge=8)
 
 
 class TopicDefaults(Section):
-    auto_create: bool = True
+    """Topics created on first use (QueryRoute, send): a flood of new names must not exhaust
+    the broker, so auto-creation has a total cap and a rate (a token bucket, burst = rate)."""
+
+    auto_create: bool = True  # RocketMQ's autoCreateTopicEnable
     queue_count: int = Field(8, ge=1, le=1024)
+    max_auto_created: int = Field(10_000, ge=0)
+    auto_create_per_second: float = Field(100.0, gt=0)
+
+
+class GroupDefaults(Section):
+    """Consumer groups created on first use (receive, settings), capped like topics."""
+
+    auto_create: bool = True  # RocketMQ's autoCreateSubscriptionGroup
+    max_auto_created: int = Field(100_000, ge=0)
+    auto_create_per_second: float = Field(1_000.0, gt=0)
 
 
 class PopConfig(Section):
@@ -115,6 +131,7 @@ class BrokerConfig(Section):
     metrics_port: int | None = Field(None, ge=0, le=65535)
     store: StoreConfig = Field(default_factory=StoreConfig)
     topics: TopicDefaults = Field(default_factory=TopicDefaults)
+    groups: GroupDefaults = Field(default_factory=GroupDefaults)
     pop: PopConfig = Field(default_factory=PopConfig)
     polling: PollingConfig = Field(default_factory=PollingConfig)
 

@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import re
 import shutil
 import time
@@ -46,7 +45,8 @@ from popmq.broker.api.types import Message, StoredMessage
 from popmq.broker.store.codec import encode_record, tag_hash
 from popmq.broker.store.commitlog import CommitLog, PositionPurged
 from popmq.broker.store.errors import OffsetOutOfRangeError, OffsetPurgedError
-from popmq.broker.store.files import DirLock, HandleCache, read_json, write_json_atomic
+from popmq.broker.store.file_budget import FileBudget, fsync_paths
+from popmq.broker.store.files import DirLock, read_json, write_json_atomic
 from popmq.broker.store.framing import encode_frame
 from popmq.broker.store.group_commit import GroupCommit
 from popmq.broker.store.queue_index import ENTRY, IndexDamaged, QueueIndex
@@ -114,7 +114,7 @@ class MessageStore:
         self._clock = clock
         self._per_file = index_entries_per_file
         self._retention_interval_s = retention_interval_s
-        self._handles = HandleCache()
+        self._handles = FileBudget(config.max_open_files)
         self._lock = DirLock(self._dir)
         self._commitlog = CommitLog(self._dir / "commitlog", config.segment_bytes, self._handles)
         self._group = GroupCommit(self._commitlog)
@@ -135,6 +135,10 @@ class MessageStore:
         self._task: asyncio.Task[None] | None = None
         self._open = False
         self.recovery: RecoveryReport | None = None
+        # Failed periodic flushes (fsync or checkpoint), and whether the last one failed: while
+        # it does, async appends wait for their own fsync, so none is acknowledged undurable.
+        self.flush_failures = 0
+        self.flush_failing = False
 
     @property
     def data_dir(self) -> Path:
@@ -143,6 +147,11 @@ class MessageStore:
     @property
     def broker_name(self) -> str:
         return self._broker_name
+
+    @property
+    def open_files(self) -> FileBudget:
+        """The bounded budget of open index and segment descriptors (for metrics)."""
+        return self._handles
 
     @property
     def commitlog_fsyncs(self) -> int:
@@ -236,8 +245,16 @@ class MessageStore:
             await asyncio.sleep(interval)
             try:
                 await self.checkpoint()
-            except Exception:
-                log.exception("store: periodic flush failed; retrying at the next interval")
+            except Exception as exc:
+                self.flush_failures += 1
+                if not self.flush_failing:
+                    log.error("store: periodic flush failed (%s); sends now wait for their own "
+                              "fsync until a flush succeeds", exc)  # fmt: skip
+                self.flush_failing = True
+            else:
+                if self.flush_failing:
+                    log.warning("store: periodic flush works again")
+                self.flush_failing = False
             if time.monotonic() >= next_retention:
                 next_retention = time.monotonic() + self._retention_interval_s
                 try:
@@ -257,12 +274,12 @@ class MessageStore:
             position = self._commitlog.write_position
             extents = self._index_extents()
             await self._group.wait_durable(position)
-            fds = [fd for idx in self._indexes.values() for fd in idx.take_dirty_fds()]
+            paths = [p for idx in self._indexes.values() for p in idx.take_dirty_paths()]
             offsets = self._offsets_snapshot() if self._offsets_dirty else None
             self._offsets_dirty = False
             work = asyncio.ensure_future(
                 asyncio.to_thread(
-                    self._write_checkpoint, fds, position, self._extents_doc(extents), offsets
+                    self._write_checkpoint, paths, position, self._extents_doc(extents), offsets
                 )
             )
             try:
@@ -288,8 +305,8 @@ class MessageStore:
         self._commitlog.sync_fds(fds, dir_dirty)
         self._commitlog.mark_durable(target, len(fds))
         extents = self._index_extents()
-        fds = [fd for idx in self._indexes.values() for fd in idx.take_dirty_fds()]
-        self._write_checkpoint(fds, target, self._extents_doc(extents), self._offsets_snapshot())
+        paths = [p for idx in self._indexes.values() for p in idx.take_dirty_paths()]
+        self._write_checkpoint(paths, target, self._extents_doc(extents), self._offsets_snapshot())
         self._offsets_dirty = False
         self._delete_purged_index_files(extents)
 
@@ -317,14 +334,9 @@ class MessageStore:
                 idx.delete_files_below(first)
 
     def _write_checkpoint(
-        self, fds: list[int], position: int, extents: dict[str, list[int]], offsets: list | None
+        self, paths: list[Path], position: int, extents: dict[str, list[int]], offsets: list | None
     ) -> None:
-        try:
-            for fd in fds:
-                os.fsync(fd)
-        finally:
-            for fd in fds:
-                os.close(fd)
+        fsync_paths(paths)
         write_json_atomic(self._dir / "checkpoint.json", {"position": position, "queues": extents})
         if offsets is not None:
             write_json_atomic(self._dir / "consumer_offsets.json", offsets)
@@ -406,6 +418,16 @@ class MessageStore:
             raise BrokerError(Code.INTERNAL_ERROR, "the store is not open")
 
     # -- write -------------------------------------------------------------------------------
+    async def _wait_durable(self, position: int) -> None:
+        """Group-commit fsync up to ``position``; a failure refuses the send (never an
+        acknowledgement of data the disk did not take)."""
+        try:
+            await self._group.wait_durable(position)
+        except BrokerError as exc:
+            raise BrokerError(
+                Code.MASTER_PERSISTENCE_TIMEOUT, f"the message could not be made durable: {exc}"
+            ) from exc
+
     async def append(
         self, topic: str, queue_id: int, messages: list[Message]
     ) -> list[StoredMessage]:
@@ -443,9 +465,11 @@ class MessageStore:
                 entries.append(_pack_entry(position, len(frame), code, now))
             index.append(b"".join(entries))
         except OSError as exc:
-            raise BrokerError(Code.INTERNAL_ERROR, f"store write failed: {exc}") from exc
-        if self._sync:
-            await self._group.wait_durable(positions[-1] + len(frames[-1]))
+            raise BrokerError(
+                Code.MASTER_PERSISTENCE_TIMEOUT, f"the message could not be stored: {exc}"
+            ) from exc
+        if self._sync or self.flush_failing:
+            await self._wait_durable(positions[-1] + len(frames[-1]))
         stored = [
             StoredMessage(
                 topic=topic,
