@@ -176,8 +176,13 @@ class ProxyConfig(Section):
     min_invisible_ms: int = Field(10_000, ge=0)
     max_invisible_ms: int = Field(12 * 3_600_000, ge=1)
     default_invisible_ms: int = Field(60_000, ge=1)
-    max_batch: int = Field(32, ge=1)
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
+    max_batch: int = Field(32, ge=1)  # messages per receive
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)  # RocketMQ's maxMessageSize
+    max_send_messages: int = Field(1024, ge=1)  # messages per SendMessage call
+    # Admission control: receives held at once, past which TOO_MANY_REQUESTS answers at once.
+    max_long_polls: int = Field(10_000, ge=1)
+    max_long_polls_per_client: int = Field(1_000, ge=1)  # per client id (or peer address)
+    max_long_polls_per_group: int = Field(2_000, ge=1)
     handle_secret: str = "popmq-dev-secret"
 
     @model_validator(mode="after")

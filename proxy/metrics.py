@@ -84,6 +84,16 @@ class ProxyMetrics:
             "Popped messages a long poll could not deliver (client gone), by what release did",
             ["outcome"], registry=r,
         )  # fmt: skip
+        self.admission_refusals = Counter(
+            "popmq_proxy_admission_refusals",
+            "Requests refused by admission control, by reason (long-poll bounds: "
+            "TOO_MANY_REQUESTS; batch, body or send size)",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.active_long_polls = Gauge(
+            "popmq_proxy_active_long_polls", "Receive calls held now (admission control)",
+            registry=r,
+        )  # fmt: skip
         self.adaptive_switches = Counter(
             "popmq_proxy_adaptive_switches", "Adaptive long-poll switches, by the mode entered",
             ["mode"], registry=r,

@@ -14,6 +14,7 @@ from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.types import FilterExpression, PoppedMessage, PopRequest
 from popmq.proxy.activity import validate
+from popmq.proxy.admission import refuse
 from popmq.proxy.grpc.headers import RequestContext
 from popmq.proxy.longpoll.base import LongPollRequest
 from popmq.proxy.services import ProxyServices
@@ -91,10 +92,11 @@ async def plan_receive(
     group = validate.group_name(request.group.name)
     topic = validate.topic_name(request.message_queue.topic.name, allow_dlq=True)
     if request.batch_size <= 0 or request.batch_size > config.max_batch:
-        raise BrokerError(
-            Code.BAD_REQUEST,
-            f"batch size must be in 1..{config.max_batch}, not {request.batch_size}",
-        )
+        raise refuse(
+            services.metrics, "batch_size", Code.BAD_REQUEST,
+            f"batch size must be in 1..{config.max_batch} (proxy.max_batch), "
+            f"not {request.batch_size}",
+        )  # fmt: skip
     if request.auto_renew:
         # Push consumers: the proxy holds no renewal state, so they get the default time.
         invisible_ms = config.default_invisible_ms
