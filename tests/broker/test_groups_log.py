@@ -4,6 +4,7 @@ groups.json files migrate, damage falls back visibly; auto-creation is bounded
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -36,7 +37,7 @@ def test_new_groups_cost_no_fsync_and_no_rewrite(tmp_path, monkeypatch) -> None:
         sizes.append(os.path.getsize(tmp_path / "state" / "groups.log"))
     assert fsyncs == []
     # Appends only: every new group adds about the same few bytes (no whole-file rewrite).
-    growth = [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
+    growth = [b - a for a, b in itertools.pairwise(sizes)]
     assert max(growth) < 200
     reg.update(GroupConfig(name="g7", max_attempts=3, fifo=True))
     assert len(fsyncs) == 1  # an explicit update is durable before it is acknowledged

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from popmq.broker.api.errors import Code
-from proxy_support import Cluster, message, unique
+from proxy_support import Cluster, eventually, message, unique
 
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
@@ -21,8 +21,7 @@ def refusals(cluster: Cluster, reason: str) -> float:
 
 async def _held(cluster: Cluster, count: int) -> None:
     """Wait until ``count`` receives are held by the proxy."""
-    while cluster.server.services.admission.active < count:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: cluster.server.services.admission.active >= count)
 
 
 async def test_long_polls_past_the_group_bound_are_shed_at_once(make_cluster) -> None:
