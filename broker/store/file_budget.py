@@ -76,9 +76,9 @@ class FileBudget:
 
 
 def fsync_paths(paths: list[Path]) -> None:
-    """fsync files one at a time, each through its own short-lived descriptor, so making
-    thousands of index files durable needs one spare descriptor, not thousands. A file
-    deleted meanwhile (topic deleted, retention) needs no fsync."""
+    """fsync files (and directories) one at a time, each through its own short-lived
+    descriptor, so making thousands of index files durable needs one spare descriptor, not
+    thousands. A file deleted meanwhile (topic deleted, retention) needs no fsync."""
     for path in paths:
         try:
             fd = os.open(path, os.O_RDONLY)

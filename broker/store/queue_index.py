@@ -39,6 +39,9 @@ class QueueIndex:
         self._starts: list[int] = []
         self._active_count = 0  # entries in the last file
         self._dirty: set[int] = set()  # starts of files written since the last flush
+        # A file was created since the last flush: the directory needs an fsync too (left to
+        # the checkpoint, with the files' data, so creating thousands of queues stays cheap).
+        self._dir_dirty = False
         self.min_offset = 0
 
     @property
@@ -88,7 +91,7 @@ class QueueIndex:
         self._starts.append(start)
         self._active_count = 0
         self._dirty.add(start)
-        fsync_dir(self._dir)
+        self._dir_dirty = True
 
     def _path(self, start: int) -> Path:
         return self._dir / f"{start:0{_NAME_DIGITS}d}"
@@ -209,11 +212,15 @@ class QueueIndex:
     def take_dirty_paths(self) -> list[Path]:
         """The files written since the last call, for file_budget.fsync_paths."""
         paths = [self._path(start) for start in sorted(self._dirty) if start in self._starts]
+        if self._dir_dirty:
+            paths.append(self._dir)
         self._dirty.clear()
+        self._dir_dirty = False
         return paths
 
     def mark_all_dirty(self) -> None:
         self._dirty.update(self._starts)
+        self._dir_dirty = True
 
     def close(self) -> None:
         for start in self._starts:
