@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 MESSAGING_SERVICE = "apache.rocketmq.v2.MessagingService"
 
 
-def grpc_options(max_body_bytes: int) -> list[tuple[str, int]]:
+def grpc_options(max_body_bytes: int, max_long_polls: int = 10_000) -> list[tuple[str, int]]:
     # Room for a maximal body plus the rest of the request, so an oversize body reaches
     # validation (MESSAGE_BODY_TOO_LARGE) instead of failing in the transport.
     limit = max(2 * max_body_bytes + (1 << 20), 16 << 20)
@@ -40,6 +40,12 @@ def grpc_options(max_body_bytes: int) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
         ("grpc.so_reuseport", 0),
+        # Calls the transport accepted before our handler picked them up. Past this grpc-core
+        # cancels new calls at random (clients see CANCELLED, no status of ours); make room
+        # for every long poll admission control admits, so that it is what sheds, with
+        # TOO_MANY_REQUESTS and a metric.
+        ("grpc.server.max_pending_requests", max_long_polls + 1_000),
+        ("grpc.server.max_pending_requests_hard_limit", 2 * (max_long_polls + 1_000)),
         # Notice clients that vanished without closing (their held receives are freed).
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
@@ -76,7 +82,7 @@ class ProxyServer:
 
     async def start(self) -> int:
         proxy = self.config.proxy
-        server = grpc.aio.server(options=grpc_options(proxy.max_body_bytes))
+        server = grpc.aio.server(options=grpc_options(proxy.max_body_bytes, proxy.max_long_polls))
         service_pb2_grpc.add_MessagingServiceServicer_to_server(
             MessagingServicer(self.services), server
         )

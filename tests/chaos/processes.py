@@ -77,7 +77,8 @@ class PopmqProcess:
 
 def broker_args(name: str, data_dir: Path, metrics_port: int, *sets: str) -> list[str]:
     args = ["broker", "--name", name, "--host", "127.0.0.1", "--port", "0",
-            "--data-dir", str(data_dir), "--set", f"broker.metrics_port={metrics_port}"]  # fmt: skip
+            "--data-dir", str(data_dir),
+            "--set", f"broker.metrics_port={metrics_port}"]  # fmt: skip
     for item in sets:
         args += ["--set", item]
     return args
