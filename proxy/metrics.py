@@ -90,6 +90,11 @@ class ProxyMetrics:
             "TOO_MANY_REQUESTS; batch, body or send size)",
             ["reason"], registry=r,
         )  # fmt: skip
+        self.late_answers = Counter(
+            "popmq_proxy_late_receive_answers",
+            "Receive calls whose answer was finished after the client's deadline (should be 0; "
+            "grows when the proxy is overloaded)", registry=r,
+        )  # fmt: skip
         self.active_long_polls = Gauge(
             "popmq_proxy_active_long_polls", "Receive calls held now (admission control)",
             registry=r,

@@ -166,6 +166,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await self._receive(request, context, ctx, started)
         finally:
             services.admission.leave(client, group)
+            if ctx.deadline is not None and time.monotonic() > ctx.deadline:
+                # Our answer left after the client's deadline: it saw DEADLINE_EXCEEDED.
+                self.metrics.late_answers.inc()
 
     async def _receive(
         self,
