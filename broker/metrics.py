@@ -102,6 +102,12 @@ class BrokerMetrics:
             "Topics or groups not auto-created, by kind and reason (disabled, total, rate)",
             ["broker", "kind", "reason"], registry=r,
         )  # fmt: skip
+        # Every series exported from the start (at 0), so rate() sees the first refusal.
+        self._auto_create_refused_by = {
+            (kind, reason): self._auto_create_refused.labels(broker, kind, reason)
+            for kind in ("topic", "group")
+            for reason in ("disabled", "total", "rate")
+        }
 
     # -- hooks (cheap: one inc per call or batch) --------------------------------------------
     def stored(self, topic: str, count: int) -> None:
@@ -135,7 +141,7 @@ class BrokerMetrics:
             self._timer.inc(count)
 
     def auto_create_refused(self, kind: str, reason: str) -> None:
-        self._auto_create_refused.labels(self.broker, kind, reason).inc()
+        self._auto_create_refused_by[kind, reason].inc()
 
     def spilled(self, count: int) -> None:
         if count:

@@ -13,6 +13,12 @@ _LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
+ADMISSION_REASONS = (
+    "long_polls_total", "long_polls_per_client", "long_polls_per_group",
+    "batch_size", "body_size", "send_messages",
+)  # fmt: skip
+
+
 class ProxyMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -90,6 +96,8 @@ class ProxyMetrics:
             "TOO_MANY_REQUESTS; batch, body or send size)",
             ["reason"], registry=r,
         )  # fmt: skip
+        for reason in ADMISSION_REASONS:  # exported at 0 from the start
+            self.admission_refusals.labels(reason)
         self.late_answers = Counter(
             "popmq_proxy_late_receive_answers",
             "Receive calls whose answer was finished after the client's deadline (should be 0; "

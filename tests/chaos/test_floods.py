@@ -177,7 +177,7 @@ POLL_MS = 10_000
 REQUEST_TIMEOUT_MS = 3_000  # the official clients' deadline: awaitDuration + requestTimeout
 PROXY_LONG_POLL_BOUND = 1_500
 CHANNELS = 32
-STAGGER_S = 0.0005  # 2,000 polls start over 1 s
+STAGGER_S = 0.001  # 2,000 polls start over 2 s
 
 
 async def test_long_polls_over_thousands_of_groups_are_all_answered(tmp_path: Path) -> None:
