@@ -161,6 +161,9 @@ class ProxyConfig(Section):
     max_long_polling_ms: int = Field(20_000, ge=1)
     # Kept back from the client's deadline so the answer arrives before it expires.
     long_polling_reserve_ms: int = Field(100, ge=0)
+    # More reserve per receive held now: answering a crowd of polls that end together takes
+    # time, and the last answers must still beat their deadlines (1,000 held: +500 ms).
+    long_polling_reserve_per_held_ms: float = Field(0.5, ge=0)
     strategy: Literal["pop", "slices", "notify", "adaptive"] = "adaptive"
     # adaptive: pop requests per second (sliding window) at or above which plain pop is used.
     notify_threshold_rps: float = Field(100.0, gt=0)

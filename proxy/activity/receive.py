@@ -31,13 +31,18 @@ DEFAULT_REQUEST_TIMEOUT_MS = 3_000
 NACK_INVISIBLE_MS = 1_000
 
 
-def polling_time_ms(requested_ms: int | None, remaining_ms: int | None, config: ProxyConfig) -> int:
+def polling_time_ms(
+    requested_ms: int | None, remaining_ms: int | None, config: ProxyConfig, held: int = 0
+) -> int:
     """How long a receive may hold.
 
     - absent: the call's remaining time minus half a request timeout (RocketMQ), clamped;
     - 0: the minimum; positive below the minimum: ILLEGAL_POLLING_TIME; above the max: max;
     - never past the client's deadline minus the reserve; if that leaves less than the
-      minimum, ILLEGAL_POLLING_TIME (RocketMQ: "deadline time remaining is not enough").
+      minimum, ILLEGAL_POLLING_TIME (RocketMQ: "deadline time remaining is not enough");
+    - with ``held`` receives held now, a further ``long_polling_reserve_per_held_ms`` each
+      (never below the minimum): polls that end together are answered one after another, so
+      under a flood the last answers need that much more room before their deadlines.
     """
     low, high = config.min_long_polling_ms, config.max_long_polling_ms
     if requested_ms is None:
@@ -65,6 +70,8 @@ def polling_time_ms(requested_ms: int | None, remaining_ms: int | None, config: 
                     f"long poll of at least {low} ms",
                 )
             poll = budget
+        crowded = budget - int(held * config.long_polling_reserve_per_held_ms)
+        poll = min(poll, max(crowded, low))
     return poll
 
 
@@ -112,7 +119,7 @@ async def plan_receive(
         if request.HasField("long_polling_timeout")
         else None
     )
-    poll_ms = polling_time_ms(requested, ctx.remaining_ms(), config)
+    poll_ms = polling_time_ms(requested, ctx.remaining_ms(), config, services.admission.active)
     expression = filter_of(request.filter_expression)
     route = await services.cluster.route(topic)
     group_config = await services.cluster.group(group)
