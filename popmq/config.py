@@ -186,6 +186,8 @@ class ProxyConfig(Section):
     max_long_polls: int = Field(10_000, ge=1)
     max_long_polls_per_client: int = Field(1_000, ge=1)  # per client id (or peer address)
     max_long_polls_per_group: int = Field(2_000, ge=1)
+    # Shed new long polls while the event loop runs timers this late (CPU starved).
+    max_loop_lag_ms: int = Field(1_000, ge=1)
     handle_secret: str = "popmq-dev-secret"
 
     @model_validator(mode="after")

@@ -7,10 +7,17 @@ proxy holds at most ``max_long_polls`` receives, ``max_long_polls_per_client`` p
 client id, or its peer address without one) and ``max_long_polls_per_group`` per group. Past a
 bound a receive is refused at once with TOO_MANY_REQUESTS, as RocketMQ answers "polling full":
 the client backs off and retries, and every call gets an answer in time.
+
+Bounds on counts do not see a proxy starved of CPU, where even a few hundred polls that end
+together are answered too late. So admission also watches the event loop's lag (how late a
+100 ms timer fires): above ``max_loop_lag_ms`` new long polls are shed too, and the lag is
+kept as extra reserve before each deadline (see receive.polling_time_ms).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import Counter
 
 from popmq.broker.api.errors import BrokerError, Code
@@ -28,6 +35,33 @@ class LongPollAdmission:
         self._total = 0
         self._clients: Counter[str] = Counter()
         self._groups: Counter[str] = Counter()
+        self._max_lag_ms = config.max_loop_lag_ms
+        self.lag_ms = 0.0  # recent event-loop lag (decays), see _watch_lag
+        self._watcher: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start watching the event loop's lag (call on the proxy's loop)."""
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(
+                self._watch_lag(), name="admission-loop-lag"
+            )
+
+    async def aclose(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+
+    async def _watch_lag(self, interval_s: float = 0.1) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(interval_s)
+            late_ms = max(0.0, (loop.time() - before - interval_s) * 1000)
+            # Rise at once, fall slowly: one quiet tick does not end an overload.
+            self.lag_ms = max(late_ms, self.lag_ms * 0.8)
+            self._metrics.loop_lag.set(self.lag_ms / 1000)
 
     @property
     def active(self) -> int:
@@ -35,6 +69,9 @@ class LongPollAdmission:
 
     def enter(self, client: str, group: str) -> None:
         """Count one held receive, or raise TOO_MANY_REQUESTS (counted by reason)."""
+        if self.lag_ms > self._max_lag_ms:
+            self._refuse("overloaded", f"the proxy's event loop lags {self.lag_ms:.0f} ms, "
+                         "more than proxy.max_loop_lag_ms")  # fmt: skip
         if self._total >= self._total_limit:
             self._refuse("long_polls_total", f"the proxy holds {self._total} long polls, its "
                          "limit (proxy.max_long_polls)")  # fmt: skip

@@ -15,7 +15,7 @@ _LATENCY_BUCKETS = (
 
 ADMISSION_REASONS = (
     "long_polls_total", "long_polls_per_client", "long_polls_per_group",
-    "batch_size", "body_size", "send_messages",
+    "overloaded", "batch_size", "body_size", "send_messages",
 )  # fmt: skip
 
 
@@ -102,6 +102,11 @@ class ProxyMetrics:
             "popmq_proxy_late_receive_answers",
             "Receive calls whose answer was finished after the client's deadline (should be 0; "
             "grows when the proxy is overloaded)", registry=r,
+        )  # fmt: skip
+        self.loop_lag = Gauge(
+            "popmq_proxy_event_loop_lag_seconds",
+            "How late the proxy's event loop runs a timer (recent, decaying); admission sheds "
+            "long polls above proxy.max_loop_lag_ms", registry=r,
         )  # fmt: skip
         self.active_long_polls = Gauge(
             "popmq_proxy_active_long_polls", "Receive calls held now (admission control)",

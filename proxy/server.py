@@ -95,6 +95,7 @@ class ProxyServer:
             "127.0.0.1" if proxy.host in ("0.0.0.0", "::", "") else proxy.host
         )
         self.services.advertised_port = self.port
+        self.services.admission.start()
         await server.start()
         for name in ("", MESSAGING_SERVICE):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -120,5 +121,6 @@ class ProxyServer:
         await self._server.stop(grace_s)
         self._server = None
         await self.services.tasks.close()
+        await self.services.admission.aclose()
         await self.services.strategy.aclose()
         await self.services.cluster.close()

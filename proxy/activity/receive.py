@@ -32,7 +32,7 @@ NACK_INVISIBLE_MS = 1_000
 
 
 def polling_time_ms(
-    requested_ms: int | None, remaining_ms: int | None, config: ProxyConfig, held: int = 0
+    requested_ms: int | None, remaining_ms: int | None, config: ProxyConfig, load_ms: int = 0
 ) -> int:
     """How long a receive may hold.
 
@@ -40,9 +40,9 @@ def polling_time_ms(
     - 0: the minimum; positive below the minimum: ILLEGAL_POLLING_TIME; above the max: max;
     - never past the client's deadline minus the reserve; if that leaves less than the
       minimum, ILLEGAL_POLLING_TIME (RocketMQ: "deadline time remaining is not enough");
-    - with ``held`` receives held now, a further ``long_polling_reserve_per_held_ms`` each
-      (never below the minimum): polls that end together are answered one after another, so
-      under a flood the last answers need that much more room before their deadlines.
+    - ``load_ms`` more reserve under load (never below the minimum): polls that end together
+      are answered one after another, and a lagging loop answers late, so under a flood the
+      last answers need that much more room before their deadlines (see load_reserve_ms).
     """
     low, high = config.min_long_polling_ms, config.max_long_polling_ms
     if requested_ms is None:
@@ -70,9 +70,15 @@ def polling_time_ms(
                     f"long poll of at least {low} ms",
                 )
             poll = budget
-        crowded = budget - int(held * config.long_polling_reserve_per_held_ms)
-        poll = min(poll, max(crowded, low))
+        poll = min(poll, max(budget - load_ms, low))
     return poll
+
+
+def load_reserve_ms(services: ProxyServices) -> int:
+    """Reserve for load: per receive held now, plus the event loop's current lag."""
+    admission = services.admission
+    per_held = services.proxy.long_polling_reserve_per_held_ms
+    return int(admission.active * per_held + admission.lag_ms)
 
 
 def filter_of(expression: pb.FilterExpression) -> FilterExpression:
@@ -119,7 +125,7 @@ async def plan_receive(
         if request.HasField("long_polling_timeout")
         else None
     )
-    poll_ms = polling_time_ms(requested, ctx.remaining_ms(), config, services.admission.active)
+    poll_ms = polling_time_ms(requested, ctx.remaining_ms(), config, load_reserve_ms(services))
     expression = filter_of(request.filter_expression)
     route = await services.cluster.route(topic)
     group_config = await services.cluster.group(group)

@@ -5,10 +5,15 @@ counted (issue 9, admission control)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
-from popmq.broker.api.errors import Code
+import pytest
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.proxy.admission import LongPollAdmission
+from popmq.proxy.metrics import ProxyMetrics
 from proxy_support import Cluster, eventually, message, unique
 
+from popmq.config import ProxyConfig
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
 
@@ -90,3 +95,27 @@ async def test_size_limits_are_refused_and_counted(make_cluster) -> None:
     assert refusals(cluster, "send_messages") == 1
     assert refusals(cluster, "body_size") == 1
     assert refusals(cluster, "batch_size") == 1
+
+
+async def test_a_lagging_event_loop_sheds_new_long_polls() -> None:
+    metrics = ProxyMetrics()
+    admission = LongPollAdmission(ProxyConfig(max_loop_lag_ms=200), metrics)
+    admission.start()
+    try:
+        await asyncio.sleep(0.01)  # the watcher's first timer is running
+        admission.enter("c", "g")  # a calm loop admits
+        time.sleep(0.5)  # noqa: ASYNC251 - block the loop on purpose: its timer fires late
+        await asyncio.sleep(0.15)
+        assert admission.lag_ms > 200
+        with pytest.raises(BrokerError) as err:
+            admission.enter("c", "g2")
+        assert err.value.code == Code.TOO_MANY_REQUESTS and "max_loop_lag_ms" in err.value.message
+        assert (
+            metrics.registry.get_sample_value(
+                "popmq_proxy_admission_refusals_total", {"reason": "overloaded"}
+            )
+            == 1
+        )
+        admission.leave("c", "g")
+    finally:
+        await admission.aclose()
