@@ -3,8 +3,13 @@ closing idle files loses nothing (issue 9, defect 7)."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import logging
 import os
 
+import pytest
+from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import Message
 from popmq.broker.store.file_budget import FileBudget
 
@@ -54,3 +59,33 @@ async def test_thousands_of_queues_keep_descriptors_bounded(store_factory) -> No
         for queue_id in range(8):
             got = reopened.read(name, queue_id, 0, 10).messages
             assert [m.body for m in got] == [f"{name}/{queue_id}/{r}".encode() for r in (0, 1)]
+
+
+async def test_a_failing_flush_makes_sends_wait_for_their_own_fsync(
+    store_factory, monkeypatch, caplog
+) -> None:
+    store = store_factory(flush_interval_ms=10)
+    store.create_topic("t", 1)
+    await store.start()
+
+    def emfile(*_args: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(store, "_write_checkpoint", emfile)
+    with caplog.at_level(logging.ERROR):
+        for _ in range(500):  # the flush loop runs every 10 ms
+            if store.flush_failing:
+                break
+            await asyncio.sleep(0.01)
+    assert store.flush_failures >= 1
+    assert any("periodic flush failed" in r.getMessage() for r in caplog.records)
+    # While the flush fails, an async-mode send is acknowledged only after its own fsync.
+    before = store.commitlog_fsyncs
+    await store.append("t", 0, [Message(topic="t", body=b"durable")])
+    assert store.commitlog_fsyncs > before
+    # And a send whose fsync fails is refused, never acknowledged.
+    monkeypatch.setattr(store._commitlog, "sync_fds", emfile)
+    with pytest.raises(BrokerError) as err:
+        await store.append("t", 0, [Message(topic="t", body=b"not durable")])
+    assert err.value.code == Code.MASTER_PERSISTENCE_TIMEOUT
+    monkeypatch.undo()
