@@ -45,6 +45,7 @@ from popmq.broker.api.types import (
     TopicInfo,
     retry_topic,
 )
+from popmq.broker.auto_create import AutoCreateGate
 from popmq.broker.metered_hold import MeteredHoldTable
 from popmq.broker.metrics import BrokerMetrics, take_snapshot
 from popmq.broker.pop.engine import PopEngine
@@ -78,7 +79,14 @@ class Broker:
         self._hold = MeteredHoldTable(
             config.polling.max_held_per_key, config.polling.max_held_total, self._metrics
         )
-        self._groups = GroupRegistry(self._store, config.pop)
+        self._groups = GroupRegistry(
+            self._store, config.pop, config.groups, self._metrics.auto_create_refused
+        )
+        topics = config.topics
+        self._topic_gate = AutoCreateGate(
+            "topic", topics.auto_create, topics.max_auto_created, topics.auto_create_per_second,
+            self._metrics.auto_create_refused,
+        )  # fmt: skip
         self._round_robin = RoundRobin()
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
@@ -230,6 +238,7 @@ class Broker:
                 self._ledger.spill(self._clock(), buffer_ms=-(1 << 62))
                 self._ledger.flush_commits()
                 self._journal.close()
+            self._groups.close()
         finally:
             # A checkpoint first waits out one the store's own flush task may be running, so
             # close() does not cancel that one half-way through its file writes.
@@ -324,8 +333,14 @@ class Broker:
         meta = self._store.get_topic(topic)
         if meta is not None:
             return meta
-        if not self._config.topics.auto_create:
-            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+        return self._auto_create_topic(topic)
+
+    def _auto_create_topic(self, topic: str) -> TopicMeta:
+        """Create a topic on first use, within broker.topics' auto-creation limits."""
+        check_topic(topic)
+        user_topics = sum(1 for meta in self._store.list_topics()
+                          if not meta.name.startswith(SYSTEM_PREFIX))  # fmt: skip
+        self._topic_gate.admit(topic, user_topics)
         return self._store.create_topic(topic, self._config.topics.queue_count)
 
     def _check_message(self, message: Message) -> None:
@@ -526,9 +541,9 @@ class Broker:
         check_topic(topic, user=False)
         meta = self._store.get_topic(topic)
         if meta is None:
-            if not (auto_create and self._config.topics.auto_create) or is_system_topic(topic):
+            if not auto_create or is_system_topic(topic):
                 raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
-            meta = self._store.create_topic(topic, self._config.topics.queue_count)
+            meta = self._auto_create_topic(topic)
         return self._topic_info(meta)
 
     async def list_topics(self) -> list[TopicInfo]:

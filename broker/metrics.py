@@ -116,6 +116,17 @@ class BrokerMetrics:
         self.held_limit = Gauge(
             "popmq_broker_held_requests_limit", "broker.polling.max_held_total", b, registry=r
         ).labels(broker)
+        self._auto_create_refused = Counter(
+            "popmq_broker_auto_create_refused",
+            "Topics or groups not auto-created, by kind and reason (disabled, total, rate)",
+            ["broker", "kind", "reason"], registry=r,
+        )  # fmt: skip
+        # Every series exported from the start (at 0), so rate() sees the first refusal.
+        self._auto_create_refused_by = {
+            (kind, reason): self._auto_create_refused.labels(broker, kind, reason)
+            for kind in ("topic", "group")
+            for reason in ("disabled", "total", "rate")
+        }
 
     # -- hooks (cheap: one inc per call or batch) --------------------------------------------
     def stored(self, topic: str, count: int) -> None:
@@ -147,6 +158,9 @@ class BrokerMetrics:
     def timer_delivered(self, count: int) -> None:
         if count:
             self._timer.inc(count)
+
+    def auto_create_refused(self, kind: str, reason: str) -> None:
+        self._auto_create_refused_by[kind, reason].inc()
 
     def spilled(self, count: int) -> None:
         if count:
@@ -196,6 +210,10 @@ class BrokerSnapshot:
     groups: list[GroupRow] = field(default_factory=list)
     groups_dropped: int = 0  # pairs past MAX_GROUP_SERIES
     dlq_stored: dict[str, int] = field(default_factory=dict)  # group -> messages in its DLQ
+    open_files: int = 0
+    open_files_limit: int = 0
+    open_file_evictions: int = 0
+    flush_failures: int = 0
 
 
 def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
@@ -209,6 +227,10 @@ def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
         timer_pending=broker.timer.pending,
         data_dir=broker.store.data_dir,
         corrupt_reads=broker.store.corrupt_records_read,
+        open_files=broker.store.open_files.open_count,
+        open_files_limit=broker.store.open_files.capacity,
+        open_file_evictions=broker.store.open_files.evictions,
+        flush_failures=broker.store.flush_failures,
     )
     pairs = sorted(_group_topics(broker))
     snap.groups_dropped = max(len(pairs) - MAX_GROUP_SERIES, 0)
@@ -304,6 +326,18 @@ class BrokerStateCollector(Collector):
                        "Damaged records found by reads (damage older than recovery's walk), "
                        "each skipped, copied to DATA/quarantine/ and counted once; run popmq "
                        "broker verify", b, snap.corrupt_reads)  # fmt: skip
+        yield _gauge("popmq_broker_store_open_files",
+                     "Index and segment descriptors the store holds open (its file budget)",
+                     b, snap.open_files)  # fmt: skip
+        yield _gauge("popmq_broker_store_open_files_limit", "broker.store.max_open_files",
+                     b, snap.open_files_limit)  # fmt: skip
+        yield _counter("popmq_broker_store_file_evictions",
+                       "Idle store files closed to stay within the file budget",
+                       b, snap.open_file_evictions)  # fmt: skip
+        yield _counter("popmq_broker_store_flush_failures",
+                       "Periodic flushes (fsync, checkpoint) that failed; while the last one "
+                       "failed, sends wait for their own fsync",
+                       b, snap.flush_failures)  # fmt: skip
         labels = ["broker", "group", "topic"]
         backlog = GaugeMetricFamily(
             "popmq_broker_group_backlog_messages",

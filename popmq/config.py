@@ -55,11 +55,27 @@ class StoreConfig(Section):
     retention_hours: float = Field(72.0, gt=0)
     retention_bytes: int = Field(0, ge=0)  # 0 = no size limit
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
+    # Open index and old-segment descriptors kept at most (least recently used closed first);
+    # the active commitlog segment is one more. Bounds the store's fds however many queues.
+    max_open_files: int = Field(256, ge=8)
 
 
 class TopicDefaults(Section):
-    auto_create: bool = True
+    """Topics created on first use (QueryRoute, send): a flood of new names must not exhaust
+    the broker, so auto-creation has a total cap and a rate (a token bucket, burst = rate)."""
+
+    auto_create: bool = True  # RocketMQ's autoCreateTopicEnable
     queue_count: int = Field(8, ge=1, le=1024)
+    max_auto_created: int = Field(10_000, ge=0)
+    auto_create_per_second: float = Field(100.0, gt=0)
+
+
+class GroupDefaults(Section):
+    """Consumer groups created on first use (receive, settings), capped like topics."""
+
+    auto_create: bool = True  # RocketMQ's autoCreateSubscriptionGroup
+    max_auto_created: int = Field(100_000, ge=0)
+    auto_create_per_second: float = Field(1_000.0, gt=0)
 
 
 class PopConfig(Section):
@@ -159,6 +175,7 @@ class BrokerConfig(Section):
     metrics_port: int | None = Field(None, ge=0, le=65535)
     store: StoreConfig = Field(default_factory=StoreConfig)
     topics: TopicDefaults = Field(default_factory=TopicDefaults)
+    groups: GroupDefaults = Field(default_factory=GroupDefaults)
     pop: PopConfig = Field(default_factory=PopConfig)
     polling: PollingConfig = Field(default_factory=PollingConfig)
 
@@ -188,6 +205,9 @@ class ProxyConfig(Section):
     max_long_polling_ms: int = Field(20_000, ge=1)
     # Kept back from the client's deadline so the answer arrives before it expires.
     long_polling_reserve_ms: int = Field(100, ge=0)
+    # More reserve per receive held now: answering a crowd of polls that end together takes
+    # time, and the last answers must still beat their deadlines (1,000 held: +500 ms).
+    long_polling_reserve_per_held_ms: float = Field(0.5, ge=0)
     strategy: Literal["pop", "slices", "notify", "adaptive"] = "adaptive"
     # adaptive: pop requests per second (sliding window) at or above which plain pop is used.
     notify_threshold_rps: float = Field(100.0, gt=0)
@@ -213,8 +233,15 @@ class ProxyConfig(Section):
     renew_schedule_period_ms: int = Field(5_000, ge=10)
     renew_max_ms: int = Field(3 * 3_600_000, ge=1)
     max_renew_retries: int = Field(3, ge=1)
-    max_batch: int = Field(32, ge=1)
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
+    max_batch: int = Field(32, ge=1)  # messages per receive
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)  # RocketMQ's maxMessageSize
+    max_send_messages: int = Field(1024, ge=1)  # messages per SendMessage call
+    # Admission control: receives held at once, past which TOO_MANY_REQUESTS answers at once.
+    max_long_polls: int = Field(10_000, ge=1)
+    max_long_polls_per_client: int = Field(1_000, ge=1)  # per client id (or peer address)
+    max_long_polls_per_group: int = Field(2_000, ge=1)
+    # Shed new long polls while the event loop runs timers this late (CPU starved).
+    max_loop_lag_ms: int = Field(1_000, ge=1)
 
     # Identity and access (docs/security.md). acl: the users file; None = open (development).
     acl: Path | None = None

@@ -127,6 +127,7 @@ class BrokerCluster:
         auto_create = self.auto_create_topics if create is None else create
 
         unavailable: list[BrokerUnavailableError] = []
+        not_found: list[BrokerError] = []  # a broker's refusal says why (auto-create limits)
 
         async def lookup(port: BrokerPort) -> TopicInfo | None:
             try:
@@ -139,6 +140,7 @@ class BrokerCluster:
                 return None
             except BrokerError as exc:
                 if exc.code == Code.TOPIC_NOT_FOUND:
+                    not_found.append(exc)
                     return None
                 raise
 
@@ -151,6 +153,8 @@ class BrokerCluster:
         if not brokers:
             if unavailable:
                 raise unavailable[0]
+            if not_found:
+                raise BrokerError(Code.TOPIC_NOT_FOUND, not_found[0].message)
             raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
         route = TopicRoute(topic, brokers)
         self._routes.put(topic, route)

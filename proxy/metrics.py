@@ -13,6 +13,12 @@ _LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
+ADMISSION_REASONS = (
+    "long_polls_total", "long_polls_per_client", "long_polls_per_group",
+    "overloaded", "batch_size", "body_size", "send_messages",
+)  # fmt: skip
+
+
 class ProxyMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -93,6 +99,28 @@ class ProxyMetrics:
         self.renewing_handles = Gauge(
             "popmq_proxy_renewing_handles",
             "PushConsumer receipt handles this proxy is keeping invisible",
+            registry=r,
+        )  # fmt: skip
+        self.admission_refusals = Counter(
+            "popmq_proxy_admission_refusals",
+            "Requests refused by admission control, by reason (long-poll bounds: "
+            "TOO_MANY_REQUESTS; batch, body or send size)",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        for reason in ADMISSION_REASONS:  # exported at 0 from the start
+            self.admission_refusals.labels(reason)
+        self.late_answers = Counter(
+            "popmq_proxy_late_receive_answers",
+            "Receive calls whose answer was finished after the client's deadline (should be 0; "
+            "grows when the proxy is overloaded)", registry=r,
+        )  # fmt: skip
+        self.loop_lag = Gauge(
+            "popmq_proxy_event_loop_lag_seconds",
+            "How late the proxy's event loop runs a timer (recent, decaying); admission sheds "
+            "long polls above proxy.max_loop_lag_ms", registry=r,
+        )  # fmt: skip
+        self.active_long_polls = Gauge(
+            "popmq_proxy_active_long_polls", "Receive calls held now (admission control)",
             registry=r,
         )  # fmt: skip
         self.adaptive_switches = Counter(

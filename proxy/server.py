@@ -39,7 +39,7 @@ HEALTH_SERVICE = "grpc.health.v1.Health"
 SERVED_SERVICES = (MESSAGING_SERVICE, ADMIN_SERVICE)
 
 
-def grpc_options(max_body_bytes: int) -> list[tuple[str, int]]:
+def grpc_options(max_body_bytes: int, max_long_polls: int = 10_000) -> list[tuple[str, int]]:
     # Room for a maximal body plus the rest of the request, so an oversize body reaches
     # validation (MESSAGE_BODY_TOO_LARGE) instead of failing in the transport.
     limit = max(2 * max_body_bytes + (1 << 20), 16 << 20)
@@ -47,6 +47,12 @@ def grpc_options(max_body_bytes: int) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
         ("grpc.so_reuseport", 0),
+        # Calls the transport accepted before our handler picked them up. Past this grpc-core
+        # cancels new calls at random (clients see CANCELLED, no status of ours); make room
+        # for every long poll admission control admits, so that it is what sheds, with
+        # TOO_MANY_REQUESTS and a metric.
+        ("grpc.server.max_pending_requests", max_long_polls + 1_000),
+        ("grpc.server.max_pending_requests_hard_limit", 2 * (max_long_polls + 1_000)),
         # Notice clients that vanished without closing (their held receives are freed).
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
@@ -107,7 +113,8 @@ class ProxyServer:
             interceptors.append(guard)
         credentials = server_credentials(proxy.tls.cert, proxy.tls.key, proxy.tls.client_ca)
         server = grpc.aio.server(
-            options=grpc_options(proxy.max_body_bytes), interceptors=interceptors
+            options=grpc_options(proxy.max_body_bytes, proxy.max_long_polls),
+            interceptors=interceptors,
         )
         service_pb2_grpc.add_MessagingServiceServicer_to_server(
             MessagingServicer(self.services), server
@@ -133,6 +140,7 @@ class ProxyServer:
             await admin.start()
             self._admin_server = admin
             log.info("admin API listening on %s:%d", proxy.host, self.admin_port)
+        self.services.admission.start()
         await server.start()
         # Health per service (each one served here), plus "" for the server as a whole.
         for name in ("", *SERVED_SERVICES):
@@ -167,5 +175,6 @@ class ProxyServer:
             await self._admin_server.stop(grace_s)
             self._admin_server = None
         await self.services.tasks.close()
+        await self.services.admission.aclose()
         await self.services.strategy.aclose()
         await self.services.cluster.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from popmq.proxy.admission import LongPollAdmission
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.longpoll.base import LongPollStrategy
 from popmq.proxy.metrics import ProxyMetrics
@@ -26,6 +27,10 @@ class ProxyServices:
     # The address clients reach this proxy at (set once the server is bound).
     advertised_host: str = "127.0.0.1"
     advertised_port: int = 0
+    admission: LongPollAdmission = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.admission = LongPollAdmission(self.config.proxy, self.metrics)
 
     @property
     def proxy(self) -> ProxyConfig:

@@ -111,7 +111,7 @@ class ReviveService:
         return None
 
     async def _revive(self, ck: Checkpoint) -> None:
-        max_attempts = self._groups.get(ck.group).max_attempts
+        max_attempts = self._groups.settings(ck.group).max_attempts
         if ck.fifo:
             await self._release_fifo(ck, max_attempts)
             return
@@ -120,7 +120,7 @@ class ReviveService:
         retries: list[tuple[Message, str, int]] = []
         dead: list[Message] = []
         done: list[int] = []
-        config = self._groups.get(ck.group)
+        config = self._groups.settings(ck.group)
         for index in ck.pending_indexes():
             stored = self._read(ck, index)
             if stored is None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from popmq.broker.store.damage import DAMAGED, MISSING, TORN_TAIL
-from popmq.broker.store.files import HandleCache
+from popmq.broker.store.file_budget import FileBudget
 from popmq.broker.store.framing import (
     HEADER_SIZE,
     Resync,
@@ -50,7 +50,7 @@ class PositionPurged(Exception):
 
 
 class CommitLog:
-    def __init__(self, directory: Path, segment_bytes: int, handles: HandleCache) -> None:
+    def __init__(self, directory: Path, segment_bytes: int, handles: FileBudget) -> None:
         self._dir = directory
         self._segment_bytes = segment_bytes
         self._handles = handles

@@ -1,11 +1,11 @@
-"""Small file helpers: atomic JSON documents, a bounded cache of read handles, the dir lock."""
+"""Small file helpers: atomic JSON documents and the data directory lock (open descriptors
+live in file_budget.py)."""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -34,48 +34,6 @@ def read_json(path: Path) -> Any | None:
         return json.loads(path.read_bytes())
     except FileNotFoundError:
         return None
-
-
-class HandleCache:
-    """Read/write descriptors of files that are not being appended to, opened on demand.
-
-    Bounded (least recently used closed first) so thousands of old segments and index files
-    do not exhaust the process's descriptor limit.
-    """
-
-    def __init__(self, capacity: int = 128) -> None:
-        self._capacity = capacity
-        self._fds: OrderedDict[Path, int] = OrderedDict()
-
-    def get(self, path: Path) -> int:
-        fd = self._fds.get(path)
-        if fd is not None:
-            self._fds.move_to_end(path)
-            return fd
-        fd = os.open(path, os.O_RDWR)
-        self._fds[path] = fd
-        if len(self._fds) > self._capacity:
-            _, old = self._fds.popitem(last=False)
-            os.close(old)
-        return fd
-
-    def adopt(self, path: Path, fd: int) -> None:
-        """Take over an already open descriptor (a segment that stopped being appended to)."""
-        self.discard(path)
-        self._fds[path] = fd
-        if len(self._fds) > self._capacity:
-            _, old = self._fds.popitem(last=False)
-            os.close(old)
-
-    def discard(self, path: Path) -> None:
-        fd = self._fds.pop(path, None)
-        if fd is not None:
-            os.close(fd)
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
 
 
 class DirLock:

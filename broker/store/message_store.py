@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import re
 import shutil
 import time
@@ -54,7 +53,8 @@ from popmq.broker.store.codec import decode_header, encode_record, tag_hash
 from popmq.broker.store.commitlog import CommitLog, PositionPurged, segment_name
 from popmq.broker.store.damage import DamageEvent, MetadataFallback, Quarantine, StoreFaults
 from popmq.broker.store.errors import OffsetOutOfRangeError, OffsetPurgedError
-from popmq.broker.store.files import DirLock, HandleCache
+from popmq.broker.store.file_budget import FileBudget, fsync_paths
+from popmq.broker.store.files import DirLock
 from popmq.broker.store.framing import encode_frame
 from popmq.broker.store.group_commit import GroupCommit
 from popmq.broker.store.queue_index import ENTRY, IndexDamaged, QueueIndex
@@ -128,7 +128,7 @@ class MessageStore:
         self._clock = clock
         self._per_file = index_entries_per_file
         self._retention_interval_s = retention_interval_s
-        self._handles = HandleCache()
+        self._handles = FileBudget(config.max_open_files)
         self._lock = DirLock(self._dir)
         self._commitlog = CommitLog(self._dir / "commitlog", config.segment_bytes, self._handles)
         self._group = GroupCommit(self._commitlog)
@@ -154,6 +154,10 @@ class MessageStore:
         # Records found damaged by reads (damage older than recovery's walk; see reader.py).
         self.corrupt_records_read = 0
         self._corrupt_seen: set[int] = set()
+        # Failed periodic flushes (fsync or checkpoint), and whether the last one failed: while
+        # it does, async appends wait for their own fsync, so none is acknowledged undurable.
+        self.flush_failures = 0
+        self.flush_failing = False
 
     @property
     def data_dir(self) -> Path:
@@ -162,6 +166,11 @@ class MessageStore:
     @property
     def broker_name(self) -> str:
         return self._broker_name
+
+    @property
+    def open_files(self) -> FileBudget:
+        """The bounded budget of open index and segment descriptors (for metrics)."""
+        return self._handles
 
     @property
     def commitlog_fsyncs(self) -> int:
@@ -352,8 +361,16 @@ class MessageStore:
             await asyncio.sleep(interval)
             try:
                 await self.checkpoint()
-            except Exception:
-                log.exception("store: periodic flush failed; retrying at the next interval")
+            except Exception as exc:
+                self.flush_failures += 1
+                if not self.flush_failing:
+                    log.error("store: periodic flush failed (%s); sends now wait for their own "
+                              "fsync until a flush succeeds", exc)  # fmt: skip
+                self.flush_failing = True
+            else:
+                if self.flush_failing:
+                    log.warning("store: periodic flush works again")
+                self.flush_failing = False
             if time.monotonic() >= next_retention:
                 next_retention = time.monotonic() + self._retention_interval_s
                 try:
@@ -373,12 +390,12 @@ class MessageStore:
             position = self._commitlog.write_position
             extents = self._index_extents()
             await self._group.wait_durable(position)
-            fds = [fd for idx in self._indexes.values() for fd in idx.take_dirty_fds()]
+            paths = [p for idx in self._indexes.values() for p in idx.take_dirty_paths()]
             offsets = self._offsets_snapshot() if self._offsets_dirty else None
             self._offsets_dirty = False
             work = asyncio.ensure_future(
                 asyncio.to_thread(
-                    self._write_checkpoint, fds, position, self._extents_doc(extents), offsets
+                    self._write_checkpoint, paths, position, self._extents_doc(extents), offsets
                 )
             )
             try:
@@ -404,8 +421,8 @@ class MessageStore:
         self._commitlog.sync_fds(fds, dir_dirty)
         self._commitlog.mark_durable(target, len(fds))
         extents = self._index_extents()
-        fds = [fd for idx in self._indexes.values() for fd in idx.take_dirty_fds()]
-        self._write_checkpoint(fds, target, self._extents_doc(extents), self._offsets_snapshot())
+        paths = [p for idx in self._indexes.values() for p in idx.take_dirty_paths()]
+        self._write_checkpoint(paths, target, self._extents_doc(extents), self._offsets_snapshot())
         self._offsets_dirty = False
         self._delete_purged_index_files(extents)
 
@@ -433,14 +450,9 @@ class MessageStore:
                 idx.delete_files_below(first)
 
     def _write_checkpoint(
-        self, fds: list[int], position: int, extents: dict[str, list[int]], offsets: list | None
+        self, paths: list[Path], position: int, extents: dict[str, list[int]], offsets: list | None
     ) -> None:
-        try:
-            for fd in fds:
-                os.fsync(fd)
-        finally:
-            for fd in fds:
-                os.close(fd)
+        fsync_paths(paths)
         metafile.write(self._dir / "checkpoint.json", {"position": position, "queues": extents})
         if offsets is not None:
             metafile.write(self._dir / "consumer_offsets.json", offsets)
@@ -522,6 +534,16 @@ class MessageStore:
             raise BrokerError(Code.INTERNAL_ERROR, "the store is not open")
 
     # -- write -------------------------------------------------------------------------------
+    async def _wait_durable(self, position: int) -> None:
+        """Group-commit fsync up to ``position``; a failure refuses the send (never an
+        acknowledgement of data the disk did not take)."""
+        try:
+            await self._group.wait_durable(position)
+        except BrokerError as exc:
+            raise BrokerError(
+                Code.MASTER_PERSISTENCE_TIMEOUT, f"the message could not be made durable: {exc}"
+            ) from exc
+
     async def append(
         self, topic: str, queue_id: int, messages: list[Message]
     ) -> list[StoredMessage]:
@@ -559,9 +581,11 @@ class MessageStore:
                 entries.append(_pack_entry(position, len(frame), code, now))
             index.append(b"".join(entries))
         except OSError as exc:
-            raise BrokerError(Code.INTERNAL_ERROR, f"store write failed: {exc}") from exc
-        if self._sync:
-            await self._group.wait_durable(positions[-1] + len(frames[-1]))
+            raise BrokerError(
+                Code.MASTER_PERSISTENCE_TIMEOUT, f"the message could not be stored: {exc}"
+            ) from exc
+        if self._sync or self.flush_failing:
+            await self._wait_durable(positions[-1] + len(frames[-1]))
         stored = [
             StoredMessage(
                 topic=topic,

@@ -6,6 +6,10 @@ each named after its first offset (20 digits): the file starting at S holds offs
 S .. S + entries_per_file - 1. There is always at least one file, so an emptied queue still
 knows its max offset. Positions and timestamps grow with the offset, which makes both
 searchable by bisection.
+
+No descriptor is held between calls: every file, the one being appended to included, is
+opened through the store's FileBudget, so thousands of queues share a bounded number of
+descriptors.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from popmq.broker.store.files import HandleCache
+from popmq.broker.store.file_budget import FileBudget
 from popmq.broker.store.framing import fsync_dir
 
 ENTRY = struct.Struct("<QIIq")
@@ -31,14 +35,16 @@ class IndexDamaged(Exception):
 
 
 class QueueIndex:
-    def __init__(self, directory: Path, entries_per_file: int, handles: HandleCache) -> None:
+    def __init__(self, directory: Path, entries_per_file: int, handles: FileBudget) -> None:
         self._dir = directory
         self._per_file = entries_per_file
         self._handles = handles
         self._starts: list[int] = []
-        self._active_fd = -1
         self._active_count = 0  # entries in the last file
         self._dirty: set[int] = set()  # starts of files written since the last flush
+        # A file was created since the last flush: the directory needs an fsync too (left to
+        # the checkpoint, with the files' data, so creating thousands of queues stays cheap).
+        self._dir_dirty = False
         self.min_offset = 0
 
     @property
@@ -61,19 +67,17 @@ class QueueIndex:
             if nxt != start + self._per_file or sizes[start] != self._per_file * ENTRY_SIZE:
                 raise IndexDamaged(f"{self._dir}: file {start} is short or followed by a gap")
         last = self._starts[-1]
-        self._active_fd = os.open(self._path(last), os.O_RDWR)
         size = sizes[last]
         if size > self._per_file * ENTRY_SIZE:
             raise IndexDamaged(f"{self._dir}: file {last} is longer than a file can be")
         if size % ENTRY_SIZE:  # a torn entry at the tail
             size -= size % ENTRY_SIZE
-            os.ftruncate(self._active_fd, size)
+            os.ftruncate(self._handles.get(self._path(last)), size)
         self._active_count = size // ENTRY_SIZE
         self.min_offset = self._starts[0]
 
     def reset(self, base_offset: int) -> None:
         """Drop every entry; the next appended entry gets ``base_offset``."""
-        self._close_active()
         for start in self._starts:
             self._handles.discard(self._path(start))
             self._path(start).unlink(missing_ok=True)
@@ -83,21 +87,14 @@ class QueueIndex:
         self.min_offset = base_offset
 
     def _create_file(self, start: int) -> None:
-        self._close_active()
         self._dir.mkdir(parents=True, exist_ok=True)
-        self._active_fd = os.open(self._path(start), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        path = self._path(start)
+        self._handles.discard(path)
+        os.ftruncate(self._handles.get(path, create=True), 0)
         self._starts.append(start)
         self._active_count = 0
         self._dirty.add(start)
-        fsync_dir(self._dir)
-
-    def _close_active(self) -> None:
-        if self._active_fd >= 0:
-            if self._starts:
-                self._handles.adopt(self._path(self._starts[-1]), self._active_fd)
-            else:
-                os.close(self._active_fd)
-            self._active_fd = -1
+        self._dir_dirty = True
 
     def _path(self, start: int) -> Path:
         return self._dir / f"{start:0{_NAME_DIGITS}d}"
@@ -123,15 +120,13 @@ class QueueIndex:
                 self._create_file(self._starts[-1] + self._per_file)
             room = (self._per_file - self._active_count) * ENTRY_SIZE
             chunk = view[:room]
-            os.pwrite(self._active_fd, chunk, self._active_count * ENTRY_SIZE)
+            os.pwrite(self._fd(self._starts[-1]), chunk, self._active_count * ENTRY_SIZE)
             self._active_count += len(chunk) // ENTRY_SIZE
             view = view[len(chunk) :]
         self._dirty.add(self._starts[-1])
 
     # -- read --------------------------------------------------------------------------------
     def _fd(self, start: int) -> int:
-        if start == self._starts[-1]:
-            return self._active_fd
         return self._handles.get(self._path(start))
 
     def _file_index(self, offset: int) -> int:
@@ -206,15 +201,12 @@ class QueueIndex:
             return
         while self._starts[-1] > offset or (self._starts[-1] == offset and len(self._starts) > 1):
             start = self._starts.pop()
-            os.close(self._active_fd)
+            self._handles.discard(self._path(start))
             self._path(start).unlink()
             self._dirty.discard(start)
-            last = self._starts[-1]
-            self._handles.discard(self._path(last))
-            self._active_fd = os.open(self._path(last), os.O_RDWR)
         last = self._starts[-1]
         self._active_count = offset - last
-        os.ftruncate(self._active_fd, self._active_count * ENTRY_SIZE)
+        os.ftruncate(self._fd(last), self._active_count * ENTRY_SIZE)
         self._dirty.add(last)
         fsync_dir(self._dir)
 
@@ -233,7 +225,6 @@ class QueueIndex:
 
     def destroy(self) -> None:
         """Delete the whole index (the topic is deleted)."""
-        self._close_active()
         for start in self._starts:
             self._handles.discard(self._path(start))
             self._path(start).unlink(missing_ok=True)
@@ -245,16 +236,19 @@ class QueueIndex:
             pass
 
     # -- durability --------------------------------------------------------------------------
-    def take_dirty_fds(self) -> list[int]:
-        """Duplicated descriptors of the files written since the last call (caller closes)."""
-        fds = [os.dup(self._fd(start)) for start in sorted(self._dirty) if start in self._starts]
+    def take_dirty_paths(self) -> list[Path]:
+        """The files written since the last call, for file_budget.fsync_paths."""
+        paths = [self._path(start) for start in sorted(self._dirty) if start in self._starts]
+        if self._dir_dirty:
+            paths.append(self._dir)
         self._dirty.clear()
-        return fds
+        self._dir_dirty = False
+        return paths
 
     def mark_all_dirty(self) -> None:
         self._dirty.update(self._starts)
+        self._dir_dirty = True
 
     def close(self) -> None:
-        if self._active_fd >= 0:
-            os.close(self._active_fd)
-            self._active_fd = -1
+        for start in self._starts:
+            self._handles.discard(self._path(start))

@@ -14,6 +14,7 @@ from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.types import FilterExpression, PoppedMessage, PopRequest
 from popmq.proxy.activity import validate
+from popmq.proxy.admission import refuse
 from popmq.proxy.grpc.headers import RequestContext
 from popmq.proxy.longpoll.base import LongPollRequest
 from popmq.proxy.services import ProxyServices
@@ -30,13 +31,18 @@ DEFAULT_REQUEST_TIMEOUT_MS = 3_000
 NACK_INVISIBLE_MS = 1_000
 
 
-def polling_time_ms(requested_ms: int | None, remaining_ms: int | None, config: ProxyConfig) -> int:
+def polling_time_ms(
+    requested_ms: int | None, remaining_ms: int | None, config: ProxyConfig, load_ms: int = 0
+) -> int:
     """How long a receive may hold.
 
     - absent: the call's remaining time minus half a request timeout (RocketMQ), clamped;
     - 0: the minimum; positive below the minimum: ILLEGAL_POLLING_TIME; above the max: max;
     - never past the client's deadline minus the reserve; if that leaves less than the
-      minimum, ILLEGAL_POLLING_TIME (RocketMQ: "deadline time remaining is not enough").
+      minimum, ILLEGAL_POLLING_TIME (RocketMQ: "deadline time remaining is not enough");
+    - ``load_ms`` more reserve under load (never below the minimum): polls that end together
+      are answered one after another, and a lagging loop answers late, so under a flood the
+      last answers need that much more room before their deadlines (see load_reserve_ms).
     """
     low, high = config.min_long_polling_ms, config.max_long_polling_ms
     if requested_ms is None:
@@ -64,7 +70,15 @@ def polling_time_ms(requested_ms: int | None, remaining_ms: int | None, config: 
                     f"long poll of at least {low} ms",
                 )
             poll = budget
+        poll = min(poll, max(budget - load_ms, low))
     return poll
+
+
+def load_reserve_ms(services: ProxyServices) -> int:
+    """Reserve for load: per receive held now, plus the event loop's current lag."""
+    admission = services.admission
+    per_held = services.proxy.long_polling_reserve_per_held_ms
+    return int(admission.active * per_held + admission.lag_ms)
 
 
 def filter_of(expression: pb.FilterExpression) -> FilterExpression:
@@ -93,10 +107,11 @@ async def plan_receive(
     group = validate.group_name(request.group.name)
     topic = validate.topic_name(request.message_queue.topic.name, allow_dlq=True)
     if request.batch_size <= 0 or request.batch_size > config.max_batch:
-        raise BrokerError(
-            Code.BAD_REQUEST,
-            f"batch size must be in 1..{config.max_batch}, not {request.batch_size}",
-        )
+        raise refuse(
+            services.metrics, "batch_size", Code.BAD_REQUEST,
+            f"batch size must be in 1..{config.max_batch} (proxy.max_batch), "
+            f"not {request.batch_size}",
+        )  # fmt: skip
     auto_renew = request.auto_renew and config.auto_renew and _is_push_consumer(services, ctx)
     if auto_renew:
         invisible_ms = config.renew_slice_ms  # then renewed slice by slice (proxy/renewal.py)
@@ -114,7 +129,7 @@ async def plan_receive(
         if request.HasField("long_polling_timeout")
         else None
     )
-    poll_ms = polling_time_ms(requested, ctx.remaining_ms(), config)
+    poll_ms = polling_time_ms(requested, ctx.remaining_ms(), config, load_reserve_ms(services))
     expression = filter_of(request.filter_expression)
     route = await services.cluster.route(topic)
     group_config = await services.cluster.group(group)

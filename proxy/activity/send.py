@@ -14,6 +14,7 @@ from collections import defaultdict
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import Message, SendResult
 from popmq.proxy.activity import validate
+from popmq.proxy.admission import refuse
 from popmq.proxy.cluster import QueueRef, TopicRoute
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import message_from_pb
@@ -27,7 +28,14 @@ from popmq.pb.rocketmq.v2 import service_pb2 as s
 def _checked(services: ProxyServices, msg: pb.Message, ctx: RequestContext) -> Message:
     props = msg.system_properties
     topic = validate.topic_name(msg.topic.name)
-    validate.body(msg.body, services.proxy.max_body_bytes)
+    limit = services.proxy.max_body_bytes
+    if len(msg.body) > limit:
+        raise refuse(
+            services.metrics, "body_size", Code.MESSAGE_BODY_TOO_LARGE,
+            f"message body is {len(msg.body)} bytes, more than the limit of {limit} "
+            "(proxy.max_body_bytes)",
+        )  # fmt: skip
+    validate.body(msg.body, limit)
     if props.body_encoding == pb.GZIP:
         raise BrokerError(Code.UNSUPPORTED, "gzip-encoded message bodies are not supported")
     if props.message_type == pb.TRANSACTION:
@@ -67,6 +75,12 @@ async def send_message(
 ) -> s.SendMessageResponse:
     if not request.messages:
         raise BrokerError(Code.BAD_REQUEST, "SendMessage needs at least one message")
+    if len(request.messages) > services.proxy.max_send_messages:
+        raise refuse(
+            services.metrics, "send_messages", Code.PAYLOAD_TOO_LARGE,
+            f"{len(request.messages)} messages in one send; the limit is "
+            f"{services.proxy.max_send_messages} (proxy.max_send_messages)",
+        )  # fmt: skip
     messages = [_checked(services, msg, ctx) for msg in request.messages]
     cluster = services.cluster
 

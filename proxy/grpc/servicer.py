@@ -153,6 +153,31 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         started = time.perf_counter()
         ctx = RequestContext.from_grpc(context)
         services = self.services
+        # Admission first: a refused receive costs no broker call and answers at once.
+        client, group = ctx.client_id or ctx.peer, request.group.name
+        try:
+            services.admission.enter(client, group)
+        except Exception as exc:
+            failed = st.status_of(exc)
+            await self._finish_receive(context, failed)
+            self._record("ReceiveMessage", failed.code, started)
+            return
+        try:
+            await self._receive(request, context, ctx, started)
+        finally:
+            services.admission.leave(client, group)
+            if ctx.deadline is not None and time.monotonic() > ctx.deadline:
+                # Our answer left after the client's deadline: it saw DEADLINE_EXCEEDED.
+                self.metrics.late_answers.inc()
+
+    async def _receive(
+        self,
+        request: s.ReceiveMessageRequest,
+        context: grpc.aio.ServicerContext,
+        ctx: RequestContext,
+        started: float,
+    ) -> None:
+        services = self.services
         try:
             plan = await receive.plan_receive(services, request, ctx)
             popped = await receive.receive(services, plan)

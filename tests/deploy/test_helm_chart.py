@@ -309,6 +309,10 @@ def test_variant_specific_resources(rendered: dict[str, Rendered]) -> None:
     )
 
     prod = rendered["production-example"]
+    # Production creates nothing on first use (issue 9: a flood of names exhausts a broker).
+    prod_config = yaml.safe_load(prod.config_text())["broker"]
+    assert prod_config["topics"]["auto_create"] is False
+    assert prod_config["groups"]["auto_create"] is False
     hpa = prod.one("HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"]["name"] == prod.one("Deployment")["metadata"]["name"]
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 12)

@@ -56,3 +56,12 @@ def test_deadline_shorter_than_min_is_illegal() -> None:
     with pytest.raises(BrokerError) as err:
         polling_time_ms(6_000, 3_000, CONFIG)
     assert err.value.code == Code.ILLEGAL_POLLING_TIME
+
+
+def test_a_crowd_of_held_polls_keeps_more_room_before_the_deadline() -> None:
+    # 13 s left, 10 s asked: room enough alone; with 3 s of load reserve (6,000 held at
+    # 0.5 ms, or a lagging loop) the poll ends 3.1 s before the deadline instead.
+    assert polling_time_ms(10_000, 13_000, CONFIG, load_ms=0) == 10_000
+    assert polling_time_ms(10_000, 13_000, CONFIG, load_ms=3_000) == 13_000 - 100 - 3_000
+    # Never below the minimum because of load (that is not the client's mistake).
+    assert polling_time_ms(10_000, 13_000, CONFIG, load_ms=50_000) == 5_000

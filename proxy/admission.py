@@ -1,0 +1,105 @@
+"""Admission control: bounded long polls, and counted refusals of oversized requests.
+
+Held receives cost the proxy memory, tasks and broker calls until they answer. Without bounds a
+burst (thousands of groups, a misbehaving client opening receives in a loop) makes every
+receive slow, until they run into their clients' deadlines and nobody gets an answer. So the
+proxy holds at most ``max_long_polls`` receives, ``max_long_polls_per_client`` per client (its
+client id, or its peer address without one) and ``max_long_polls_per_group`` per group. Past a
+bound a receive is refused at once with TOO_MANY_REQUESTS, as RocketMQ answers "polling full":
+the client backs off and retries, and every call gets an answer in time.
+
+Bounds on counts do not see a proxy starved of CPU, where even a few hundred polls that end
+together are answered too late. So admission also watches the event loop's lag (how late a
+100 ms timer fires): above ``max_loop_lag_ms`` new long polls are shed too, and the lag is
+kept as extra reserve before each deadline (see receive.polling_time_ms).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.proxy.metrics import ProxyMetrics
+
+from popmq.config import ProxyConfig
+
+
+class LongPollAdmission:
+    def __init__(self, config: ProxyConfig, metrics: ProxyMetrics) -> None:
+        self._total_limit = config.max_long_polls
+        self._client_limit = config.max_long_polls_per_client
+        self._group_limit = config.max_long_polls_per_group
+        self._metrics = metrics
+        self._total = 0
+        self._clients: Counter[str] = Counter()
+        self._groups: Counter[str] = Counter()
+        self._max_lag_ms = config.max_loop_lag_ms
+        self.lag_ms = 0.0  # recent event-loop lag (decays), see _watch_lag
+        self._watcher: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start watching the event loop's lag (call on the proxy's loop)."""
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(
+                self._watch_lag(), name="admission-loop-lag"
+            )
+
+    async def aclose(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+
+    async def _watch_lag(self, interval_s: float = 0.1) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(interval_s)
+            late_ms = max(0.0, (loop.time() - before - interval_s) * 1000)
+            # Rise at once, fall slowly: one quiet tick does not end an overload.
+            self.lag_ms = max(late_ms, self.lag_ms * 0.8)
+            self._metrics.loop_lag.set(self.lag_ms / 1000)
+
+    @property
+    def active(self) -> int:
+        return self._total
+
+    def enter(self, client: str, group: str) -> None:
+        """Count one held receive, or raise TOO_MANY_REQUESTS (counted by reason)."""
+        if self.lag_ms > self._max_lag_ms:
+            self._refuse("overloaded", f"the proxy's event loop lags {self.lag_ms:.0f} ms, "
+                         "more than proxy.max_loop_lag_ms")  # fmt: skip
+        if self._total >= self._total_limit:
+            self._refuse("long_polls_total", f"the proxy holds {self._total} long polls, its "
+                         "limit (proxy.max_long_polls)")  # fmt: skip
+        if self._clients[client] >= self._client_limit:
+            self._refuse("long_polls_per_client", f"this client holds {self._clients[client]} "
+                         "long polls, the limit (proxy.max_long_polls_per_client)")  # fmt: skip
+        if self._groups[group] >= self._group_limit:
+            self._refuse("long_polls_per_group", f"group {group!r} holds {self._groups[group]} "
+                         "long polls, the limit (proxy.max_long_polls_per_group)")  # fmt: skip
+        self._total += 1
+        self._clients[client] += 1
+        self._groups[group] += 1
+        self._metrics.active_long_polls.set(self._total)
+
+    def leave(self, client: str, group: str) -> None:
+        self._total -= 1
+        for counts, key in ((self._clients, client), (self._groups, group)):
+            counts[key] -= 1
+            if counts[key] <= 0:
+                del counts[key]  # thousands of one-off groups must not stay in memory
+        self._metrics.active_long_polls.set(self._total)
+
+    def _refuse(self, reason: str, why: str) -> None:
+        self._metrics.admission_refusals.labels(reason).inc()
+        raise BrokerError(Code.TOO_MANY_REQUESTS, f"polling full: {why}; retry later")
+
+
+def refuse(metrics: ProxyMetrics, reason: str, code: Code, message: str) -> BrokerError:
+    """A counted refusal of an oversized request (batch, body, messages per send)."""
+    metrics.admission_refusals.labels(reason).inc()
+    return BrokerError(code, message)

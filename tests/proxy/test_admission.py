@@ -1,0 +1,121 @@
+"""Admission control: long polls past the proxy, client or group bound are refused at once
+with TOO_MANY_REQUESTS; oversized batches, bodies and sends are refused; every refusal is
+counted (issue 9, admission control)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.proxy.admission import LongPollAdmission
+from popmq.proxy.metrics import ProxyMetrics
+from proxy_support import Cluster, eventually, message, unique
+
+from popmq.config import ProxyConfig
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+
+def refusals(cluster: Cluster, reason: str) -> float:
+    value = cluster.server.metrics.registry.get_sample_value(
+        "popmq_proxy_admission_refusals_total", {"reason": reason}
+    )
+    return value or 0.0
+
+
+async def _held(cluster: Cluster, count: int) -> None:
+    """Wait until ``count`` receives are held by the proxy."""
+    await eventually(lambda: cluster.server.services.admission.active >= count)
+
+
+async def test_long_polls_past_the_group_bound_are_shed_at_once(make_cluster) -> None:
+    cluster = await make_cluster(brokers=1, **{"proxy.max_long_polls_per_group": 2})
+    topic, group = unique("t"), unique("g")
+    await cluster.route(topic)
+    held = [
+        asyncio.create_task(cluster.receive(group, topic, poll_ms=3_000, client_id=f"c{i}"))
+        for i in range(2)
+    ]
+    await _held(cluster, 2)
+    status, messages, kinds = await cluster.receive(group, topic, poll_ms=3_000, client_id="c9")
+    shed_first = not any(task.done() for task in held)  # refused while the others still hold
+    assert status.code == Code.TOO_MANY_REQUESTS and not messages
+    assert "max_long_polls_per_group" in status.message
+    assert kinds == ["status", "delivery_timestamp"]
+    # Another group is not affected by this group's bound.
+    other = await cluster.receive(unique("g"), topic, poll_ms=300)
+    assert other[0].code == Code.MESSAGE_NOT_FOUND
+    for task in held:
+        assert (await task)[0].code == Code.MESSAGE_NOT_FOUND  # answered at their poll time
+    assert shed_first
+    assert refusals(cluster, "long_polls_per_group") == 1
+    assert cluster.server.services.admission.active == 0
+
+
+async def test_client_and_proxy_bounds(make_cluster) -> None:
+    cluster = await make_cluster(
+        brokers=1, **{"proxy.max_long_polls_per_client": 1, "proxy.max_long_polls": 2}
+    )
+    topic = unique("t")
+    await cluster.route(topic)
+    first = asyncio.create_task(cluster.receive(unique("g"), topic, poll_ms=1_000, client_id="a"))
+    await _held(cluster, 1)
+    same_client = await cluster.receive(unique("g"), topic, poll_ms=1_000, client_id="a")
+    assert same_client[0].code == Code.TOO_MANY_REQUESTS
+    second = asyncio.create_task(cluster.receive(unique("g"), topic, poll_ms=1_000, client_id="b"))
+    await _held(cluster, 2)
+    proxy_full = await cluster.receive(unique("g"), topic, poll_ms=1_000, client_id="c")
+    assert proxy_full[0].code == Code.TOO_MANY_REQUESTS
+    assert "max_long_polls)" in proxy_full[0].message
+    await asyncio.gather(first, second)
+    assert refusals(cluster, "long_polls_per_client") == 1
+    assert refusals(cluster, "long_polls_total") == 1
+    # Once the held ones answered, the client may poll again.
+    again = await cluster.receive(unique("g"), topic, poll_ms=300, client_id="a")
+    assert again[0].code == Code.MESSAGE_NOT_FOUND
+
+
+async def test_size_limits_are_refused_and_counted(make_cluster) -> None:
+    cluster = await make_cluster(
+        brokers=1,
+        **{"proxy.max_send_messages": 3, "proxy.max_batch": 4, "proxy.max_body_bytes": 100},
+    )
+    topic = unique("t")
+    many = await cluster.stub.SendMessage(
+        s.SendMessageRequest(messages=[message(topic, b"x") for _ in range(4)]),
+        metadata=cluster.metadata(),
+    )
+    assert many.status.code == Code.PAYLOAD_TOO_LARGE and "max_send_messages" in many.status.message
+    assert (await cluster.send(topic, b"x", b"y", b"z")).status.code == Code.OK
+    big = await cluster.send(topic, b"x" * 101)
+    assert big.status.code == Code.MESSAGE_BODY_TOO_LARGE
+    batch = await cluster.receive(unique("g"), topic, batch=5)
+    assert batch[0].code == Code.BAD_REQUEST and "max_batch" in batch[0].message
+    assert refusals(cluster, "send_messages") == 1
+    assert refusals(cluster, "body_size") == 1
+    assert refusals(cluster, "batch_size") == 1
+
+
+async def test_a_lagging_event_loop_sheds_new_long_polls() -> None:
+    metrics = ProxyMetrics()
+    admission = LongPollAdmission(ProxyConfig(max_loop_lag_ms=200), metrics)
+    admission.start()
+    try:
+        await asyncio.sleep(0.01)  # the watcher's first timer is running
+        admission.enter("c", "g")  # a calm loop admits
+        time.sleep(0.5)  # noqa: ASYNC251 - block the loop on purpose: its timer fires late
+        await asyncio.sleep(0.15)
+        assert admission.lag_ms > 200
+        with pytest.raises(BrokerError) as err:
+            admission.enter("c", "g2")
+        assert err.value.code == Code.TOO_MANY_REQUESTS and "max_loop_lag_ms" in err.value.message
+        assert (
+            metrics.registry.get_sample_value(
+                "popmq_proxy_admission_refusals_total", {"reason": "overloaded"}
+            )
+            == 1
+        )
+        admission.leave("c", "g")
+    finally:
+        await admission.aclose()
