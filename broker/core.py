@@ -43,6 +43,7 @@ from popmq.broker.api.types import (
     SendResult,
     StoredMessage,
     TopicInfo,
+    legacy_retry_topic,
     retry_topic,
 )
 from popmq.broker.metered_hold import MeteredHoldTable
@@ -550,7 +551,7 @@ class Broker:
         self._require_started()
         check_group(group)
         stats: list[GroupQueueStats] = []
-        for name in (topic, retry_topic(group, topic)):
+        for name in (topic, retry_topic(group, topic), legacy_retry_topic(group, topic)):
             meta = self._existing_topic(topic) if name == topic else self._store.get_topic(name)
             if meta is None:
                 continue

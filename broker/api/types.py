@@ -20,7 +20,6 @@ from popmq.broker.names import (  # noqa: F401  (re-exported for the port's user
     retry_topic,
 )
 
-
 # User-property keys the broker sets on retried and dead-lettered messages.
 PROP_ORIGIN_TOPIC = "__popmq.origin_topic"
 PROP_ORIGIN_MESSAGE_ID = "__popmq.origin_message_id"

@@ -1,0 +1,112 @@
+"""Issue 9, defect 1: one entry that cannot be delivered must not block its neighbours.
+
+The poisoned entry is a timer entry bound for a retry topic whose name is too long to exist
+(what a 127-character group on a 127-character topic made before the name rules). The edge now
+refuses such names, so it is written straight into the timer, as old data would be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from popmq.broker.api.types import AckEntry, Message, PopRequest, PullRequest, PullStatus
+from popmq.broker.core import Broker
+from support.brokers import fast_broker_config, running_broker
+
+POISONED_DESTINATION = "%RETRY%" + "g" * 127 + "_" + "t" * 127  # 262 characters
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def _pop_all(broker: Broker, group: str, topic: str, want: int, timeout_s: float) -> list:
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < want and time.monotonic() < deadline:
+        request = PopRequest(group, topic, max_messages=32, invisible_time_ms=60_000,
+                             poll_time_ms=200)  # fmt: skip
+        result = await broker.pop(request)
+        got += result.messages
+        if result.messages:
+            await broker.ack(group, topic, [AckEntry(m.receipt_handle) for m in result.messages])
+    return got
+
+
+async def test_poisoned_timer_entry_does_not_block_others_across_restart(tmp_path) -> None:
+    config = fast_broker_config(tmp_path)
+    async with running_broker(config) as broker:
+        due = _now_ms() + 300
+        poison = Message("t", b"poison", delivery_timestamp_ms=due)
+        await broker.timer.schedule([(poison, POISONED_DESTINATION, 0)])
+        await broker.send(
+            [Message("delayed", f"d{i}".encode(), delivery_timestamp_ms=due) for i in range(20)]
+        )
+        # Another group's message is popped and not acked: its retry goes through the timer.
+        await broker.send([Message("t2", b"retry-me")])
+        (first,) = (
+            await broker.pop(PopRequest("g2", "t2", invisible_time_ms=200, poll_time_ms=0))
+        ).messages
+        assert first.delivery_attempt == 1
+    # Restarted with the poison still in the timer and everything due (as in the issue):
+    # the poison and its neighbours come due in one batch.
+    while _now_ms() <= due + 50:
+        await asyncio.sleep(0.05)
+    async with running_broker(config) as broker:
+        delayed = await _pop_all(broker, "g", "delayed", 20, timeout_s=20)
+        assert sorted(m.message.body for m in delayed) == sorted(
+            f"d{i}".encode() for i in range(20)
+        )
+        (retried,) = await _pop_all(broker, "g2", "t2", 1, timeout_s=20)
+        assert retried.message.body == b"retry-me" and retried.delivery_attempt == 2
+
+        from popmq.broker.timer import PARKED_TOPIC, PROP_TIMER_TOPIC
+
+        for _ in range(200):  # parked at once: the name can never be valid
+            if broker.timer.failures.parked:
+                break
+            await asyncio.sleep(0.05)
+        assert broker.timer.failures.parked == 1
+        parked = await broker.pull(PullRequest(PARKED_TOPIC, 0, 0))
+        assert parked.status == PullStatus.FOUND
+        (kept,) = parked.messages
+        assert kept.body == b"poison"
+        assert kept.properties[PROP_TIMER_TOPIC] == POISONED_DESTINATION
+        assert broker.timer.pending == 0  # nothing left stuck behind it
+
+
+async def test_failing_destination_is_retried_with_backoff_then_parked(
+    tmp_path, monkeypatch
+) -> None:
+    """A transient-looking failure (OSError) is retried alone, then parked; the others of its
+    batch and of other destinations are delivered on time."""
+    async with running_broker(fast_broker_config(tmp_path)) as broker:
+        broker.timer.failures.base_backoff_ms = 20
+        broker.timer.failures.max_backoff_ms = 40
+        real_append = broker.store.append
+        attempts: list[int] = []
+
+        async def flaky_append(topic, queue_id, messages):
+            if topic == "bad":
+                attempts.append(len(messages))
+                raise OSError("disk says no")
+            return await real_append(topic, queue_id, messages)
+
+        monkeypatch.setattr(broker.store, "append", flaky_append)
+        broker.store.create_topic("bad", 1)
+        due = _now_ms() + 50
+        await broker.timer.schedule(
+            [(Message("bad", b"x", delivery_timestamp_ms=due), "bad", 0)]
+            + [(Message("good", b"y", delivery_timestamp_ms=due), "good", 0) for _ in range(3)]
+        )
+        broker.store.create_topic("good", 1)
+        good = await _pop_all(broker, "g", "good", 3, timeout_s=20)
+        assert len(good) == 3
+        for _ in range(200):
+            if broker.timer.failures.parked:
+                break
+            await asyncio.sleep(0.05)
+        assert broker.timer.failures.parked == 1
+        assert len(attempts) >= broker.timer.failures.max_attempts  # retried, then parked
+        assert broker.timer.failures.failed_attempts >= 5
