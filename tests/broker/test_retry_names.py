@@ -46,7 +46,7 @@ async def test_groups_with_colliding_v1_names_get_only_their_own_retries(tmp_pat
         await broker.send([Message("b_c", b"for a")])
         for group, topic in (("a_b", "c"), ("a", "b_c")):
             request = PopRequest(group, topic, invisible_time_ms=20, poll_time_ms=0)
-            (first,) = (await broker.pop(request)).messages  # not acked: it will retry
+            (_first,) = (await broker.pop(request)).messages  # not acked: it will retry
         got_ab = await _drain(broker, "a_b", "c")
         got_a = await _drain(broker, "a", "b_c")
         assert [m.message.body for m in got_ab] == [b"for a_b"]
