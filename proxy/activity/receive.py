@@ -131,7 +131,7 @@ async def plan_receive(
     return ReceivePlan(
         group=group,
         topic=topic,
-        brokers=[services.cluster.port(name) for name in route.brokers],
+        brokers=services.cluster.live_ports(list(route.brokers)),
         long_poll=LongPollRequest(pop=pop, poll_ms=poll_ms, preferred_broker=preferred),
     )
 
