@@ -19,6 +19,7 @@ from popmq.proxy.cluster import QueueRef, TopicRoute
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import message_from_pb
 from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.grpc.times import timestamp_ms
 from popmq.proxy.services import ProxyServices
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -54,7 +55,8 @@ def _checked(services: ProxyServices, msg: pb.Message, ctx: RequestContext) -> M
             Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a FIFO message needs a message group"
         )
     if props.HasField("delivery_timestamp"):
-        delay = props.delivery_timestamp.ToMilliseconds() - int(time.time() * 1000)
+        due_ms = timestamp_ms(props.delivery_timestamp, Code.ILLEGAL_DELIVERY_TIME, "delivery time")
+        delay = due_ms - int(time.time() * 1000)
         if delay > validate.MAX_DELAY_MS:
             raise BrokerError(
                 Code.ILLEGAL_DELIVERY_TIME,
