@@ -20,6 +20,7 @@ from grpc_health.v1.health import aio as health_aio
 from popmq.broker.api import convert
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.undecodable import add_tolerant
 
 from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
@@ -260,7 +261,10 @@ class BrokerGrpcServer:
         if self._server is not None:
             raise RuntimeError("BrokerGrpcServer already started")
         server = grpc.aio.server(options=SERVER_OPTIONS)
-        broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(self._port), server)
+        # Undecodable bodies answer INVALID_ARGUMENT with a rate-limited log line.
+        add_tolerant(
+            broker_pb2_grpc.add_BrokerServiceServicer_to_server, BrokerServicer(self._port), server
+        )
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         try:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.undecodable import add_tolerant
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.grpc.servicer import MessagingServicer
 from popmq.proxy.longpoll import make_strategy
@@ -77,8 +78,12 @@ class ProxyServer:
     async def start(self) -> int:
         proxy = self.config.proxy
         server = grpc.aio.server(options=grpc_options(proxy.max_body_bytes))
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(
-            MessagingServicer(self.services), server
+        # Undecodable bodies answer INVALID_ARGUMENT (counted, logged at a bounded rate).
+        add_tolerant(
+            service_pb2_grpc.add_MessagingServiceServicer_to_server,
+            MessagingServicer(self.services),
+            server,
+            lambda method: self.metrics.rpc_requests.labels(method, "INVALID_ARGUMENT").inc(),
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self._add_admin(server)
