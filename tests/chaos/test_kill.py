@@ -213,20 +213,17 @@ async def test_kill_proxy_mid_long_poll(tmp_path: Path) -> None:
         topic, group = unique("pkill"), unique("g")
         async with AsyncClient(survivor_endpoint) as other, AsyncClient(doomed_endpoint) as client:
             queues = await other.query_route(topic)
-            polls = [
-                asyncio.create_task(
-                    client.receive(
-                        group, q, batch_size=4, invisible_ms=INVISIBLE_MS, long_polling_ms=5_000
-                    )
-                )  # fmt: skip
-                for q in queues[:1]
-            ]
+            poll = asyncio.create_task(
+                client.receive(
+                    group, queues[0], batch_size=4, invisible_ms=INVISIBLE_MS, long_polling_ms=5_000
+                )
+            )
             await asyncio.sleep(0.5)  # the long poll is held
             await other.send([Message(topic, b"precious")])
             await asyncio.sleep(0.3)  # the doomed proxy pops it for its client
             doomed.process.send_signal(signal.SIGKILL)
             doomed.process.wait(10)
-            await asyncio.gather(*polls, return_exceptions=True)
+            await asyncio.gather(poll, return_exceptions=True)
             got: list = []
             deadline = time.monotonic() + 30
             while not got and time.monotonic() < deadline:
