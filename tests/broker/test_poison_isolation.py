@@ -109,3 +109,40 @@ async def test_failing_destination_is_retried_with_backoff_then_parked(
         assert broker.timer.failures.parked == 1
         assert len(attempts) >= broker.timer.failures.max_attempts  # retried, then parked
         assert broker.timer.failures.failed_attempts >= 5
+
+
+async def test_failing_revive_checkpoint_is_parked_and_others_revive(tmp_path, monkeypatch) -> None:
+    """Revive: a checkpoint whose retry cannot be scheduled does not hold up the others due
+    in the same batch; it is retried with backoff, then its messages are parked in the group's
+    DLQ (counted, with the reason)."""
+    from popmq.broker.api.types import dlq_topic
+
+    async with running_broker(fast_broker_config(tmp_path)) as broker:
+        revive = broker.revive_service
+        real_schedule = broker.timer.schedule
+
+        async def schedule(entries):
+            if any(topic.startswith("%RETRY%bad") for _, topic, _ in entries):
+                raise OSError("cannot write this one")
+            return await real_schedule(entries)
+
+        monkeypatch.setattr(broker.timer, "schedule", schedule)
+        await broker.send([Message("t", b"one"), Message("t", b"two")], 0)
+        for group in ("bad", "good"):  # long invisible time: only the calls below revive
+            request = PopRequest(group, "t", queue_id=0, max_messages=32, invisible_time_ms=60_000)
+            assert len((await broker.pop(request)).messages) == 2
+        # One batch, bad's checkpoint first (revive is driven here with a clock moved on).
+        later = [_now_ms() + 61_000]
+        monkeypatch.setattr(revive, "_clock", lambda: later[0])
+        await revive.revive_due()
+        assert revive.revived == 2  # good's two messages went on despite bad's failure
+        for _ in range(10):  # bad's retries (with backoff), then it is parked
+            later[0] += 61_000
+            await revive.revive_due()
+        assert revive.failures.parked == 1
+        assert revive.failures.failed_attempts == revive.failures.max_attempts
+        parked = await broker.pull(PullRequest(dlq_topic("bad"), 0, 0))
+        assert parked.status == PullStatus.FOUND
+        assert sorted(m.body for m in parked.messages) == [b"one", b"two"]
+        assert all("__popmq.parked_reason" in m.properties for m in parked.messages)
+        assert broker.timer.pending == 2  # good's retries wait for their backoff
