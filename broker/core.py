@@ -46,6 +46,7 @@ from popmq.broker.api.types import (
     legacy_retry_topic,
     retry_topic,
 )
+from popmq.broker.isolation import FailureTracker
 from popmq.broker.metered_hold import MeteredHoldTable
 from popmq.broker.metrics import BrokerMetrics, take_snapshot
 from popmq.broker.pop.engine import PopEngine
@@ -87,6 +88,7 @@ class Broker:
         self._engine: PopEngine | None = None
         self._revive: ReviveService | None = None
         self._timer = TimerService(self._store, self._clock, self._ensure_destination)
+        self._timer.failures = self._failure_tracker()
 
     # -- lifecycle ------------------------------------------------------------------------
     @property
@@ -199,6 +201,7 @@ class Broker:
             append_system=self._append_system,
             clock=self._clock,
         )
+        self._revive.failures = self._failure_tracker()
 
     async def stop(self) -> None:
         if not self._started:
@@ -289,6 +292,14 @@ class Broker:
     def _commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         with contextlib.suppress(BrokerError):  # the topic may have been deleted meanwhile
             self._store.set_consumer_offset(group, topic, queue_id, offset)
+
+    def _failure_tracker(self) -> FailureTracker[int]:
+        pop = self._config.pop
+        return FailureTracker(
+            max_attempts=pop.park_after_attempts,
+            base_backoff_ms=pop.loop_backoff_ms,
+            max_backoff_ms=max(pop.loop_backoff_max_ms, pop.loop_backoff_ms),
+        )
 
     def _ensure_destination(self, topic: str) -> bool:
         if self._store.get_topic(topic) is not None:
