@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from popmq.broker.api.errors import Code
 from popmq.broker.api.local import LocalBrokerPort
+from popmq.broker.api.types import PopRequest
 from popmq.broker.core import Broker
 from popmq.proxy.server import ProxyServer
 
@@ -214,7 +215,10 @@ def _request(method_name: str) -> st.SearchStrategy[ProtoMessage]:
     method = SERVICE.methods_by_name[method_name]
     cls = getattr(s, method.input_type.name)
 
-    template = text_format.Parse(TEMPLATES.get(method_name, ""), cls())
+    text = TEMPLATES.get(method_name, "")
+    if HANDLES:  # a real receipt handle reaches past the signature check
+        text = text.replace('"x.y"', f'"{HANDLES[0]}"')
+    template = text_format.Parse(text, cls())
 
     def build(values: dict[str, Any]) -> ProtoMessage:
         request = cls()
@@ -263,6 +267,10 @@ class ServerThread:
                 self.brokers.append(broker)
                 await broker.create_topic(TOPIC, 2)
                 await broker.send([_stored_message(n) for n in range(20)])
+                popped = await broker.pop(
+                    PopRequest(GROUP, TOPIC, max_messages=4, invisible_time_ms=3_600_000)
+                )
+                HANDLES.extend(p.receipt_handle for p in popped.messages)
             config.proxy.port = 0
             self.server = ProxyServer(config, [LocalBrokerPort(b) for b in self.brokers])
             await self.server.start()
@@ -305,6 +313,7 @@ METADATA = (
     ("x-mq-namespace", ""),
 )
 TALLY: Counter[str] = Counter()
+HANDLES: list[str] = []  # receipt handles of seeded messages, popped at setup
 
 
 def _identity(data: Any) -> bytes:
