@@ -183,7 +183,11 @@ class TimerService:
         except Exception as exc:
             if len(items) == 1:
                 offset, message = items[0]
-                await self._failed(offset, message, exc, now)
+                # Parked with its destination, so it can be re-driven.
+                properties = dict(message.properties)
+                properties[PROP_TIMER_TOPIC] = topic
+                properties[PROP_TIMER_QUEUE] = str(queue_id)
+                await self._failed(offset, replace(message, properties=properties), exc, now)
                 unsettled.discard(offset)
                 return 0
             # One bad entry must not hold up the batch: deliver them one by one.
@@ -192,7 +196,7 @@ class TimerService:
                 moved += await self._deliver_batch(topic, queue_id, [item], now, unsettled)
             return moved
         for offset, _ in items:
-            self.failures.succeeded(offset)
+            self.failures.succeeded(offset, now)
             self._settle(offset)
             unsettled.discard(offset)
         return len(items)
@@ -207,7 +211,7 @@ class TimerService:
     async def _failed(
         self, offset: int, message: Message | None, exc: BaseException, now: int
     ) -> None:
-        park, backoff_ms = self.failures.failed(offset, exc)
+        park, backoff_ms = self.failures.failed(offset, exc, now)
         if not park or message is None:
             log.warning(
                 "timer: entry %d failed (%s); retrying in %d ms",

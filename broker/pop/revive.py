@@ -102,7 +102,7 @@ class ReviveService:
             for position, ck in enumerate(checkpoints):
                 try:
                     await self._revive(ck)
-                    self.failures.succeeded(ck.ck_id)
+                    self.failures.succeeded(ck.ck_id, self._clock())
                 except Exception as exc:
                     await self._failed(ck, exc)
                 except BaseException:  # cancelled: what is left revives later
@@ -116,7 +116,7 @@ class ReviveService:
         return len(checkpoints)
 
     async def _failed(self, ck: Checkpoint, exc: BaseException) -> None:
-        park, backoff_ms = self.failures.failed(ck.ck_id, exc)
+        park, backoff_ms = self.failures.failed(ck.ck_id, exc, self._clock())
         if park:
             try:
                 moved = await self._dead_letter_pending(ck, f"revive failed: {describe(exc)}")

@@ -146,3 +146,33 @@ async def test_failing_revive_checkpoint_is_parked_and_others_revive(tmp_path, m
         assert sorted(m.body for m in parked.messages) == [b"one", b"two"]
         assert all("__popmq.parked_reason" in m.properties for m in parked.messages)
         assert broker.timer.pending == 2  # good's retries wait for their backoff
+
+
+async def test_when_every_delivery_fails_nothing_is_parked(tmp_path, monkeypatch) -> None:
+    """A store that refuses every write (a full disk) is not the entries' fault: they stay in
+    the timer, retried and counted, and are delivered once the store recovers."""
+    async with running_broker(fast_broker_config(tmp_path)) as broker:
+        broker.timer.failures.base_backoff_ms = 5
+        broker.timer.failures.max_backoff_ms = 20
+        real_append = broker.store.append
+        broker.store.create_topic("d", 1)
+
+        async def full_disk(topic, queue_id, messages):
+            if topic.startswith("%SYS%TIMER"):  # scheduling still works; delivery does not
+                return await real_append(topic, queue_id, messages)
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(broker.store, "append", full_disk)
+        due = _now_ms() + 20
+        await broker.timer.schedule(
+            [(Message("d", f"x{i}".encode(), delivery_timestamp_ms=due), "d", 0) for i in range(2)]
+        )
+        for _ in range(400):
+            if broker.timer.failures.failed_attempts >= 4 * broker.timer.failures.max_attempts:
+                break
+            await asyncio.sleep(0.02)
+        assert broker.timer.failures.failed_attempts >= 4 * broker.timer.failures.max_attempts
+        assert broker.timer.failures.parked == 0 and broker.timer.pending == 2
+        monkeypatch.setattr(broker.store, "append", real_append)
+        delivered = await _pop_all(broker, "g", "d", 2, timeout_s=20)
+        assert sorted(m.message.body for m in delivered) == [b"x0", b"x1"]
