@@ -7,7 +7,7 @@ from pathlib import Path
 
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.names import check_topic
-from popmq.broker.store.files import read_json, write_json_atomic
+from popmq.broker.store import metafile
 
 MAX_QUEUES = 1024
 
@@ -50,8 +50,8 @@ class TopicTable:
         self._path = path
         self.topics: dict[str, TopicRecord] = {}
 
-    def load(self) -> None:
-        doc = read_json(self._path) or {}
+    def load_doc(self, doc: dict) -> None:
+        """Take the table from a document read by the caller (metafile.read)."""
         self.topics = {
             name: TopicRecord(name, int(entry["queue_count"]), int(entry["since"]))
             for name, entry in doc.get("topics", {}).items()
@@ -65,4 +65,4 @@ class TopicTable:
                 for t in self.topics.values()
             },
         }
-        write_json_atomic(self._path, doc)
+        metafile.write(self._path, doc)

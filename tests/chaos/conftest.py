@@ -1,8 +1,5 @@
-"""The chaos suite: real `popmq` processes on 127.0.0.1 under bounded load, with faults.
-
-Everything here is marked ``chaos`` (and ``slow``): it runs in ``make test``; skip it locally
-with ``-m "not chaos"``.
-"""
+"""The chaos suite (issue 9): real processes on 127.0.0.1 under faults. Every test here is
+marked ``chaos``: it runs in `make test`; skip it locally with ``-m "not chaos"``."""
 
 from __future__ import annotations
 
@@ -17,4 +14,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _HERE in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.chaos)
-            item.add_marker(pytest.mark.slow)
