@@ -43,9 +43,11 @@ from popmq.broker.api.types import (
     SendResult,
     StoredMessage,
     TopicInfo,
+    legacy_retry_topic,
     retry_topic,
 )
 from popmq.broker.auto_create import AutoCreateGate
+from popmq.broker.isolation import FailureTracker
 from popmq.broker.metered_hold import MeteredHoldTable
 from popmq.broker.metrics import BrokerMetrics, take_snapshot
 from popmq.broker.pop.engine import PopEngine
@@ -95,6 +97,7 @@ class Broker:
         self._engine: PopEngine | None = None
         self._revive: ReviveService | None = None
         self._timer = TimerService(self._store, self._clock, self._ensure_destination)
+        self._timer.failures = self._failure_tracker()
 
     # -- lifecycle ------------------------------------------------------------------------
     @property
@@ -218,6 +221,7 @@ class Broker:
             append_system=self._append_system,
             clock=self._clock,
         )
+        self._revive.failures = self._failure_tracker()
 
     async def stop(self) -> None:
         if not self._started:
@@ -309,6 +313,14 @@ class Broker:
     def _commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         with contextlib.suppress(BrokerError):  # the topic may have been deleted meanwhile
             self._store.set_consumer_offset(group, topic, queue_id, offset)
+
+    def _failure_tracker(self) -> FailureTracker[int]:
+        pop = self._config.pop
+        return FailureTracker(
+            max_attempts=pop.park_after_attempts,
+            base_backoff_ms=pop.loop_backoff_ms,
+            max_backoff_ms=max(pop.loop_backoff_max_ms, pop.loop_backoff_ms),
+        )
 
     def _ensure_destination(self, topic: str) -> bool:
         if self._store.get_topic(topic) is not None:
@@ -577,7 +589,7 @@ class Broker:
         self._require_started()
         check_group(group)
         stats: list[GroupQueueStats] = []
-        for name in (topic, retry_topic(group, topic)):
+        for name in (topic, retry_topic(group, topic), legacy_retry_topic(group, topic)):
             meta = self._existing_topic(topic) if name == topic else self._store.get_topic(name)
             if meta is None:
                 continue

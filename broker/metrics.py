@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, PopStatus
+from popmq.broker.names import parse_retry_topic
 from popmq.broker.store.damage import DamageEvent, MetadataFallback
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -206,6 +207,9 @@ class BrokerSnapshot:
     dead_lettered: int
     timer_pending: int
     data_dir: Path
+    # Per background loop ("timer", "revive"): failed attempts, and entries parked.
+    loop_failures: dict[str, int] = field(default_factory=dict)
+    loop_parked: dict[str, int] = field(default_factory=dict)
     corrupt_reads: int = 0
     groups: list[GroupRow] = field(default_factory=list)
     groups_dropped: int = 0  # pairs past MAX_GROUP_SERIES
@@ -226,6 +230,11 @@ def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
         dead_lettered=revive.dead_lettered,
         timer_pending=broker.timer.pending,
         data_dir=broker.store.data_dir,
+        loop_failures={
+            "timer": broker.timer.failures.failed_attempts,
+            "revive": revive.failures.failed_attempts,
+        },
+        loop_parked={"timer": broker.timer.failures.parked, "revive": revive.failures.parked},
         corrupt_reads=broker.store.corrupt_records_read,
         open_files=broker.store.open_files.open_count,
         open_files_limit=broker.store.open_files.capacity,
@@ -268,10 +277,16 @@ def _group_topics(broker: Broker) -> set[tuple[str, str]]:
         if group.startswith(SYSTEM_PREFIX):  # the timer's own progress
             continue
         if topic.startswith(RETRY_PREFIX):
-            prefix = f"{RETRY_PREFIX}{group}_"
-            if not topic.startswith(prefix):
-                continue
-            topic = topic[len(prefix) :]
+            parsed = parse_retry_topic(topic)
+            if parsed is not None:  # V2: %RETRY%group+topic
+                if parsed[0] != group:
+                    continue
+                topic = parsed[1]
+            else:  # V1 (before the upgrade): %RETRY%group_topic
+                prefix = f"{RETRY_PREFIX}{group}_"
+                if not topic.startswith(prefix):
+                    continue
+                topic = topic[len(prefix) :]
         pairs.add((group, topic))
     return pairs
 
@@ -319,6 +334,23 @@ class BrokerStateCollector(Collector):
             b,
             snap.timer_pending,
         )
+        failures = CounterMetricFamily(
+            "popmq_broker_loop_failures",
+            "Failed attempts of an entry in a background loop (timer delivery, revive); each "
+            "is retried with backoff and parked after the last",
+            labels=["broker", "loop"],
+        )
+        parked = CounterMetricFamily(
+            "popmq_broker_parked_entries",
+            "Entries a background loop could not process and parked: timer entries go to "
+            "%SYS%TIMER_PARKED, revived messages to their group's DLQ",
+            labels=["broker", "loop"],
+        )
+        for loop in sorted(snap.loop_failures):
+            failures.add_metric([self._broker, loop], snap.loop_failures[loop])
+            parked.add_metric([self._broker, loop], snap.loop_parked.get(loop, 0))
+        yield failures
+        yield parked
         size, segments = commitlog_usage(snap.data_dir)
         yield _gauge("popmq_broker_commitlog_bytes", "Bytes of commitlog on disk", b, size)
         yield _gauge("popmq_broker_commitlog_segments", "Commitlog segment files", b, segments)

@@ -20,6 +20,7 @@ from grpc_health.v1.health import aio as health_aio
 from popmq.broker.api import convert
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.undecodable import add_tolerant
 
 from popmq.config import BrokerConfig
 from popmq.pb.broker.v1 import broker_pb2 as pb
@@ -276,7 +277,10 @@ class BrokerGrpcServer:
             options=SERVER_OPTIONS,
             interceptors=link.server_interceptors(config) if config else None,
         )
-        broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(self._port), server)
+        # Undecodable bodies answer INVALID_ARGUMENT with a rate-limited log line.
+        add_tolerant(
+            broker_pb2_grpc.add_BrokerServiceServicer_to_server, BrokerServicer(self._port), server
+        )
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         enable_reflection(server, [SERVICE_NAME, "grpc.health.v1.Health"])

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from popmq.broker.api.errors import BrokerError
 from popmq.broker.api.types import Message, StoredMessage
+from popmq.broker.isolation import FailureTracker, describe
 from popmq.broker.pop.queue_state import QueueState
 
 if TYPE_CHECKING:
@@ -30,6 +31,10 @@ log = logging.getLogger(__name__)
 TIMER_TOPIC = "%SYS%TIMER"
 TIMER_QUEUE = 0
 TIMER_PROGRESS_GROUP = "%SYS%TIMER_PROGRESS"
+# Where entries that cannot be delivered go (with their destination and the reason), so an
+# operator can inspect and re-drive them; nothing is dropped.
+PARKED_TOPIC = "%SYS%TIMER_PARKED"
+PROP_PARKED_REASON = "__popmq.parked_reason"
 PROP_TIMER_TOPIC = "__popmq.timer_topic"
 PROP_TIMER_QUEUE = "__popmq.timer_queue"
 _SCAN_BATCH = 512
@@ -52,6 +57,15 @@ def stored_to_message(stored: StoredMessage, topic: str | None = None) -> Messag
     )
 
 
+class _EntryError(Exception):
+    """An entry that was read but cannot be delivered (it can be parked)."""
+
+    def __init__(self, message: Message, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.message = message
+        self.cause = cause
+
+
 class TimerService:
     def __init__(
         self,
@@ -65,6 +79,7 @@ class TimerService:
         self._clock = clock
         self._ensure_topic = ensure_topic
         self._heap: list[tuple[int, int]] = []  # (due ms, timer offset)
+        self.failures: FailureTracker[int] = FailureTracker()  # by timer offset
         self._progress = QueueState(0)
 
     @property
@@ -116,46 +131,138 @@ class TimerService:
         return self._heap[0][0] if self._heap else None
 
     async def deliver_due(self, limit: int = 1024) -> int:
-        """Move every entry that is due to its destination. Returns how many moved."""
+        """Move every entry that is due to its destination. Returns how many moved.
+
+        Entries are isolated from each other: one that fails is retried alone with backoff
+        and finally parked in ``%SYS%TIMER_PARKED`` (see ``popmq.broker.isolation``); the
+        others are delivered on time."""
         now = self._clock()
         due: list[int] = []
         while self._heap and self._heap[0][0] <= now and len(due) < limit:
             due.append(heapq.heappop(self._heap)[1])
         if not due:
             return 0
+        unsettled = set(due)  # taken off the heap, not yet delivered, parked or rescheduled
+        moved = 0
         try:
-            moved = await self._move(due)
-        except BaseException:
-            for offset in due:  # not delivered: try again later
+            batches: dict[tuple[str, int], list[tuple[int, Message]]] = defaultdict(list)
+            for offset in due:
+                try:
+                    loaded = self._prepare(offset)
+                except _EntryError as err:
+                    await self._failed(offset, err.message, err.cause, now)
+                    unsettled.discard(offset)
+                    continue
+                except Exception as exc:  # not even readable: retried, never parked blind
+                    await self._failed(offset, None, exc, now)
+                    unsettled.discard(offset)
+                    continue
+                if loaded is None:
+                    self._settle(offset)
+                    unsettled.discard(offset)
+                    continue
+                batches[loaded[1]].append((offset, loaded[0]))
+            for (topic, queue_id), items in batches.items():
+                moved += await self._deliver_batch(topic, queue_id, items, now, unsettled)
+        finally:
+            for offset in unsettled:  # interrupted (cancelled): try again later
                 if offset in self._progress.inflight:
                     heapq.heappush(self._heap, (now + 1000, offset))
-            raise
-        for offset in due:
-            if self._progress.mark_done(offset):
-                self._store.set_consumer_offset(
-                    TIMER_PROGRESS_GROUP, TIMER_TOPIC, TIMER_QUEUE, self._progress.committed
-                )
         return moved
 
-    async def _move(self, offsets: list[int]) -> int:
-        batches: dict[tuple[str, int], list[Message]] = defaultdict(list)
-        for offset in offsets:
-            message = self._load(offset)
-            if message is None:
-                continue
-            topic = message.properties.pop(PROP_TIMER_TOPIC, "")
-            queue_id = int(message.properties.pop(PROP_TIMER_QUEUE, "0"))
-            if not topic or not self._ensure_topic(topic):
-                log.warning("timer: dropping %s, destination topic %r is gone", offset, topic)
-                continue
-            message.topic = topic
-            batches[(topic, queue_id)].append(message)
-        moved = 0
-        for (topic, queue_id), messages in batches.items():
-            queue_id = self._valid_queue(topic, queue_id)
-            await self._store.append(topic, queue_id, messages)
-            moved += len(messages)
-        return moved
+    async def _deliver_batch(
+        self,
+        topic: str,
+        queue_id: int,
+        items: list[tuple[int, Message]],
+        now: int,
+        unsettled: set[int],
+    ) -> int:
+        try:
+            await self._store.append(topic, queue_id, [message for _, message in items])
+        except Exception as exc:
+            if len(items) == 1:
+                offset, message = items[0]
+                # Parked with its destination, so it can be re-driven.
+                properties = dict(message.properties)
+                properties[PROP_TIMER_TOPIC] = topic
+                properties[PROP_TIMER_QUEUE] = str(queue_id)
+                await self._failed(offset, replace(message, properties=properties), exc, now)
+                unsettled.discard(offset)
+                return 0
+            # One bad entry must not hold up the batch: deliver them one by one.
+            moved = 0
+            for item in items:
+                moved += await self._deliver_batch(topic, queue_id, [item], now, unsettled)
+            return moved
+        for offset, _ in items:
+            self.failures.succeeded(offset, now)
+            self._settle(offset)
+            unsettled.discard(offset)
+        return len(items)
+
+    def _settle(self, offset: int) -> None:
+        """The entry is finished (delivered, parked or gone): commit the timer's progress."""
+        if self._progress.mark_done(offset):
+            self._store.set_consumer_offset(
+                TIMER_PROGRESS_GROUP, TIMER_TOPIC, TIMER_QUEUE, self._progress.committed
+            )
+
+    async def _failed(
+        self, offset: int, message: Message | None, exc: BaseException, now: int
+    ) -> None:
+        park, backoff_ms = self.failures.failed(offset, exc, now)
+        if not park or message is None:
+            log.warning(
+                "timer: entry %d failed (%s); retrying in %d ms",
+                offset, describe(exc), backoff_ms,
+            )  # fmt: skip
+            heapq.heappush(self._heap, (now + backoff_ms, offset))
+            return
+        try:
+            await self._park(message, exc)
+        except Exception as park_exc:  # kept in the timer (never lost), retried slowly
+            log.error(
+                "timer: entry %d failed (%s) and could not be parked (%s); retrying in %d ms",
+                offset, describe(exc), describe(park_exc), backoff_ms,
+            )  # fmt: skip
+            heapq.heappush(self._heap, (now + backoff_ms, offset))
+            return
+        self.failures.parked_one(offset)
+        self._settle(offset)
+        log.error(
+            "timer: entry %d for %r parked in %s after %s; its neighbours go on",
+            offset, message.properties.get(PROP_TIMER_TOPIC, message.topic), PARKED_TOPIC,
+            describe(exc),
+        )  # fmt: skip
+
+    async def _park(self, message: Message, exc: BaseException) -> None:
+        self._ensure_topic(PARKED_TOPIC)
+        properties = dict(message.properties)
+        properties[PROP_PARKED_REASON] = describe(exc)[:500]
+        await self._store.append(
+            PARKED_TOPIC, TIMER_QUEUE, [replace(message, topic=PARKED_TOPIC, properties=properties)]
+        )
+
+    def _prepare(self, offset: int) -> tuple[Message, tuple[str, int]] | None:
+        """The entry as a message for its destination, or None if there is nothing to move.
+        Raises if the destination cannot be made ready."""
+        message = self._load(offset)
+        if message is None:
+            return None
+        topic = message.properties.get(PROP_TIMER_TOPIC, "")
+        try:
+            queue_id = int(message.properties.get(PROP_TIMER_QUEUE, "0"))
+            exists = bool(topic) and self._ensure_topic(topic)
+        except Exception as exc:
+            raise _EntryError(message, exc) from exc
+        if not exists:
+            log.warning("timer: dropping %s, destination topic %r is gone", offset, topic)
+            return None
+        delivered = replace(message, topic=topic, properties=dict(message.properties))
+        delivered.properties.pop(PROP_TIMER_TOPIC, None)
+        delivered.properties.pop(PROP_TIMER_QUEUE, None)
+        return delivered, (topic, self._valid_queue(topic, queue_id))
 
     def _valid_queue(self, topic: str, queue_id: int) -> int:
         meta = self._store.get_topic(topic)

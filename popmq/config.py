@@ -95,6 +95,11 @@ class PopConfig(Section):
     time_scale: float = Field(1.0, gt=0)
     # popShareQueueNum: how many consumers share one queue in server-side assignment.
     share_queue_num: int = Field(1, ge=1)
+    # Timer, revive and DLQ loops: an entry that fails is retried alone, with backoff from
+    # loop_backoff_ms doubling up to loop_backoff_max_ms, and parked after park_after_attempts.
+    park_after_attempts: int = Field(5, ge=1)
+    loop_backoff_ms: int = Field(1_000, ge=1)
+    loop_backoff_max_ms: int = Field(60_000, ge=1)
 
     @field_validator("retry_levels")
     @classmethod

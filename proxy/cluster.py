@@ -26,6 +26,7 @@ from popmq.broker.pop.handle import peek_broker_name
 log = logging.getLogger(__name__)
 
 CACHE_TTL_S = 3.0
+LAST_GROUP_TTL_S = 3600.0
 
 
 @dataclass(slots=True, frozen=True, order=True)
@@ -71,6 +72,9 @@ class _TtlCache(Generic[K, V]):
     def drop(self, key: K) -> None:
         self._items.pop(key, None)
 
+    def clear(self) -> None:
+        self._items.clear()
+
 
 class BrokerCluster:
     def __init__(self, ports: Sequence[BrokerPort], *, auto_create_topics: bool = True) -> None:
@@ -84,6 +88,9 @@ class BrokerCluster:
         self.auto_create_topics = auto_create_topics
         self._routes: _TtlCache[str, TopicRoute] = _TtlCache(CACHE_TTL_S)
         self._groups: _TtlCache[str, GroupConfig] = _TtlCache(CACHE_TTL_S)
+        # The last config seen of each group: used while no broker answers.
+        self._last_groups: _TtlCache[str, GroupConfig] = _TtlCache(LAST_GROUP_TTL_S)
+        self._down_until: dict[str, float] = {}  # broker name -> monotonic time
         self._round_robin = itertools.count()
 
     # -- brokers -----------------------------------------------------------------------------
@@ -136,6 +143,7 @@ class BrokerCluster:
                 # A broker that is down leaves the route (as a name server drops it) until
                 # it answers again; the others keep serving the topic.
                 log.warning("broker %s left out of the route of %s: %s", port.name, topic, exc)
+                self._down_until[port.name] = time.monotonic() + CACHE_TTL_S
                 unavailable.append(exc)
                 return None
             except BrokerError as exc:
@@ -144,10 +152,12 @@ class BrokerCluster:
                     return None
                 raise
 
-        infos = await asyncio.gather(*(lookup(port) for port in self._ports.values()))
+        # Brokers known to be down are left out until they are tried again (see is_down).
+        ports = self.live_ports()
+        infos = await asyncio.gather(*(lookup(port) for port in ports))
         brokers = {
-            name: info.queue_count
-            for name, info in zip(self._ports, infos, strict=True)
+            port.name: info.queue_count
+            for port, info in zip(ports, infos, strict=True)
             if info is not None and info.queue_count > 0
         }
         if not brokers:
@@ -171,17 +181,59 @@ class BrokerCluster:
             return queues[int.from_bytes(digest, "big") % len(queues)]
         return queues[next(self._round_robin) % len(queues)]
 
+    # -- broker health ----------------------------------------------------------------------
+    def note_unavailable(self, name: str) -> None:
+        """A broker did not answer: leave it out of routes and group lookups for a while (a
+        name server drops a dead broker the same way); it is tried again after that."""
+        if name not in self._down_until:
+            log.warning("broker %s is unavailable; serving from the others", name)
+        self._down_until[name] = time.monotonic() + CACHE_TTL_S
+        self._routes.clear()
+
+    def is_down(self, name: str) -> bool:
+        until = self._down_until.get(name)
+        if until is None:
+            return False
+        if until < time.monotonic():
+            del self._down_until[name]
+            return False
+        return True
+
+    def live_ports(self, names: Sequence[str] | None = None) -> list[BrokerPort]:
+        """The ports (of ``names``, default all) not known to be down; all of them if every
+        one is, so a request still gets a real answer from a broker."""
+        ports = [self._ports[n] for n in (names if names is not None else self._ports)]
+        live = [port for port in ports if not self.is_down(port.name)]
+        return live or ports
+
     # -- groups ------------------------------------------------------------------------------
     async def group(self, name: str) -> GroupConfig:
-        """A group's config as the first broker has it (admin writes it to every broker)."""
+        """A group's config from any live broker (admin writes it to every broker): brokers
+        known to be down are asked last, and if none answers the last copy seen is used."""
         cached = self._groups.get(name)
         if cached is not None:
             return cached
-        config = await self.ports[0].get_group(name)
-        self._groups.put(name, config)
-        return config
+        ordered = self.live_ports()
+        ordered += [port for port in self.ports if port not in ordered]
+        failure: BrokerUnavailableError | None = None
+        for port in ordered:
+            try:
+                config = await port.get_group(name)
+            except BrokerUnavailableError as exc:
+                self.note_unavailable(port.name)
+                failure = exc
+                continue
+            self._groups.put(name, config)
+            self._last_groups.put(name, config)
+            return config
+        stale = self._last_groups.get(name)
+        if stale is not None:
+            return stale
+        assert failure is not None
+        raise failure
 
     async def update_group(self, config: GroupConfig) -> GroupConfig:
         results = await asyncio.gather(*(port.update_group(config) for port in self.ports))
         self._groups.put(config.name, results[0])
+        self._last_groups.put(config.name, results[0])
         return results[0]

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.undecodable import add_tolerant
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.grpc.access import access_guard
 from popmq.proxy.grpc.namespace import NamespaceInterceptor
@@ -116,8 +117,12 @@ class ProxyServer:
             options=grpc_options(proxy.max_body_bytes, proxy.max_long_polls),
             interceptors=interceptors,
         )
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(
-            MessagingServicer(self.services), server
+        # Undecodable bodies answer INVALID_ARGUMENT (counted, logged at a bounded rate).
+        add_tolerant(
+            service_pb2_grpc.add_MessagingServiceServicer_to_server,
+            MessagingServicer(self.services),
+            server,
+            lambda method: self.metrics.rpc_requests.labels(method, "INVALID_ARGUMENT").inc(),
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if proxy.admin_port is None:

@@ -10,20 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-# Name prefixes of RocketMQ's system topics.
-RETRY_PREFIX = "%RETRY%"
-DLQ_PREFIX = "%DLQ%"
-SYSTEM_PREFIX = "%SYS%"
-
-
-def retry_topic(group: str, topic: str) -> str:
-    """The POP retry topic of a group on a topic (RocketMQ 5: %RETRY%group_topic)."""
-    return f"{RETRY_PREFIX}{group}_{topic}"
-
-
-def dlq_topic(group: str) -> str:
-    return f"{DLQ_PREFIX}{group}"
-
+# System topic prefixes and derived names: one set of rules, in popmq.broker.names.
+from popmq.broker.names import (  # noqa: F401  (re-exported for the port's users)
+    DLQ_PREFIX,
+    RETRY_PREFIX,
+    SYSTEM_PREFIX,
+    dlq_topic,
+    legacy_retry_topic,
+    retry_topic,
+)
 
 # User-property keys the broker sets on retried and dead-lettered messages.
 PROP_ORIGIN_TOPIC = "__popmq.origin_topic"

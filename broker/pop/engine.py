@@ -29,6 +29,7 @@ from popmq.broker.api.types import (
     PopResult,
     PopStatus,
     StoredMessage,
+    legacy_retry_topic,
     retry_topic,
 )
 from popmq.broker.pop.checkpoint import Checkpoint, EntryState
@@ -154,9 +155,15 @@ class PopEngine:
             keys.append((retry_topic(group, topic), group, -1))
         return keys
 
-    def _retry_queue_count(self, group: str, topic: str) -> int:
-        meta = self._store.get_topic(retry_topic(group, topic))
-        return meta.queue_count if meta is not None else 0
+    def _retry_queues(self, group: str, topic: str, start: int = 0) -> list[tuple[str, int]]:
+        """The group's retry queues for a topic: the V2 retry topic, and the V1 one if data
+        from before the upgrade is still there (read until drained; nothing new goes there)."""
+        queues: list[tuple[str, int]] = []
+        for name in (retry_topic(group, topic), legacy_retry_topic(group, topic)):
+            meta = self._store.get_topic(name)
+            if meta is not None:
+                queues += [(name, q) for q in pop_queue_order(meta.queue_count, start)]
+        return queues
 
     def _pop_once(
         self, request: PopRequest, count: int, fifo: bool, tags: frozenset[str] | None
@@ -171,9 +178,7 @@ class PopEngine:
         retry: list[tuple[str, int]] = []
         retry_first = False
         if not fifo:
-            retry_count = self._retry_queue_count(group, topic)
-            name = retry_topic(group, topic)
-            retry = [(name, q) for q in pop_queue_order(retry_count, start)]
+            retry = self._retry_queues(group, topic, start)
             retry_first = self._rng.randrange(100) < self._config.pop.retry_first_percent
         plan = retry + normal if retry_first else normal + retry
         out: list[PoppedMessage] = []
@@ -233,7 +238,11 @@ class PopEngine:
                         break  # beyond the end: nothing to read
                     cursor = low  # retention removed what was below
                     continue
-                picked.extend(m for m in result.messages if not state.is_known(m.queue_offset))
+                picked.extend(
+                    m
+                    for m in result.messages
+                    if not state.is_known(m.queue_offset) and self._owns(request, topic, m)
+                )
                 if result.next_offset <= cursor:
                     break
                 cursor = result.next_offset
@@ -243,6 +252,15 @@ class PopEngine:
             return self._rest(topic, queue_id, cursor, max_offset, tags)
         finally:
             self.locks.unlock(key)
+
+    @staticmethod
+    def _owns(request: PopRequest, topic: str, message: StoredMessage) -> bool:
+        """False for a message of a V1 retry topic that another (group, topic) pair shares
+        (``%RETRY%a_b_c`` is both a_b/c's and a/b_c's): its origin topic says whose it is.
+        Skipping it only moves this group's cursor; its owner reads it with its own."""
+        if topic != legacy_retry_topic(request.group, request.topic):
+            return True
+        return message.properties.get(PROP_ORIGIN_TOPIC, request.topic) == request.topic
 
     def _rest(
         self, topic: str, queue_id: int, cursor: int, max_offset: int, tags: frozenset[str] | None
@@ -308,7 +326,7 @@ class PopEngine:
             raise _invalid(f"the handle belongs to broker {handle.broker!r}, not {self._name!r}")
         if handle.group_hash != group_hash(group):
             raise _invalid(f"the handle was not issued to consumer group {group!r}")
-        if handle.topic != topic and handle.topic != retry_topic(group, topic):
+        if handle.topic not in (topic, retry_topic(group, topic), legacy_retry_topic(group, topic)):
             raise _invalid(f"the handle is for topic {handle.topic!r}, not {topic!r}")
         ck = self._ledger.find(handle.checkpoint_id)
         index = handle.index
@@ -435,8 +453,7 @@ class PopEngine:
     ) -> bool:
         queues = [(topic, q) for q in range(count)] if queue_id == -1 else [(topic, queue_id)]
         if not fifo:
-            name = retry_topic(group, topic)
-            queues += [(name, q) for q in range(self._retry_queue_count(group, topic))]
+            queues += self._retry_queues(group, topic)
         return any(self._queue_has_visible(group, t, q, fifo, tags) for t, q in queues)
 
     def _queue_has_visible(

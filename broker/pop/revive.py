@@ -2,7 +2,7 @@
 
 For each checkpoint past its invisible time, every un-acked message is
 - (concurrent pops) rewritten with ``reconsume_times + 1`` to the group's retry topic
-  ``%RETRY%group_topic`` after the backoff of that attempt (through the timer), or to
+  ``%RETRY%group+topic`` after the backoff of that attempt (through the timer), or to
   ``%DLQ%group`` once its attempts reach the group's ``max_attempts``;
 - (FIFO pops) released back into its own queue, to be redelivered in place and in order, or
   sent to the DLQ at ``max_attempts``.
@@ -13,6 +13,7 @@ is kept in ``PROP_ORIGIN_*`` properties.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,8 @@ from popmq.broker.api.types import (
     dlq_topic,
     retry_topic,
 )
+from popmq.broker.isolation import FailureTracker, describe
+from popmq.broker.names import parse_retry_topic
 from popmq.broker.pop.checkpoint import Checkpoint, EntryState
 from popmq.broker.pop.groups import GroupRegistry
 from popmq.broker.pop.hold import HoldTable
@@ -38,8 +41,12 @@ from popmq.broker.timer import TimerService, stored_to_message
 if TYPE_CHECKING:
     from popmq.broker.store.message_store import MessageStore
 
-# A revive that failed (e.g. the store refused a write) is retried this much later.
+log = logging.getLogger(__name__)
+
+# A revive interrupted (cancelled) is retried this much later.
 _RETRY_FAILED_MS = 1000
+# Why a message was parked in a DLQ by a failing loop (not by max attempts).
+PROP_PARKED_REASON = "__popmq.parked_reason"
 
 AppendFn = Callable[[str, int, list[Message]], Awaitable[list[StoredMessage]]]
 
@@ -78,19 +85,27 @@ class ReviveService:
         self._append_system = append_system
         self._clock = clock
         self.revived = 0  # messages sent to retry topics or released in place
+        # by checkpoint id; the first retry comes as soon as an interrupted revive's
+        self.failures: FailureTracker[int] = FailureTracker(base_backoff_ms=_RETRY_FAILED_MS)
         self.dead_lettered = 0
 
     def next_due_ms(self) -> int | None:
         return self._ledger.next_due_ms()
 
     async def revive_due(self) -> int:
-        """Revive every checkpoint whose invisible time has passed. Returns how many."""
+        """Revive every checkpoint whose invisible time has passed. Returns how many.
+
+        Checkpoints are isolated from each other: one whose revive fails is retried alone
+        with backoff and finally parked (its messages dead-lettered); the others go on."""
         checkpoints = self._ledger.take_due(self._clock())
         try:
             for position, ck in enumerate(checkpoints):
                 try:
                     await self._revive(ck)
-                except BaseException:
+                    self.failures.succeeded(ck.ck_id, self._clock())
+                except Exception as exc:
+                    await self._failed(ck, exc)
+                except BaseException:  # cancelled: what is left revives later
                     retry_at = self._clock() + _RETRY_FAILED_MS
                     for left in checkpoints[position:]:
                         self._ledger.reschedule(left, retry_at)
@@ -99,6 +114,53 @@ class ReviveService:
             self._ledger.flush_commits()
             self._journal.flush()
         return len(checkpoints)
+
+    async def _failed(self, ck: Checkpoint, exc: BaseException) -> None:
+        park, backoff_ms = self.failures.failed(ck.ck_id, exc, self._clock())
+        if park:
+            try:
+                moved = await self._dead_letter_pending(ck, f"revive failed: {describe(exc)}")
+            except Exception as park_exc:  # stays in flight (never lost), retried slowly
+                log.error(
+                    "revive: checkpoint %d of %s on %s failed (%s) and could not be "
+                    "dead-lettered (%s); retrying in %d ms",
+                    ck.ck_id, ck.group, ck.topic, describe(exc), describe(park_exc), backoff_ms,
+                )  # fmt: skip
+            else:
+                self.failures.parked_one(ck.ck_id)
+                log.error(
+                    "revive: checkpoint %d of %s on %s failed (%s): %d message(s) parked in %s",
+                    ck.ck_id, ck.group, ck.topic, describe(exc), moved, dlq_topic(ck.group),
+                )  # fmt: skip
+                return
+        else:
+            log.warning(
+                "revive: checkpoint %d of %s on %s failed (%s); retrying in %d ms",
+                ck.ck_id, ck.group, ck.topic, describe(exc), backoff_ms,
+            )  # fmt: skip
+        self._ledger.reschedule(ck, self._clock() + backoff_ms)
+
+    async def _dead_letter_pending(self, ck: Checkpoint, reason: str) -> int:
+        """Park every pending message of ``ck`` in its group's DLQ and mark it done there."""
+        dead: list[Message] = []
+        indexes: list[int] = []
+        for index in ck.pending_indexes():
+            stored = self._read(ck, index)
+            if stored is None:
+                self._ledger.dropped(ck, index)
+                continue
+            message = with_origin(stored, dlq_topic(ck.group))
+            message.reconsume_times = max(stored.reconsume_times, ck.attempts[index]) + 1
+            message.delivery_timestamp_ms = 0
+            message.properties[PROP_PARKED_REASON] = reason[:500]
+            dead.append(message)
+            indexes.append(index)
+        if dead:
+            await self._append_system(dlq_topic(ck.group), 0, dead)
+        for index in indexes:
+            self._ledger.revived(ck, index)
+        self.dead_lettered += len(dead)
+        return len(dead)
 
     def _read(self, ck: Checkpoint, index: int) -> StoredMessage | None:
         offset = ck.offsets[index]
@@ -115,7 +177,7 @@ class ReviveService:
         if ck.fifo:
             await self._release_fifo(ck, max_attempts)
             return
-        destination = ck.topic if ck.topic.startswith(RETRY_PREFIX) else None
+        subscribed = self._subscribed_topic(ck)
         now = self._clock()
         retries: list[tuple[Message, str, int]] = []
         dead: list[Message] = []
@@ -133,8 +195,8 @@ class ReviveService:
                 message.delivery_timestamp_ms = 0
                 dead.append(message)
             else:
-                origin = stored.properties.get(PROP_ORIGIN_TOPIC, ck.topic)
-                target = destination or retry_topic(ck.group, origin)
+                target = retry_topic(ck.group, subscribed or stored.properties.get(
+                    PROP_ORIGIN_TOPIC, ck.topic))  # fmt: skip
                 message = with_origin(stored, target)
                 message.reconsume_times = reconsume
                 message.delivery_timestamp_ms = now + self._groups.retry_delay_ms(config, reconsume)
@@ -148,6 +210,16 @@ class ReviveService:
             self._ledger.revived(ck, index)
         self.revived += len(retries)
         self.dead_lettered += len(dead)
+
+    @staticmethod
+    def _subscribed_topic(ck: Checkpoint) -> str | None:
+        """The topic the group's consumers read ``ck`` through (its retries go to that
+        topic's retry topic); None for a V1 retry topic, whose messages name it as their
+        origin (the pop only hands them to that topic's consumers)."""
+        if not ck.topic.startswith(RETRY_PREFIX):
+            return ck.topic
+        parsed = parse_retry_topic(ck.topic)
+        return parsed[1] if parsed is not None else None
 
     async def _release_fifo(self, ck: Checkpoint, max_attempts: int) -> None:
         released = False

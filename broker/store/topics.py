@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.names import check_topic
 from popmq.broker.store import metafile
 
-# RocketMQ's topic charset; names are also directory names, so nothing else is allowed.
-_TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,255}$")
 MAX_QUEUES = 1024
 
 
@@ -35,11 +33,9 @@ class TopicRecord:
 
 
 def check_topic_name(name: str) -> None:
-    if not isinstance(name, str) or not _TOPIC_NAME.match(name):
-        raise BrokerError(
-            Code.ILLEGAL_TOPIC,
-            f"illegal topic name {name!r}: use 1..255 of the characters a-z A-Z 0-9 _ - % |",
-        )
+    """Any name the broker may store (user, retry, DLQ and system topics): the shared rules
+    for internal names, which are also directory names."""
+    check_topic(name, user=False)
 
 
 def check_queue_count(queue_count: int) -> None:

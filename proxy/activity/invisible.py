@@ -7,6 +7,7 @@ from __future__ import annotations
 from popmq.proxy.activity import validate
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.grpc.times import invisible_duration_ms
 from popmq.proxy.services import ProxyServices
 
 from popmq.pb.rocketmq.v2 import service_pb2 as s
@@ -20,7 +21,9 @@ async def change_invisible_duration(
     handle = validate.receipt_handle(request.receipt_handle)
     # RocketMQ: any duration from 0 up to the maximum (the receive minimum does not apply).
     invisible_ms = validate.invisible_time(
-        request.invisible_duration.ToMilliseconds(), 0, services.proxy.max_invisible_ms
+        invisible_duration_ms(request.invisible_duration),
+        0,
+        services.proxy.max_invisible_ms,
     )
     handle = await services.renewer.take(services, handle)  # a PushConsumer nack: stop renewing
     port = services.cluster.port_for_handle(handle)

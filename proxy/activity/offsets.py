@@ -15,6 +15,7 @@ from popmq.proxy.activity import validate
 from popmq.proxy.activity.receive import filter_of
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.grpc.times import polling_duration_ms, timestamp_ms
 from popmq.proxy.services import ProxyServices
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -78,7 +79,9 @@ async def pull_message(
             Code.BAD_REQUEST, f"batch size must be in 1..{services.proxy.max_batch}, not {batch}"
         )
     poll_ms = pull_poll_ms(
-        request.long_polling_timeout.ToMilliseconds(), ctx.remaining_ms(), services
+        polling_duration_ms(request.long_polling_timeout),
+        ctx.remaining_ms(),
+        services,
     )
     return await target.port.pull(
         PullRequest(
@@ -106,7 +109,9 @@ async def query_offset(
         if not request.HasField("timestamp"):
             raise BrokerError(Code.BAD_REQUEST, "the TIMESTAMP policy needs a timestamp")
         offset = await target.port.offset_for_timestamp(
-            target.topic, target.queue_id, request.timestamp.ToMilliseconds()
+            target.topic,
+            target.queue_id,
+            timestamp_ms(request.timestamp, Code.BAD_REQUEST, "offset timestamp"),
         )
     else:
         raise BrokerError(Code.BAD_REQUEST, f"unknown query offset policy {policy}")

@@ -16,6 +16,7 @@ from popmq.broker.api.types import FilterExpression, PoppedMessage, PopRequest
 from popmq.proxy.activity import validate
 from popmq.proxy.admission import refuse
 from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.grpc.times import invisible_duration_ms, polling_duration_ms
 from popmq.proxy.longpoll.base import LongPollRequest
 from popmq.proxy.services import ProxyServices
 
@@ -119,13 +120,13 @@ async def plan_receive(
         invisible_ms = config.default_invisible_ms
     else:
         invisible_ms = (
-            request.invisible_duration.ToMilliseconds()
+            invisible_duration_ms(request.invisible_duration)
             if request.HasField("invisible_duration")
             else 0
         )
         validate.invisible_time(invisible_ms, config.min_invisible_ms, config.max_invisible_ms)
     requested = (
-        request.long_polling_timeout.ToMilliseconds()
+        polling_duration_ms(request.long_polling_timeout)
         if request.HasField("long_polling_timeout")
         else None
     )
@@ -150,7 +151,7 @@ async def plan_receive(
     return ReceivePlan(
         group=group,
         topic=topic,
-        brokers=[services.cluster.port(name) for name in route.brokers],
+        brokers=services.cluster.live_ports(list(route.brokers)),
         long_poll=LongPollRequest(pop=pop, poll_ms=poll_ms, preferred_broker=preferred),
         auto_renew=auto_renew,
         client_id=ctx.client_id,

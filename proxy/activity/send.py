@@ -7,11 +7,12 @@ rest, as RocketMQ sends a batch to one queue.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from collections import defaultdict
 
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
 from popmq.broker.api.types import Message, SendResult
 from popmq.proxy.activity import validate
 from popmq.proxy.admission import refuse
@@ -19,10 +20,14 @@ from popmq.proxy.cluster import QueueRef, TopicRoute
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import message_from_pb
 from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.grpc.times import timestamp_ms
 from popmq.proxy.services import ProxyServices
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+# Spreads batches moved off a broker that is down over the live ones.
+_spread = itertools.count()
 
 
 def _checked(services: ProxyServices, msg: pb.Message, ctx: RequestContext) -> Message:
@@ -58,7 +63,8 @@ def _checked(services: ProxyServices, msg: pb.Message, ctx: RequestContext) -> M
             Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a FIFO message needs a message group"
         )
     if props.HasField("delivery_timestamp"):
-        delay = props.delivery_timestamp.ToMilliseconds() - int(time.time() * 1000)
+        due_ms = timestamp_ms(props.delivery_timestamp, Code.ILLEGAL_DELIVERY_TIME, "delivery time")
+        delay = due_ms - int(time.time() * 1000)
         if delay > validate.MAX_DELAY_MS:
             raise BrokerError(
                 Code.ILLEGAL_DELIVERY_TIME,
@@ -100,8 +106,23 @@ async def send_message(
         batches[target].append(index)
 
     async def store(target: QueueRef, indexes: list[int]) -> list[SendResult]:
-        port = cluster.port(target.broker)
-        return await port.send([messages[i] for i in indexes], target.queue_id)
+        batch = [messages[i] for i in indexes]
+        tried: set[str] = set()
+        while True:
+            try:
+                return await cluster.port(target.broker).send(batch, target.queue_id)
+            except BrokerUnavailableError:
+                # The broker is down: an unordered batch goes to a live one instead (a FIFO
+                # group keeps its queue, so its order holds; the client retries it).
+                cluster.note_unavailable(target.broker)
+                tried.add(target.broker)
+                if batch[0].message_group:
+                    raise
+                route = await cluster.route(batch[0].topic)
+                others = [q for q in route.queues if q.broker not in tried]
+                if not others:
+                    raise
+                target = others[next(_spread) % len(others)]
 
     targets = list(batches.items())
     outcomes: list[list[SendResult] | BaseException]

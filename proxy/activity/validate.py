@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
+from popmq.broker import names
 from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX
 
-_NAME = re.compile(r"[%|a-zA-Z0-9_-]+")
-TOPIC_MAX_LENGTH = 127
-GROUP_MAX_LENGTH = 255
+# Names: the one set of rules shared with the broker and the store (derived names included).
+TOPIC_MAX_LENGTH = names.TOPIC_MAX_LENGTH
+GROUP_MAX_LENGTH = names.GROUP_MAX_LENGTH
 MESSAGE_GROUP_MAX_LENGTH = 64
 # Internal property keys the broker sets; clients may not send them.
 RESERVED_PROPERTY_PREFIX = "__popmq."
@@ -20,39 +18,11 @@ MAX_DELAY_MS = 3 * 24 * 3_600_000
 
 def topic_name(name: str, *, allow_dlq: bool = False) -> str:
     """A user topic: RocketMQ's character set and length; no system or retry topics."""
-    if not name or not name.strip():
-        raise BrokerError(Code.ILLEGAL_TOPIC, "topic name is empty")
-    if len(name) > TOPIC_MAX_LENGTH:
-        raise BrokerError(
-            Code.ILLEGAL_TOPIC, f"topic name is longer than {TOPIC_MAX_LENGTH} characters"
-        )
-    if not _NAME.fullmatch(name):
-        raise BrokerError(
-            Code.ILLEGAL_TOPIC, f"topic {name!r} has characters outside [%|a-zA-Z0-9_-]"
-        )
-    if name.startswith((SYSTEM_PREFIX, RETRY_PREFIX)) or (
-        name.startswith(DLQ_PREFIX) and not allow_dlq
-    ):
-        raise BrokerError(Code.ILLEGAL_TOPIC, f"topic {name!r} is a system topic")
-    return name
+    return names.check_topic(name, allow_dlq=allow_dlq)
 
 
 def group_name(name: str) -> str:
-    if not name or not name.strip():
-        raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
-    if len(name) > GROUP_MAX_LENGTH:
-        raise BrokerError(
-            Code.ILLEGAL_CONSUMER_GROUP,
-            f"consumer group name is longer than {GROUP_MAX_LENGTH} characters",
-        )
-    if not _NAME.fullmatch(name):
-        raise BrokerError(
-            Code.ILLEGAL_CONSUMER_GROUP,
-            f"consumer group {name!r} has characters outside [%|a-zA-Z0-9_-]",
-        )
-    if name.startswith((SYSTEM_PREFIX, RETRY_PREFIX, DLQ_PREFIX)):
-        raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP, f"{name!r} is a system group")
-    return name
+    return names.check_group(name)
 
 
 def _has_control_chars(text: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
+from popmq.broker.api.errors import Code
 from popmq.broker.api.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_TOPIC,
@@ -12,6 +13,7 @@ from popmq.broker.api.types import (
     PoppedMessage,
     StoredMessage,
 )
+from popmq.proxy.grpc.times import timestamp_ms
 
 from popmq.pb.pool import Duration, Timestamp
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -43,7 +45,7 @@ def message_from_pb(msg: pb.Message, topic: str, peer: str = "") -> Message:
     props = msg.system_properties
     delivery_ms = 0
     if props.HasField("delivery_timestamp"):
-        delivery_ms = _ms_of(props.delivery_timestamp)
+        delivery_ms = _ms_of(props.delivery_timestamp, Code.ILLEGAL_DELIVERY_TIME, "delivery time")
     return Message(
         topic=topic,
         body=msg.body,
@@ -138,15 +140,6 @@ def _set_ms(value: Timestamp | Duration, ms: int) -> None:
         value.FromMilliseconds(ms)
 
 
-# Timestamp's valid range (years 1..9999), as protobuf checks it.
-_TIMESTAMP_MIN_S = -62_135_596_800
-_TIMESTAMP_MAX_S = 253_402_300_799
-
-
-def _ms_of(value: Timestamp) -> int:
-    """ToMilliseconds for a valid timestamp without its Python-level call chain; anything else
-    goes through ToMilliseconds, which refuses it as before (ValueError)."""
-    seconds, nanos = value.seconds, value.nanos
-    if _TIMESTAMP_MIN_S <= seconds <= _TIMESTAMP_MAX_S and 0 <= nanos < 1_000_000_000:
-        return seconds * 1000 + nanos // 1_000_000
-    return value.ToMilliseconds()
+def _ms_of(value: Timestamp, code: Code = Code.BAD_REQUEST, what: str = "born time") -> int:
+    """A client's Timestamp in ms (the ms-in-seconds leniency included; see grpc.times)."""
+    return timestamp_ms(value, code, what)

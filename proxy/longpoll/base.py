@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.types import PoppedMessage, PopRequest
 from popmq.proxy.longpoll.calls import BrokerCalls
@@ -72,6 +73,14 @@ class BrokerPicker:
 
     def start_index(self, brokers: Sequence[BrokerPort], preferred: str | None = None) -> int:
         return brokers.index(self.pick(brokers, preferred))
+
+
+def is_broker_down(exc: BaseException) -> bool:
+    """A broker that cannot answer (down, unreachable, hung): another broker may serve the
+    receive. Any other error (a refused request) would be the same on every broker."""
+    return isinstance(exc, BrokerUnavailableError) or (
+        isinstance(exc, BrokerError) and exc.code == Code.PROXY_TIMEOUT
+    )
 
 
 def remaining_ms(deadline: float) -> int:

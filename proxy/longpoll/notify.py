@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from popmq.broker.api.port import BrokerPort
-from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, remaining_ms
+from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, is_broker_down, remaining_ms
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.longpoll.hub import NotificationHub, Subscription
@@ -93,7 +93,14 @@ class NotifyStrategy(StrategyBase):
     ) -> None:
         # 1. The first pop, without holding.
         first = self.picker.pick(brokers, request.preferred_broker)
-        await self.calls.pop(first, replace(request.pop, poll_time_ms=0), custody)
+        try:
+            await self.calls.pop(first, replace(request.pop, poll_time_ms=0), custody)
+        except Exception as exc:
+            # Guarded like the consume pops: a broker that is down must not fail the receive
+            # while others are up; they are watched below.
+            if len(brokers) == 1 or not is_broker_down(exc):
+                raise
+            self.calls.note_error("pop", exc, first)
         if custody.count:
             self.metrics.first_pop_hits.labels(self.label).inc()
             return

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from popmq.broker.api.port import BrokerPort
-from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase
+from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, is_broker_down
 from popmq.proxy.longpoll.custody import Custody
 
 
@@ -25,10 +25,19 @@ class PopStrategy(StrategyBase):
         deadline: float,
         custody: Custody,
     ) -> None:
-        port = self.picker.pick(brokers, request.preferred_broker)
-        if request.poll_ms <= 0:
-            await self.calls.pop(port, replace(request.pop, poll_time_ms=0), custody)
-        else:
-            await self.calls.hold_pop(port, request.pop, deadline, custody)
+        start = self.picker.start_index(brokers, request.preferred_broker)
+        for turn in range(len(brokers)):
+            port = brokers[(start + turn) % len(brokers)]
+            try:
+                if request.poll_ms <= 0:
+                    await self.calls.pop(port, replace(request.pop, poll_time_ms=0), custody)
+                else:
+                    await self.calls.hold_pop(port, request.pop, deadline, custody)
+                break
+            except Exception as exc:
+                # A broker that is down: the next one serves this receive.
+                if turn == len(brokers) - 1 or not is_broker_down(exc):
+                    raise
+                self.calls.note_error("pop", exc, port)
         if custody.count:
             self.metrics.first_pop_hits.labels(self.label).inc()

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from popmq.broker.api.port import BrokerPort
-from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, remaining_ms
+from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, is_broker_down, remaining_ms
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
@@ -45,14 +45,27 @@ class SlicesStrategy(StrategyBase):
     ) -> None:
         start = self.picker.start_index(brokers, request.preferred_broker)
         turn = 0
+        down: set[str] = set()  # brokers that failed to answer during this receive
         while True:
             port = brokers[(start + turn) % len(brokers)]
+            if port.name in down:
+                turn += 1
+                continue
             left = remaining_ms(deadline)
-            if turn >= self.quota or left <= self.slice_ms:
-                # Quota used up or time nearly out: the last request takes all that is left.
-                await self.calls.hold_pop(port, request.pop, deadline, custody)
-                break
-            await self.calls.pop(port, replace(request.pop, poll_time_ms=self.slice_ms), custody)
+            try:
+                if turn >= self.quota or left <= self.slice_ms:
+                    # Quota used up or time nearly out: the last request takes all that is left.
+                    await self.calls.hold_pop(port, request.pop, deadline, custody)
+                    break
+                await self.calls.pop(
+                    port, replace(request.pop, poll_time_ms=self.slice_ms), custody
+                )
+            except Exception as exc:
+                # A broker that is down is skipped; the receive fails only if all are.
+                down.add(port.name)
+                if len(down) == len(brokers) or not is_broker_down(exc):
+                    raise
+                self.calls.note_error("pop", exc, port)
             if custody.count:
                 break
             turn += 1

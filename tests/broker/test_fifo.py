@@ -68,7 +68,7 @@ async def test_unacked_redelivered_in_place_and_in_order(tmp_path) -> None:
         assert {p.message.queue_id for p in again.messages} == {queue_id}
         handle = broker.engine._codec.decode(again.messages[0].receipt_handle)
         assert handle.topic == "t"  # in place, not through the retry topic
-        assert broker.store.get_topic("%RETRY%g_t") is None
+        assert broker.store.get_topic("%RETRY%g+t") is None
         await broker.ack("g", "t", [AckEntry(p.receipt_handle) for p in again.messages])
         assert await broker.get_consumer_offset("g", "t", queue_id) == 4
 
@@ -93,11 +93,11 @@ async def test_fifo_never_reads_retry_topic(tmp_path) -> None:
         await broker.send([Message("t", b"plain")], 0)
         await broker.pop(PopRequest("g", "t", invisible_time_ms=5))  # concurrent pop, not acked
         for _ in range(100):
-            if broker.store.get_topic("%RETRY%g_t") is not None:
+            if broker.store.get_topic("%RETRY%g+t") is not None:
                 break
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
-        assert broker.store.max_offset("%RETRY%g_t", 0) == 1
+        assert broker.store.max_offset("%RETRY%g+t", 0) == 1
         assert _bodies(await broker.pop(_fifo())) == []
         assert (await broker.notify(NotifyRequest("g", "t", fifo=True))).has_message is False
         assert (await broker.notify(NotifyRequest("g", "t"))).has_message is True

@@ -41,7 +41,7 @@ async def test_full_per_key_and_total() -> None:
 
 async def test_cancel_removes_entry_under_every_key() -> None:
     table = HoldTable(10, 100)
-    keys = [("t", "g", -1), ("%RETRY%g_t", "g", -1)]
+    keys = [("t", "g", -1), ("%RETRY%g+t", "g", -1)]
     task = asyncio.create_task(table.wait(keys, 5_000))
     await asyncio.sleep(0)
     assert table.total == 1 and all(table.count(k) == 1 for k in keys)

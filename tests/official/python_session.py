@@ -101,6 +101,8 @@ def build_message(topic: str, spec: dict[str, Any]) -> Message:
         msg.message_group = spec["group"]
     if spec.get("delay_s"):
         msg.delivery_timestamp = int(time.time()) + int(spec["delay_s"])
+    if spec.get("delay_ms"):  # as the client's docstring says: milliseconds since the epoch
+        msg.delivery_timestamp = int(time.time() * 1000) + int(spec["delay_ms"])
     for key, value in spec.get("properties", {}).items():
         msg.add_property(key, value)
     return msg

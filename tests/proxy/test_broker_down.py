@@ -68,3 +68,40 @@ async def test_every_broker_down_is_an_error_status(tmp_path: Path) -> None:
             assert kinds == ["status", "delivery_timestamp"]
     finally:
         await server.stop(0.2)
+
+
+async def test_first_broker_down_receives_have_no_errors(tmp_path: Path) -> None:
+    """Issue 9, defect 3: with the FIRST broker down, group lookups, sends and receives are
+    served by the live one, and no receive answers an error."""
+    config = make_config(tmp_path)
+    config.proxy.port = 0
+    broker = Broker(config.broker.model_copy(update={"name": "alive", "data_dir": tmp_path / "a"}))
+    await broker.start()
+    dead = RemoteBrokerPort("dead", f"127.0.0.1:{_closed_port()}", rpc_timeout_s=2)
+    server = ProxyServer(config, [dead, LocalBrokerPort(broker)])
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            cluster = Cluster(
+                config, [broker], server, channel, service_pb2_grpc.MessagingServiceStub(channel),
+                "c@1",
+            )  # fmt: skip
+            topic, group = unique("t"), unique("g")
+            bodies = {f"m{i}".encode() for i in range(10)}
+            for body in sorted(bodies):
+                sent = await cluster.send(topic, body)
+                assert sent.status.code == Code.OK, sent.status
+            got: set[bytes] = set()
+            errors = []
+            for _ in range(30):
+                status, messages, _ = await cluster.receive(group, topic, poll_ms=400)
+                if status.code not in (Code.OK, Code.MESSAGE_NOT_FOUND):
+                    errors.append(status)
+                got |= {m.body for m in messages}
+                if got == bodies:
+                    break
+            assert errors == []
+            assert got == bodies
+    finally:
+        await server.stop(0.2)
+        await broker.stop()

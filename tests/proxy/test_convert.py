@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_TOPIC,
@@ -105,6 +106,7 @@ def test_producer_times_read_like_protobuf_and_invalid_ones_are_refused() -> Non
         assert converted.born_timestamp_ms == ms
         assert converted.delivery_timestamp_ms == ms + 5
     broken = pb.Message(body=b"x")
-    broken.system_properties.born_timestamp.seconds = 10**12  # past year 9999
-    with pytest.raises(ValueError):
+    broken.system_properties.born_timestamp.seconds = 10**16  # past year 9999, even as ms
+    with pytest.raises(BrokerError) as err:
         message_from_pb(broken, "orders")
+    assert err.value.code == Code.BAD_REQUEST and "ValueError" not in str(err.value)

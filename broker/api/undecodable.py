@@ -1,0 +1,161 @@
+"""Request bodies that do not decode: INVALID_ARGUMENT, one rate-limited log line, a metric.
+
+grpcio answers a request its deserializer cannot parse with UNKNOWN and logs a full traceback
+for each, so any client could flood the log. Here each method's deserializer is made tolerant:
+a body that does not parse becomes an ``Undecodable`` marker, and the method answers
+INVALID_ARGUMENT (the request never reaches the activities, which expect a parsed message).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+LOG_INTERVAL_S = 10.0
+
+
+@dataclass(slots=True, frozen=True)
+class Undecodable:
+    method: str
+    error: str
+
+
+class _Reporter:
+    """Counts undecodable bodies and logs at most one WARNING line per interval."""
+
+    def __init__(self, count: Callable[[str], None] | None) -> None:
+        self._count = count
+        self._next_log = 0.0
+        self._suppressed = 0
+
+    def __call__(self, bad: Undecodable) -> None:
+        if self._count is not None:
+            self._count(bad.method)
+        now = time.monotonic()
+        if now < self._next_log:
+            self._suppressed += 1
+            return
+        log.warning(
+            "undecodable %s request answered INVALID_ARGUMENT (%s); %d more since the last "
+            "such line",
+            bad.method, bad.error, self._suppressed,
+        )  # fmt: skip
+        self._next_log = now + LOG_INTERVAL_S
+        self._suppressed = 0
+
+
+def _message(bad: Undecodable) -> str:
+    return f"the {bad.method} request body is not a valid protobuf message: {bad.error}"
+
+
+def _tolerant(method: str, parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data) if parse is not None else data
+        except Exception as exc:
+            return Undecodable(method, f"{type(exc).__name__}: {exc}"[:200])
+
+    return deserialize
+
+
+def _guard_unary_request(behavior: Callable[..., Any], report: _Reporter) -> Callable[..., Any]:
+    if inspect.isasyncgenfunction(behavior):
+
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            if isinstance(request, Undecodable):
+                report(request)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _message(request))
+            async for item in behavior(request, context):
+                yield item
+
+        return stream
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Undecodable):
+            report(request)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _message(request))
+        return await behavior(request, context)
+
+    return unary
+
+
+def _guard_request_stream(behavior: Callable[..., Any], report: _Reporter) -> Callable[..., Any]:
+    async def checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        async for request in requests:
+            if isinstance(request, Undecodable):
+                report(request)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _message(request))
+            yield request
+
+    if inspect.isasyncgenfunction(behavior):
+
+        async def stream(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            async for item in behavior(checked(requests, context), context):
+                yield item
+
+        return stream
+
+    async def unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await behavior(checked(requests, context), context)
+
+    return unary
+
+
+def tolerant_handlers(
+    service: str, handlers: dict[str, grpc.RpcMethodHandler], report: _Reporter
+) -> dict[str, grpc.RpcMethodHandler]:
+    guarded: dict[str, grpc.RpcMethodHandler] = {}
+    for name, handler in handlers.items():
+        method = name
+        parse = _tolerant(method, handler.request_deserializer)
+        field = (
+            ("stream_stream" if handler.response_streaming else "stream_unary")
+            if handler.request_streaming
+            else ("unary_stream" if handler.response_streaming else "unary_unary")
+        )
+        behavior = getattr(handler, field)
+        wrap = _guard_request_stream if handler.request_streaming else _guard_unary_request
+        guarded[name] = handler._replace(  # type: ignore[attr-defined]
+            request_deserializer=parse, **{field: wrap(behavior, report)}
+        )
+    return guarded
+
+
+class _Capture:
+    """Stands in for the server while generated ``add_*_to_server`` code registers handlers."""
+
+    def __init__(self) -> None:
+        self.services: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass  # rebuilt from the registered method handlers below
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        self.services[service] = handlers
+
+
+def add_tolerant(
+    add_to_server: Callable[[Any, Any], None],
+    servicer: Any,
+    server: grpc.aio.Server,
+    count: Callable[[str], None] | None = None,
+) -> None:
+    """``add_XServicer_to_server(servicer, server)`` with tolerant request decoding;
+    ``count(method)`` is called for every undecodable body (a metric)."""
+    capture = _Capture()
+    add_to_server(servicer, capture)
+    report = _Reporter(count)
+    for service, handlers in capture.services.items():
+        guarded = tolerant_handlers(service, handlers, report)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, guarded),))
+        server.add_registered_method_handlers(service, guarded)

@@ -1,0 +1,54 @@
+"""Issue 9, defect 3: no proxy path depends on one particular broker (BrokerCluster)."""
+
+from __future__ import annotations
+
+import pytest
+from popmq.broker.api.errors import BrokerUnavailableError
+from popmq.broker.api.types import GroupConfig
+from popmq.proxy import cluster as cluster_module
+from popmq.proxy.cluster import BrokerCluster
+
+
+class FakePort:
+    def __init__(self, name: str, max_attempts: int) -> None:
+        self.name = name
+        self.up = True
+        self.max_attempts = max_attempts
+        self.calls = 0
+
+    async def get_group(self, name: str) -> GroupConfig:
+        self.calls += 1
+        if not self.up:
+            raise BrokerUnavailableError(self.name, "connection refused")
+        return GroupConfig(name, max_attempts=self.max_attempts)
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_group_settings_from_any_live_broker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cluster_module, "CACHE_TTL_S", 0.0)  # every call asks the brokers
+    first, second = FakePort("a", 3), FakePort("b", 3)
+    cluster = BrokerCluster([first, second])  # type: ignore[list-item]
+    assert (await cluster.group("g")).max_attempts == 3
+    first.up = False
+    assert (await cluster.group("g")).max_attempts == 3  # from the second broker
+    assert cluster.is_down("a") is False  # marks expire at once with a TTL of 0
+    second.up = False
+    stale = await cluster.group("g")  # nobody answers: the last copy seen
+    assert stale.max_attempts == 3
+    with pytest.raises(BrokerUnavailableError):
+        await cluster.group("never-seen")
+
+
+async def test_a_broker_seen_down_is_asked_last() -> None:
+    first, second = FakePort("a", 1), FakePort("b", 2)
+    cluster = BrokerCluster([first, second])  # type: ignore[list-item]
+    first.up = False
+    assert (await cluster.group("g1")).max_attempts == 2
+    assert cluster.is_down("a")
+    first.up = True  # still marked down for a few seconds: not asked first
+    calls = first.calls
+    assert (await cluster.group("g2")).max_attempts == 2
+    assert first.calls == calls
+    assert [p.name for p in cluster.live_ports()] == ["b"]

@@ -1,0 +1,66 @@
+"""Issue 9, defect 10: a request body that does not decode answers INVALID_ARGUMENT (not
+UNKNOWN), the server logs no traceback for it and at most one line per interval, and the
+server goes on serving."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+import pytest
+from popmq.broker.api.local import LocalBrokerPort
+from popmq.broker.server import BrokerGrpcServer
+from proxy_support import Cluster
+
+GARBAGE = b"\xff\xff\xff\xff not protobuf"
+MESSAGING = "/apache.rocketmq.v2.MessagingService/"
+
+
+async def _unary(channel: grpc.aio.Channel, path: str) -> grpc.StatusCode:
+    call = channel.unary_unary(path)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call(GARBAGE, timeout=5)
+    return err.value.code()
+
+
+async def test_undecodable_bodies_on_every_proxy_rpc(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    unary = ["QueryRoute", "Heartbeat", "SendMessage", "QueryAssignment", "AckMessage",
+             "ForwardMessageToDeadLetterQueue", "ChangeInvisibleDuration",
+             "NotifyClientTermination", "UpdateOffset", "GetOffset", "QueryOffset"]  # fmt: skip
+    for _ in range(5):
+        for method in unary:
+            assert await _unary(cluster.channel, MESSAGING + method) == (
+                grpc.StatusCode.INVALID_ARGUMENT
+            ), method
+        for method in ("ReceiveMessage", "PullMessage"):
+            call = cluster.channel.unary_stream(MESSAGING + method)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _frame in call(GARBAGE, timeout=5):
+                    pass
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+        telemetry = cluster.channel.stream_stream(MESSAGING + "Telemetry")
+        call = telemetry(iter([GARBAGE]), timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _frame in call:
+                pass
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    lines = [r for r in caplog.records if "undecodable" in r.getMessage()]
+    assert 1 <= len(lines) <= 2  # rate-limited: 70 bad requests, one line
+    route = await cluster.route("still-serving")  # and the server goes on
+    assert route.status.code == 20000
+
+
+async def test_undecodable_bodies_on_the_broker_port(cluster: Cluster) -> None:
+    server = BrokerGrpcServer(LocalBrokerPort(cluster.brokers[0]))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            for method in ("Send", "Pop", "GetGroup", "CreateTopic"):
+                code = await _unary(channel, f"/popmq.broker.v1.BrokerService/{method}")
+                assert code == grpc.StatusCode.INVALID_ARGUMENT, method
+    finally:
+        await server.stop(0.2)
