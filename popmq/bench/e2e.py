@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from popmq.bench.process_stats import cpu_seconds
+
 TOPIC = "bench-e2e"
 GROUP = "bench-e2e-group"
 MODES = ("direct", "proxy", "floor")
@@ -62,14 +64,7 @@ def _percentile(values: Sequence[float], fraction: float) -> float:
 
 
 def _cpu_s(pid: int | None = None) -> float:
-    if pid is None:
-        times = os.times()
-        return times.user + times.system
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_seconds(pid)
 
 
 def _batches(total: int, size: int, workers: int) -> list[list[int]]:

@@ -8,7 +8,7 @@ pollers start spread over ``ramp_s`` (one awaitDuration) so their polls do not e
 and they use the route's queues in turn (so ``pop`` binds them evenly to the brokers). Once
 every poller is waiting, it measures the steady state for ``duration_s``:
 
-- the proxy's RSS (VmRSS from /proc) before any long poll and at most while they wait;
+- the proxy's RSS (psutil) before any long poll and at most while they wait;
 - broker RPCs per second, from the proxy's ``popmq_proxy_broker_rpcs_total`` (by kind);
 - requests held on the brokers (``popmq_broker_held_requests`` by kind, mean of samples)
   and the proxy's held notifications;
@@ -36,6 +36,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from popmq.bench.brokers import process_cpu_s
+from popmq.bench.process_stats import rss_mib
 
 TOPIC = "bench-idle"
 GROUP = "bench-idle-group"
@@ -160,13 +161,7 @@ async def _proxy(
 
 # -- measuring -----------------------------------------------------------------------------------
 def _rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    return rss_mib(pid)
 
 
 def _own_cpu_s() -> float:

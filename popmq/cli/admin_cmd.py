@@ -21,6 +21,10 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
+from popmq.cli.failures import UserError
+from popmq.cli.parser_kit import inherit
+from popmq.cli.tables import print_table
+
 DEFAULT_ENDPOINT = "127.0.0.1:8081"
 TIMEOUT_S = 10.0
 
@@ -77,6 +81,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats.add_argument("--raw", action="store_true", help="the full Prometheus text")
     stats.set_defaults(func=_stats)
 
+    # --endpoint and --json also after the verb: `popmq admin topics list --json`.
+    inherit(admin)
+
 
 def _group_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--consume-mode", choices=("POP", "PULL", "pop", "pull"))
@@ -115,7 +122,9 @@ def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
         response = getattr(stub, method)(request, timeout=TIMEOUT_S)
     except grpc.RpcError as exc:
         detail = f"{exc.code().name} {exc.details()}"
-        raise AdminError(f"cannot reach {args.endpoint}: {detail}") from None
+        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise UserError(f"cannot reach {args.endpoint}: {detail}") from None
+        raise AdminError(f"{args.endpoint} failed: {detail}") from None
     finally:
         channel.close()
     if response.status.code != Code.OK:
@@ -133,20 +142,15 @@ def _print_json(message: Any) -> None:
     print(json.dumps(payload, indent=2, sort_keys=True))
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    for index, row in enumerate(cells):
-        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-        if index == 0:
-            print("  ".join("-" * w for w in widths))
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
+    print_table(headers, rows, title=title)
 
 
 def _command(func: Callable[[argparse.Namespace], None]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
             func(args)
-        except AdminError as exc:
+        except AdminError as exc:  # the server refused: exit 1 (unreachable is UserError, 2)
             print(f"error: {exc}", file=sys.stderr)
             return 1
         return 0

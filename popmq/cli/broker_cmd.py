@@ -70,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         asyncio.run(serve_broker(config.broker, announce=_announce))
     except (OSError, BrokerError) as error:  # port taken, data dir locked or unwritable
-        print(f"popmq broker: {error}", file=sys.stderr)
-        return 1
+        print(f"popmq broker: {error.message if isinstance(error, BrokerError) else error}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     return 0
 
 
