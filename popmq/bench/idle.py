@@ -35,8 +35,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from popmq.bench import progress as live
 from popmq.bench.brokers import process_cpu_s
 from popmq.bench.process_stats import rss_mib
+from popmq.bench.table_text import grid
 
 TOPIC = "bench-idle"
 GROUP = "bench-idle-group"
@@ -402,6 +404,7 @@ async def bench_idle(
         root = Path(tmp)
         async with _brokers(brokers, root, params["broker_settings"]) as cluster:
             for strategy in strategies:
+                live.phase(f"{strategy}: {params['long_polls']} idle long polls")
                 runs.append(await _run_strategy(strategy, cluster, root, params))
     return {"params": params, "runs": runs}
 
@@ -429,11 +432,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"{run['cpu_s']['proxy']:.2f}", f"{run['cpu_s']['brokers']:.2f}",
             run["adaptive_mode"] or "-", str(run["client_errors"]),
         ])  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    for index, row in enumerate(rows):
-        lines.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
-        if index == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    lines += grid(rows)
     lines += [
         "broker RPC/s: every proxy -> broker call (probe/s: the false-empty probes among them);"
         " held: requests waiting on the brokers (mean); proxy notif: notifications the proxy"
