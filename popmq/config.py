@@ -109,6 +109,8 @@ class PollingConfig(Section):
 
 class BrokerConfig(Section):
     name: str = "broker-a"
+    # brokerClusterName: the `cluster` label of the rocketmq_* metrics.
+    cluster: str = "DefaultCluster"
     host: str = "127.0.0.1"
     port: int = Field(10911, ge=0, le=65535)
     data_dir: Path = Path("./data/broker-a")
@@ -138,6 +140,8 @@ class BrokerAddress(Section):
 
 class ProxyConfig(Section):
     host: str = "127.0.0.1"
+    # The `cluster` label of the proxy's rocketmq_* metrics (RocketMQ's proxy cluster name).
+    cluster: str = "DefaultCluster"
     port: int = Field(8081, ge=0, le=65535)
     # Address written into routes: clients send every later RPC there.
     advertise_host: str | None = None
