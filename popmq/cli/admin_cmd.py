@@ -7,6 +7,8 @@
     popmq admin set-consume-mode billing POP
     popmq admin clients [--group billing]
     popmq admin stats [--raw]
+    (and the mqadmin-level verbs of admin_ops: consumer-progress, offsets, message, dlq,
+    cluster status, topics route)
 
 Every command takes --json for machine-readable output. Exit status 1 on a refusal.
 """
@@ -81,6 +83,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats.add_argument("--raw", action="store_true", help="the full Prometheus text")
     stats.set_defaults(func=_stats)
 
+    from popmq.cli import admin_ops  # mqadmin-level verbs, in their own module
+
+    admin_ops.register(commands, topic_commands)
     # --endpoint and --json also after the verb: `popmq admin topics list --json`.
     inherit(admin)
 
