@@ -23,6 +23,7 @@ from popmq.broker.api.port import BrokerPort
 
 from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
+from popmq.tracing import server_interceptors
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +260,7 @@ class BrokerGrpcServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("BrokerGrpcServer already started")
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+        server = grpc.aio.server(interceptors=server_interceptors(), options=SERVER_OPTIONS)
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(self._port), server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -188,10 +188,20 @@ class ServeConfig(Section):
     data_dir: Path = Path("./data")
 
 
+class TracingConfig(Section):
+    """OpenTelemetry traces (the popmq[otel] extra); OTEL_EXPORTER_OTLP_ENDPOINT works too."""
+
+    # OTLP over gRPC, e.g. http://otel-collector:4317 (empty: tracing off).
+    otlp_endpoint: str = ""
+    # Empty: popmq-broker, popmq-proxy or popmq-serve (OTEL_SERVICE_NAME wins).
+    service_name: str = ""
+
+
 class PopmqConfig(Section):
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
 
 
 def _set_path(target: dict[str, Any], dotted: str, value: Any) -> None:

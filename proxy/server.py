@@ -26,6 +26,7 @@ from popmq.proxy.services import ProxyServices
 
 from popmq.config import PopmqConfig
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
+from popmq.tracing import server_interceptors
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,9 @@ class ProxyServer:
 
     async def start(self) -> int:
         proxy = self.config.proxy
-        server = grpc.aio.server(options=grpc_options(proxy.max_body_bytes))
+        server = grpc.aio.server(
+            interceptors=server_interceptors(), options=grpc_options(proxy.max_body_bytes)
+        )
         service_pb2_grpc.add_MessagingServiceServicer_to_server(
             MessagingServicer(self.services), server
         )

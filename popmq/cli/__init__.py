@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-format", choices=FORMATS, default="text", help="json: one JSON object per line"
     )
+    parser.add_argument(
+        "--otlp-endpoint", metavar="URL",
+        help="export OpenTelemetry traces over OTLP/gRPC, e.g. http://otel-collector:4317 "
+        "(needs popmq[otel]; OTEL_EXPORTER_OTLP_ENDPOINT works too)",
+    )  # fmt: skip
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in COMMAND_MODULES:
         try:

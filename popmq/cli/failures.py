@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from popmq.broker.api.errors import BrokerError
+from popmq.tracing import TracingUnavailable
 
 USER_ERROR_EXIT = 2
 
@@ -25,7 +26,7 @@ class UserError(Exception):
 
 def user_message(error: BaseException) -> str | None:
     """The one-line message for a user's error, or None when `error` is a bug."""
-    if isinstance(error, UserError):
+    if isinstance(error, UserError | TracingUnavailable):
         return str(error)
     if isinstance(error, ValidationError):
         return "bad config: " + "; ".join(

@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from collections.abc import Coroutine
+from typing import Any
 
-from popmq.cli.common import config_from_args
-from popmq.config import BrokerAddress
+from popmq.cli.common import config_from_args, start_tracing_for
+from popmq.config import BrokerAddress, PopmqConfig
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +93,7 @@ def run_serve(args: argparse.Namespace) -> int:
     _setup_logging()
     from popmq.proxy.runtime import run_serve as serve
 
-    asyncio.run(serve(config, _announce))
+    _traced(config, "popmq-serve", serve(config, _announce))
     return 0
 
 
@@ -107,5 +109,19 @@ def run_proxy(args: argparse.Namespace) -> int:
     _setup_logging()
     from popmq.proxy.runtime import run_cluster_proxy
 
-    asyncio.run(run_cluster_proxy(config, _announce))
+    _traced(config, "popmq-proxy", run_cluster_proxy(config, _announce))
     return 0
+
+
+def _traced(config: PopmqConfig, service: str, main: Coroutine[Any, Any, None]) -> None:
+    """Run `main` with tracing on when configured; buffered spans are flushed at the end."""
+    try:
+        stop_tracing = start_tracing_for(config, service)
+    except BaseException:
+        main.close()
+        raise
+    try:
+        asyncio.run(main)
+    finally:
+        if stop_tracing is not None:
+            stop_tracing()

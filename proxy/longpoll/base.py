@@ -20,6 +20,8 @@ from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
 
+from popmq.tracing import tracer
+
 
 @dataclass(slots=True)
 class LongPollRequest:
@@ -118,6 +120,18 @@ class StrategyBase:
     ) -> list[PoppedMessage]:
         if not brokers or self.draining:
             return []
+        attributes = {
+            "popmq.strategy": self.label, "messaging.consumer.group.name": request.pop.group,
+            "messaging.destination.name": request.pop.topic, "popmq.poll_ms": request.poll_ms,
+        }  # fmt: skip
+        with tracer().start_as_current_span("popmq.receive", attributes=attributes) as span:
+            messages = await self._receive(brokers, request)
+            span.set_attribute("messaging.batch.message_count", len(messages))
+            return messages
+
+    async def _receive(
+        self, brokers: Sequence[BrokerPort], request: LongPollRequest
+    ) -> list[PoppedMessage]:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + max(request.poll_ms, 0) / 1000

@@ -159,3 +159,33 @@ def test_health(served: Deployment) -> None:
     assert as_json == {"endpoint": served.endpoint, "status": "SERVING"}
     unknown = popmq("health", "--endpoint", served.endpoint, "--service", "no.such.Service")
     assert unknown.returncode == 1 and "SERVICE_UNKNOWN" in unknown.stdout
+
+
+def test_otlp_endpoint_flag_reaches_the_config_and_starts_tracing() -> None:
+    from popmq.cli.common import config_from_args
+
+    args = build_parser().parse_args(["serve", "--otlp-endpoint", "http://127.0.0.1:4317"])
+    assert config_from_args(args, {}).tracing.otlp_endpoint == "http://127.0.0.1:4317"
+    # In a fresh process (the tracer provider is process-global): the OTEL_* variable alone
+    # switches the exporter on, with popmq's service name.
+    code = (
+        "from opentelemetry import trace\n"
+        "from popmq.tracing import start_tracing\n"
+        "stop = start_tracing('', 'popmq-proxy')\n"
+        "print(type(trace.get_tracer_provider()).__name__,"
+        " trace.get_tracer_provider().resource.attributes['service.name'])\n"
+        "stop()\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}
+    env.pop("OTEL_SERVICE_NAME", None)
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert result.stdout.split() == ["TracerProvider", "popmq-proxy", "ok"], result.stderr
+    off = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    result = subprocess.run(
+        [sys.executable, "-c", "from popmq.tracing import start_tracing; "
+         "print(start_tracing('', 'popmq-proxy'))"],
+        cwd=REPO, env=off, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.stdout.strip() == "None"
