@@ -85,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     from popmq.cli import admin_ops  # mqadmin-level verbs, in their own module
 
-    admin_ops.register(commands, topic_commands)
+    admin_ops.register(commands, topic_commands, group_commands)
     # --endpoint and --json also after the verb: `popmq admin topics list --json`.
     inherit(admin)
 

@@ -14,6 +14,7 @@ popmq admin topics route orders
 from __future__ import annotations
 
 import argparse
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,8 +23,16 @@ from popmq.cli.failures import UserError
 
 
 def register(
-    commands: argparse._SubParsersAction, topic_commands: argparse._SubParsersAction
+    commands: argparse._SubParsersAction,
+    topic_commands: argparse._SubParsersAction,
+    group_commands: argparse._SubParsersAction,
 ) -> None:
+    describe = group_commands.add_parser(
+        "describe", help="a group's settings, progress per topic and connected consumers"
+    )
+    describe.add_argument("name", help="consumer group")
+    describe.set_defaults(func=_groups_describe)
+
     route = topic_commands.add_parser("route", help="which brokers serve a topic, and where")
     route.add_argument("name", help="topic name")
     route.set_defaults(func=_topic_route)
@@ -102,6 +111,39 @@ def parse_time_ms(text: str) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
+
+
+@_command
+def _groups_describe(args: argparse.Namespace) -> None:
+    from google.protobuf.json_format import MessageToDict
+
+    from popmq.pb.admin.v1 import admin_pb2 as a
+
+    group = _call(args, "GetGroup", a.GetGroupRequest(name=args.name)).group
+    progress = _call(args, "ConsumerProgress", a.ConsumerProgressRequest(group=args.name))
+    clients = _call(args, "ListClients", a.ListClientsRequest(group=args.name))
+    per_topic: dict[str, list[int]] = {}
+    for q in progress.queues:
+        row = per_topic.setdefault(q.topic, [0, 0, 0])
+        row[0] += q.lag
+        row[1] += q.inflight
+        row[2] = max(row[2], q.lag_latency_ms)
+    if args.json:
+        as_dict = {
+            "group": MessageToDict(group, preserving_proto_field_name=True),
+            "topics": {t: {"lag": r[0], "inflight": r[1], "lag_latency_ms": r[2]}
+                       for t, r in sorted(per_topic.items())},
+            "clients": [c.client_id for c in clients.clients],
+        }  # fmt: skip
+        print(json.dumps(as_dict, indent=2, sort_keys=True))
+        return
+    levels = ",".join(group.retry_levels) or "(broker default)"
+    _table(("group", "consume_mode", "max_attempts", "fifo", "retry_levels"),
+           [(group.name, group.consume_mode, group.max_attempts, group.fifo, levels)])  # fmt: skip
+    _table(("topic", "lag", "inflight", "lag_latency"),
+           [(t, r[0], r[1], _ms_ago(r[2])) for t, r in sorted(per_topic.items())],
+           title="progress (without --topic: topics the group consumed from)")  # fmt: skip
+    print(f"consumers connected to {clients.proxy}: {len(clients.clients)}")
 
 
 @_command

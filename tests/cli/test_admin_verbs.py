@@ -42,6 +42,12 @@ def test_progress_reset_route_status_message_dlq(served: Deployment) -> None:
     as_json = json.loads(admin(served, "consumer-progress", group, "--topic", topic, "--json"))
     assert sum(int(q.get("lag", 0)) for q in as_json["queues"] if q["topic"] == topic) == 2
 
+    described = admin(served, "groups", "describe", group)
+    assert [r[:3] for r in _rows(described, topic)] == [[topic, "2", "1"]]
+    assert "consumers connected to" in described
+    as_json = json.loads(admin(served, "groups", "describe", group, "--json"))
+    assert as_json["topics"][topic]["lag"] == 2 and as_json["group"]["name"] == group
+
     text = admin(served, "offsets", "reset", group, "--topic", topic, "--to", "latest")
     assert "new_offset" in text
     reset = json.loads(admin(served, "--json", "offsets", "reset", group, "--topic", topic,

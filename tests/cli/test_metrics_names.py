@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from cli_support import popmq
 from popmq.broker.api.types import Message
 from prometheus_client.parser import text_string_to_metric_families
 from support.official_clients import REPO, Deployment, unique
@@ -84,14 +85,16 @@ def test_proxy_reports_an_unreachable_broker(tmp_path: Path) -> None:
         )  # fmt: skip
         try:
             assert process.stdout is not None
-            metrics_port = None
+            metrics_port = proxy_port = None
             for line in process.stdout:
                 found = re.search(r"popmq metrics on [\w.]+:(\d+)", line)
                 if found:
                     metrics_port = int(found.group(1))
-                if "listening on" in line:
+                listening = re.search(r"listening on [\w.]+:(\d+)", line)
+                if listening:
+                    proxy_port = int(listening.group(1))
                     break
-            assert metrics_port is not None
+            assert metrics_port is not None and proxy_port is not None
             deadline = time.monotonic() + 30
             up = None
             while time.monotonic() < deadline:
@@ -106,6 +109,11 @@ def test_proxy_reports_an_unreachable_broker(tmp_path: Path) -> None:
                 time.sleep(0.2)
             warning = [ln for ln in log_path.read_text().splitlines() if "unreachable" in ln]
             assert warning and "WARNING" in warning[0] and "127.0.0.1:1" in warning[0]
+            # and `popmq admin cluster status` names it (exit 1, so scripts notice)
+            status = popmq("admin", "--endpoint", f"127.0.0.1:{proxy_port}", "cluster", "status")
+            assert status.returncode == 1 and "unreachable brokers: gone" in status.stderr
+            row = next(ln.split() for ln in status.stdout.splitlines() if ln.startswith("gone"))
+            assert row[:3] == ["gone", "127.0.0.1:1", "NO"]
         finally:
             process.terminate()
             assert process.wait(15) == 0
