@@ -164,6 +164,10 @@ class ProxyConfig(Section):
     # After an empty answer, ask every broker (no hold) whether a message was visible, to
     # count false empty responses (popmq_proxy_false_empty_responses_total).
     false_empty_probe: bool = True
+    # HOST:PORT of an OTLP/gRPC collector the clients export their own metrics to (the
+    # official clients' rocketmq_send_cost_time, rocketmq_process_time, ...), sent to them in
+    # their Settings. Empty: clients keep their metrics off.
+    client_metrics_endpoint: str = Field("", pattern=r"^([\w.-]+:\d{1,5})?$")
 
     min_invisible_ms: int = Field(10_000, ge=0)
     max_invisible_ms: int = Field(12 * 3_600_000, ge=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from popmq.broker.api.errors import Code
 from proxy_support import Cluster, unique
@@ -174,3 +175,20 @@ async def test_topic_route_and_cluster_status(cluster: Cluster) -> None:
         ("broker-0", True), ("broker-1", True),
     ]  # fmt: skip
     assert all(b.topics >= 1 and b.rtt_ms >= 0 for b in status.brokers)
+
+
+async def test_clients_are_told_where_to_send_their_metrics(make_cluster: Any) -> None:
+    """proxy.client_metrics_endpoint goes to clients in Settings.metric; off without it."""
+    from test_clients_and_assignment import _settings
+
+    settings = pb.Settings(
+        client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="t")])
+    )
+    plain = await make_cluster(brokers=1)
+    reply = await _settings(plain, settings, "producer@1")
+    assert reply.metric.on is False
+    on = await make_cluster(brokers=1, **{"proxy.client_metrics_endpoint": "otel.example:4317"})
+    reply = await _settings(on, settings, "producer@2")
+    assert reply.metric.on is True
+    assert reply.metric.endpoints.scheme == pb.DOMAIN_NAME
+    assert [(a.host, a.port) for a in reply.metric.endpoints.addresses] == [("otel.example", 4317)]
