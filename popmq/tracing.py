@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 # The standard variables that switch the OTLP exporter on without --otlp-endpoint.
 OTEL_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 _HEALTH = "grpc.health.v1.Health"
+EXPORT_TIMEOUT_S = 2.0
 
 
 class TracingUnavailable(RuntimeError):
@@ -146,7 +147,9 @@ def start_tracing(endpoint: str | None, service_name: str) -> Callable[[], None]
     # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES still win, as the spec says.
     resource = Resource.create({SERVICE_NAME: service_name, "service.version": _version()})
     provider = TracerProvider(resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    # A collector that is down must not hold up a stop for long (spans are then lost).
+    exporter = OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     undo = instrument_grpc(provider)
     log.info("tracing: spans of %s go to %s over OTLP", service_name, endpoint)
