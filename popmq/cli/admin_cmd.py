@@ -326,6 +326,7 @@ _SUMMARY_PREFIXES = (
     "popmq_proxy_adaptive_switches_total",
     "popmq_proxy_broker_rpc_errors_total",
     "popmq_proxy_released_messages_total",
+    "popmq_proxy_broker_up",
 )
 
 
