@@ -338,13 +338,15 @@ def _stats(args: argparse.Namespace) -> None:
     if args.raw:
         print(text, end="")
         return
+    from prometheus_client.parser import text_string_to_metric_families
+
     samples = []
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name, _, value = line.rpartition(" ")
-        if name.startswith(_SUMMARY_PREFIXES):
-            samples.append((name, float(value)))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(_SUMMARY_PREFIXES):
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+                samples.append((f"{sample.name}{{{labels}}}" if labels else sample.name,
+                                sample.value))  # fmt: skip
     if args.json:
         print(json.dumps(dict(samples), indent=2, sort_keys=True))
         return
