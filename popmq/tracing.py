@@ -101,6 +101,23 @@ def _traced(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
     return call
 
 
+_W3C = None
+
+
+def link_to(trace_context: str) -> trace.Link | None:
+    """A span link to the producer's span named by a message's W3C ``trace_context``."""
+    global _W3C
+    if not trace_context:
+        return None
+    if _W3C is None:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        _W3C = TraceContextTextMapPropagator()
+    span = trace.get_current_span(_W3C.extract({"traceparent": trace_context}))
+    context = span.get_span_context()
+    return trace.Link(context) if context.is_valid else None
+
+
 def instrument_grpc(provider: trace.TracerProvider | None = None) -> Callable[[], None]:
     """Trace gRPC from now on: SERVER spans on servers created later (server_interceptors)
     and CLIENT spans, carrying the trace on, on every grpc.aio channel (health checks left

@@ -12,7 +12,7 @@ import uuid
 from collections import defaultdict
 
 from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import Message, SendResult
+from popmq.broker.api.types import PROP_TRACE_CONTEXT, Message, SendResult
 from popmq.proxy.activity import validate
 from popmq.proxy.cluster import QueueRef, TopicRoute
 from popmq.proxy.grpc import status as st
@@ -22,6 +22,7 @@ from popmq.proxy.services import ProxyServices
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
+from popmq.tracing import link_to, tracer
 
 
 def _checked(services: ProxyServices, msg: pb.Message, ctx: RequestContext) -> Message:
@@ -68,6 +69,17 @@ async def send_message(
     if not request.messages:
         raise BrokerError(Code.BAD_REQUEST, "SendMessage needs at least one message")
     messages = [_checked(services, msg, ctx) for msg in request.messages]
+    with tracer().start_as_current_span("popmq.send") as span:
+        if span.is_recording():  # link each message to its producer's span
+            span.set_attribute("messaging.batch.message_count", len(messages))
+            for message in messages:
+                link = link_to(message.properties.get(PROP_TRACE_CONTEXT, ""))
+                if link is not None:
+                    span.add_link(link.context)
+        return await _send(services, messages)
+
+
+async def _send(services: ProxyServices, messages: list[Message]) -> s.SendMessageResponse:
     cluster = services.cluster
 
     # Batch by target queue: each FIFO message group has its queue, the rest share one.

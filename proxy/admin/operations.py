@@ -18,6 +18,7 @@ from popmq.broker.api.types import (
     DLQ_PREFIX,
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_TOPIC,
+    PROP_TRACE_CONTEXT,
     RETRY_PREFIX,
     Message,
     PullRequest,
@@ -282,7 +283,12 @@ class OperationsMixin:
                     raise BrokerError(
                         Code.BAD_REQUEST, f"message {m.message_id} does not name its topic"
                     )
-                properties = {k: v for k, v in m.properties.items() if not k.startswith("__popmq.")}
+                # the producer's trace context stays; the DLQ bookkeeping goes
+                properties = {
+                    k: v
+                    for k, v in m.properties.items()
+                    if k == PROP_TRACE_CONTEXT or not k.startswith("__popmq.")
+                }
                 copy = Message(
                     topic=origin, body=m.body, tag=m.tag, keys=list(m.keys),
                     properties=properties, message_group=m.message_group,

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from popmq.broker.api.port import BrokerPort
-from popmq.broker.api.types import PoppedMessage, PopRequest
+from popmq.broker.api.types import PROP_TRACE_CONTEXT, PoppedMessage, PopRequest
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
 
-from popmq.tracing import tracer
+from popmq.tracing import link_to, tracer
 
 
 @dataclass(slots=True)
@@ -126,7 +126,12 @@ class StrategyBase:
         }  # fmt: skip
         with tracer().start_as_current_span("popmq.receive", attributes=attributes) as span:
             messages = await self._receive(brokers, request)
-            span.set_attribute("messaging.batch.message_count", len(messages))
+            if span.is_recording():
+                span.set_attribute("messaging.batch.message_count", len(messages))
+                for popped in messages:  # link each message to its producer's span
+                    link = link_to(popped.message.properties.get(PROP_TRACE_CONTEXT, ""))
+                    if link is not None:
+                        span.add_link(link.context)
             return messages
 
     async def _receive(

@@ -128,3 +128,33 @@ async def test_an_empty_long_poll_shows_its_notify_wait(remote_cluster: Cluster)
     names = _names(_trace_of(root))
     assert {"popmq.receive", "popmq.long_poll.first_pop", "popmq.long_poll.notify_wait"} <= names
     assert "/popmq.broker.v1.BrokerService/Notify" in names or "popmq.broker.notify" in names
+
+
+async def test_message_trace_context_links_producer_and_consumer(remote_cluster: Cluster) -> None:
+    """A message's trace_context (the producer's span) is kept with the message, handed to the
+    consumer, and linked from the proxy's send and receive spans."""
+    from proxy_support import message
+
+    from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+    cluster = remote_cluster
+    topic, group = unique("traced-msg"), unique("traced-group")
+    with trace.get_tracer("the-producer").start_as_current_span("produce") as produce:
+        ctx = produce.get_span_context()
+        traceparent = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-01"
+    sent = message(topic, b"traced")
+    sent.system_properties.trace_context = traceparent
+    EXPORTER.clear()
+    response = await cluster.stub.SendMessage(
+        s.SendMessageRequest(messages=[sent]), metadata=cluster.metadata(), timeout=5
+    )
+    assert response.status.code == 20000
+    _, received, _ = await cluster.receive(group, topic)
+    assert [m.system_properties.trace_context for m in received] == [traceparent]
+    linked = {
+        span.name
+        for span in EXPORTER.get_finished_spans()
+        for link in span.links
+        if (link.context.trace_id, link.context.span_id) == (ctx.trace_id, ctx.span_id)
+    }
+    assert linked == {"popmq.send", "popmq.receive"}
