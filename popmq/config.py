@@ -216,6 +216,10 @@ def _set_path(target: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+class ConfigFileError(ValueError):
+    """The --config file is not a mapping of sections."""
+
+
 class _YamlFile(PydanticBaseSettingsSource):
     """The --config file (YAML, so JSON too). A missing file is an error, not an empty config
     (pydantic-settings' own YAML source skips files that do not exist)."""
@@ -227,7 +231,7 @@ class _YamlFile(PydanticBaseSettingsSource):
             return
         loaded = yaml.safe_load(Path(path).read_text()) or {}
         if not isinstance(loaded, dict):
-            raise ValueError(f"config file {path} must hold a mapping at the top level")
+            raise ConfigFileError(f"config file {path} must hold a mapping at the top level")
         self._data = loaded
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:

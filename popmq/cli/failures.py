@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from popmq.broker.api.errors import BrokerError
+from popmq.config import ConfigFileError
 from popmq.tracing import TracingUnavailable
 
 USER_ERROR_EXIT = 2
@@ -48,6 +49,6 @@ def user_message(error: BaseException) -> str | None:
         match = _BIND_FAILED.search(str(error) + " ")
         if match:
             return f"cannot listen on {match.group(1)}: address in use or not available"
-    if isinstance(error, ValueError) and "config" in str(error):
+    if isinstance(error, ConfigFileError):
         return str(error)
     return None

@@ -80,6 +80,12 @@ def test_bad_yaml_file(tmp_path: Path) -> None:
     _one_line_error(popmq("--config", str(path), "serve"), "bad config file")
 
 
+def test_config_file_that_is_not_a_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "list.yaml"
+    path.write_text("- proxy\n- broker\n")
+    _one_line_error(popmq("--config", str(path), "serve"), "must hold a mapping")
+
+
 def test_taken_port(tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
