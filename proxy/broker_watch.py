@@ -11,7 +11,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from popmq.proxy.metrics import ProxyMetrics
 
-from popmq.config import BrokerAddress
+from popmq.config import BrokerAddress, BrokerLinkConfig
+from popmq.security.link import broker_channel
 
 log = logging.getLogger("popmq.proxy.brokers")
 
@@ -19,9 +20,12 @@ CHECK_INTERVAL_S = 5.0
 CHECK_TIMEOUT_S = 2.0
 
 
-async def check_broker(address: str, deadline_s: float = CHECK_TIMEOUT_S) -> str | None:
-    """None when the broker answers SERVING, else why not."""
-    async with grpc.aio.insecure_channel(address) as channel:
+async def check_broker(
+    address: str, link: BrokerLinkConfig | None = None, deadline_s: float = CHECK_TIMEOUT_S
+) -> str | None:
+    """None when the broker answers SERVING, else why not (over the proxy's broker link:
+    TLS and cluster token as configured)."""
+    async with broker_channel(address, (), link) as channel:
         try:
             response = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=deadline_s
@@ -36,12 +40,13 @@ async def check_broker(address: str, deadline_s: float = CHECK_TIMEOUT_S) -> str
 async def watch_brokers(
     brokers: list[BrokerAddress],
     metrics: ProxyMetrics,
+    link: BrokerLinkConfig | None = None,
     interval_s: float = CHECK_INTERVAL_S,
 ) -> None:
     """Check every broker each `interval_s` until cancelled."""
     up: dict[str, bool] = {}
     while True:
-        problems = await asyncio.gather(*(check_broker(b.address) for b in brokers))
+        problems = await asyncio.gather(*(check_broker(b.address, link) for b in brokers))
         for broker, problem in zip(brokers, problems, strict=True):
             reachable = problem is None
             metrics.broker_up.labels(broker.name).set(1 if reachable else 0)

@@ -58,7 +58,8 @@ def remote_brokers(config: PopmqConfig) -> list[BrokerPort]:
 
     if not config.proxy.brokers:
         raise SystemExit("popmq proxy needs at least one --broker NAME=HOST:PORT")
-    return [RemoteBrokerPort(b.name, b.address) for b in config.proxy.brokers]
+    link = config.proxy.broker_link
+    return [RemoteBrokerPort(b.name, b.address, link=link) for b in config.proxy.brokers]
 
 
 def embedded_registries(ports: list[BrokerPort]) -> list[CollectorRegistry]:
@@ -85,7 +86,7 @@ async def serve_proxy(
         await server.start()
         watch = None
         if proxy.brokers and not brokers:  # cluster mode: say when a broker is unreachable
-            watch = asyncio.create_task(watch_brokers(proxy.brokers, metrics))
+            watch = asyncio.create_task(watch_brokers(proxy.brokers, metrics, proxy.broker_link))
         else:
             for port in ports:
                 metrics.broker_up.labels(port.name).set(1)
@@ -94,6 +95,8 @@ async def serve_proxy(
                 log.info("metrics on http://%s:%d/metrics", proxy.host, http.server_port)
                 announce(f"popmq metrics on {proxy.host}:{http.server_port}")
             announce(f"popmq proxy listening on {proxy.host}:{server.port}")
+            if server.admin_port is not None:
+                announce(f"popmq admin listening on {proxy.host}:{server.admin_port}")
             await stop.wait()
             log.info("stopping proxy")
         finally:

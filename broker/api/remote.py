@@ -31,8 +31,10 @@ from popmq.broker.api.types import (
     TopicInfo,
 )
 
+from popmq.config import BrokerLinkConfig
 from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
+from popmq.security.link import broker_channel
 
 R = TypeVar("R")
 
@@ -61,8 +63,16 @@ _UNREACHABLE = frozenset(
 class RemoteBrokerPort:
     """BrokerPort over a grpc.aio channel to one broker's BrokerGrpcServer."""
 
-    def __init__(self, name: str, address: str, *, rpc_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        address: str,
+        *,
+        rpc_timeout_s: float = 10.0,
+        link: BrokerLinkConfig | None = None,
+    ) -> None:
         self._name = name
+        self._link = link  # TLS and cluster token (popmq.security.link); None: plaintext
         self._address = address
         self._rpc_timeout_s = rpc_timeout_s
         # Made on first use: grpc.aio objects belong to the event loop that creates them.
@@ -84,7 +94,7 @@ class RemoteBrokerPort:
 
     def _get_stub(self) -> broker_pb2_grpc.BrokerServiceStub:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self._address, options=CHANNEL_OPTIONS)
+            self._channel = broker_channel(self._address, CHANNEL_OPTIONS, self._link)
             self._stub = broker_pb2_grpc.BrokerServiceStub(self._channel)
         return self._stub
 
