@@ -48,6 +48,7 @@ SHARED_HELP = {
     "--no-fifo": "no per-message-group order",
     "name": "topic or group name",
     "mode": "consume mode",
+    "key_id": "receipt-handle key id (see `handle-keys list`)",
 }
 
 
