@@ -16,9 +16,14 @@ PYTEST_ARGS ?=
 
 .PHONY: run test install client-venv node-client lint protos clean
 
-$(VENV)/.installed: pyproject.toml
+# `make run` needs popmq alone; `make install` (tests, lint) adds the test and Spark extras.
+$(VENV)/.runnable: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.runnable
 	$(PY) -m pip install -q -e '.[test,spark]'
 	touch $@
 
@@ -39,7 +44,7 @@ $(NODE_CLIENT)/.installed:
 
 node-client: $(NODE_CLIENT)/.installed
 
-run: install
+run: $(VENV)/.runnable
 	$(VENV)/bin/popmq serve --host 127.0.0.1 --port 8081 --brokers 3 --data-dir ./data
 
 # The layer check reads the package as it installs (broker/ and proxy/ land inside popmq),

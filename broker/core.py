@@ -76,7 +76,7 @@ class Broker:
         self._config = config
         self._clock: Callable[[], int] = now_ms
         self._store = MessageStore(config.data_dir, config.name, config.store, self._clock)
-        self._metrics = BrokerMetrics(config.name)
+        self._metrics = BrokerMetrics(config.name, cluster=config.cluster)
         self._metrics_state = self._metrics.watch(lambda: take_snapshot(self))
         self._hold = MeteredHoldTable(
             config.polling.max_held_per_key, config.polling.max_held_total, self._metrics
@@ -425,7 +425,7 @@ class Broker:
     async def pop(self, request: PopRequest) -> PopResult:
         self._require_started()
         result = await self.engine.pop(request)
-        self._metrics.popped(result.status, len(result.messages))
+        self._metrics.popped(result.status, len(result.messages), request.group, request.topic)
         return result
 
     async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HOLD_KINDS = ("pop", "pull", "notify")
+# RocketMQ 5's common labels of every rocketmq_* series.
+ROCKETMQ_LABELS = ("cluster", "node_type", "node_id")
 _OK = int(Code.OK)
 # How long a scrape waits for the broker's loop; a loop blocked longer loses these series for
 # that scrape instead of hanging the scrape.
@@ -46,10 +49,29 @@ MAX_GROUP_SERIES = 2_000
 
 
 class BrokerMetrics:
-    def __init__(self, broker: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        broker: str,
+        registry: CollectorRegistry | None = None,
+        cluster: str = "DefaultCluster",
+    ) -> None:
         self.broker = broker
+        self.cluster = cluster
         self.registry = registry or CollectorRegistry()
         r, b = self.registry, ["broker"]
+        # RocketMQ 5's names and labels, for its operators' dashboards (docs/operations.md).
+        node = [cluster, "broker", broker]
+        self._in = Counter(
+            "rocketmq_messages_in", "Messages produced into the topic (RocketMQ's metric)",
+            [*ROCKETMQ_LABELS, "topic"], registry=r,
+        )  # fmt: skip
+        self._in_by_topic: dict[str, Any] = {}
+        self._out = Counter(
+            "rocketmq_messages_out", "Messages delivered to consumers (RocketMQ's metric)",
+            [*ROCKETMQ_LABELS, "topic", "consumer_group"], registry=r,
+        )  # fmt: skip
+        self._out_by_key: dict[tuple[str, str], Any] = {}
+        self._node = node
         self._stored = Counter(
             "popmq_broker_messages_stored",
             "Messages stored by producers' sends, by topic (delay messages when accepted)",
@@ -134,12 +156,19 @@ class BrokerMetrics:
         child = self._stored_by_topic.get(topic)
         if child is None:
             child = self._stored_by_topic[topic] = self._stored.labels(self.broker, topic)
+            self._in_by_topic[topic] = self._in.labels(*self._node, topic)
         child.inc(count)
+        self._in_by_topic[topic].inc(count)
 
-    def popped(self, status: PopStatus, count: int) -> None:
+    def popped(self, status: PopStatus, count: int, group: str = "", topic: str = "") -> None:
         self._pops[status].inc()
         if count:
             self._popped.inc(count)
+            key = (topic, group)
+            out = self._out_by_key.get(key)
+            if out is None:
+                out = self._out_by_key[key] = self._out.labels(*self._node, topic, group)
+            out.inc(count)
 
     def acked(self, codes: Iterable[int]) -> None:
         ok = failed = 0
@@ -180,7 +209,7 @@ class BrokerMetrics:
     def watch(self, snapshot: Callable[[], BrokerSnapshot | None]) -> BrokerStateCollector:
         """Serve the broker's state, read by ``snapshot`` on the broker's loop (set the
         returned collector's ``loop`` when it runs), at each scrape."""
-        collector = BrokerStateCollector(self.broker, snapshot)
+        collector = BrokerStateCollector(self.broker, snapshot, self.cluster)
         self.registry.register(collector)
         return collector
 
@@ -199,6 +228,8 @@ class GroupRow:
     backlog: int  # not yet consumed in the topic's queues
     retry_backlog: int  # not yet consumed in the group's retry topic for it
     inflight: int  # popped, not yet acked (both)
+    # age of the oldest message not yet acked (now - its store time), 0 with no backlog
+    lag_latency_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -218,6 +249,7 @@ class BrokerSnapshot:
     open_files_limit: int = 0
     open_file_evictions: int = 0
     flush_failures: int = 0
+    dlq_total: dict[str, int] = field(default_factory=dict)  # group -> messages ever sent there
 
 
 def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
@@ -249,9 +281,14 @@ def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
         except BrokerError:  # the topic was deleted
             continue
         row = GroupRow(group, topic, 0, 0, 0)
+        now_ms = int(time.time() * 1000)
         for queue in stats:
             if queue.topic == topic:
                 row.backlog += queue.backlog
+                if queue.backlog:
+                    stored = _store_time_ms(broker, topic, queue.queue_id, queue.consumer_offset)
+                    if stored:
+                        row.lag_latency_ms = max(row.lag_latency_ms, now_ms - stored)
             else:
                 row.retry_backlog += queue.backlog
             row.inflight += queue.inflight
@@ -263,7 +300,21 @@ def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
                 for q in range(meta.queue_count)
             )
             snap.dlq_stored[meta.name[len(DLQ_PREFIX) :]] = stored
+            snap.dlq_total[meta.name[len(DLQ_PREFIX) :]] = sum(
+                broker.store.max_offset(meta.name, q) for q in range(meta.queue_count)
+            )
     return snap
+
+
+def _store_time_ms(broker: Broker, topic: str, queue_id: int, offset: int) -> int:
+    """Store time of the message at `offset` (or the oldest kept one); 0 when unreadable."""
+    store = broker.store
+    try:
+        offset = max(offset, store.min_offset(topic, queue_id))
+        read = store.read(topic, queue_id, offset, 1)
+    except Exception:  # purged or deleted meanwhile: no figure this scrape
+        return 0
+    return read.messages[0].store_timestamp_ms if read.messages else 0
 
 
 def _group_topics(broker: Broker) -> set[tuple[str, str]]:
@@ -309,8 +360,14 @@ def commitlog_usage(data_dir: Path) -> tuple[int, int]:
 
 
 class BrokerStateCollector(Collector):
-    def __init__(self, broker: str, snapshot: Callable[[], BrokerSnapshot | None]) -> None:
+    def __init__(
+        self,
+        broker: str,
+        snapshot: Callable[[], BrokerSnapshot | None],
+        cluster: str = "DefaultCluster",
+    ) -> None:
         self._broker = broker
+        self._node = [cluster, "broker", broker]
         self._snapshot = snapshot
         self.loop: asyncio.AbstractEventLoop | None = None  # set when the broker starts
 
@@ -402,6 +459,45 @@ class BrokerStateCollector(Collector):
         for group, count in sorted(snap.dlq_stored.items()):
             dlq.add_metric([self._broker, group], count)
         yield dlq
+        yield from self._rocketmq(snap, size)
+
+    def _rocketmq(self, snap: BrokerSnapshot, storage_bytes: int) -> Iterator[Metric]:
+        """The same state under RocketMQ 5's names and labels."""
+        labels = [*ROCKETMQ_LABELS, "topic", "consumer_group"]
+        lag = GaugeMetricFamily(
+            "rocketmq_consumer_lag_messages",
+            "Messages of the topic the group has not acked (with its retry topic)", labels=labels
+        )  # fmt: skip
+        inflight = GaugeMetricFamily(
+            "rocketmq_consumer_inflight_messages",
+            "Messages delivered to the group and not yet acked", labels=labels,
+        )  # fmt: skip
+        latency = GaugeMetricFamily(
+            "rocketmq_consumer_lag_latency",
+            "Milliseconds since the oldest message the group has not acked was stored",
+            labels=labels, unit="",
+        )  # fmt: skip
+        for row in snap.groups:
+            values = [*self._node, row.topic, row.group]
+            lag.add_metric(values, row.backlog + row.retry_backlog)
+            inflight.add_metric(values, row.inflight)
+            latency.add_metric(values, row.lag_latency_ms)
+        yield from (lag, inflight, latency)
+        # A DLQ topic only grows (until retention), so its max offset counts what was sent to it.
+        dlq = CounterMetricFamily(
+            "rocketmq_send_to_dlq_messages",
+            "Messages sent to the group's dead-letter queue", labels=[*ROCKETMQ_LABELS,
+                                                                   "consumer_group"],
+        )  # fmt: skip
+        for group, total in sorted(snap.dlq_total.items()):
+            dlq.add_metric([*self._node, group], total)
+        yield dlq
+        storage = GaugeMetricFamily(
+            "rocketmq_storage_size", "Bytes of message storage on disk (commitlog)",
+            labels=list(ROCKETMQ_LABELS),
+        )  # fmt: skip
+        storage.add_metric(self._node, storage_bytes)
+        yield storage
 
     def _take(self) -> BrokerSnapshot | None:
         loop = self.loop

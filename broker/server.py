@@ -27,6 +27,7 @@ from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
 from popmq.reflection import enable_reflection
 from popmq.security import link
+from popmq.tracing import server_interceptors
 
 log = logging.getLogger(__name__)
 
@@ -273,10 +274,12 @@ class BrokerGrpcServer:
         if self._server is not None:
             raise RuntimeError("BrokerGrpcServer already started")
         config = self._config
-        server = grpc.aio.server(
-            options=SERVER_OPTIONS,
-            interceptors=link.server_interceptors(config) if config else None,
-        )
+        # Tracing first, so refused calls are traced too.
+        interceptors = [
+            *server_interceptors(),
+            *(link.server_interceptors(config) if config else []),
+        ]
+        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors or None)
         # Undecodable bodies answer INVALID_ARGUMENT with a rate-limited log line.
         add_tolerant(
             broker_pb2_grpc.add_BrokerServiceServicer_to_server, BrokerServicer(self._port), server

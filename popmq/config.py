@@ -1,4 +1,4 @@
-"""One typed configuration model for every popmq process.
+"""One typed configuration model for every popmq process (sources merged by pydantic-settings).
 
 The CLI, the broker and proxy servers, and the Helm chart's ConfigMap all load this model.
 Sources, lowest precedence first: built-in defaults (RocketMQ's where one exists), a YAML or
@@ -8,7 +8,6 @@ JSON file, environment variables ``POPMQ_<SECTION>__<FIELD>`` (e.g.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -17,6 +16,12 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 ENV_PREFIX = "POPMQ_"
 
@@ -164,6 +169,8 @@ class BrokerLinkConfig(Section):
 
 class BrokerConfig(Section):
     name: str = "broker-a"
+    # brokerClusterName: the `cluster` label of the rocketmq_* metrics.
+    cluster: str = "DefaultCluster"
     host: str = "127.0.0.1"
     port: int = Field(10911, ge=0, le=65535)
     data_dir: Path = Path("./data/broker-a")
@@ -199,6 +206,8 @@ class BrokerAddress(Section):
 
 class ProxyConfig(Section):
     host: str = "127.0.0.1"
+    # The `cluster` label of the proxy's rocketmq_* metrics (RocketMQ's proxy cluster name).
+    cluster: str = "DefaultCluster"
     port: int = Field(8081, ge=0, le=65535)
     # Address written into routes: clients send every later RPC there.
     advertise_host: str | None = None
@@ -224,6 +233,10 @@ class ProxyConfig(Section):
     # After an empty answer, ask every broker (no hold) whether a message was visible, to
     # count false empty responses (popmq_proxy_false_empty_responses_total).
     false_empty_probe: bool = True
+    # HOST:PORT of an OTLP/gRPC collector the clients export their own metrics to (the
+    # official clients' rocketmq_send_cost_time, rocketmq_process_time, ...), sent to them in
+    # their Settings. Empty: clients keep their metrics off.
+    client_metrics_endpoint: str = Field("", pattern=r"^([\w.-]+:\d{1,5})?$")
 
     min_invisible_ms: int = Field(10_000, ge=0)
     max_invisible_ms: int = Field(12 * 3_600_000, ge=1)
@@ -276,20 +289,20 @@ class ServeConfig(Section):
     data_dir: Path = Path("./data")
 
 
+class TracingConfig(Section):
+    """OpenTelemetry traces (the popmq[otel] extra); OTEL_EXPORTER_OTLP_ENDPOINT works too."""
+
+    # OTLP over gRPC, e.g. http://otel-collector:4317 (empty: tracing off).
+    otlp_endpoint: str = ""
+    # Empty: popmq-broker, popmq-proxy or popmq-serve (OTEL_SERVICE_NAME wins).
+    service_name: str = ""
+
+
 class PopmqConfig(Section):
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
-
-
-def _deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
 
 
 def _set_path(target: dict[str, Any], dotted: str, value: Any) -> None:
@@ -300,22 +313,71 @@ def _set_path(target: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """POPMQ_PROXY__MIN_LONG_POLLING_MS=2000 -> {'proxy': {'min_long_polling_ms': '2000'}}.
+class ConfigFileError(ValueError):
+    """The --config file is not a mapping of sections."""
 
-    Values that parse as JSON (numbers, lists, booleans) are taken as such.
-    """
-    out: dict[str, Any] = {}
-    for key, raw in environ.items():
-        if not key.startswith(ENV_PREFIX) or "__" not in key:
-            continue
-        dotted = key[len(ENV_PREFIX) :].lower().replace("__", ".")
-        try:
-            value: Any = json.loads(raw)
-        except ValueError:
-            value = raw
-        _set_path(out, dotted, value)
-    return out
+
+class _YamlFile(PydanticBaseSettingsSource):
+    """The --config file (YAML, so JSON too). A missing file is an error, not an empty config
+    (pydantic-settings' own YAML source skips files that do not exist)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls)
+        self._data: dict[str, Any] = {}
+        if path is None:
+            return
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigFileError(f"config file {path} must hold a mapping at the top level")
+        self._data = loaded
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+class _Environment(EnvSettingsSource):
+    """POPMQ_<SECTION>__<FIELD> from the given mapping (os.environ unless a test passes one)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {key.lower(): value for key, value in self._environ.items()}
+
+
+def _settings_class(path: Path | None, environ: Mapping[str, str]) -> type[BaseSettings]:
+    """PopmqConfig's fields as pydantic-settings, with its sources in popmq's precedence:
+    keyword arguments (flags, --set) > environment > --config file > defaults."""
+
+    class PopmqSettings(BaseSettings, PopmqConfig):
+        model_config = SettingsConfigDict(
+            extra="forbid",
+            validate_assignment=True,
+            env_prefix=ENV_PREFIX,
+            env_nested_delimiter="__",
+            case_sensitive=False,
+        )
+
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (
+                init_settings,
+                _Environment(settings_cls, environ),
+                _YamlFile(settings_cls, path),
+            )
+
+    return PopmqSettings
 
 
 def load_config(
@@ -324,17 +386,12 @@ def load_config(
     environ: Mapping[str, str] | None = None,
 ) -> PopmqConfig:
     """Build the config from defaults < file < environment < overrides (dotted keys allowed)."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        text = Path(path).read_text()
-        loaded = yaml.safe_load(text) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"config file {path} must hold a mapping at the top level")
-        data = _deep_merge(data, loaded)
-    data = _deep_merge(data, _env_overrides(os.environ if environ is None else environ))
     nested: dict[str, Any] = {}
     for key, value in (overrides or {}).items():
         if value is not None:
             _set_path(nested, key, value)
-    data = _deep_merge(data, nested)
-    return PopmqConfig.model_validate(data)
+    settings_cls = _settings_class(
+        None if path is None else Path(path), os.environ if environ is None else environ
+    )
+    settings = settings_cls(**nested)
+    return PopmqConfig.model_validate(settings.model_dump())

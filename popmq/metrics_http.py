@@ -1,24 +1,75 @@
-"""Prometheus /metrics over HTTP for a process's lifetime (prometheus_client's own server)."""
+"""Prometheus /metrics over HTTP for a process's lifetime (prometheus_client's own server).
+
+Every endpoint also serves the process collectors (``process_*``, ``python_*``) and
+``popmq_build_info``; counters have no ``_created`` twins (one series per counter is what
+dashboards query, and it halves the scrape).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import platform
 from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Info,
+    disable_created_metrics,
+    start_http_server,
+)
+from prometheus_client.registry import Collector
+
+disable_created_metrics()
+
+
+def build_version() -> str:
+    try:
+        return version("popmq")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class _Registries(Collector):
+    """Another registry's families, served as part of this one."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator:
+        yield from self._registry.collect()
+
+
+def with_process_metrics(registry: CollectorRegistry) -> CollectorRegistry:
+    """`registry` plus process_*, python_* and popmq_build_info."""
+    served = CollectorRegistry()
+    served.register(_Registries(registry))
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        served.register(collector)
+    Info("popmq_build", "popmq's version and runtime", registry=served).info(
+        {"version": build_version(), "python": platform.python_version()}
+    )
+    return served
 
 
 @contextlib.contextmanager
 def metrics_endpoint(
     port: int | None, registry: CollectorRegistry, host: str
 ) -> Iterator[WSGIServer | None]:
-    """Serve `registry` at http://host:port/metrics (port None: not at all; 0: any free port,
-    read it from the yielded server's ``server_port``) while the context is open."""
+    """Serve `registry` (plus the process metrics) at http://host:port/metrics (port None: not
+    at all; 0: any free port, read it from the yielded server's ``server_port``) while the
+    context is open."""
     if port is None:
         yield None
         return
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    server, thread = start_http_server(port, addr=host, registry=with_process_metrics(registry))
     try:
         yield server
     finally:

@@ -6,6 +6,9 @@ process (tests, benchmarks) do not mix their counts.
 
 from __future__ import annotations
 
+import socket
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (
@@ -17,12 +20,31 @@ ADMISSION_REASONS = (
     "long_polls_total", "long_polls_per_client", "long_polls_per_group",
     "overloaded", "batch_size", "body_size", "send_messages",
 )  # fmt: skip
+# rocketmq_rpc_latency is in milliseconds, as RocketMQ's own.
+_RPC_LATENCY_MS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 3000, 10_000, 30_000)
 
 
 class ProxyMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        cluster: str = "DefaultCluster",
+        node_id: str | None = None,
+    ) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self._node = (cluster, "proxy", node_id or socket.gethostname())
+        self._rocketmq_rpc = Histogram(
+            "rocketmq_rpc_latency", "Client RPC latency in milliseconds (RocketMQ's metric)",
+            ["cluster", "node_type", "node_id", "protocol_type", "request_code",
+             "response_code"], buckets=_RPC_LATENCY_MS_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._rocketmq_rpc_children: dict[tuple[str, str], Any] = {}
+        self.broker_up = Gauge(
+            "popmq_proxy_broker_up",
+            "1 while the proxy reaches the broker, 0 while it cannot (checked every few seconds)",
+            ["broker"], registry=r,
+        )  # fmt: skip
         self.rpc_requests = Counter(
             "popmq_proxy_rpc_requests", "Client RPCs by method and result code",
             ["method", "code"], registry=r,
@@ -127,3 +149,11 @@ class ProxyMetrics:
             "popmq_proxy_adaptive_switches", "Adaptive long-poll switches, by the mode entered",
             ["mode"], registry=r,
         )  # fmt: skip
+
+    def observe_rpc(self, method: str, code: str, seconds: float) -> None:
+        """rocketmq_rpc_latency for one client RPC."""
+        child = self._rocketmq_rpc_children.get((method, code))
+        if child is None:
+            child = self._rocketmq_rpc.labels(*self._node, "grpc", method, code)
+            self._rocketmq_rpc_children[method, code] = child
+        child.observe(seconds * 1000)

@@ -12,6 +12,7 @@ from typing import Any
 
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.metrics import merged_registry
+from popmq.proxy.broker_watch import watch_brokers
 from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.server import ProxyServer
 from prometheus_client import CollectorRegistry
@@ -75,7 +76,7 @@ async def serve_proxy(
     announce: Callable[[str], None],
     stop: asyncio.Event,
 ) -> None:
-    metrics = ProxyMetrics()
+    metrics = ProxyMetrics(cluster=config.proxy.cluster)
     proxy = config.proxy
     # `popmq serve`: the embedded brokers' metrics are served on the proxy's endpoint too.
     brokers = embedded_registries(ports)
@@ -83,6 +84,12 @@ async def serve_proxy(
     with metrics_endpoint(proxy.metrics_port, registry, proxy.host) as http:
         server = ProxyServer(config, ports, metrics=metrics)
         await server.start()
+        watch = None
+        if proxy.brokers and not brokers:  # cluster mode: say when a broker is unreachable
+            watch = asyncio.create_task(watch_brokers(proxy.brokers, metrics, proxy.broker_link))
+        else:
+            for port in ports:
+                metrics.broker_up.labels(port.name).set(1)
         try:
             if http is not None:
                 log.info("metrics on http://%s:%d/metrics", proxy.host, http.server_port)
@@ -93,6 +100,8 @@ async def serve_proxy(
             await stop.wait()
             log.info("stopping proxy")
         finally:
+            if watch is not None:
+                watch.cancel()
             await server.stop(STOP_GRACE_S)
 
 

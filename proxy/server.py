@@ -31,6 +31,7 @@ from popmq.config import PopmqConfig
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
 from popmq.reflection import enable_reflection
 from popmq.security.tls import server_credentials
+from popmq.tracing import server_interceptors
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +110,13 @@ class ProxyServer:
         # Namespaces first (the client's names become NAMESPACE%name), then authentication and
         # permissions on those real resource names (None: open, logged as such), TLS on both ports.
         guard = access_guard(proxy, self.metrics)
-        interceptors: list[grpc.aio.ServerInterceptor] = [NamespaceInterceptor()]
-        if guard is not None:
-            interceptors.append(guard)
+        # Tracing first (refused calls are traced too), then namespaces (the client's names
+        # become NAMESPACE%name), then the access guard on those real resource names.
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            *server_interceptors(),
+            NamespaceInterceptor(),
+            *([guard] if guard is not None else []),
+        ]
         credentials = server_credentials(proxy.tls.cert, proxy.tls.key, proxy.tls.client_ca)
         server = grpc.aio.server(
             options=grpc_options(proxy.max_body_bytes, proxy.max_long_polls),

@@ -25,6 +25,8 @@ PROP_ORIGIN_TOPIC = "__popmq.origin_topic"
 PROP_ORIGIN_MESSAGE_ID = "__popmq.origin_message_id"
 PROP_ORIGIN_QUEUE = "__popmq.origin_queue"
 PROP_ORIGIN_OFFSET = "__popmq.origin_offset"
+# The producer's W3C trace context (SystemProperties.trace_context), handed on to consumers.
+PROP_TRACE_CONTEXT = "__popmq.trace_context"
 
 
 @dataclass(slots=True)

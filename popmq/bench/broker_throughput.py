@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from popmq.bench import progress as live
 from popmq.bench.brokers import local_broker, remote_broker
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.types import AckEntry, Message, PopRequest, PullRequest, PullStatus
@@ -47,6 +48,7 @@ async def _send_all(
             n = min(batch, left)
             await broker.send([Message(TOPIC, body) for _ in range(n)])
             left -= n
+            live.count(n)
 
     started = time.perf_counter()
     async with asyncio.TaskGroup() as group:
@@ -73,6 +75,7 @@ async def _pop_ack_all(
             entries = [AckEntry(p.receipt_handle) for p in result.messages]
             await broker.ack(GROUP, TOPIC, entries)
             done += len(entries)
+            live.count(len(entries))
 
     started = time.perf_counter()
     async with asyncio.TaskGroup() as group:
@@ -91,6 +94,7 @@ async def _pull_all(broker: BrokerPort, queues: int, batch: int) -> tuple[float,
             if result.status != PullStatus.FOUND:
                 break
             count += len(result.messages)
+            live.count(len(result.messages))
             offset = result.next_offset
     return count / (time.perf_counter() - started), count
 
@@ -117,8 +121,11 @@ async def bench_broker(
                 start = remote_broker if transport == "grpc" else local_broker
                 async with start(config) as broker:
                     await broker.create_topic(TOPIC, queues)
+                    live.phase(f"{label}: send")
                     send = await _send_all(broker, messages, batch, producers, body)
+                    live.phase(f"{label}: pop+ack")
                     pop_ack, acked = await _pop_ack_all(broker, messages, batch, consumers)
+                    live.phase(f"{label}: pull")
                     pull, pulled = await _pull_all(broker, queues, batch)
                 results[label] = {
                     "send_msgs_per_s": round(send),

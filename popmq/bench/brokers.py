@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
+from popmq.bench.process_stats import cpu_seconds
 from popmq.broker.api.port import BrokerPort
 from popmq.config import BrokerConfig
 
@@ -30,12 +29,8 @@ async def local_broker(config: BrokerConfig) -> AsyncIterator[BrokerPort]:
 
 
 def process_cpu_s(pid: int) -> float:
-    """utime + stime of a live process, from /proc (Linux); 0 when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """user + system CPU seconds of a live process; 0 when it is gone."""
+    return cpu_seconds(pid)
 
 
 @contextlib.asynccontextmanager

@@ -29,6 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from popmq.bench import progress as live
+from popmq.bench.process_stats import cpu_seconds
+from popmq.bench.table_text import grid
+
 TOPIC = "bench-e2e"
 GROUP = "bench-e2e-group"
 MODES = ("direct", "proxy", "floor")
@@ -50,6 +54,7 @@ class _Progress:
 
     def add_acked(self, count: int) -> None:
         self.acked += count
+        live.count(count)
         if self.acked >= self.target:
             self.done.set()
 
@@ -62,14 +67,7 @@ def _percentile(values: Sequence[float], fraction: float) -> float:
 
 
 def _cpu_s(pid: int | None = None) -> float:
-    if pid is None:
-        times = os.times()
-        return times.user + times.system
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_seconds(pid)
 
 
 def _batches(total: int, size: int, workers: int) -> list[list[int]]:
@@ -333,6 +331,7 @@ async def bench_e2e(
             root = Path(tmp) / mode
             root.mkdir()
             run = _run_direct if mode == "direct" else _run_proxy
+            live.phase(f"{mode}: send + receive + ack")
             results[mode] = await run({**params, "mode": mode}, root)
     result: dict[str, Any] = {"params": params, "results": results}
     if "direct" in results and "proxy" in results:
@@ -363,11 +362,7 @@ def format_table(result: dict[str, Any]) -> str:
                      str(r["latency_p50_ms"]), str(r["latency_p99_ms"]), str(r["receives"]),
                      str(r["empty_receives"]), str(r["cpu_s_load_generator"]),
                      str(r["cpu_s_server"])])  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    for index, row in enumerate(rows):
-        lines.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
-        if index == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    lines += grid(rows)
     if "proxy_overhead" in result:
         lines += ["", f"proxy overhead (direct / proxy msg/s): {result['proxy_overhead']}x"]
     if "floor_over_proxy" in result:

@@ -8,7 +8,7 @@ pollers start spread over ``ramp_s`` (one awaitDuration) so their polls do not e
 and they use the route's queues in turn (so ``pop`` binds them evenly to the brokers). Once
 every poller is waiting, it measures the steady state for ``duration_s``:
 
-- the proxy's RSS (VmRSS from /proc) before any long poll and at most while they wait;
+- the proxy's RSS (psutil) before any long poll and at most while they wait;
 - broker RPCs per second, from the proxy's ``popmq_proxy_broker_rpcs_total`` (by kind);
 - requests held on the brokers (``popmq_broker_held_requests`` by kind, mean of samples)
   and the proxy's held notifications;
@@ -35,7 +35,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from popmq.bench import progress as live
 from popmq.bench.brokers import process_cpu_s
+from popmq.bench.process_stats import rss_mib
+from popmq.bench.table_text import grid
 
 TOPIC = "bench-idle"
 GROUP = "bench-idle-group"
@@ -160,13 +163,7 @@ async def _proxy(
 
 # -- measuring -----------------------------------------------------------------------------------
 def _rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    return rss_mib(pid)
 
 
 def _own_cpu_s() -> float:
@@ -407,6 +404,7 @@ async def bench_idle(
         root = Path(tmp)
         async with _brokers(brokers, root, params["broker_settings"]) as cluster:
             for strategy in strategies:
+                live.phase(f"{strategy}: {params['long_polls']} idle long polls")
                 runs.append(await _run_strategy(strategy, cluster, root, params))
     return {"params": params, "runs": runs}
 
@@ -434,11 +432,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"{run['cpu_s']['proxy']:.2f}", f"{run['cpu_s']['brokers']:.2f}",
             run["adaptive_mode"] or "-", str(run["client_errors"]),
         ])  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    for index, row in enumerate(rows):
-        lines.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
-        if index == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    lines += grid(rows)
     lines += [
         "broker RPC/s: every proxy -> broker call (probe/s: the false-empty probes among them);"
         " held: requests waiting on the brokers (mean); proxy notif: notifications the proxy"

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from popmq.bench import progress as live
 from popmq.bench.brokers import local_broker, process_cpu_s, remote_broker
+from popmq.bench.table_text import grid
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.types import AckEntry, Message, PoppedMessage, PopRequest
 from popmq.config import BrokerConfig, ProxyConfig
@@ -394,6 +396,7 @@ async def bench_longpoll(
         "low_rate": [],
     }  # fmt: skip
     for name in strategies:
+        live.phase(f"{name}: low rate")
         result["low_rate"].append(
             await _run_one(name, consumers=consumers, rate=rate, duration_s=duration_s, **common)
         )
@@ -402,6 +405,7 @@ async def bench_longpoll(
         runs = []
         for round_index in range(busy_rounds):
             for name in ("pop", "adaptive"):
+                live.phase(f"{name}: busy, round {round_index + 1}")
                 settings = {**common, "seed": seed + round_index}
                 run = await _run_one(
                     name, consumers=busy_consumers, rate=busy_rate,
@@ -471,10 +475,7 @@ def _table(runs: list[dict[str, Any]], throughput: bool = False) -> list[str]:
             row[2:2] = [f"{run['throughput_per_s']:.0f}"]
             row.append(run["adaptive_mode"] or "-")
         rows.append(row)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    out = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
-           for row in rows]  # fmt: skip
-    out.insert(1, "  ".join("-" * width for width in widths))
+    out = grid(rows)
     out.append(
         "false empty: measured from delivery times (the proxy's probe metric in brackets); "
         "RPC/msg: pop + notify + ack + change_invisible calls per delivered message"

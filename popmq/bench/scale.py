@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from popmq.bench import progress as live
 from popmq.bench.brokers import process_cpu_s
 from popmq.bench.hung import HangParams, format_hang, run_hang
 from popmq.bench.scale_kit import (
@@ -38,6 +39,7 @@ from popmq.bench.scale_kit import (
     run_until,
     serve,
 )
+from popmq.bench.table_text import grid
 
 KINDS = ("pop", "queue-bound")
 SCENARIOS = ("scale", "hang")
@@ -164,9 +166,11 @@ async def bench_scale(
             steps = []
             for count in consumers:
                 for kind in kinds:
+                    live.phase(f"scale: {count} {kind} consumers")
                     steps.append(await _scale_step(server, kind, count, params))
             result["scale"] = steps
         if "hang" in scenarios:
+            live.phase(f"hang: {hang_consumers} consumers, one stops acking")
             hang = HangParams(
                 consumers=hang_consumers, messages=hang_messages, invisible_ms=invisible_ms,
                 process_ms=process_ms, batch=batch, body_bytes=body_bytes,
@@ -179,10 +183,7 @@ async def bench_scale(
 
 # -- the table -----------------------------------------------------------------------------------
 def _grid(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return lines
+    return grid(rows)
 
 
 def format_scale(result: dict[str, Any]) -> list[str]:

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from popmq.bench import progress as live
+from popmq.bench.table_text import grid
 from popmq.broker.api.types import Message
 from popmq.client import AsyncClient, OffsetPolicy, QueueRef
 from popmq.client.local_server import LocalServer
@@ -175,10 +177,13 @@ async def bench_spark(
             server.create_topic(source, queues)
             server.create_topic(sink, queues)
             proxy_pid = None if endpoint else server.pid
+            live.phase("send")
             send_s = await _send_all(server.endpoint, source, messages, body_bytes)
             cpu = _cpu(proxy_pid)
+            live.phase("raw pull")
             pulled, pull_s = await _pull_all(server.endpoint, source)
             raw_cpu = _cpu(proxy_pid) - cpu
+            live.phase("Spark read and write")
             spark = await asyncio.to_thread(_spark_session, master)
             try:
                 spark_figures = await asyncio.to_thread(
@@ -233,21 +238,12 @@ def format_table(result: dict[str, Any]) -> str:
         ["Spark DataFrame -> write", str(r["spark_write_msgs_per_s"]),
          f"{result['write_vs_raw_send']:.2f}"],
     ]  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = [
         f"{p['messages']} messages x {p['body_bytes']} B; {p['brokers']} brokers x "
         f"{p['queues_per_broker']} queues; Spark {p['master']}",
         "",
     ]
-    for index, row in enumerate(rows):
-        lines.append(
-            "  ".join(
-                cell.ljust(w) if i == 0 else cell.rjust(w)
-                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-        if index == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    lines += grid(rows)
     verdict = "met" if result["goal_met"] else "NOT met"
     lines += ["", f"goal (Spark read >= 1/2 raw pull): {verdict}"]
     return "\n".join(lines)

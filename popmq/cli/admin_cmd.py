@@ -7,6 +7,8 @@
     popmq admin set-consume-mode billing POP
     popmq admin clients [--group billing]
     popmq admin stats [--raw]
+    (and the mqadmin-level verbs of admin_ops: consumer-progress, offsets, message, dlq,
+    cluster status, topics route)
 
 Every command takes --json for machine-readable output. Exit status 1 on a refusal.
 """
@@ -22,6 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
+
+from popmq.cli.failures import UserError
+from popmq.cli.parser_kit import inherit
+from popmq.cli.tables import print_table
 
 DEFAULT_ENDPOINT = "127.0.0.1:8081"
 TIMEOUT_S = 10.0
@@ -95,6 +101,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats.add_argument("--raw", action="store_true", help="the full Prometheus text")
     stats.set_defaults(func=_stats)
 
+    from popmq.cli import admin_ops  # mqadmin-level verbs, in their own module
+
+    admin_ops.register(commands, topic_commands, group_commands)
+    # --endpoint and --json also after the verb: `popmq admin topics list --json`.
+    inherit(admin)
+
 
 def _group_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--consume-mode", choices=("POP", "PULL", "pop", "pull"))
@@ -150,7 +162,9 @@ def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
         response = getattr(stub, method)(request, timeout=TIMEOUT_S, metadata=metadata)
     except grpc.RpcError as exc:
         detail = f"{exc.code().name} {exc.details()}"
-        raise AdminError(f"cannot reach {args.endpoint}: {detail}") from None
+        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise UserError(f"cannot reach {args.endpoint}: {detail}") from None
+        raise AdminError(f"{args.endpoint} failed: {detail}") from None
     finally:
         channel.close()
     if response.status.code != Code.OK:
@@ -168,13 +182,8 @@ def _print_json(message: Any) -> None:
     print(json.dumps(payload, indent=2, sort_keys=True))
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    for index, row in enumerate(cells):
-        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-        if index == 0:
-            print("  ".join("-" * w for w in widths))
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
+    print_table(headers, rows, title=title)
 
 
 def _command(func: Callable[[argparse.Namespace], None]) -> Callable[[argparse.Namespace], int]:
@@ -182,7 +191,7 @@ def _command(func: Callable[[argparse.Namespace], None]) -> Callable[[argparse.N
         try:
             _enter_namespace(args)
             func(args)
-        except AdminError as exc:
+        except AdminError as exc:  # the server refused: exit 1 (unreachable is UserError, 2)
             print(f"error: {exc}", file=sys.stderr)
             return 1
         return 0
@@ -389,6 +398,7 @@ _SUMMARY_PREFIXES = (
     "popmq_proxy_adaptive_switches_total",
     "popmq_proxy_broker_rpc_errors_total",
     "popmq_proxy_released_messages_total",
+    "popmq_proxy_broker_up",
 )
 
 
@@ -400,13 +410,15 @@ def _stats(args: argparse.Namespace) -> None:
     if args.raw:
         print(text, end="")
         return
+    from prometheus_client.parser import text_string_to_metric_families
+
     samples = []
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name, _, value = line.rpartition(" ")
-        if name.startswith(_SUMMARY_PREFIXES):
-            samples.append((name, float(value)))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(_SUMMARY_PREFIXES):
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+                samples.append((f"{sample.name}{{{labels}}}" if labels else sample.name,
+                                sample.value))  # fmt: skip
     if args.json:
         print(json.dumps(dict(samples), indent=2, sort_keys=True))
         return

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from popmq.bench.table_text import grid
+from popmq.cli.bench_display import live_progress
+
 
 def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join(grid(rows))
 
 
 def format_broker(result: dict[str, Any]) -> str:
@@ -54,7 +54,8 @@ def _emit(result: dict[str, Any], table: str, json_path: str | None) -> int:
 def _run_bench(module: str, function: str, formatter: Callable[[dict[str, Any]], str] | str,
                json_path: str | None, **kwargs: Any) -> int:  # fmt: skip
     bench = getattr(importlib.import_module(module), function)
-    result = asyncio.run(bench(**kwargs))
+    with live_progress(f"bench {function.removeprefix('bench_')}"):
+        result = asyncio.run(bench(**kwargs))
     if isinstance(formatter, str):
         formatter = getattr(importlib.import_module(module), formatter)
     return _emit(result, formatter(result), json_path)

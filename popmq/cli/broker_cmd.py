@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 
 from popmq.broker.api.errors import BrokerError
-from popmq.cli.common import config_from_args
+from popmq.cli.common import config_from_args, start_tracing_for
 from popmq.config import BrokerConfig
 
 log = logging.getLogger("popmq.broker")
@@ -115,11 +115,16 @@ def run(args: argparse.Namespace) -> int:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
+    stop_tracing = start_tracing_for(config, "popmq-broker")
     try:
         asyncio.run(serve_broker(config.broker, announce=_announce))
     except (OSError, BrokerError, ValueError) as error:  # port taken, data dir locked, bad keys
-        print(f"popmq broker: {error}", file=sys.stderr)
-        return 1
+        print(f"popmq broker: {error.message if isinstance(error, BrokerError) else error}",
+              file=sys.stderr)  # fmt: skip
+        return 2  # a user's error: one line, exit 2
+    finally:
+        if stop_tracing is not None:
+            stop_tracing()
     return 0
 
 

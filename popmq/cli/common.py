@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -24,5 +25,15 @@ def parse_set_flags(pairs: list[str]) -> dict[str, Any]:
 def config_from_args(args: argparse.Namespace, flag_overrides: dict[str, Any]) -> PopmqConfig:
     """Defaults < --config file < POPMQ_* env < named flags < --set."""
     overrides = {k: v for k, v in flag_overrides.items() if v is not None}
+    if getattr(args, "otlp_endpoint", None):
+        overrides["tracing.otlp_endpoint"] = args.otlp_endpoint
     overrides.update(parse_set_flags(getattr(args, "set", []) or []))
     return load_config(getattr(args, "config", None), overrides)
+
+
+def start_tracing_for(config: PopmqConfig, default_service: str) -> Callable[[], None] | None:
+    """Tracing on when configured (--otlp-endpoint, tracing.* or OTEL_* env)."""
+    from popmq.tracing import start_tracing
+
+    service = config.tracing.service_name or default_service
+    return start_tracing(config.tracing.otlp_endpoint, service)

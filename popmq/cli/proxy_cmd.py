@@ -13,8 +13,8 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from popmq.cli.common import config_from_args
-from popmq.config import BrokerAddress
+from popmq.cli.common import config_from_args, start_tracing_for
+from popmq.config import BrokerAddress, PopmqConfig
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -120,7 +120,7 @@ def run_serve(args: argparse.Namespace) -> int:
     _setup_logging()
     from popmq.proxy.runtime import run_serve as serve
 
-    return _run("serve", serve(config, _announce))
+    return _run("serve", config, serve(config, _announce))
 
 
 def run_proxy(args: argparse.Namespace) -> int:
@@ -141,13 +141,22 @@ def run_proxy(args: argparse.Namespace) -> int:
     _setup_logging()
     from popmq.proxy.runtime import run_cluster_proxy
 
-    return _run("proxy", run_cluster_proxy(config, _announce))
+    return _run("proxy", config, run_cluster_proxy(config, _announce))
 
 
-def _run(command: str, main: Coroutine[Any, Any, None]) -> int:
+def _run(command: str, config: PopmqConfig, main: Coroutine[Any, Any, None]) -> int:
+    """Run `main` (with tracing when configured; buffered spans are flushed at the end)."""
+    try:
+        stop_tracing = start_tracing_for(config, f"popmq-{command}")
+    except BaseException:
+        main.close()
+        raise
     try:
         asyncio.run(main)
     except ValueError as exc:  # a bad ACL, certificate or token file: say which, no traceback
         print(f"popmq {command}: {exc}", file=sys.stderr)
-        return 1
+        return 2  # a user's error: one line, exit 2
+    finally:
+        if stop_tracing is not None:
+            stop_tracing()
     return 0

@@ -6,6 +6,8 @@ publishing limits or subscription parameters and retry policy filled in.
 
 from __future__ import annotations
 
+import ipaddress
+
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import GroupConfig
 from popmq.proxy.activity import validate
@@ -71,6 +73,19 @@ def consumer_backoff(group: GroupConfig) -> pb.RetryPolicy:
     )
 
 
+def client_metric(endpoint: str) -> pb.Metric:
+    """Settings.metric: where the client exports its own metrics (off without an endpoint)."""
+    if not endpoint:
+        return pb.Metric(on=False)
+    host, _, port = endpoint.rpartition(":")
+    try:
+        scheme = pb.IPv6 if ipaddress.ip_address(host).version == 6 else pb.IPv4
+    except ValueError:
+        scheme = pb.DOMAIN_NAME
+    address = pb.Address(host=host, port=int(port))
+    return pb.Metric(on=True, endpoints=pb.Endpoints(scheme=scheme, addresses=[address]))
+
+
 async def answer_settings(
     services: ProxyServices, settings: pb.Settings, ctx: RequestContext
 ) -> pb.Settings:
@@ -78,7 +93,7 @@ async def answer_settings(
     client_id = require_client_id(ctx)
     reply = pb.Settings()
     reply.CopyFrom(settings)
-    reply.metric.CopyFrom(pb.Metric(on=False))
+    reply.metric.CopyFrom(client_metric(services.proxy.client_metrics_endpoint))
     kind = settings.client_type
     topics: set[str] = set()
     group = ""

@@ -13,7 +13,7 @@ import uuid
 from collections import defaultdict
 
 from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
-from popmq.broker.api.types import Message, SendResult
+from popmq.broker.api.types import PROP_TRACE_CONTEXT, Message, SendResult
 from popmq.proxy.activity import validate
 from popmq.proxy.admission import refuse
 from popmq.proxy.cluster import QueueRef, TopicRoute
@@ -25,6 +25,7 @@ from popmq.proxy.services import ProxyServices
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
+from popmq.tracing import link_to, tracer
 
 # Spreads batches moved off a broker that is down over the live ones.
 _spread = itertools.count()
@@ -88,6 +89,17 @@ async def send_message(
             f"{services.proxy.max_send_messages} (proxy.max_send_messages)",
         )  # fmt: skip
     messages = [_checked(services, msg, ctx) for msg in request.messages]
+    with tracer().start_as_current_span("popmq.send") as span:
+        if span.is_recording():  # link each message to its producer's span
+            span.set_attribute("messaging.batch.message_count", len(messages))
+            for message in messages:
+                link = link_to(message.properties.get(PROP_TRACE_CONTEXT, ""))
+                if link is not None:
+                    span.add_link(link.context)
+        return await _send(services, messages)
+
+
+async def _send(services: ProxyServices, messages: list[Message]) -> s.SendMessageResponse:
     cluster = services.cluster
 
     # Batch by target queue: each FIFO message group has its queue, the rest share one.

@@ -15,6 +15,7 @@ import grpc
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import DLQ_PREFIX, RETRY_PREFIX, ConsumeMode, TopicInfo
 from popmq.proxy.activity import validate
+from popmq.proxy.admin.operations import OperationsMixin
 from popmq.proxy.grpc import status as st
 from popmq.proxy.services import ProxyServices
 from prometheus_client import generate_latest
@@ -45,7 +46,7 @@ def _group_pb(config: Any) -> a.Group:
     )
 
 
-class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
     """gRPC method names are the API's (CamelCase)."""
 
     def __init__(self, services: ProxyServices) -> None:

@@ -8,6 +8,7 @@ from popmq.broker.api.errors import Code
 from popmq.broker.api.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_TOPIC,
+    PROP_TRACE_CONTEXT,
     RETRY_PREFIX,
     Message,
     PoppedMessage,
@@ -46,12 +47,15 @@ def message_from_pb(msg: pb.Message, topic: str, peer: str = "") -> Message:
     delivery_ms = 0
     if props.HasField("delivery_timestamp"):
         delivery_ms = _ms_of(props.delivery_timestamp, Code.ILLEGAL_DELIVERY_TIME, "delivery time")
+    properties = dict(msg.user_properties)
+    if props.HasField("trace_context"):
+        properties[PROP_TRACE_CONTEXT] = props.trace_context
     return Message(
         topic=topic,
         body=msg.body,
         tag=props.tag if props.HasField("tag") else "",
         keys=list(props.keys),
-        properties=dict(msg.user_properties),
+        properties=properties,
         message_id=props.message_id,
         message_group=props.message_group if props.HasField("message_group") else "",
         delivery_timestamp_ms=delivery_ms,
@@ -78,6 +82,9 @@ def stored_into(msg: pb.Message, stored: StoredMessage, namespace: str = "") -> 
         if topic.startswith(RETRY_PREFIX):
             topic = properties.get(PROP_ORIGIN_TOPIC, topic)
             message_id = properties.get(PROP_ORIGIN_MESSAGE_ID, message_id)
+        trace_context = properties.get(PROP_TRACE_CONTEXT)
+        if trace_context:
+            msg.system_properties.trace_context = trace_context
         if any(key.startswith(INTERNAL_PROPERTY_PREFIX) for key in properties):
             properties = {
                 k: v for k, v in properties.items() if not k.startswith(INTERNAL_PROPERTY_PREFIX)

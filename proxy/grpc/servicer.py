@@ -69,7 +69,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if timer is None:
             timer = self._timers[method] = self.metrics.rpc_latency.labels(method)
         counter.inc()
-        timer.observe(time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        timer.observe(elapsed)
+        self.metrics.observe_rpc(method, name, elapsed)
 
     async def _unary(
         self,

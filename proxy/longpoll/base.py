@@ -16,10 +16,12 @@ from typing import Protocol, runtime_checkable
 
 from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
 from popmq.broker.api.port import BrokerPort
-from popmq.broker.api.types import PoppedMessage, PopRequest
+from popmq.broker.api.types import PROP_TRACE_CONTEXT, PoppedMessage, PopRequest
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
+
+from popmq.tracing import link_to, tracer
 
 
 @dataclass(slots=True)
@@ -127,6 +129,23 @@ class StrategyBase:
     ) -> list[PoppedMessage]:
         if not brokers or self.draining:
             return []
+        attributes = {
+            "popmq.strategy": self.label, "messaging.consumer.group.name": request.pop.group,
+            "messaging.destination.name": request.pop.topic, "popmq.poll_ms": request.poll_ms,
+        }  # fmt: skip
+        with tracer().start_as_current_span("popmq.receive", attributes=attributes) as span:
+            messages = await self._receive(brokers, request)
+            if span.is_recording():
+                span.set_attribute("messaging.batch.message_count", len(messages))
+                for popped in messages:  # link each message to its producer's span
+                    link = link_to(popped.message.properties.get(PROP_TRACE_CONTEXT, ""))
+                    if link is not None:
+                        span.add_link(link.context)
+            return messages
+
+    async def _receive(
+        self, brokers: Sequence[BrokerPort], request: LongPollRequest
+    ) -> list[PoppedMessage]:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + max(request.poll_ms, 0) / 1000

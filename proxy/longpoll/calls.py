@@ -27,6 +27,8 @@ from popmq.broker.api.types import (
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
 
+from popmq.tracing import tracer
+
 log = logging.getLogger(__name__)
 
 # Back-off when a broker's hold table is full or a broker call fails, doubling up to the max.
@@ -78,9 +80,13 @@ class BrokerCalls:
         cancelled just as the answer arrives, the messages are still found and released.
         """
         self.metrics.broker_rpcs.labels("pop").inc()
-        task = asyncio.create_task(port.pop(request), name=f"pop:{port.name}")
-        task.add_done_callback(lambda done: self._into_custody(done, port, custody))
-        return await task
+        attributes = {"popmq.broker": port.name, "popmq.poll_ms": request.poll_time_ms}
+        with tracer().start_as_current_span("popmq.broker.pop", attributes=attributes) as span:
+            task = asyncio.create_task(port.pop(request), name=f"pop:{port.name}")
+            task.add_done_callback(lambda done: self._into_custody(done, port, custody))
+            result = await task
+            span.set_attribute("messaging.batch.message_count", len(result.messages))
+            return result
 
     @staticmethod
     def _into_custody(task: asyncio.Task[PopResult], port: BrokerPort, custody: Custody) -> None:
@@ -106,8 +112,10 @@ class BrokerCalls:
         """One notification call: True when the broker has a visible message for the group."""
         self.metrics.broker_rpcs.labels(kind).inc()
         self.metrics.held_notifications.inc()
+        attributes = {"popmq.broker": port.name, "popmq.poll_ms": request.poll_time_ms}
         try:
-            result: NotifyResult = await port.notify(request)
+            with tracer().start_as_current_span(f"popmq.broker.{kind}", attributes=attributes):
+                result: NotifyResult = await port.notify(request)
         finally:
             self.metrics.held_notifications.dec()
         if result.polling_full:

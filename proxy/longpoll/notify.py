@@ -34,6 +34,8 @@ from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.longpoll.hub import NotificationHub, Subscription
 from popmq.proxy.metrics import ProxyMetrics
 
+from popmq.tracing import tracer
+
 
 @dataclass(eq=False)
 class _LongPoll:
@@ -93,14 +95,15 @@ class NotifyStrategy(StrategyBase):
     ) -> None:
         # 1. The first pop, without holding.
         first = self.picker.pick(brokers, request.preferred_broker)
-        try:
-            await self.calls.pop(first, replace(request.pop, poll_time_ms=0), custody)
-        except Exception as exc:
-            # Guarded like the consume pops: a broker that is down must not fail the receive
-            # while others are up; they are watched below.
-            if len(brokers) == 1 or not is_broker_down(exc):
-                raise
-            self.calls.note_error("pop", exc, first)
+        with tracer().start_as_current_span("popmq.long_poll.first_pop"):
+            try:
+                await self.calls.pop(first, replace(request.pop, poll_time_ms=0), custody)
+            except Exception as exc:
+                # Guarded like the consume pops: a broker that is down must not fail the receive
+                # while others are up; they are watched below.
+                if len(brokers) == 1 or not is_broker_down(exc):
+                    raise
+                self.calls.note_error("pop", exc, first)
         if custody.count:
             self.metrics.first_pop_hits.labels(self.label).inc()
             return
@@ -109,6 +112,16 @@ class NotifyStrategy(StrategyBase):
         # 2. Notifications from every broker (shared through the hub); consume tasks as
         # they report.
         self.metrics.pop_with_notify.inc()
+        with tracer().start_as_current_span("popmq.long_poll.notify_wait"):
+            await self._notify_wait(brokers, request, deadline, custody)
+
+    async def _notify_wait(
+        self,
+        brokers: Sequence[BrokerPort],
+        request: LongPollRequest,
+        deadline: float,
+        custody: Custody,
+    ) -> None:
         async with asyncio.TaskGroup() as group:
             poll = _LongPoll(request, deadline, custody, group, self._consume_task)
             subs = [self.hub.subscribe(port, request.pop, deadline, poll.on_signal)
@@ -135,9 +148,12 @@ class NotifyStrategy(StrategyBase):
                 return
             port = sub.port
             try:
-                result = await self.calls.pop(
-                    port, replace(poll.request.pop, poll_time_ms=0), poll.custody
-                )
+                with tracer().start_as_current_span(
+                    "popmq.long_poll.consume", attributes={"popmq.broker": port.name}
+                ):
+                    result = await self.calls.pop(
+                        port, replace(poll.request.pop, poll_time_ms=0), poll.custody
+                    )
             except Exception as exc:  # a failing broker must not end the others' watch
                 self.calls.note_error("pop", exc, port)
                 sub.missed()

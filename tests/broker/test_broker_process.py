@@ -161,7 +161,7 @@ async def test_data_dir_in_use_fails_fast(tmp_path: Path, spawn) -> None:
         cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(), STARTUP_TIMEOUT_S)
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # a user's error: one line, exit 2
     assert b"listening" not in out
     assert b"used by another" in err and b"Traceback" not in err
 

@@ -54,7 +54,9 @@ class Rendered:
         return found[0] if found else None
 
     def config_text(self) -> str:
-        return self.one("ConfigMap")["data"]["popmq.yaml"]
+        # the popmq config (the Grafana dashboard, when on, is another ConfigMap)
+        [config] = [c for c in self.all("ConfigMap") if "popmq.yaml" in c.get("data", {})]
+        return config["data"]["popmq.yaml"]
 
     def secret_file(self, name: str, key: str) -> str:
         """A chart-made Secret's file, decoded."""

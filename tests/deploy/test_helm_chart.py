@@ -287,10 +287,9 @@ def test_pods_run_as_non_root_with_a_read_only_root(
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert "emptyDir" in volumes[mounts["/tmp"]], "/tmp is the only scratch space"
-        assert (
-            volumes[mounts["/etc/popmq"]]["configMap"]["name"]
-            == out.one("ConfigMap")["metadata"]["name"]
-        )
+        fullname = out.one("StatefulSet")["metadata"]["name"].removesuffix("-broker")
+        config_map = out.one("ConfigMap", f"{fullname}-config")  # not the dashboard's
+        assert volumes[mounts["/etc/popmq"]]["configMap"]["name"] == config_map["metadata"]["name"]
     claim = out.one("StatefulSet")["spec"]["volumeClaimTemplates"][0]
     assert claim["metadata"]["name"] == "data"
 

@@ -79,7 +79,8 @@ def test_admin_unreachable_endpoint() -> None:
         [sys.executable, "-m", "popmq", "admin", "--endpoint", "127.0.0.1:1", "topics", "list"],
         cwd=REPO, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
-    assert result.returncode == 1 and "cannot reach" in result.stderr
+    assert result.returncode == 2 and "cannot reach" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_serve_stops_cleanly_on_sigint(tmp_path: Path) -> None:

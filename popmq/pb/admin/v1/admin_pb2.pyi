@@ -210,3 +210,238 @@ class StatsResponse(_message.Message):
     status: _definition_pb2.Status
     prometheus_text: str
     def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., prometheus_text: _Optional[str] = ...) -> None: ...
+
+class ConsumerProgressRequest(_message.Message):
+    __slots__ = ("group", "topic")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class QueueProgress(_message.Message):
+    __slots__ = ("broker", "topic", "queue_id", "consumer_offset", "max_offset", "lag", "inflight", "lag_latency_ms")
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    LAG_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    topic: str
+    queue_id: int
+    consumer_offset: int
+    max_offset: int
+    lag: int
+    inflight: int
+    lag_latency_ms: int
+    def __init__(self, broker: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., consumer_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., lag: _Optional[int] = ..., inflight: _Optional[int] = ..., lag_latency_ms: _Optional[int] = ...) -> None: ...
+
+class ConsumerProgressResponse(_message.Message):
+    __slots__ = ("status", "queues")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    status: _definition_pb2.Status
+    queues: _containers.RepeatedCompositeFieldContainer[QueueProgress]
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., queues: _Optional[_Iterable[_Union[QueueProgress, _Mapping]]] = ...) -> None: ...
+
+class ResetOffsetRequest(_message.Message):
+    __slots__ = ("group", "topic", "timestamp_ms", "earliest", "latest")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    EARLIEST_FIELD_NUMBER: _ClassVar[int]
+    LATEST_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    timestamp_ms: int
+    earliest: bool
+    latest: bool
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., earliest: _Optional[bool] = ..., latest: _Optional[bool] = ...) -> None: ...
+
+class OffsetReset(_message.Message):
+    __slots__ = ("broker", "queue_id", "old_offset", "new_offset")
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OLD_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEW_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    queue_id: int
+    old_offset: int
+    new_offset: int
+    def __init__(self, broker: _Optional[str] = ..., queue_id: _Optional[int] = ..., old_offset: _Optional[int] = ..., new_offset: _Optional[int] = ...) -> None: ...
+
+class ResetOffsetResponse(_message.Message):
+    __slots__ = ("status", "queues")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    status: _definition_pb2.Status
+    queues: _containers.RepeatedCompositeFieldContainer[OffsetReset]
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., queues: _Optional[_Iterable[_Union[OffsetReset, _Mapping]]] = ...) -> None: ...
+
+class StoredMessageView(_message.Message):
+    __slots__ = ("broker", "topic", "queue_id", "queue_offset", "message_id", "tag", "keys", "born_timestamp_ms", "store_timestamp_ms", "reconsume_times", "body_size", "body", "origin_topic", "origin_message_id", "properties")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    BORN_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    STORE_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
+    BODY_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    message_id: str
+    tag: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    born_timestamp_ms: int
+    store_timestamp_ms: int
+    reconsume_times: int
+    body_size: int
+    body: bytes
+    origin_topic: str
+    origin_message_id: str
+    properties: _containers.ScalarMap[str, str]
+    def __init__(self, broker: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., message_id: _Optional[str] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., born_timestamp_ms: _Optional[int] = ..., store_timestamp_ms: _Optional[int] = ..., reconsume_times: _Optional[int] = ..., body_size: _Optional[int] = ..., body: _Optional[bytes] = ..., origin_topic: _Optional[str] = ..., origin_message_id: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class QueryMessagesRequest(_message.Message):
+    __slots__ = ("topic", "message_id", "key", "max_scan", "limit", "include_body")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MAX_SCAN_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_BODY_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    message_id: str
+    key: str
+    max_scan: int
+    limit: int
+    include_body: bool
+    def __init__(self, topic: _Optional[str] = ..., message_id: _Optional[str] = ..., key: _Optional[str] = ..., max_scan: _Optional[int] = ..., limit: _Optional[int] = ..., include_body: _Optional[bool] = ...) -> None: ...
+
+class QueryMessagesResponse(_message.Message):
+    __slots__ = ("status", "messages", "truncated")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    status: _definition_pb2.Status
+    messages: _containers.RepeatedCompositeFieldContainer[StoredMessageView]
+    truncated: bool
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[StoredMessageView, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class ListDlqRequest(_message.Message):
+    __slots__ = ("group", "limit")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    limit: int
+    def __init__(self, group: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListDlqResponse(_message.Message):
+    __slots__ = ("status", "messages", "total")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    status: _definition_pb2.Status
+    messages: _containers.RepeatedCompositeFieldContainer[StoredMessageView]
+    total: int
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[StoredMessageView, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
+
+class ResendDlqRequest(_message.Message):
+    __slots__ = ("group", "message_ids", "all")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    message_ids: _containers.RepeatedScalarFieldContainer[str]
+    all: bool
+    def __init__(self, group: _Optional[str] = ..., message_ids: _Optional[_Iterable[str]] = ..., all: _Optional[bool] = ...) -> None: ...
+
+class ResendDlqResponse(_message.Message):
+    __slots__ = ("status", "resent")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RESENT_FIELD_NUMBER: _ClassVar[int]
+    status: _definition_pb2.Status
+    resent: _containers.RepeatedCompositeFieldContainer[StoredMessageView]
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., resent: _Optional[_Iterable[_Union[StoredMessageView, _Mapping]]] = ...) -> None: ...
+
+class TopicRouteRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class RouteBroker(_message.Message):
+    __slots__ = ("broker", "address", "queue_count")
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    address: str
+    queue_count: int
+    def __init__(self, broker: _Optional[str] = ..., address: _Optional[str] = ..., queue_count: _Optional[int] = ...) -> None: ...
+
+class TopicRouteResponse(_message.Message):
+    __slots__ = ("status", "topic", "proxy", "brokers")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PROXY_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    status: _definition_pb2.Status
+    topic: str
+    proxy: str
+    brokers: _containers.RepeatedCompositeFieldContainer[RouteBroker]
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., topic: _Optional[str] = ..., proxy: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[RouteBroker, _Mapping]]] = ...) -> None: ...
+
+class ClusterStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BrokerStatus(_message.Message):
+    __slots__ = ("broker", "address", "reachable", "rtt_ms", "topics", "error")
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REACHABLE_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    address: str
+    reachable: bool
+    rtt_ms: float
+    topics: int
+    error: str
+    def __init__(self, broker: _Optional[str] = ..., address: _Optional[str] = ..., reachable: _Optional[bool] = ..., rtt_ms: _Optional[float] = ..., topics: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ClusterStatusResponse(_message.Message):
+    __slots__ = ("status", "proxy", "version", "brokers", "clients")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PROXY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    status: _definition_pb2.Status
+    proxy: str
+    version: str
+    brokers: _containers.RepeatedCompositeFieldContainer[BrokerStatus]
+    clients: int
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., proxy: _Optional[str] = ..., version: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerStatus, _Mapping]]] = ..., clients: _Optional[int] = ...) -> None: ...

@@ -74,6 +74,41 @@ class AdminServiceStub:
                 request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.StatsRequest.SerializeToString,
                 response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.ConsumerProgress = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/ConsumerProgress',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ConsumerProgressRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ConsumerProgressResponse.FromString,
+                _registered_method=True)
+        self.ResetOffset = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/ResetOffset',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResetOffsetRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResetOffsetResponse.FromString,
+                _registered_method=True)
+        self.QueryMessages = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/QueryMessages',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.QueryMessagesRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.QueryMessagesResponse.FromString,
+                _registered_method=True)
+        self.ListDlq = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/ListDlq',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListDlqRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListDlqResponse.FromString,
+                _registered_method=True)
+        self.ResendDlq = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/ResendDlq',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResendDlqRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResendDlqResponse.FromString,
+                _registered_method=True)
+        self.TopicRoute = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/TopicRoute',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.TopicRouteRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.TopicRouteResponse.FromString,
+                _registered_method=True)
+        self.ClusterStatus = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/ClusterStatus',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -127,6 +162,48 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConsumerProgress(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetOffset(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueryMessages(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDlq(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResendDlq(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TopicRoute(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClusterStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +246,41 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.StatsRequest.FromString,
                     response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.StatsResponse.SerializeToString,
+            ),
+            'ConsumerProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConsumerProgress,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ConsumerProgressRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ConsumerProgressResponse.SerializeToString,
+            ),
+            'ResetOffset': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetOffset,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResetOffsetRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResetOffsetResponse.SerializeToString,
+            ),
+            'QueryMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryMessages,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.QueryMessagesRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.QueryMessagesResponse.SerializeToString,
+            ),
+            'ListDlq': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDlq,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListDlqRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListDlqResponse.SerializeToString,
+            ),
+            'ResendDlq': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResendDlq,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResendDlqRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResendDlqResponse.SerializeToString,
+            ),
+            'TopicRoute': grpc.unary_unary_rpc_method_handler(
+                    servicer.TopicRoute,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.TopicRouteRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.TopicRouteResponse.SerializeToString,
+            ),
+            'ClusterStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClusterStatus,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +499,195 @@ class AdminService:
             '/popmq.admin.v1.AdminService/Stats',
             popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.StatsRequest.SerializeToString,
             popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConsumerProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.admin.v1.AdminService/ConsumerProgress',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ConsumerProgressRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ConsumerProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetOffset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.admin.v1.AdminService/ResetOffset',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResetOffsetRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResetOffsetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.admin.v1.AdminService/QueryMessages',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.QueryMessagesRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.QueryMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDlq(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.admin.v1.AdminService/ListDlq',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListDlqRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListDlqResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResendDlq(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.admin.v1.AdminService/ResendDlq',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResendDlqRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResendDlqResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TopicRoute(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.admin.v1.AdminService/TopicRoute',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.TopicRouteRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.TopicRouteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClusterStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.admin.v1.AdminService/ClusterStatus',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

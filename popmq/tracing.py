@@ -1,0 +1,178 @@
+"""OpenTelemetry tracing for popmq processes.
+
+Spans are always created through the OpenTelemetry API (no-ops until a tracer provider is
+installed, so they cost next to nothing when tracing is off). ``start_tracing`` installs one
+that exports over OTLP (the ``popmq[otel]`` extra) and instruments gRPC servers and clients, so a
+client's ``traceparent`` continues through the proxy into the broker.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import grpc
+from opentelemetry import propagate, trace
+
+log = logging.getLogger(__name__)
+
+# The standard variables that switch the OTLP exporter on without --otlp-endpoint.
+OTEL_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+_HEALTH = "grpc.health.v1.Health"
+EXPORT_TIMEOUT_S = 2.0
+
+
+class TracingUnavailable(RuntimeError):
+    """Tracing is configured but the otel extra is not installed."""
+
+
+def _version() -> str:
+    try:
+        return version("popmq")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def tracer() -> trace.Tracer:
+    """popmq's tracer (looked up per call: the provider may be installed after import)."""
+    return trace.get_tracer("popmq", _version())
+
+
+_servers_traced = False
+
+
+def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
+    """Interceptors for a grpc.aio server: SERVER spans while tracing is on, else none (no
+    cost per call)."""
+    return [ServerSpans()] if _servers_traced else []
+
+
+class ServerSpans(grpc.aio.ServerInterceptor):
+    """A SERVER span per call, continuing the caller's traceparent.
+
+    Written here because OpenTelemetry's aio server interceptor only handles streaming
+    handlers that are async generators; popmq's ReceiveMessage streams with context.write().
+    """
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        method = details.method or ""
+        if handler is None or method.startswith(f"/{_HEALTH}/"):
+            return handler
+        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+            behavior = getattr(handler, kind)
+            if behavior is not None:
+                return handler._replace(**{kind: _traced(behavior, method)})
+        return handler
+
+
+def _traced(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    service, _, name = method.lstrip("/").rpartition("/")
+    attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
+
+    def span(context: grpc.aio.ServicerContext) -> Any:
+        carrier = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        return tracer().start_as_current_span(
+            method, context=propagate.extract(carrier), kind=trace.SpanKind.SERVER,
+            attributes=attributes,
+        )  # fmt: skip
+
+    if inspect.isasyncgenfunction(behavior):
+
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            with span(context):
+                async for response in behavior(request, context):
+                    yield response
+
+        return stream
+
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        with span(context):
+            return await behavior(request, context)
+
+    return call
+
+
+_W3C = None
+
+
+def link_to(trace_context: str) -> trace.Link | None:
+    """A span link to the producer's span named by a message's W3C ``trace_context``."""
+    global _W3C
+    if not trace_context:
+        return None
+    if _W3C is None:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        _W3C = TraceContextTextMapPropagator()
+    span = trace.get_current_span(_W3C.extract({"traceparent": trace_context}))
+    context = span.get_span_context()
+    return trace.Link(context) if context.is_valid else None
+
+
+def instrument_grpc(provider: trace.TracerProvider | None = None) -> Callable[[], None]:
+    """Trace gRPC from now on: SERVER spans on servers created later (server_interceptors)
+    and CLIENT spans, carrying the trace on, on every grpc.aio channel (health checks left
+    out); returns the undo."""
+    from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient, filters
+
+    global _servers_traced
+    _servers_traced = True
+    client = GrpcAioInstrumentorClient()
+    client.instrument(
+        tracer_provider=provider, filter_=filters.negate(filters.service_name(_HEALTH))
+    )
+
+    def undo() -> None:
+        global _servers_traced
+        _servers_traced = False
+        client.uninstrument()
+
+    return undo
+
+
+def otlp_endpoint(configured: str | None) -> str | None:
+    """The configured endpoint, else the standard OTEL_* variable's (None: tracing off)."""
+    if configured:
+        return configured
+    return next((os.environ[v] for v in OTEL_ENDPOINT_VARS if os.environ.get(v)), None)
+
+
+def start_tracing(endpoint: str | None, service_name: str) -> Callable[[], None] | None:
+    """Export spans to the OTLP endpoint (gRPC) if one is configured; returns the shutdown
+    (flushes what is buffered), or None when tracing stays off."""
+    endpoint = otlp_endpoint(endpoint)
+    if endpoint is None:
+        return None
+    try:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as exc:
+        raise TracingUnavailable(
+            f"tracing to {endpoint} needs the otel extra: pip install 'popmq[otel]' ({exc.name})"
+        ) from None
+    # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES still win, as the spec says.
+    resource = Resource.create({SERVICE_NAME: service_name, "service.version": _version()})
+    provider = TracerProvider(resource=resource)
+    # A collector that is down must not hold up a stop for long (spans are then lost).
+    exporter = OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    undo = instrument_grpc(provider)
+    log.info("tracing: spans of %s go to %s over OTLP", service_name, endpoint)
+
+    def shutdown() -> None:
+        undo()
+        provider.shutdown()
+
+    return shutdown

@@ -1,0 +1,194 @@
+"""The mqadmin-level admin verbs against a real proxy over real brokers: consumer progress,
+offset reset by time, message query, DLQ list and resend, topic route, cluster status."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from popmq.broker.api.errors import Code
+from proxy_support import Cluster, unique
+
+from popmq.pb.admin.v1 import admin_pb2 as a
+from popmq.pb.admin.v1 import admin_pb2_grpc
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+
+def _admin(cluster: Cluster) -> admin_pb2_grpc.AdminServiceStub:
+    return admin_pb2_grpc.AdminServiceStub(cluster.channel)
+
+
+async def _topic(cluster: Cluster, queues: int = 1) -> str:
+    topic = unique("ops")
+    created = await _admin(cluster).CreateTopic(
+        a.CreateTopicRequest(name=topic, queue_count=queues)
+    )
+    assert created.status.code == Code.OK
+    return topic
+
+
+async def test_consumer_progress_lag_and_latency(cluster: Cluster) -> None:
+    admin = _admin(cluster)
+    topic, group = await _topic(cluster), unique("g")
+    await cluster.send(topic, b"a", b"b", b"c", b"d")
+    _, received, _ = await cluster.receive(group, topic, batch=1)
+    await cluster.ack(group, topic, *received)
+    _, inflight, _ = await cluster.receive(group, topic, batch=1)
+    await asyncio.sleep(0.05)  # the oldest un-acked message gets an age
+    progress = await admin.ConsumerProgress(a.ConsumerProgressRequest(group=group))
+    assert progress.status.code == Code.OK
+    rows = [q for q in progress.queues if q.topic == topic]
+    assert sum(q.lag for q in rows) == 3  # 4 sent, 1 acked
+    assert sum(q.inflight for q in rows) == len(inflight) == 1
+    assert max(q.lag_latency_ms for q in rows) >= 50
+    # a group that never consumed shows nothing without --topic
+    none = await admin.ConsumerProgress(a.ConsumerProgressRequest(group=unique("idle")))
+    assert [q for q in none.queues if q.topic == topic] == []
+    bad = await admin.ConsumerProgress(a.ConsumerProgressRequest(group="bad group"))
+    assert bad.status.code == Code.ILLEGAL_CONSUMER_GROUP
+
+
+async def _drain(cluster: Cluster, group: str, topic: str, want: int) -> list[bytes]:
+    """Receive (and ack) until `want` messages came, from whichever broker holds them."""
+    bodies: list[bytes] = []
+    for _ in range(20):
+        status, got, _ = await cluster.receive(group, topic, poll_ms=300)
+        assert status.code in (Code.OK, Code.MESSAGE_NOT_FOUND), status
+        if got:
+            await cluster.ack(group, topic, *got)
+        bodies += [m.body for m in got]
+        if len(bodies) >= want:
+            break
+    return sorted(bodies)
+
+
+async def test_reset_offsets_by_time_earliest_latest(cluster: Cluster) -> None:
+    admin = _admin(cluster)
+    topic, group = await _topic(cluster), unique("g")
+    await cluster.send(topic, b"old-1", b"old-2")
+    await asyncio.sleep(0.05)
+    cut = int(time.time() * 1000)
+    await asyncio.sleep(0.05)
+    await cluster.send(topic, b"new-1")
+
+    latest = await admin.ResetOffset(a.ResetOffsetRequest(group=group, topic=topic, latest=True))
+    assert latest.status.code == Code.OK
+    assert sum(q.new_offset for q in latest.queues) == 3
+    _, got, _ = await cluster.receive(group, topic, poll_ms=0)
+    assert got == []
+
+    by_time = await admin.ResetOffset(
+        a.ResetOffsetRequest(group=group, topic=topic, timestamp_ms=cut)
+    )
+    assert sum(q.new_offset for q in by_time.queues) == 2
+    assert await _drain(cluster, group, topic, 1) == [b"new-1"]
+
+    earliest = await admin.ResetOffset(
+        a.ResetOffsetRequest(group=group, topic=topic, earliest=True)
+    )
+    assert [q.new_offset for q in earliest.queues] == [0, 0]  # one queue on each broker
+    assert await _drain(cluster, group, topic, 3) == [b"new-1", b"old-1", b"old-2"]
+
+    missing = await admin.ResetOffset(a.ResetOffsetRequest(group=group, topic=topic))
+    assert missing.status.code == Code.BAD_REQUEST
+    nope = await admin.ResetOffset(
+        a.ResetOffsetRequest(group=group, topic=unique("nope"), latest=True)
+    )
+    assert nope.status.code == Code.TOPIC_NOT_FOUND
+
+
+async def test_query_messages_by_id_and_key(cluster: Cluster) -> None:
+    admin = _admin(cluster)
+    topic = await _topic(cluster, queues=2)
+    sent = await cluster.send(topic, b"one", keys=["order-1"])
+    await cluster.send(topic, b"two", keys=["order-2"])
+    message_id = sent.entries[0].message_id
+    by_id = await admin.QueryMessages(a.QueryMessagesRequest(message_id=message_id))
+    assert by_id.status.code == Code.OK
+    assert [(m.message_id, m.topic, list(m.keys)) for m in by_id.messages] == [
+        (message_id, topic, ["order-1"])
+    ]
+    by_key = await admin.QueryMessages(
+        a.QueryMessagesRequest(topic=topic, key="order-2", include_body=True)
+    )
+    assert [m.body for m in by_key.messages] == [b"two"]
+    empty = await admin.QueryMessages(a.QueryMessagesRequest(topic=topic, key="none"))
+    assert empty.status.code == Code.OK and not empty.messages
+    bad = await admin.QueryMessages(a.QueryMessagesRequest(topic=topic))
+    assert bad.status.code == Code.BAD_REQUEST
+
+
+async def test_dlq_list_and_resend(cluster: Cluster) -> None:
+    admin = _admin(cluster)
+    topic, group = await _topic(cluster), unique("g")
+    await cluster.send(topic, b"poison", b"fine")
+    _, received, _ = await cluster.receive(group, topic, batch=2)
+    poison = next(m for m in received if m.body == b"poison")
+    fine = next(m for m in received if m.body == b"fine")
+    await cluster.ack(group, topic, fine)
+    forwarded = await cluster.stub.ForwardMessageToDeadLetterQueue(
+        s.ForwardMessageToDeadLetterQueueRequest(
+            group=pb.Resource(name=group), topic=pb.Resource(name=topic),
+            receipt_handle=poison.system_properties.receipt_handle,
+            message_id=poison.system_properties.message_id, delivery_attempt=1,
+            max_delivery_attempts=16,
+        ), metadata=cluster.metadata(),
+    )  # fmt: skip
+    assert forwarded.status.code == Code.OK
+    poison_id = poison.system_properties.message_id
+
+    listed = await admin.ListDlq(a.ListDlqRequest(group=group))
+    assert listed.status.code == Code.OK and listed.total == 1
+    [dead] = listed.messages
+    assert (dead.origin_topic, dead.origin_message_id) == (topic, poison_id)
+
+    assert (await admin.ResendDlq(a.ResendDlqRequest(group=group))).status.code == (
+        Code.BAD_REQUEST
+    )
+    unknown = await admin.ResendDlq(a.ResendDlqRequest(group=group, message_ids=["NOPE"]))
+    assert unknown.status.code == Code.MESSAGE_NOT_FOUND
+    resent = await admin.ResendDlq(a.ResendDlqRequest(group=group, message_ids=[poison_id]))
+    assert resent.status.code == Code.OK
+    assert [(m.topic, m.origin_message_id) for m in resent.resent] == [(topic, poison_id)]
+    _, again, _ = await cluster.receive(group, topic)
+    assert [m.body for m in again] == [b"poison"]
+    # a group that never dead-lettered anything has an empty DLQ, not an error
+    empty = await admin.ListDlq(a.ListDlqRequest(group=unique("clean")))
+    assert empty.status.code == Code.OK and empty.total == 0
+
+
+async def test_topic_route_and_cluster_status(cluster: Cluster) -> None:
+    admin = _admin(cluster)
+    topic = await _topic(cluster, queues=3)
+    route = await admin.TopicRoute(a.TopicRouteRequest(topic=topic))
+    assert route.status.code == Code.OK
+    assert [(b.broker, b.address, b.queue_count) for b in route.brokers] == [
+        ("broker-0", "in-process", 3), ("broker-1", "in-process", 3),
+    ]  # fmt: skip
+    missing = await admin.TopicRoute(a.TopicRouteRequest(topic=unique("nope")))
+    assert missing.status.code == Code.TOPIC_NOT_FOUND
+    status = await admin.ClusterStatus(a.ClusterStatusRequest())
+    assert status.status.code == Code.OK and status.version
+    assert [(b.broker, b.reachable) for b in status.brokers] == [
+        ("broker-0", True), ("broker-1", True),
+    ]  # fmt: skip
+    assert all(b.topics >= 1 and b.rtt_ms >= 0 for b in status.brokers)
+
+
+async def test_clients_are_told_where_to_send_their_metrics(make_cluster: Any) -> None:
+    """proxy.client_metrics_endpoint goes to clients in Settings.metric; off without it."""
+    from test_clients_and_assignment import _settings
+
+    settings = pb.Settings(
+        client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="t")])
+    )
+    plain = await make_cluster(brokers=1)
+    reply = await _settings(plain, settings, "producer@1")
+    assert reply.metric.on is False
+    on = await make_cluster(brokers=1, **{"proxy.client_metrics_endpoint": "otel.example:4317"})
+    reply = await _settings(on, settings, "producer@2")
+    assert reply.metric.on is True
+    assert reply.metric.endpoints.scheme == pb.DOMAIN_NAME
+    assert [(a.host, a.port) for a in reply.metric.endpoints.addresses] == [("otel.example", 4317)]
