@@ -84,7 +84,7 @@ def _e2e(args: argparse.Namespace) -> int:
         "popmq.bench.e2e", "bench_e2e", "format_table", args.json,
         messages=args.messages, body_bytes=args.body_bytes, producers=args.producers,
         consumers=args.consumers, brokers=args.brokers, queues=args.queues,
-        strategy=args.strategy, modes=tuple(args.mode),
+        strategy=args.strategy, modes=tuple(args.mode), proxy_workers=args.proxy_workers,
     )  # fmt: skip
 
 
@@ -165,8 +165,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e2e.add_argument("--strategy", default="adaptive",
                      choices=("pop", "slices", "notify", "adaptive"))  # fmt: skip
     e2e.add_argument("--mode", nargs="+", default=["direct", "proxy"],
-                     choices=("direct", "proxy", "floor"),
-                     help="floor: the same gRPC load on a server that does no work")  # fmt: skip
+                     choices=("direct", "proxy", "cluster", "floor"),
+                     help="cluster: popmq proxy + popmq broker processes; floor: the same gRPC "
+                          "load on a server that does no work")  # fmt: skip
+    e2e.add_argument("--proxy-workers", type=int, default=1,
+                     help="cluster mode: popmq proxy --workers N")  # fmt: skip
     e2e.add_argument("--json", help="also write the figures to this file")
     e2e.set_defaults(func=_e2e)
 
