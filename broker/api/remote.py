@@ -14,6 +14,7 @@ from typing import TypeVar
 import grpc
 from popmq.broker.api import convert
 from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.api.link import BrokerLink
 from popmq.broker.api.types import (
     AckEntry,
     AckEntryResult,
@@ -46,6 +47,11 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_timeout_ms", 10_000),
 ]
 
+def open_broker_channel(address: str) -> grpc.aio.Channel:
+    """The one place a proxy's channel to a broker is made (requests and the watch link)."""
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
 # Codes meaning "the call never got an answer from the broker".
 _UNREACHABLE = frozenset(
     {
@@ -68,6 +74,7 @@ class RemoteBrokerPort:
         # Made on first use: grpc.aio objects belong to the event loop that creates them.
         self._channel: grpc.aio.Channel | None = None
         self._stub: broker_pb2_grpc.BrokerServiceStub | None = None
+        self._link: BrokerLink | None = None
 
     @property
     def name(self) -> str:
@@ -84,9 +91,16 @@ class RemoteBrokerPort:
 
     def _get_stub(self) -> broker_pb2_grpc.BrokerServiceStub:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self._address, options=CHANNEL_OPTIONS)
+            self._channel = open_broker_channel(self._address)
             self._stub = broker_pb2_grpc.BrokerServiceStub(self._channel)
         return self._stub
+
+    @property
+    def watch_backend(self) -> BrokerLink:
+        """The link carrying this proxy's visibility watches on this broker (one stream)."""
+        if self._link is None:
+            self._link = BrokerLink(self._name, self._get_stub)
+        return self._link
 
     def _deadline(self, poll_time_ms: int = 0) -> float:
         return self._rpc_timeout_s + max(poll_time_ms, 0) / 1000
@@ -245,6 +259,9 @@ class RemoteBrokerPort:
         return [convert.group_stats_from_proto(s) for s in response.stats]
 
     async def close(self) -> None:
+        link, self._link = self._link, None
+        if link is not None:
+            await link.aclose()
         channel, self._channel, self._stub = self._channel, None, None
         if channel is not None:
             await channel.close()

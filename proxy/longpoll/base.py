@@ -153,8 +153,13 @@ class StrategyBase:
             self.metrics.empty_responses.labels(self.label).inc()
             self.metrics.receive_latency.labels(self.label, "empty").observe(elapsed)
             if self.probe_false_empty and not self.draining:
-                self.calls.probe_false_empty(brokers, request.pop, self.label)
+                targets = self._probe_targets(brokers, request.pop)
+                self.calls.probe_false_empty(targets, request.pop, self.label)
         return messages
+
+    def _probe_targets(self, brokers: Sequence[BrokerPort], pop: PopRequest) -> list[BrokerPort]:
+        """The brokers a false-empty probe asks (notify trusts armed watches: see there)."""
+        return list(brokers)
 
     def drain(self) -> None:
         self.draining = True

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.types import PopRequest
 from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, remaining_ms
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
@@ -91,12 +92,18 @@ class NotifyStrategy(StrategyBase):
         deadline: float,
         custody: Custody,
     ) -> None:
-        # 1. The first pop, without holding.
-        first = self.picker.pick(brokers, request.preferred_broker)
-        await self.calls.pop(first, replace(request.pop, poll_time_ms=0), custody)
-        if custody.count:
-            self.metrics.first_pop_hits.labels(self.label).inc()
-            return
+        # 1. The first pop, without holding -- only on a broker whose watch does not promise
+        # an event (armed and silent means empty): an idle group costs the brokers nothing.
+        watches = self.hub.watches
+        candidates = [port for port in brokers if watches.may_have(port, request.pop)]
+        if candidates:
+            first = self.picker.pick(candidates, request.preferred_broker)
+            result = await self.calls.pop(first, replace(request.pop, poll_time_ms=0), custody)
+            if result.rest_num == 0:
+                watches.popped_empty(first, request.pop)  # re-arm: the broker tells us
+            if custody.count:
+                self.metrics.first_pop_hits.labels(self.label).inc()
+                return
         if remaining_ms(deadline) == 0:
             return
         # 2. Notifications from every broker (shared through the hub); consume tasks as
@@ -115,6 +122,12 @@ class NotifyStrategy(StrategyBase):
                 await self.hub.leave(subs)
             for task in list(poll.tasks):
                 task.cancel()
+
+    def _probe_targets(self, brokers: Sequence[BrokerPort], pop: PopRequest) -> list[BrokerPort]:
+        # A broker whose watch is armed on a live link has promised an event for anything
+        # visible: asking it again would cost the idle group one RPC per probe. The probe
+        # still asks every broker that may have messages (an unanswered event, a lost link).
+        return [port for port in brokers if self.hub.watches.may_have(port, pop)]
 
     async def _consume_task(self, poll: _LongPoll) -> None:
         # 4. One consume task at a time per long poll.
