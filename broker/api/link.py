@@ -51,7 +51,11 @@ class BrokerLink:
     # -- WatchBackend ----------------------------------------------------------------------------
     def send_arm(self, watch: VisibilityWatch) -> bool:
         self._watches[watch.id] = watch
-        self._ensure_running()
+        if self._task is None and not self._closed:
+            # The first stream is about to open: arms queue for it in order (if it fails to
+            # open, every watch becomes UNKNOWN as after any loss).
+            self._outbox = asyncio.Queue()
+            self._ensure_running()
         if self._outbox is None:
             return False
         self._outbox.put_nowait(_arm(watch))
@@ -71,16 +75,18 @@ class BrokerLink:
     async def _run(self) -> None:
         backoff = RECONNECT_START_S
         while not self._closed:
-            outbox: asyncio.Queue[pb.WatchRequest | None] = asyncio.Queue()
+            first = self._outbox  # the first stream's queued arms, if any
+            outbox: asyncio.Queue[pb.WatchRequest | None] = first or asyncio.Queue()
             call = self._stub().Watch(_drain(outbox))
             self._call = call
             # Up from here: arms queue behind the re-sent ones, in order, on this stream.
             self._outbox = outbox
             self.connects += 1
-            for watch in list(self._watches.values()):
-                if watch.pending:
-                    outbox.put_nowait(_arm(watch))
-                    watch.on_link_up()
+            if first is None:
+                for watch in list(self._watches.values()):
+                    if watch.pending:
+                        outbox.put_nowait(_arm(watch))
+                        watch.on_link_up()
             try:
                 async for event in call:
                     backoff = RECONNECT_START_S

@@ -148,7 +148,7 @@ class _Channel:
     def _rearm_watch(self) -> None:
         """A pop left the broker empty: the broker tells us when that changes."""
         if self.watch is not None:
-            self.watch.arm()
+            self.hub.watches.arm(self.watch)
 
     # -- the held notification ---------------------------------------------------------------
     def arm(self) -> None:
@@ -165,7 +165,12 @@ class _Channel:
                 await asyncio.sleep(pause)
             if self.watch is not None:
                 # Armed watch: wait for the broker's event (or a lost link); costs no calls.
-                await self.watch.wait()
+                held = self.hub.calls.metrics.held_notifications
+                held.inc()
+                try:
+                    await self.watch.wait()
+                finally:
+                    held.dec()
                 found = True
             else:
                 # Held until the latest subscriber's deadline; the last one to leave cancels it.
@@ -184,7 +189,9 @@ class NotificationHub:
 
     def __init__(self, calls: BrokerCalls, watches: WatchRegistry | None = None) -> None:
         self.calls = calls
-        self.watches = watches or WatchRegistry()
+        self.watches = watches or WatchRegistry(
+            on_arm=calls.metrics.broker_rpcs.labels("watch_arm").inc
+        )
         self._channels: dict[ChannelKey, _Channel] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 

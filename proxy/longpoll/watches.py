@@ -12,6 +12,7 @@ get no watch: ``may_have`` is always True for them and the hub falls back to not
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.types import PopRequest
@@ -31,8 +32,11 @@ def watch_key(pop: PopRequest) -> WatchKey:
 
 
 class WatchRegistry:
-    def __init__(self, linger_s: float = LINGER_S) -> None:
+    def __init__(
+        self, linger_s: float = LINGER_S, on_arm: Callable[[], None] | None = None
+    ) -> None:
         self.linger_s = linger_s
+        self._on_arm = on_arm  # counts arms sent (they cost the broker a level check)
         self._watches: dict[WatchId, VisibilityWatch] = {}
         self._used: dict[WatchId, float] = {}
         self._users: dict[WatchId, int] = {}
@@ -55,7 +59,7 @@ class WatchRegistry:
             if len(self._watches) >= MAX_WATCHES:
                 self.sweep(now, force=True)
             watch = self._watches[ident] = VisibilityWatch(ident[1], backend)
-            watch.arm()
+            self.arm(watch)
         self._used[ident] = now
         return watch
 
@@ -67,6 +71,12 @@ class WatchRegistry:
         """A pop left this broker empty for the group: re-arm its watch."""
         watch = self.get(port, pop)
         if watch is not None:
+            self.arm(watch)
+
+    def arm(self, watch: VisibilityWatch) -> None:
+        if not watch.pending and not watch.closed:
+            if self._on_arm is not None:
+                self._on_arm()
             watch.arm()
 
     def acquire(self, port: BrokerPort, pop: PopRequest) -> VisibilityWatch | None:
