@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from popmq.broker.api.errors import BrokerUnavailableError
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.types import PopRequest
 from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, remaining_ms
@@ -98,12 +99,18 @@ class NotifyStrategy(StrategyBase):
         candidates = [port for port in brokers if watches.may_have(port, request.pop)]
         if candidates:
             first = self.picker.pick(candidates, request.preferred_broker)
-            result = await self.calls.pop(first, replace(request.pop, poll_time_ms=0), custody)
-            if result.rest_num == 0:
-                watches.popped_empty(first, request.pop)  # re-arm: the broker tells us
-            if custody.count:
-                self.metrics.first_pop_hits.labels(self.label).inc()
-                return
+            try:
+                result = await self.calls.pop(first, replace(request.pop, poll_time_ms=0), custody)
+            except BrokerUnavailableError as exc:
+                # An UNKNOWN broker is often one whose link was just lost: the others still
+                # serve this long poll (its watch reports when the broker is back).
+                self.calls.note_error("pop", exc, first)
+            else:
+                if result.rest_num == 0:
+                    watches.popped_empty(first, request.pop)  # re-arm: the broker tells us
+                if custody.count:
+                    self.metrics.first_pop_hits.labels(self.label).inc()
+                    return
         if remaining_ms(deadline) == 0:
             return
         # 2. Notifications from every broker (shared through the hub); consume tasks as
