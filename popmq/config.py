@@ -162,6 +162,10 @@ class ProxyConfig(Section):
     max_batch: int = Field(32, ge=1)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
     handle_secret: str = "popmq-dev-secret"
+    # `popmq proxy --workers N`: N processes share the port through SO_REUSEPORT (the proxy is
+    # stateless), to use more than one core past the GIL. reuse_port is set on each worker.
+    workers: int = Field(1, ge=1, le=64)
+    reuse_port: bool = False
 
     @model_validator(mode="after")
     def _ordered(self) -> ProxyConfig:

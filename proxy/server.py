@@ -32,14 +32,15 @@ log = logging.getLogger(__name__)
 MESSAGING_SERVICE = "apache.rocketmq.v2.MessagingService"
 
 
-def grpc_options(max_body_bytes: int) -> list[tuple[str, int]]:
+def grpc_options(max_body_bytes: int, reuse_port: bool = False) -> list[tuple[str, int]]:
     # Room for a maximal body plus the rest of the request, so an oversize body reaches
     # validation (MESSAGE_BODY_TOO_LARGE) instead of failing in the transport.
     limit = max(2 * max_body_bytes + (1 << 20), 16 << 20)
     return [
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
-        ("grpc.so_reuseport", 0),
+        # Off unless workers share the port: a second proxy on a taken port must fail.
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
         # Notice clients that vanished without closing (their held receives are freed).
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
@@ -76,7 +77,7 @@ class ProxyServer:
 
     async def start(self) -> int:
         proxy = self.config.proxy
-        server = grpc.aio.server(options=grpc_options(proxy.max_body_bytes))
+        server = grpc.aio.server(options=grpc_options(proxy.max_body_bytes, proxy.reuse_port))
         service_pb2_grpc.add_MessagingServiceServicer_to_server(
             MessagingServicer(self.services), server
         )

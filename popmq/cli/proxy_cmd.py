@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 
 from popmq.cli.common import config_from_args
 from popmq.config import BrokerAddress
@@ -54,6 +55,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     proxy.add_argument(
         "--broker", action="append", metavar="NAME=HOST:PORT",
         help="a broker to front (repeat for each)",
+    )  # fmt: skip
+    proxy.add_argument(
+        "--workers", type=int, metavar="N",
+        help="run N proxy processes sharing the port (SO_REUSEPORT; default 1)",
     )  # fmt: skip
     proxy.set_defaults(func=run_proxy)
 
@@ -103,8 +108,13 @@ def run_proxy(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
         overrides["proxy.brokers"] = brokers
+    overrides["proxy.workers"] = args.workers
     config = config_from_args(args, overrides)
     _setup_logging()
+    if config.proxy.workers > 1:
+        from popmq.cli.workers import run_workers
+
+        return asyncio.run(run_workers(config, sys.argv[1:], _announce))
     from popmq.proxy.runtime import run_cluster_proxy
 
     asyncio.run(run_cluster_proxy(config, _announce))
