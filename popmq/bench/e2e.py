@@ -392,9 +392,10 @@ async def bench_e2e(
     channels: int = 4,
     strategy: str = "adaptive",
     modes: Sequence[str] = DEFAULT_MODES,
-    proxy_workers: int = 1,
+    proxy_workers: int | Sequence[int] = 1,
 ) -> dict[str, Any]:
     """Run each mode on fresh brokers; return the JSON-serialisable figures."""
+    workers = (proxy_workers,) if isinstance(proxy_workers, int) else tuple(proxy_workers)
     unknown = set(modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown modes {sorted(unknown)}: choose from {MODES}")
@@ -402,15 +403,20 @@ async def bench_e2e(
         "messages": messages, "body_bytes": body_bytes, "producers": producers,
         "consumers": consumers, "brokers": brokers, "queues": queues, "send_batch": send_batch,
         "receive_batch": receive_batch, "channels": channels, "strategy": strategy,
-        "proxy_workers": proxy_workers,
+        "proxy_workers": list(workers),
     }  # fmt: skip
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="popmq-bench-e2e-") as tmp:
         for mode in modes:
-            root = Path(tmp) / mode
-            root.mkdir()
             run = _run_direct if mode == "direct" else _run_proxy
-            results[mode] = await run({**params, "mode": mode}, root)
+            # cluster runs once per worker count: "cluster" (N=1), "cluster-w2", ...
+            counts = workers if mode == "cluster" else (1,)
+            for count in counts:
+                name = mode if count == 1 else f"{mode}-w{count}"
+                root = Path(tmp) / name
+                root.mkdir()
+                run_params = {**params, "mode": mode, "proxy_workers": count}
+                results[name] = await run(run_params, root)
     result: dict[str, Any] = {"params": params, "results": results}
     if "direct" in results and "proxy" in results:
         result["proxy_overhead"] = round(
@@ -426,6 +432,16 @@ async def bench_e2e(
         result["cluster_over_proxy"] = round(
             results["cluster"]["msgs_per_s"] / max(results["proxy"]["msgs_per_s"], 1), 2
         )
+    for name, figures in results.items():
+        if name.startswith("cluster-w") and "cluster" in results:
+            # --workers N against one worker: msg/s and server CPU per message.
+            base = results["cluster"]
+            result[f"{name}_over_cluster"] = {
+                "msgs_per_s": round(figures["msgs_per_s"] / max(base["msgs_per_s"], 1), 2),
+                "proxy_cpu_us_per_msg": round(
+                    figures["proxy_cpu_us_per_msg"] / max(base["proxy_cpu_us_per_msg"], 1), 2
+                ),
+            }
     if "floor" in results and "proxy" in results:
         result["proxy_over_floor"] = round(
             results["proxy"]["msgs_per_s"] / max(results["floor"]["msgs_per_s"], 1), 2
@@ -450,8 +466,9 @@ def format_table(result: dict[str, Any]) -> str:
                      str(r["latency_p50_ms"]), str(r["latency_p99_ms"]), str(r["receives"]),
                      str(r["empty_receives"]), str(r["cpu_s_load_generator"]),
                      str(r["cpu_s_server"]), str(r["server_cpu_us_per_msg"]),
-                     str(r["proxy_cpu_us_per_msg"]) if mode == "cluster" else "-",
-                     str(r["brokers_cpu_us_per_msg"]) if mode == "cluster" else "-"])  # fmt: skip
+                     str(r["proxy_cpu_us_per_msg"]) if mode.startswith("cluster") else "-",
+                     str(r["brokers_cpu_us_per_msg"]) if mode.startswith("cluster") else "-",
+                     ])  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for index, row in enumerate(rows):
         lines.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
@@ -465,6 +482,11 @@ def format_table(result: dict[str, Any]) -> str:
         lines += [f"proxy / floor msg/s: {result['proxy_over_floor']} (goal >= 0.8)"]
     if "cluster_over_proxy" in result:
         lines += [f"cluster / proxy msg/s: {result['cluster_over_proxy']} (goal >= 0.7)"]
+    for key, ratio in result.items():
+        if key.startswith("cluster-w") and key.endswith("_over_cluster"):
+            name = key.removesuffix("_over_cluster")
+            lines += [f"{name} / cluster: msg/s {ratio['msgs_per_s']}x, proxy CPU µs/msg "
+                      f"{ratio['proxy_cpu_us_per_msg']}x"]
     return "\n".join(lines)
 
 

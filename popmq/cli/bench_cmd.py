@@ -84,7 +84,7 @@ def _e2e(args: argparse.Namespace) -> int:
         "popmq.bench.e2e", "bench_e2e", "format_table", args.json,
         messages=args.messages, body_bytes=args.body_bytes, producers=args.producers,
         consumers=args.consumers, brokers=args.brokers, queues=args.queues,
-        strategy=args.strategy, modes=tuple(args.mode), proxy_workers=args.proxy_workers,
+        strategy=args.strategy, modes=tuple(args.mode), proxy_workers=tuple(args.proxy_workers),
     )  # fmt: skip
 
 
@@ -168,8 +168,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      choices=("direct", "proxy", "cluster", "floor"),
                      help="cluster: popmq proxy + popmq broker processes; floor: the same gRPC "
                           "load on a server that does no work")  # fmt: skip
-    e2e.add_argument("--proxy-workers", type=int, default=1,
-                     help="cluster mode: popmq proxy --workers N")  # fmt: skip
+    e2e.add_argument("--proxy-workers", type=int, nargs="+", default=[1],
+                     help="cluster mode: popmq proxy --workers N, one run per N")  # fmt: skip
     e2e.add_argument("--json", help="also write the figures to this file")
     e2e.set_defaults(func=_e2e)
 
