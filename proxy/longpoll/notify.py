@@ -23,6 +23,7 @@ passes it on when its pop leaves more behind, finds nothing, or is not needed.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -47,7 +48,9 @@ class _LongPoll:
     group: asyncio.TaskGroup
     consume: Callable[[_LongPoll], Coroutine[Any, Any, None]]  # the consume step
     # 3. The result queue: subscriptions whose broker reported a message to this long poll.
-    results: asyncio.Queue[Subscription] = field(default_factory=asyncio.Queue)
+    # A plain deque (only put/get without waiting), made on the first signal: most idle
+    # long polls never get one, and 10,000 of them should not carry 10,000 asyncio.Queues.
+    results: deque[Subscription] | None = None
     consume_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     found: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -68,7 +71,9 @@ class _LongPoll:
         except RuntimeError:  # the TaskGroup is shutting down: this long poll is ending
             consume.close()
             return False
-        self.results.put_nowait(sub)
+        if self.results is None:
+            self.results = deque()
+        self.results.append(sub)
         return True
 
 
@@ -139,10 +144,9 @@ class NotifyStrategy(StrategyBase):
     async def _consume_task(self, poll: _LongPoll) -> None:
         # 4. One consume task at a time per long poll.
         async with poll.consume_lock:
-            try:
-                sub = poll.results.get_nowait()
-            except asyncio.QueueEmpty:
+            if not poll.results:
                 return
+            sub = poll.results.popleft()
             if poll.found.is_set():
                 sub.pass_on()  # this long poll has its batch: the next subscriber pops
                 return
