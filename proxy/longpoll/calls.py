@@ -80,7 +80,15 @@ class BrokerCalls:
         self.metrics.broker_rpcs.labels("pop").inc()
         task = asyncio.create_task(port.pop(request), name=f"pop:{port.name}")
         task.add_done_callback(lambda done: self._into_custody(done, port, custody))
-        return await task
+        if request.poll_time_ms > 0:
+            return await task  # a held pop: cancelling it releases the broker's hold
+        # A pop without hold is not cancelled with its caller: over gRPC the broker may
+        # already have popped, and a cancelled call would drop its answer, leaving the
+        # messages invisible for the whole invisible time. It finishes in the background
+        # and its messages land in custody, which releases them once the long poll is over.
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return await asyncio.shield(task)
 
     @staticmethod
     def _into_custody(task: asyncio.Task[PopResult], port: BrokerPort, custody: Custody) -> None:
