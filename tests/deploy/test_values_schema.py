@@ -77,6 +77,7 @@ CHART_OWNED = {
     "broker.pop.time_scale",
     "proxy.host", "proxy.port", "proxy.advertise_host", "proxy.advertise_port",
     "proxy.metrics_port", "proxy.brokers", "proxy.handle_secret",
+    "proxy.reuse_port",  # set by `popmq proxy --workers N` on its workers, never by hand
     "serve",
 }  # fmt: skip
 
