@@ -47,6 +47,7 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_timeout_ms", 10_000),
 ]
 
+
 def open_broker_channel(address: str) -> grpc.aio.Channel:
     """The one place a proxy's channel to a broker is made (requests and the watch link)."""
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)

@@ -134,8 +134,10 @@ async def wait_visible(port: BrokerPort, key: WatchKey) -> None:
     once if it has one now). A refusal (unknown topic...) returns too, by raising it: the
     caller's pop will report it. A full hold table returns (a spurious event costs one pop;
     a missing one would cost a message)."""
-    request = NotifyRequest(group=key.group, topic=key.topic, queue_id=-1,
-                            poll_time_ms=BROKER_HOLD_MS, filter=key.filter, fifo=key.fifo)  # fmt: skip
+    request = NotifyRequest(
+        group=key.group, topic=key.topic, queue_id=-1, poll_time_ms=BROKER_HOLD_MS,
+        filter=key.filter, fifo=key.fifo,
+    )  # fmt: skip
     loop = asyncio.get_running_loop()
     while True:
         asked = loop.time()

@@ -485,8 +485,10 @@ def format_table(result: dict[str, Any]) -> str:
     for key, ratio in result.items():
         if key.startswith("cluster-w") and key.endswith("_over_cluster"):
             name = key.removesuffix("_over_cluster")
-            lines += [f"{name} / cluster: msg/s {ratio['msgs_per_s']}x, proxy CPU µs/msg "
-                      f"{ratio['proxy_cpu_us_per_msg']}x"]
+            lines += [
+                f"{name} / cluster: msg/s {ratio['msgs_per_s']}x, proxy CPU µs/msg "
+                f"{ratio['proxy_cpu_us_per_msg']}x"
+            ]
     return "\n".join(lines)
 
 

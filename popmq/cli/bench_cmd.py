@@ -218,7 +218,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     idle.add_argument("--duration", type=float, default=20.0, help="seconds measured each")
     idle.add_argument("--strategy", nargs="+", default=["pop", "notify", "adaptive"],
                       choices=("pop", "slices", "notify", "adaptive", "floor"),
-                      help="floor: a do-nothing grpc.aio server holding the same receives")  # fmt: skip
+                      help="floor: a do-nothing grpc.aio server, same receives")  # fmt: skip
     idle.add_argument("--await-ms", type=int, default=20_000, help="client awaitDuration")
     idle.add_argument("--channels", type=int, default=4, help="client gRPC connections")
     idle.add_argument("--ramp", type=float, help="seconds over which the polls start "
