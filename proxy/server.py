@@ -61,6 +61,7 @@ class ProxyServer:
         self.config = config
         self.metrics = metrics or ProxyMetrics()
         cluster = BrokerCluster(ports, auto_create_topics=config.broker.topics.auto_create)
+        self.metrics.watch_links(cluster.ports)
         self.services = ProxyServices(
             config=config,
             cluster=cluster,

@@ -42,7 +42,12 @@ class BrokerLink:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.connects = 0  # streams opened so far (a reconnect counts)
+        self.losses = 0  # streams that ended while the link was in use (metrics)
         self._call: Any = None
+
+    @property
+    def watches(self) -> int:
+        return len(self._watches)
 
     @property
     def up(self) -> bool:
@@ -106,6 +111,8 @@ class BrokerLink:
                     raise
                 log.warning("link to broker %s cut", self._name)  # break_stream()
             finally:
+                if not self._closed:
+                    self.losses += 1
                 self._outbox = None
                 self._call = None
                 outbox.put_nowait(None)

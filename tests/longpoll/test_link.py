@@ -19,7 +19,7 @@ from popmq.proxy.longpoll.notify import NotifyStrategy
 from popmq.proxy.metrics import ProxyMetrics
 from support.brokers import fast_broker_config, running_broker
 
-from .helpers import make_request, wait_until
+from .helpers import make_request, sample, wait_until
 
 TOPIC = "t"
 
@@ -70,6 +70,10 @@ async def test_a_cut_stream_loses_no_message(tmp_path: Path) -> None:
             got = await receive
         assert [m.message.body for m in got] == [b"during the cut"]
         await wait_until(lambda: link.connects >= 2, 5)  # re-subscribed on a new stream
+        metrics.watch_links(ports)
+        losses = "popmq_proxy_broker_link_losses_total"
+        assert sample(metrics, losses, broker="b1") == 1  # the loss is visible to operators
+        assert sample(metrics, losses, broker="b0") == 0
         await wait_until(lambda: _watch_state(strategy, ports[1]) is WatchState.ARMED, 5)
         await strategy.aclose()
 
