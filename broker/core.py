@@ -56,6 +56,7 @@ from popmq.broker.pop.names import check_group, check_topic, is_system_topic
 from popmq.broker.pop.revive import ReviveService
 from popmq.broker.pop.selection import RoundRobin, queue_for_group
 from popmq.broker.store import MessageStore, TopicMeta, now_ms
+from popmq.broker.store.damage import MetadataFallback, Quarantine
 from popmq.broker.timer import TimerService
 
 from popmq.config import BrokerConfig
@@ -157,7 +158,16 @@ class Broker:
 
     def _open_pop_state(self) -> None:
         self._groups.load()
-        journal = PopJournal(self._store.data_dir / "pop" / "journal.log")
+        journal_path = self._store.data_dir / "pop" / "journal.log"
+        if not journal_path.exists() and not self._store.was_new:
+            # Checkpoints of messages in flight are gone: they are delivered again early.
+            log.error("broker %s: the pop journal %s is missing; messages in flight may be "
+                      "delivered again before their invisible time ends", self.name,
+                      journal_path)  # fmt: skip
+            self._store.faults.metadata.append(
+                MetadataFallback("pop/journal.log", "reset", "missing")
+            )
+        journal = PopJournal(journal_path, Quarantine(self._store.data_dir))
         ledger = CheckpointLedger(
             journal,
             self._start_offset,
@@ -165,6 +175,8 @@ class Broker:
             first_id=self._clock() * 1000,
         )
         recovered = journal.load()
+        faults = self._store.faults
+        self._metrics.store_faults([*faults.damage, *journal.faults], faults.metadata)
         live = ledger.recover(recovered)
         ledger.flush_commits()
         journal.rewrite(ledger.journaled(self._durable_offset))

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, PopStatus
+from popmq.broker.store.damage import DamageEvent, MetadataFallback
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -94,6 +95,24 @@ class BrokerMetrics:
             ["broker", "kind"], registry=r,
         )  # fmt: skip
         self.polling_full = {kind: full.labels(broker, kind) for kind in HOLD_KINDS}
+        labels = ["broker", "file", "reason"]
+        self._quarantined_frames = Counter(
+            "popmq_broker_store_quarantined_frames",
+            "Records lost to damaged, missing or torn bytes found at startup, by file and "
+            "reason (torn_tail, damaged, missing, unreadable); the bytes are kept in "
+            "DATA/quarantine/", labels, registry=r,
+        )  # fmt: skip
+        self._quarantined_bytes = Counter(
+            "popmq_broker_store_quarantined_bytes",
+            "Damaged, missing or torn bytes found at startup, by file and reason", labels,
+            registry=r,
+        )  # fmt: skip
+        self._metadata_fallbacks = Counter(
+            "popmq_broker_store_metadata_fallbacks",
+            "Metadata files found missing or damaged at startup, by file and action "
+            "(previous_copy, rebuilt, full_scan, reset)", ["broker", "file", "action"],
+            registry=r,
+        )  # fmt: skip
         self.held_limit = Gauge(
             "popmq_broker_held_requests_limit", "broker.polling.max_held_total", b, registry=r
         ).labels(broker)
@@ -133,6 +152,16 @@ class BrokerMetrics:
         if count:
             self._spilled_child.inc(count)
 
+    def store_faults(self, damage: Iterable[DamageEvent],
+                     metadata: Iterable[MetadataFallback]) -> None:  # fmt: skip
+        """Count what recovery found damaged on disk (once per start)."""
+        for event in damage:
+            values = (self.broker, event.file, event.reason)
+            self._quarantined_frames.labels(*values).inc(event.frames_lost)
+            self._quarantined_bytes.labels(*values).inc(event.size)
+        for fallback in metadata:
+            self._metadata_fallbacks.labels(self.broker, fallback.file, fallback.action).inc()
+
     def watch(self, snapshot: Callable[[], BrokerSnapshot | None]) -> BrokerStateCollector:
         """Serve the broker's state, read by ``snapshot`` on the broker's loop (set the
         returned collector's ``loop`` when it runs), at each scrape."""
@@ -163,6 +192,7 @@ class BrokerSnapshot:
     dead_lettered: int
     timer_pending: int
     data_dir: Path
+    corrupt_reads: int = 0
     groups: list[GroupRow] = field(default_factory=list)
     groups_dropped: int = 0  # pairs past MAX_GROUP_SERIES
     dlq_stored: dict[str, int] = field(default_factory=dict)  # group -> messages in its DLQ
@@ -178,6 +208,7 @@ def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
         dead_lettered=revive.dead_lettered,
         timer_pending=broker.timer.pending,
         data_dir=broker.store.data_dir,
+        corrupt_reads=broker.store.corrupt_records_read,
     )
     pairs = sorted(_group_topics(broker))
     snap.groups_dropped = max(len(pairs) - MAX_GROUP_SERIES, 0)
@@ -269,6 +300,10 @@ class BrokerStateCollector(Collector):
         size, segments = commitlog_usage(snap.data_dir)
         yield _gauge("popmq_broker_commitlog_bytes", "Bytes of commitlog on disk", b, size)
         yield _gauge("popmq_broker_commitlog_segments", "Commitlog segment files", b, segments)
+        yield _counter("popmq_broker_store_corrupt_reads",
+                       "Damaged records found by reads (damage older than recovery's walk), "
+                       "each skipped, copied to DATA/quarantine/ and counted once; run popmq "
+                       "broker verify", b, snap.corrupt_reads)  # fmt: skip
         labels = ["broker", "group", "topic"]
         backlog = GaugeMetricFamily(
             "popmq_broker_group_backlog_messages",

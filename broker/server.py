@@ -23,8 +23,10 @@ from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.watch import WatchKey, wait_visible
 
+from popmq.config import BrokerConfig
 from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
+from popmq.security import link
 
 log = logging.getLogger(__name__)
 
@@ -286,8 +288,17 @@ class BrokerGrpcServer:
     port_number 0 picks a free port; ``bound_port`` tells which, once started.
     """
 
-    def __init__(self, port: BrokerPort, host: str = "127.0.0.1", port_number: int = 0) -> None:
+    def __init__(
+        self,
+        port: BrokerPort,
+        host: str = "127.0.0.1",
+        port_number: int = 0,
+        *,
+        config: BrokerConfig | None = None,
+    ) -> None:
         self._port = port
+        # TLS and the cluster token (popmq.security.link); None: plaintext, open (tests).
+        self._config = config
         self._host = host
         self._port_number = port_number
         self._server: grpc.aio.Server | None = None
@@ -308,12 +319,21 @@ class BrokerGrpcServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("BrokerGrpcServer already started")
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+        config = self._config
+        server = grpc.aio.server(
+            options=SERVER_OPTIONS,
+            interceptors=link.server_interceptors(config) if config else None,
+        )
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(self._port), server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         try:
-            bound = server.add_insecure_port(f"{self._host}:{self._port_number}")
+            address = f"{self._host}:{self._port_number}"
+            bound = (
+                link.add_port(server, address, config)
+                if config
+                else server.add_insecure_port(address)
+            )
         except RuntimeError as error:  # grpc reports a failed bind this way
             raise OSError(f"cannot listen on {self._host}:{self._port_number}: {error}") from None
         if bound == 0:

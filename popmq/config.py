@@ -102,14 +102,58 @@ class PollingConfig(Section):
     max_held_total: int = Field(100_000, ge=1)
 
 
+class TlsConfig(Section):
+    """Server-side TLS from PEM files; client_ca turns on client-certificate checks (mTLS)."""
+
+    cert: Path | None = None
+    key: Path | None = None
+    client_ca: Path | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsConfig:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("tls needs both cert and key")
+        if self.client_ca is not None and self.cert is None:
+            raise ValueError("tls.client_ca (mutual TLS) needs tls.cert and tls.key")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert is not None
+
+
+class BrokerLinkConfig(Section):
+    """How a proxy reaches its brokers: TLS (ca to verify them; cert/key for mutual TLS) and
+    the cluster token file (the same file the brokers read)."""
+
+    tls: bool = False
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    # Name to expect in the brokers' certificates when it differs from the address's host.
+    server_name: str | None = None
+    cluster_token_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> BrokerLinkConfig:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("broker_link needs both cert and key for mutual TLS")
+        return self
+
+
 class BrokerConfig(Section):
     name: str = "broker-a"
     host: str = "127.0.0.1"
     port: int = Field(10911, ge=0, le=65535)
     data_dir: Path = Path("./data/broker-a")
-    # Signs receipt handles so forged ones are rejected; every broker and proxy of one
-    # cluster must share it. Change it in production.
-    handle_secret: str = "popmq-dev-secret"
+    # Receipt handle keys (a JSON keyring, 0600). None: <data_dir>/handle-keys.json, made with
+    # a random key on first start. Point it at a mounted Secret to supply the keys yourself.
+    handle_keys_file: Path | None = None
+    # TLS on the broker port; with tls.client_ca only proxies holding a client certificate
+    # from that CA get in (mutual TLS).
+    tls: TlsConfig = Field(default_factory=TlsConfig)
+    # A file holding the shared cluster token proxies must present (x-popmq-cluster-token).
+    cluster_token_file: Path | None = None
     # Serve Prometheus /metrics on this port of `host` (None: not at all; 0: any free port).
     # `popmq serve` ignores it: embedded brokers' metrics are on the proxy's endpoint.
     metrics_port: int | None = Field(None, ge=0, le=65535)
@@ -161,11 +205,22 @@ class ProxyConfig(Section):
     default_invisible_ms: int = Field(60_000, ge=1)
     max_batch: int = Field(32, ge=1)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
-    handle_secret: str = "popmq-dev-secret"
     # `popmq proxy --workers N`: N processes share the port through SO_REUSEPORT (the proxy is
     # stateless), to use more than one core past the GIL. reuse_port is set on each worker.
     workers: int = Field(1, ge=1, le=64)
     reuse_port: bool = False
+
+    # Identity and access (docs/security.md). acl: the users file; None = open (development).
+    acl: Path | None = None
+    # How far a request's x-mq-date-time may be from now (UTC, or this server's local time).
+    auth_clock_skew_ms: int = Field(15 * 60_000, ge=1_000, le=3_600_000)
+    # Also accept any zone offset UTC-12..UTC+14 (Python clients in another zone sign with
+    # their local time): a wider replay window, see docs/security.md.
+    auth_any_timezone: bool = False
+    tls: TlsConfig = Field(default_factory=TlsConfig)
+    # The admin API on its own listener (same host and TLS); None = on the client port.
+    admin_port: int | None = Field(None, ge=0, le=65535)
+    broker_link: BrokerLinkConfig = Field(default_factory=BrokerLinkConfig)
 
     @model_validator(mode="after")
     def _ordered(self) -> ProxyConfig:

@@ -57,7 +57,8 @@ def remote_brokers(config: PopmqConfig) -> list[BrokerPort]:
 
     if not config.proxy.brokers:
         raise SystemExit("popmq proxy needs at least one --broker NAME=HOST:PORT")
-    return [RemoteBrokerPort(b.name, b.address) for b in config.proxy.brokers]
+    link = config.proxy.broker_link
+    return [RemoteBrokerPort(b.name, b.address, link=link) for b in config.proxy.brokers]
 
 
 def embedded_registries(ports: list[BrokerPort]) -> list[CollectorRegistry]:
@@ -87,6 +88,8 @@ async def serve_proxy(
                 log.info("metrics on http://%s:%d/metrics", proxy.host, http.server_port)
                 announce(f"popmq metrics on {proxy.host}:{http.server_port}")
             announce(f"popmq proxy listening on {proxy.host}:{server.port}")
+            if server.admin_port is not None:
+                announce(f"popmq admin listening on {proxy.host}:{server.admin_port}")
             await stop.wait()
             log.info("stopping proxy")
         finally:

@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from popmq.broker.api.port import BrokerPort
 from popmq.proxy.cluster import BrokerCluster
+from popmq.proxy.grpc.access import access_guard
 from popmq.proxy.grpc.servicer import MessagingServicer
 from popmq.proxy.longpoll import make_strategy
 from popmq.proxy.longpoll.base import LongPollStrategy
@@ -26,6 +27,7 @@ from popmq.proxy.services import ProxyServices
 
 from popmq.config import PopmqConfig
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
+from popmq.security.tls import server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,20 @@ def grpc_options(max_body_bytes: int, reuse_port: bool = False) -> list[tuple[st
     ]
 
 
+def _bind(
+    server: grpc.aio.Server, host: str, port: int, credentials: grpc.ServerCredentials | None
+) -> int:
+    address = f"{host}:{port}"
+    bound = (
+        server.add_insecure_port(address)
+        if credentials is None
+        else server.add_secure_port(address, credentials)
+    )
+    if bound == 0:
+        raise OSError(f"cannot bind to {address}")
+    return bound
+
+
 class ProxyServer:
     def __init__(
         self,
@@ -69,8 +85,10 @@ class ProxyServer:
             metrics=self.metrics,
         )
         self._server: grpc.aio.Server | None = None
+        self._admin_server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self.port = 0
+        self.admin_port: int | None = None  # bound port of the admin listener, if separate
 
     @property
     def address(self) -> str:
@@ -78,24 +96,43 @@ class ProxyServer:
 
     async def start(self) -> int:
         proxy = self.config.proxy
-        server = grpc.aio.server(options=grpc_options(proxy.max_body_bytes, proxy.reuse_port))
+        # Authentication and permissions (None: open, logged as such) and TLS, both ports.
+        guard = access_guard(proxy, self.metrics)
+        interceptors = [guard] if guard is not None else None
+        credentials = server_credentials(proxy.tls.cert, proxy.tls.key, proxy.tls.client_ca)
+        options = grpc_options(proxy.max_body_bytes, proxy.reuse_port)
+        server = grpc.aio.server(options=options, interceptors=interceptors)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(
             MessagingServicer(self.services), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        self._add_admin(server)
-        self.port = server.add_insecure_port(f"{proxy.host}:{proxy.port}")
-        if self.port == 0:
-            raise OSError(f"cannot bind the proxy to {proxy.host}:{proxy.port}")
+        if proxy.admin_port is None:
+            self._add_admin(server)
+        self.port = _bind(server, proxy.host, proxy.port, credentials)
         self.services.advertised_host = (
             "127.0.0.1" if proxy.host in ("0.0.0.0", "::", "") else proxy.host
         )
         self.services.advertised_port = self.port
+        if proxy.admin_port is not None:
+            admin = grpc.aio.server(
+                interceptors=[guard.for_another_server()] if guard is not None else None
+            )
+            self._add_admin(admin)
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, admin)
+            self.admin_port = _bind(admin, proxy.host, proxy.admin_port, credentials)
+            await admin.start()
+            self._admin_server = admin
+            log.info("admin API listening on %s:%d", proxy.host, self.admin_port)
         await server.start()
         for name in ("", MESSAGING_SERVICE):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
-        log.info("proxy listening on %s:%d", proxy.host, self.port)
+        log.info(
+            "proxy listening on %s:%d (%s)",
+            proxy.host,
+            self.port,
+            "TLS" if credentials else "plaintext",
+        )
         return self.port
 
     def _add_admin(self, server: grpc.aio.Server) -> None:
@@ -115,6 +152,9 @@ class ProxyServer:
         self.services.strategy.drain()
         await self._server.stop(grace_s)
         self._server = None
+        if self._admin_server is not None:
+            await self._admin_server.stop(grace_s)
+            self._admin_server = None
         await self.services.tasks.close()
         await self.services.strategy.aclose()
         await self.services.cluster.close()

@@ -32,8 +32,10 @@ from popmq.broker.api.types import (
     TopicInfo,
 )
 
+from popmq.config import BrokerLinkConfig
 from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
+from popmq.security.link import broker_channel
 
 R = TypeVar("R")
 
@@ -46,11 +48,6 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
 ]
-
-
-def open_broker_channel(address: str) -> grpc.aio.Channel:
-    """The one place a proxy's channel to a broker is made (requests and the watch link)."""
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
 # Codes meaning "the call never got an answer from the broker".
@@ -68,14 +65,22 @@ _UNREACHABLE = frozenset(
 class RemoteBrokerPort:
     """BrokerPort over a grpc.aio channel to one broker's BrokerGrpcServer."""
 
-    def __init__(self, name: str, address: str, *, rpc_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        address: str,
+        *,
+        rpc_timeout_s: float = 10.0,
+        link: BrokerLinkConfig | None = None,
+    ) -> None:
         self._name = name
+        self._link = link  # TLS and cluster token (popmq.security.link); None: plaintext
         self._address = address
         self._rpc_timeout_s = rpc_timeout_s
         # Made on first use: grpc.aio objects belong to the event loop that creates them.
         self._channel: grpc.aio.Channel | None = None
         self._stub: broker_pb2_grpc.BrokerServiceStub | None = None
-        self._link: BrokerLink | None = None
+        self._watch_link: BrokerLink | None = None
 
     @property
     def name(self) -> str:
@@ -92,16 +97,16 @@ class RemoteBrokerPort:
 
     def _get_stub(self) -> broker_pb2_grpc.BrokerServiceStub:
         if self._stub is None:
-            self._channel = open_broker_channel(self._address)
+            self._channel = broker_channel(self._address, CHANNEL_OPTIONS, self._link)
             self._stub = broker_pb2_grpc.BrokerServiceStub(self._channel)
         return self._stub
 
     @property
     def watch_backend(self) -> BrokerLink:
         """The link carrying this proxy's visibility watches on this broker (one stream)."""
-        if self._link is None:
-            self._link = BrokerLink(self._name, self._get_stub)
-        return self._link
+        if self._watch_link is None:
+            self._watch_link = BrokerLink(self._name, self._get_stub)
+        return self._watch_link
 
     def _deadline(self, poll_time_ms: int = 0) -> float:
         return self._rpc_timeout_s + max(poll_time_ms, 0) / 1000
@@ -260,7 +265,7 @@ class RemoteBrokerPort:
         return [convert.group_stats_from_proto(s) for s in response.stats]
 
     async def close(self) -> None:
-        link, self._link = self._link, None
+        link, self._watch_link = self._watch_link, None
         if link is not None:
             await link.aclose()
         channel, self._channel, self._stub = self._channel, None, None

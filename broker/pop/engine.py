@@ -34,6 +34,7 @@ from popmq.broker.api.types import (
 from popmq.broker.pop.checkpoint import Checkpoint, EntryState
 from popmq.broker.pop.groups import GroupRegistry
 from popmq.broker.pop.handle import HandleCodec, ReceiptHandle, group_hash
+from popmq.broker.pop.handle_keys import HandleKeyring
 from popmq.broker.pop.hold import HoldKey, HoldOutcome, HoldTable
 from popmq.broker.pop.journal import PopJournal
 from popmq.broker.pop.ledger import CheckpointLedger
@@ -63,6 +64,7 @@ class PopEngine:
         groups: GroupRegistry,
         clock: Callable[[], int],
         rng: random.Random | None = None,
+        keyring: HandleKeyring | None = None,
     ) -> None:
         self._name = name
         self._config = config
@@ -73,7 +75,8 @@ class PopEngine:
         self._groups = groups
         self._clock = clock
         self._rng = rng or random.Random()
-        self._codec = HandleCodec(config.handle_secret)
+        # This broker's own handle keys (made in its data dir on first start).
+        self._codec = HandleCodec(keyring or HandleKeyring.open(config))
         self.locks = QueueLocks()
 
     # -- validation -----------------------------------------------------------------------
@@ -309,24 +312,29 @@ class PopEngine:
             raise _invalid(f"the handle is for topic {handle.topic!r}, not {topic!r}")
         ck = self._ledger.find(handle.checkpoint_id)
         index = handle.index
+        # Decisions use the checkpoint's own state (deadline, pop time, offsets), never what
+        # the handle claims: the handle only names an entry.
         if (
             ck is None
+            or ck.group != group
             or ck.pop_time_ms != handle.pop_time_ms
             or ck.topic != handle.topic
             or ck.queue_id != handle.queue_id
             or index >= len(ck.offsets)
             or ck.offsets[index] != handle.offset
         ):
+            # Only the wording: a refusal either way (the handle is authentic, so its deadline
+            # tells an expired entry from an unknown one).
             if now >= handle.invisible_until_ms:
-                raise _expired(handle)
+                raise _expired(handle.invisible_until_ms)
             raise _invalid("unknown checkpoint (finished long ago, or lost in a broker restart)")
         state = ck.states[index]
         if state == EntryState.SUPERSEDED:
             raise _invalid("superseded by change_invisible_time: use the newest handle")
         if state == EntryState.ACKED:
             return handle, ck, index
-        if state != EntryState.PENDING or now >= handle.invisible_until_ms:
-            raise _expired(handle)
+        if state != EntryState.PENDING or now >= ck.invisible_until_ms:
+            raise _expired(ck.invisible_until_ms)
         return handle, ck, index
 
     # -- ack ------------------------------------------------------------------------------
@@ -468,9 +476,9 @@ def _invalid(reason: str) -> BrokerError:
     return BrokerError(Code.INVALID_RECEIPT_HANDLE, f"invalid receipt handle: {reason}")
 
 
-def _expired(handle: ReceiptHandle) -> BrokerError:
+def _expired(visible_at_ms: int) -> BrokerError:
     return BrokerError(
         Code.INVALID_RECEIPT_HANDLE,
         f"receipt handle expired: the message became visible again at "
-        f"{handle.invisible_until_ms} ms (it is or will be redelivered)",
+        f"{visible_at_ms} ms (it is or will be redelivered)",
     )

@@ -1,31 +1,37 @@
-"""Receipt handles: self-contained, signed locators of one popped message.
+"""Receipt handles: sealed locators of one popped message, opened only by the broker that
+issued them.
 
-A handle is ``<payload>.<signature>``, both base64url without padding. The payload is the text
-``version~group hash~topic~queue~offset~pop time~invisible until~checkpoint id~index~broker``
-(the topic popped may be the retry topic; the broker name comes last so it may hold any
-character); the signature is a truncated HMAC-SHA256 of the payload under the cluster's
-``handle_secret``. Any proxy can therefore route an ack to the right broker
-(``peek_broker_name`` needs no secret), and a broker rejects handles it did not sign.
+A handle is ``2.<broker>.<key id>.<sealed>`` (broker and sealed part base64url without
+padding). The sealed part is a random 12-byte nonce and the AES-256-GCM encryption of
+``group hash~topic~queue~offset~pop time~invisible until~checkpoint id~index`` under the
+broker's handle key ``key id`` (broker/pop/handle_keys.py); the clear prefix
+``2.<broker>.<key id>`` is authenticated as associated data. So a handle reveals no offsets, cannot
+be altered or made up without the key, and any proxy can still route an ack by the clear broker
+name (``peek_broker_name`` needs no key). No key is ever shared between brokers.
+
+The broker still decides with its own checkpoint state (engine ``_resolve``): a handle only
+says which checkpoint entry it names.
 """
 
 from __future__ import annotations
 
 import binascii
 import hashlib
-import hmac
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 
+from cryptography.exceptions import InvalidTag
 from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.pop.handle_keys import HandleKeyring
 
-HANDLE_VERSION = 1
+HANDLE_VERSION = 2
 _VERSION_TEXT = str(HANDLE_VERSION)
-_SIGNATURE_BYTES = 16
-_FIELDS = 10
+_NONCE_BYTES = 12
+_FIELDS = 8
 _SEP = "~"
 _TO_URL = bytes.maketrans(b"+/", b"-_")
 _FROM_URL = bytes.maketrans(b"-_", b"+/")
-_hmac_digest = hmac.digest
 
 
 @lru_cache(maxsize=4096)
@@ -60,21 +66,23 @@ def _malformed(detail: str) -> BrokerError:
     return BrokerError(Code.INVALID_RECEIPT_HANDLE, f"malformed receipt handle: {detail}")
 
 
+@lru_cache(maxsize=256)
+def _prefix(broker: str, key_id: str) -> str:
+    return f"{_VERSION_TEXT}.{_b64encode(broker.encode())}.{key_id}"
+
+
 class HandleCodec:
-    """Signs and verifies handles with one secret."""
+    """Seals and opens handles with one broker's keyring."""
 
-    def __init__(self, secret: str) -> None:
-        self._key = secret.encode()
-
-    def _sign(self, payload: bytes) -> bytes:
-        return _hmac_digest(self._key, payload, "sha256")[:_SIGNATURE_BYTES]
+    def __init__(self, keyring: HandleKeyring) -> None:
+        self.keyring = keyring
 
     def encode(self, h: ReceiptHandle) -> str:
-        payload = (
-            f"{HANDLE_VERSION}~{h.group_hash}~{h.topic}~{h.queue_id}~{h.offset}~{h.pop_time_ms}"
-            f"~{h.invisible_until_ms}~{h.checkpoint_id}~{h.index}~{h.broker}"
-        ).encode()
-        return f"{_b64encode(payload)}.{_b64encode(self._sign(payload))}"
+        plain = (
+            f"{h.group_hash}~{h.topic}~{h.queue_id}~{h.offset}~{h.pop_time_ms}"
+            f"~{h.invisible_until_ms}~{h.checkpoint_id}~{h.index}"
+        )
+        return self._seal(h.broker, [plain])[0]
 
     def encode_batch(
         self,
@@ -87,70 +95,74 @@ class HandleCodec:
         invisible_until_ms: int,
         checkpoint_id: int,
     ) -> list[str]:
-        """Handles of a whole checkpoint at once (same bytes as ``encode`` per message)."""
-        head = f"{HANDLE_VERSION}~{group_hash}~{topic}~{queue_id}~"
+        """Handles of a whole checkpoint at once (same form as ``encode`` per message)."""
+        head = f"{group_hash}~{topic}~{queue_id}~"
         tail = f"~{pop_time_ms}~{invisible_until_ms}~{checkpoint_id}~"
-        handles = []
-        for index, offset in enumerate(offsets):
-            payload = f"{head}{offset}{tail}{index}~{broker}".encode()
-            handles.append(f"{_b64encode(payload)}.{_b64encode(self._sign(payload))}")
-        return handles
+        return self._seal(
+            broker, [f"{head}{offset}{tail}{index}" for index, offset in enumerate(offsets)]
+        )
+
+    def _seal(self, broker: str, plains: list[str]) -> list[str]:
+        key_id, cipher = self.keyring.active()
+        prefix = _prefix(broker, key_id)
+        aad = prefix.encode()
+        nonces = os.urandom(_NONCE_BYTES * len(plains))
+        out = []
+        for i, plain in enumerate(plains):
+            nonce = nonces[i * _NONCE_BYTES : (i + 1) * _NONCE_BYTES]
+            sealed = nonce + cipher.encrypt(nonce, plain.encode(), aad)
+            out.append(f"{prefix}.{_b64encode(sealed)}")
+        return out
 
     def decode(self, text: str) -> ReceiptHandle:
-        """The verified handle; INVALID_RECEIPT_HANDLE when malformed or not signed by us."""
-        encoded, signature = _split(text)
-        payload, handle = _parse(encoded)
-        try:
-            given = _b64decode(signature)
-        except (binascii.Error, ValueError):
-            raise _malformed("bad signature encoding") from None
-        if not hmac.compare_digest(given, self._sign(payload)):
+        """The opened handle; INVALID_RECEIPT_HANDLE when malformed, altered, made up, sealed
+        by another broker or with a retired key."""
+        broker, key_id, sealed = _split(text)
+        cipher = self.keyring.cipher(key_id)
+        if cipher is None:
             raise BrokerError(
                 Code.INVALID_RECEIPT_HANDLE,
-                "receipt handle signature does not match (forged, altered or from another cluster)",
+                "receipt handle key unknown here (another broker's handle, or a retired key)",
             )
-        return handle
-
-
-def _split(text: str) -> tuple[str, str]:
-    if not isinstance(text, str) or text.count(".") != 1:
-        raise _malformed("expected <payload>.<signature>")
-    payload, signature = text.split(".")
-    if not payload or not signature:
-        raise _malformed("empty part")
-    return payload, signature
-
-
-def _parse(encoded: str) -> tuple[bytes, ReceiptHandle]:
-    try:
-        payload = _b64decode(encoded)
-        fields = payload.decode().split(_SEP, _FIELDS - 1)
-    except (binascii.Error, ValueError):
-        raise _malformed("payload is not base64url text") from None
-    if len(fields) != _FIELDS:
-        raise _malformed("wrong field count")
-    if fields[0] != _VERSION_TEXT:
-        raise _malformed(f"unknown version {fields[0][:8]!r}")
-    _, ghash, topic, queue, offset, pop, until, ck, index, broker = fields
-    try:
-        handle = ReceiptHandle(
+        try:
+            raw = _b64decode(sealed)
+        except (binascii.Error, ValueError):
+            raise _malformed("bad sealed part encoding") from None
+        if len(raw) <= _NONCE_BYTES:
+            raise _malformed("sealed part too short")
+        aad = text[: text.rindex(".")].encode()
+        try:
+            plain = cipher.decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], aad)
+        except InvalidTag:
+            raise BrokerError(
+                Code.INVALID_RECEIPT_HANDLE,
+                "receipt handle does not open (forged, altered, or from another broker)",
+            ) from None
+        fields = plain.decode().split(_SEP)
+        if len(fields) != _FIELDS:
+            raise _malformed("wrong field count")
+        ghash, topic, queue, offset, pop, until, ck, index = fields
+        return ReceiptHandle(
             broker, ghash, topic, int(queue), int(offset), int(pop), int(until), int(ck), int(index)
         )
-    except ValueError:
-        raise _malformed("a numeric field is not a number") from None
-    return payload, handle
+
+
+def _split(text: str) -> tuple[str, str, str]:
+    if not isinstance(text, str) or text.count(".") != 3:
+        raise _malformed("expected 2.<broker>.<key id>.<sealed>")
+    version, broker, key_id, sealed = text.split(".")
+    if version != _VERSION_TEXT:
+        raise _malformed(f"unknown version {version[:8]!r}")
+    if not broker or not key_id or not sealed:
+        raise _malformed("empty part")
+    try:
+        name = _b64decode(broker).decode()
+    except (binascii.Error, ValueError):
+        raise _malformed("bad broker name encoding") from None
+    return name, key_id, sealed
 
 
 def peek_broker_name(handle: str) -> str:
-    """The broker a handle belongs to, read without verifying it (for routing only: the
-    broker checks the rest, so the numeric fields are not parsed here)."""
-    encoded, _ = _split(handle)
-    try:
-        fields = _b64decode(encoded).decode().split(_SEP, _FIELDS - 1)
-    except (binascii.Error, ValueError):
-        raise _malformed("payload is not base64url text") from None
-    if len(fields) != _FIELDS:
-        raise _malformed("wrong field count")
-    if fields[0] != _VERSION_TEXT:
-        raise _malformed(f"unknown version {fields[0][:8]!r}")
-    return fields[-1]
+    """The broker a handle belongs to, read without a key (for routing only: the broker
+    opens and checks the rest)."""
+    return _split(handle)[0]

@@ -15,8 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from popmq.broker.store.damage import DAMAGED, MISSING, TORN_TAIL
 from popmq.broker.store.files import HandleCache
-from popmq.broker.store.framing import HEADER_SIZE, check_frame, fsync_dir, iter_frames
+from popmq.broker.store.framing import (
+    HEADER_SIZE,
+    Resync,
+    check_frame,
+    fsync_dir,
+    walk_frames,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,42 +89,73 @@ class CommitLog:
         index = bisect.bisect_right(self._starts, position) - 1
         return self._segments[max(index, 0)].start
 
-    def recover_tail(self, scan_from: int, on_record: Callable[[int, memoryview], None]) -> int:
+    def recover_tail(
+        self,
+        scan_from: int,
+        on_record: Callable[[int, memoryview], None],
+        on_damage: Callable[[int, int, str, bytes], None],
+        durable: int,
+        resync: Resync,
+    ) -> int:
         """Walk every frame from ``scan_from`` (a segment start) to the end, calling
-        ``on_record(position, payload)``; cut the log at the first torn or corrupt frame and
-        drop any segment after it. Returns the number of bytes cut."""
+        ``on_record(position, payload)`` for each valid frame and ``on_damage(start, end,
+        reason, data)`` for each damaged run of bytes, then resyncing at the next valid frame
+        (found by ``resync``), so damage inside the log never hides what follows it.
+
+        Only the end of the last segment is cut: the bytes after its last valid frame (a torn
+        tail when they lie at or past ``durable``, the last position known to be fsynced;
+        damage otherwise); they are handed to ``on_damage`` first, so they can be kept.
+        Damage elsewhere stays in place (every walk skips it). A segment that ends before the
+        next one starts, or a log that ends before ``durable``, is reported as missing bytes.
+        Returns the number of bytes cut."""
         cut = 0
+        original_end = self.write_position
         index = max(bisect.bisect_right(self._starts, scan_from) - 1, 0)
         while index < len(self._segments):
             seg = self._segments[index]
+            last = index + 1 == len(self._segments)
             data = self._read_segment(seg)
-            end = 0
-            for offset, payload in iter_frames(memoryview(data)):
-                on_record(seg.start + offset, payload)
-                end = offset + HEADER_SIZE + len(payload)
-            next_start = (
-                self._segments[index + 1].start if index + 1 < len(self._segments) else None
-            )
-            if end < seg.size or (next_start is not None and next_start != seg.start + end):
-                cut += seg.size - end
-                log.warning("commitlog: torn or corrupt data at %d; cutting the log there",
-                            seg.start + end)  # fmt: skip
-                self._truncate_segment(seg, end)
-                cut += self._drop_segments_after(index)
-                break
+            for offset, end, payload in walk_frames(data, 0, resync.prefix, resync.accept):
+                if payload is not None:
+                    on_record(seg.start + offset, payload)
+                    continue
+                start = seg.start + offset
+                if last and end == seg.size:
+                    reason = TORN_TAIL if start >= durable else DAMAGED
+                    on_damage(start, seg.start + end, reason, bytes(data[offset:end]))
+                    self._truncate_segment(seg, offset)
+                    cut += end - offset
+                else:
+                    on_damage(start, seg.start + end, DAMAGED, bytes(data[offset:end]))
+            if not last and seg.end < self._segments[index + 1].start:
+                on_damage(seg.end, self._segments[index + 1].start, MISSING, b"")
             index += 1
+        if original_end < durable:
+            on_damage(original_end, durable, MISSING, b"")
         self.durable_position = self.write_position
         return cut
 
-    def scan(self, start: int, on_record: Callable[[int, memoryview], None]) -> None:
-        """Call ``on_record`` for every frame at or after ``start`` (recovered log only)."""
+    def scan(
+        self,
+        start: int,
+        on_record: Callable[[int, memoryview], None],
+        on_damage: Callable[[int, int, str, bytes], None],
+        resync: Resync,
+    ) -> None:
+        """Call ``on_record`` for every frame at or after ``start`` and ``on_damage`` for every
+        damaged run (resyncing past it), changing nothing."""
         for seg in self._segments:
             if seg.end <= start:
                 continue
             data = self._read_segment(seg)
-            for offset, payload in iter_frames(memoryview(data)):
-                if seg.start + offset >= start:
+            for offset, end, payload in walk_frames(data, 0, resync.prefix, resync.accept):
+                if seg.start + offset < start:
+                    continue
+                if payload is not None:
                     on_record(seg.start + offset, payload)
+                else:
+                    on_damage(seg.start + offset, seg.start + end, DAMAGED,
+                              bytes(data[offset:end]))  # fmt: skip
 
     def _read_segment(self, seg: Segment) -> bytes:
         return os.pread(self._fd_for(seg), seg.size, 0) if seg.size else b""
@@ -127,23 +165,6 @@ class CommitLog:
         os.ftruncate(fd, size)
         os.fsync(fd)
         seg.size = size
-
-    def _drop_segments_after(self, index: int) -> int:
-        dropped = 0
-        while len(self._segments) > index + 1:
-            seg = self._segments.pop()
-            dropped += seg.size
-            if self._active_fd >= 0:
-                os.close(self._active_fd)
-                self._active_fd = -1
-            self._handles.discard(seg.path)
-            seg.path.unlink()
-        self._starts = [seg.start for seg in self._segments]
-        if self._active_fd < 0:
-            self._handles.discard(self._segments[-1].path)
-            self._active_fd = os.open(self._segments[-1].path, os.O_RDWR)
-        fsync_dir(self._dir)
-        return dropped
 
     # -- positions ---------------------------------------------------------------------------
     @property
@@ -220,7 +241,15 @@ class CommitLog:
             seg = self._segment_at(position)
             take = min(size, seg.end - position)
             if take <= 0:
-                raise ValueError(f"read past the end of the commitlog at {position}")
+                index = bisect.bisect_right(self._starts, position)
+                if index >= len(self._segments):
+                    raise ValueError(f"read past the end of the commitlog at {position}")
+                # Bytes a segment lost (recovery reported them): zeros, never a record.
+                gap = min(size, self._segments[index].start - position)
+                parts.append(bytes(gap))
+                position += gap
+                size -= gap
+                continue
             parts.append(os.pread(self._fd_for(seg), take, position - seg.start))
             position += take
             size -= take

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 FRAME_HEADER = struct.Struct("<II")
@@ -67,6 +68,71 @@ def iter_frames(data: bytes | memoryview, start: int = 0) -> Iterator[tuple[int,
         offset = body_end
 
 
+@dataclass(slots=True, frozen=True)
+class Resync:
+    """How to recognise a real frame when searching past damage: the first byte(s) every
+    payload of the file starts with, and a check of the payload beyond its CRC."""
+
+    prefix: bytes = b""
+    accept: Callable[[memoryview], bool] | None = None
+
+
+def next_valid_frame(
+    data: bytes | memoryview,
+    start: int,
+    payload_prefix: bytes = b"",
+    accept: Callable[[memoryview], bool] | None = None,
+) -> int:
+    """Offset of the first valid frame at or after ``start`` (resync past damage), or -1.
+
+    A candidate must have a sane length and a matching CRC-32 (a false match in damaged bytes
+    is a 1 in 2**32 chance); ``payload_prefix`` (the first byte(s) every payload of this file
+    starts with) lets the search jump between candidates in C instead of trying every byte,
+    and ``accept`` may check the payload further (e.g. that a record header decodes)."""
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    raw = view.obj if isinstance(view.obj, bytes) and len(view.obj) == len(view) else bytes(view)
+    end = len(raw)
+    offset = start
+    while offset + HEADER_SIZE < end:
+        if payload_prefix:
+            found = raw.find(payload_prefix, offset + HEADER_SIZE)
+            if found < 0:
+                return -1
+            offset = found - HEADER_SIZE
+        size = check_frame(raw, offset)
+        if size > 0 and (accept is None or accept(view[offset + HEADER_SIZE :][:size])):
+            return offset
+        offset += 1
+    return -1
+
+
+def walk_frames(
+    data: bytes | memoryview,
+    start: int = 0,
+    payload_prefix: bytes = b"",
+    accept: Callable[[memoryview], bool] | None = None,
+) -> Iterator[tuple[int, int, memoryview | None]]:
+    """Every frame from ``start``, resyncing past damage: yields ``(offset, end, payload)``
+    for a valid frame and ``(offset, end, None)`` for a damaged run of bytes (up to the next
+    valid frame, or the end of the data when none follows)."""
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    offset = start
+    end = len(view)
+    while offset < end:
+        last = offset
+        for frame_offset, payload in iter_frames(view, offset):
+            if accept is not None and not accept(payload):
+                break
+            last = frame_offset + HEADER_SIZE + len(payload)
+            yield frame_offset, last, payload
+        if last >= end:
+            return
+        resync = next_valid_frame(view, last + 1, payload_prefix, accept)
+        stop = end if resync < 0 else resync
+        yield last, stop, None
+        offset = stop
+
+
 def valid_end(data: bytes | memoryview, start: int = 0) -> int:
     """Offset just past the last valid frame that follows ``start``."""
     end = start
@@ -84,23 +150,45 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@dataclass(slots=True)
+class DamagedRun:
+    """Bytes of a FramedLog that are not valid frames: ``tail`` when nothing valid follows
+    (cut at open, after the owner was told), else skipped in place by every read."""
+
+    start: int
+    end: int
+    tail: bool
+    data: bytes
+
+
 class FramedLog:
     """One append-only file of frames (e.g. a journal).
 
-    Opening truncates a torn or corrupt tail. ``append`` buffers in memory and returns the
+    Opening walks the file: a damaged run of bytes followed by valid frames is left in place
+    and skipped by every read (resyncing at the next valid frame, see ``Resync``); a damaged
+    tail is cut. Both are listed in ``damage`` (with their bytes) so the owner can report and
+    quarantine them; nothing is dropped silently. ``append`` buffers in memory and returns the
     frame's position; ``flush`` hands the buffer to the OS and, with ``fsync=True``, waits for
     the disk. Not thread-safe, except ``sync()``, which only fsyncs what was already flushed and
     may run in a worker thread (``asyncio.to_thread(log.sync)``) while the loop keeps appending.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, resync: Resync | None = None) -> None:
         self._path = Path(path)
         self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._resync = resync or Resync()
         self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
         self._buffer = bytearray()
         size = os.fstat(self._fd).st_size
         data = os.pread(self._fd, size, 0) if size else b""
-        self._written = valid_end(data)
+        self.damage: list[DamagedRun] = []
+        self._written = size
+        for offset, end, payload in walk_frames(data, 0, self._resync.prefix, self._resync.accept):
+            if payload is None:
+                tail = end == size
+                self.damage.append(DamagedRun(offset, end, tail, data[offset:end]))
+                if tail:
+                    self._written = offset
         self.truncated_bytes = size - self._written
         if self.truncated_bytes:
             os.ftruncate(self._fd, self._written)
@@ -133,13 +221,16 @@ class FramedLog:
         os.fsync(self._fd)
 
     def iter_from(self, position: int = 0) -> Iterator[tuple[int, bytes]]:
-        """Frames from ``position`` (a frame boundary) to the end, buffered ones included."""
+        """Frames from ``position`` (a frame boundary) to the end, buffered ones included;
+        damaged runs are skipped."""
         self.flush()
         size = self._written - position
         if size <= 0:
             return iter(())
         data = os.pread(self._fd, size, position)
-        return ((position + offset, payload) for offset, payload in iter_frames(data))
+        frames = walk_frames(data, 0, self._resync.prefix, self._resync.accept)
+        return ((position + offset, bytes(payload)) for offset, _, payload in frames
+                if payload is not None)  # fmt: skip
 
     def close(self) -> None:
         if self._fd < 0:

@@ -3,12 +3,18 @@
 Layout under ``data_dir``::
 
     LOCK                       held while open (one store per directory)
-    topics.json                topic table (atomic JSON)
-    checkpoint.json            recovery start point (see recovery.py)
-    consumer_offsets.json      committed offsets per (group, topic, queue)
+    FORMAT                     on-disk format version (data_format.py)
+    topics.json                topic table (metafile.py: checksummed, with a .prev copy)
+    checkpoint.json            recovery start point (see recovery.py; metafile.py)
+    consumer_offsets.json      committed offsets per (group, topic, queue) (metafile.py)
+    quarantine/                damaged bytes recovery copied aside (damage.py)
     commitlog/<20 digits>      segments of checksummed message records
     index/<topic>/<queue>/<20 digits>   fixed-size index entries per queue
-    state/<name>.json          small documents of other services (save_state)
+    state/<name>.json          small documents of other services (save_state; metafile.py)
+
+Damaged or missing files never make the store delete data: recovery keeps what is intact,
+copies damage aside, falls back to the previous copy of a metadata file or rebuilds it from
+the commitlog, and records every such event in ``faults`` (logged, and counted in metrics).
 
 Durability (``StoreConfig.flush``):
 
@@ -43,15 +49,23 @@ from typing import Any
 
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import Message, StoredMessage
-from popmq.broker.store.codec import encode_record, tag_hash
-from popmq.broker.store.commitlog import CommitLog, PositionPurged
+from popmq.broker.store import data_format, metafile
+from popmq.broker.store.codec import decode_header, encode_record, tag_hash
+from popmq.broker.store.commitlog import CommitLog, PositionPurged, segment_name
+from popmq.broker.store.damage import DamageEvent, MetadataFallback, Quarantine, StoreFaults
 from popmq.broker.store.errors import OffsetOutOfRangeError, OffsetPurgedError
-from popmq.broker.store.files import DirLock, HandleCache, read_json, write_json_atomic
+from popmq.broker.store.files import DirLock, HandleCache
 from popmq.broker.store.framing import encode_frame
 from popmq.broker.store.group_commit import GroupCommit
 from popmq.broker.store.queue_index import ENTRY, IndexDamaged, QueueIndex
 from popmq.broker.store.reader import count_tagged, fetch_messages, select_entries
-from popmq.broker.store.recovery import QueueKey, Recovery, RecoveryReport, queue_key_text
+from popmq.broker.store.recovery import (
+    RECORD_RESYNC,
+    QueueKey,
+    Recovery,
+    RecoveryReport,
+    queue_key_text,
+)
 from popmq.broker.store.topics import (
     TopicMeta,
     TopicRecord,
@@ -135,6 +149,11 @@ class MessageStore:
         self._task: asyncio.Task[None] | None = None
         self._open = False
         self.recovery: RecoveryReport | None = None
+        self.faults = StoreFaults()
+        self.was_new = False  # open() found an empty data directory
+        # Records found damaged by reads (damage older than recovery's walk; see reader.py).
+        self.corrupt_records_read = 0
+        self._corrupt_seen: set[int] = set()
 
     @property
     def data_dir(self) -> Path:
@@ -163,10 +182,19 @@ class MessageStore:
         self._open = True
 
     def _open_locked(self) -> None:
+        marked = data_format.check_and_mark(self._dir)
+        self.faults = StoreFaults()
+        self.was_new = marked == "created"
+        if marked == "added":
+            log.warning("store: %s had no FORMAT marker (deleted, or written before markers "
+                        "existed); marked as format %d", self._dir,
+                        data_format.CURRENT_VERSION)  # fmt: skip
+            self.faults.metadata.append(MetadataFallback("FORMAT", "recreated", "missing"))
         (self._dir / "state").mkdir(exist_ok=True)
-        self._topic_table.load()
-        self._topics = self._topic_table.topics
+        topics_trusted = self._load_topics(fresh=marked == "created")
         self._commitlog.open()
+        if not topics_trusted:
+            self._recover_topics()
         damaged: set[QueueKey] = set()
         for topic in self._topics.values():
             self._topic_bytes[topic.name] = topic.name.encode()
@@ -177,15 +205,103 @@ class MessageStore:
                 except IndexDamaged as exc:
                     log.warning("store: %s", exc)
                     damaged.add((topic.name, queue_id))
-        self._remove_stray_index_dirs()
-        checkpoint = read_json(self._dir / "checkpoint.json")
-        recovery = Recovery(self._commitlog, self._topics, self._indexes, damaged, checkpoint)
+        if topics_trusted:
+            self._remove_stray_index_dirs()
+        checkpoint = self._read_meta("checkpoint.json", "full_scan", fresh=marked == "created")
+        recovery = Recovery(
+            self._commitlog, self._topics, self._indexes, damaged,
+            checkpoint if isinstance(checkpoint, dict) else None,
+            Quarantine(self._dir), self.faults,
+        )  # fmt: skip
         self.recovery = recovery.run()
+        for queue in self.recovery.rebuilt_queues + self.recovery.repaired_queues:
+            # repaired from the commitlog, nothing lost: still reported
+            self.faults.metadata.append(
+                MetadataFallback(f"index/{queue}", "rebuilt", "damaged, missing or behind")
+            )
         self._last_store_ts = self.recovery.last_store_timestamp_ms
         self._advance_min_offsets()
-        for group, topic, queue_id, offset in read_json(self._dir / "consumer_offsets.json") or []:
+        offsets = self._read_meta("consumer_offsets.json", "reset", fresh=marked == "created")
+        for group, topic, queue_id, offset in offsets or []:
             self._offsets[(group, topic, queue_id)] = offset
         self._checkpoint_now()
+
+    # -- metadata files ----------------------------------------------------------------------
+    _CONSEQUENCE = {
+        "full_scan": "recovery scans the whole commitlog instead",
+        "reset": "consumer groups restart from their last known position (messages after it "
+        "are delivered again: at-least-once)",
+        "rebuilt": "topics and queue counts are rebuilt from the commitlog and index dirs",
+    }
+
+    def _read_meta(self, name: str, action: str, fresh: bool) -> Any | None:
+        """A metadata document; a missing or damaged one is logged and recorded in faults
+        (it falls back to the previous copy if that is intact, else to ``action``)."""
+        result = metafile.read(self._dir / name)
+        if not result.fell_back or (fresh and result.source is metafile.Source.MISSING):
+            return result.body
+        if result.source is metafile.Source.PREVIOUS:
+            log.warning("store: %s is %s; using its previous copy %s%s", name, result.problem,
+                        name, metafile.PREVIOUS_SUFFIX)  # fmt: skip
+            self.faults.metadata.append(MetadataFallback(name, "previous_copy", result.problem))
+            return result.body
+        log.error("store: %s is %s and has no intact previous copy; %s", name,
+                  result.problem or result.source.value, self._CONSEQUENCE[action])  # fmt: skip
+        self.faults.metadata.append(
+            MetadataFallback(name, action, result.problem or result.source.value)
+        )
+        return None
+
+    def _load_topics(self, fresh: bool) -> bool:
+        """Load topics.json; False when it had to fall back (then nothing may be deleted
+        for lack of a topic, and _recover_topics completes the table)."""
+        body = self._read_meta("topics.json", "rebuilt", fresh)
+        self._topic_table.load_doc(body if isinstance(body, dict) else {})
+        self._topics = self._topic_table.topics
+        return not any(m.file == "topics.json" for m in self.faults.metadata)
+
+    def _recover_topics(self) -> None:
+        """Complete the topic table from the index directories and the commitlog's records
+        (topic names and queue ids), so no topic's data is dropped for lack of metadata."""
+        found: dict[str, int] = {}
+        root = self._dir / "index"
+        if root.is_dir():
+            for entry in root.iterdir():
+                if not entry.is_dir():
+                    continue
+                queues = [int(q.name) for q in entry.iterdir() if q.name.isdigit()]
+                if queues:
+                    found[entry.name] = max(queues) + 1
+
+        def on_record(position: int, payload: memoryview) -> None:
+            try:
+                header = decode_header(payload)
+            except (ValueError, UnicodeDecodeError):
+                return  # reported by recovery
+            found[header.topic] = max(found.get(header.topic, 0), header.queue_id + 1)
+
+        self._commitlog.scan(
+            self._commitlog.min_position, on_record, lambda *_: None, RECORD_RESYNC
+        )
+        added = 0
+        for name, queue_count in sorted(found.items()):
+            try:
+                check_topic_name(name)
+                check_queue_count(queue_count)
+            except BrokerError:
+                log.error("store: found data of an invalid topic %r (%d queues); left as is",
+                          name, queue_count)  # fmt: skip
+                continue
+            record = self._topics.get(name)
+            if record is None:
+                self._topics[name] = TopicRecord(name, queue_count, 0)
+                added += 1
+            elif record.queue_count < queue_count:
+                record.queue_count = queue_count
+                added += 1
+        self._topic_table.save()
+        log.error("store: topics.json recovered: %d topics (%d added or grown from the commitlog "
+                  "and index dirs)", len(self._topics), added)  # fmt: skip
 
     def _new_index(self, topic: str, queue_id: int) -> QueueIndex:
         index = QueueIndex(self._dir / "index" / topic / str(queue_id), self._per_file,
@@ -325,9 +441,9 @@ class MessageStore:
         finally:
             for fd in fds:
                 os.close(fd)
-        write_json_atomic(self._dir / "checkpoint.json", {"position": position, "queues": extents})
+        metafile.write(self._dir / "checkpoint.json", {"position": position, "queues": extents})
         if offsets is not None:
-            write_json_atomic(self._dir / "consumer_offsets.json", offsets)
+            metafile.write(self._dir / "consumer_offsets.json", offsets)
             self._durable_offsets = {(g, t, q): o for g, t, q, o in offsets}
 
     def _offsets_snapshot(self) -> list[list[Any]]:
@@ -518,10 +634,33 @@ class MessageStore:
         if not selected:
             return ReadResult([], next_offset)
         try:
-            messages = fetch_messages(self._commitlog, topic, queue_id, selected, tags)
+            messages = fetch_messages(
+                self._commitlog, topic, queue_id, selected, tags, self._count_corrupt_read
+            )
         except PositionPurged:
             raise OffsetPurgedError(topic, queue_id, offset, index.min_offset) from None
         return ReadResult(messages, next_offset)
+
+    def _count_corrupt_read(self, position: int, size: int) -> None:
+        """A read found a damaged record (older than recovery's walk): report it once per
+        start, set its bytes aside like recovery does, and count it."""
+        if position in self._corrupt_seen:
+            return
+        self._corrupt_seen.add(position)
+        segment = self._commitlog.segment_start_for(position)
+        event = DamageEvent(f"commitlog/{segment_name(segment)}", position, position + size,
+                            "damaged", frames_lost=1)  # fmt: skip
+        quarantine = Quarantine(self._dir)
+        if quarantine.known(event.file, event.start, event.end):
+            return
+        self.corrupt_records_read += 1
+        try:
+            quarantine.keep(event, self._commitlog.read(position, size))
+        except (OSError, ValueError, PositionPurged) as exc:
+            log.error("store: could not copy damaged record at %d aside: %s", position, exc)
+        log.error("store: damaged commitlog record at %d..%d in %s found by a read (1 frame "
+                  "lost); skipped, copied to %s", event.start, event.end, event.file,
+                  event.quarantined_to or "(nothing)")  # fmt: skip
 
     def peek_offsets(
         self,
@@ -590,11 +729,23 @@ class MessageStore:
         return self._dir / "state" / f"{name}.json"
 
     def load_state(self, name: str) -> Any | None:
-        return read_json(self._state_path(name))
+        """A document saved by save_state, or None if there is none. A damaged one falls back
+        to its previous copy (logged, in ``faults``); None (logged) if neither is intact."""
+        path = self._state_path(name)
+        result = metafile.read(path)
+        if result.fell_back and result.source is not metafile.Source.MISSING:
+            log.error("store: state document %s is %s; %s", path.name, result.problem,
+                      "using its previous copy" if result.body is not None
+                      else "no intact previous copy: starting without it")  # fmt: skip
+            action = "previous_copy" if result.body is not None else "reset"
+            self.faults.metadata.append(MetadataFallback(f"state/{path.name}", action,
+                                                         result.problem))  # fmt: skip
+        return result.body
 
     def save_state(self, name: str, value: Any) -> None:
-        """Atomically replace a document (temp file, fsync, rename); blocks for the fsync."""
-        write_json_atomic(self._state_path(name), value)
+        """Atomically replace a document (metafile.write: checksum, previous copy kept);
+        blocks for the fsync."""
+        metafile.write(self._state_path(name), value)
 
     # -- retention ---------------------------------------------------------------------------
     def apply_retention(self) -> int:

@@ -20,6 +20,9 @@ from popmq.broker.store.framing import fsync_dir
 
 ENTRY = struct.Struct("<QIIq")
 ENTRY_SIZE = ENTRY.size
+# The frame size of a *hole*: an offset whose record recovery found lost (see recovery.py).
+# Not 0, so a zero-filled entry (a file extended by a crash) is never taken for one.
+HOLE_SIZE = 0xFFFFFFFF
 _NAME_DIGITS = 20
 
 
@@ -153,6 +156,30 @@ class QueueIndex:
         if len(parts) == 1:
             return parts[0]
         return b"".join(parts)
+
+    def first_broken_entry(self, max_size: int, max_entries: int = 1 << 20) -> int | None:
+        """The first offset whose entry cannot be right (positions and store times must grow,
+        a record must fit before the next one), or None. Catches damage anywhere in the files
+        (bit rot, a stray write) without reading the commitlog, in the newest files holding
+        about ``max_entries`` entries (so a start stays fast on huge queues; `popmq broker
+        verify` checks everything). Entries past the end of the log are not index damage:
+        recovery counts their records as lost."""
+        previous_start = previous_end = previous_ts = -1
+        newest = [s for s in self._starts if s + self._per_file > self.max_offset - max_entries]
+        for start in newest:
+            count = min(self._per_file, self.max_offset - start)
+            if count <= 0:
+                break
+            entries = ENTRY.iter_unpack(self.read_raw(start, count))
+            for i, (position, size, _, ts) in enumerate(entries):
+                if size == HOLE_SIZE:  # a lost record: placed at or after the one before
+                    if position < previous_start:
+                        return start + i
+                    continue
+                if size < 9 or size > max_size or position < previous_end or ts < previous_ts:
+                    return start + i
+                previous_start, previous_end, previous_ts = position, position + size, ts
+        return None
 
     def entry(self, offset: int) -> tuple[int, int, int, int]:
         """(position, size, tag hash, store timestamp) of one offset."""

@@ -10,12 +10,13 @@ import array
 import logging
 import sys
 import zlib
+from collections.abc import Callable
 
 from popmq.broker.api.types import StoredMessage
 from popmq.broker.store.codec import decode_record, tag_hash
 from popmq.broker.store.commitlog import CommitLog
 from popmq.broker.store.framing import FRAME_HEADER, HEADER_SIZE
-from popmq.broker.store.queue_index import ENTRY, QueueIndex
+from popmq.broker.store.queue_index import ENTRY, HOLE_SIZE, QueueIndex
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ def select_entries(
 
     Unfiltered: the next ``max_messages`` entries. Filtered: entries whose tag hash is one of
     ``tags``, scanning at most _MAX_FILTER_SCAN entries. The first entry is always taken; later
-    ones only while the total stays within ``max_bytes``."""
+    ones only while the total stays within ``max_bytes``. Holes (entries of records lost to
+    damage, see recovery.py) are skipped like filtered-out entries."""
     end = index.max_offset
     codes = None if tags is None else {tag_hash(tag) for tag in tags}
     selected: list[tuple[int, int, int]] = []
@@ -56,7 +58,8 @@ def select_entries(
         want = max_messages - len(selected)
         count = min(scan_end - cursor, want if codes is None else _FILTER_CHUNK)
         for position, size, code, _ in _iter_entries(index.read_raw(cursor, count)):
-            if codes is not None and code not in codes:
+            if size == HOLE_SIZE or (codes is not None and code not in codes):
+                # a hole, whose record recovery found lost (and reported then)
                 cursor += 1
                 continue
             if selected and total + size > max_bytes:
@@ -75,9 +78,11 @@ def fetch_messages(
     queue_id: int,
     selected: list[tuple[int, int, int]],
     tags: frozenset[str] | None,
+    on_corrupt: Callable[[int, int], None] | None = None,
 ) -> list[StoredMessage]:
     """Read and decode the selected records. A corrupt record (bad checksum, or not the
-    message its index entry claims) is logged and skipped rather than blocking the queue."""
+    message its index entry claims) is logged, reported (``on_corrupt(position, size)``) and
+    skipped rather than blocking the queue."""
     messages: list[StoredMessage] = []
     run_start = 0
     while run_start < len(selected):
@@ -101,8 +106,11 @@ def fetch_messages(
                 queue_id,
                 offset,
             ):
-                log.error("store: record of %s/%d offset %d at position %d is corrupt; skipped",
-                          topic, queue_id, offset, position)  # fmt: skip
+                if on_corrupt is not None:
+                    on_corrupt(position, size)
+                else:
+                    log.error("store: record of %s/%d offset %d at position %d is corrupt; "
+                              "skipped", topic, queue_id, offset, position)  # fmt: skip
                 continue
             if tags is not None and message.tag not in tags:
                 continue  # a tag hash collision

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.store.files import read_json, write_json_atomic
+from popmq.broker.store import metafile
 
 # RocketMQ's topic charset; names are also directory names, so nothing else is allowed.
 _TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,255}$")
@@ -54,8 +54,8 @@ class TopicTable:
         self._path = path
         self.topics: dict[str, TopicRecord] = {}
 
-    def load(self) -> None:
-        doc = read_json(self._path) or {}
+    def load_doc(self, doc: dict) -> None:
+        """Take the table from a document read by the caller (metafile.read)."""
         self.topics = {
             name: TopicRecord(name, int(entry["queue_count"]), int(entry["since"]))
             for name, entry in doc.get("topics", {}).items()
@@ -69,4 +69,4 @@ class TopicTable:
                 for t in self.topics.values()
             },
         }
-        write_json_atomic(self._path, doc)
+        metafile.write(self._path, doc)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
@@ -34,6 +36,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--endpoint", default=DEFAULT_ENDPOINT, help=f"proxy address (default {DEFAULT_ENDPOINT})"
     )
     admin.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    admin.add_argument(
+        "--access-key", default=os.environ.get("POPMQ_ACCESS_KEY"),
+        help="access key of an admin user (env POPMQ_ACCESS_KEY)",
+    )  # fmt: skip
+    admin.add_argument(
+        "--secret-key", default=os.environ.get("POPMQ_SECRET_KEY"),
+        help="its secret key (env POPMQ_SECRET_KEY; prefer the env to the command line)",
+    )  # fmt: skip
+    admin.add_argument("--tls-ca", metavar="FILE", help="connect with TLS, trusting this CA (PEM)")
+    admin.add_argument(
+        "--tls", action="store_true", help="connect with TLS, trusting the system's CAs"
+    )
     commands = admin.add_subparsers(dest="admin_command", required=True)
 
     topics = commands.add_parser("topics", help="create, list, describe, delete topics")
@@ -101,8 +115,24 @@ def _stub(args: argparse.Namespace) -> Any:
 
     from popmq.pb.admin.v1 import admin_pb2_grpc
 
-    channel = grpc.insecure_channel(args.endpoint)
+    if args.tls or args.tls_ca:
+        ca = Path(args.tls_ca).read_bytes() if args.tls_ca else None
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca)
+        channel = grpc.secure_channel(args.endpoint, credentials)
+    else:
+        channel = grpc.insecure_channel(args.endpoint)
     return channel, admin_pb2_grpc.AdminServiceStub(channel)
+
+
+def _metadata(args: argparse.Namespace) -> list[tuple[str, str]] | None:
+    """The MQv2 signature headers when a key pair is given (the proxy checks admin rights)."""
+    if not args.access_key and not args.secret_key:
+        return None
+    if not args.access_key or not args.secret_key:
+        raise AdminError("give both --access-key and --secret-key (or POPMQ_* env)")
+    from popmq.security.signature import signed_metadata
+
+    return signed_metadata(args.access_key, args.secret_key)
 
 
 def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
@@ -110,9 +140,10 @@ def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
 
     from popmq.broker.api.errors import Code
 
+    metadata = _metadata(args)
     channel, stub = _stub(args)
     try:
-        response = getattr(stub, method)(request, timeout=TIMEOUT_S)
+        response = getattr(stub, method)(request, timeout=TIMEOUT_S, metadata=metadata)
     except grpc.RpcError as exc:
         detail = f"{exc.code().name} {exc.details()}"
         raise AdminError(f"cannot reach {args.endpoint}: {detail}") from None

@@ -10,6 +10,8 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 from popmq.cli.common import config_from_args
 from popmq.config import BrokerAddress
@@ -27,6 +29,18 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--strategy", choices=("pop", "slices", "notify", "adaptive"),
         help="long-polling strategy (default adaptive)",
     )  # fmt: skip
+    parser.add_argument(
+        "--acl", metavar="FILE",
+        help="users, keys and permissions (YAML); without it anyone may do anything",
+    )  # fmt: skip
+    parser.add_argument("--tls-cert", metavar="FILE", help="TLS certificate (PEM) of the proxy")
+    parser.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
+    parser.add_argument(
+        "--tls-client-ca", metavar="FILE", help="require client certificates signed by this CA"
+    )
+    parser.add_argument(
+        "--admin-port", type=int, help="serve the admin API on this port only (0: any free one)"
+    )
     parser.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument(
         "--set", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
@@ -60,6 +74,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--workers", type=int, metavar="N",
         help="run N proxy processes sharing the port (SO_REUSEPORT; default 1)",
     )  # fmt: skip
+    proxy.add_argument(
+        "--cluster-token-file", metavar="FILE",
+        help="the brokers' cluster token (the file given to `popmq broker`)",
+    )  # fmt: skip
+    proxy.add_argument(
+        "--broker-tls-ca", metavar="FILE", help="reach brokers over TLS, trusting this CA"
+    )
+    proxy.add_argument("--broker-tls-cert", metavar="FILE", help="client certificate for brokers")
+    proxy.add_argument("--broker-tls-key", metavar="FILE", help="its private key")
     proxy.set_defaults(func=run_proxy)
 
 
@@ -69,6 +92,11 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
         "proxy.port": args.port,
         "proxy.metrics_port": args.metrics_port,
         "proxy.strategy": args.strategy,
+        "proxy.acl": args.acl,
+        "proxy.tls.cert": args.tls_cert,
+        "proxy.tls.key": args.tls_key,
+        "proxy.tls.client_ca": args.tls_client_ca,
+        "proxy.admin_port": args.admin_port,
     }
     if args.advertise:
         host, _, port = args.advertise.partition(":")
@@ -96,8 +124,7 @@ def run_serve(args: argparse.Namespace) -> int:
     _setup_logging()
     from popmq.proxy.runtime import run_serve as serve
 
-    asyncio.run(serve(config, _announce))
-    return 0
+    return _run("serve", serve(config, _announce))
 
 
 def run_proxy(args: argparse.Namespace) -> int:
@@ -109,6 +136,12 @@ def run_proxy(args: argparse.Namespace) -> int:
             raise SystemExit(str(exc)) from None
         overrides["proxy.brokers"] = brokers
     overrides["proxy.workers"] = args.workers
+    overrides["proxy.broker_link.cluster_token_file"] = args.cluster_token_file
+    if args.broker_tls_ca or args.broker_tls_cert:
+        overrides["proxy.broker_link.tls"] = True
+    overrides["proxy.broker_link.ca"] = args.broker_tls_ca
+    overrides["proxy.broker_link.cert"] = args.broker_tls_cert
+    overrides["proxy.broker_link.key"] = args.broker_tls_key
     config = config_from_args(args, overrides)
     _setup_logging()
     if config.proxy.workers > 1:
@@ -117,5 +150,13 @@ def run_proxy(args: argparse.Namespace) -> int:
         return asyncio.run(run_workers(config, sys.argv[1:], _announce))
     from popmq.proxy.runtime import run_cluster_proxy
 
-    asyncio.run(run_cluster_proxy(config, _announce))
+    return _run("proxy", run_cluster_proxy(config, _announce))
+
+
+def _run(command: str, main: Coroutine[Any, Any, None]) -> int:
+    try:
+        asyncio.run(main)
+    except ValueError as exc:  # a bad ACL, certificate or token file: say which, no traceback
+        print(f"popmq {command}: {exc}", file=sys.stderr)
+        return 1
     return 0

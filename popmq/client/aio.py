@@ -21,6 +21,7 @@ from popmq.client.model import (
     ReceivedMessage,
     SendReceipt,
 )
+from popmq.client.security import ClientSecurity
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
 
@@ -31,12 +32,20 @@ CHANNEL_OPTIONS = (
 
 
 class AsyncClient:
-    def __init__(self, endpoint: str, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, endpoint: str, timeout_s: float = 10.0, *, security: ClientSecurity | None = None
+    ) -> None:
         host, port = codec.parse_endpoint(endpoint)
+        self.security = security or ClientSecurity()
         self.endpoint = f"{host}:{port}"
         self.timeout_s = timeout_s
         self.client_id = codec.new_client_id()
-        self._channel = grpc.aio.insecure_channel(self.endpoint, options=CHANNEL_OPTIONS)
+        credentials = self.security.credentials()
+        self._channel = (
+            grpc.aio.secure_channel(self.endpoint, credentials, options=CHANNEL_OPTIONS)
+            if credentials is not None
+            else grpc.aio.insecure_channel(self.endpoint, options=CHANNEL_OPTIONS)
+        )
         self._stub = service_pb2_grpc.MessagingServiceStub(self._channel)
 
     async def __aenter__(self) -> AsyncClient:
@@ -49,7 +58,7 @@ class AsyncClient:
         await self._channel.close()
 
     def _meta(self) -> tuple[tuple[str, str], ...]:
-        return codec.call_metadata(self.client_id)
+        return codec.call_metadata(self.client_id) + self.security.signature()
 
     def _unavailable(self, rpc: str, error: grpc.aio.AioRpcError) -> ProxyUnavailable:
         timed_out = error.code() == grpc.StatusCode.DEADLINE_EXCEEDED

@@ -26,6 +26,7 @@ from popmq.client.model import (
     ReceivedMessage,
     SendReceipt,
 )
+from popmq.client.security import ClientSecurity
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
 
@@ -57,13 +58,26 @@ class PendingSend:
 
 
 class Client:
-    def __init__(self, endpoint: str, timeout_s: float = 10.0, read_attempts: int = 3) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        timeout_s: float = 10.0,
+        read_attempts: int = 3,
+        *,
+        security: ClientSecurity | None = None,
+    ) -> None:
         host, port = codec.parse_endpoint(endpoint)
+        self.security = security or ClientSecurity()
         self.endpoint = f"{host}:{port}"
         self.timeout_s = timeout_s
         self.read_attempts = max(1, read_attempts)
         self.client_id = codec.new_client_id()
-        self._channel = grpc.insecure_channel(self.endpoint, options=SYNC_CHANNEL_OPTIONS)
+        credentials = self.security.credentials()
+        self._channel = (
+            grpc.secure_channel(self.endpoint, credentials, options=SYNC_CHANNEL_OPTIONS)
+            if credentials is not None
+            else grpc.insecure_channel(self.endpoint, options=SYNC_CHANNEL_OPTIONS)
+        )
         self._stub = service_pb2_grpc.MessagingServiceStub(self._channel)
 
     def __enter__(self) -> Client:
@@ -76,7 +90,7 @@ class Client:
         self._channel.close()
 
     def _meta(self) -> tuple[tuple[str, str], ...]:
-        return codec.call_metadata(self.client_id)
+        return codec.call_metadata(self.client_id) + self.security.signature()
 
     def _unavailable(self, rpc: str, error: Any) -> ProxyUnavailable:
         code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN

@@ -11,9 +11,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Literal
 
 from popmq.client.codec import parse_endpoint
+from popmq.client.security import ClientSecurity
 
 
 class OptionError(ValueError):
@@ -103,6 +105,8 @@ class Connection:
 
     endpoint: str
     timeout_ms: int = 10_000
+    # AK/SK and TLS for a secured proxy (options accessKey, secretKey, tls, tlsCaFile).
+    security: ClientSecurity | None = None
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,7 @@ class WriteOptions:
     max_inflight: int
 
 
-_COMMON = {"endpoint", "topic", "requesttimeoutms"}
+_COMMON = {"endpoint", "topic", "requesttimeoutms", "accesskey", "secretkey", "tls", "tlscafile"}
 READ_OPTIONS = _COMMON | {
     "mode",
     "startingoffsets",
@@ -203,6 +207,9 @@ class _Options:
 def _display(lower: str) -> str:
     names = {
         "requesttimeoutms": "requestTimeoutMs",
+        "accesskey": "accessKey",
+        "secretkey": "secretKey",
+        "tlscafile": "tlsCaFile",
         "startingoffsets": "startingOffsets",
         "endingoffsets": "endingOffsets",
         "failondataloss": "failOnDataLoss",
@@ -227,7 +234,18 @@ def _connection(options: _Options) -> Connection:
     except ValueError as error:
         raise OptionError(f"option 'endpoint': {error}") from None
     timeout = options.integer("requestTimeoutMs", 10_000, minimum=100)
-    return Connection(endpoint=f"{host}:{port}", timeout_ms=timeout or 10_000)
+    access_key, secret_key = options.text("accessKey", ""), options.text("secretKey", "")
+    ca_file = options.text("tlsCaFile")
+    tls = options.boolean("tls", False) or bool(ca_file)
+    security = None
+    if access_key or secret_key or tls:
+        try:  # Spark redacts option values named like *secret* in its UI and plans
+            security = ClientSecurity(
+                access_key or "", secret_key or "", tls, Path(ca_file) if ca_file else None
+            )
+        except ValueError as error:
+            raise OptionError(f"options 'accessKey'/'secretKey': {error}") from None
+    return Connection(endpoint=f"{host}:{port}", timeout_ms=timeout or 10_000, security=security)
 
 
 def parse_read_options(raw: Mapping[str, str], streaming: bool) -> ReadOptions:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, Row
 
 from popmq.client import Client
+from popmq.client.security import ClientSecurity
 
 ACK_CHUNK = 256
 _ACK_COLUMNS = ("topic", "message_id", "receipt_handle")
@@ -36,11 +37,11 @@ class AckReport:
 
 
 def _ack_partition(
-    endpoint: str, group: str, timeout_s: float
+    endpoint: str, group: str, timeout_s: float, security: ClientSecurity | None = None
 ) -> Callable[[Iterator[Row]], Iterator[tuple[int, int]]]:
     def run(rows: Iterator[Row]) -> Iterator[tuple[int, int]]:
         acked = failed = 0
-        with Client(endpoint, timeout_s) as client:
+        with Client(endpoint, timeout_s, security=security) as client:
             pending: dict[str, list[tuple[str, str]]] = {}
 
             def flush(topic: str) -> None:
@@ -62,8 +63,15 @@ def _ack_partition(
     return run
 
 
-def ack_messages(df: DataFrame, endpoint: str, group: str, timeout_ms: int = 10_000) -> AckReport:
+def ack_messages(
+    df: DataFrame,
+    endpoint: str,
+    group: str,
+    timeout_ms: int = 10_000,
+    security: ClientSecurity | None = None,
+) -> AckReport:
     """Ack every row of a pop-mode DataFrame (needs columns topic, message_id, receipt_handle).
+    ``security``: AK/SK and TLS for a secured proxy (popmq.client.security.ClientSecurity).
 
     Runs on the executors. Compute the DataFrame once before (checkpoint it): acking a
     recomputed pop DataFrame would pop, and ack, other messages."""
@@ -72,7 +80,7 @@ def ack_messages(df: DataFrame, endpoint: str, group: str, timeout_ms: int = 10_
         raise ValueError(f"popmq: cannot ack: the DataFrame lacks {missing} (read with mode=pop)")
     counts = (
         df.select(*_ACK_COLUMNS)
-        .rdd.mapPartitions(_ack_partition(endpoint, group, timeout_ms / 1000))
+        .rdd.mapPartitions(_ack_partition(endpoint, group, timeout_ms / 1000, security))
         .collect()
     )
     return AckReport(sum(a for a, _ in counts), sum(f for _, f in counts))
@@ -84,6 +92,7 @@ def pop_foreach_batch(
     group: str,
     timeout_ms: int = 10_000,
     on_acked: Callable[[int, AckReport], None] | None = None,
+    security: ClientSecurity | None = None,
 ) -> Callable[[DataFrame, int], None]:
     """Wraps a foreachBatch function: pop once, run it, then ack what it processed.
 
@@ -95,7 +104,7 @@ def pop_foreach_batch(
         frozen = batch_df.localCheckpoint(eager=True)
         try:
             process(frozen, batch_id)
-            report = ack_messages(frozen, endpoint, group, timeout_ms)
+            report = ack_messages(frozen, endpoint, group, timeout_ms, security)
         finally:
             frozen.unpersist()
         if on_acked is not None:

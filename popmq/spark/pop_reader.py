@@ -49,7 +49,9 @@ def read_pop_slice(part: PopSlice) -> Iterator[pa.RecordBatch]:
     buffer = BatchBuffer(pop=True)
     remaining = part.max_messages
     timeout_s = settings.connection.timeout_ms / 1000
-    with Client(settings.connection.endpoint, timeout_s) as client:
+    with Client(
+        settings.connection.endpoint, timeout_s, security=settings.connection.security
+    ) as client:
         while remaining > 0:
             wanted = min(MAX_RECEIVE_BATCH, remaining)
             got = client.receive(

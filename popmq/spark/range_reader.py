@@ -38,7 +38,9 @@ def read_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
     buffer = BatchBuffer(pop=False)
     timeout_s = settings.connection.timeout_ms / 1000
     with (
-        Client(settings.connection.endpoint, timeout_s) as client,
+        Client(
+            settings.connection.endpoint, timeout_s, security=settings.connection.security
+        ) as client,
         ThreadPoolExecutor(settings.pull_concurrency, "popmq-pull") as pool,
     ):
         offset = part.start

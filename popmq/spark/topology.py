@@ -12,7 +12,7 @@ class TopicNotFoundError(LookupError):
 
 
 def connect(connection: Connection) -> Client:
-    return Client(connection.endpoint, connection.timeout_ms / 1000)
+    return Client(connection.endpoint, connection.timeout_ms / 1000, security=connection.security)
 
 
 def readable_queues(client: Client, topic: str) -> list[QueueRef]:

@@ -65,7 +65,9 @@ def send_rows(
     inflight: deque[PendingSend] = deque()
     row = requests = 0
     timeout_s = options.connection.timeout_ms / 1000
-    with Client(options.connection.endpoint, timeout_s) as client:
+    with Client(
+        options.connection.endpoint, timeout_s, security=options.connection.security
+    ) as client:
 
         def start(chunk: list[Message]) -> None:
             nonlocal requests

@@ -1,9 +1,18 @@
+"""Receipt handles: sealed (AES-GCM) under a broker's own keys, routable without a key."""
+
 import base64
+import json
+import os
+import stat
 from dataclasses import replace
 
 import pytest
 from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.pop import handle_keys
 from popmq.broker.pop.handle import HandleCodec, ReceiptHandle, group_hash, peek_broker_name
+from popmq.broker.pop.handle_keys import HandleKeyring, KeyringError
+
+from popmq.config import BrokerConfig
 
 
 def _handle(**changes: object) -> ReceiptHandle:
@@ -22,39 +31,64 @@ def _handle(**changes: object) -> ReceiptHandle:
     return ReceiptHandle(**fields)  # type: ignore[arg-type]
 
 
-def test_round_trip_and_url_safe() -> None:
-    codec = HandleCodec("s3cret")
+def _codec() -> HandleCodec:
+    return HandleCodec(HandleKeyring(None))
+
+
+def _b64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def test_round_trip_url_safe_and_opaque() -> None:
+    codec = _codec()
     text = codec.encode(_handle())
     assert all(c.isalnum() or c in "-_." for c in text)
     assert codec.decode(text) == _handle()
     assert peek_broker_name(text) == "broker-a"
+    sealed = _b64(text.split(".")[3])
+    # nothing of the payload shows: no offset, topic, checkpoint id in clear
+    for clear in (b"12345", b"orders", b"99000001"):
+        assert clear not in sealed and clear.decode() not in text
+    # two handles of the same entry differ (random nonce)
+    assert codec.encode(_handle()) != text
 
 
-def test_other_secret_rejected_as_forged() -> None:
-    text = HandleCodec("other").encode(_handle())
+def test_other_broker_key_rejected_but_routable() -> None:
+    text = _codec().encode(_handle())
     with pytest.raises(BrokerError) as err:
-        HandleCodec("s3cret").decode(text)
+        _codec().decode(text)
     assert err.value.code == Code.INVALID_RECEIPT_HANDLE
-    assert "signature" in err.value.message
-    # routing still works without the secret
+    assert "key unknown" in err.value.message
     assert peek_broker_name(text) == "broker-a"
 
 
-def test_altered_payload_rejected() -> None:
-    codec = HandleCodec("s3cret")
-    payload, signature = codec.encode(_handle()).split(".")
-    text = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()
-    assert "~12345~" in text
-    altered = text.replace("~12345~", "~12346~").encode()
-    forged = base64.urlsafe_b64encode(altered).rstrip(b"=").decode()
+def test_same_key_id_other_secret_rejected() -> None:
+    key = handle_keys.new_key()
+    forger = HandleKeyring(None, [replace(key, secret=os.urandom(32))])
+    text = HandleCodec(forger).encode(_handle())
     with pytest.raises(BrokerError) as err:
-        codec.decode(f"{forged}.{signature}")
+        HandleCodec(HandleKeyring(None, [key])).decode(text)
     assert err.value.code == Code.INVALID_RECEIPT_HANDLE
-    assert "signature" in err.value.message
+    assert "does not open" in err.value.message
+
+
+def test_altered_handle_rejected() -> None:
+    codec = _codec()
+    text = codec.encode(_handle())
+    version, broker, key_id, sealed = text.split(".")
+    raw = bytearray(_b64(sealed))
+    raw[-1] ^= 1
+    flipped = base64.urlsafe_b64encode(bytes(raw)).rstrip(b"=").decode()
+    other_broker = base64.urlsafe_b64encode(b"broker-b").rstrip(b"=").decode()
+    for forged in (f"{version}.{broker}.{key_id}.{flipped}", f"2.{other_broker}.{key_id}.{sealed}"):
+        with pytest.raises(BrokerError) as err:
+            codec.decode(forged)
+        assert err.value.code == Code.INVALID_RECEIPT_HANDLE
+        assert "does not open" in err.value.message
 
 
 def test_any_broker_name() -> None:
-    codec = HandleCodec("s3cret")
+    codec = _codec()
     text = codec.encode(_handle(broker="b~r.o/k+er é"))
     assert peek_broker_name(text) == "b~r.o/k+er é"
     assert codec.decode(text).broker == "b~r.o/k+er é"
@@ -62,16 +96,20 @@ def test_any_broker_name() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "abc", "a.b.c", ".sig", "bm90IGpzb24.c2ln", "W10.c2ln", "WzIsImEiXQ.c2ln", "!!!.???"],
+    ["", "abc", "a.b.c", "2.a.b", "2..k.s", "2.!!.k.s", "1.YQ.k.s", "2.YQ.k.s.t", "!!!.???"],
 )
 def test_malformed(text: str) -> None:
     with pytest.raises(BrokerError) as err:
-        peek_broker_name(text)
+        _codec().decode(text)
     assert err.value.code == Code.INVALID_RECEIPT_HANDLE
-    with pytest.raises(BrokerError) as err:
-        HandleCodec("s").decode(text)
-    assert err.value.code == Code.INVALID_RECEIPT_HANDLE
-    assert "malformed" in err.value.message
+
+
+def test_old_version_one_handles_are_refused() -> None:
+    payload = base64.urlsafe_b64encode(b"1~abc~t~0~5~1~2~3~0~broker-a").rstrip(b"=").decode()
+    for read in (peek_broker_name, _codec().decode):
+        with pytest.raises(BrokerError) as err:
+            read(f"{payload}.c2ln")
+        assert err.value.code == Code.INVALID_RECEIPT_HANDLE
 
 
 def test_group_hash_distinguishes_groups() -> None:
@@ -79,25 +117,62 @@ def test_group_hash_distinguishes_groups() -> None:
     assert group_hash("g1") != group_hash("g2")
 
 
-def test_batch_encoding_matches_single() -> None:
-    codec = HandleCodec("s3cret")
+def test_batch_encoding_opens_like_single() -> None:
+    codec = _codec()
     h = _handle()
     batch = codec.encode_batch(
         h.broker, h.group_hash, h.topic, h.queue_id, [5, h.offset], h.pop_time_ms,
         h.invisible_until_ms, h.checkpoint_id,
     )  # fmt: skip
-    assert batch[1] == codec.encode(replace(h, index=1))
+    assert codec.decode(batch[1]) == replace(h, index=1)
     assert codec.decode(batch[0]).offset == 5
 
 
-def test_peek_refuses_an_unknown_version_like_decode() -> None:
-    codec = HandleCodec("s3cret")
-    text = codec.encode(_handle())
-    payload, signature = text.split(".")
-    raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
-    forged = base64.urlsafe_b64encode(b"9" + raw[1:]).rstrip(b"=").decode() + "." + signature
-    for read in (peek_broker_name, codec.decode):
-        with pytest.raises(BrokerError) as err:
-            read(forged)
-        assert err.value.code == Code.INVALID_RECEIPT_HANDLE
-        assert "unknown version" in err.value.message
+# -- the keyring ------------------------------------------------------------------------------
+
+
+def test_first_start_makes_a_private_random_key(tmp_path) -> None:
+    config = BrokerConfig(name="b", data_dir=tmp_path / "b")
+    ring = HandleKeyring.open(config)
+    path = tmp_path / "b" / "handle-keys.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    data = json.loads(path.read_text())
+    assert data["active"] == ring.active_id
+    assert len(base64.b64decode(data["keys"][0]["secret"])) == 32
+    # a restart keeps it; another broker gets another key
+    assert HandleKeyring.open(config).active_id == ring.active_id
+    other = HandleKeyring.open(BrokerConfig(name="c", data_dir=tmp_path / "c"))
+    assert other.active_id != ring.active_id
+
+
+def test_rotation_keeps_old_handles_until_retired(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(handle_keys, "_RELOAD_EVERY_S", 0.0)
+    config = BrokerConfig(name="b", data_dir=tmp_path)
+    codec = HandleCodec(HandleKeyring.open(config))
+    old_key = codec.keyring.active_id
+    before = codec.encode(_handle())
+    path = handle_keys.keyring_path(config)
+    new = handle_keys.rotate(path)
+    os.utime(path, ns=(1, 1))  # a distinct mtime even on coarse-clock filesystems
+    after = codec.encode(_handle())
+    assert after.split(".")[2] == new.key_id != old_key  # the running codec picked it up
+    assert codec.decode(before) == codec.decode(after) == _handle()
+    with pytest.raises(KeyringError):
+        handle_keys.retire(path, new.key_id)  # never the active key
+    handle_keys.retire(path, old_key)
+    os.utime(path, ns=(2, 2))
+    with pytest.raises(BrokerError) as err:
+        codec.decode(before)
+    assert err.value.code == Code.INVALID_RECEIPT_HANDLE and "retired" in err.value.message
+    assert codec.decode(after) == _handle()
+
+
+def test_keyring_from_a_given_file_is_never_written(tmp_path) -> None:
+    missing = BrokerConfig(data_dir=tmp_path, handle_keys_file=tmp_path / "secret" / "keys.json")
+    with pytest.raises(KeyringError):
+        HandleKeyring.open(missing)
+    assert not (tmp_path / "secret").exists()
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"active": "x", "keys": []}')
+    with pytest.raises(KeyringError, match="active key"):
+        HandleKeyring.open(BrokerConfig(data_dir=tmp_path, handle_keys_file=bad))

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from popmq.broker.api.types import Message
 from popmq.broker.store import MessageStore
+from popmq.broker.store.codec import decode_header
 from popmq.broker.store.framing import HEADER_SIZE, iter_frames
 from popmq.broker.store.queue_index import ENTRY_SIZE
 
@@ -35,12 +36,18 @@ async def fill(store: MessageStore, counts: dict[int, int]) -> None:
                 written[q] += 1
 
 
-def assert_intact(store: MessageStore, counts: dict[int, int]) -> None:
+def assert_intact(
+    store: MessageStore, counts: dict[int, int], lost: dict[int, set[int]] | None = None
+) -> None:
+    """Every queue q holds offsets 0..counts[q]-1, all readable except ``lost[q]`` (holes:
+    records recovery found lost, whose offsets stay reserved)."""
     for q, count in counts.items():
+        gone = (lost or {}).get(q, set())
+        kept = [o for o in range(count) if o not in gone]
         assert store.max_offset("T", q) == count, q
         result = store.read("T", q, 0, count + 5)
-        assert [m.queue_offset for m in result.messages] == list(range(count)), q
-        assert [m.body for m in result.messages] == [body_for(q, o) for o in range(count)]
+        assert [m.queue_offset for m in result.messages] == kept, q
+        assert [m.body for m in result.messages] == [body_for(q, o) for o in kept]
         assert all(m.tag == f"t{q}" for m in result.messages)
 
 
@@ -131,11 +138,14 @@ async def test_torn_commitlog_tail_is_cut_and_index_follows(store_factory) -> No
     assert reopened.recovery is not None
     assert reopened.recovery.bytes_cut == HEADER_SIZE + len(last_payload) // 2
     assert segment.stat().st_size == last_offset
-    expected = {**COUNTS, 0: 29}
-    assert_intact(reopened, expected)
-    stored = await reopened.append("T", 0, [Message("T", body_for(0, 29), tag="t0")])
-    assert stored[0].queue_offset == 29
-    assert_intact(reopened, COUNTS)
+    # The record was durable (the checkpoint at close covers it): its loss is reported, the
+    # cut bytes are kept in the quarantine, and its offset stays reserved as a hole.
+    assert reopened.faults.frames_lost == 1
+    assert list((store.data_dir / "quarantine").glob("commitlog_*.bin"))
+    assert_intact(reopened, COUNTS, lost={0: {29}})
+    stored = await reopened.append("T", 0, [Message("T", body_for(0, 30), tag="t0")])
+    assert stored[0].queue_offset == 30
+    assert_intact(reopened, {**COUNTS, 0: 31}, lost={0: {29}})
 
 
 @pytest.mark.parametrize("damage", ["garbage", "zeros", "flipped-bit", "half-header"])
@@ -145,7 +155,7 @@ async def test_corrupt_commitlog_tail_is_cut(store_factory, damage: str) -> None
     await store.close()
     segment = last_segment(store)
     size = segment.stat().st_size
-    expected = dict(COUNTS)
+    lost: dict[int, set[int]] = {}
     with segment.open("r+b") as f:
         if damage == "garbage":
             f.seek(size)
@@ -161,28 +171,31 @@ async def test_corrupt_commitlog_tail_is_cut(store_factory, damage: str) -> None
             byte = f.read(1)
             f.seek(size - 3)
             f.write(bytes([byte[0] ^ 0x04]))
-            expected[0] -= 1
+            lost = {0: {COUNTS[0] - 1}}
     reopened = store_factory()
-    assert_intact(reopened, expected)
+    assert_intact(reopened, COUNTS, lost)
+    assert reopened.faults.frames_lost == len(lost)
 
 
-async def test_torn_middle_segment_drops_what_follows_consistently(store_factory) -> None:
-    """A power cut in async mode can lose the tail of a segment while the next one reached
-    the disk; the log is cut at the hole and every index follows."""
+async def test_torn_middle_segment_keeps_what_follows(store_factory) -> None:
+    """A segment cut short in the middle of the log (a lost page, a bad copy) loses only its
+    last record: every later segment is kept and read, the lost offset is a reported hole."""
     store = store_factory(segment_bytes=4096)
     await fill(store, COUNTS)
     await store.close()
     segments = sorted((store.data_dir / "commitlog").iterdir())
     middle = segments[len(segments) // 2]
+    frames = list(iter_frames(middle.read_bytes()))
+    last_payload = frames[-1][1]
+    header = decode_header(last_payload)
     os.truncate(middle, middle.stat().st_size - 10)
     reopened = store_factory(segment_bytes=4096)
-    assert len(list((store.data_dir / "commitlog").iterdir())) == len(segments) // 2 + 1
-    survivors = {q: reopened.max_offset("T", q) for q in COUNTS}
-    assert survivors[0] < COUNTS[0]
-    assert all(survivors[q] <= COUNTS[q] for q in COUNTS)
-    assert_intact(reopened, survivors)
-    await reopened.append("T", 1, [Message("T", body_for(1, survivors[1]), tag="t1")])
-    assert_intact(reopened, {**survivors, 1: survivors[1] + 1})
+    assert sorted((store.data_dir / "commitlog").iterdir()) == segments
+    lost = {header.queue_id: {header.queue_offset}}
+    assert_intact(reopened, COUNTS, lost)
+    assert reopened.faults.frames_lost == 1
+    await reopened.append("T", 1, [Message("T", body_for(1, COUNTS[1]), tag="t1")])
+    assert_intact(reopened, {**COUNTS, 1: COUNTS[1] + 1}, lost)
 
 
 async def test_lost_checkpoint_means_full_scan_not_data_loss(store_factory) -> None:
@@ -211,6 +224,10 @@ async def test_corrupt_record_in_an_old_segment_is_skipped_by_reads(store_factor
     result = reopened.read("T", 0, 0, 3)
     assert [m.queue_offset for m in result.messages] == [1, 2]
     assert result.next_offset == 3
+    assert reopened.corrupt_records_read == 1  # exported as popmq_broker_store_corrupt_reads
+    reopened.read("T", 0, 0, 3)  # reported once, not per read
+    assert reopened.corrupt_records_read == 1
+    assert len(list((reopened.data_dir / "quarantine").glob("commitlog_*.bin"))) == 1
     assert [m.body for m in reopened.read("T", 1, 0, 3).messages] == [
         body_for(1, o) for o in range(3)
     ]

@@ -56,9 +56,10 @@ class Rendered:
     def config_text(self) -> str:
         return self.one("ConfigMap")["data"]["popmq.yaml"]
 
-    def handle_secret(self) -> str:
-        secret = self.one("Secret")
-        return base64.b64decode(secret["data"]["handle-secret"]).decode()
+    def secret_file(self, name: str, key: str) -> str:
+        """A chart-made Secret's file, decoded."""
+        secret = self.one("Secret", name)
+        return base64.b64decode(secret["data"][key]).decode()
 
 
 def render(values: dict[str, Any] | None = None) -> Rendered:
@@ -80,7 +81,7 @@ def pod_env(workload: Manifest, secret_value: str, pod_ip: str = "10.0.0.7") -> 
     """The POPMQ_* environment a pod of this workload would see (secret refs and the downward
     API resolved to the given values)."""
     env: dict[str, str] = {}
-    for item in container(workload).get("env", []):
+    for item in container(workload).get("env") or []:
         if "value" in item:
             env[item["name"]] = str(item["value"])
         elif "secretKeyRef" in item.get("valueFrom", {}):

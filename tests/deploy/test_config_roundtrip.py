@@ -25,7 +25,7 @@ if "serve" not in cli_commands():
     pytest.skip("`popmq serve` is not registered in popmq.cli yet", allow_module_level=True)
 
 VALUES = {
-    "handleSecret": {"value": "kRoundTripSecret0123456789"},
+    "clusterToken": {"value": "kRoundTripSecret0123456789"},
     "proxy": {"advertise": {"host": "mq.internal.example", "port": 443}},
     "config": {
         "broker": {"topics": {"queue_count": 2}, "store": {"flush": "sync"}},
@@ -58,7 +58,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, str]]:
     config_file = tmp_path / "popmq.yaml"
     config_file.write_text(out.config_text())
     env = {k: v for k, v in os.environ.items() if not k.startswith("POPMQ_")}
-    env.update(pod_env(out.one("Deployment"), out.handle_secret()))
+    env.update(pod_env(out.one("Deployment"), "unused"))
     argv = [
         sys.executable, "-m", "popmq", "--config", str(config_file),
         "serve", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",

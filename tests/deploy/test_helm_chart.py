@@ -12,6 +12,7 @@ import yaml
 from deploykit import (
     CHART_DIR,
     NAMESPACE,
+    Manifest,
     Rendered,
     container,
     helm,
@@ -23,6 +24,7 @@ from deploykit import (
 )
 
 from popmq.config import BrokerAddress, PopmqConfig, load_config
+from popmq.security.acl import Acl
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -51,8 +53,19 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "pdb": {"maxUnavailable": "50%"},
         },
     },
+    "auth-and-tls-from-secrets": {
+        "auth": {"enabled": True, "existingSecret": "my-users", "existingSecretKey": "users.yaml"},
+        "clusterToken": {"existingSecret": "my-token", "existingSecretKey": "token"},
+        "tls": {
+            "enabled": True,
+            "secretName": "proxy-cert",
+            "clientAuth": True,
+            "brokers": {"enabled": True, "secretName": "broker-cert", "mutual": True},
+        },
+    },
+    "auth-off": {"auth": {"enabled": False}, "proxy": {"adminPort": None}},
     "tuned-config": {
-        "handleSecret": {"value": "kSecretForTheTuningVariant123"},
+        "clusterToken": {"value": "kSecretForTheTuningVariant123"},
         "proxy": {
             "terminationGracePeriodSeconds": 40,
             "advertise": {"host": "mq.internal.example", "port": 443},
@@ -126,12 +139,12 @@ def test_config_map_loads_into_the_config_model(
     values = merged_values(VARIANTS[variant])
     path = tmp_path / "popmq.yaml"
     path.write_text(out.config_text())
-    secret = out.handle_secret() if out.maybe("Secret") else "kExistingSecretValue0001"
+    secret = "unused"  # no secret travels in the environment any more: they are files
 
     for workload in (out.one("StatefulSet"), out.one("Deployment")):
         config = load_config(path, environ=pod_env(workload, secret))
         assert isinstance(config, PopmqConfig)
-        assert config.broker.handle_secret == secret == config.proxy.handle_secret
+        assert not any("SECRET" in name for name in pod_env(workload, secret))
         # Every value under `config` reached the model unchanged.
         for dotted, expected in walk(values["config"]):
             actual: Any = config
@@ -243,9 +256,14 @@ def test_services_probes_and_ports_line_up(rendered: dict[str, Rendered], varian
         )
         c = container(workload)
         grpc_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
+        tls = "--tls-cert" in c["args"]
         for probe in ("readinessProbe", "livenessProbe"):
-            assert c[probe]["grpc"] == {"port": grpc_port}, "probes use grpc.health.v1"
-    assert container(workloads["broker"])["startupProbe"]["grpc"]["port"] == 10911
+            if tls:  # kubelet's gRPC probe cannot speak TLS
+                assert c[probe]["tcpSocket"] == {"port": grpc_port}
+            else:
+                assert c[probe]["grpc"] == {"port": grpc_port}, "probes use grpc.health.v1"
+    startup = container(workloads["broker"])["startupProbe"]
+    assert (startup.get("grpc") or startup["tcpSocket"])["port"] == 10911
     for pdb in out.all("PodDisruptionBudget"):
         labels = pdb["spec"]["selector"]["matchLabels"]
         assert any(labels.items() <= w["spec"]["template"]["metadata"]["labels"].items()
@@ -296,9 +314,11 @@ def test_variant_specific_resources(rendered: dict[str, Rendered]) -> None:
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 12)
     assert "replicas" not in prod.one("Deployment")["spec"], "the HPA owns the replica count"
     assert prod.maybe("Secret") is None, "existingSecret: the chart makes no Secret"
-    env = {e["name"]: e for e in container(prod.one("StatefulSet"))["env"]}
-    ref = env["POPMQ_BROKER__HANDLE_SECRET"]["valueFrom"]["secretKeyRef"]
-    assert ref == {"name": "popmq-handle-secret", "key": "handle-secret"}
+    volumes = {v["name"]: v for v in prod.one("StatefulSet")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["cluster-token"]["secret"] == {
+        "secretName": "popmq-cluster-token",
+        "items": [{"key": "cluster-token", "path": "token"}],
+    }
     claim = prod.one("StatefulSet")["spec"]["volumeClaimTemplates"][0]["spec"]
     assert (claim["storageClassName"], claim["resources"]["requests"]["storage"]) == (
         "fast-ssd",
@@ -357,17 +377,81 @@ def test_config_changes_roll_the_right_pods() -> None:
     assert proxy2 != proxy0
 
 
-def test_generated_handle_secret_is_usable_by_the_config_loader(
-    rendered: dict[str, Rendered],
+def test_generated_cluster_token_and_admin_user(rendered: dict[str, Rendered]) -> None:
+    out = rendered["defaults"]
+    token = out.secret_file("popmq-cluster-token", "cluster-token")
+    assert len(token) >= 32 and token[0].isalpha()
+    assert rendered["tuned-config"].secret_file("popmq-cluster-token", "cluster-token") == (
+        "kSecretForTheTuningVariant123"
+    )
+    acl_secret = out.one("Secret", "popmq-acl")
+    assert acl_secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    acl = Acl.model_validate(yaml.safe_load(out.secret_file("popmq-acl", "acl.yaml")))
+    (admin,) = acl.users
+    assert admin.access_key == "admin" and admin.admin
+    assert len(admin.secret_key.get_secret_value()) >= 32
+    assert rendered["auth-off"].maybe("Secret")["metadata"]["name"] == "popmq-cluster-token"
+    assert "--acl" not in container(rendered["auth-off"].one("Deployment"))["args"]
+
+
+def _mounted(workload: Manifest, path: str) -> tuple[dict[str, Any], str]:
+    """The Secret volume and file name behind a file path in a pod of this workload."""
+    pod = workload["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in container(workload)["volumeMounts"]}
+    directory, _, name = path.rpartition("/")
+    volume = next(v for v in pod["volumes"] if v["name"] == mounts[directory])
+    return volume["secret"], name
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_security_file_comes_from_a_secret(
+    rendered: dict[str, Rendered], variant: str
 ) -> None:
-    secret = rendered["defaults"].handle_secret()
-    assert len(secret) >= 32 and secret[0].isalpha()
-    # POPMQ_* values are JSON-decoded when they parse: the secret must stay a string.
-    env = {"POPMQ_BROKER__HANDLE_SECRET": secret, "POPMQ_PROXY__HANDLE_SECRET": secret}
-    assert load_config(environ=env).broker.handle_secret == secret
-    assert rendered["tuned-config"].handle_secret() == "kSecretForTheTuningVariant123"
-    keep = rendered["defaults"].one("Secret")["metadata"]["annotations"]["helm.sh/resource-policy"]
-    assert keep == "keep"
+    out = rendered[variant]
+    values = merged_values(VARIANTS[variant])
+    broker = parse_cli(
+        [a.replace("$(POD_NAME)", "b-0") for a in container(out.one("StatefulSet"))["args"]]
+    )
+    proxy = parse_cli(container(out.one("Deployment"))["args"])
+    token_secret = values["clusterToken"]["existingSecret"] or "popmq-cluster-token"
+    if VARIANTS[variant].get("fullnameOverride"):
+        token_secret = f"{VARIANTS[variant]['fullnameOverride']}-cluster-token"
+    for workload, path in ((out.one("StatefulSet"), broker.cluster_token_file),
+                           (out.one("Deployment"), proxy.cluster_token_file)):  # fmt: skip
+        secret, name = _mounted(workload, path)
+        assert secret["secretName"] == token_secret and secret["items"][0]["path"] == name
+    if values["auth"]["enabled"]:
+        secret, name = _mounted(out.one("Deployment"), proxy.acl)
+        assert secret["items"] == [{"key": values["auth"]["existingSecretKey"]
+                                    if values["auth"]["existingSecret"] else "acl.yaml",
+                                    "path": name}]  # fmt: skip
+    else:
+        assert proxy.acl is None
+    tls = values["tls"]
+    assert (proxy.tls_cert is not None) == tls["enabled"]
+    assert (proxy.tls_client_ca is not None) == bool(tls["enabled"] and tls.get("clientAuth"))
+    if tls["enabled"]:
+        assert _mounted(out.one("Deployment"), proxy.tls_cert)[0]["secretName"] == tls["secretName"]
+    brokers = tls["brokers"]
+    assert (broker.tls_cert is not None) == brokers["enabled"]
+    assert (proxy.broker_tls_ca is not None) == brokers["enabled"]
+    if brokers["enabled"]:
+        assert (
+            _mounted(out.one("StatefulSet"), broker.tls_cert)[0]["secretName"]
+            == (brokers["secretName"])
+        )
+        assert (
+            _mounted(out.one("Deployment"), proxy.broker_tls_ca)[0]["secretName"]
+            == (brokers["secretName"])
+        )
+        assert (broker.tls_client_ca is not None) == bool(brokers.get("mutual"))
+        assert (proxy.broker_tls_cert is not None) == bool(brokers.get("mutual"))
+    admin_port = values["proxy"].get("adminPort")  # null removes the key
+    assert proxy.admin_port == admin_port
+    ports = {p["name"]: p["containerPort"] for p in container(out.one("Deployment"))["ports"]}
+    assert ports.get("admin") == admin_port
+    service = out.one("Service", out.one("Deployment")["metadata"]["name"])
+    assert admin_port not in [p["port"] for p in service["spec"]["ports"]], "admin stays off"
 
 
 def test_notes_tell_how_to_connect(rendered: dict[str, Rendered]) -> None:

@@ -127,7 +127,7 @@ def _has_path(tree: Any, dotted: str) -> bool:
 def test_settings_the_doc_names_exist() -> None:
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     model = PopmqConfig()
-    named = set(re.findall(r"`((?:broker|proxy|handleSecret)\.[\w.]+)(?::[^`]*)?`", DOC))
+    named = set(re.findall(r"`((?:broker|proxy|auth|clusterToken|tls)\.[\w.]+)(?::[^`]*)?`", DOC))
     assert len(named) >= 10
     for dotted in named:
         # a config field (broker.pop.max_attempts) or a chart value (proxy.replicas)

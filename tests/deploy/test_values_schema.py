@@ -25,8 +25,12 @@ BAD_VALUES: list[tuple[dict[str, Any], list[str]]] = [
     ({"proxy": {"replicas": -1}}, ["/proxy/replicas"]),
     ({"proxy": {"autoscaling": {"targetCPUUtilizationPercentage": 150}}}, ["targetCPU"]),
     ({"proxy": {"advertise": {"host": "not a host"}}}, ["/proxy/advertise/host"]),
-    ({"handleSecret": {"value": "short"}}, ["/handleSecret/value"]),
-    ({"handleSecret": {"value": "12345678901234567890"}}, ["/handleSecret/value"]),
+    ({"clusterToken": {"value": "short"}}, ["/clusterToken/value"]),
+    ({"clusterToken": {"value": "12345678901234567890"}}, ["/clusterToken/value"]),
+    ({"handleSecret": {"value": "kNoLongerAValue0123"}}, ["handleSecret"]),
+    ({"auth": {"enabled": "yes"}}, ["/auth/enabled"]),
+    ({"tls": {"enabled": True, "brokers": {"enabled": False, "mutal": True}}}, ["mutal"]),
+    ({"proxy": {"adminPort": 70000}}, ["/proxy/adminPort"]),
     ({"config": {"broker": {"store": {"flush": "never"}}}}, ["/config/broker/store/flush"]),
     ({"config": {"broker": {"pop": {"max_attempts": 0}}}}, ["/config/broker/pop/max_attempts"]),
     ({"config": {"broker": {"pop": {"retry_levels": ["5 minutes"]}}}}, ["retry_levels"]),
@@ -67,16 +71,25 @@ BAD_COMBINATIONS: list[tuple[dict[str, Any], str]] = [
     ),
     ({"proxy": {"advertise": {"host": "a.b", "podIP": True}}}, "not both"),
     ({"proxy": {"metrics": {"port": 8081}}}, "are both 8081"),
+    ({"tls": {"enabled": True, "brokers": {"enabled": False}}}, "tls.enabled needs tls.secretName"),
+    (
+        {"tls": {"enabled": False, "clientAuth": True, "brokers": {"enabled": False}}},
+        "tls.clientAuth needs tls.enabled",
+    ),
+    ({"tls": {"enabled": False, "brokers": {"enabled": True}}}, "tls.brokers.secretName"),
+    ({"proxy": {"adminPort": 9090}}, "proxy.adminPort (9090) must differ"),
 ]
 
 # Model fields the chart sets from other values (addresses, names, secret) or keeps from users
 # (test-only knobs, the single-process `serve` section).
 CHART_OWNED = {
-    "broker.name", "broker.host", "broker.port", "broker.data_dir", "broker.handle_secret",
-    "broker.metrics_port",
+    "broker.name", "broker.host", "broker.port", "broker.data_dir", "broker.metrics_port",
     "broker.pop.time_scale",
+    # identity and access: files of mounted Secrets, set from auth/clusterToken/tls values
+    "broker.handle_keys_file", "broker.tls", "broker.cluster_token_file",
+    "proxy.acl", "proxy.tls", "proxy.admin_port", "proxy.broker_link",
     "proxy.host", "proxy.port", "proxy.advertise_host", "proxy.advertise_port",
-    "proxy.metrics_port", "proxy.brokers", "proxy.handle_secret",
+    "proxy.metrics_port", "proxy.brokers",
     "proxy.reuse_port",  # set by `popmq proxy --workers N` on its workers, never by hand
     "serve",
 }  # fmt: skip
@@ -102,9 +115,14 @@ def test_schema_accepts_edge_values() -> None:
     render(
         {
             "broker": {"persistence": {"storageClass": "-", "size": "500Mi"}, "replicas": 64},
-            "proxy": {"pdb": {"maxUnavailable": "25%"}, "advertise": {"host": "10.1.2.3"}},
+            "proxy": {
+                "pdb": {"maxUnavailable": "25%"},
+                "advertise": {"host": "10.1.2.3"},
+                "adminPort": None,
+            },
             "config": {"broker": {"pop": {"retry_levels": ["500ms", "1.5s", "2h", "1d"]}}},
-            "handleSecret": {"value": "kA1_b2+c3/d4=e5.f"},
+            "clusterToken": {"value": "kA1_b2+c3/d4=e5.f"},
+            "auth": {"enabled": False},
         }
     )
 

@@ -88,7 +88,12 @@ class Session {
       namespace: config.namespace || '',
       requestTimeout: config.request_timeout_ms || 3000,
       logger: stderrLogger,
+      // TLS roots: grpc-js's defaults (GRPC_DEFAULT_SSL_ROOTS_FILE_PATH / NODE_EXTRA_CA_CERTS).
+      sslEnabled: config.tls === true,
     };
+    if (config.ak) {
+      base.sessionCredentials = { accessKey: config.ak, accessSecret: config.sk || '' };
+    }
     if (this.role === 'producer') {
       this.client = new rocketmq.Producer({ ...base, topics: this.topics });
     } else if (this.role === 'simple') {

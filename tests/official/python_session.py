@@ -138,17 +138,19 @@ class Session:
         self.client_config = client_config
         subscription = {topic: FilterExpression(config.get("filter", "*")) for topic in self.topics}
         self.listener: Listener | None = None
+        tls = bool(config.get("tls", False))  # roots: GRPC_DEFAULT_SSL_ROOTS_FILE_PATH
         if self.role == "producer":
-            self.client: Any = Producer(client_config, self.topics or None)
+            self.client: Any = Producer(client_config, self.topics or None, tls_enable=tls)
         elif self.role == "simple":
             self.client = SimpleConsumer(
-                client_config, config["group"], subscription, config.get("await_s", 20)
-            )
+                client_config, config["group"], subscription, config.get("await_s", 20),
+                tls_enable=tls,
+            )  # fmt: skip
         elif self.role == "push":
             self.listener = Listener(int(config.get("fail_attempts", 0)))
             self.client = PushConsumer(
                 client_config, config["group"], self.listener, subscription,
-                consumption_thread_count=config.get("threads", 4),
+                consumption_thread_count=config.get("threads", 4), tls_enable=tls,
             )  # fmt: skip
         else:
             raise ValueError(f"unknown role {self.role!r}")

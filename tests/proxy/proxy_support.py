@@ -17,6 +17,7 @@ from popmq.config import PopmqConfig, load_config
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
+from popmq.security.signature import signed_metadata
 
 # Small time scales so the suite stays fast; bounds keep RocketMQ's shape.
 TEST_SETTINGS: dict[str, Any] = {
@@ -47,6 +48,8 @@ class Cluster:
     channel: grpc.aio.Channel
     stub: service_pb2_grpc.MessagingServiceStub
     client_id: str
+    # (access key, secret key) to sign every call with, when the proxy has an ACL.
+    signing: tuple[str, str] | None = None
 
     @property
     def address(self) -> str:
@@ -60,6 +63,7 @@ class Cluster:
             ("x-mq-client-id", client_id or self.client_id),
             ("x-mq-request-id", uuid.uuid4().hex),
             ("x-mq-namespace", ""),
+            *(signed_metadata(*self.signing) if self.signing else ()),
         )
 
     # -- helpers that speak the protocol -------------------------------------------------

@@ -10,7 +10,8 @@ from dataclasses import replace
 import grpc
 import pytest
 from popmq.broker.api.errors import Code
-from popmq.broker.pop.handle import HandleCodec
+from popmq.broker.pop.handle import HandleCodec, peek_broker_name
+from popmq.broker.pop.handle_keys import HandleKeyring, keyring_path
 from proxy_support import Cluster, message, unique
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -18,12 +19,11 @@ from popmq.pb.rocketmq.v2 import service_pb2 as s
 
 
 def _tampered(handle: str) -> str:
-    """The same handle with one payload byte changed and the signature kept."""
-    payload, signature = handle.split(".")
-    raw = bytearray(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    digit = next(i for i, b in enumerate(raw) if chr(b).isdigit())  # e.g. an offset digit
-    raw[digit] = ord("7") if raw[digit] != ord("7") else ord("8")
-    return base64.urlsafe_b64encode(bytes(raw)).rstrip(b"=").decode() + "." + signature
+    """The same handle with one byte of its sealed part changed."""
+    prefix, sealed = handle.rsplit(".", 1)
+    raw = bytearray(base64.urlsafe_b64decode(sealed + "=" * (-len(sealed) % 4)))
+    raw[20] ^= 1
+    return prefix + "." + base64.urlsafe_b64encode(bytes(raw)).rstrip(b"=").decode()
 
 
 async def _one_received(cluster: Cluster, group: str, topic: str) -> pb.Message:
@@ -50,13 +50,14 @@ async def test_forged_handles_are_refused_and_nothing_is_lost(cluster: Cluster) 
     topic, group = unique("t"), unique("g")
     msg = await _one_received(cluster, group, topic)
     real = msg.system_properties.receipt_handle
-    secret = cluster.config.broker.handle_secret
-    decoded = HandleCodec(secret).decode(real)
+    owner = next(b for b in cluster.brokers if b.name == peek_broker_name(real))
+    codec = HandleCodec(HandleKeyring(keyring_path(owner.config)))
+    decoded = codec.decode(real)
     for forged in (
-        _tampered(real),  # another offset / time / queue, same signature
-        HandleCodec("not-the-cluster-secret").encode(decoded),  # signed by someone else
-        HandleCodec(secret).encode(replace(decoded, broker="broker-9")),
-        real[:-4] + ("AAAA" if not real.endswith("AAAA") else "BBBB"),  # altered signature
+        _tampered(real),  # one sealed byte changed
+        HandleCodec(HandleKeyring(None)).encode(decoded),  # sealed by someone else
+        codec.encode(replace(decoded, broker="broker-9")),  # routed nowhere
+        real[:-4] + ("AAAA" if not real.endswith("AAAA") else "BBBB"),  # altered tag
     ):
         acked = await cluster.ack_handles(group, topic, [s.AckMessageEntry(receipt_handle=forged)])
         assert acked.status.code == Code.INVALID_RECEIPT_HANDLE, forged

@@ -125,3 +125,21 @@ def test_arrow_round_trip() -> None:
     assert (out.body, out.keys, out.delivery_timestamp_ms) == (b"text", ["one"], 1_700_000_000_000)
     with pytest.raises(ValueError, match="body is null"):
         batch_to_messages(pa.RecordBatch.from_pylist([{"body": None, "x": 1}]), "t")
+
+
+def test_connection_security_options() -> None:
+    import pickle
+
+    plain = parse_read_options({"endpoint": "h:1", "topic": "t"}, False).connection
+    assert plain.security is None
+    options = parse_write_options(
+        {"endpoint": "h:1", "topic": "t", "accessKey": "app", "secretKey": "s3cret",
+         "tlsCaFile": "/etc/ca.pem"},
+        False,
+    )  # fmt: skip
+    security = options.connection.security
+    assert security is not None and security.tls and str(security.ca_file) == "/etc/ca.pem"
+    assert "s3cret" not in repr(options)  # never in a repr (Spark logs plans)
+    assert pickle.loads(pickle.dumps(options.connection)) == options.connection  # to executors
+    with pytest.raises(OptionError, match="accessKey"):
+        parse_write_options({"endpoint": "h:1", "topic": "t", "accessKey": "app"}, False)

@@ -144,8 +144,9 @@ class ClientSession:
         home: Path,
         start_timeout: float = 30,
         command: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
-        env = dict(os.environ, HOME=str(home), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, HOME=str(home), PYTHONUNBUFFERED="1", **(env or {}))
         env.pop("PYTHONPATH", None)
         self.stderr_path = home / f"session-{time.monotonic_ns()}.err"
         self._stderr = open(self.stderr_path, "w")

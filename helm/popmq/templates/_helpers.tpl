@@ -59,17 +59,49 @@ app.kubernetes.io/part-of: popmq
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
-{{/* The handle secret: the Secret's name and key the pods read it from. */}}
-{{- define "popmq.handleSecretName" -}}
-{{- default (printf "%s-handle-secret" (include "popmq.fullname" .)) .Values.handleSecret.existingSecret -}}
+{{/* Secrets: the cluster token and the ACL, by name and key. */}}
+{{- define "popmq.clusterTokenSecretName" -}}
+{{- default (printf "%s-cluster-token" (include "popmq.fullname" .)) .Values.clusterToken.existingSecret -}}
 {{- end -}}
 
-{{- define "popmq.handleSecretKey" -}}
-{{- if .Values.handleSecret.existingSecret -}}
-{{- .Values.handleSecret.existingSecretKey -}}
+{{- define "popmq.clusterTokenKey" -}}
+{{- if .Values.clusterToken.existingSecret -}}
+{{- .Values.clusterToken.existingSecretKey -}}
 {{- else -}}
-handle-secret
+cluster-token
 {{- end -}}
+{{- end -}}
+
+{{- define "popmq.aclSecretName" -}}
+{{- default (printf "%s-acl" (include "popmq.fullname" .)) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{- define "popmq.aclKey" -}}
+{{- if .Values.auth.existingSecret -}}
+{{- .Values.auth.existingSecretKey -}}
+{{- else -}}
+acl.yaml
+{{- end -}}
+{{- end -}}
+
+{{/* Where the pods find the Secrets' files. */}}
+{{- define "popmq.secretsDir" -}}/var/run/popmq{{- end -}}
+
+{{/* The Secret with the proxies' client certificate towards mutual-TLS brokers. */}}
+{{- define "popmq.proxyClientTlsSecret" -}}
+{{- if .Values.tls.enabled -}}{{ .Values.tls.secretName }}{{- else -}}{{ .Values.tls.brokers.secretName }}{{- end -}}
+{{- end -}}
+
+{{/* A probe: gRPC health where the port is plaintext; TCP where it speaks TLS. */}}
+{{- define "popmq.probe" -}}
+{{- if .tls -}}
+tcpSocket:
+  port: {{ .port }}
+{{- else -}}
+grpc:
+  port: {{ .port }}
+{{- end }}
+{{ toYaml .timing }}
 {{- end -}}
 
 {{/*
@@ -103,25 +135,11 @@ Service DNS name, a LoadBalancer and a port-forward alike.
 {{- end -}}
 {{- end -}}
 
-{{/* Environment shared by brokers and proxies: the handle secret. */}}
-{{- define "popmq.secretEnv" -}}
-- name: POPMQ_BROKER__HANDLE_SECRET
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "popmq.handleSecretName" . }}
-      key: {{ include "popmq.handleSecretKey" . }}
-- name: POPMQ_PROXY__HANDLE_SECRET
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "popmq.handleSecretName" . }}
-      key: {{ include "popmq.handleSecretKey" . }}
-{{- end -}}
-
 {{/*
 The popmq config file (popmq/config.py's PopmqConfig) as YAML: values.config plus what the chart
-knows better than the user (an explicitly advertised address). Listen addresses, ports, broker names and
-the broker list go on the command line; the handle secret comes from a Secret through
-POPMQ_*__HANDLE_SECRET.
+knows better than the user (an explicitly advertised address). Listen addresses, ports, broker names,
+the broker list and the files of the ACL, TLS and cluster token (mounted Secrets) go on the
+command line.
 */}}
 {{- define "popmq.configDocument" -}}
 {{- $config := deepCopy .Values.config -}}
@@ -155,6 +173,21 @@ POPMQ_*__HANDLE_SECRET.
 {{- $hpa := .Values.proxy.autoscaling -}}
 {{- if and $hpa.enabled (gt (int $hpa.minReplicas) (int $hpa.maxReplicas)) -}}
 {{- fail (printf "proxy.autoscaling.minReplicas (%v) must not exceed proxy.autoscaling.maxReplicas (%v)" $hpa.minReplicas $hpa.maxReplicas) -}}
+{{- end -}}
+{{- if and .Values.tls.enabled (not .Values.tls.secretName) -}}
+{{- fail "tls.enabled needs tls.secretName (a kubernetes.io/tls Secret)" -}}
+{{- end -}}
+{{- if and .Values.tls.brokers.enabled (not .Values.tls.brokers.secretName) -}}
+{{- fail "tls.brokers.enabled needs tls.brokers.secretName (a kubernetes.io/tls Secret)" -}}
+{{- end -}}
+{{- if and .Values.tls.clientAuth (not .Values.tls.enabled) -}}
+{{- fail "tls.clientAuth needs tls.enabled" -}}
+{{- end -}}
+{{- if and .Values.tls.brokers.mutual (not .Values.tls.brokers.enabled) -}}
+{{- fail "tls.brokers.mutual needs tls.brokers.enabled" -}}
+{{- end -}}
+{{- if and .Values.proxy.adminPort (or (eq (int .Values.proxy.adminPort) (int .Values.proxy.port)) (and .Values.proxy.metrics.enabled (eq (int .Values.proxy.adminPort) (int .Values.proxy.metrics.port)))) -}}
+{{- fail (printf "proxy.adminPort (%v) must differ from proxy.port and proxy.metrics.port" .Values.proxy.adminPort) -}}
 {{- end -}}
 {{- if and .Values.proxy.advertise.podIP .Values.proxy.advertise.host -}}
 {{- fail "set either proxy.advertise.host or proxy.advertise.podIP, not both" -}}

@@ -1,0 +1,208 @@
+"""The ACL: users (access key + secret key) and what each may do.
+
+File format (``--acl FILE``)::
+
+    users:
+      - access_key: app1
+        secret_key: s3cr3t
+        allow:
+          - publish: orders            # a topic, or a pattern such as orders-*
+          - subscribe: billing         # a group, on any topic
+          - subscribe: {group: audit, topics: [orders, payments-*]}
+      - access_key: ops
+        secret_key: ...
+        admin: true                    # the admin API (and every topic and group)
+
+Patterns: ``*`` matches any run of characters; nothing else is special. Deny by default.
+Secret keys are held as SecretStr: they never appear in a repr, a log line or an answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+log = logging.getLogger(__name__)
+_RELOAD_EVERY_S = 1.0
+
+
+@lru_cache(maxsize=1024)
+def _compile(pattern: str) -> re.Pattern[str]:
+    return re.compile(
+        "".join(".*" if part == "*" else re.escape(part) for part in re.split(r"(\*)", pattern))
+    )
+
+
+def matches(pattern: str, name: str) -> bool:
+    """Does a name match a pattern where ``*`` is the only wildcard?"""
+    if "*" not in pattern:
+        return pattern == name
+    return _compile(pattern).fullmatch(name) is not None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Subscription(_Strict):
+    group: str = Field(min_length=1)
+    topics: tuple[str, ...] | None = None  # None: any topic
+
+    def covers(self, group: str, topic: str | None) -> bool:
+        if not matches(self.group, group):
+            return False
+        if topic is None or self.topics is None:
+            return True
+        return any(matches(p, topic) for p in self.topics)
+
+    def covers_topic(self, topic: str) -> bool:
+        return self.topics is None or any(matches(p, topic) for p in self.topics)
+
+
+class Grant(_Strict):
+    """One ``allow`` entry: exactly one of publish or subscribe."""
+
+    publish: str | None = None
+    subscribe: Subscription | None = None
+
+    @field_validator("subscribe", mode="before")
+    @classmethod
+    def _group_shorthand(cls, value: Any) -> Any:
+        return {"group": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one(self) -> Grant:
+        if (self.publish is None) == (self.subscribe is None):
+            raise ValueError("an allow entry is either `publish: TOPIC` or `subscribe: GROUP`")
+        return self
+
+
+class User(_Strict):
+    access_key: str = Field(min_length=1, pattern=r"^[^\s,=]+$")
+    secret_key: SecretStr
+    admin: bool = False
+    allow: tuple[Grant, ...] = ()
+
+    @field_validator("secret_key")
+    @classmethod
+    def _not_empty(cls, value: SecretStr) -> SecretStr:
+        if len(value.get_secret_value()) < 1:
+            raise ValueError("secret_key must not be empty")
+        return value
+
+    def can_publish(self, topic: str) -> bool:
+        return self.admin or any(
+            g.publish is not None and matches(g.publish, topic) for g in self.allow
+        )
+
+    def can_subscribe(self, group: str, topic: str | None = None) -> bool:
+        return self.admin or any(
+            g.subscribe is not None and g.subscribe.covers(group, topic) for g in self.allow
+        )
+
+    def can_read_topic(self, topic: str) -> bool:
+        """May see a topic's route or offsets: publishes to it or subscribes on it."""
+        return self.can_publish(topic) or any(
+            g.subscribe is not None and g.subscribe.covers_topic(topic) for g in self.allow
+        )
+
+
+class Acl(_Strict):
+    users: tuple[User, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique(self) -> Acl:
+        seen: set[str] = set()
+        for user in self.users:
+            if user.access_key in seen:
+                raise ValueError(f"access key {user.access_key!r} appears twice")
+            seen.add(user.access_key)
+        return self
+
+    def user(self, access_key: str) -> User | None:
+        return self._index().get(access_key)
+
+    def _index(self) -> dict[str, User]:
+        index = self.__dict__.get("_by_key")
+        if index is None:
+            index = {u.access_key: u for u in self.users}
+            object.__setattr__(self, "_by_key", index)  # frozen model: a private cache
+        return index
+
+
+def load_acl(path: str | Path) -> Acl:
+    """Read and validate an ACL file; ValueError names the file and the problem."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot read ACL file {path}: {exc}") from None
+    try:
+        return Acl.model_validate(data)
+    except ValidationError as exc:
+        # Where and what, never the input values: they may hold secret keys.
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in error['loc']) or 'file'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ValueError(f"bad ACL file {path}: {problems}") from None
+
+
+class AclFile:
+    """An ACL file, re-read when it changes (a Kubernetes Secret update, an edit), checked at
+    most once a second. A file that no longer parses keeps the last good ACL and logs an ERROR
+    (never the secrets): a typo must not lock every client out or open the doors."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        clock: Callable[[], float] = time.monotonic,
+        on_reload_failure: Callable[[], None] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self._clock = clock
+        self._on_reload_failure = on_reload_failure
+        self._mtime = self._stat()
+        self.acl = load_acl(self.path)
+        self._checked = clock()
+        self.reload_failures = 0
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        """mtime, inode and size: a Secret update swaps a symlink, an editor may replace."""
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_ino, st.st_size)
+
+    def current(self) -> Acl:
+        now = self._clock()
+        if now - self._checked >= _RELOAD_EVERY_S:
+            self._checked = now
+            mtime = self._stat()
+            if mtime != self._mtime:
+                self._mtime = mtime
+                try:
+                    self.acl = load_acl(self.path)
+                    log.info("ACL reloaded from %s: %d users", self.path, len(self.acl.users))
+                except ValueError as exc:
+                    self.reload_failures += 1
+                    log.error("keeping the previous ACL: %s", exc)
+                    if self._on_reload_failure is not None:
+                        self._on_reload_failure()
+        return self.acl

@@ -1,0 +1,252 @@
+"""Authentication and authorization at the proxy's gRPC boundary.
+
+One server interceptor guards the MessagingService and the AdminService. Each call is
+authenticated (popmq.security: the MQv2-HMAC-SHA1 signature against the ACL's users) and then
+authorized by what it touches, before the servicer runs, so a refused call reads and writes
+nothing:
+
+- SendMessage: publish on each message's topic;
+- ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue,
+  PullMessage, GetOffset, UpdateOffset, QueryAssignment: subscribe as the group on the topic;
+- QueryRoute, QueryOffset: publish or subscribe on the topic;
+- Heartbeat: subscribe as its group (producers: signed in only); Telemetry,
+  NotifyClientTermination and the unsupported RPCs: signed in only;
+- the AdminService: admin. Anything else: admin (deny by default).
+
+A refusal is answered as the protocol answers any refusal, with a Status of UNAUTHORIZED or
+FORBIDDEN, counted in popmq_proxy_rpc_requests{code=...} and logged (at most once a minute per
+user, method and code; never a secret).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from google.protobuf import message_factory
+from popmq.proxy.metrics import ProxyMetrics
+from prometheus_client import Counter
+
+from popmq.config import ProxyConfig
+from popmq.pb.admin.v1 import admin_pb2
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+from popmq.security import signature
+from popmq.security.acl import AclFile, User
+from popmq.security.authn import Authenticator
+from popmq.security.errors import UNAUTHORIZED, AccessDenied, forbidden
+
+log = logging.getLogger(__name__)
+
+MESSAGING = "/apache.rocketmq.v2.MessagingService/"
+ADMIN = "/popmq.admin.v1.AdminService/"
+_LOG_EVERY_S = 60.0
+
+
+def _name(resource: pb.Resource) -> str:
+    return resource.name
+
+
+def _group_on_topic(group: pb.Resource, topic: pb.Resource) -> Callable[[User], bool]:
+    return lambda user: user.can_subscribe(_name(group), _name(topic))
+
+
+def _rule(method: str, request: Any) -> tuple[Callable[[User], bool], str]:
+    """(may this user do it?, what it needs, for the refusal message)."""
+    if method in ("ReceiveMessage", "PullMessage", "GetOffset", "UpdateOffset"):
+        group, topic = request.group, request.message_queue.topic
+        return _group_on_topic(group, topic), f"subscribe {group.name} on {topic.name}"
+    if method in ("AckMessage", "ChangeInvisibleDuration", "ForwardMessageToDeadLetterQueue"):
+        return _group_on_topic(request.group, request.topic), (
+            f"subscribe {request.group.name} on {request.topic.name}"
+        )
+    if method == "QueryAssignment":
+        return _group_on_topic(request.group, request.topic), (
+            f"subscribe {request.group.name} on {request.topic.name}"
+        )
+    if method == "SendMessage":
+        topics = sorted({m.topic.name for m in request.messages})
+        return (lambda user: all(user.can_publish(t) for t in topics)), (
+            f"publish on {', '.join(topics)}"
+        )
+    if method in ("QueryRoute", "QueryOffset"):
+        topic = request.topic if method == "QueryRoute" else request.message_queue.topic
+        return (
+            lambda user: user.can_read_topic(topic.name)
+        ), f"publish or subscribe on {topic.name}"
+    if method == "Heartbeat":
+        if request.HasField("group") and request.group.name:
+            return (lambda user: user.can_subscribe(request.group.name)), (
+                f"subscribe {request.group.name}"
+            )
+        return (lambda user: True), ""
+    if method in (
+        "Telemetry", "NotifyClientTermination", "EndTransaction", "RecallMessage",
+        "SyncLiteSubscription",
+    ):  # fmt: skip
+        return (lambda user: True), ""
+    return (lambda user: user.admin), "admin"
+
+
+def _refused_response(response_class: type, method: str, request: Any, status: pb.Status) -> Any:
+    response = response_class(status=status)
+    if method == "SendMessage":  # the clients read one entry per message
+        for message in request.messages:
+            response.entries.add(status=status, message_id=message.system_properties.message_id)
+    elif method == "ChangeInvisibleDuration":  # clients adopt the handle before the status
+        response.receipt_handle = request.receipt_handle
+    return response
+
+
+class AccessGuard(grpc.aio.ServerInterceptor):
+    """Wraps every guarded method's behavior with the authentication and permission check."""
+
+    def __init__(self, authenticator: Authenticator, metrics: ProxyMetrics) -> None:
+        self._authn = authenticator
+        self._metrics = metrics
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
+        self._last_logged: dict[tuple[str, str, int], float] = {}
+
+    def for_another_server(self) -> AccessGuard:
+        """The same users for another listener: wrapped handlers are cached per server."""
+        return AccessGuard(self._authn, self._metrics)
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        path: str = details.method
+        cached = self._wrapped.get(path)
+        if cached is not None:
+            return cached
+        handler = await continuation(details)
+        if handler is None or not path.startswith((MESSAGING, ADMIN)):
+            return handler  # health and reflection stay open
+        wrapped = self._wrap(path, handler)
+        self._wrapped[path] = wrapped
+        return wrapped
+
+    # -- the check -------------------------------------------------------------------------
+    def check(self, path: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+        """AccessDenied unless the caller is signed in and allowed; never touches data."""
+        headers = {
+            key.lower(): value
+            for key, value in context.invocation_metadata() or ()
+            if isinstance(value, str)
+        }
+        user = self._authn.authenticate(headers)
+        method = path.rsplit("/", 1)[1]
+        allowed, needs = (
+            ((lambda u: u.admin), "admin") if path.startswith(ADMIN) else _rule(method, request)
+        )
+        if not allowed(user):
+            raise forbidden(f"access key {user.access_key!r} may not {method}: needs {needs}")
+
+    def _refused(
+        self, path: str, exc: AccessDenied, context: grpc.aio.ServicerContext
+    ) -> pb.Status:
+        method = path.rsplit("/", 1)[1]
+        code_name = "UNAUTHORIZED" if exc.code == UNAUTHORIZED else "FORBIDDEN"
+        self._metrics.rpc_requests.labels(method, code_name).inc()
+        credential = ""
+        for name, value in context.invocation_metadata() or ():
+            if name.lower() == signature.AUTH_HEADER and isinstance(value, str):
+                credential = value.partition("Credential=")[2].split(",")[0][:64]
+        key = (credential, method, exc.code)
+        now = time.monotonic()
+        if now - self._last_logged.get(key, -_LOG_EVERY_S) >= _LOG_EVERY_S:
+            self._last_logged[key] = now
+            log.warning(
+                "refused %s from %s (access key %r): %s %s",
+                method, context.peer(), credential, code_name, exc.message,
+            )  # fmt: skip
+        return pb.Status(code=exc.code, message=exc.message)
+
+    # -- wrapping each kind of method ------------------------------------------------------
+    def _wrap(self, path: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        method = path.rsplit("/", 1)[1]
+        response_class = _response_class(path)
+        guard = self
+
+        if not handler.request_streaming and not handler.response_streaming:
+            inner = handler.unary_unary
+
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                try:
+                    guard.check(path, request, context)
+                except AccessDenied as exc:
+                    status = guard._refused(path, exc, context)
+                    return _refused_response(response_class, method, request, status)
+                return await inner(request, context)
+
+            return _rebuild(grpc.unary_unary_rpc_method_handler, unary, handler)
+
+        if not handler.request_streaming:  # ReceiveMessage, PullMessage: servicers write()
+            inner = handler.unary_stream
+
+            async def server_stream(request: Any, context: grpc.aio.ServicerContext) -> None:
+                try:
+                    guard.check(path, request, context)
+                except AccessDenied as exc:
+                    status = guard._refused(path, exc, context)
+                    await context.write(response_class(status=status))
+                    if method == "ReceiveMessage":
+                        trailer = response_class()
+                        trailer.delivery_timestamp.GetCurrentTime()
+                        await context.write(trailer)
+                    return
+                await inner(request, context)
+
+            return _rebuild(grpc.unary_stream_rpc_method_handler, server_stream, handler)
+
+        if handler.response_streaming and inspect.isasyncgenfunction(handler.stream_stream):
+            inner = handler.stream_stream  # Telemetry: an async generator
+
+            async def bidi(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+                try:
+                    guard.check(path, None, context)
+                except AccessDenied as exc:
+                    yield response_class(status=guard._refused(path, exc, context))
+                    return
+                async for answer in inner(requests, context):
+                    yield answer
+
+            return _rebuild(grpc.stream_stream_rpc_method_handler, bidi, handler)
+        return handler  # no such method in the guarded services
+
+
+def _rebuild(make: Any, behavior: Any, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    return make(
+        behavior,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+def _response_class(path: str) -> type:
+    service, method = path.strip("/").split("/")
+    pool_file = admin_pb2.DESCRIPTOR if path.startswith(ADMIN) else s.DESCRIPTOR
+    descriptor = pool_file.services_by_name[service.rsplit(".", 1)[1]].methods_by_name[method]
+    return message_factory.GetMessageClass(descriptor.output_type)
+
+
+def access_guard(config: ProxyConfig, metrics: ProxyMetrics) -> AccessGuard | None:
+    """The guard for the configured ACL; None (open, a WARNING) without one."""
+    if config.acl is None:
+        log.warning(
+            "authentication is OFF: anyone who can reach this proxy may publish, consume and "
+            "administer (local development only; give --acl FILE to turn it on)"
+        )
+        return None
+    failures = Counter(
+        "popmq_proxy_acl_reload_failures",
+        "Changes to the ACL file that did not parse (the previous ACL stayed in force)",
+        registry=metrics.registry,
+    )
+    acl = AclFile(config.acl, on_reload_failure=failures.inc)  # re-read when the file changes
+    verifier = signature.SignatureVerifier(
+        config.auth_clock_skew_ms / 1000, any_timezone=config.auth_any_timezone
+    )
+    log.info("authentication on: %d users from %s", len(acl.acl.users), config.acl)
+    return AccessGuard(Authenticator(acl, verifier), metrics)

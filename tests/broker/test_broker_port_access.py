@@ -1,0 +1,126 @@
+"""The broker port accepts only proxies: the cluster token, or mutual TLS.
+
+A stranger who reaches the port directly can do nothing (no offsets moved, no topic deleted,
+nothing read); health checks stay open for probes. The proxy side (RemoteBrokerPort with the
+link settings) gets in."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from popmq.broker.api.errors import BrokerError
+from popmq.broker.api.local import LocalBrokerPort
+from popmq.broker.api.remote import RemoteBrokerPort
+from popmq.broker.api.types import Message
+from popmq.broker.core import Broker
+from popmq.broker.server import BrokerGrpcServer
+from support.brokers import fast_broker_config
+from support.tls_certs import Pki, make_pki
+
+from popmq.config import BrokerConfig, BrokerLinkConfig, TlsConfig
+from popmq.pb.broker.v1 import broker_pb2 as pb
+from popmq.pb.broker.v1 import broker_pb2_grpc
+
+TOKEN = "cluster-token-0123456789abcdef"
+
+
+@contextlib.asynccontextmanager
+async def guarded_broker(config: BrokerConfig) -> AsyncIterator[tuple[Broker, str]]:
+    broker = Broker(config)
+    await broker.start()
+    server = BrokerGrpcServer(LocalBrokerPort(broker), "127.0.0.1", 0, config=config)
+    try:
+        await server.start()
+        yield broker, server.address
+    finally:
+        await server.stop(0.2)
+        await broker.stop()
+
+
+async def _stranger_tries_everything(channel: grpc.aio.Channel) -> list[grpc.StatusCode]:
+    stub = broker_pb2_grpc.BrokerServiceStub(channel)
+    codes = []
+    for call, request in (
+        (stub.UpdateConsumerOffset, pb.UpdateConsumerOffsetRequest(
+            group="billing", topic="orders", queue_id=0, offset=18)),
+        (stub.DeleteTopic, pb.DeleteTopicRequest(topic="orders")),
+        (stub.Pop, pb.PopRequest(group="billing", topic="orders", max_messages=8,
+                                 invisible_time_ms=60_000, queue_id=-1)),
+        (stub.Pull, pb.PullRequest(topic="orders", queue_id=0, max_messages=8)),
+        (stub.ListTopics, pb.ListTopicsRequest()),
+    ):  # fmt: skip
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call(request, timeout=5)
+        codes.append(err.value.code())
+    return codes
+
+
+async def _nothing_changed(broker: Broker) -> None:
+    assert await broker.get_consumer_offset("billing", "orders", 0) == -1
+    info = await broker.get_topic("orders")
+    assert info.queues[0].max_offset == 3  # the topic and its messages are still there
+
+
+async def test_cluster_token_keeps_strangers_out(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    config = fast_broker_config(tmp_path / "b").model_copy(
+        update={"cluster_token_file": token_file}
+    )
+    async with guarded_broker(config) as (broker, address):
+        await broker.send([Message("orders", b"o") for _ in range(3)], 0)
+        async with grpc.aio.insecure_channel(address) as channel:
+            codes = await _stranger_tries_everything(channel)
+            assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}
+            health = health_pb2_grpc.HealthStub(channel)
+            answer = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        wrong = tmp_path / "wrong"
+        wrong.write_text("not-the-cluster-token-at-all")
+        intruder = RemoteBrokerPort("b", address, link=BrokerLinkConfig(cluster_token_file=wrong))
+        with pytest.raises(BrokerError, match="UNAUTHENTICATED"):
+            await intruder.update_consumer_offset("billing", "orders", 0, 18)
+        await intruder.close()
+        await _nothing_changed(broker)
+
+        proxy = RemoteBrokerPort("b", address, link=BrokerLinkConfig(cluster_token_file=token_file))
+        try:
+            assert (await proxy.get_topic("orders")).queues[0].max_offset == 3
+            await proxy.update_consumer_offset("billing", "orders", 0, 1)
+            assert await broker.get_consumer_offset("billing", "orders", 0) == 1
+        finally:
+            await proxy.close()
+
+
+async def test_mutual_tls_keeps_strangers_out(tmp_path: Path) -> None:
+    pki: Pki = make_pki(tmp_path / "pki")
+    config = fast_broker_config(tmp_path / "b")
+    config.tls = TlsConfig(cert=pki.server_cert, key=pki.server_key, client_ca=pki.ca)
+    async with guarded_broker(config) as (broker, address):
+        await broker.send([Message("orders", b"o") for _ in range(3)], 0)
+        for credentials in (
+            grpc.ssl_channel_credentials(pki.ca.read_bytes()),  # TLS, but no client cert
+            None,  # plaintext
+        ):
+            channel = (
+                grpc.aio.secure_channel(address, credentials)
+                if credentials
+                else grpc.aio.insecure_channel(address)
+            )
+            async with channel:
+                codes = await _stranger_tries_everything(channel)
+                assert grpc.StatusCode.OK not in codes
+        await _nothing_changed(broker)
+
+        link = BrokerLinkConfig(tls=True, ca=pki.ca, cert=pki.client_cert, key=pki.client_key)
+        proxy = RemoteBrokerPort("b", address, link=link)
+        try:
+            await proxy.update_consumer_offset("billing", "orders", 0, 2)
+            assert await broker.get_consumer_offset("billing", "orders", 0) == 2
+        finally:
+            await proxy.close()

@@ -1,0 +1,158 @@
+"""The access guard at the proxy's gRPC boundary, RPC by RPC (in-process cluster, raw stub).
+
+A refused call answers UNAUTHORIZED or FORBIDDEN in the protocol's own shape and touches
+nothing: after every refusal the rightful consumer's handle still acks, offsets are unchanged,
+nothing was sent."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from popmq.broker.api.errors import Code
+from popmq.proxy.grpc.access import access_guard
+from popmq.proxy.metrics import ProxyMetrics
+from proxy_support import Cluster, message, unique
+
+from popmq.config import ProxyConfig
+from popmq.pb.admin.v1 import admin_pb2 as a
+from popmq.pb.admin.v1 import admin_pb2_grpc
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+OWNER = ("owner", "owner-secret-0001")
+OTHER = ("other", "other-secret-0001")
+ADMIN = ("root", "root-secret-0001")
+
+
+@pytest.fixture
+async def guarded(make_cluster: Any, tmp_path: Path) -> Cluster:
+    acl = tmp_path / "acl.yaml"
+    acl.write_text(
+        yaml.safe_dump(
+            {
+                "users": [
+                    {
+                        "access_key": OWNER[0],
+                        "secret_key": OWNER[1],
+                        "allow": [{"publish": "t-*"}, {"subscribe": "g-own-*"}],
+                    },
+                    {
+                        "access_key": OTHER[0],
+                        "secret_key": OTHER[1],
+                        "allow": [{"subscribe": {"group": "g-other-*", "topics": ["t-*"]}}],
+                    },
+                    {"access_key": ADMIN[0], "secret_key": ADMIN[1], "admin": True},
+                ]
+            }
+        )
+    )
+    cluster = await make_cluster(brokers=1, **{"proxy.acl": str(acl)})
+    cluster.signing = OWNER
+    return cluster
+
+
+def _mq(topic: str) -> pb.MessageQueue:
+    return pb.MessageQueue(topic=pb.Resource(name=topic), id=0, broker=pb.Broker(name="broker-0"))
+
+
+async def test_every_consumer_rpc_of_another_group_is_forbidden_and_changes_nothing(
+    guarded: Cluster,
+) -> None:
+    topic, group = unique("t"), unique("g-own")
+    assert (await guarded.send(topic, b"order")).status.code == Code.OK
+    status, (msg,), _ = await guarded.receive(group, topic, invisible_ms=30_000)
+    assert status.code == Code.OK
+    handle = msg.system_properties.receipt_handle
+    offset_before = await guarded.brokers[0].get_consumer_offset(group, topic, 0)
+
+    guarded.signing = OTHER
+    stub, md = guarded.stub, guarded.metadata()
+    g, t = pb.Resource(name=group), pb.Resource(name=topic)
+    acked = await stub.AckMessage(
+        s.AckMessageRequest(group=g, topic=t, entries=[s.AckMessageEntry(receipt_handle=handle)]),
+        metadata=md,
+    )
+    change = s.ChangeInvisibleDurationRequest(group=g, topic=t, receipt_handle=handle)
+    change.invisible_duration.FromSeconds(0)
+    changed = await stub.ChangeInvisibleDuration(change, metadata=md)
+    assert changed.receipt_handle == handle  # clients adopt it before reading the status
+    dlq = await stub.ForwardMessageToDeadLetterQueue(
+        s.ForwardMessageToDeadLetterQueueRequest(group=g, topic=t, receipt_handle=handle),
+        metadata=md,
+    )
+    updated = await stub.UpdateOffset(
+        s.UpdateOffsetRequest(group=g, message_queue=_mq(topic), offset=1), metadata=md
+    )
+    got = await stub.GetOffset(s.GetOffsetRequest(group=g, message_queue=_mq(topic)), metadata=md)
+    assigned = await stub.QueryAssignment(s.QueryAssignmentRequest(group=g, topic=t), metadata=md)
+    beat = await stub.Heartbeat(
+        s.HeartbeatRequest(group=g, client_type=pb.SIMPLE_CONSUMER), metadata=md
+    )
+    pulled = [
+        f async for f in stub.PullMessage(
+            s.PullMessageRequest(group=g, message_queue=_mq(topic), offset=0, batch_size=8),
+            metadata=md,
+        )
+    ]  # fmt: skip
+    status, messages, kinds = await guarded.receive(group, topic)
+    for response in (acked, changed, dlq, updated, got, assigned, beat, pulled[0]):
+        assert response.status.code == Code.FORBIDDEN, response
+    assert "owner" not in acked.status.message and "g-own" in acked.status.message
+    assert len(pulled) == 1
+    assert (status.code, messages, kinds) == (Code.FORBIDDEN, [], ["status", "delivery_timestamp"])
+
+    # nothing happened: the owner's handle still acks, the offset did not move
+    assert await guarded.brokers[0].get_consumer_offset(group, topic, 0) == offset_before
+    guarded.signing = OWNER
+    assert (await guarded.ack(group, topic, msg)).status.code == Code.OK
+
+
+async def test_send_needs_publish_and_answers_one_entry_per_message(guarded: Cluster) -> None:
+    topic = unique("t")
+    guarded.signing = OTHER
+    request = s.SendMessageRequest(messages=[message(topic, b"a"), message(topic, b"b")])
+    sent = await guarded.stub.SendMessage(request, metadata=guarded.metadata())
+    assert sent.status.code == Code.FORBIDDEN
+    assert [e.status.code for e in sent.entries] == [Code.FORBIDDEN] * 2
+    route = await guarded.route(topic)  # other may subscribe on t-*: the route is readable
+    assert route.status.code == Code.OK
+    outsider = await guarded.route("elsewhere")
+    assert outsider.status.code == Code.FORBIDDEN
+    guarded.signing = OWNER
+    _, messages, _ = await guarded.receive(unique("g-own"), topic, poll_ms=300)
+    assert messages == []  # nothing was written
+
+
+async def test_unsigned_and_wrongly_signed_calls_are_unauthorized(guarded: Cluster) -> None:
+    topic = unique("t")
+    for signing in (None, ("owner", "wrong"), ("ghost", "x")):
+        guarded.signing = signing
+        assert (await guarded.route(topic)).status.code == Code.UNAUTHORIZED
+        assert (await guarded.send(topic, b"x")).status.code == Code.UNAUTHORIZED
+    guarded.signing = None
+    call = guarded.stub.Telemetry(metadata=guarded.metadata())
+    await call.write(s.TelemetryCommand(settings=pb.Settings(client_type=pb.PRODUCER)))
+    answer = await call.read()
+    assert answer.status.code == Code.UNAUTHORIZED
+    call.cancel()
+    metric = guarded.server.metrics.rpc_requests.labels("QueryRoute", "UNAUTHORIZED")
+    assert metric._value.get() >= 3
+
+
+async def test_admin_service_needs_admin(guarded: Cluster) -> None:
+    admin = admin_pb2_grpc.AdminServiceStub(guarded.channel)
+    for signing, code in ((None, Code.UNAUTHORIZED), (OWNER, Code.FORBIDDEN), (ADMIN, Code.OK)):
+        guarded.signing = signing
+        answer = await admin.ListTopics(a.ListTopicsRequest(), metadata=guarded.metadata())
+        assert answer.status.code == code
+
+
+def test_no_acl_means_open_and_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        assert access_guard(ProxyConfig(), ProxyMetrics()) is None
+    (line,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "authentication is OFF" in line.getMessage()

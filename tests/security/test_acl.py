@@ -1,0 +1,92 @@
+"""The ACL file: users, publish/subscribe/admin grants, `*` patterns, deny by default."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from popmq.security.acl import AclFile, load_acl, matches
+
+ACL = """
+users:
+  - access_key: app1
+    secret_key: s3cr3t
+    allow:
+      - publish: orders
+      - publish: "events-*"
+      - subscribe: billing
+      - subscribe: {group: "audit-*", topics: [orders, "pay-*"]}
+  - access_key: ops
+    secret_key: ops-secret
+    admin: true
+"""
+
+
+def test_grants(tmp_path: Path) -> None:
+    path = tmp_path / "acl.yaml"
+    path.write_text(ACL)
+    acl = load_acl(path)
+    app = acl.user("app1")
+    assert app is not None and acl.user("nobody") is None
+    assert app.can_publish("orders") and app.can_publish("events-2026")
+    assert not app.can_publish("orders-2") and not app.can_publish("events")
+    assert app.can_subscribe("billing", "anything")  # a plain group: any topic
+    assert app.can_subscribe("audit-1", "orders") and app.can_subscribe("audit-1", "pay-eu")
+    assert not app.can_subscribe("audit-1", "refunds")
+    assert not app.can_subscribe("billing2", "orders")
+    assert not app.admin
+    ops = acl.user("ops")
+    assert ops is not None and ops.admin and ops.can_publish("x") and ops.can_subscribe("g", "t")
+    assert "s3cr3t" not in repr(acl) and "s3cr3t" not in str(app)
+
+
+def test_patterns_only_star() -> None:
+    assert matches("a*", "abc") and matches("*", "") and matches("a*c", "abbc")
+    assert not matches("a?c", "abc") and matches("a?c", "a?c")
+    assert not matches("[ab]", "a") and matches("a.c", "a.c") and not matches("a.c", "abc")
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("users: [{access_key: a}]", "secret_key"),
+        ("users: [{access_key: a, secret_key: ''}]", "secret_key"),
+        ("users: [{access_key: a, secret_key: s, allow: [{publish: t, subscribe: g}]}]", "either"),
+        ("users: [{access_key: a, secret_key: s, allow: [{read: t}]}]", "read"),
+        ("users: [{access_key: a, secret_key: sk1}, {access_key: a, secret_key: sk2}]", "twice"),
+        ("users: [{access_key: a, secret_key: sk1, admn: true}]", "admn"),
+        ("users: [{access_key: 'a b', secret_key: s}]", "access_key"),
+        ("users: [", "cannot read"),
+    ],
+)
+def test_bad_files_are_refused_with_the_reason(tmp_path: Path, text: str, problem: str) -> None:
+    path = tmp_path / "acl.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=problem) as err:
+        load_acl(path)
+    assert str(path) in str(err.value)
+    assert "sk1" not in str(err.value) and "sk2" not in str(err.value)  # never the secrets
+
+
+def test_acl_file_reloads_on_change_and_keeps_the_last_good_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [0.0]
+    path = tmp_path / "acl.yaml"
+    path.write_text(ACL)
+    failures: list[int] = []
+    source = AclFile(path, clock=lambda: now[0], on_reload_failure=lambda: failures.append(1))
+    assert source.current().user("app1") is not None
+    path.write_text("users: [{access_key: carol, secret_key: c4r0l-secret}]")
+    os.utime(path, ns=(1, 1))
+    assert source.current().user("carol") is None  # not checked again within a second
+    now[0] = 1.5
+    assert source.current().user("carol") is not None and source.current().user("app1") is None
+    path.write_text("users: [{access_key: dave}]")  # broken: no secret key
+    os.utime(path, ns=(2, 2))
+    now[0] = 3.0
+    assert source.current().user("carol") is not None  # the last good ACL stays
+    assert source.reload_failures == 1 and failures == [1]  # the proxy counts it in a metric
+    assert "keeping the previous ACL" in caplog.text and "c4r0l-secret" not in caplog.text
