@@ -82,17 +82,17 @@ class BrokerLink:
         while not self._closed:
             first = self._outbox  # the first stream's queued arms, if any
             outbox: asyncio.Queue[pb.WatchRequest | None] = first or asyncio.Queue()
-            call = self._stub().Watch(_drain(outbox))
-            self._call = call
-            # Up from here: arms queue behind the re-sent ones, in order, on this stream.
-            self._outbox = outbox
-            self.connects += 1
-            if first is None:
-                for watch in list(self._watches.values()):
-                    if watch.pending:
-                        outbox.put_nowait(_arm(watch))
-                        watch.on_link_up()
             try:
+                call = self._stub().Watch(_drain(outbox))
+                self._call = call
+                # Up from here: arms queue behind the re-sent ones, in order, on this stream.
+                self._outbox = outbox
+                self.connects += 1
+                if first is None:
+                    for watch in list(self._watches.values()):
+                        if watch.pending:
+                            outbox.put_nowait(_arm(watch))
+                            watch.on_link_up()
                 async for event in call:
                     backoff = RECONNECT_START_S
                     watch = self._watches.get(event.id)
@@ -110,6 +110,8 @@ class BrokerLink:
                 if self._closed or (task is not None and task.cancelling()):
                     raise
                 log.warning("link to broker %s cut", self._name)  # break_stream()
+            except Exception:  # never leave a watch ARMED on a link that is not there
+                log.exception("link to broker %s failed", self._name)
             finally:
                 if not self._closed:
                     self.losses += 1

@@ -76,3 +76,24 @@ async def test_the_registry_shares_watches_and_cancels_them_after_the_linger() -
     registry.release(port, first)  # type: ignore[arg-type]
     registry.sweep(now=1e12)
     assert len(registry) == 0 and port.watch_backend.cancels == [first.id]
+
+
+async def test_a_link_that_cannot_open_leaves_no_watch_armed() -> None:
+    """A broken channel (say an unreadable token file) must fail open: the watch goes
+    UNKNOWN, so long polls pop the broker (and see its error) instead of trusting it."""
+    import asyncio
+
+    from popmq.broker.api.link import BrokerLink
+
+    def broken_stub() -> object:
+        raise ValueError("cannot read the cluster token file")
+
+    link = BrokerLink("b0", broken_stub)
+    watch = VisibilityWatch(WatchKey("g", "t", POP.filter, False), link)
+    watch.arm()
+    assert watch.state is WatchState.ARMED  # queued for the first stream
+    async with asyncio.timeout(5):
+        await watch.wait()
+    assert watch.state is WatchState.UNKNOWN and watch.may_have
+    assert link.losses >= 1
+    await link.aclose()
