@@ -101,7 +101,7 @@ class NotifyStrategy(StrategyBase):
         # 1. The first pop, without holding -- only on a broker whose watch does not promise
         # an event (armed and silent means empty): an idle group costs the brokers nothing.
         watches = self.hub.watches
-        candidates = [port for port in brokers if watches.may_have(port, request.pop)]
+        candidates = watches.candidates(brokers, request.pop)
         if candidates:
             first = self.picker.pick(candidates, request.preferred_broker)
             try:
@@ -139,7 +139,7 @@ class NotifyStrategy(StrategyBase):
         # A broker whose watch is armed on a live link has promised an event for anything
         # visible: asking it again would cost the idle group one RPC per probe. The probe
         # still asks every broker that may have messages (an unanswered event, a lost link).
-        return [port for port in brokers if self.hub.watches.may_have(port, pop)]
+        return self.hub.watches.candidates(brokers, pop)
 
     async def _consume_task(self, poll: _LongPoll) -> None:
         # 4. One consume task at a time per long poll.

@@ -12,7 +12,7 @@ get no watch: ``may_have`` is always True for them and the hub falls back to not
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.types import PopRequest
@@ -24,7 +24,9 @@ LINGER_S = 120.0
 MAX_WATCHES = 100_000
 _SWEEP_EVERY_S = 5.0
 
-WatchId = tuple[BrokerPort, WatchKey]
+# (port, group, topic, filter expression, fifo): plain tuples hash fast, and every long poll
+# looks up one per broker.
+WatchId = tuple[BrokerPort, str, str, str, bool]
 
 
 def watch_key(pop: PopRequest) -> WatchKey:
@@ -47,21 +49,25 @@ class WatchRegistry:
 
     def get(self, port: BrokerPort, pop: PopRequest) -> VisibilityWatch | None:
         """The watch of this broker and group (made and armed on first use)."""
-        backend = getattr(port, "watch_backend", None)
-        if backend is None:
-            return None
-        ident = (port, watch_key(pop))
+        ident = (port, pop.group, pop.topic, pop.filter.expression, pop.fifo)
         now = time.monotonic()
         if now >= self._next_sweep:
             self.sweep(now)
         watch = self._watches.get(ident)
         if watch is None:
+            backend = getattr(port, "watch_backend", None)
+            if backend is None:
+                return None
             if len(self._watches) >= MAX_WATCHES:
                 self.sweep(now, force=True)
-            watch = self._watches[ident] = VisibilityWatch(ident[1], backend)
+            watch = self._watches[ident] = VisibilityWatch(watch_key(pop), backend)
             self.arm(watch)
         self._used[ident] = now
         return watch
+
+    def candidates(self, ports: Sequence[BrokerPort], pop: PopRequest) -> list[BrokerPort]:
+        """The brokers a long poll may pop: all but those whose watch is armed and silent."""
+        return [port for port in ports if (w := self.get(port, pop)) is None or w.may_have]
 
     def may_have(self, port: BrokerPort, pop: PopRequest) -> bool:
         watch = self.get(port, pop)
@@ -83,12 +89,12 @@ class WatchRegistry:
         """The watch, kept from the sweep until ``release``."""
         watch = self.get(port, pop)
         if watch is not None:
-            ident = (port, watch.key)
+            ident = _ident(port, watch)
             self._users[ident] = self._users.get(ident, 0) + 1
         return watch
 
     def release(self, port: BrokerPort, watch: VisibilityWatch) -> None:
-        ident = (port, watch.key)
+        ident = _ident(port, watch)
         left = self._users.get(ident, 0) - 1
         if left > 0:
             self._users[ident] = left
@@ -114,3 +120,8 @@ class WatchRegistry:
         self._watches.clear()
         self._used.clear()
         self._users.clear()
+
+
+def _ident(port: BrokerPort, watch: VisibilityWatch) -> WatchId:
+    key = watch.key
+    return (port, key.group, key.topic, key.filter.expression, key.fifo)
