@@ -1,7 +1,7 @@
 # popmq developer commands. `make run` starts the service, `make test` runs every test.
 # Both install what they need from nothing: a venv in .venv for popmq, and a separate venv in
-# .venv-client for the official rocketmq-python-client (its generated protos clash with ours
-# inside one Python process, so the tests run it in subprocesses). Where node and npm exist, the
+# .venv-client for the official rocketmq-python-client (the session-driven tests run it in
+# subprocesses; .venv has it too, for the one-process coexistence test). Where node and npm exist, the
 # official Node.js client goes into .node-client (`make node-client`) for its tests too.
 
 PYTHON ?= python3

@@ -26,6 +26,7 @@ from popmq.broker.api.watch import WatchKey, wait_visible
 from popmq.config import BrokerConfig
 from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
+from popmq.reflection import enable_reflection
 from popmq.security import link
 
 log = logging.getLogger(__name__)
@@ -327,6 +328,7 @@ class BrokerGrpcServer:
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerServicer(self._port), server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        enable_reflection(server, [SERVICE_NAME, "grpc.health.v1.Health"])
         try:
             address = f"{self._host}:{self._port_number}"
             bound = (

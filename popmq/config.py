@@ -203,6 +203,16 @@ class ProxyConfig(Section):
     min_invisible_ms: int = Field(10_000, ge=0)
     max_invisible_ms: int = Field(12 * 3_600_000, ge=1)
     default_invisible_ms: int = Field(60_000, ge=1)
+    # PushConsumer receives (auto_renew): pop for one slice, then renew until ack/nack, like
+    # RocketMQ's enableProxyAutoRenew / renewSliceTimeMillis / renewAheadTimeMillis /
+    # renewSchedulePeriodMillis / renewMaxTimeMillis / maxRenewRetryTimes. Off: such receives
+    # get default_invisible_ms once.
+    auto_renew: bool = True
+    renew_slice_ms: int = Field(60_000, ge=1)
+    renew_ahead_ms: int = Field(10_000, ge=0)
+    renew_schedule_period_ms: int = Field(5_000, ge=10)
+    renew_max_ms: int = Field(3 * 3_600_000, ge=1)
+    max_renew_retries: int = Field(3, ge=1)
     max_batch: int = Field(32, ge=1)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
     # `popmq proxy --workers N`: N processes share the port through SO_REUSEPORT (the proxy is

@@ -89,6 +89,17 @@ class ProxyMetrics:
             "Popped messages a long poll could not deliver (client gone), by what release did",
             ["outcome"], registry=r,
         )  # fmt: skip
+        self.auto_renewals = Counter(
+            "popmq_proxy_auto_renewals",
+            "PushConsumer handle renewals by outcome (renewed, client_gone, max_time, "
+            "handle_gone, failed, gave_up)",
+            ["outcome"], registry=r,
+        )  # fmt: skip
+        self.renewing_handles = Gauge(
+            "popmq_proxy_renewing_handles",
+            "PushConsumer receipt handles this proxy is keeping invisible",
+            registry=r,
+        )  # fmt: skip
         self.adaptive_switches = Counter(
             "popmq_proxy_adaptive_switches", "Adaptive long-poll switches, by the mode entered",
             ["mode"], registry=r,

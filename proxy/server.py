@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from popmq.broker.api.port import BrokerPort
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.grpc.access import access_guard
+from popmq.proxy.grpc.namespace import NamespaceInterceptor
 from popmq.proxy.grpc.servicer import MessagingServicer
 from popmq.proxy.longpoll import make_strategy
 from popmq.proxy.longpoll.base import LongPollStrategy
@@ -27,11 +28,15 @@ from popmq.proxy.services import ProxyServices
 
 from popmq.config import PopmqConfig
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
+from popmq.reflection import enable_reflection
 from popmq.security.tls import server_credentials
 
 log = logging.getLogger(__name__)
 
 MESSAGING_SERVICE = "apache.rocketmq.v2.MessagingService"
+ADMIN_SERVICE = "popmq.admin.v1.AdminService"
+HEALTH_SERVICE = "grpc.health.v1.Health"
+SERVED_SERVICES = (MESSAGING_SERVICE, ADMIN_SERVICE)
 
 
 def grpc_options(max_body_bytes: int, reuse_port: bool = False) -> list[tuple[str, int]]:
@@ -96,9 +101,12 @@ class ProxyServer:
 
     async def start(self) -> int:
         proxy = self.config.proxy
-        # Authentication and permissions (None: open, logged as such) and TLS, both ports.
+        # Namespaces first (the client's names become NAMESPACE%name), then authentication and
+        # permissions on those real resource names (None: open, logged as such), TLS on both ports.
         guard = access_guard(proxy, self.metrics)
-        interceptors = [guard] if guard is not None else None
+        interceptors: list[grpc.aio.ServerInterceptor] = [NamespaceInterceptor()]
+        if guard is not None:
+            interceptors.append(guard)
         credentials = server_credentials(proxy.tls.cert, proxy.tls.key, proxy.tls.client_ca)
         options = grpc_options(proxy.max_body_bytes, proxy.reuse_port)
         server = grpc.aio.server(options=options, interceptors=interceptors)
@@ -108,6 +116,8 @@ class ProxyServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if proxy.admin_port is None:
             self._add_admin(server)
+        client_port_services = SERVED_SERVICES if proxy.admin_port is None else (MESSAGING_SERVICE,)
+        enable_reflection(server, [*client_port_services, HEALTH_SERVICE])
         self.port = _bind(server, proxy.host, proxy.port, credentials)
         self.services.advertised_host = (
             "127.0.0.1" if proxy.host in ("0.0.0.0", "::", "") else proxy.host
@@ -119,12 +129,14 @@ class ProxyServer:
             )
             self._add_admin(admin)
             health_pb2_grpc.add_HealthServicer_to_server(self._health, admin)
+            enable_reflection(admin, [ADMIN_SERVICE, HEALTH_SERVICE])
             self.admin_port = _bind(admin, proxy.host, proxy.admin_port, credentials)
             await admin.start()
             self._admin_server = admin
             log.info("admin API listening on %s:%d", proxy.host, self.admin_port)
         await server.start()
-        for name in ("", MESSAGING_SERVICE):
+        # Health per service (each one served here), plus "" for the server as a whole.
+        for name in ("", *SERVED_SERVICES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
         log.info(

@@ -8,6 +8,7 @@ from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.longpoll.base import LongPollStrategy
 from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.registry import ClientRegistry
+from popmq.proxy.renewal import HandleRenewer
 from popmq.proxy.tasks import BackgroundTasks
 
 from popmq.config import PopmqConfig, ProxyConfig
@@ -21,6 +22,7 @@ class ProxyServices:
     metrics: ProxyMetrics
     registry: ClientRegistry = field(default_factory=ClientRegistry)
     tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
+    renewer: HandleRenewer = field(default_factory=HandleRenewer)
     # The address clients reach this proxy at (set once the server is bound).
     advertised_host: str = "127.0.0.1"
     advertised_port: int = 0

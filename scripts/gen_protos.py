@@ -5,6 +5,14 @@ Each .proto under protos/ sits at the path of the Python module it becomes
 generated imports name our own package. The output is committed; tests/test_protos.py checks
 that it matches what this script produces.
 
+Every generated module registers its descriptors in popmq's own DescriptorPool
+(popmq/pb/pool.py, also written here), never in protobuf's default pool: the official
+rocketmq-python-client registers the same `apache.rocketmq.v2` symbols in the default pool, and
+one process must be able to import both. protoc has no option for that, so after it runs the
+`_descriptor_pool.Default()` call in each *_pb2.py is rewritten to `popmq.pb.pool.POOL`.
+Well-known types (Timestamp, Duration) referenced by our protos are copied into that pool too;
+use `popmq.pb.pool.Timestamp` / `Duration` with our messages, not google.protobuf's classes.
+
 Usage: python scripts/gen_protos.py [OUT_DIR]   (OUT_DIR defaults to the repository root)
 """
 
@@ -46,7 +54,91 @@ def generate(out_dir: Path = REPO_ROOT) -> list[Path]:
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed (see the messages above)")
     _add_package_inits(out_dir, sources)
+    _write_pool_module(out_dir, _well_known_imports(sources))
+    for module in (out_dir / GENERATED_PACKAGE).rglob("*_pb2.py"):
+        _use_private_pool(module)
     return generated_files(out_dir)
+
+
+DEFAULT_POOL_CALL = "_descriptor_pool.Default().AddSerializedFile("
+PRIVATE_POOL_IMPORT = "from popmq.pb import pool as _popmq_pool\n"
+
+
+def _use_private_pool(module: Path) -> None:
+    """Register the module's file in popmq's pool instead of the default one."""
+    text = module.read_text()
+    if text.count(DEFAULT_POOL_CALL) != 1:
+        raise SystemExit(f"{module}: expected one {DEFAULT_POOL_CALL!r}; protoc output changed")
+    marker = "# @@protoc_insertion_point(imports)\n"
+    if marker not in text:
+        raise SystemExit(f"{module}: no imports insertion point; protoc output changed")
+    text = text.replace(DEFAULT_POOL_CALL, "_popmq_pool.POOL.AddSerializedFile(")
+    text = text.replace(marker, PRIVATE_POOL_IMPORT + marker, 1)
+    module.write_text(text)
+
+
+def _well_known_imports(sources: list[Path]) -> list[str]:
+    """google/protobuf/*.proto files our protos import (they must be in our pool first)."""
+    found: set[str] = set()
+    for source in sources:
+        for line in (PROTO_ROOT / source).read_text().splitlines():
+            line = line.strip()
+            if line.startswith('import "google/protobuf/'):
+                found.add(line.split('"')[1])
+    return sorted(found)
+
+
+POOL_MODULE = '''"""popmq's private DescriptorPool (written by gen_protos.py: do not edit).
+
+Our apache.rocketmq.v2 types live here, not in protobuf's default pool, so that popmq imports
+in a process that also uses the official rocketmq-python-client (which registers the same
+symbols in the default pool). Messages of this pool take this pool's well-known types: build
+Timestamp and Duration values with the classes below, not google.protobuf's.
+"""
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+{wkt_imports}
+
+POOL = descriptor_pool.DescriptorPool()
+
+for _module in ({wkt_modules}):
+    _file = descriptor_pb2.FileDescriptorProto()
+    _module.DESCRIPTOR.CopyToProto(_file)
+    POOL.Add(_file)
+
+
+def message_class(full_name: str) -> type:
+    """The message class of a type in this pool (e.g. "google.protobuf.Timestamp")."""
+    return message_factory.GetMessageClass(POOL.FindMessageTypeByName(full_name))
+
+{wkt_classes}
+'''
+
+
+def _write_pool_module(out_dir: Path, well_known: list[str]) -> None:
+    stems = [Path(name).stem for name in well_known]
+    modules = [f"{stem}_pb2" for stem in stems]
+    classes = {
+        "duration": "Duration",
+        "timestamp": "Timestamp",
+        "empty": "Empty",
+        "any": "Any",
+        "struct": "Struct",
+        "wrappers": None,
+        "field_mask": "FieldMask",
+    }
+    text = POOL_MODULE.format(
+        wkt_imports="".join(f"from google.protobuf import {m}\n" for m in modules).rstrip(),
+        wkt_modules=", ".join(modules) + ",",
+        wkt_classes="".join(
+            f'{classes[stem]} = message_class("google.protobuf.{classes[stem]}")\n'
+            for stem in stems
+            if classes.get(stem)
+        ),
+    )
+    path = out_dir / GENERATED_PACKAGE / "pool.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
 
 
 def _add_package_inits(out_dir: Path, sources: list[Path]) -> None:

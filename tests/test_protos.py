@@ -99,8 +99,8 @@ def test_a_received_message_round_trips_through_the_wire_format() -> None:
 
 
 def _client_descriptor(name: str) -> descriptor_pb2.FileDescriptorProto:
-    """Parse the serialized descriptor inside the client's module without importing it (its
-    symbols would clash with ours in this process)."""
+    """Parse the serialized descriptor inside the client's module without importing it (the
+    comparison reads .venv-client's copy, the one the session tests drive)."""
     assert CLIENT_PROTOCOL_DIR is not None
     source = (CLIENT_PROTOCOL_DIR / name).read_text()
     match = re.search(r"AddSerializedFile\((b'.*?')\)", source, re.S)
@@ -166,3 +166,23 @@ def test_wire_format_is_identical_to_the_official_python_client() -> None:
     differing = sorted(key for key in set(theirs) & set(ours) if theirs[key] != ours[key])
     assert not missing and not extra and not differing, (missing, extra, differing)
     assert len(theirs) > 60  # the comparison really covered the protocol
+
+
+def test_well_known_types_come_from_popmqs_pool() -> None:
+    """Our messages live in popmq.pb.pool.POOL and only accept that pool's Timestamp and
+    Duration: google.protobuf's classes raise TypeError when assigned into them."""
+    from popmq.pb import pool
+    from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+    response = s.ReceiveMessageResponse()
+    response.delivery_timestamp.FromMilliseconds(1_700_000_000_123)
+    assert type(response.delivery_timestamp) is pool.Timestamp
+    assert s.ReceiveMessageResponse.DESCRIPTOR.file.pool is pool.POOL
+    offenders = [
+        str(path.relative_to(REPO_ROOT))
+        for folder in ("broker", "proxy", "popmq")
+        for path in (REPO_ROOT / folder).rglob("*.py")
+        if "pb" not in path.relative_to(REPO_ROOT).parts[:2]
+        and re.search(r"google\.protobuf(\.| import )(timestamp|duration)_pb2", path.read_text())
+    ]
+    assert not offenders, f"use popmq.pb.pool.Timestamp/Duration instead in: {offenders}"

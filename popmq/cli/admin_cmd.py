@@ -48,6 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     admin.add_argument(
         "--tls", action="store_true", help="connect with TLS, trusting the system's CAs"
     )
+    admin.add_argument(
+        "--namespace", default="",
+        help="the clients' namespace (x-mq-namespace): names are taken and shown inside it",
+    )  # fmt: skip
     commands = admin.add_subparsers(dest="admin_command", required=True)
 
     topics = commands.add_parser("topics", help="create, list, describe, delete topics")
@@ -176,6 +180,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
 def _command(func: Callable[[argparse.Namespace], None]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
+            _enter_namespace(args)
             func(args)
         except AdminError as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -183,6 +188,36 @@ def _command(func: Callable[[argparse.Namespace], None]) -> Callable[[argparse.N
         return 0
 
     return run
+
+
+def _enter_namespace(args: argparse.Namespace) -> None:
+    """--namespace NS: the topic and group named on the command line are NS's (inside popmq
+    they are `NS%name`, as the proxy maps them for clients of that namespace)."""
+    namespace = getattr(args, "namespace", "")
+    if not namespace:
+        return
+    from popmq.broker.api.errors import BrokerError
+    from popmq.proxy.grpc.namespace import check_namespace, qualify
+
+    try:
+        check_namespace(namespace)
+        if getattr(args, "name", None):
+            args.name = qualify(namespace, args.name, group=args.admin_command != "topics")
+        if getattr(args, "group", None):
+            args.group = qualify(namespace, args.group, group=True)
+    except BrokerError as exc:
+        raise AdminError(exc.message) from None
+
+
+def _shown(args: argparse.Namespace, name: str) -> str:
+    from popmq.proxy.grpc.namespace import unqualify
+
+    return unqualify(getattr(args, "namespace", ""), name)
+
+
+def _in_namespace(args: argparse.Namespace, name: str) -> bool:
+    namespace = getattr(args, "namespace", "")
+    return not namespace or _shown(args, name) != name
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -198,7 +233,7 @@ def _print_topic(args: argparse.Namespace, response: Any) -> None:
         for b in topic.brokers
         for q in b.queues
     ]
-    print(f"topic {topic.name}: {sum(b.queue_count for b in topic.brokers)} queues")
+    print(f"topic {_shown(args, topic.name)}: {sum(b.queue_count for b in topic.brokers)} queues")
     _table(("broker", "queue", "min_offset", "max_offset", "messages"), rows)
     group_rows = getattr(response, "group_queues", None)
     if group_rows:
@@ -235,6 +270,12 @@ def _topics_list(args: argparse.Namespace) -> None:
     from popmq.pb.admin.v1 import admin_pb2 as a
 
     response = _call(args, "ListTopics", a.ListTopicsRequest(include_system=args.all))
+    if getattr(args, "namespace", ""):  # only the namespace's topics, by their client names
+        kept = [t for t in response.topics if _in_namespace(args, t.name)]
+        del response.topics[:]
+        for topic in kept:
+            topic.name = _shown(args, topic.name)
+            response.topics.append(topic)
     if args.json:
         _print_json(response)
         return

@@ -13,9 +13,6 @@ import zlib
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
-from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from popmq.broker.api.errors import Code
 from popmq.broker.api.types import Message
 from popmq.client.errors import ProxyError
@@ -27,6 +24,7 @@ from popmq.client.model import (
     ReceivedMessage,
     SendReceipt,
 )
+from popmq.pb.pool import Duration, Timestamp
 from popmq.pb.rocketmq.v2 import definition_pb2 as d
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 

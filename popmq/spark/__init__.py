@@ -1,7 +1,7 @@
 """popmq's Spark connector: format("popmq") for PySpark 4.3's Python Data Source API.
 
-    import popmq.spark
-    popmq.spark.register(spark)
+    # installed with pip, PySpark finds format("popmq") by itself (the pyspark_popmq module);
+    # popmq.spark.register(spark) does it explicitly (editable installs, old code).
     df = spark.read.format("popmq").option("endpoint", "127.0.0.1:8081") \\
         .option("topic", "orders").load()
 
@@ -25,7 +25,8 @@ FORMAT = "popmq"
 
 
 def register(spark: SparkSession) -> None:
-    """Make format("popmq") available in this SparkSession."""
+    """Make format("popmq") available in this SparkSession (PySpark's own scan of installed
+    `pyspark_*` modules already does, except for editable installs)."""
     spark.dataSource.register(PopmqDataSource)
 
 

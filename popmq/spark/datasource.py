@@ -12,6 +12,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from popmq.spark.batch_reader import BatchReader
+from popmq.spark.multi_topic import MultiTopicBatchReader, MultiTopicStreamReader
 from popmq.spark.options import OptionError, parse_read_options, parse_write_options
 from popmq.spark.pop_reader import PopStreamReader
 from popmq.spark.schema import check_write_schema, read_schema
@@ -31,12 +32,17 @@ class PopmqDataSource(DataSource):
         return read_schema(pop=mode == "pop")
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BatchReader(parse_read_options(self.options, streaming=False))
+        options = parse_read_options(self.options, streaming=False)
+        if options.multi_topic:
+            return MultiTopicBatchReader(options)
+        return BatchReader(options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = parse_read_options(self.options, streaming=True)
         if options.mode == "pop":
             return PopStreamReader(options)
+        if options.multi_topic:
+            return MultiTopicStreamReader(options)
         return OffsetStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:

@@ -47,6 +47,16 @@ def resolve(
 
     wanted = spec.queue_offsets()
     known = {q.key for q in queues}
+    if spec.kind == "timestamps":
+        # startingOffsetsByTimestamp: each named queue from its first message at or after its
+        # timestamp; the sentinels still mean earliest / latest.
+        by_key = {q.key: q for q in queues}
+        wanted = {
+            key: stamp
+            if stamp in (EARLIEST_SENTINEL, LATEST_SENTINEL) or key not in by_key
+            else client.query_offset(by_key[key], OffsetPolicy.TIMESTAMP, stamp)
+            for key, stamp in wanted.items()
+        }
     unknown = sorted(set(wanted) - known)
     if unknown:
         raise OptionError(

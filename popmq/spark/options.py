@@ -8,6 +8,7 @@ any Spark job starts.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,7 +42,8 @@ _OFFSETS_HELP = (
 class OffsetSpec:
     """Where a read starts or ends: a policy for every queue, or explicit per-queue offsets."""
 
-    kind: Literal["earliest", "latest", "timestamp", "json"]
+    # json: per-queue offsets; timestamps: per-queue timestamps (startingOffsetsByTimestamp)
+    kind: Literal["earliest", "latest", "timestamp", "json", "timestamps"]
     timestamp_ms: int | None = None
     # broker -> queue id -> offset (or a sentinel); sorted tuples so the spec stays hashable.
     per_queue: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = ()
@@ -127,6 +129,17 @@ class ReadOptions:
     pop_partitions: int | None
     pop_long_polling_ms: int
     max_messages: int  # batch reads in pop mode: how many to pop
+    # Kafka-style `subscribe` (several topics) or `subscribePattern`; `topic` is the one topic
+    # when there is exactly one (else empty, and the multi-topic readers take over).
+    topics: tuple[str, ...] = ()
+    topic_pattern: str | None = None
+    # Kafka's minOffsetsPerTrigger / maxTriggerDelay (streams in offset mode)
+    min_messages_per_trigger: int | None = None
+    max_trigger_delay_ms: int | None = None
+
+    @property
+    def multi_topic(self) -> bool:
+        return self.topic_pattern is not None or len(self.topics) > 1
 
 
 @dataclass(frozen=True)
@@ -153,6 +166,14 @@ READ_OPTIONS = _COMMON | {
     "poppartitions",
     "poplongpollingms",
     "maxmessages",
+    # Spark's Kafka source names, for users who type them
+    "subscribe",
+    "subscribepattern",
+    "maxoffsetspertrigger",
+    "startingtimestamp",
+    "startingoffsetsbytimestamp",
+    "minoffsetspertrigger",
+    "maxtriggerdelay",
 }
 WRITE_OPTIONS = _COMMON | {"sendbatchsize", "maxinflight"}
 # Spark adds these on its own for some calls.
@@ -223,6 +244,12 @@ def _display(lower: str) -> str:
         "maxmessages": "maxMessages",
         "sendbatchsize": "sendBatchSize",
         "maxinflight": "maxInflight",
+        "subscribepattern": "subscribePattern",
+        "maxoffsetspertrigger": "maxOffsetsPerTrigger",
+        "startingtimestamp": "startingTimestamp",
+        "startingoffsetsbytimestamp": "startingOffsetsByTimestamp",
+        "minoffsetspertrigger": "minOffsetsPerTrigger",
+        "maxtriggerdelay": "maxTriggerDelay",
     }
     return names.get(lower, lower)
 
@@ -252,27 +279,44 @@ def parse_read_options(raw: Mapping[str, str], streaming: bool) -> ReadOptions:
     role = "spark.readStream.format('popmq')" if streaming else "spark.read.format('popmq')"
     options = _Options(raw, READ_OPTIONS, role)
     connection = _connection(options)
-    topic = options.required("topic", "the topic to read")
+    topics, pattern = _read_topics(options)
+    topic = topics[0] if len(topics) == 1 and pattern is None else ""
     mode = (options.text("mode", "offset") or "offset").lower()
     if mode not in ("offset", "pop"):
         raise OptionError(f"option 'mode'={mode!r} must be 'offset' (the default) or 'pop'")
     group = options.text("group", "") or ""
     if mode == "pop" and not group:
         raise OptionError("mode=pop needs option 'group': the consumer group that pops and acks")
+    if mode == "pop" and not topic:
+        raise OptionError("mode=pop reads one topic: give 'topic' (or 'subscribe' with one)")
 
-    starting = parse_offset_spec(
-        "startingOffsets", options.text("startingOffsets", "latest" if streaming else "earliest")
-    )  # type: ignore[arg-type]
+    starting = _starting_spec(options, streaming)
     ending_text = options.text("endingOffsets")
     if ending_text is not None and streaming:
         raise OptionError("endingOffsets is for batch reads; a stream has no end")
     ending = parse_offset_spec("endingOffsets", ending_text or "latest")
     if ending.kind == "earliest":
         raise OptionError("endingOffsets='earliest' would read nothing; use 'latest' or offsets")
-    if mode == "pop" and (options.text("startingOffsets") or ending_text):
+    if mode == "pop" and (_starting_given(options) or ending_text):
         raise OptionError("mode=pop reads where the group stands; drop startingOffsets/ending")
+    if not topic and (starting.kind in ("json", "timestamps") or ending.kind == "json"):
+        raise OptionError(
+            "per-queue JSON offsets name one topic's queues; with several topics use "
+            "'earliest', 'latest' or a timestamp"
+        )
 
-    max_per_trigger = options.integer("maxMessagesPerTrigger", None)
+    max_per_trigger = _max_per_trigger(options)
+    min_per_trigger = options.integer("minOffsetsPerTrigger", None)
+    if min_per_trigger is not None and (mode == "pop" or not streaming):
+        raise OptionError("minOffsetsPerTrigger is for streams in offset mode")
+    if min_per_trigger is not None and max_per_trigger is not None:
+        if min_per_trigger > max_per_trigger:
+            raise OptionError(
+                f"minOffsetsPerTrigger={min_per_trigger} is above maxOffsetsPerTrigger="
+                f"{max_per_trigger}"
+            )
+    delay_text = options.text("maxTriggerDelay")
+    max_delay = parse_delay_ms(delay_text) if delay_text is not None else None
     if mode == "pop" and max_per_trigger is None:
         max_per_trigger = 10_000  # a pop batch needs a bound: it is not planned from offsets
     return ReadOptions(
@@ -293,7 +337,97 @@ def parse_read_options(raw: Mapping[str, str], streaming: bool) -> ReadOptions:
         # RocketMQ proxies reject long polls below their minimum (5 s by default).
         pop_long_polling_ms=options.integer("popLongPollingMs", 5_000, minimum=0) or 0,
         max_messages=options.integer("maxMessages", 10_000) or 1,
+        topics=topics,
+        topic_pattern=pattern,
+        min_messages_per_trigger=min_per_trigger,
+        max_trigger_delay_ms=max_delay,
     )
+
+
+def _read_topics(options: _Options) -> tuple[tuple[str, ...], str | None]:
+    """Exactly one of topic, subscribe (a comma list) or subscribePattern (a regex that must
+    match a whole topic name, like Kafka's)."""
+    given = [name for name in ("topic", "subscribe", "subscribePattern") if options.text(name)]
+    if not given:
+        raise OptionError(
+            "option 'topic' is required: the topic to read (or 'subscribe' with a comma-"
+            "separated list of topics, or 'subscribePattern' with a regular expression)"
+        )
+    if len(given) != 1:
+        raise OptionError(
+            "give exactly one of 'topic' (one topic), 'subscribe' (a comma-separated list) or "
+            f"'subscribePattern' (a regular expression), not {' and '.join(given)}"
+        )
+    if given[0] == "topic":
+        return (options.required("topic", ""),), None
+    if given[0] == "subscribe":
+        names = [n.strip() for n in (options.text("subscribe") or "").split(",")]
+        if not all(names):
+            raise OptionError("option 'subscribe' has an empty topic name; use 'a,b,c'")
+        return tuple(sorted(set(names))), None
+    pattern = options.text("subscribePattern") or ""
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise OptionError(f"option 'subscribePattern'={pattern!r}: {error}") from None
+    return (), pattern
+
+
+_STARTING_NAMES = ("startingOffsets", "startingOffsetsByTimestamp", "startingTimestamp")
+
+
+def _starting_given(options: _Options) -> bool:
+    return any(options.text(name) for name in _STARTING_NAMES)
+
+
+def _starting_spec(options: _Options, streaming: bool) -> OffsetSpec:
+    """Kafka's precedence: startingTimestamp, then startingOffsetsByTimestamp, then
+    startingOffsets."""
+    stamp = options.text("startingTimestamp")
+    if stamp is not None:
+        if not stamp.isdigit():
+            raise OptionError(
+                f"option 'startingTimestamp'={stamp!r} must be epoch milliseconds (digits)"
+            )
+        return OffsetSpec(kind="timestamp", timestamp_ms=int(stamp))
+    by_time = options.text("startingOffsetsByTimestamp")
+    if by_time is not None:
+        if not by_time.startswith("{"):
+            raise OptionError(
+                "option 'startingOffsetsByTimestamp' must be per-queue JSON of epoch "
+                'milliseconds, like {"broker-a": {"0": 1700000000000}} (-2 = earliest, '
+                "-1 = latest)"
+            )
+        spec = _parse_offsets_json("startingOffsetsByTimestamp", by_time)
+        return OffsetSpec(kind="timestamps", per_queue=spec.per_queue)
+    default = "latest" if streaming else "earliest"
+    return parse_offset_spec("startingOffsets", options.text("startingOffsets", default))  # type: ignore[arg-type]
+
+
+_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_delay_ms(text: str) -> int:
+    """Spark's time strings: '15m', '30s', '500ms', '1h'; a bare number is milliseconds."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
+    if not match or match.group(2) not in ("", *_UNITS_MS):
+        raise OptionError(
+            f"option 'maxTriggerDelay'={text!r} must be a duration like '15m', '30s' or '500ms'"
+        )
+    return int(match.group(1)) * _UNITS_MS.get(match.group(2) or "ms", 1)
+
+
+def _max_per_trigger(options: _Options) -> int | None:
+    """maxMessagesPerTrigger, or its Kafka name maxOffsetsPerTrigger (the same meaning here:
+    offsets of a queue are consecutive messages)."""
+    ours = options.integer("maxMessagesPerTrigger", None)
+    kafka = options.integer("maxOffsetsPerTrigger", None)
+    if ours is not None and kafka is not None and ours != kafka:
+        raise OptionError(
+            f"maxMessagesPerTrigger={ours} and its alias maxOffsetsPerTrigger={kafka} disagree; "
+            "give one"
+        )
+    return ours if ours is not None else kafka
 
 
 def parse_write_options(raw: Mapping[str, str], has_topic_column: bool) -> WriteOptions:

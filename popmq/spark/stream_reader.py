@@ -24,6 +24,7 @@ from popmq.spark.options import ReadOptions
 from popmq.spark.partitions import PullSettings, QueueRange, plan_ranges
 from popmq.spark.range_reader import DataLossError, read_range
 from popmq.spark.topology import connect, readable_queues
+from popmq.spark.trigger_delay import MinTrigger, min_trigger
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ class OffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         # Trigger.AvailableNow: the end offsets at query start; nothing past them is read.
         self._target: off.Offsets | None = None
+        self._min: MinTrigger | None = min_trigger(options)
 
     def _latest(self) -> off.Offsets:
         with connect(self.options.connection) as client:
@@ -63,6 +65,8 @@ class OffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for key in sorted(latest):
             if key in begin and latest[key] < begin[key]:
                 self._queue_went_back(key, begin[key], latest[key])
+        if self._min is not None and self._target is None and self._min.hold(begin, latest):
+            return start  # minOffsetsPerTrigger: wait for more (AvailableNow never waits)
         if isinstance(limit, ReadMaxRows):
             latest = off.cap_total(begin, latest, limit.max_rows)
         merged = {**begin, **latest}

@@ -30,6 +30,8 @@ async def ack_message(
 
     results: list[AckEntryResult | None] = [None] * len(request.entries)
     by_broker: dict[str, list[int]] = defaultdict(list)
+    for entry in request.entries:  # a PushConsumer acks with the handle it got: use the latest
+        entry.receipt_handle = await services.renewer.take(services, entry.receipt_handle)
     for index, entry in enumerate(request.entries):
         try:
             port = services.cluster.port_for_handle(entry.receipt_handle)

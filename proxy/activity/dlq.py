@@ -17,6 +17,7 @@ async def forward_to_dlq(
     group = validate.group_name(request.group.name)
     topic = validate.topic_name(request.topic.name)
     handle = validate.receipt_handle(request.receipt_handle)
+    handle = await services.renewer.take(services, handle)  # a PushConsumer's renewed handle
     port = services.cluster.port_for_handle(handle)
     await port.forward_to_dlq(group, topic, handle)
     return s.ForwardMessageToDeadLetterQueueResponse(status=st.ok())

@@ -22,6 +22,7 @@ async def change_invisible_duration(
     invisible_ms = validate.invisible_time(
         request.invisible_duration.ToMilliseconds(), 0, services.proxy.max_invisible_ms
     )
+    handle = await services.renewer.take(services, handle)  # a PushConsumer nack: stop renewing
     port = services.cluster.port_for_handle(handle)
     result = await port.change_invisible_time(group, topic, handle, invisible_ms)
     return s.ChangeInvisibleDurationResponse(status=st.ok(), receipt_handle=result.receipt_handle)

@@ -82,6 +82,8 @@ class ReceivePlan:
     topic: str
     brokers: list[BrokerPort]
     long_poll: LongPollRequest
+    auto_renew: bool = False  # a PushConsumer's receive: this proxy renews the handles
+    client_id: str = ""
 
 
 async def plan_receive(
@@ -95,8 +97,10 @@ async def plan_receive(
             Code.BAD_REQUEST,
             f"batch size must be in 1..{config.max_batch}, not {request.batch_size}",
         )
-    if request.auto_renew:
-        # Push consumers: the proxy holds no renewal state, so they get the default time.
+    auto_renew = request.auto_renew and config.auto_renew and _is_push_consumer(services, ctx)
+    if auto_renew:
+        invisible_ms = config.renew_slice_ms  # then renewed slice by slice (proxy/renewal.py)
+    elif request.auto_renew:
         invisible_ms = config.default_invisible_ms
     else:
         invisible_ms = (
@@ -133,11 +137,23 @@ async def plan_receive(
         topic=topic,
         brokers=[services.cluster.port(name) for name in route.brokers],
         long_poll=LongPollRequest(pop=pop, poll_ms=poll_ms, preferred_broker=preferred),
+        auto_renew=auto_renew,
+        client_id=ctx.client_id,
     )
 
 
+def _is_push_consumer(services: ProxyServices, ctx: RequestContext) -> bool:
+    """Renewal needs a client this proxy hears from (telemetry/heartbeat), so it can stop when
+    the client goes; one known as another kind of client does not get it."""
+    info = services.registry.get(ctx.client_id) if ctx.client_id else None
+    return info is not None and info.client_type in ("", "PUSH_CONSUMER")
+
+
 async def receive(services: ProxyServices, plan: ReceivePlan) -> list[PoppedMessage]:
-    return await services.strategy.receive(plan.brokers, plan.long_poll)
+    popped = await services.strategy.receive(plan.brokers, plan.long_poll)
+    if plan.auto_renew and popped:
+        services.renewer.track(services, plan.client_id, plan.group, plan.topic, popped)
+    return popped
 
 
 def release_unsent(services: ProxyServices, plan: ReceivePlan, unsent: list[PoppedMessage]) -> None:
@@ -146,6 +162,7 @@ def release_unsent(services: ProxyServices, plan: ReceivePlan, unsent: list[Popp
     when their invisible time ends."""
     if not unsent:
         return
+    services.renewer.forget(services, (m.receipt_handle for m in unsent))
 
     async def nack() -> None:
         async def one(message: PoppedMessage) -> None:

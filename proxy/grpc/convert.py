@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 
-from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
 from popmq.broker.api.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_TOPIC,
@@ -15,6 +13,7 @@ from popmq.broker.api.types import (
     StoredMessage,
 )
 
+from popmq.pb.pool import Duration, Timestamp
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 
 INTERNAL_PROPERTY_PREFIX = "__popmq."

@@ -1,7 +1,7 @@
 """A long-lived official-client process driven by JSON lines (runs in .venv-client).
 
-The official ``rocketmq`` package registers apache.rocketmq.v2 protos that clash with ours, so
-tests run it here, in its own interpreter. Usage:
+Each client runs in its own interpreter, as a separate application would (popmq and the official
+client can share one process too: tests/official/test_coexistence.py). Usage:
 
     .venv-client/bin/python tests/official/python_session.py '{"endpoint": "127.0.0.1:8081",
         "role": "producer" | "simple" | "push", "topics": [...], "group": "...", ...}'
@@ -107,15 +107,23 @@ def build_message(topic: str, spec: dict[str, Any]) -> Message:
 
 
 class Listener(MessageListener):
-    """PushConsumer listener: records every delivery; fails the first N attempts if asked."""
+    """PushConsumer listener: records every delivery; fails the first N attempts if asked;
+    takes sleep_s per message if asked (a slow handler)."""
 
-    def __init__(self, fail_attempts: int) -> None:
+    def __init__(self, fail_attempts: int, sleep_s: float = 0.0) -> None:
         self.fail_attempts = fail_attempts
+        self.sleep_s = sleep_s
         self.lock = threading.Lock()
         self.consumed: list[dict[str, Any]] = []
+        self.started: list[str] = []  # message ids whose handling began
 
     def consume(self, message: Message) -> ConsumeResult:
         record = message_to_json(message)
+        record["started"] = time.time()
+        with self.lock:
+            self.started.append(message.message_id)
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
         fail = (message.delivery_attempt or 1) <= self.fail_attempts
         record["result"] = "FAILURE" if fail else "SUCCESS"
         with self.lock:
@@ -147,7 +155,9 @@ class Session:
                 tls_enable=tls,
             )  # fmt: skip
         elif self.role == "push":
-            self.listener = Listener(int(config.get("fail_attempts", 0)))
+            self.listener = Listener(
+                int(config.get("fail_attempts", 0)), float(config.get("sleep_s", 0))
+            )
             self.client = PushConsumer(
                 client_config, config["group"], self.listener, subscription,
                 consumption_thread_count=config.get("threads", 4), tls_enable=tls,
@@ -264,6 +274,18 @@ class Session:
         with self.listener.lock:
             consumed = list(self.listener.consumed)
         return {"ok": True, "consumed": consumed}
+
+    def op_push_started(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Wait until `count` deliveries began (handlers may still be running)."""
+        assert self.listener is not None, "push_started needs role push"
+        deadline = time.monotonic() + cmd.get("timeout_s", 30)
+        while time.monotonic() < deadline:
+            with self.listener.lock:
+                started = list(self.listener.started)
+            if len(started) >= cmd["count"]:
+                break
+            time.sleep(0.05)
+        return {"ok": True, "started": started}
 
     def handle(self, cmd: dict[str, Any]) -> dict[str, Any]:
         op = getattr(self, f"op_{cmd['op']}", None)

@@ -1,16 +1,24 @@
 """One SparkSession and one popmq server for the whole Spark suite (both are slow to start).
 
-Spark: local[2] (the machine has two cores), no UI, worker Python = this interpreter.
+Spark: local[2] (the machine has two cores), no UI, worker Python = this interpreter, and no
+register call: format("popmq") is found by PySpark's own scan for `pyspark_*` modules, as in a
+user's install. This checkout is installed editable, through an import hook that the scan
+(pkgutil.iter_modules over sys.path) cannot see, so the workers get a PYTHONPATH entry holding
+just a link to pyspark_popmq (test_autoregister.py checks a real non-editable install).
 popmq: `popmq serve` with 2 embedded brokers, topics created explicitly (auto-create off, so
 an unknown topic is an error), short minimum long-polling and invisible times for pop tests.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -28,16 +36,32 @@ SERVER_SETTINGS = {
 QUEUES_PER_BROKER = 2
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _discovery_path() -> str:
+    """A directory whose only module is (a link to) pyspark_popmq, for PySpark's scan."""
+    folder = Path(tempfile.mkdtemp(prefix="popmq-spark-discovery-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    (folder / "pyspark_popmq").symlink_to(REPO / "pyspark_popmq", target_is_directory=True)
+    return str(folder)
+
+
+DISCOVERY_PATH = _discovery_path()
+
+
 def spark_environment() -> dict[str, str]:
-    return {"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    return {
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYTHONPATH": DISCOVERY_PATH,
+    }
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     os.environ.update(spark_environment())
     from pyspark.sql import SparkSession
-
-    import popmq.spark
 
     session = (
         SparkSession.builder.master("local[2]")
@@ -48,7 +72,6 @@ def spark() -> Iterator[object]:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    popmq.spark.register(session)
     try:
         yield session
     finally:

@@ -1,0 +1,277 @@
+"""Namespaces at the proxy's edge: `x-mq-namespace` / `Resource.resource_namespace` scope topics
+and groups, as in RocketMQ 5.
+
+Inside popmq a namespaced resource is just another name, `NAMESPACE%name` (RocketMQ's
+`NamespaceUtil` form), so brokers, routes, assignments, offsets and the retry / DLQ names the
+broker derives from them (`%RETRY%ns%group...`, `%DLQ%ns%group`) stay inside their namespace
+with no change behind this module. A server interceptor qualifies every Resource of a
+MessagingService request on the way in and strips the prefix from every Resource of the answer
+on the way out. Clients without a namespace see no change at all (and pay nothing).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import cache
+from typing import Any
+
+import grpc
+from google.protobuf import message_factory
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import DLQ_PREFIX, RETRY_PREFIX
+from popmq.proxy.grpc import status as st
+
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+SEPARATOR = "%"
+RESOURCE = "apache.rocketmq.v2.Resource"
+SERVICE_PREFIX = "/apache.rocketmq.v2.MessagingService/"
+HEADER = "x-mq-namespace"
+# RocketMQ's namespace rule: its name characters, without the separator, at most 64.
+_NAMESPACE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def qualify(namespace: str, name: str, *, group: bool = False) -> str:
+    """The broker-side name of `name` in `namespace` ("" = no namespace: unchanged)."""
+    if not namespace or not name:
+        return name
+    for prefix in (RETRY_PREFIX, DLQ_PREFIX):  # a DLQ a client reads: %DLQ%group
+        if name.startswith(prefix):
+            return prefix + qualify(namespace, name[len(prefix) :], group=True)
+    if SEPARATOR in name:
+        code = Code.ILLEGAL_CONSUMER_GROUP if group else Code.ILLEGAL_TOPIC
+        raise BrokerError(code, f"{name!r}: names in a namespace cannot contain '{SEPARATOR}'")
+    return f"{namespace}{SEPARATOR}{name}"
+
+
+def unqualify(namespace: str, name: str) -> str:
+    """The client-side name of a broker-side name seen from `namespace`."""
+    for prefix in (RETRY_PREFIX, DLQ_PREFIX):
+        if name.startswith(prefix):
+            return prefix + unqualify(namespace, name[len(prefix) :])
+    own = f"{namespace}{SEPARATOR}"
+    return name[len(own) :] if namespace and name.startswith(own) else name
+
+
+def check_namespace(namespace: str) -> str:
+    if namespace and not _NAMESPACE.fullmatch(namespace):
+        raise BrokerError(
+            Code.BAD_REQUEST,
+            f"namespace {namespace!r} must be 1..64 characters of [a-zA-Z0-9_-]",
+        )
+    return namespace
+
+
+# -- walking the Resources of a message (never touching bodies) ----------------------------------
+
+
+@cache
+def _resource_fields(descriptor: Descriptor) -> tuple[FieldDescriptor, ...]:
+    """Fields of this message type that are, or contain, a Resource."""
+    return tuple(
+        field
+        for field in descriptor.fields
+        if field.message_type is not None
+        and not field.message_type.GetOptions().map_entry
+        and (field.message_type.full_name == RESOURCE or _contains_resource(field.message_type))
+    )
+
+
+@cache
+def _contains_resource(descriptor: Descriptor, _seen: frozenset[str] = frozenset()) -> bool:
+    if descriptor.full_name in _seen:
+        return False
+    seen = _seen | {descriptor.full_name}
+    for field in descriptor.fields:
+        kind = field.message_type
+        if kind is None or kind.GetOptions().map_entry:
+            continue
+        if kind.full_name == RESOURCE or _contains_resource(kind, seen):
+            return True
+    return False
+
+
+def _resources(message: Message) -> list[tuple[Message, bool]]:
+    """(Resource, is-a-group) pairs in message."""
+    found: list[tuple[Message, bool]] = []
+    for field in _resource_fields(message.DESCRIPTOR):
+        is_repeated = field.is_repeated
+        if not is_repeated and not message.HasField(field.name):
+            continue
+        values = getattr(message, field.name) if is_repeated else [getattr(message, field.name)]
+        for value in values:
+            if field.message_type.full_name == RESOURCE:
+                found.append((value, field.name == "group"))
+            else:
+                found.extend(_resources(value))
+    return found
+
+
+def qualify_request(message: Message, header_namespace: str) -> None:
+    for resource, is_group in _resources(message):
+        namespace = check_namespace(resource.resource_namespace or header_namespace)
+        if namespace:
+            resource.name = qualify(namespace, resource.name, group=is_group)
+
+
+def unqualify_response(message: Message, namespace: str) -> None:
+    for resource, _ in _resources(message):
+        stripped = unqualify(namespace, resource.name)
+        if stripped != resource.name:
+            resource.name = stripped
+            resource.resource_namespace = namespace
+
+
+# -- the interceptor -------------------------------------------------------------------------------
+
+
+class _Context:
+    """The servicer context, with writes (streamed answers) unqualified first."""
+
+    def __init__(self, context: grpc.aio.ServicerContext, namespace: str) -> None:
+        self._context = context
+        self._namespace = namespace
+
+    async def write(self, message: Message) -> None:
+        unqualify_response(message, self._namespace)
+        await self._context.write(message)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+def _status_frame(method: str, error: BrokerError) -> Message:
+    """The method's response carrying the refusal as a RocketMQ Status (never a gRPC error)."""
+    service = s.DESCRIPTOR.services_by_name["MessagingService"]
+    output = service.methods_by_name[method.rsplit("/", 1)[-1]].output_type
+    response = message_factory.GetMessageClass(output)()
+    response.status.CopyFrom(st.status(error.code, error.message))
+    return response
+
+
+class NamespaceInterceptor(grpc.aio.ServerInterceptor):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(SERVICE_PREFIX):
+            return handler
+        header = dict(details.invocation_metadata or ()).get(HEADER, "")
+        method = details.method
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(handler, header, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                self._unary_stream(handler, header, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(
+                self._stream_stream(handler, header),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    @staticmethod
+    def _namespace_of(request: Message, header: str) -> str:
+        for resource, _ in _resources(request):
+            if resource.resource_namespace:
+                return resource.resource_namespace
+        return header
+
+    def _unary(
+        self, handler: grpc.RpcMethodHandler, header: str, method: str
+    ) -> Callable[..., Any]:
+        behavior = handler.unary_unary
+
+        async def call(request: Message, context: grpc.aio.ServicerContext) -> Message:
+            namespace = self._namespace_of(request, header)
+            if namespace:
+                try:
+                    qualify_request(request, header)
+                except BrokerError as error:
+                    return _status_frame(method, error)
+            response = await behavior(request, context)
+            if namespace:
+                unqualify_response(response, namespace)
+            return response
+
+        return call
+
+    def _unary_stream(
+        self, handler: grpc.RpcMethodHandler, header: str, method: str
+    ) -> Callable[..., Any]:
+        behavior = handler.unary_stream
+        if inspect.isasyncgenfunction(behavior):  # a servicer that yields its frames
+            return self._unary_stream_yielding(handler, header, method)
+
+        async def call(request: Message, context: grpc.aio.ServicerContext) -> None:
+            namespace = self._namespace_of(request, header)
+            if not namespace:
+                await behavior(request, context)
+                return
+            try:
+                qualify_request(request, header)
+            except BrokerError as error:
+                await context.write(_status_frame(method, error))
+                return
+            await behavior(request, _Context(context, namespace))
+
+        return call
+
+    def _unary_stream_yielding(
+        self, handler: grpc.RpcMethodHandler, header: str, method: str
+    ) -> Callable[..., Any]:
+        behavior = handler.unary_stream
+
+        async def call(
+            request: Message, context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Message]:
+            namespace = self._namespace_of(request, header)
+            if namespace:
+                try:
+                    qualify_request(request, header)
+                except BrokerError as error:
+                    yield _status_frame(method, error)
+                    return
+            async for frame in behavior(request, context):
+                if namespace:
+                    unqualify_response(frame, namespace)
+                yield frame
+
+        return call
+
+    def _stream_stream(self, handler: grpc.RpcMethodHandler, header: str) -> Callable[..., Any]:
+        behavior = handler.stream_stream
+
+        async def call(
+            requests: AsyncIterator[Message], context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Message]:
+            seen: dict[str, str] = {"namespace": header}
+
+            async def qualified() -> AsyncIterator[Message]:
+                async for request in requests:
+                    seen["namespace"] = self._namespace_of(request, seen["namespace"])
+                    try:
+                        qualify_request(request, header)
+                    except BrokerError as error:  # a name no namespace may hold: end the stream
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
+                    yield request
+
+            async for response in behavior(qualified(), context):
+                unqualify_response(response, seen["namespace"])
+                yield response
+
+        return call

@@ -1,0 +1,194 @@
+"""Auto-renew of PushConsumer receipt handles (RocketMQ's proxy auto-renew).
+
+A PushConsumer receives with `auto_renew` and no invisible time: the proxy pops its messages
+for `renew_slice_ms` and, while the client is still processing them, extends that time slice
+by slice (ChangeInvisibleDuration to the broker) until the client acks or nacks, the message
+has been held for `renew_max_ms`, or the client goes away. Each renewal replaces the receipt
+handle; the client keeps the one it received, so its ack / nack / DLQ forward is translated to
+the latest handle here.
+
+The state is this proxy's only (like RocketMQ's): a push consumer sticks to one proxy. If the
+proxy restarts, renewal stops and the messages come back after their current slice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.types import PoppedMessage
+
+if TYPE_CHECKING:
+    from popmq.proxy.services import ProxyServices
+
+log = logging.getLogger(__name__)
+
+# A client that vanished: its messages come back this soon (RocketMQ's
+# invisibleTimeMillisWhenClear).
+RELEASE_INVISIBLE_MS = 1_000
+# Renewals in flight at once, per proxy.
+MAX_CONCURRENT_RENEWALS = 64
+# The handle is gone for good (acked elsewhere, expired and popped again): stop renewing it.
+_FINAL_CODES = frozenset({Code.INVALID_RECEIPT_HANDLE, Code.BAD_REQUEST})
+
+
+@dataclass(slots=True)
+class _Held:
+    client_id: str
+    group: str
+    topic: str
+    current: str  # the latest receipt handle
+    received_at: float  # monotonic seconds
+    visible_at: float  # when the current slice ends (monotonic seconds)
+    failures: int = 0
+    renewing: asyncio.Future[None] | None = None
+
+
+@dataclass(slots=True)
+class HandleRenewer:
+    """In-flight PushConsumer handles, keyed by the handle the client received."""
+
+    _held: dict[str, _Held] = field(default_factory=dict)
+    _loop_task: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def track(
+        self,
+        services: ProxyServices,
+        client_id: str,
+        group: str,
+        topic: str,
+        messages: Iterable[PoppedMessage],
+    ) -> None:
+        now = time.monotonic()
+        slice_s = services.proxy.renew_slice_ms / 1000
+        for message in messages:
+            self._held[message.receipt_handle] = _Held(
+                client_id, group, topic, message.receipt_handle, now, now + slice_s
+            )
+        services.metrics.renewing_handles.set(len(self._held))
+        if self._held and (self._loop_task is None or self._loop_task.done()):
+            # Owned by the proxy's task owner: its close() cancels the loop on shutdown.
+            self._loop_task = services.tasks.spawn(self._run(services), name="auto-renew")
+
+    def forget(self, services: ProxyServices, handles: Iterable[str]) -> None:
+        for handle in handles:
+            self._held.pop(handle, None)
+        services.metrics.renewing_handles.set(len(self._held))
+
+    async def take(self, services: ProxyServices, handle: str) -> str:
+        """The client is done with this handle (ack, nack, DLQ): stop renewing it and return
+        the handle that is valid now (the one given, if it was never renewed here)."""
+        held = self._held.pop(handle, None)
+        if held is None:
+            return handle
+        services.metrics.renewing_handles.set(len(self._held))
+        if held.renewing is not None:  # a renewal is changing the handle right now
+            await asyncio.shield(held.renewing)
+        return held.current
+
+    # -- the renewal loop --------------------------------------------------------------------
+
+    async def _run(self, services: ProxyServices) -> None:
+        period_s = services.proxy.renew_schedule_period_ms / 1000
+        while self._held:
+            await asyncio.sleep(period_s)
+            await self.renew_due(services)
+        self._loop_task = None
+
+    async def renew_due(self, services: ProxyServices) -> None:
+        """One pass: renew every handle whose slice ends within renew_ahead_ms."""
+        config = services.proxy
+        now = time.monotonic()
+        due = [
+            (handle, held)
+            for handle, held in self._held.items()
+            if held.renewing is None and held.visible_at - now <= config.renew_ahead_ms / 1000
+        ]
+        if not due:
+            return
+        limit = asyncio.Semaphore(MAX_CONCURRENT_RENEWALS)
+
+        async def one(handle: str, held: _Held) -> None:
+            async with limit:
+                try:
+                    await self._renew(services, handle, held)
+                except Exception as exc:  # one bad renewal must not stop the others
+                    services.metrics.auto_renewals.labels("failed").inc()
+                    log.warning("auto-renew of a %s handle failed: %r", held.group, exc)
+
+        # Structured: this pass owns its renewals and ends with them.
+        async with asyncio.TaskGroup() as group:
+            for handle, held in due:
+                group.create_task(one(handle, held))
+        services.metrics.renewing_handles.set(len(self._held))
+
+    async def _renew(self, services: ProxyServices, handle: str, held: _Held) -> None:
+        config = services.proxy
+        if services.registry.get(held.client_id) is None:
+            # The client terminated or went silent: give its messages back soon.
+            self._held.pop(handle, None)
+            await self._change(services, held, RELEASE_INVISIBLE_MS, "client_gone")
+            return
+        if time.monotonic() - held.received_at >= config.renew_max_ms / 1000:
+            # Held too long: stop; the message comes back when its current slice ends.
+            self._held.pop(handle, None)
+            services.metrics.auto_renewals.labels("max_time").inc()
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        held.renewing = done
+        try:
+            new_handle = await self._change(services, held, config.renew_slice_ms, "renewed")
+            if new_handle is not None:
+                held.current = new_handle
+                held.visible_at = time.monotonic() + config.renew_slice_ms / 1000
+                held.failures = 0
+            elif handle in self._held:
+                held.failures += 1
+                if held.failures >= config.max_renew_retries:
+                    self._held.pop(handle, None)
+                    log.warning(
+                        "auto-renew gave up on a message of group %s topic %s after %d "
+                        "failures; it comes back when its invisible time ends",
+                        held.group, held.topic, held.failures,
+                    )  # fmt: skip
+                    services.metrics.auto_renewals.labels("gave_up").inc()
+        finally:
+            held.renewing = None
+            done.set_result(None)
+
+    async def _change(
+        self, services: ProxyServices, held: _Held, invisible_ms: int, outcome: str
+    ) -> str | None:
+        try:
+            port = services.cluster.port_for_handle(held.current)
+            services.metrics.broker_rpcs.labels("change_invisible").inc()
+            result = await port.change_invisible_time(
+                held.group, held.topic, held.current, invisible_ms
+            )
+        except BrokerError as exc:
+            if exc.code in _FINAL_CODES:
+                self._drop(held)
+                services.metrics.auto_renewals.labels("handle_gone").inc()
+            else:
+                services.metrics.auto_renewals.labels("failed").inc()
+                log.info("auto-renew of a %s handle failed: %s", held.group, exc.message)
+            return None
+        except (ConnectionError, TimeoutError, OSError) as exc:
+            services.metrics.auto_renewals.labels("failed").inc()
+            log.info("auto-renew of a %s handle failed: %s", held.group, exc)
+            return None
+        services.metrics.auto_renewals.labels(outcome).inc()
+        return result.receipt_handle
+
+    def _drop(self, held: _Held) -> None:
+        for handle, entry in list(self._held.items()):
+            if entry is held:
+                del self._held[handle]

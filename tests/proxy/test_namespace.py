@@ -1,0 +1,84 @@
+"""The namespace mapping at the proxy edge (proxy/grpc/namespace.py)."""
+
+from __future__ import annotations
+
+import pytest
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.proxy.grpc.namespace import qualify, unqualify
+
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+
+def test_names_map_into_and_out_of_a_namespace() -> None:
+    assert qualify("", "orders") == "orders"
+    assert qualify("ns", "orders") == "ns%orders"
+    assert qualify("ns", "%DLQ%billing", group=True) == "%DLQ%ns%billing"
+    assert unqualify("ns", "ns%orders") == "orders"
+    assert unqualify("ns", "%DLQ%ns%billing") == "%DLQ%billing"
+    assert unqualify("ns", "other%orders") == "other%orders"  # never another namespace's
+    assert unqualify("", "ns%orders") == "ns%orders"
+    with pytest.raises(BrokerError) as topic_error:
+        qualify("ns", "other%orders")
+    assert topic_error.value.code == Code.ILLEGAL_TOPIC
+    with pytest.raises(BrokerError) as group_error:
+        qualify("ns", "x%g", group=True)
+    assert group_error.value.code == Code.ILLEGAL_CONSUMER_GROUP
+
+
+def _metadata(cluster, namespace: str) -> tuple[tuple[str, str], ...]:  # type: ignore[no-untyped-def]
+    return tuple((k, namespace if k == "x-mq-namespace" else v) for k, v in cluster.metadata())
+
+
+async def test_route_answers_in_the_clients_namespace(cluster) -> None:  # type: ignore[no-untyped-def]
+    request = s.QueryRouteRequest(topic=pb.Resource(name="orders", resource_namespace="ns1"))
+    response = await cluster.stub.QueryRoute(request, metadata=_metadata(cluster, "ns1"))
+    assert response.status.code == Code.OK
+    assert {(q.topic.name, q.topic.resource_namespace) for q in response.message_queues} == {
+        ("orders", "ns1")
+    }
+    plain = await cluster.stub.QueryRoute(
+        s.QueryRouteRequest(topic=pb.Resource(name="ns1%orders")), metadata=cluster.metadata()
+    )
+    assert {q.topic.name for q in plain.message_queues} == {"ns1%orders"}  # the inside name
+
+
+async def test_bad_namespaced_names_are_refused_with_rocketmq_codes(cluster) -> None:  # type: ignore[no-untyped-def]
+    bad_space = await cluster.stub.QueryRoute(
+        s.QueryRouteRequest(topic=pb.Resource(name="orders")),
+        metadata=_metadata(cluster, "no%pe"),
+    )
+    assert bad_space.status.code == Code.BAD_REQUEST
+    sneaky = await cluster.stub.QueryRoute(
+        s.QueryRouteRequest(topic=pb.Resource(name="other%orders", resource_namespace="ns1")),
+        metadata=_metadata(cluster, "ns1"),
+    )
+    assert sneaky.status.code == Code.ILLEGAL_TOPIC
+    receive = s.ReceiveMessageRequest(
+        group=pb.Resource(name="x%g", resource_namespace="ns1"),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name="t", resource_namespace="ns1")),
+        batch_size=1,
+    )
+    frames = [f async for f in cluster.stub.ReceiveMessage(
+        receive, metadata=_metadata(cluster, "ns1"))]  # fmt: skip
+    assert [f.status.code for f in frames] == [Code.ILLEGAL_CONSUMER_GROUP]
+
+
+async def test_yielding_stream_servicers_are_mapped_too() -> None:
+    import grpc
+    from popmq.proxy.grpc.namespace import NamespaceInterceptor
+
+    async def behavior(request, context):  # type: ignore[no-untyped-def]
+        frame = s.ReceiveMessageResponse()
+        frame.message.topic.name = request.message_queue.topic.name
+        yield frame
+
+    handler = grpc.unary_stream_rpc_method_handler(behavior)
+    method = "/apache.rocketmq.v2.MessagingService/ReceiveMessage"
+    wrapped = NamespaceInterceptor()._unary_stream(handler, "ns1", method)
+    request = s.ReceiveMessageRequest(message_queue=pb.MessageQueue(topic=pb.Resource(name="t")))
+    frames = [frame async for frame in wrapped(request, None)]
+    assert request.message_queue.topic.name == "ns1%t"  # the servicer saw the inside name
+    assert [(f.message.topic.name, f.message.topic.resource_namespace) for f in frames] == [
+        ("t", "ns1")
+    ]
