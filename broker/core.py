@@ -527,6 +527,8 @@ class Broker:
         self._store.set_consumer_offset(group, topic, queue_id, offset)
         # POP progress of the group restarts there (in-flight messages still revive).
         self.ledger.reset_queue(group, topic, queue_id)
+        # What the reset made visible again is news to held pops and watches (no arrival).
+        self._hold.wake(topic, group, queue_id)
 
     async def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         self._require_started()

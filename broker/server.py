@@ -9,8 +9,9 @@ The standard grpc.health.v1 service reports SERVING while the server runs.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 import grpc
@@ -21,6 +22,7 @@ from popmq.broker.api import convert
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.undecodable import add_tolerant
+from popmq.broker.api.watch import WatchKey, wait_visible
 
 from popmq.config import BrokerConfig
 from popmq.pb.broker.v1 import broker_pb2 as pb
@@ -128,6 +130,53 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             return pb.ForwardToDlqResponse(status=convert.ok_status())
 
         return await _answer(pb.ForwardToDlqResponse, work())
+
+    async def Watch(
+        self, request_iterator: AsyncIterator[pb.WatchRequest], context: object
+    ) -> AsyncIterator[pb.WatchEvent]:
+        """The link's event stream: one task per armed watch; each answers once."""
+        events: asyncio.Queue[pb.WatchEvent | None] = asyncio.Queue()
+        armed: dict[int, asyncio.Task[None]] = {}
+
+        async def answer(arm: pb.WatchArm) -> None:
+            key = WatchKey(arm.group, arm.topic, convert.filter_from_proto(arm.filter), arm.fifo)
+            status = convert.ok_status()
+            try:
+                await wait_visible(self._port, key)
+            except BrokerError as error:
+                status = convert.error_status(error)
+            except Exception as error:  # the proxy pops and sees for itself
+                log.exception("watch of %s/%s failed", arm.group, arm.topic)
+                status = pb.Status(code=Code.INTERNAL_ERROR, message=type(error).__name__)
+            finally:
+                if armed.get(arm.id) is asyncio.current_task():
+                    del armed[arm.id]
+            events.put_nowait(pb.WatchEvent(id=arm.id, seq=arm.seq, status=status))
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    if request.HasField("arm"):
+                        old = armed.pop(request.arm.id, None)
+                        if old is not None:
+                            old.cancel()
+                        armed[request.arm.id] = asyncio.create_task(answer(request.arm))
+                    elif request.HasField("cancel"):
+                        task = armed.pop(request.cancel.id, None)
+                        if task is not None:
+                            task.cancel()
+            finally:
+                events.put_nowait(None)  # the proxy closed its side: end the stream
+
+        reader = asyncio.create_task(read())
+        try:
+            while (event := await events.get()) is not None:
+                yield event
+        finally:
+            reader.cancel()
+            for task in armed.values():
+                task.cancel()
+            armed.clear()
 
     # -- pull and offsets --------------------------------------------------------------------
 

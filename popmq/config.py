@@ -260,6 +260,10 @@ class ProxyConfig(Section):
     max_long_polls_per_group: int = Field(2_000, ge=1)
     # Shed new long polls while the event loop runs timers this late (CPU starved).
     max_loop_lag_ms: int = Field(1_000, ge=1)
+    # `popmq proxy --workers N`: N processes share the port through SO_REUSEPORT (the proxy is
+    # stateless), to use more than one core past the GIL. reuse_port is set on each worker.
+    workers: int = Field(1, ge=1, le=64)
+    reuse_port: bool = False
 
     # Identity and access (docs/security.md). acl: the users file; None = open (development).
     acl: Path | None = None

@@ -7,9 +7,12 @@ process (tests, benchmarks) do not mix their counts.
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30,
@@ -149,6 +152,8 @@ class ProxyMetrics:
             "popmq_proxy_adaptive_switches", "Adaptive long-poll switches, by the mode entered",
             ["mode"], registry=r,
         )  # fmt: skip
+        self.broker_links = _LinkCollector()
+        r.register(self.broker_links)
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
         """rocketmq_rpc_latency for one client RPC."""
@@ -157,3 +162,35 @@ class ProxyMetrics:
             child = self._rocketmq_rpc.labels(*self._node, "grpc", method, code)
             self._rocketmq_rpc_children[method, code] = child
         child.observe(seconds * 1000)
+
+    def watch_links(self, ports: Sequence[Any]) -> None:
+        """Report each broker link's losses and watches (``popmq proxy`` in front of remote
+        brokers; in-process ports have no link to lose)."""
+        self.broker_links.ports = ports
+
+
+class _LinkCollector(Collector):
+    """popmq_proxy_broker_link_* read from the ports' links at scrape time."""
+
+    _name = "popmq_proxy_broker_link_losses"  # what tests/deploy read off collectors
+    _labelnames = ("broker",)
+
+    def __init__(self) -> None:
+        self.ports: Sequence[Any] = ()
+
+    def collect(self) -> Iterator[Metric]:
+        losses = CounterMetricFamily(
+            "popmq_proxy_broker_link_losses", "Watch streams to a broker lost (then reopened)",
+            labels=["broker"],
+        )  # fmt: skip
+        watches = GaugeMetricFamily(
+            "popmq_proxy_broker_link_watches", "Visibility watches held on a broker's link",
+            labels=["broker"],
+        )  # fmt: skip
+        for port in self.ports:
+            link = getattr(port, "watch_backend", None)
+            if link is not None and hasattr(link, "losses"):
+                losses.add_metric([port.name], link.losses)
+                watches.add_metric([port.name], link.watches)
+        yield losses
+        yield watches

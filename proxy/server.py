@@ -41,14 +41,17 @@ HEALTH_SERVICE = "grpc.health.v1.Health"
 SERVED_SERVICES = (MESSAGING_SERVICE, ADMIN_SERVICE)
 
 
-def grpc_options(max_body_bytes: int, max_long_polls: int = 10_000) -> list[tuple[str, int]]:
+def grpc_options(
+    max_body_bytes: int, max_long_polls: int = 10_000, reuse_port: bool = False
+) -> list[tuple[str, int]]:
     # Room for a maximal body plus the rest of the request, so an oversize body reaches
     # validation (MESSAGE_BODY_TOO_LARGE) instead of failing in the transport.
     limit = max(2 * max_body_bytes + (1 << 20), 16 << 20)
     return [
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
-        ("grpc.so_reuseport", 0),
+        # Off unless workers share the port: a second proxy on a taken port must fail.
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
         # Calls the transport accepted before our handler picked them up. Past this grpc-core
         # cancels new calls at random (clients see CANCELLED, no status of ours); make room
         # for every long poll admission control admits, so that it is what sheds, with
@@ -89,6 +92,7 @@ class ProxyServer:
         self.config = config
         self.metrics = metrics or ProxyMetrics()
         cluster = BrokerCluster(ports, auto_create_topics=config.broker.topics.auto_create)
+        self.metrics.watch_links(cluster.ports)
         self.services = ProxyServices(
             config=config,
             cluster=cluster,
@@ -119,7 +123,7 @@ class ProxyServer:
         ]
         credentials = server_credentials(proxy.tls.cert, proxy.tls.key, proxy.tls.client_ca)
         server = grpc.aio.server(
-            options=grpc_options(proxy.max_body_bytes, proxy.max_long_polls),
+            options=grpc_options(proxy.max_body_bytes, proxy.max_long_polls, proxy.reuse_port),
             interceptors=interceptors,
         )
         # Undecodable bodies answer INVALID_ARGUMENT (counted, logged at a bounded rate).

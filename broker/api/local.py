@@ -18,6 +18,7 @@ from popmq.broker.api.types import (
     SendResult,
     TopicInfo,
 )
+from popmq.broker.api.watch import LocalWatchBackend
 from popmq.broker.core import Broker
 
 
@@ -27,6 +28,14 @@ class LocalBrokerPort:
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
+        self._watches: LocalWatchBackend | None = None
+
+    @property
+    def watch_backend(self) -> LocalWatchBackend:
+        """Visibility watches on this broker, waited for in process (no link to lose)."""
+        if self._watches is None:
+            self._watches = LocalWatchBackend(self)
+        return self._watches
 
     @property
     def broker(self) -> Broker:
@@ -94,4 +103,7 @@ class LocalBrokerPort:
         return await self._broker.group_stats(group, topic)
 
     async def close(self) -> None:
-        """Nothing to release in-process; the broker keeps running."""
+        """Only the watches end; the broker keeps running."""
+        watches, self._watches = self._watches, None
+        if watches is not None:
+            await watches.aclose()

@@ -14,6 +14,7 @@ from typing import TypeVar
 import grpc
 from popmq.broker.api import convert
 from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.api.link import BrokerLink
 from popmq.broker.api.types import (
     AckEntry,
     AckEntryResult,
@@ -48,6 +49,7 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_timeout_ms", 10_000),
 ]
 
+
 # Codes meaning "the call never got an answer from the broker".
 _UNREACHABLE = frozenset(
     {
@@ -78,6 +80,7 @@ class RemoteBrokerPort:
         # Made on first use: grpc.aio objects belong to the event loop that creates them.
         self._channel: grpc.aio.Channel | None = None
         self._stub: broker_pb2_grpc.BrokerServiceStub | None = None
+        self._watch_link: BrokerLink | None = None
 
     @property
     def name(self) -> str:
@@ -97,6 +100,13 @@ class RemoteBrokerPort:
             self._channel = broker_channel(self._address, CHANNEL_OPTIONS, self._link)
             self._stub = broker_pb2_grpc.BrokerServiceStub(self._channel)
         return self._stub
+
+    @property
+    def watch_backend(self) -> BrokerLink:
+        """The link carrying this proxy's visibility watches on this broker (one stream)."""
+        if self._watch_link is None:
+            self._watch_link = BrokerLink(self._name, self._get_stub)
+        return self._watch_link
 
     def _deadline(self, poll_time_ms: int = 0) -> float:
         return self._rpc_timeout_s + max(poll_time_ms, 0) / 1000
@@ -255,6 +265,9 @@ class RemoteBrokerPort:
         return [convert.group_stats_from_proto(s) for s in response.stats]
 
     async def close(self) -> None:
+        link, self._watch_link = self._watch_link, None
+        if link is not None:
+            await link.aclose()
         channel, self._channel, self._stub = self._channel, None, None
         if channel is not None:
             await channel.close()

@@ -6,6 +6,9 @@ receive (batch 32), then ack what they got, until every message is acked.
 - ``direct``: the load generator calls in-process brokers (LocalBrokerPort) itself;
 - ``proxy``:  the load generator talks apache.rocketmq.v2 over gRPC to a ``popmq serve``
   process (proxy + the same number of embedded brokers) -- what a RocketMQ client does;
+- ``cluster``: the same gRPC load against one ``popmq proxy`` process in front of the same
+  number of ``popmq broker`` processes (the Helm chart's topology); the server CPU is reported
+  for the proxy and for the brokers separately;
 - ``floor``:  the same gRPC load against a server that does no work (popmq.bench.floor):
   the ceiling of any Python grpc.aio proxy with this load generator on this machine.
 
@@ -35,7 +38,7 @@ from popmq.bench.table_text import grid
 
 TOPIC = "bench-e2e"
 GROUP = "bench-e2e-group"
-MODES = ("direct", "proxy", "floor")
+MODES = ("direct", "proxy", "cluster", "floor")
 DEFAULT_MODES = ("direct", "proxy")
 INVISIBLE_MS = 60_000
 POLL_MS = 1_000
@@ -149,10 +152,41 @@ def _serve_command(params: dict[str, Any], root: Path) -> list[str]:
     return args
 
 
+def _proxy_settings(params: dict[str, Any]) -> list[str]:
+    settings = [f"proxy.strategy={params['strategy']}", "proxy.min_long_polling_ms=1000"]
+    return [arg for setting in settings for arg in ("--set", setting)]
+
+
+@contextlib.asynccontextmanager
+async def _cluster_brokers(params: dict[str, Any], root: Path) -> AsyncIterator[list[int]]:
+    """``popmq broker`` processes with the bench topic; yields their pids and fills
+    params["broker_args"] with the proxy's ``--broker NAME=ADDRESS`` flags."""
+    from popmq.bench.brokers import remote_broker
+    from popmq.config import BrokerConfig
+
+    pids: list[int] = []
+    async with contextlib.AsyncExitStack() as stack:
+        flags: list[str] = []
+        for index in range(params["brokers"]):
+            name = f"broker-{index}"
+            config = BrokerConfig(name=name, data_dir=root / name)
+            port = await stack.enter_async_context(remote_broker(config, pids))
+            await port.create_topic(TOPIC, params["queues"])
+            flags += ["--broker", f"{name}={port.address}"]  # type: ignore[attr-defined]
+        params["broker_args"] = flags
+        yield pids
+
+
 @contextlib.asynccontextmanager
 async def _serve(params: dict[str, Any], root: Path) -> AsyncIterator[tuple[str, int]]:
     """The server process of the mode, listening; yields (endpoint, pid)."""
-    args = _serve_command(params, root)
+    if params["mode"] == "cluster":
+        args = [sys.executable, "-m", "popmq", "proxy", "--port", "0",
+                *params["broker_args"], *_proxy_settings(params)]  # fmt: skip
+        if params.get("proxy_workers", 1) > 1:
+            args += ["--workers", str(params["proxy_workers"])]
+    else:
+        args = _serve_command(params, root)
     process = await asyncio.create_subprocess_exec(
         *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
     )
@@ -162,7 +196,7 @@ async def _serve(params: dict[str, Any], root: Path) -> AsyncIterator[tuple[str,
             while True:
                 line = (await process.stdout.readline()).decode()
                 if not line:
-                    raise RuntimeError("popmq serve exited before listening")
+                    raise RuntimeError(f"{args[3]} exited before listening")
                 if "proxy listening on" in line:
                     break
         port = int(line.rsplit(":", 1)[1])
@@ -190,7 +224,11 @@ async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
     client_id = f"bench@{os.getpid()}"
     metadata = (("x-mq-client-id", client_id), ("x-mq-language", "PYTHON"),
                 ("x-mq-protocol", "GRPC_V2"))  # fmt: skip
-    async with _serve(params, root) as (endpoint, pid):
+    async with contextlib.AsyncExitStack() as stack:
+        broker_pids: list[int] = []
+        if params["mode"] == "cluster":
+            broker_pids = await stack.enter_async_context(_cluster_brokers(params, root))
+        endpoint, pid = await stack.enter_async_context(_serve(params, root))
         # A few connections, as several client processes would open.
         channels = [grpc.aio.insecure_channel(endpoint) for _ in range(params["channels"])]
         stubs = [service_pb2_grpc.MessagingServiceStub(c) for c in channels]
@@ -261,17 +299,43 @@ async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
             def produce_all(sizes: list[int]) -> Any:
                 return produce(next(producer_ids), sizes)
 
-            return await _drive(params, progress, produce_all, consume, server_pid=pid)
+            return await _drive(
+                params, progress, produce_all, consume, server_pid=pid, broker_pids=broker_pids
+            )
         finally:
             for channel in channels:
                 await channel.close()
 
 
 # -- shared driver -----------------------------------------------------------------------------
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def _process_tree_cpu_s(pid: int) -> float:
+    """CPU of a process and its children (``popmq proxy --workers N`` runs N workers)."""
+    return _cpu_s(pid) + sum(_process_tree_cpu_s(child) for child in _children(pid))
+
+
 async def _drive(
-    params: dict[str, Any], progress: _Progress, produce: Any, consume: Any, server_pid: int | None
+    params: dict[str, Any],
+    progress: _Progress,
+    produce: Any,
+    consume: Any,
+    server_pid: int | None,
+    broker_pids: Sequence[int] = (),
 ) -> dict[str, Any]:
-    cpu_before = (_cpu_s(), _cpu_s(server_pid) if server_pid else 0.0)
+    def brokers_cpu() -> float:
+        return sum(_cpu_s(pid) for pid in broker_pids)
+
+    def server_cpu() -> float:
+        return _process_tree_cpu_s(server_pid) if server_pid else 0.0
+
+    cpu_before = (_cpu_s(), server_cpu(), brokers_cpu())
     started = time.perf_counter()
 
     async def producers() -> None:
@@ -288,7 +352,12 @@ async def _drive(
         for task in consumers:
             task.cancel()
     elapsed = time.perf_counter() - started
-    cpu_after = (_cpu_s(), _cpu_s(server_pid) if server_pid else 0.0)
+    cpu_after = (_cpu_s(), server_cpu(), brokers_cpu())
+    acked = max(progress.acked, 1)
+    proxy_cpu = cpu_after[1] - cpu_before[1]
+    broker_cpu = cpu_after[2] - cpu_before[2]
+    # direct: the brokers run in the load generator; its CPU is the server's.
+    server_total = proxy_cpu + broker_cpu if server_pid else cpu_after[0] - cpu_before[0]
     return {
         "msgs_per_s": round(progress.acked / elapsed),
         "elapsed_s": round(elapsed, 3),
@@ -299,7 +368,13 @@ async def _drive(
         "latency_p50_ms": round(_percentile(progress.latencies_ms, 0.5), 1),
         "latency_p99_ms": round(_percentile(progress.latencies_ms, 0.99), 1),
         "cpu_s_load_generator": round(cpu_after[0] - cpu_before[0], 2),
-        "cpu_s_server": round(cpu_after[1] - cpu_before[1], 2),
+        "cpu_s_server": round(proxy_cpu + broker_cpu, 2),
+        # cluster: the proxy process (and its workers) and the broker processes apart.
+        "cpu_s_proxy": round(proxy_cpu, 2),
+        "cpu_s_brokers": round(broker_cpu, 2),
+        "server_cpu_us_per_msg": round(server_total * 1e6 / acked),
+        "proxy_cpu_us_per_msg": round(proxy_cpu * 1e6 / acked),
+        "brokers_cpu_us_per_msg": round(broker_cpu * 1e6 / acked),
     }
 
 
@@ -315,8 +390,10 @@ async def bench_e2e(
     channels: int = 4,
     strategy: str = "adaptive",
     modes: Sequence[str] = DEFAULT_MODES,
+    proxy_workers: int | Sequence[int] = 1,
 ) -> dict[str, Any]:
     """Run each mode on fresh brokers; return the JSON-serialisable figures."""
+    workers = (proxy_workers,) if isinstance(proxy_workers, int) else tuple(proxy_workers)
     unknown = set(modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown modes {sorted(unknown)}: choose from {MODES}")
@@ -324,15 +401,21 @@ async def bench_e2e(
         "messages": messages, "body_bytes": body_bytes, "producers": producers,
         "consumers": consumers, "brokers": brokers, "queues": queues, "send_batch": send_batch,
         "receive_batch": receive_batch, "channels": channels, "strategy": strategy,
+        "proxy_workers": list(workers),
     }  # fmt: skip
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="popmq-bench-e2e-") as tmp:
         for mode in modes:
-            root = Path(tmp) / mode
-            root.mkdir()
             run = _run_direct if mode == "direct" else _run_proxy
-            live.phase(f"{mode}: send + receive + ack")
-            results[mode] = await run({**params, "mode": mode}, root)
+            # cluster runs once per worker count: "cluster" (N=1), "cluster-w2", ...
+            counts = workers if mode == "cluster" else (1,)
+            for count in counts:
+                name = mode if count == 1 else f"{mode}-w{count}"
+                root = Path(tmp) / name
+                root.mkdir()
+                run_params = {**params, "mode": mode, "proxy_workers": count}
+                live.phase(f"{name}: send + receive + ack")
+                results[name] = await run(run_params, root)
     result: dict[str, Any] = {"params": params, "results": results}
     if "direct" in results and "proxy" in results:
         result["proxy_overhead"] = round(
@@ -342,6 +425,25 @@ async def bench_e2e(
         # How far the proxy is from what gRPC alone allows (1.0: the proxy costs nothing).
         result["floor_over_proxy"] = round(
             results["floor"]["msgs_per_s"] / max(results["proxy"]["msgs_per_s"], 1), 2
+        )
+    if "cluster" in results and "proxy" in results:
+        # The production topology against the embedded one (goal: >= 0.7).
+        result["cluster_over_proxy"] = round(
+            results["cluster"]["msgs_per_s"] / max(results["proxy"]["msgs_per_s"], 1), 2
+        )
+    for name, figures in results.items():
+        if name.startswith("cluster-w") and "cluster" in results:
+            # --workers N against one worker: msg/s and server CPU per message.
+            base = results["cluster"]
+            result[f"{name}_over_cluster"] = {
+                "msgs_per_s": round(figures["msgs_per_s"] / max(base["msgs_per_s"], 1), 2),
+                "proxy_cpu_us_per_msg": round(
+                    figures["proxy_cpu_us_per_msg"] / max(base["proxy_cpu_us_per_msg"], 1), 2
+                ),
+            }
+    if "floor" in results and "proxy" in results:
+        result["proxy_over_floor"] = round(
+            results["proxy"]["msgs_per_s"] / max(results["floor"]["msgs_per_s"], 1), 2
         )
     return result
 
@@ -355,18 +457,33 @@ def format_table(result: dict[str, Any]) -> str:
         "",
     ]
     header = ["mode", "e2e msg/s", "send msg/s", "p50 ms", "p99 ms", "receives", "empty",
-              "CPU s (gen)", "CPU s (server)"]  # fmt: skip
+              "CPU s (gen)", "CPU s (server)", "µs/msg server", "µs/msg proxy",
+              "µs/msg brokers"]  # fmt: skip
     rows = [header]
     for mode, r in result["results"].items():
         rows.append([mode, str(r["msgs_per_s"]), str(r["send_msgs_per_s"]),
                      str(r["latency_p50_ms"]), str(r["latency_p99_ms"]), str(r["receives"]),
                      str(r["empty_receives"]), str(r["cpu_s_load_generator"]),
-                     str(r["cpu_s_server"])])  # fmt: skip
+                     str(r["cpu_s_server"]), str(r["server_cpu_us_per_msg"]),
+                     str(r["proxy_cpu_us_per_msg"]) if mode.startswith("cluster") else "-",
+                     str(r["brokers_cpu_us_per_msg"]) if mode.startswith("cluster") else "-",
+                     ])  # fmt: skip
     lines += grid(rows)
     if "proxy_overhead" in result:
         lines += ["", f"proxy overhead (direct / proxy msg/s): {result['proxy_overhead']}x"]
     if "floor_over_proxy" in result:
         lines += [f"gRPC floor / proxy msg/s: {result['floor_over_proxy']}x"]
+    if "proxy_over_floor" in result:
+        lines += [f"proxy / floor msg/s: {result['proxy_over_floor']} (goal >= 0.8)"]
+    if "cluster_over_proxy" in result:
+        lines += [f"cluster / proxy msg/s: {result['cluster_over_proxy']} (goal >= 0.7)"]
+    for key, ratio in result.items():
+        if key.startswith("cluster-w") and key.endswith("_over_cluster"):
+            name = key.removesuffix("_over_cluster")
+            lines += [
+                f"{name} / cluster: msg/s {ratio['msgs_per_s']}x, proxy CPU µs/msg "
+                f"{ratio['proxy_cpu_us_per_msg']}x"
+            ]
     return "\n".join(lines)
 
 

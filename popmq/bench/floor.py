@@ -87,7 +87,12 @@ class FloorServicer(service_pb2_grpc.MessagingServiceServicer):
                     self.arrived[broker].clear()
                     await self.arrived[broker].wait()
         except TimeoutError:
+            # As the protocol (and the proxy) answer an empty receive: status, then the
+            # delivery timestamp (docs: CLIENT-FACTS, ReceiveMessage stream shape).
             await context.write(s.ReceiveMessageResponse(status=pb.Status(code=NOT_FOUND)))
+            done = s.ReceiveMessageResponse()
+            done.delivery_timestamp.GetCurrentTime()
+            await context.write(done)
             return
         count = min(self.pending[broker], request.batch_size)
         self.pending[broker] -= count

@@ -43,12 +43,13 @@ from popmq.bench.table_text import grid
 TOPIC = "bench-idle"
 GROUP = "bench-idle-group"
 QUEUES_PER_BROKER = 4
-STRATEGIES = ("pop", "slices", "notify", "adaptive")
+STRATEGIES = ("pop", "slices", "notify", "adaptive", "floor")
 RAM_DISK = "/dev/shm"
 START_TIMEOUT_S = 60.0
 
 _BROKER_UP = re.compile(r"popmq broker \S+ listening on (\S+)")
 _PROXY_UP = re.compile(r"popmq proxy listening on (\S+)")
+_FLOOR_UP = re.compile(r"popmq floor proxy listening on (\S+)")
 _METRICS_UP = re.compile(r"popmq metrics on (\S+)")
 
 Samples = list[tuple[str, dict[str, str], float]]
@@ -92,10 +93,12 @@ class _Child:
 
 
 @contextlib.asynccontextmanager
-async def _child(args: list[str], log_path: Path) -> AsyncIterator[_Child]:
+async def _child(args: list[str], log_path: Path, module: bool = False) -> AsyncIterator[_Child]:
+    """``popmq ARGS`` (or, with ``module``, the command ARGS as given) as a child process."""
+    command = args if module else [sys.executable, "-m", "popmq", *args]
     with log_path.open("ab") as log:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "popmq", *args,
+            *command,
             stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
     child = _Child(process, log_path)
@@ -156,6 +159,15 @@ async def _proxy(
             "--strategy", strategy, *_set_flags(settings)]  # fmt: skip
     for name, address in zip(brokers.names, brokers.addresses, strict=True):
         args += ["--broker", f"{name}={address}"]
+    if strategy == "floor":
+        # The do-nothing grpc.aio server (popmq.bench.floor) holding the same receives: the
+        # CPU any Python proxy needs for this many streaming calls per second.
+        args = [sys.executable, "-m", "popmq.bench.floor", "--port", "0",
+                "--brokers", str(len(brokers.names))]  # fmt: skip
+        async with _child(args, root / "floor.log", module=True) as child:
+            await child.await_lines({"address": _FLOOR_UP})
+            yield child
+        return
     async with _child(args, root / f"proxy-{strategy}.log") as child:
         await child.await_lines({"metrics": _METRICS_UP, "address": _PROXY_UP})
         yield child
@@ -263,7 +275,7 @@ async def _run_strategy(
 
     long_polls: int = params["long_polls"]
     async with _proxy(strategy, brokers, root, params["proxy_settings"]) as proxy:
-        metrics = proxy.lines["metrics"]
+        metrics = proxy.lines.get("metrics")
         await asyncio.sleep(0.5)  # let the fresh process settle before its base RSS
         rss_base = _rss_mib(proxy.pid)
         stats = _Pollers()
@@ -283,6 +295,8 @@ async def _run_strategy(
                 async def all_waiting() -> bool:
                     if stats.started < long_polls:
                         return False
+                    if metrics is None:  # the floor counts nothing: every poller started
+                        return True
                     samples = await _scrape(metrics)
                     return _total(samples, "popmq_proxy_long_polls_total") >= long_polls
 
@@ -306,10 +320,14 @@ async def _run_strategy(
 async def _measure(
     proxy: _Child, brokers: _Brokers, params: dict[str, Any], stats: _Pollers, rss_base: float
 ) -> dict[str, Any]:
-    metrics = proxy.lines["metrics"]
+    metrics = proxy.lines.get("metrics")
+
+    async def scrape() -> Samples:
+        return await _scrape(metrics) if metrics is not None else []
+
     duration_s: float = params["duration_s"]
     step_s = min(1.0, duration_s / 5)
-    before = await _scrape(metrics)
+    before = await scrape()
     cpu_before = (process_cpu_s(proxy.pid), sum(process_cpu_s(p) for p in brokers.pids),
                   _own_cpu_s())  # fmt: skip
     receives_before, errors_before = stats.receives, stats.errors
@@ -319,14 +337,14 @@ async def _measure(
     held_brokers: list[dict[str, float]] = []
     while True:
         rss.append(_rss_mib(proxy.pid))
-        held_proxy.append(_total(await _scrape(metrics), "popmq_proxy_held_notification_tasks"))
+        held_proxy.append(_total(await scrape(), "popmq_proxy_held_notification_tasks"))
         held_brokers.append(await _broker_held(brokers))
         left = duration_s - (time.perf_counter() - started)
         if left <= 0:
             break
         await asyncio.sleep(min(step_s, left))
     window = time.perf_counter() - started
-    after = await _scrape(metrics)
+    after = await scrape()
     cpu_after = (process_cpu_s(proxy.pid), sum(process_cpu_s(p) for p in brokers.pids),
                  _own_cpu_s())  # fmt: skip
     rss.append(_rss_mib(proxy.pid))
@@ -350,6 +368,8 @@ async def _measure(
         "proxy_held_notifications": round(sum(held_proxy) / len(held_proxy), 1),
         "proxy_rss_mib": {"base": round(rss_base, 1), "max": round(max(rss), 1)},
         "rss_kib_per_long_poll": round((max(rss) - rss_base) * 1024 / long_polls, 1),
+        # Of one core, over the window (goal for notify: <= 30%; print the floor beside it).
+        "proxy_cpu_pct_of_core": round(100 * (cpu_after[0] - cpu_before[0]) / window, 1),
         "cpu_s": {
             "proxy": round(cpu_after[0] - cpu_before[0], 2),
             "brokers": round(cpu_after[1] - cpu_before[1], 2),
@@ -419,7 +439,7 @@ def format_table(result: dict[str, Any]) -> str:
     ]
     header = ["strategy", "recv/s", "broker RPC/s", "probe/s", "held pop", "held notify",
               "proxy notif", "RSS base MiB", "RSS MiB", "KiB/poll", "CPU s proxy",
-              "CPU s brokers", "mode", "errors"]  # fmt: skip
+              "proxy % core", "CPU s brokers", "mode", "errors"]  # fmt: skip
     rows = [header]
     for run in result["runs"]:
         held = run["held_on_brokers"]
@@ -429,14 +449,16 @@ def format_table(result: dict[str, Any]) -> str:
             f"{held.get('pop', 0.0):.0f}", f"{held.get('notify', 0.0):.0f}",
             f"{run['proxy_held_notifications']:.0f}", f"{run['proxy_rss_mib']['base']:.0f}",
             f"{run['proxy_rss_mib']['max']:.0f}", f"{run['rss_kib_per_long_poll']:.1f}",
-            f"{run['cpu_s']['proxy']:.2f}", f"{run['cpu_s']['brokers']:.2f}",
+            f"{run['cpu_s']['proxy']:.2f}", f"{run['proxy_cpu_pct_of_core']:.0f}",
+            f"{run['cpu_s']['brokers']:.2f}",
             run["adaptive_mode"] or "-", str(run["client_errors"]),
         ])  # fmt: skip
     lines += grid(rows)
     lines += [
         "broker RPC/s: every proxy -> broker call (probe/s: the false-empty probes among them);"
         " held: requests waiting on the brokers (mean); proxy notif: notifications the proxy"
-        " holds; RSS: the proxy process before the long polls and at most with them",
+        " holds; RSS: the proxy process before the long polls and at most with them; floor: a"
+        " do-nothing grpc.aio server holding the same receives (popmq.bench.floor)",
     ]
     return "\n".join(lines)
 

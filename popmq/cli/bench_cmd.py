@@ -85,7 +85,7 @@ def _e2e(args: argparse.Namespace) -> int:
         "popmq.bench.e2e", "bench_e2e", "format_table", args.json,
         messages=args.messages, body_bytes=args.body_bytes, producers=args.producers,
         consumers=args.consumers, brokers=args.brokers, queues=args.queues,
-        strategy=args.strategy, modes=tuple(args.mode),
+        strategy=args.strategy, modes=tuple(args.mode), proxy_workers=tuple(args.proxy_workers),
     )  # fmt: skip
 
 
@@ -166,8 +166,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e2e.add_argument("--strategy", default="adaptive",
                      choices=("pop", "slices", "notify", "adaptive"))  # fmt: skip
     e2e.add_argument("--mode", nargs="+", default=["direct", "proxy"],
-                     choices=("direct", "proxy", "floor"),
-                     help="floor: the same gRPC load on a server that does no work")  # fmt: skip
+                     choices=("direct", "proxy", "cluster", "floor"),
+                     help="cluster: popmq proxy + popmq broker processes; floor: the same gRPC "
+                          "load on a server that does no work")  # fmt: skip
+    e2e.add_argument("--proxy-workers", type=int, nargs="+", default=[1],
+                     help="cluster mode: popmq proxy --workers N, one run per N")  # fmt: skip
     e2e.add_argument("--json", help="also write the figures to this file")
     e2e.set_defaults(func=_e2e)
 
@@ -215,7 +218,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     idle.add_argument("--brokers", type=int, default=4, help="broker processes")
     idle.add_argument("--duration", type=float, default=20.0, help="seconds measured each")
     idle.add_argument("--strategy", nargs="+", default=["pop", "notify", "adaptive"],
-                      choices=("pop", "slices", "notify", "adaptive"))  # fmt: skip
+                      choices=("pop", "slices", "notify", "adaptive", "floor"),
+                      help="floor: a do-nothing grpc.aio server, same receives")  # fmt: skip
     idle.add_argument("--await-ms", type=int, default=20_000, help="client awaitDuration")
     idle.add_argument("--channels", type=int, default=4, help="client gRPC connections")
     idle.add_argument("--ramp", type=float, help="seconds over which the polls start "

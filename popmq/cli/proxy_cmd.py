@@ -71,6 +71,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a broker to front (repeat for each)",
     )  # fmt: skip
     proxy.add_argument(
+        "--workers", type=int, metavar="N",
+        help="run N proxy processes sharing the port (SO_REUSEPORT; default 1)",
+    )  # fmt: skip
+    proxy.add_argument(
         "--cluster-token-file", metavar="FILE",
         help="the brokers' cluster token (the file given to `popmq broker`)",
     )  # fmt: skip
@@ -131,6 +135,7 @@ def run_proxy(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
         overrides["proxy.brokers"] = brokers
+    overrides["proxy.workers"] = args.workers
     overrides["proxy.broker_link.cluster_token_file"] = args.cluster_token_file
     if args.broker_tls_ca or args.broker_tls_cert:
         overrides["proxy.broker_link.tls"] = True
@@ -139,6 +144,10 @@ def run_proxy(args: argparse.Namespace) -> int:
     overrides["proxy.broker_link.key"] = args.broker_tls_key
     config = config_from_args(args, overrides)
     _setup_logging()
+    if config.proxy.workers > 1:
+        from popmq.cli.workers import run_workers
+
+        return asyncio.run(run_workers(config, sys.argv[1:], _announce))
     from popmq.proxy.runtime import run_cluster_proxy
 
     return _run("proxy", config, run_cluster_proxy(config, _announce))

@@ -108,6 +108,12 @@ class StrategyBase:
         # The metric label: the configured strategy (adaptive labels its inner strategies
         # "adaptive" so dashboards follow the configuration, not the mode of the moment).
         self.label = label or self.name
+        # Labelled children looked up once: every receive counts in them (10,000 idle long
+        # polls are 500 receives a second).
+        self._long_polls = metrics.long_polls.labels(self.label)
+        self._empty = metrics.empty_responses.labels(self.label)
+        self._latency = {result: metrics.receive_latency.labels(self.label, result)
+                         for result in ("found", "empty", "cancelled", "error")}  # fmt: skip
         self.probe_false_empty = probe_false_empty
         self.picker = BrokerPicker()
         # The deadlines of the receives holding now, so drain() can bring them forward.
@@ -149,7 +155,7 @@ class StrategyBase:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + max(request.poll_ms, 0) / 1000
-        self.metrics.long_polls.labels(self.label).inc()
+        self._long_polls.inc()
         custody = Custody(lambda port, msgs: self.calls.release(port, request.pop, msgs))
         try:
             if request.poll_ms <= 0:
@@ -170,19 +176,24 @@ class StrategyBase:
             # Client gone (cancelled) or a broker error: nothing popped may be lost.
             custody.abandon()
             result = "cancelled" if isinstance(exc, asyncio.CancelledError) else "error"
-            self.metrics.receive_latency.labels(self.label, result).observe(loop.time() - started)
+            self._latency[result].observe(loop.time() - started)
             raise
         messages = custody.hand_over()
         elapsed = loop.time() - started
         if messages:
             self.metrics.messages_delivered.inc(len(messages))
-            self.metrics.receive_latency.labels(self.label, "found").observe(elapsed)
+            self._latency["found"].observe(elapsed)
         else:
-            self.metrics.empty_responses.labels(self.label).inc()
-            self.metrics.receive_latency.labels(self.label, "empty").observe(elapsed)
+            self._empty.inc()
+            self._latency["empty"].observe(elapsed)
             if self.probe_false_empty and not self.draining:
-                self.calls.probe_false_empty(brokers, request.pop, self.label)
+                targets = self._probe_targets(brokers, request.pop)
+                self.calls.probe_false_empty(targets, request.pop, self.label)
         return messages
+
+    def _probe_targets(self, brokers: Sequence[BrokerPort], pop: PopRequest) -> list[BrokerPort]:
+        """The brokers a false-empty probe asks (notify trusts armed watches: see there)."""
+        return list(brokers)
 
     def drain(self) -> None:
         self.draining = True

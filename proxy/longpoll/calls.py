@@ -84,7 +84,16 @@ class BrokerCalls:
         with tracer().start_as_current_span("popmq.broker.pop", attributes=attributes) as span:
             task = asyncio.create_task(port.pop(request), name=f"pop:{port.name}")
             task.add_done_callback(lambda done: self._into_custody(done, port, custody))
-            result = await task
+            if request.poll_time_ms > 0:
+                result = await task  # a held pop: cancelling it releases the broker's hold
+            else:
+                # A pop without hold is not cancelled with its caller: over gRPC the broker may
+                # already have popped, and a cancelled call would drop its answer, leaving the
+                # messages invisible for the whole invisible time. It finishes in the background
+                # and its messages land in custody, which releases them once the poll is over.
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+                result = await asyncio.shield(task)
             span.set_attribute("messaging.batch.message_count", len(result.messages))
             return result
 

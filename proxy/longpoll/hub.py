@@ -20,6 +20,11 @@ turns the broker's "has message" into a **signal** for one subscriber at a time:
 - the last subscriber to leave cancels the held notification, and ``leave`` waits until the
   broker call is gone.
 
+With a broker whose port offers visibility watches (``proxy.longpoll.watches``: the link's
+broker-pushed events, or the in-process equivalent) the channel's "held notification" is the
+shared watch: nothing is sent to the broker while it stays armed, and a pop that leaves the
+broker empty re-arms it. Ports without watches fall back to held notify calls.
+
 Each long poll's own logic (first pop, result queue, one consume task at a time, the
 deadline) stays in ``proxy.longpoll.notify``; the hub only shares the notification calls.
 """
@@ -34,6 +39,7 @@ from typing import Any
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.types import FilterExpression, PopRequest
 from popmq.proxy.longpoll.calls import BACKOFF_MAX_S, BrokerCalls
+from popmq.proxy.longpoll.watches import WatchRegistry
 
 # How many subscribers a pop's leftover backlog may signal at once; more pops on the same
 # broker at the same moment mostly find its queues locked by each other.
@@ -93,6 +99,7 @@ class _Channel:
         self.task: asyncio.Task[None] | None = None  # the held notification, when armed
         self.latest = 0.0  # the latest deadline of any subscriber so far (loop clock)
         self.misses = 0  # empty pops since the last pop that found messages
+        self.watch = hub.watches.acquire(self.port, pop)  # None: held notify calls instead
 
     # -- signals ---------------------------------------------------------------------------
     def hand_out(self, count: int, skip: Subscription | None = None) -> None:
@@ -112,6 +119,8 @@ class _Channel:
                         break
                 else:
                     self.holders.discard(sub)
+            if handed == 0:
+                self.misses += 1  # everyone declined: re-look after a pause, never spin
         if not self.holders:
             self.arm()
 
@@ -123,6 +132,7 @@ class _Channel:
             self.hand_out(1, skip=sub)
         elif missed:
             self.misses += 1
+            self._rearm_watch()
             if not self.holders:
                 self.arm()
         else:
@@ -130,8 +140,15 @@ class _Channel:
             if rest_num > 0:
                 wanted = min(MAX_PARALLEL_SIGNALS, math.ceil(rest_num / sub.want))
                 self.hand_out(wanted - len(self.holders), skip=sub)
-            elif not self.holders:
-                self.arm()
+            else:
+                self._rearm_watch()
+                if not self.holders:
+                    self.arm()
+
+    def _rearm_watch(self) -> None:
+        """A pop left the broker empty: the broker tells us when that changes."""
+        if self.watch is not None:
+            self.hub.watches.arm(self.watch)
 
     # -- the held notification ---------------------------------------------------------------
     def arm(self) -> None:
@@ -146,8 +163,18 @@ class _Channel:
         try:
             if pause:
                 await asyncio.sleep(pause)
-            # Held until the latest subscriber's deadline; the last one to leave cancels it.
-            found = await self.hub.calls.watch(self.port, self.pop, lambda: self.latest)
+            if self.watch is not None:
+                # Armed watch: wait for the broker's event (or a lost link); costs no calls.
+                held = self.hub.calls.metrics.held_notifications
+                held.inc()
+                try:
+                    await self.watch.wait()
+                finally:
+                    held.dec()
+                found = True
+            else:
+                # Held until the latest subscriber's deadline; the last one to leave cancels it.
+                found = await self.hub.calls.watch(self.port, self.pop, lambda: self.latest)
         finally:
             if self.task is asyncio.current_task():
                 self.task = None
@@ -160,8 +187,11 @@ class _Channel:
 class NotificationHub:
     """Shared notification channels of one proxy (owned by its notify strategy)."""
 
-    def __init__(self, calls: BrokerCalls) -> None:
+    def __init__(self, calls: BrokerCalls, watches: WatchRegistry | None = None) -> None:
         self.calls = calls
+        self.watches = watches or WatchRegistry(
+            on_arm=calls.metrics.broker_rpcs.labels("watch_arm").inc
+        )
         self._channels: dict[ChannelKey, _Channel] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -203,6 +233,8 @@ class NotificationHub:
         channel.holders.discard(sub)
         if not channel.subscribers:
             del self._channels[channel.key]
+            if channel.watch is not None:
+                self.watches.release(channel.port, channel.watch)
             task, channel.task = channel.task, None
             if task is not None:
                 task.cancel()
@@ -221,6 +253,7 @@ class NotificationHub:
     async def aclose(self) -> None:
         """Cancel every held notification (the proxy is stopping)."""
         self._channels.clear()
+        self.watches.close()
         for task in self._tasks:
             task.cancel()
         while self._tasks:

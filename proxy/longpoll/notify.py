@@ -23,11 +23,13 @@ passes it on when its pop leaves more behind, finds nothing, or is not needed.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.types import PopRequest
 from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, is_broker_down, remaining_ms
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
@@ -47,7 +49,9 @@ class _LongPoll:
     group: asyncio.TaskGroup
     consume: Callable[[_LongPoll], Coroutine[Any, Any, None]]  # the consume step
     # 3. The result queue: subscriptions whose broker reported a message to this long poll.
-    results: asyncio.Queue[Subscription] = field(default_factory=asyncio.Queue)
+    # A plain deque (only put/get without waiting), made on the first signal: most idle
+    # long polls never get one, and 10,000 of them should not carry 10,000 asyncio.Queues.
+    results: deque[Subscription] | None = None
     consume_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     found: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -68,7 +72,9 @@ class _LongPoll:
         except RuntimeError:  # the TaskGroup is shutting down: this long poll is ending
             consume.close()
             return False
-        self.results.put_nowait(sub)
+        if self.results is None:
+            self.results = deque()
+        self.results.append(sub)
         return True
 
 
@@ -93,20 +99,30 @@ class NotifyStrategy(StrategyBase):
         deadline: float,
         custody: Custody,
     ) -> None:
-        # 1. The first pop, without holding.
-        first = self.picker.pick(brokers, request.preferred_broker)
-        with tracer().start_as_current_span("popmq.long_poll.first_pop"):
-            try:
-                await self.calls.pop(first, replace(request.pop, poll_time_ms=0), custody)
-            except Exception as exc:
-                # Guarded like the consume pops: a broker that is down must not fail the receive
-                # while others are up; they are watched below.
-                if len(brokers) == 1 or not is_broker_down(exc):
-                    raise
-                self.calls.note_error("pop", exc, first)
-        if custody.count:
-            self.metrics.first_pop_hits.labels(self.label).inc()
-            return
+        # 1. The first pop, without holding -- only on a broker whose watch does not promise
+        # an event (armed and silent means empty): an idle group costs the brokers nothing.
+        watches = self.hub.watches
+        candidates = watches.candidates(brokers, request.pop)
+        if candidates:
+            first = self.picker.pick(candidates, request.preferred_broker)
+            with tracer().start_as_current_span("popmq.long_poll.first_pop"):
+                try:
+                    result = await self.calls.pop(
+                        first, replace(request.pop, poll_time_ms=0), custody
+                    )
+                except Exception as exc:
+                    # Guarded like the consume pops: a broker that is down (often one whose link
+                    # was just lost) must not fail the receive while others are up; its watch
+                    # reports when it is back.
+                    if len(brokers) == 1 or not is_broker_down(exc):
+                        raise
+                    self.calls.note_error("pop", exc, first)
+                else:
+                    if result.rest_num == 0:
+                        watches.popped_empty(first, request.pop)  # re-arm: the broker tells us
+                    if custody.count:
+                        self.metrics.first_pop_hits.labels(self.label).inc()
+                        return
         if remaining_ms(deadline) == 0:
             return
         # 2. Notifications from every broker (shared through the hub); consume tasks as
@@ -136,13 +152,18 @@ class NotifyStrategy(StrategyBase):
             for task in list(poll.tasks):
                 task.cancel()
 
+    def _probe_targets(self, brokers: Sequence[BrokerPort], pop: PopRequest) -> list[BrokerPort]:
+        # A broker whose watch is armed on a live link has promised an event for anything
+        # visible: asking it again would cost the idle group one RPC per probe. The probe
+        # still asks every broker that may have messages (an unanswered event, a lost link).
+        return self.hub.watches.candidates(brokers, pop)
+
     async def _consume_task(self, poll: _LongPoll) -> None:
         # 4. One consume task at a time per long poll.
         async with poll.consume_lock:
-            try:
-                sub = poll.results.get_nowait()
-            except asyncio.QueueEmpty:
+            if not poll.results:
                 return
+            sub = poll.results.popleft()
             if poll.found.is_set():
                 sub.pass_on()  # this long poll has its batch: the next subscriber pops
                 return

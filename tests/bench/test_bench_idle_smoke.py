@@ -7,7 +7,7 @@ from popmq.bench.idle import bench_idle, format_table
 
 async def test_bench_idle_small_run() -> None:
     result = await bench_idle(
-        long_polls=30, brokers=2, duration_s=0.6, strategies=("pop", "notify"),
+        long_polls=30, brokers=2, duration_s=0.6, strategies=("pop", "notify", "floor"),
         await_ms=1_000, ramp_s=0.2, settle_s=0.3,
         proxy_settings={"proxy.min_long_polling_ms": 500},
     )  # fmt: skip
@@ -17,13 +17,15 @@ async def test_bench_idle_small_run() -> None:
         assert run["unexpected_messages"] == 0
         assert run["receives_per_s"] > 0
         assert run["proxy_rss_mib"]["max"] >= run["proxy_rss_mib"]["base"] > 0
-        assert run["broker_rpcs_per_s_by_kind"]["pop"] > 0
+    assert runs["pop"]["broker_rpcs_per_s_by_kind"]["pop"] > 0
     # pop: each long poll is a pop held on a broker; notify: one shared notification per
     # broker for the whole group, whatever the number of long polls.
     assert runs["pop"]["held_on_brokers"]["pop"] > 15
     assert runs["pop"]["held_on_brokers"].get("notify", 0) == 0
     assert runs["notify"]["held_on_brokers"]["notify"] <= 2
     assert runs["notify"]["held_on_brokers"].get("pop", 0) == 0
-    assert runs["notify"]["broker_rpcs_per_s_by_kind"]["notify"] < 30
+    # notify over the link: armed watches, no first pops, no notify calls once polls run.
+    assert runs["notify"]["broker_rpcs_per_s"] <= 1
+    assert runs["floor"]["broker_rpcs_per_s"] == 0  # the do-nothing server has no brokers
     table = format_table(result)
     assert "notify" in table and "broker RPC/s" in table

@@ -90,6 +90,7 @@ CHART_OWNED = {
     "proxy.acl", "proxy.tls", "proxy.admin_port", "proxy.broker_link",
     "proxy.host", "proxy.port", "proxy.advertise_host", "proxy.advertise_port",
     "proxy.metrics_port", "proxy.brokers",
+    "proxy.reuse_port",  # set by `popmq proxy --workers N` on its workers, never by hand
     "serve",
 }  # fmt: skip
 

@@ -99,8 +99,11 @@ async def test_notify_delivers_a_message_from_another_broker_in_milliseconds(
         # 40x below the 10 s poll that plain pop long polling would wait out.
         assert latency < 250
         await ports[2].ack("g", TOPIC, [AckEntry(got[0].receipt_handle)])
-        await wait_until(lambda: _held(brokers) == [0, 0, 0, 0])
+        # The group's watches linger (one broker-local waiter each, no calls) for the next
+        # long poll; closing the strategy cancels them.
+        await wait_until(lambda: _held(brokers) == [1, 1, 1, 1])
         await strategy.aclose()
+        await wait_until(lambda: _held(brokers) == [0, 0, 0, 0])  # over gRPC: a round trip
         assert _strategy_tasks() == set()
     assert sample(metrics, "popmq_proxy_pop_with_notify_total") == 1
     assert sample(metrics, "popmq_proxy_held_notification_tasks") == 0
@@ -135,16 +138,18 @@ async def test_two_proxies_race_for_one_message_and_the_loser_keeps_waiting(
         assert len(done) == 1
         winner, loser = done.pop(), pending.pop()
         assert len(winner.result()) == 1
-        # The loser popped nothing and re-armed: it waits on every broker again.
-        await wait_until(lambda: _held(brokers) == [1, 1, 1])
+        # The loser popped nothing and re-armed: both proxies' watches are armed again.
+        await wait_until(lambda: _held(brokers) == [2, 2, 2])
         assert not loser.done()
         loser_metrics = metrics_a if loser is a else metrics_b
         notifications = "popmq_proxy_broker_rpcs_total"
-        assert sample(loser_metrics, notifications, kind="notify") >= 3
+        assert sample(loser_metrics, notifications, kind="watch_arm") >= 4
         await _send(ports[0])
         async with asyncio.timeout(1):
             assert len(await loser) == 1
-        assert _held(brokers) == [0, 0, 0]
+        await proxy_a.aclose()
+        await proxy_b.aclose()
+        await wait_until(lambda: _held(brokers) == [0, 0, 0])
 
 
 async def test_the_deadline_is_respected(tmp_path: Path) -> None:
@@ -155,8 +160,9 @@ async def test_the_deadline_is_respected(tmp_path: Path) -> None:
         assert await strategy.receive(ports, make_request(400)) == []
         elapsed = time.perf_counter() - started
         assert 0.39 <= elapsed < 0.5
-        assert _held(brokers) == [0, 0, 0]
+        assert _held(brokers) == [1, 1, 1]  # the lingering watches, not the long poll
         await strategy.aclose()
+        await wait_until(lambda: _held(brokers) == [0, 0, 0])
         assert sample(metrics, "popmq_proxy_false_empty_responses_total", strategy="notify") == 0
 
 
@@ -169,8 +175,11 @@ async def test_a_client_leaving_cancels_everything(tmp_path: Path, remote: bool)
         await wait_until(lambda: _held(brokers) == [1, 1, 1], limit_s=5)
         receive.cancel()
         await asyncio.gather(receive, return_exceptions=True)
-        await wait_until(lambda: _held(brokers) == [0, 0, 0])  # over gRPC: a round trip
+        assert strategy.hub.channels == 0  # the long poll left nothing behind
+        await wait_until(lambda: sample(metrics, "popmq_proxy_held_notification_tasks") == 0)
+        assert _held(brokers) == [1, 1, 1]  # the group's lingering watches
         await strategy.aclose()
+        await wait_until(lambda: _held(brokers) == [0, 0, 0])  # over gRPC: a round trip
         assert _strategy_tasks() == set()
         assert sample(metrics, "popmq_proxy_held_notification_tasks") == 0
 
@@ -232,7 +241,7 @@ async def test_adaptive_crosses_its_threshold_both_ways(tmp_path: Path) -> None:
         await asyncio.sleep(0.6)
         receive = asyncio.create_task(strategy.receive(ports, make_request(2_000, "b0")))
         await wait_until(lambda: mode() == "notify")
-        await wait_until(lambda: rpcs("notify") >= notify_calls + 2)
+        await wait_until(lambda: _brokers[1].hold_table.total >= 1)  # b1's watch is armed
         await _send(ports[1])
         assert [m.message.store_host for m in await receive] == ["b1"]
         switches = "popmq_proxy_adaptive_switches_total"

@@ -529,3 +529,43 @@ class GroupStatsResponse(_message.Message):
     status: Status
     stats: _containers.RepeatedCompositeFieldContainer[GroupQueueStats]
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., stats: _Optional[_Iterable[_Union[GroupQueueStats, _Mapping]]] = ...) -> None: ...
+
+class WatchArm(_message.Message):
+    __slots__ = ("id", "seq", "group", "topic", "filter", "fifo")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    FIFO_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    seq: int
+    group: str
+    topic: str
+    filter: FilterExpression
+    fifo: bool
+    def __init__(self, id: _Optional[int] = ..., seq: _Optional[int] = ..., group: _Optional[str] = ..., topic: _Optional[str] = ..., filter: _Optional[_Union[FilterExpression, _Mapping]] = ..., fifo: _Optional[bool] = ...) -> None: ...
+
+class WatchCancel(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    def __init__(self, id: _Optional[int] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("arm", "cancel")
+    ARM_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    arm: WatchArm
+    cancel: WatchCancel
+    def __init__(self, arm: _Optional[_Union[WatchArm, _Mapping]] = ..., cancel: _Optional[_Union[WatchCancel, _Mapping]] = ...) -> None: ...
+
+class WatchEvent(_message.Message):
+    __slots__ = ("id", "seq", "status")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    seq: int
+    status: Status
+    def __init__(self, id: _Optional[int] = ..., seq: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...

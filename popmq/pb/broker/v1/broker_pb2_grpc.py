@@ -71,6 +71,11 @@ class BrokerServiceStub:
                 request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ForwardToDlqRequest.SerializeToString,
                 response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ForwardToDlqResponse.FromString,
                 _registered_method=True)
+        self.Watch = channel.stream_stream(
+                '/popmq.broker.v1.BrokerService/Watch',
+                request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.WatchRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.WatchEvent.FromString,
+                _registered_method=True)
         self.Pull = channel.unary_unary(
                 '/popmq.broker.v1.BrokerService/Pull',
                 request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.PullRequest.SerializeToString,
@@ -172,6 +177,13 @@ class BrokerServiceServicer:
 
     def ForwardToDlq(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Watch(self, request_iterator, context):
+        """The link's event stream: arms and cancels in, visibility events out.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -279,6 +291,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.ForwardToDlq,
                     request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ForwardToDlqRequest.FromString,
                     response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ForwardToDlqResponse.SerializeToString,
+            ),
+            'Watch': grpc.stream_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.WatchRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.WatchEvent.SerializeToString,
             ),
             'Pull': grpc.unary_unary_rpc_method_handler(
                     servicer.Pull,
@@ -527,6 +544,33 @@ class BrokerService:
             '/popmq.broker.v1.BrokerService/ForwardToDlq',
             popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ForwardToDlqRequest.SerializeToString,
             popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ForwardToDlqResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/popmq.broker.v1.BrokerService/Watch',
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.WatchRequest.SerializeToString,
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.WatchEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,127 @@
+"""The proxy's visibility watches: one per (broker, group, topic, filter, fifo), shared by
+every long poll of this proxy and kept a while after the last one leaves.
+
+A long poll asks ``may_have(port, pop)`` before it pops a broker: False means the broker
+holds an armed watch for the group and has sent no event, so a pop would come back empty.
+Whoever pops a broker and leaves it empty (or drained) calls ``popped_empty`` to re-arm.
+Watches linger for ``LINGER_S`` after their last use, so the next long poll of an idle group
+finds them armed and costs the broker nothing. Ports without a ``watch_backend`` (test fakes)
+get no watch: ``may_have`` is always True for them and the hub falls back to notify calls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.types import PopRequest
+from popmq.broker.api.watch import VisibilityWatch, WatchKey
+
+# A watch nobody used for this long is cancelled (it costs one held waiter on the broker).
+LINGER_S = 120.0
+# Bound on watches held (a flood of distinct groups must not grow memory without end).
+MAX_WATCHES = 100_000
+_SWEEP_EVERY_S = 5.0
+
+# (port, group, topic, filter expression, fifo): plain tuples hash fast, and every long poll
+# looks up one per broker.
+WatchId = tuple[BrokerPort, str, str, str, bool]
+
+
+def watch_key(pop: PopRequest) -> WatchKey:
+    return WatchKey(pop.group, pop.topic, pop.filter, pop.fifo)
+
+
+class WatchRegistry:
+    def __init__(
+        self, linger_s: float = LINGER_S, on_arm: Callable[[], None] | None = None
+    ) -> None:
+        self.linger_s = linger_s
+        self._on_arm = on_arm  # counts arms sent (they cost the broker a level check)
+        self._watches: dict[WatchId, VisibilityWatch] = {}
+        self._used: dict[WatchId, float] = {}
+        self._users: dict[WatchId, int] = {}
+        self._next_sweep = time.monotonic() + _SWEEP_EVERY_S
+
+    def __len__(self) -> int:
+        return len(self._watches)
+
+    def get(self, port: BrokerPort, pop: PopRequest) -> VisibilityWatch | None:
+        """The watch of this broker and group (made and armed on first use)."""
+        ident = (port, pop.group, pop.topic, pop.filter.expression, pop.fifo)
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self.sweep(now)
+        watch = self._watches.get(ident)
+        if watch is None:
+            backend = getattr(port, "watch_backend", None)
+            if backend is None:
+                return None
+            if len(self._watches) >= MAX_WATCHES:
+                self.sweep(now, force=True)
+            watch = self._watches[ident] = VisibilityWatch(watch_key(pop), backend)
+            self.arm(watch)
+        self._used[ident] = now
+        return watch
+
+    def candidates(self, ports: Sequence[BrokerPort], pop: PopRequest) -> list[BrokerPort]:
+        """The brokers a long poll may pop: all but those whose watch is armed and silent."""
+        return [port for port in ports if (w := self.get(port, pop)) is None or w.may_have]
+
+    def may_have(self, port: BrokerPort, pop: PopRequest) -> bool:
+        watch = self.get(port, pop)
+        return watch is None or watch.may_have
+
+    def popped_empty(self, port: BrokerPort, pop: PopRequest) -> None:
+        """A pop left this broker empty for the group: re-arm its watch."""
+        watch = self.get(port, pop)
+        if watch is not None:
+            self.arm(watch)
+
+    def arm(self, watch: VisibilityWatch) -> None:
+        if not watch.pending and not watch.closed:
+            if self._on_arm is not None:
+                self._on_arm()
+            watch.arm()
+
+    def acquire(self, port: BrokerPort, pop: PopRequest) -> VisibilityWatch | None:
+        """The watch, kept from the sweep until ``release``."""
+        watch = self.get(port, pop)
+        if watch is not None:
+            ident = _ident(port, watch)
+            self._users[ident] = self._users.get(ident, 0) + 1
+        return watch
+
+    def release(self, port: BrokerPort, watch: VisibilityWatch) -> None:
+        ident = _ident(port, watch)
+        left = self._users.get(ident, 0) - 1
+        if left > 0:
+            self._users[ident] = left
+        else:
+            self._users.pop(ident, None)
+        self._used[ident] = time.monotonic()
+
+    def sweep(self, now: float, *, force: bool = False) -> None:
+        """Cancel watches unused for linger_s (or the oldest half when ``force``)."""
+        self._next_sweep = now + _SWEEP_EVERY_S
+        idle = [ident for ident, used in self._used.items()
+                if ident not in self._users and (force or now - used >= self.linger_s)]  # fmt: skip
+        if force:
+            idle.sort(key=self._used.__getitem__)
+            idle = idle[: max(1, len(idle) // 2)]
+        for ident in idle:
+            self._watches.pop(ident).close()
+            del self._used[ident]
+
+    def close(self) -> None:
+        for watch in self._watches.values():
+            watch.close()
+        self._watches.clear()
+        self._used.clear()
+        self._users.clear()
+
+
+def _ident(port: BrokerPort, watch: VisibilityWatch) -> WatchId:
+    key = watch.key
+    return (port, key.group, key.topic, key.filter.expression, key.fifo)
