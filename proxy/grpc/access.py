@@ -9,8 +9,9 @@ nothing:
 - ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue,
   PullMessage, GetOffset, UpdateOffset, QueryAssignment: subscribe as the group on the topic;
 - QueryRoute, QueryOffset: publish or subscribe on the topic;
-- Heartbeat: subscribe as its group (producers: signed in only); Telemetry,
-  NotifyClientTermination and the unsupported RPCs: signed in only;
+- Heartbeat: subscribe as its group (producers: signed in only); Telemetry: signed in, and
+  a consumer's settings need subscribe as their group on their topics; NotifyClientTermination
+  and the unsupported RPCs: signed in only;
 - the AdminService: admin. Anything else: admin (deny by default).
 
 A refusal is answered as the protocol answers any refusal, with a Status of UNAUTHORIZED or
@@ -92,6 +93,24 @@ def _rule(method: str, request: Any) -> tuple[Callable[[User], bool], str]:
     return (lambda user: user.admin), "admin"
 
 
+def _check_settings(user: User, command: Any) -> None:
+    """FORBIDDEN unless the user may subscribe as the group a Telemetry settings names, on
+    each topic it names."""
+    if command.WhichOneof("command") != "settings":
+        return
+    settings = command.settings
+    if settings.WhichOneof("pub_sub") != "subscription":
+        return
+    group = settings.subscription.group.name
+    topics = [entry.topic.name for entry in settings.subscription.subscriptions] or [None]
+    for topic in topics:
+        if not user.can_subscribe(group, topic):
+            where = f" on {topic}" if topic else ""
+            raise forbidden(
+                f"access key {user.access_key!r} may not Telemetry: needs subscribe {group}{where}"
+            )
+
+
 def _refused_response(response_class: type, method: str, request: Any, status: pb.Status) -> Any:
     response = response_class(status=status)
     if method == "SendMessage":  # the clients read one entry per message
@@ -128,8 +147,8 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         return wrapped
 
     # -- the check -------------------------------------------------------------------------
-    def check(self, path: str, request: Any, context: grpc.aio.ServicerContext) -> None:
-        """AccessDenied unless the caller is signed in and allowed; never touches data."""
+    def check(self, path: str, request: Any, context: grpc.aio.ServicerContext) -> User:
+        """The caller, if signed in and allowed; AccessDenied otherwise. Never touches data."""
         headers = {
             key.lower(): value
             for key, value in context.invocation_metadata() or ()
@@ -142,6 +161,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         )
         if not allowed(user):
             raise forbidden(f"access key {user.access_key!r} may not {method}: needs {needs}")
+        return user
 
     def _refused(
         self, path: str, exc: AccessDenied, context: grpc.aio.ServicerContext
@@ -205,12 +225,27 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
             async def bidi(requests: Any, context: grpc.aio.ServicerContext) -> Any:
                 try:
-                    guard.check(path, None, context)
+                    user = guard.check(path, None, context)
                 except AccessDenied as exc:
                     yield response_class(status=guard._refused(path, exc, context))
                     return
-                async for answer in inner(requests, context):
+                # Settings name a group: joining it (queue assignment, its retry policy) needs
+                # the same grant as consuming it. A refused command ends the stream.
+                refused: list[AccessDenied] = []
+
+                async def allowed_commands() -> Any:
+                    async for command in requests:
+                        try:
+                            _check_settings(user, command)
+                        except AccessDenied as exc:
+                            refused.append(exc)
+                            return
+                        yield command
+
+                async for answer in inner(allowed_commands(), context):
                     yield answer
+                if refused:
+                    yield response_class(status=guard._refused(path, refused[0], context))
 
             return _rebuild(grpc.stream_stream_rpc_method_handler, bidi, handler)
         return handler  # no such method in the guarded services

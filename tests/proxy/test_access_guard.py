@@ -156,3 +156,33 @@ def test_no_acl_means_open_and_says_so_once(caplog: pytest.LogCaptureFixture) ->
         assert access_guard(ProxyConfig(), ProxyMetrics()) is None
     (line,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "authentication is OFF" in line.getMessage()
+
+
+async def test_telemetry_settings_cannot_join_another_group(guarded: Cluster) -> None:
+    """Settings register the client as a member of its group (queue assignment counts it) and
+    answer the group's retry policy: a user may only name a group it may subscribe as."""
+    victim = unique("g-other")  # OWNER may not subscribe as g-other-*
+    registry = guarded.server.services.registry
+    call = guarded.stub.Telemetry(metadata=guarded.metadata("intruder-1"))
+    settings = pb.Settings(
+        client_type=pb.PUSH_CONSUMER,
+        subscription=pb.Subscription(
+            group=pb.Resource(name=victim),
+            subscriptions=[pb.SubscriptionEntry(topic=pb.Resource(name="t-orders"))],
+        ),
+    )
+    await call.write(s.TelemetryCommand(settings=settings))
+    answer = await call.read()
+    call.cancel()
+    assert answer.status.code == Code.FORBIDDEN
+    assert not answer.settings.HasField("backoff_policy")
+    assert registry.group_members(victim) == []
+
+    own = unique("g-own")  # the user's own group still works
+    call = guarded.stub.Telemetry(metadata=guarded.metadata("member-1"))
+    settings.subscription.group.name = own
+    await call.write(s.TelemetryCommand(settings=settings))
+    answer = await call.read()
+    call.cancel()
+    assert answer.status.code == Code.OK
+    assert registry.group_members(own) == ["member-1"]
