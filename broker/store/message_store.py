@@ -154,6 +154,7 @@ class MessageStore:
         # Records found damaged by reads (damage older than recovery's walk; see reader.py).
         self.corrupt_records_read = 0
         self._corrupt_seen: set[int] = set()
+        self._bad_entries_seen: set[tuple[str, int, int]] = set()
 
     @property
     def data_dir(self) -> Path:
@@ -635,11 +636,24 @@ class MessageStore:
             return ReadResult([], next_offset)
         try:
             messages = fetch_messages(
-                self._commitlog, topic, queue_id, selected, tags, self._count_corrupt_read
-            )
+                self._commitlog, topic, queue_id, selected, tags, self._count_corrupt_read,
+                self._count_bad_index_entry,
+            )  # fmt: skip
         except PositionPurged:
             raise OffsetPurgedError(topic, queue_id, offset, index.min_offset) from None
         return ReadResult(messages, next_offset)
+
+    def _count_bad_index_entry(self, topic: str, queue_id: int, offset: int, size: int) -> None:
+        """A read found an index entry with a wrong size whose record is intact: the record
+        was served; report the entry once per start and count it (a corrupt read)."""
+        if (topic, queue_id, offset) in self._bad_entries_seen:
+            return
+        self._bad_entries_seen.add((topic, queue_id, offset))
+        self.corrupt_records_read += 1
+        log.error("store: the index entry of %s/%d offset %d is damaged (size %d does not match "
+                  "its intact record); served the record; to repair, stop the broker and delete "
+                  "DATA/index/%s/%d (rebuilt at start)", topic, queue_id, offset, size, topic,
+                  queue_id)  # fmt: skip
 
     def _count_corrupt_read(self, position: int, size: int) -> None:
         """A read found a damaged record (older than recovery's walk): report it once per

@@ -20,6 +20,7 @@ from popmq.broker.pop.checkpoint import Checkpoint
 from popmq.broker.pop.journal import PopJournal
 from popmq.broker.store import MessageStore, metafile
 from popmq.broker.store.framing import HEADER_SIZE, iter_frames
+from popmq.broker.store.queue_index import ENTRY
 from popmq.broker.verify import verify
 
 from popmq.cli import main as popmq_main
@@ -418,3 +419,28 @@ async def test_verify_on_a_running_store_is_not_fooled_by_new_writes(store_facto
     with segment.open("r+b") as f:
         f.truncate(segment.stat().st_size - 10)
     assert verify(store.data_dir).damaged
+
+
+async def test_a_wrong_size_in_an_index_entry_does_not_lose_its_intact_record(
+    store_factory, caplog
+) -> None:
+    """A smaller size in an index entry passes the start's sanity checks (positions still
+    grow). Reads used to call the intact record "damaged commitlog", quarantine it and skip
+    it for good; now the record is read by its own frame length and the entry is reported."""
+    store = store_factory(flush="sync", segment_bytes=4096)
+    await fill(store)
+    await store.close()
+    assert len(segments(store)) > 3  # the start walks only the last ones
+    [path] = (store.data_dir / "index" / "T" / "1").iterdir()
+    raw = bytearray(path.read_bytes())
+    position, size, code, ts = ENTRY.unpack_from(raw, ENTRY.size * 5)
+    ENTRY.pack_into(raw, ENTRY.size * 5, position, size - 8, code, ts)  # one bit of rot
+    path.write_bytes(bytes(raw))
+    with caplog.at_level(logging.ERROR):
+        reopened = store_factory(flush="sync", segment_bytes=4096)
+        assert len(readable(reopened)) == TOTAL
+        assert len(readable(reopened)) == TOTAL  # reported once
+    assert reopened.corrupt_records_read == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "index entry of T/1 offset 5" in errors[0]
+    assert not (reopened.data_dir / "quarantine").exists()  # the log is not damaged
