@@ -173,7 +173,10 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         for name, value in context.invocation_metadata() or ():
             if name.lower() == signature.AUTH_HEADER and isinstance(value, str):
                 credential = value.partition("Credential=")[2].split(",")[0][:64]
-        key = (credential, method, exc.code)
+        # Made-up access keys share one slot: a stranger must not get a log line (and a slot
+        # in this table) per key it invents.
+        known = bool(credential) and self._authn.acl.user(credential) is not None
+        key = (credential if known else "", method, exc.code)
         now = time.monotonic()
         if now - self._last_logged.get(key, -_LOG_EVERY_S) >= _LOG_EVERY_S:
             self._last_logged[key] = now

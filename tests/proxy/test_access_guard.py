@@ -186,3 +186,20 @@ async def test_telemetry_settings_cannot_join_another_group(guarded: Cluster) ->
     call.cancel()
     assert answer.status.code == Code.OK
     assert registry.group_members(own) == ["member-1"]
+
+
+async def test_strangers_cannot_flood_the_log_or_memory_with_made_up_access_keys(
+    guarded: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Refusals are logged at most once a minute per access key, method and code: keyed by
+    whatever a stranger wrote as its access key, every made-up key got its own log line and
+    its own entry in a table that was never pruned."""
+    with caplog.at_level(logging.WARNING, logger="popmq.proxy.grpc.access"):
+        for i in range(50):
+            guarded.signing = (f"ghost{i}", "x")
+            assert (await guarded.route("t-a")).status.code == Code.UNAUTHORIZED
+        guarded.signing = (OWNER[0], "wrong")  # a real user is still logged on its own
+        assert (await guarded.route("t-a")).status.code == Code.UNAUTHORIZED
+    lines = [r.getMessage() for r in caplog.records if "refused QueryRoute" in r.getMessage()]
+    assert len(lines) == 2
+    assert "'owner'" in lines[1]
