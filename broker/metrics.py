@@ -193,6 +193,7 @@ class BrokerSnapshot:
     timer_pending: int
     data_dir: Path
     corrupt_reads: int = 0
+    write_failures: int = 0
     groups: list[GroupRow] = field(default_factory=list)
     groups_dropped: int = 0  # pairs past MAX_GROUP_SERIES
     dlq_stored: dict[str, int] = field(default_factory=dict)  # group -> messages in its DLQ
@@ -209,6 +210,7 @@ def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
         timer_pending=broker.timer.pending,
         data_dir=broker.store.data_dir,
         corrupt_reads=broker.store.corrupt_records_read,
+        write_failures=broker.store.write_failures,
     )
     pairs = sorted(_group_topics(broker))
     snap.groups_dropped = max(len(pairs) - MAX_GROUP_SERIES, 0)
@@ -304,6 +306,9 @@ class BrokerStateCollector(Collector):
                        "Damaged records found by reads (damage older than recovery's walk), "
                        "each skipped, copied to DATA/quarantine/ and counted once; run popmq "
                        "broker verify", b, snap.corrupt_reads)  # fmt: skip
+        yield _counter("popmq_broker_store_write_failures",
+                       "Sends refused because the store could not write (disk full, read-only "
+                       "or failing volume)", b, snap.write_failures)  # fmt: skip
         labels = ["broker", "group", "topic"]
         backlog = GaugeMetricFamily(
             "popmq_broker_group_backlog_messages",

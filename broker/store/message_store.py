@@ -77,6 +77,7 @@ from popmq.broker.store.topics import (
 from popmq.config import StoreConfig
 
 log = logging.getLogger(__name__)
+_WRITE_FAILURE_LOG_EVERY_S = 10.0
 
 ArrivalListener = Callable[[str, int, int, set[str]], None]
 
@@ -155,6 +156,8 @@ class MessageStore:
         self.corrupt_records_read = 0
         self._corrupt_seen: set[int] = set()
         self._bad_entries_seen: set[tuple[str, int, int]] = set()
+        self.write_failures = 0  # appends refused because the disk failed (full, read-only)
+        self._write_failure_logged = -_WRITE_FAILURE_LOG_EVERY_S
 
     @property
     def data_dir(self) -> Path:
@@ -560,6 +563,7 @@ class MessageStore:
                 entries.append(_pack_entry(position, len(frame), code, now))
             index.append(b"".join(entries))
         except OSError as exc:
+            self._count_write_failure(exc)
             raise BrokerError(Code.INTERNAL_ERROR, f"store write failed: {exc}") from exc
         if self._sync:
             await self._group.wait_durable(positions[-1] + len(frames[-1]))
@@ -642,6 +646,17 @@ class MessageStore:
         except PositionPurged:
             raise OffsetPurgedError(topic, queue_id, offset, index.min_offset) from None
         return ReadResult(messages, next_offset)
+
+    def _count_write_failure(self, exc: OSError) -> None:
+        """A refused append: counted, and logged at most every few seconds (a full disk
+        refuses every send: one line per send would flood the log)."""
+        self.write_failures += 1
+        now = time.monotonic()
+        if now - self._write_failure_logged >= _WRITE_FAILURE_LOG_EVERY_S:
+            self._write_failure_logged = now
+            log.error("store: cannot write to %s (%s): sends are refused (%d so far); free "
+                      "space on the volume or fix it",
+                      self._dir, exc, self.write_failures)  # fmt: skip
 
     def _count_bad_index_entry(self, topic: str, queue_id: int, offset: int, size: int) -> None:
         """A read found an index entry with a wrong size whose record is intact: the record

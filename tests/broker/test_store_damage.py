@@ -444,3 +444,29 @@ async def test_a_wrong_size_in_an_index_entry_does_not_lose_its_intact_record(
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "index entry of T/1 offset 5" in errors[0]
     assert not (reopened.data_dir / "quarantine").exists()  # the log is not damaged
+
+
+async def test_a_full_disk_refuses_sends_loudly_but_not_once_per_send(
+    store_factory, caplog, monkeypatch
+) -> None:
+    """A full (or read-only) volume refuses every send; the broker used to log nothing at
+    all, so the operator saw only clients' INTERNAL_ERRORs."""
+    import errno
+
+    store = store_factory(flush="sync")
+    store.create_topic("T", 1)
+
+    def no_space(frames: list[bytes]) -> list[int]:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store._commitlog, "append", no_space)
+    with caplog.at_level(logging.ERROR):
+        for i in range(20):
+            with pytest.raises(BrokerError, match="store write failed"):
+                await store.append("T", 0, [Message("T", body(i))])
+    assert store.write_failures == 20  # exported as popmq_broker_store_write_failures
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(lines) == 1 and "No space left" in lines[0] and str(store.data_dir) in lines[0]
+    monkeypatch.undo()
+    await store.append("T", 0, [Message("T", body(99))])  # space again: sends work
+    assert store.max_offset("T", 0) == 1
