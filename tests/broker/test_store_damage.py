@@ -470,3 +470,21 @@ async def test_a_full_disk_refuses_sends_loudly_but_not_once_per_send(
     monkeypatch.undo()
     await store.append("T", 0, [Message("T", body(99))])  # space again: sends work
     assert store.max_offset("T", 0) == 1
+
+
+async def test_damage_that_cannot_be_set_aside_refuses_to_start_with_a_clear_message(
+    store_factory,
+) -> None:
+    """A quarantine that cannot be written (disk full, read-only, not a directory) must not
+    let recovery cut or skip bytes; the start used to die with a bare '[Errno 17] File
+    exists'."""
+    store = store_factory(flush="sync")
+    await fill(store, 60)
+    await store.close()
+    [segment] = segments(store)
+    flip(segment, segment.stat().st_size // 3)
+    (store.data_dir / "quarantine").write_text("not a directory")
+    before = segment.read_bytes()
+    with pytest.raises(OSError, match="cannot set damaged bytes aside in .*quarantine"):
+        store_factory(flush="sync")
+    assert segment.read_bytes() == before
