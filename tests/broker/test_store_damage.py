@@ -485,6 +485,6 @@ async def test_damage_that_cannot_be_set_aside_refuses_to_start_with_a_clear_mes
     flip(segment, segment.stat().st_size // 3)
     (store.data_dir / "quarantine").write_text("not a directory")
     before = segment.read_bytes()
-    with pytest.raises(OSError, match="cannot set damaged bytes aside in .*quarantine"):
+    with pytest.raises(OSError, match=r"cannot set damaged bytes aside in .*quarantine"):
         store_factory(flush="sync")
     assert segment.read_bytes() == before
