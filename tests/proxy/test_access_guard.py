@@ -203,3 +203,26 @@ async def test_strangers_cannot_flood_the_log_or_memory_with_made_up_access_keys
     lines = [r.getMessage() for r in caplog.records if "refused QueryRoute" in r.getMessage()]
     assert len(lines) == 2
     assert "'owner'" in lines[1]
+
+
+async def test_unsupported_topic_rpcs_are_checked_as_they_will_need_to_be(
+    guarded: Cluster,
+) -> None:
+    """EndTransaction and RecallMessage write to a topic once implemented; they were open to
+    any signed-in user (today they answer NOT_IMPLEMENTED, a later version would not)."""
+    stub, md = guarded.stub, guarded.metadata()
+    outside = pb.Resource(name="elsewhere")  # OWNER publishes to t-* only
+    recall = await stub.RecallMessage(
+        s.RecallMessageRequest(topic=outside, recall_handle="h"), metadata=md
+    )
+    commit = await stub.EndTransaction(s.EndTransactionRequest(topic=outside), metadata=md)
+    lite = await stub.SyncLiteSubscription(
+        s.SyncLiteSubscriptionRequest(topic=outside, group=pb.Resource(name="g-other-1")),
+        metadata=md,
+    )
+    assert [r.status.code for r in (recall, commit, lite)] == [Code.FORBIDDEN] * 3
+    own = pb.Resource(name="t-own")
+    recall = await stub.RecallMessage(
+        s.RecallMessageRequest(topic=own, recall_handle="h"), metadata=md
+    )
+    assert recall.status.code == Code.NOT_IMPLEMENTED
