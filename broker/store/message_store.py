@@ -478,9 +478,27 @@ class MessageStore:
             self._topics[name] = record
             self._topic_bytes[name] = name.encode()
             first_new = 0
-        for queue_id in range(first_new, queue_count):
-            self._new_index(name, queue_id).open()
-        self._topic_table.save()
+        try:
+            for queue_id in range(first_new, queue_count):
+                self._new_index(name, queue_id).open()
+            self._topic_table.save()
+        except OSError as exc:
+            # Keep memory as topics.json has it: a topic missing there would be dropped, with
+            # every message sent to it meanwhile, at the next start.
+            for queue_id in range(first_new, queue_count):
+                index = self._indexes.pop((name, queue_id), None)
+                if index is not None:
+                    index.destroy()
+            if existing is None:
+                del self._topics[name]
+                self._topic_bytes.pop(name, None)
+                shutil.rmtree(self._dir / "index" / name, ignore_errors=True)
+            else:
+                existing.queue_count = first_new
+            log.error("store: cannot create topic %s (%d queues): %s", name, queue_count, exc)
+            raise BrokerError(
+                Code.INTERNAL_ERROR, f"cannot create topic {name}: store write failed: {exc}"
+            ) from exc
         return record.meta
 
     def get_topic(self, name: str) -> TopicMeta | None:

@@ -488,3 +488,34 @@ async def test_damage_that_cannot_be_set_aside_refuses_to_start_with_a_clear_mes
     with pytest.raises(OSError, match=r"cannot set damaged bytes aside in .*quarantine"):
         store_factory(flush="sync")
     assert segment.read_bytes() == before
+
+
+async def test_a_topic_whose_creation_failed_to_persist_takes_no_sends(
+    store_factory, monkeypatch
+) -> None:
+    """topics.json could not be written (disk full) while creating a topic: the topic stayed
+    in memory, later sends to it were acknowledged, and the next start dropped it (its index
+    directory looked stray) with every one of those messages, silently."""
+    import errno
+
+    from popmq.broker.store import topics as topics_module
+
+    store = store_factory(flush="sync")
+    store.create_topic("A", 1)
+    real_write = metafile.write
+
+    def disk_full_once(path: Path, body: object) -> None:
+        monkeypatch.setattr(topics_module.metafile, "write", real_write)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(topics_module.metafile, "write", disk_full_once)
+    with pytest.raises(BrokerError, match="cannot create topic X"):
+        store.create_topic("X", 2)
+    assert store.get_topic("X") is None
+    with pytest.raises(BrokerError):
+        await store.append("X", 0, [Message("X", b"never acknowledged")])
+    store.create_topic("X", 2)  # space again: created for real
+    await store.append("X", 0, [Message("X", b"acknowledged")])
+    await store.close()
+    reopened = store_factory(flush="sync")
+    assert [m.body for m in reopened.read("X", 0, 0, 10).messages] == [b"acknowledged"]
