@@ -6,7 +6,9 @@ Checks, read-only (files are opened for reading only; no lock, no repair, nothin
 - every commitlog segment: each frame's length and CRC, resyncing past damage, and gaps
   between segments;
 - every queue index against the commitlog: each entry must point at the record of its own
-  (topic, queue, offset); holes (records recovery already reported lost) are counted;
+  (topic, queue, offset) and carry its tag hash (a wrong one hides the message from tag
+  filters); holes (records recovery already reported lost) are counted. On a running broker,
+  entries written after the commitlog was read are told apart from damage (the log grew);
 - the pop journal: frames and records.
 
 Damage that an earlier broker start already quarantined (a record exists under
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from popmq.broker.pop.journal import JOURNAL_RESYNC
 from popmq.broker.store import data_format, metafile
-from popmq.broker.store.codec import decode_header
+from popmq.broker.store.codec import decode_header, tag_hash
 from popmq.broker.store.damage import Quarantine
 from popmq.broker.store.framing import HEADER_SIZE, walk_frames
 from popmq.broker.store.queue_index import ENTRY, ENTRY_SIZE, HOLE_SIZE
@@ -78,8 +80,8 @@ def verify(data_dir: Path) -> Report:
     _check_format(data_dir, report)
     _check_metadata(data_dir, report)
     damage: list[tuple[int, int]] = []
-    records = _check_commitlog(data_dir, quarantine, report, damage)
-    _check_indexes(data_dir, records, damage, report)
+    records, walked_end = _check_commitlog(data_dir, quarantine, report, damage)
+    _check_indexes(data_dir, records, damage, report, walked_end)
     _check_journal(data_dir, quarantine, report)
     return report
 
@@ -125,12 +127,23 @@ def _segments(data_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if len(p.name) == 20 and p.name.isdigit())
 
 
+def _log_end(segments: list[Path]) -> int:
+    """Where the commitlog ends now (start of the last segment + its size)."""
+    if not segments:
+        return 0
+    try:
+        return int(segments[-1].name) + segments[-1].stat().st_size
+    except OSError:
+        return 0
+
+
 def _check_commitlog(
     data_dir: Path, quarantine: Quarantine, report: Report, damage: list[tuple[int, int]]
-) -> dict[tuple[str, int, int], tuple[int, int]]:
-    """Walk every segment; returns (topic, queue, offset) -> (position, frame size) and
-    adds each damaged range to ``damage``."""
-    records: dict[tuple[str, int, int], tuple[int, int]] = {}
+) -> tuple[dict[tuple[str, int, int], tuple[int, int, int]], int]:
+    """Walk every segment; returns (topic, queue, offset) -> (position, frame size, tag hash)
+    and the end of the log as walked; adds each damaged range to ``damage``."""
+    records: dict[tuple[str, int, int], tuple[int, int, int]] = {}
+    walked_end = 0
     segments = _segments(data_dir)
     for number, path in enumerate(segments):
         start = int(path.name)
@@ -159,7 +172,7 @@ def _check_commitlog(
                 )
                 continue
             key = (header.topic, header.queue_id, header.queue_offset)
-            records[key] = (start + offset, end - offset)
+            records[key] = (start + offset, end - offset, tag_hash(header.tag))
             report.records += 1
         if number + 1 < len(segments):
             following = int(segments[number + 1].name)
@@ -176,9 +189,10 @@ def _check_commitlog(
                 )
         if not damaged:
             report.add("commitlog", name, OK, f"{len(data)} bytes")
+        walked_end = start + len(data)
     if not segments:
         report.add("commitlog", "commitlog", INFO, "no segments")
-    return records
+    return records, walked_end
 
 
 def _damage(
@@ -199,9 +213,10 @@ def _damage(
 
 def _check_indexes(
     data_dir: Path,
-    records: dict[tuple[str, int, int], tuple[int, int]],
+    records: dict[tuple[str, int, int], tuple[int, int, int]],
     damage: list[tuple[int, int]],
     report: Report,
+    walked_end: int,
 ) -> None:
     root = data_dir / "index"
     if not root.is_dir():
@@ -225,6 +240,7 @@ def _check_indexes(
                 min_position,
                 damage,
                 report,
+                walked_end,
             )
 
 
@@ -232,17 +248,19 @@ def _check_index(
     topic: str,
     queue_id: int,
     directory: Path,
-    records: dict[tuple[str, int, int], tuple[int, int]],
+    records: dict[tuple[str, int, int], tuple[int, int, int]],
     newest: dict[tuple[str, int], int],
     min_position: int,
     damage: list[tuple[int, int]],
     report: Report,
+    walked_end: int,
 ) -> None:
     name = f"index/{topic}/{queue_id}"
     in_damage = 0  # entries whose record lies in damaged commitlog bytes
     files = sorted(p for p in directory.iterdir() if len(p.name) == 20 and p.name.isdigit())
     wrong: list[int] = []
     holes = checked = 0
+    beyond: list[int] = []  # entries of records past the end of the log as walked
     top = int(files[0].name) if files else 0
     for path in files:
         first = int(path.name)
@@ -256,21 +274,30 @@ def _check_index(
             return
         data = _read(path)
         whole = len(data) - len(data) % ENTRY_SIZE
-        for i, (position, size, _, _) in enumerate(ENTRY.iter_unpack(data[:whole])):
+        for i, (position, size, code, _) in enumerate(ENTRY.iter_unpack(data[:whole])):
             offset = first + i
             if size == HOLE_SIZE:
                 holes += 1
                 continue
             if position < min_position:
                 continue  # retention deleted its record
+            if position >= walked_end and (topic, queue_id, offset) not in records:
+                beyond.append(offset)
+                continue
             checked += 1
-            if records.get((topic, queue_id, offset)) != (position, size):
+            if records.get((topic, queue_id, offset)) != (position, size, code):
                 if any(lo <= position < hi for lo, hi in damage):
                     in_damage += 1
                 else:
                     wrong.append(offset)
         top = first + whole // ENTRY_SIZE
     report.holes += holes
+    if beyond and _log_end(_segments(directory.parents[2])) > walked_end:
+        # The log grew while we read it: a running broker's newest writes, not damage.
+        report.add("index", name, INFO, f"{len(beyond)} entries written after the commitlog "
+                   "was read (the broker is running)")  # fmt: skip
+    else:
+        wrong.extend(beyond)
     behind = newest.get((topic, queue_id), -1) + 1 - top
     if in_damage:
         report.add(
@@ -286,8 +313,9 @@ def _check_index(
             "index",
             name,
             DAMAGED,
-            f"{len(wrong)} of {checked} entries do not point at "
-            f"their record (offsets {shown}); delete the directory to rebuild it",
+            f"{len(wrong)} of {checked + len(beyond)} entries do not match "
+            f"their record (offsets {shown}); with the broker stopped, delete the directory "
+            "to rebuild it",
         )
     elif in_damage:
         pass

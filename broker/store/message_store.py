@@ -77,6 +77,7 @@ from popmq.broker.store.topics import (
 from popmq.config import StoreConfig
 
 log = logging.getLogger(__name__)
+_WRITE_FAILURE_LOG_EVERY_S = 10.0
 
 ArrivalListener = Callable[[str, int, int, set[str]], None]
 
@@ -158,6 +159,9 @@ class MessageStore:
         # it does, async appends wait for their own fsync, so none is acknowledged undurable.
         self.flush_failures = 0
         self.flush_failing = False
+        self._bad_entries_seen: set[tuple[str, int, int]] = set()
+        self.write_failures = 0  # appends refused because the disk failed (full, read-only)
+        self._write_failure_logged = -_WRITE_FAILURE_LOG_EVERY_S
 
     @property
     def data_dir(self) -> Path:
@@ -486,9 +490,27 @@ class MessageStore:
             self._topics[name] = record
             self._topic_bytes[name] = name.encode()
             first_new = 0
-        for queue_id in range(first_new, queue_count):
-            self._new_index(name, queue_id).open()
-        self._topic_table.save()
+        try:
+            for queue_id in range(first_new, queue_count):
+                self._new_index(name, queue_id).open()
+            self._topic_table.save()
+        except OSError as exc:
+            # Keep memory as topics.json has it: a topic missing there would be dropped, with
+            # every message sent to it meanwhile, at the next start.
+            for queue_id in range(first_new, queue_count):
+                index = self._indexes.pop((name, queue_id), None)
+                if index is not None:
+                    index.destroy()
+            if existing is None:
+                del self._topics[name]
+                self._topic_bytes.pop(name, None)
+                shutil.rmtree(self._dir / "index" / name, ignore_errors=True)
+            else:
+                existing.queue_count = first_new
+            log.error("store: cannot create topic %s (%d queues): %s", name, queue_count, exc)
+            raise BrokerError(
+                Code.INTERNAL_ERROR, f"cannot create topic {name}: store write failed: {exc}"
+            ) from exc
         return record.meta
 
     def get_topic(self, name: str) -> TopicMeta | None:
@@ -581,6 +603,7 @@ class MessageStore:
                 entries.append(_pack_entry(position, len(frame), code, now))
             index.append(b"".join(entries))
         except OSError as exc:
+            self._count_write_failure(exc)
             raise BrokerError(
                 Code.MASTER_PERSISTENCE_TIMEOUT, f"the message could not be stored: {exc}"
             ) from exc
@@ -659,11 +682,35 @@ class MessageStore:
             return ReadResult([], next_offset)
         try:
             messages = fetch_messages(
-                self._commitlog, topic, queue_id, selected, tags, self._count_corrupt_read
-            )
+                self._commitlog, topic, queue_id, selected, tags, self._count_corrupt_read,
+                self._count_bad_index_entry,
+            )  # fmt: skip
         except PositionPurged:
             raise OffsetPurgedError(topic, queue_id, offset, index.min_offset) from None
         return ReadResult(messages, next_offset)
+
+    def _count_write_failure(self, exc: OSError) -> None:
+        """A refused append: counted, and logged at most every few seconds (a full disk
+        refuses every send: one line per send would flood the log)."""
+        self.write_failures += 1
+        now = time.monotonic()
+        if now - self._write_failure_logged >= _WRITE_FAILURE_LOG_EVERY_S:
+            self._write_failure_logged = now
+            log.error("store: cannot write to %s (%s): sends are refused (%d so far); free "
+                      "space on the volume or fix it",
+                      self._dir, exc, self.write_failures)  # fmt: skip
+
+    def _count_bad_index_entry(self, topic: str, queue_id: int, offset: int, size: int) -> None:
+        """A read found an index entry with a wrong size whose record is intact: the record
+        was served; report the entry once per start and count it (a corrupt read)."""
+        if (topic, queue_id, offset) in self._bad_entries_seen:
+            return
+        self._bad_entries_seen.add((topic, queue_id, offset))
+        self.corrupt_records_read += 1
+        log.error("store: the index entry of %s/%d offset %d is damaged (size %d does not match "
+                  "its intact record); served the record; to repair, stop the broker and delete "
+                  "DATA/index/%s/%d (rebuilt at start)", topic, queue_id, offset, size, topic,
+                  queue_id)  # fmt: skip
 
     def _count_corrupt_read(self, position: int, size: int) -> None:
         """A read found a damaged record (older than recovery's walk): report it once per

@@ -96,8 +96,11 @@ def _contains_resource(descriptor: Descriptor, _seen: frozenset[str] = frozenset
 
 
 def _resources(message: Message) -> list[tuple[Message, bool]]:
-    """(Resource, is-a-group) pairs in message."""
+    """(Resource, is-a-group) pairs in message (none in a body that did not decode: the
+    servicer answers it INVALID_ARGUMENT)."""
     found: list[tuple[Message, bool]] = []
+    if not isinstance(message, Message):
+        return found
     for field in _resource_fields(message.DESCRIPTOR):
         is_repeated = field.is_repeated
         if not is_repeated and not message.HasField(field.name):

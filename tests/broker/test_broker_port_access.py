@@ -7,6 +7,7 @@ link settings) gets in."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -66,7 +67,7 @@ async def _nothing_changed(broker: Broker) -> None:
     assert info.queues[0].max_offset == 3  # the topic and its messages are still there
 
 
-async def test_cluster_token_keeps_strangers_out(tmp_path: Path) -> None:
+async def test_cluster_token_keeps_strangers_out(tmp_path: Path, caplog) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     config = fast_broker_config(tmp_path / "b").model_copy(
@@ -75,8 +76,12 @@ async def test_cluster_token_keeps_strangers_out(tmp_path: Path) -> None:
     async with guarded_broker(config) as (broker, address):
         await broker.send([Message("orders", b"o") for _ in range(3)], 0)
         async with grpc.aio.insecure_channel(address) as channel:
-            codes = await _stranger_tries_everything(channel)
+            with caplog.at_level(logging.WARNING, logger="popmq.security.link"):
+                codes = await _stranger_tries_everything(channel)
             assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}
+            # The probe leaves a trace, but not one line per call.
+            (line,) = [r.getMessage() for r in caplog.records if "cluster token" in r.getMessage()]
+            assert "refused 1 call" in line and TOKEN not in line
             health = health_pb2_grpc.HealthStub(channel)
             answer = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
             assert answer.status == health_pb2.HealthCheckResponse.SERVING

@@ -5,6 +5,7 @@ still works."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -19,6 +20,7 @@ from popmq.broker.pop.checkpoint import Checkpoint
 from popmq.broker.pop.journal import PopJournal
 from popmq.broker.store import MessageStore, metafile
 from popmq.broker.store.framing import HEADER_SIZE, iter_frames
+from popmq.broker.store.queue_index import ENTRY
 from popmq.broker.verify import verify
 
 from popmq.cli import main as popmq_main
@@ -365,3 +367,155 @@ def test_verify_finds_pop_journal_damage_and_refuses_a_missing_dir(tmp_path: Pat
         ("pop-journal", "damaged")
     ]
     assert popmq_main(["broker", "verify", "--data-dir", str(tmp_path / "nowhere")]) == 2
+
+
+async def test_verify_finds_a_flipped_tag_hash(store_factory) -> None:
+    """A wrong tag hash in an index entry hides its (intact) message from every tag-filtered
+    reader, and no start notices (the docs send operators to verify for it): verify must."""
+    store = store_factory(flush="sync")
+    await fill(store, 60)
+    await store.close()
+    [path] = (store.data_dir / "index" / "T" / "1").iterdir()
+    flip(path, 24 * 5 + 12, 4)  # entry 5: its tag hash field
+    report = verify(store.data_dir)
+    assert report.damaged
+    [finding] = [f for f in report.findings if f.status == "damaged"]
+    assert (finding.area, finding.file) == ("index", "index/T/1")
+    assert "offsets 5" in finding.detail
+
+
+async def test_verify_on_a_running_store_is_not_fooled_by_new_writes(store_factory) -> None:
+    """verify reads the commitlog, then the indexes: on a running broker the indexes hold
+    entries of records written in between. Those are not damage (verify used to report
+    every queue DAMAGED and advise deleting its index directory)."""
+    from popmq.broker import verify as verify_module
+
+    store = store_factory(flush="sync")
+    await fill(store, 60)
+    loop = asyncio.get_running_loop()
+    walk = verify_module._check_commitlog
+
+    async def write_more() -> None:
+        for q in range(QUEUES):
+            await store.append("T", q, [Message("T", body(1000 + q), tag="x")])
+
+    def walk_then_write(*args: object) -> object:
+        walked = walk(*args)
+        asyncio.run_coroutine_threadsafe(write_more(), loop).result(10)
+        return walked
+
+    verify_module._check_commitlog = walk_then_write
+    try:
+        report = await asyncio.to_thread(verify, store.data_dir)
+    finally:
+        verify_module._check_commitlog = walk
+    assert not report.damaged, [f for f in report.findings if f.status == "damaged"]
+    notes = [f.detail for f in report.findings if f.area == "index" and f.status == "info"]
+    assert len(notes) == QUEUES and all("after the commitlog was read" in n for n in notes)
+
+    # At rest, index entries past the end of the log are still damage (the log lost them).
+    await store.close()
+    [segment] = segments(store)
+    with segment.open("r+b") as f:
+        f.truncate(segment.stat().st_size - 10)
+    assert verify(store.data_dir).damaged
+
+
+async def test_a_wrong_size_in_an_index_entry_does_not_lose_its_intact_record(
+    store_factory, caplog
+) -> None:
+    """A smaller size in an index entry passes the start's sanity checks (positions still
+    grow). Reads used to call the intact record "damaged commitlog", quarantine it and skip
+    it for good; now the record is read by its own frame length and the entry is reported."""
+    store = store_factory(flush="sync", segment_bytes=4096)
+    await fill(store)
+    await store.close()
+    assert len(segments(store)) > 3  # the start walks only the last ones
+    [path] = (store.data_dir / "index" / "T" / "1").iterdir()
+    raw = bytearray(path.read_bytes())
+    position, size, code, ts = ENTRY.unpack_from(raw, ENTRY.size * 5)
+    ENTRY.pack_into(raw, ENTRY.size * 5, position, size - 8, code, ts)  # one bit of rot
+    path.write_bytes(bytes(raw))
+    with caplog.at_level(logging.ERROR):
+        reopened = store_factory(flush="sync", segment_bytes=4096)
+        assert len(readable(reopened)) == TOTAL
+        assert len(readable(reopened)) == TOTAL  # reported once
+    assert reopened.corrupt_records_read == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "index entry of T/1 offset 5" in errors[0]
+    assert not (reopened.data_dir / "quarantine").exists()  # the log is not damaged
+
+
+async def test_a_full_disk_refuses_sends_loudly_but_not_once_per_send(
+    store_factory, caplog, monkeypatch
+) -> None:
+    """A full (or read-only) volume refuses every send; the broker used to log nothing at
+    all, so the operator saw only clients' INTERNAL_ERRORs."""
+    import errno
+
+    store = store_factory(flush="sync")
+    store.create_topic("T", 1)
+
+    def no_space(frames: list[bytes]) -> list[int]:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store._commitlog, "append", no_space)
+    with caplog.at_level(logging.ERROR):
+        for i in range(20):
+            with pytest.raises(BrokerError, match="store write failed"):
+                await store.append("T", 0, [Message("T", body(i))])
+    assert store.write_failures == 20  # exported as popmq_broker_store_write_failures
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(lines) == 1 and "No space left" in lines[0] and str(store.data_dir) in lines[0]
+    monkeypatch.undo()
+    await store.append("T", 0, [Message("T", body(99))])  # space again: sends work
+    assert store.max_offset("T", 0) == 1
+
+
+async def test_damage_that_cannot_be_set_aside_refuses_to_start_with_a_clear_message(
+    store_factory,
+) -> None:
+    """A quarantine that cannot be written (disk full, read-only, not a directory) must not
+    let recovery cut or skip bytes; the start used to die with a bare '[Errno 17] File
+    exists'."""
+    store = store_factory(flush="sync")
+    await fill(store, 60)
+    await store.close()
+    [segment] = segments(store)
+    flip(segment, segment.stat().st_size // 3)
+    (store.data_dir / "quarantine").write_text("not a directory")
+    before = segment.read_bytes()
+    with pytest.raises(OSError, match=r"cannot set damaged bytes aside in .*quarantine"):
+        store_factory(flush="sync")
+    assert segment.read_bytes() == before
+
+
+async def test_a_topic_whose_creation_failed_to_persist_takes_no_sends(
+    store_factory, monkeypatch
+) -> None:
+    """topics.json could not be written (disk full) while creating a topic: the topic stayed
+    in memory, later sends to it were acknowledged, and the next start dropped it (its index
+    directory looked stray) with every one of those messages, silently."""
+    import errno
+
+    from popmq.broker.store import topics as topics_module
+
+    store = store_factory(flush="sync")
+    store.create_topic("A", 1)
+    real_write = metafile.write
+
+    def disk_full_once(path: Path, body: object) -> None:
+        monkeypatch.setattr(topics_module.metafile, "write", real_write)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(topics_module.metafile, "write", disk_full_once)
+    with pytest.raises(BrokerError, match="cannot create topic X"):
+        store.create_topic("X", 2)
+    assert store.get_topic("X") is None
+    with pytest.raises(BrokerError):
+        await store.append("X", 0, [Message("X", b"never acknowledged")])
+    store.create_topic("X", 2)  # space again: created for real
+    await store.append("X", 0, [Message("X", b"acknowledged")])
+    await store.close()
+    reopened = store_factory(flush="sync")
+    assert [m.body for m in reopened.read("X", 0, 0, 10).messages] == [b"acknowledged"]
