@@ -25,6 +25,7 @@ from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import ConsumeMode, GroupConfig
 from popmq.broker.auto_create import AutoCreateGate
 from popmq.broker.pop.names import check_group
+from popmq.broker.store.damage import MetadataFallback
 from popmq.broker.store.framing import FramedLog, fsync_dir
 
 from popmq.config import GroupDefaults, PopConfig, parse_duration_ms
@@ -98,9 +99,15 @@ class GroupRegistry:
         if not path.exists() and legacy.exists():
             self._migrate(legacy)
             return
+        if not path.exists() and not self._store.was_new:
+            # A data directory in use always has the log (created at the first start): it was
+            # deleted. Group settings fall back to the defaults, loudly.
+            self._report("missing")
+            log.error("groups: %s is missing from a data directory in use; every group falls "
+                      "back to the default settings until set again", path)  # fmt: skip
         self._log = FramedLog(path)
         if self._log.truncated_bytes:
-            self.damaged_records += 1
+            self._report(f"{self._log.truncated_bytes} damaged bytes cut")
             log.error("groups: %s had %d damaged bytes at its end (cut); groups recorded there "
                       "fall back to the defaults", path, self._log.truncated_bytes)  # fmt: skip
         records = 0
@@ -109,12 +116,17 @@ class GroupRegistry:
             try:
                 config = _from_json(json.loads(payload))
             except (ValueError, KeyError, TypeError) as exc:
-                self.damaged_records += 1
+                self._report("unreadable record")
                 log.error("groups: unreadable record in %s skipped: %s", path, exc)
                 continue
             self._groups[config.name] = config
         if records > len(self._groups) + _COMPACT_SLACK:
             self._rewrite()
+
+    def _report(self, problem: str) -> None:
+        """Count damage to the groups' records: popmq_broker_store_metadata_fallbacks_total."""
+        self.damaged_records += 1
+        self._store.faults.metadata.append(MetadataFallback(f"state/{LOG_NAME}", "reset", problem))
 
     def _migrate(self, legacy: Path) -> None:
         """Read an old groups.json once, write it as the log, keep the old file renamed."""
@@ -122,7 +134,7 @@ class GroupRegistry:
             saved = json.loads(legacy.read_bytes())
             groups = {str(name): _from_json(data) for name, data in dict(saved).items()}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            self.damaged_records += 1
+            self._report("unreadable groups.json")
             aside = legacy.with_name(LEGACY_NAME + ".corrupt")
             os.replace(legacy, aside)
             log.error("groups: %s is unreadable (%s); moved to %s, groups start from the "

@@ -101,7 +101,7 @@ SCENARIOS: dict[str, Callable[[Path], None]] = {
     "pop journal deleted": lambda d: _delete(d / "pop" / "journal.log"),
     "FORMAT deleted": lambda d: _delete(d / "FORMAT"),
 }
-for _name in ("topics.json", "checkpoint.json", "consumer_offsets.json", "state/groups.json"):
+for _name in ("topics.json", "checkpoint.json", "consumer_offsets.json", "state/groups.log"):
     SCENARIOS[f"{_name}: 8 bytes flipped"] = lambda d, n=_name: _flip(d / n, 0.5)
     SCENARIOS[f"{_name} deleted (and .prev)"] = lambda d, n=_name: _delete(d / n, d / (n + ".prev"))
 
@@ -219,8 +219,6 @@ async def test_damaged_files_never_lose_messages_silently(tmp_path: Path) -> Non
     log.info("storage corruption scenarios:\n%s", table)
     assert [r.scenario for r in rows if r.lost_silently] == [], table
     assert [r.scenario for r in rows if r.over_reported] == [], table
-    # Every scenario was noticed (a metric series moved). Known exception: a deleted groups
-    # document (and its backup) cannot be told from "no group was ever saved" by the store;
-    # the groups registry (broker/pop/groups.py) owns that file and is being rewritten.
+    # Every scenario was noticed (a metric series moved).
     unnoticed = [r.scenario for r in rows if not r.notices]
-    assert unnoticed == ["state/groups.json deleted (and .prev)"], table
+    assert unnoticed == [], table

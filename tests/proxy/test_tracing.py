@@ -95,7 +95,11 @@ async def test_a_receive_is_one_trace_across_proxy_and_broker(remote_cluster: Cl
     receive = "/apache.rocketmq.v2.MessagingService/ReceiveMessage"
     broker_pop = "/popmq.broker.v1.BrokerService/Pop"
     assert receive in _names(spans, SpanKind.SERVER)  # the proxy continued the client's trace
-    assert {"popmq.receive", "popmq.long_poll.first_pop", "popmq.broker.pop"} <= _names(spans)
+    assert {"popmq.receive", "popmq.broker.pop"} <= _names(spans)
+    # The pop that found the message ran as the first pop or, when the broker's watch promised
+    # an event first (the broker link), as the consume phase after it.
+    phases = {"popmq.long_poll.first_pop", "popmq.long_poll.consume"}
+    assert phases & _names(spans)
     assert broker_pop in _names(spans, SpanKind.CLIENT)  # the proxy -> broker hop
     assert broker_pop in _names(spans, SpanKind.SERVER)  # ... continued inside the broker
     by_id = {s.context.span_id: s for s in spans}
@@ -109,7 +113,8 @@ async def test_a_receive_is_one_trace_across_proxy_and_broker(remote_cluster: Cl
 
     server_pop = next(s for s in spans if s.name == broker_pop and s.kind == SpanKind.SERVER)
     chain = ancestors(server_pop)
-    assert chain[:3] == [broker_pop, "popmq.broker.pop", "popmq.long_poll.first_pop"]
+    assert chain[:2] == [broker_pop, "popmq.broker.pop"]
+    assert chain[2] in phases
     assert chain[-2:] == [receive, "client receive"]
     # the health checks stay out of traces
     assert not [s for s in EXPORTER.get_finished_spans() if "Health" in s.name]
@@ -126,8 +131,9 @@ async def test_an_empty_long_poll_shows_its_notify_wait(remote_cluster: Cluster)
         _, messages, _ = await cluster.receive(group, topic, poll_ms=300)
     assert messages == []
     names = _names(_trace_of(root))
-    assert {"popmq.receive", "popmq.long_poll.first_pop", "popmq.long_poll.notify_wait"} <= names
-    assert "/popmq.broker.v1.BrokerService/Notify" in names or "popmq.broker.notify" in names
+    # The wait for a broker's event is its own span; over the broker link an idle group
+    # costs the brokers no call (the watch stream tells the proxy when something arrives).
+    assert {"popmq.receive", "popmq.long_poll.notify_wait"} <= names
 
 
 async def test_message_trace_context_links_producer_and_consumer(remote_cluster: Cluster) -> None:
