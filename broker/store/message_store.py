@@ -746,6 +746,15 @@ class MessageStore:
             self._offsets[key] = offset
             self._offsets_dirty = True
 
+    def delete_consumer_offsets(self, group: str) -> int:
+        """Remove every committed offset of ``group`` (a deleted group); returns how many."""
+        keys = [key for key in self._offsets if key[0] == group]
+        for key in keys:
+            del self._offsets[key]
+        if keys:
+            self._offsets_dirty = True
+        return len(keys)
+
     # -- small documents ---------------------------------------------------------------------
     def _state_path(self, name: str) -> Path:
         if not isinstance(name, str) or not _STATE_NAME.match(name):
