@@ -31,7 +31,7 @@ from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import ConsumeMode, GroupConfig
 from popmq.broker.auto_create import AutoCreateGate
 from popmq.broker.pop.names import check_group
-from popmq.broker.store.damage import MetadataFallback
+from popmq.broker.store.damage import DAMAGED, TORN_TAIL, DamageEvent, MetadataFallback, Quarantine
 from popmq.broker.store.framing import FramedLog, fsync_dir
 
 from popmq.config import GroupDefaults, PopConfig, parse_duration_ms
@@ -116,12 +116,17 @@ class GroupRegistry:
                       "`popmq admin groups set`)", path)  # fmt: skip
         self._log = FramedLog(path)
         damaged_bytes = sum(run.end - run.start for run in self._log.damage)
+        quarantine = Quarantine(self._store.data_dir)
+        for run in self._log.damage:  # copied aside before anything is cut or skipped
+            event = DamageEvent(f"state/{LOG_NAME}", run.start, run.end,
+                                TORN_TAIL if run.tail else DAMAGED)  # fmt: skip
+            quarantine.keep(event, run.data)
         if damaged_bytes:
             self.damaged_records += len(self._log.damage)
             self._fault(f"{damaged_bytes} damaged bytes", "reset")
-            log.error("groups: %s had %d damaged bytes (%d runs; a damaged end is cut); groups "
-                      "recorded there fall back to the defaults", path, damaged_bytes,
-                      len(self._log.damage))  # fmt: skip
+            log.error("groups: %s had %d damaged bytes (%d runs, copied to quarantine/; a "
+                      "damaged end is cut); groups recorded there fall back to the defaults",
+                      path, damaged_bytes, len(self._log.damage))  # fmt: skip
         records = 0
         for _, payload in self._log.iter_from(0):
             records += 1

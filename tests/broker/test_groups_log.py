@@ -181,3 +181,4 @@ def test_damage_inside_the_log_is_counted(tmp_path) -> None:
     assert again.damaged_records >= 1
     assert [m.file for m in store.faults.metadata] == ["state/groups.log"]
     assert {c.name for c in again.configs()} >= {"a", "c"}
+    assert list((tmp_path / "quarantine").glob("state_groups.log.*.bin"))  # bytes kept

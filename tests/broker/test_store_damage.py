@@ -6,6 +6,7 @@ still works."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -242,7 +243,7 @@ async def test_topic_registration_appends_a_record(store_factory) -> None:
     for i in range(300):
         store.create_topic(f"t{i:04d}", 1)
         sizes.append(path.stat().st_size)
-    growth = [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
+    growth = [b - a for a, b in itertools.pairwise(sizes)]
     assert max(growth) < 100  # one record, not the table
     store.delete_topic("t0007")
     store.create_topic("t0008", 3)  # grown
