@@ -98,7 +98,10 @@ def _contains_resource(descriptor: Descriptor, _seen: frozenset[str] = frozenset
 def _resources(message: Message) -> list[tuple[Message, bool]]:
     """(Resource, is-a-group) pairs in message."""
     found: list[tuple[Message, bool]] = []
-    for field in _resource_fields(message.DESCRIPTOR):
+    descriptor = getattr(message, "DESCRIPTOR", None)
+    if descriptor is None:  # an undecodable body (broker.api.undecodable): answered as such
+        return found
+    for field in _resource_fields(descriptor):
         is_repeated = field.is_repeated
         if not is_repeated and not message.HasField(field.name):
             continue
