@@ -422,3 +422,26 @@ def test_verify_finds_pop_journal_damage_and_refuses_a_missing_dir(tmp_path: Pat
         ("pop-journal", "damaged")
     ]
     assert popmq_main(["broker", "verify", "--data-dir", str(tmp_path / "nowhere")]) == 2
+
+
+def test_topics_log_is_compacted_at_start(tmp_path: Path, monkeypatch) -> None:
+    from popmq.broker.store import topics as topics_module
+    from popmq.broker.store.topics import TopicRecord, TopicTable
+
+    monkeypatch.setattr(topics_module, "_COMPACT_SLACK", 5)
+    table = TopicTable(tmp_path)
+    table.load()
+    for i in range(10):  # 20 records for 1 topic
+        table.topics["gone"] = record = TopicRecord("gone", 1, i)
+        table.put(record)
+        del table.topics["gone"]
+        table.remove("gone")
+    table.topics["kept"] = record = TopicRecord("kept", 2, 7)
+    table.put(record)
+    table.close()
+    before = (tmp_path / "topics.log").stat().st_size
+    again = TopicTable(tmp_path)
+    assert again.load().trusted
+    assert list(again.topics.values()) == [TopicRecord("kept", 2, 7)]
+    assert (tmp_path / "topics.log").stat().st_size < before / 10  # one record left
+    again.close()
