@@ -142,7 +142,8 @@ class GroupRegistry:
                 log.error("groups: unreadable record in %s skipped: %s", path, exc)
                 continue
             self._groups[config.name] = config
-        if records > len(self._groups) + _COMPACT_SLACK:
+        # Damage was copied aside and reported: write a clean log so it is reported once.
+        if damaged_bytes or records > len(self._groups) + _COMPACT_SLACK:
             self._rewrite()
 
     def _fault(self, problem: str, action: str) -> None:

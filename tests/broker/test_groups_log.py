@@ -182,3 +182,7 @@ def test_damage_inside_the_log_is_counted(tmp_path) -> None:
     assert [m.file for m in store.faults.metadata] == ["state/groups.log"]
     assert {c.name for c in again.configs()} >= {"a", "c"}
     assert list((tmp_path / "quarantine").glob("state_groups.log.*.bin"))  # bytes kept
+    again.close()
+    later = _store(tmp_path, was_new=False)
+    GroupRegistry(later, PopConfig()).load()  # type: ignore[arg-type]
+    assert later.faults.metadata == []  # reported once: the log was rewritten clean
