@@ -250,6 +250,7 @@ class BrokerSnapshot:
     open_files_limit: int = 0
     open_file_evictions: int = 0
     flush_failures: int = 0
+    handle_key_reload_failures: int = 0
     dlq_total: dict[str, int] = field(default_factory=dict)  # group -> messages ever sent there
 
 
@@ -274,6 +275,7 @@ def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
         open_file_evictions=broker.store.open_files.evictions,
         flush_failures=broker.store.flush_failures,
         write_failures=broker.store.write_failures,
+        handle_key_reload_failures=broker.engine.keyring.reload_failures,
     )
     pairs = sorted(_group_topics(broker))
     snap.groups_dropped = max(len(pairs) - MAX_GROUP_SERIES, 0)
@@ -432,6 +434,10 @@ class BrokerStateCollector(Collector):
         yield _counter("popmq_broker_store_write_failures",
                        "Sends refused because the store could not write (disk full, read-only "
                        "or failing volume)", b, snap.write_failures)  # fmt: skip
+        yield _counter("popmq_broker_handle_key_reload_failures",
+                       "Changed receipt-handle key files that could not be loaded (the broker "
+                       "keeps its current keys; fix the file)",
+                       b, snap.handle_key_reload_failures)  # fmt: skip
         labels = ["broker", "group", "topic"]
         backlog = GaugeMetricFamily(
             "popmq_broker_group_backlog_messages",

@@ -3,6 +3,7 @@
 Checks, read-only (files are opened for reading only; no lock, no repair, nothing created):
 - the FORMAT marker;
 - each metadata file (and its ``.prev`` copy): envelope and checksum (metafile.py);
+- the topic and group logs (topics.log, state/groups.log): each frame and record;
 - every commitlog segment: each frame's length and CRC, resyncing past damage, and gaps
   between segments;
 - every queue index against the commitlog: each entry must point at the record of its own
@@ -26,12 +27,21 @@ from popmq.broker.pop.journal import JOURNAL_RESYNC
 from popmq.broker.store import data_format, metafile
 from popmq.broker.store.codec import decode_header, tag_hash
 from popmq.broker.store.damage import Quarantine
-from popmq.broker.store.framing import HEADER_SIZE, walk_frames
+from popmq.broker.store.framing import HEADER_SIZE, Resync, walk_frames
 from popmq.broker.store.queue_index import ENTRY, ENTRY_SIZE, HOLE_SIZE
 from popmq.broker.store.recovery import RECORD_RESYNC
+from popmq.broker.store.topics import TOPICS_RESYNC
 
 OK, INFO, QUARANTINED, DAMAGED = "ok", "info", "quarantined", "damaged"
-METADATA_FILES = ("topics.json", "checkpoint.json", "consumer_offsets.json")
+METADATA_FILES = ("checkpoint.json", "consumer_offsets.json")
+LEGACY_METADATA = ("topics.json",)  # read (and migrated) only when still there
+# Append-only logs of JSON records: (file, what shows it should exist, what a missing one
+# means at the next start). The groups log is the broker's (a store alone has none).
+RECORD_LOGS = (
+    ("topics.log", "commitlog", TOPICS_RESYNC,
+     "topics are rebuilt from the commitlog and index dirs"),
+    ("state/groups.log", "pop", Resync(b"{"), "group settings fall back to the defaults"),
+)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -79,6 +89,9 @@ def verify(data_dir: Path) -> Report:
     quarantine = Quarantine(data_dir)
     _check_format(data_dir, report)
     _check_metadata(data_dir, report)
+    for name, evidence, resync, consequence in RECORD_LOGS:
+        expected = (data_dir / evidence).exists()
+        _check_record_log(data_dir, name, expected, resync, consequence, quarantine, report)
     damage: list[tuple[int, int]] = []
     records, walked_end = _check_commitlog(data_dir, quarantine, report, damage)
     _check_indexes(data_dir, records, damage, report, walked_end)
@@ -105,6 +118,10 @@ def _check_format(data_dir: Path, report: Report) -> None:
 def _check_metadata(data_dir: Path, report: Report) -> None:
     has_data = (data_dir / "commitlog").is_dir()
     names = list(METADATA_FILES)
+    names += [
+        n for n in LEGACY_METADATA
+        if (data_dir / n).exists() or metafile.previous_path(data_dir / n).exists()
+    ]  # fmt: skip
     state = data_dir / "state"
     if state.is_dir():
         names += sorted(f"state/{p.name}" for p in state.glob("*.json"))
@@ -118,6 +135,42 @@ def _check_metadata(data_dir: Path, report: Report) -> None:
         else:
             fallback = "previous copy intact" if previous == "ok" else "no intact previous copy"
             report.add("metadata", name, DAMAGED, f"{current}; {fallback}")
+
+
+def _check_record_log(
+    data_dir: Path,
+    name: str,
+    expected: bool,
+    resync: Resync,
+    consequence: str,
+    quarantine: Quarantine,
+    report: Report,
+) -> None:
+    path = data_dir / name
+    if not path.exists():
+        legacy = path.with_suffix(".json")
+        if legacy.exists() or not expected:
+            report.add("metadata", name, INFO, "missing (written at the next start)")
+        else:
+            report.add("metadata", name, DAMAGED, f"missing; at the next start {consequence}")
+        return
+    data = _read(path)
+    bad = records = 0
+    for offset, end, payload in walk_frames(data, 0, resync.prefix, resync.accept):
+        if payload is None:
+            bad += 1
+            _damage(report, quarantine, "metadata", name, offset, end)
+            continue
+        try:
+            record = json.loads(bytes(payload))
+            str(record["name"])
+        except (ValueError, KeyError, TypeError):
+            bad += 1
+            _damage(report, quarantine, "metadata", name, offset, end, "unreadable record")
+            continue
+        records += 1
+    if not bad:
+        report.add("metadata", name, OK, f"{records} records")
 
 
 def _segments(data_dir: Path) -> list[Path]:

@@ -232,6 +232,11 @@ class BrokerCluster:
         assert failure is not None
         raise failure
 
+    def forget_group(self, name: str) -> None:
+        """Drop cached settings of a deleted group (the next use reads the brokers)."""
+        self._groups.drop(name)
+        self._last_groups.drop(name)
+
     async def update_group(self, config: GroupConfig) -> GroupConfig:
         results = await asyncio.gather(*(port.update_group(config) for port in self.ports))
         self._groups.put(config.name, results[0])

@@ -22,6 +22,7 @@ from popmq.broker.api.types import (
     FilterExpression,
     GroupConfig,
     GroupQueueStats,
+    GroupSummary,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -290,6 +291,18 @@ def group_to_proto(group: GroupConfig) -> pb.GroupConfig:
 
 def group_from_proto(msg: pb.GroupConfig) -> GroupConfig:
     return _from_proto(msg, GroupConfig, consume_mode=consume_mode_from_proto(msg.consume_mode))
+
+
+def group_summary_to_proto(summary: GroupSummary) -> pb.GroupSummary:
+    return pb.GroupSummary(
+        config=group_to_proto(summary.config),
+        inflight=summary.inflight,
+        offset_queues=summary.offset_queues,
+    )
+
+
+def group_summary_from_proto(msg: pb.GroupSummary) -> GroupSummary:
+    return GroupSummary(group_from_proto(msg.config), msg.inflight, msg.offset_queues)
 
 
 def group_stats_to_proto(stats: GroupQueueStats) -> pb.GroupQueueStats:

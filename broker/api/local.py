@@ -7,7 +7,9 @@ from popmq.broker.api.types import (
     AckEntryResult,
     ChangeInvisibleResult,
     GroupConfig,
+    GroupDeleted,
     GroupQueueStats,
+    GroupSummary,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -98,6 +100,14 @@ class LocalBrokerPort:
 
     async def update_group(self, config: GroupConfig) -> GroupConfig:
         return await self._broker.update_group(config)
+
+    async def list_groups(self) -> list[GroupSummary]:
+        return await self._broker.list_groups()
+
+    async def delete_group(
+        self, group: str, clean_offsets: bool = False, force: bool = False
+    ) -> GroupDeleted:
+        return await self._broker.delete_group(group, clean_offsets, force)
 
     async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]:
         return await self._broker.group_stats(group, topic)

@@ -19,7 +19,9 @@ from popmq.broker.api.types import (
     AckEntryResult,
     ChangeInvisibleResult,
     GroupConfig,
+    GroupDeleted,
     GroupQueueStats,
+    GroupSummary,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -93,6 +95,17 @@ class BrokerPort(Protocol):
         ...
 
     async def update_group(self, config: GroupConfig) -> GroupConfig: ...
+
+    async def list_groups(self) -> list[GroupSummary]:
+        """Every registered group, with its in-flight count and committed-offset queues."""
+        ...
+
+    async def delete_group(
+        self, group: str, clean_offsets: bool = False, force: bool = False
+    ) -> GroupDeleted:
+        """Forget a group's settings (and with clean_offsets its offsets). PRECONDITION_FAILED
+        while messages are in flight unless force; CONSUMER_GROUP_NOT_FOUND if unknown."""
+        ...
 
     async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]: ...
 

@@ -20,7 +20,9 @@ from popmq.broker.api.types import (
     AckEntryResult,
     ChangeInvisibleResult,
     GroupConfig,
+    GroupDeleted,
     GroupQueueStats,
+    GroupSummary,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -257,6 +259,19 @@ class RemoteBrokerPort:
             stub.UpdateGroup, convert.group_to_proto(config), self._deadline()
         )
         return convert.group_from_proto(response.group)
+
+    async def list_groups(self) -> list[GroupSummary]:
+        stub = self._get_stub()
+        response = await self._call(stub.ListGroups, pb.ListGroupsRequest(), self._deadline())
+        return [convert.group_summary_from_proto(g) for g in response.groups]
+
+    async def delete_group(
+        self, group: str, clean_offsets: bool = False, force: bool = False
+    ) -> GroupDeleted:
+        stub = self._get_stub()
+        request = pb.DeleteGroupRequest(group=group, clean_offsets=clean_offsets, force=force)
+        response = await self._call(stub.DeleteGroup, request, self._deadline())
+        return GroupDeleted(response.inflight, response.offsets_removed)
 
     async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]:
         stub = self._get_stub()

@@ -225,6 +225,23 @@ class GroupConfig:
 
 
 @dataclass(slots=True)
+class GroupSummary:
+    """A registered group on one broker, with what deleting it would touch."""
+
+    config: GroupConfig
+    inflight: int = 0  # popped, not yet acked, over every queue
+    offset_queues: int = 0  # queues with a committed consumer offset
+
+
+@dataclass(slots=True)
+class GroupDeleted:
+    """What a broker did when it deleted a group."""
+
+    inflight: int = 0  # messages still in flight (they revive to %RETRY% as usual)
+    offsets_removed: int = 0  # committed offsets removed (clean_offsets only)
+
+
+@dataclass(slots=True)
 class GroupQueueStats:
     topic: str
     queue_id: int

@@ -18,7 +18,9 @@ from popmq.broker.api.types import (
     AckEntryResult,
     ChangeInvisibleResult,
     GroupConfig,
+    GroupDeleted,
     GroupQueueStats,
+    GroupSummary,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -123,6 +125,14 @@ class FakePort:
 
     async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]:
         return [GroupQueueStats(topic, 0, 1, 5, 2)]
+
+    async def list_groups(self) -> list[GroupSummary]:
+        return []
+
+    async def delete_group(
+        self, group: str, clean_offsets: bool = False, force: bool = False
+    ) -> GroupDeleted:
+        return GroupDeleted()
 
     async def close(self) -> None:
         return None

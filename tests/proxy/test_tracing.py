@@ -25,6 +25,8 @@ from popmq.broker.server import BrokerGrpcServer
 from popmq.proxy.server import ProxyServer
 from proxy_support import Cluster, make_config, unique
 
+from popmq.pb.admin.v1 import admin_pb2 as a
+from popmq.pb.admin.v1 import admin_pb2_grpc
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
 from popmq.tracing import instrument_grpc
 
@@ -164,3 +166,27 @@ async def test_message_trace_context_links_producer_and_consumer(remote_cluster:
         if (link.context.trace_id, link.context.span_id) == (ctx.trace_id, ctx.span_id)
     }
     assert linked == {"popmq.send", "popmq.receive"}
+
+
+async def test_the_separate_admin_port_is_traced(provider: TracerProvider, tmp_path: Path) -> None:
+    """proxy.admin_port: the admin API's own server continues the caller's trace too."""
+    config = make_config(tmp_path, **{"proxy.admin_port": 0})
+    broker = Broker(config.broker.model_copy(update={"name": "broker-0",
+                                                     "data_dir": tmp_path / "b0"}))  # fmt: skip
+    await broker.start()
+    config.proxy.port = 0
+    proxy = ProxyServer(config, [LocalBrokerPort(broker)])
+    await proxy.start()
+    try:
+        assert proxy.admin_port and proxy.admin_port != proxy.port
+        EXPORTER.clear()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{proxy.admin_port}") as channel:
+            admin = admin_pb2_grpc.AdminServiceStub(channel)
+            with trace.get_tracer("the-operator").start_as_current_span("admin call") as root:
+                listed = await admin.ListTopics(a.ListTopicsRequest())
+        assert listed.status.code == 20000
+        method = "/popmq.admin.v1.AdminService/ListTopics"
+        assert method in _names(_trace_of(root), SpanKind.SERVER)
+    finally:
+        await proxy.stop(0.2)
+        await broker.stop()
