@@ -12,7 +12,7 @@ import grpc
 
 from popmq.broker.api.types import Message
 from popmq.client import codec
-from popmq.client.errors import ProxyUnavailable
+from popmq.client.errors import map_rpc_errors
 from popmq.client.model import (
     AckOutcome,
     OffsetPolicy,
@@ -60,17 +60,10 @@ class AsyncClient:
     def _meta(self) -> tuple[tuple[str, str], ...]:
         return codec.call_metadata(self.client_id) + self.security.signature()
 
-    def _unavailable(self, rpc: str, error: grpc.aio.AioRpcError) -> ProxyUnavailable:
-        timed_out = error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        detail = f"{error.code().name} {error.details() or ''}".strip()
-        return ProxyUnavailable(self.endpoint, rpc, detail, timed_out)
-
     async def _unary(self, rpc: str, request: object, timeout_s: float | None = None) -> object:
         method = getattr(self._stub, rpc)
-        try:
+        with map_rpc_errors(self.endpoint, rpc):
             return await method(request, timeout=timeout_s or self.timeout_s, metadata=self._meta())
-        except grpc.aio.AioRpcError as error:
-            raise self._unavailable(rpc, error) from error
 
     # -- route and offsets ----------------------------------------------------------------
 
@@ -122,13 +115,11 @@ class AsyncClient:
         )
         collector = codec.PullCollector(queue, offset)
         timeout = self.timeout_s + long_polling_ms / 1000
-        try:
+        with map_rpc_errors(self.endpoint, "PullMessage"):
             async for response in self._stub.PullMessage(
                 request, timeout=timeout, metadata=self._meta()
             ):
                 collector.add(response)
-        except grpc.aio.AioRpcError as error:
-            raise self._unavailable("PullMessage", error) from error
         return collector.result()
 
     # -- POP consumption --------------------------------------------------------------------
@@ -147,13 +138,11 @@ class AsyncClient:
         )
         collector = codec.ReceiveCollector(queue)
         timeout = self.timeout_s + long_polling_ms / 1000
-        try:
+        with map_rpc_errors(self.endpoint, "ReceiveMessage"):
             async for response in self._stub.ReceiveMessage(
                 request, timeout=timeout, metadata=self._meta()
             ):
                 collector.add(response)
-        except grpc.aio.AioRpcError as error:
-            raise self._unavailable("ReceiveMessage", error) from error
         return collector.messages
 
     async def ack(

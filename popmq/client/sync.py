@@ -17,7 +17,7 @@ import grpc.experimental
 from popmq.broker.api.types import Message
 from popmq.client import codec
 from popmq.client.aio import CHANNEL_OPTIONS
-from popmq.client.errors import ProxyUnavailable
+from popmq.client.errors import ProxyUnavailable, transport_error
 from popmq.client.model import (
     AckOutcome,
     OffsetPolicy,
@@ -92,12 +92,8 @@ class Client:
     def _meta(self) -> tuple[tuple[str, str], ...]:
         return codec.call_metadata(self.client_id) + self.security.signature()
 
-    def _unavailable(self, rpc: str, error: Any) -> ProxyUnavailable:
-        code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
-        details = error.details() if hasattr(error, "details") else str(error)
-        timed_out = code == grpc.StatusCode.DEADLINE_EXCEEDED
-        detail = f"{code.name} {details or ''}".strip()
-        return ProxyUnavailable(self.endpoint, rpc, detail, timed_out)
+    def _unavailable(self, rpc: str, error: grpc.RpcError) -> ProxyUnavailable:
+        return transport_error(self.endpoint, rpc, error)
 
     def _call(self, rpc: str, invoke: Callable[[], Any], idempotent: bool) -> Any:
         attempts = self.read_attempts if idempotent else 1

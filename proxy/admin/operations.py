@@ -30,6 +30,7 @@ from popmq.proxy.activity import validate
 from popmq.proxy.grpc import status as st
 from popmq.proxy.services import ProxyServices
 
+from popmq.errors import PopmqError
 from popmq.metrics_http import build_version
 from popmq.pb.admin.v1 import admin_pb2 as a
 
@@ -330,7 +331,7 @@ class OperationsMixin:
             try:
                 async with asyncio.timeout(5):
                     topics = await port.list_topics()
-            except (BrokerError, TimeoutError, OSError) as exc:
+            except (PopmqError, TimeoutError, OSError) as exc:
                 status.error = str(exc) or type(exc).__name__
                 return status
             status.reachable = True

@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.types import PROP_TRACE_CONTEXT, PoppedMessage, PopRequest
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
 
+from popmq.errors import TransportError
 from popmq.tracing import link_to, tracer
 
 
@@ -80,9 +80,7 @@ class BrokerPicker:
 def is_broker_down(exc: BaseException) -> bool:
     """A broker that cannot answer (down, unreachable, hung): another broker may serve the
     receive. Any other error (a refused request) would be the same on every broker."""
-    return isinstance(exc, BrokerUnavailableError) or (
-        isinstance(exc, BrokerError) and exc.code == Code.PROXY_TIMEOUT
-    )
+    return isinstance(exc, TransportError)
 
 
 def remaining_ms(deadline: float) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.errors import Code
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.types import (
     NotifyRequest,
@@ -27,6 +27,7 @@ from popmq.broker.api.types import (
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
 
+from popmq.errors import PopmqError
 from popmq.tracing import tracer
 
 log = logging.getLogger(__name__)
@@ -158,7 +159,7 @@ class BrokerCalls:
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def note_error(self, kind: str, exc: Exception, port: BrokerPort) -> None:
-        code = exc.code.name if isinstance(exc, BrokerError) else type(exc).__name__
+        code = exc.code.name if isinstance(exc, PopmqError) else type(exc).__name__
         self.metrics.broker_rpc_errors.labels(kind, code).inc()
         log.warning("%s on %s failed: %s", kind, port.name, exc)
 
@@ -187,7 +188,7 @@ class BrokerCalls:
             self.metrics.broker_rpcs.labels("change_invisible").inc()
             await port.change_invisible_time(pop.group, pop.topic, handle, 0)
             return "visible_now"
-        except BrokerError as exc:
+        except PopmqError as exc:
             if exc.code is not Code.ILLEGAL_INVISIBLE_TIME:
                 log.warning("could not release %s on %s: %s", handle, port.name, exc)
                 return "kept"
@@ -199,7 +200,7 @@ class BrokerCalls:
             fallback = self.fallback_invisible_ms
             await port.change_invisible_time(pop.group, pop.topic, handle, fallback)
             return "shortened"
-        except BrokerError as exc:
+        except PopmqError as exc:
             log.warning("could not release %s on %s: %s", handle, port.name, exc)
             return "kept"
 
