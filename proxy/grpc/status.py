@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import cast
 
 from popmq.errors import Code, PopmqError
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -13,7 +14,8 @@ log = logging.getLogger(__name__)
 
 def status(code: Code | int, message: str = "") -> pb.Status:
     code = Code(code)
-    return pb.Status(code=int(code), message=message or code.name)
+    # Code's values are the protocol enum's (tests/test_codes.py)
+    return pb.Status(code=cast("pb.Code", int(code)), message=message or code.name)
 
 
 def ok() -> pb.Status:
