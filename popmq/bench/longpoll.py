@@ -171,7 +171,7 @@ async def _run_one(
     data_dir: str | None,
 ) -> dict[str, Any]:
     metrics = ProxyMetrics()
-    config = ProxyConfig(strategy=name, **proxy_overrides)  # type: ignore[arg-type]
+    config = ProxyConfig(strategy=name, **proxy_overrides)
     strategy = make_strategy(config, metrics)
     record = _Record()
     rng = random.Random(seed)
@@ -275,7 +275,7 @@ def _summarise(
     stalls = sorted(record.stalls_ms)
     label = name
     rpcs: dict[str, int] = {}
-    for sample in metrics.broker_rpcs.collect()[0].samples:
+    for sample in next(iter(metrics.broker_rpcs.collect())).samples:
         if sample.name.endswith("_total"):
             rpcs[sample.labels["kind"]] = int(sample.value)
     delivered = len(record.received_ms)
@@ -382,7 +382,7 @@ async def bench_longpoll(
         raise ValueError(f"unknown strategies {sorted(unknown)}: choose from {STRATEGIES}")
     overrides = dict(proxy_overrides or {})
     data_dir = data_dir or _default_data_dir()
-    common = {
+    common: dict[str, Any] = {
         "brokers": brokers, "await_ms": await_ms, "remote": remote, "seed": seed,
         "proxy_overrides": overrides, "body_bytes": body_bytes, "data_dir": data_dir,
     }  # fmt: skip

@@ -101,7 +101,7 @@ class Client:
             try:
                 return invoke()
             except grpc.RpcError as error:
-                if attempt == attempts or error.code() not in _RETRYABLE:  # type: ignore[attr-defined]
+                if attempt == attempts or error.code() not in _RETRYABLE:
                     raise self._unavailable(rpc, error) from error
                 time.sleep(0.1 * 2**attempt)  # brief backoff: a proxy restarting
         raise AssertionError("unreachable")

@@ -133,7 +133,7 @@ class StrategyBase:
     ) -> list[PoppedMessage]:
         if not brokers or self.draining:
             return []
-        attributes = {
+        attributes: dict[str, str | int] = {
             "popmq.strategy": self.label, "messaging.consumer.group.name": request.pop.group,
             "messaging.destination.name": request.pop.topic, "popmq.poll_ms": request.poll_ms,
         }  # fmt: skip

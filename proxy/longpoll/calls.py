@@ -81,7 +81,10 @@ class BrokerCalls:
         cancelled just as the answer arrives, the messages are still found and released.
         """
         self.metrics.broker_rpcs.labels("pop").inc()
-        attributes = {"popmq.broker": port.name, "popmq.poll_ms": request.poll_time_ms}
+        attributes: dict[str, str | int] = {
+            "popmq.broker": port.name,
+            "popmq.poll_ms": request.poll_time_ms,
+        }
         with tracer().start_as_current_span("popmq.broker.pop", attributes=attributes) as span:
             task = asyncio.create_task(port.pop(request), name=f"pop:{port.name}")
             task.add_done_callback(lambda done: self._into_custody(done, port, custody))
@@ -122,7 +125,10 @@ class BrokerCalls:
         """One notification call: True when the broker has a visible message for the group."""
         self.metrics.broker_rpcs.labels(kind).inc()
         self.metrics.held_notifications.inc()
-        attributes = {"popmq.broker": port.name, "popmq.poll_ms": request.poll_time_ms}
+        attributes: dict[str, str | int] = {
+            "popmq.broker": port.name,
+            "popmq.poll_ms": request.poll_time_ms,
+        }
         try:
             with tracer().start_as_current_span(f"popmq.broker.{kind}", attributes=attributes):
                 result: NotifyResult = await port.notify(request)
