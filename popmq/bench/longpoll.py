@@ -123,10 +123,7 @@ async def _consume(
     while True:
         preferred = ports[turn % len(ports)].name
         turn += 1
-        pop = PopRequest(
-            group=GROUP, topic=TOPIC, max_messages=32, invisible_time_ms=60_000,
-            client_id=f"bench-consumer-{index}",
-        )  # fmt: skip
+        pop = PopRequest(group=GROUP, topic=TOPIC, max_messages=32, invisible_time_ms=60_000)
         asked = _now_ms()
         messages = await strategy.receive(ports, LongPollRequest(pop, await_ms, preferred))
         answered = _now_ms()

@@ -95,20 +95,9 @@ class OperationsMixin:
         return list(zip(cluster.names, cluster.ports, strict=True))
 
     async def _topic_on_brokers(self, topic: str) -> list[tuple[str, BrokerPort, TopicInfo]]:
-        async def lookup(port: BrokerPort) -> TopicInfo | None:
-            try:
-                return await port.get_topic(topic)
-            except BrokerError as exc:
-                if exc.code == Code.TOPIC_NOT_FOUND:
-                    return None
-                raise
-
-        brokers = self._brokers()
-        infos = await asyncio.gather(*(lookup(port) for _, port in brokers))
-        found = [(n, p, i) for (n, p), i in zip(brokers, infos, strict=True) if i is not None]
-        if not found:
-            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
-        return found
+        cluster = self.services.cluster
+        infos = await cluster.topic_infos(topic)
+        return [(name, cluster.port(name), info) for name, info in infos.items()]
 
     async def _user_topics(self, topic: str) -> list[str]:
         if topic:
