@@ -99,6 +99,8 @@ def _contains_resource(descriptor: Descriptor, _seen: frozenset[str] = frozenset
 def _resources(message: Message) -> list[tuple[d.Resource, bool]]:
     """(Resource, is-a-group) pairs in message."""
     found: list[tuple[d.Resource, bool]] = []
+    if not isinstance(message, Message):  # an undecodable body: its guard answers it
+        return found
     for field in _resource_fields(message.DESCRIPTOR):
         is_repeated = field.is_repeated
         if not is_repeated and not message.HasField(field.name):
