@@ -648,6 +648,3 @@ class Broker:
                     )
                 )
         return stats
-
-    async def close(self) -> None:
-        """BrokerPort.close: a Broker is released by its owner with ``stop()``."""

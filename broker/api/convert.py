@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from google.protobuf.message import Message as ProtoMessage
 from popmq.broker.api.errors import BrokerError, Code
@@ -104,8 +104,8 @@ def raise_for_status(status: pb.Status) -> None:
 # -- enums ---------------------------------------------------------------------------------------
 
 
-def pop_status_to_proto(status: PopStatus) -> int:
-    return pb.PopStatus.Value(f"POP_{status.name}")
+def pop_status_to_proto(status: PopStatus) -> pb.PopStatus:
+    return cast("pb.PopStatus", pb.PopStatus.Value(f"POP_{status.name}"))
 
 
 def pop_status_from_proto(value: int) -> PopStatus:

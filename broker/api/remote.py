@@ -1,19 +1,28 @@
 """RemoteBrokerPort: the BrokerPort of a broker reached over gRPC (popmq.broker.v1).
 
-Refusals come back as the response status and are re-raised as the same BrokerError. Transport
-failures become BrokerUnavailableError (unreachable) or PROXY_TIMEOUT (deadline passed). Every
+Refusals come back as the response status and are re-raised as the same BrokerError. gRPC
+errors are mapped in one place, map_rpc_errors: BrokerUnavailableError (unreachable),
+BrokerTimeoutError (deadline passed), BrokerAuthError (the broker refused this proxy's cluster
+token), else a RefusedError. Every
 call has a deadline: rpc_timeout_s, plus the poll time for long polls. Cancelling the awaiting
 task cancels the RPC, and the broker then drops the held request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import grpc
 from popmq.broker.api import convert
-from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.api.errors import (
+    BrokerAuthError,
+    BrokerError,
+    BrokerTimeoutError,
+    BrokerUnavailableError,
+    Code,
+)
 from popmq.broker.api.link import BrokerLink
 from popmq.broker.api.types import (
     AckEntry,
@@ -62,6 +71,23 @@ _UNREACHABLE = frozenset(
         grpc.StatusCode.UNIMPLEMENTED,
     }
 )
+
+
+@contextmanager
+def map_rpc_errors(broker: str) -> Iterator[None]:
+    """Turn a failed gRPC call to ``broker`` into popmq's error tree (the one place that does)."""
+    try:
+        yield
+    except grpc.aio.AioRpcError as error:
+        code = error.code()
+        detail = f"{code.name}: {error.details()}"
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise BrokerTimeoutError(broker, detail) from error
+        if code in _UNREACHABLE:
+            raise BrokerUnavailableError(broker, detail) from error
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            raise BrokerAuthError(broker, detail) from error
+        raise BrokerError(Code.INTERNAL_ERROR, f"broker {broker}: {detail}") from error
 
 
 class RemoteBrokerPort:
@@ -116,20 +142,10 @@ class RemoteBrokerPort:
     async def _call(
         self, method: Callable[..., Awaitable[R]], request: object, deadline_s: float
     ) -> R:
-        try:
+        with map_rpc_errors(self._name):
             response = await method(request, timeout=deadline_s)
-        except grpc.aio.AioRpcError as error:
-            raise self._transport_error(error) from error
         convert.raise_for_status(response.status)  # type: ignore[attr-defined]
         return response
-
-    def _transport_error(self, error: grpc.aio.AioRpcError) -> BrokerError:
-        detail = f"{error.code().name}: {error.details()}"
-        if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return BrokerError(Code.PROXY_TIMEOUT, f"broker {self._name} did not answer: {detail}")
-        if error.code() in _UNREACHABLE:
-            return BrokerUnavailableError(self._name, detail)
-        return BrokerError(Code.INTERNAL_ERROR, f"broker {self._name}: {detail}")
 
     async def describe(self) -> str:
         """The name the broker reports for itself (a connectivity and wiring check)."""

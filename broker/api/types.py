@@ -104,7 +104,6 @@ class PopRequest:
     poll_time_ms: int = 0  # 0: answer at once; >0: hold until a message or the timeout
     filter: FilterExpression = field(default_factory=FilterExpression)
     fifo: bool = False
-    client_id: str = ""
 
 
 class PopStatus(Enum):

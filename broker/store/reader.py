@@ -11,6 +11,7 @@ import logging
 import sys
 import zlib
 from collections.abc import Callable
+from typing import TypeGuard
 
 from popmq.broker.api.types import StoredMessage
 from popmq.broker.store.codec import decode_record, tag_hash
@@ -124,12 +125,13 @@ def fetch_messages(
     return messages
 
 
-def _is_record(message: StoredMessage | None, topic: str, queue_id: int, offset: int) -> bool:
-    return message is not None and (message.topic, message.queue_id, message.queue_offset) == (
-        topic,
-        queue_id,
-        offset,
-    )
+def _is_record(
+    message: StoredMessage | None, topic: str, queue_id: int, offset: int
+) -> TypeGuard[StoredMessage]:
+    """Is this the record the index entry names (a damaged one decodes as None or another)?"""
+    if message is None:
+        return False
+    return (message.topic, message.queue_id, message.queue_offset) == (topic, queue_id, offset)
 
 
 def _frame_at(commitlog: CommitLog, position: int) -> StoredMessage | None:

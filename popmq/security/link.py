@@ -118,8 +118,8 @@ def add_port(server: grpc.aio.Server, address: str, config: BrokerConfig) -> int
         )
     credentials = server_credentials(tls.cert, tls.key, tls.client_ca)
     if credentials is None:
-        return server.add_insecure_port(address)
-    return server.add_secure_port(address, credentials)
+        return int(server.add_insecure_port(address))
+    return int(server.add_secure_port(address, credentials))
 
 
 # -- proxy side -------------------------------------------------------------------------------

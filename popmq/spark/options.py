@@ -17,10 +17,13 @@ from typing import Literal
 
 from popmq.client.codec import parse_endpoint
 from popmq.client.security import ClientSecurity
+from popmq.errors import Code, PopmqError
 
 
-class OptionError(ValueError):
+class OptionError(PopmqError, ValueError):
     """A bad or missing option of format("popmq")."""
+
+    code = Code.BAD_REQUEST
 
     def __init__(self, message: str) -> None:
         super().__init__(f"popmq: {message}")

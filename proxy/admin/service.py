@@ -59,23 +59,8 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
             return response_type(status=st.status_of(exc))
 
     async def _topic(self, name: str) -> a.Topic:
-        cluster = self.services.cluster
-
-        async def lookup(broker: str) -> TopicInfo | None:
-            try:
-                return await cluster.port(broker).get_topic(name)
-            except BrokerError as exc:
-                if exc.code == Code.TOPIC_NOT_FOUND:
-                    return None
-                raise
-
-        infos = await asyncio.gather(*(lookup(b) for b in cluster.names))
-        brokers = [
-            _broker_topic(b, info) for b, info in zip(cluster.names, infos, strict=True) if info
-        ]
-        if not brokers:
-            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
-        return a.Topic(name=name, brokers=brokers)
+        infos = await self.services.cluster.topic_infos(name)
+        return a.Topic(name=name, brokers=[_broker_topic(b, i) for b, i in infos.items()])
 
     async def CreateTopic(self, request: a.CreateTopicRequest, context: object) -> a.TopicResponse:
         async def work() -> a.TopicResponse:

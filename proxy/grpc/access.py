@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 from google.protobuf import message_factory
 from popmq.broker.api.undecodable import Undecodable
+from popmq.proxy.grpc import status as st
 from popmq.proxy.metrics import ProxyMetrics
 from prometheus_client import Counter
 
@@ -196,7 +197,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
                 "refused %s from %s (access key %r): %s %s",
                 method, context.peer(), credential, code_name, exc.message,
             )  # fmt: skip
-        return pb.Status(code=exc.code, message=exc.message)
+        return st.status(exc.code, exc.message)
 
     # -- wrapping each kind of method ------------------------------------------------------
     def _wrap(self, path: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from popmq.broker.api.errors import BrokerError
+from popmq.broker.api.errors import BrokerAuthError, Code
 from popmq.broker.api.local import LocalBrokerPort
 from popmq.broker.api.remote import RemoteBrokerPort
 from popmq.broker.api.types import Message
@@ -88,8 +88,11 @@ async def test_cluster_token_keeps_strangers_out(tmp_path: Path, caplog) -> None
         wrong = tmp_path / "wrong"
         wrong.write_text("not-the-cluster-token-at-all")
         intruder = RemoteBrokerPort("b", address, link=BrokerLinkConfig(cluster_token_file=wrong))
-        with pytest.raises(BrokerError, match="UNAUTHENTICATED"):
+        with pytest.raises(BrokerAuthError, match="UNAUTHENTICATED") as refused:
             await intruder.update_consumer_offset("billing", "orders", 0, 18)
+        # A deployment fault, said as one: never INTERNAL_ERROR, and it names the setting.
+        assert refused.value.code is Code.INTERNAL_SERVER_ERROR
+        assert "cluster_token_file" in refused.value.message
         await intruder.close()
         await _nothing_changed(broker)
 
