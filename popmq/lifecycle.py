@@ -81,6 +81,7 @@ class TaskOwner:
         self._host: asyncio.Task[None] | None = None
         self._idle: anyio.Event | None = None
         self._closing = False
+        self._draining = False
 
     async def __aenter__(self) -> TaskOwner:
         return self
@@ -99,9 +100,10 @@ class TaskOwner:
     def spawn(
         self, coro: Coroutine[Any, Any, T], name: str, *, log_errors: bool = True
     ) -> Job[T] | None:
-        """Run coro in the owner's task group; None (and coro closed) once the owner closes.
+        """Run coro in the owner's task group; None (and coro closed) once the owner closes,
+        except for follow-up work its own tasks spawn while they drain (a pop's release).
         A failing task is logged (unless log_errors is False) and never ends its siblings."""
-        if self._closing:
+        if self._closing and not (self._draining and self._inside()):
             coro.close()
             return None
         job: Job[T] = Job(name, log_errors)
@@ -157,6 +159,10 @@ class TaskOwner:
             if not self._jobs and self._idle is not None:
                 self._idle.set()
 
+    def _inside(self) -> bool:
+        """True when called from one of this owner's tasks."""
+        return any(job.is_current() for job in self._jobs)
+
     async def wait_idle(self) -> None:
         """Until every task has ended."""
         while self._jobs:
@@ -168,8 +174,10 @@ class TaskOwner:
         self._closing = True
         grace = self.grace_s if grace_s is None else grace_s
         if self._jobs and grace > 0:
+            self._draining = True
             with anyio.move_on_after(grace):
                 await self.wait_idle()
+            self._draining = False
         for job in list(self._jobs):
             job.cancel()
         with anyio.CancelScope(shield=True):
@@ -185,9 +193,7 @@ def _first_error(exc: BaseException) -> BaseException:
     return exc
 
 
-async def fan_out(
-    calls: Iterable[Awaitable[T]], *, return_exceptions: bool = False
-) -> list[Any]:
+async def fan_out(calls: Iterable[Awaitable[T]], *, return_exceptions: bool = False) -> list[Any]:
     """Await calls concurrently in a task group; results in call order.
 
     Without return_exceptions the first failure cancels the siblings and is raised as itself

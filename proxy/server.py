@@ -188,7 +188,7 @@ class ProxyServer:
         if self._admin_server is not None:
             await self._admin_server.stop(grace_s)
             self._admin_server = None
-        await self.services.tasks.close()
+        await self.services.tasks.aclose()
         await self.services.admission.aclose()
         await self.services.strategy.aclose()
         await self.services.cluster.close()

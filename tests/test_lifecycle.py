@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from popmq.broker.api.errors import BrokerError, Code
+
 from popmq.lifecycle import TaskOwner, fan_out
 
 pytestmark = pytest.mark.looptime
@@ -102,3 +102,20 @@ async def test_fan_out_keeps_order_and_raises_the_first_error_itself() -> None:
 
     answers = await fan_out([value(1, 0), fail()], return_exceptions=True)
     assert answers[0] == 1 and isinstance(answers[1], BrokerError)
+
+
+async def test_follow_up_work_of_a_draining_task_is_accepted() -> None:
+    owner = TaskOwner("t", grace_s=5)
+    done: list[str] = []
+
+    async def follow_up() -> None:
+        await asyncio.sleep(0.1)
+        done.append("follow-up")
+
+    async def first() -> None:
+        await asyncio.sleep(0.1)
+        owner.spawn(follow_up(), "follow-up")  # e.g. the release a finished pop causes
+
+    owner.spawn(first(), "first")
+    await owner.aclose()
+    assert done == ["follow-up"]

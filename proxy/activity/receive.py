@@ -6,7 +6,6 @@ could not write, which is made visible again soon (RocketMQ nacks it for 1 s).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -21,6 +20,7 @@ from popmq.proxy.longpoll.base import LongPollRequest
 from popmq.proxy.services import ProxyServices
 
 from popmq.config import ProxyConfig
+from popmq.lifecycle import fan_out
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
@@ -194,6 +194,6 @@ def release_unsent(services: ProxyServices, plan: ReceivePlan, unsent: list[Popp
                 log.info("could not release an undelivered message: %s", exc)
             services.metrics.released_messages.labels(outcome).inc()
 
-        await asyncio.gather(*(one(m) for m in unsent))
+        await fan_out(one(m) for m in unsent)
 
     services.tasks.spawn(nack(), name=f"release-unsent-{plan.group}")

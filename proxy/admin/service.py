@@ -6,7 +6,6 @@ one endpoint only. Refusals come back as a RocketMQ Status, like the messaging A
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,6 +20,7 @@ from popmq.proxy.services import ProxyServices
 from prometheus_client import generate_latest
 
 from popmq.config import parse_duration_ms
+from popmq.lifecycle import fan_out
 from popmq.pb.admin.v1 import admin_pb2 as a
 from popmq.pb.admin.v1 import admin_pb2_grpc
 
@@ -69,7 +69,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
                     return None
                 raise
 
-        infos = await asyncio.gather(*(lookup(b) for b in cluster.names))
+        infos = await fan_out(lookup(b) for b in cluster.names)
         brokers = [
             _broker_topic(b, info) for b, info in zip(cluster.names, infos, strict=True) if info
         ]
@@ -84,8 +84,8 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
                 raise BrokerError(Code.BAD_REQUEST, "queue count must be at least 1")
             cluster = self.services.cluster
             brokers = list(request.brokers) or cluster.names
-            infos = await asyncio.gather(
-                *(cluster.port(b).create_topic(name, request.queue_count) for b in brokers)
+            infos = await fan_out(
+                cluster.port(b).create_topic(name, request.queue_count) for b in brokers
             )
             cluster.forget_topic(name)
             topic = a.Topic(
@@ -101,7 +101,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
     ) -> a.ListTopicsResponse:
         async def work() -> a.ListTopicsResponse:
             cluster = self.services.cluster
-            per_broker = await asyncio.gather(*(p.list_topics() for p in cluster.ports))
+            per_broker = await fan_out(p.list_topics() for p in cluster.ports)
             topics: dict[str, a.Topic] = {}
             for broker, infos in zip(cluster.names, per_broker, strict=True):
                 for info in infos:
@@ -126,9 +126,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
                 group = validate.group_name(request.group)
                 cluster = self.services.cluster
                 brokers = [b.broker for b in topic.brokers]
-                stats = await asyncio.gather(
-                    *(cluster.port(b).group_stats(group, name) for b in brokers)
-                )
+                stats = await fan_out(cluster.port(b).group_stats(group, name) for b in brokers)
                 for broker, rows in zip(brokers, stats, strict=True):
                     for row in rows:
                         response.group_queues.append(
@@ -154,7 +152,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
             topic = await self._topic(name)
             cluster = self.services.cluster
             ports = [cluster.port(b.broker) for b in topic.brokers]
-            await asyncio.gather(*(port.delete_topic(name) for port in ports))
+            await fan_out(port.delete_topic(name) for port in ports)
             cluster.forget_topic(name)
             return a.DeleteTopicResponse(status=st.ok())
 
