@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import anyio
 from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.types import PROP_TRACE_CONTEXT, PoppedMessage, PopRequest
@@ -117,7 +118,7 @@ class StrategyBase:
         self.probe_false_empty = probe_false_empty
         self.picker = BrokerPicker()
         # The deadlines of the receives holding now, so drain() can bring them forward.
-        self._held: set[asyncio.Timeout] = set()
+        self._held: set[anyio.CancelScope] = set()  # deadlines of the held long polls
         self.draining = False
 
     async def _poll(
@@ -161,17 +162,15 @@ class StrategyBase:
             if request.poll_ms <= 0:
                 await self._poll(brokers, request, deadline, custody)
             else:
-                timeout = asyncio.timeout_at(deadline)
+                # The deadline is a cancel scope: it cancels _poll (a broker's own timeout
+                # still raises); drain() ends it early the same way.
+                scope = anyio.CancelScope(deadline=deadline)
+                self._held.add(scope)
                 try:
-                    async with timeout:
-                        self._held.add(timeout)
-                        try:
-                            await self._poll(brokers, request, deadline, custody)
-                        finally:
-                            self._held.discard(timeout)
-                except TimeoutError:
-                    if not timeout.expired():
-                        raise  # a broker's timeout, not our deadline
+                    with scope:
+                        await self._poll(brokers, request, deadline, custody)
+                finally:
+                    self._held.discard(scope)
         except BaseException as exc:
             # Client gone (cancelled) or a broker error: nothing popped may be lost.
             custody.abandon()
@@ -197,11 +196,10 @@ class StrategyBase:
 
     def drain(self) -> None:
         self.draining = True
-        now = asyncio.get_running_loop().time()
-        for timeout in self._held:
-            # Expiring the timeout cancels _poll exactly as the deadline would: broker calls
+        for scope in self._held:
+            # Cancelling the scope ends _poll exactly as the deadline would: broker calls
             # are cancelled and whatever was popped is handed over (or released).
-            timeout.reschedule(now)
+            scope.cancel()
 
     async def aclose(self) -> None:
         await self.calls.aclose()
