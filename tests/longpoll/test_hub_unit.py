@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from popmq.broker.api.types import PopRequest, PopResult
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.hub import NotificationHub, Subscription
@@ -15,6 +16,9 @@ from support.tasks import assert_no_tasks_beyond
 
 from .fake_broker import FakeBroker
 from .helpers import make_request, sample, wait_until
+
+# Virtual time (looptime): sleeps and deadlines take no real time, timing asserts are exact.
+pytestmark = pytest.mark.looptime
 
 
 def _strategy(metrics: ProxyMetrics) -> NotifyStrategy:

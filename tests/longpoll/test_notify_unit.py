@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import PopResult
 from popmq.proxy.longpoll.calls import BrokerCalls
@@ -13,6 +14,9 @@ from support.tasks import assert_no_tasks_beyond
 
 from .fake_broker import FakeBroker
 from .helpers import make_request, sample, wait_until
+
+# Virtual time (looptime): sleeps and deadlines take no real time, timing asserts are exact.
+pytestmark = pytest.mark.looptime
 
 
 def _strategy(

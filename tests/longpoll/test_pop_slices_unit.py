@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.pop import PopStrategy
 from popmq.proxy.longpoll.slices import SlicesStrategy
@@ -12,6 +13,9 @@ from support.tasks import assert_no_tasks_beyond
 
 from .fake_broker import FakeBroker
 from .helpers import make_request, sample, wait_until
+
+# Virtual time (looptime): sleeps and deadlines take no real time, timing asserts are exact.
+pytestmark = pytest.mark.looptime
 
 
 def _pop(metrics: ProxyMetrics, probe: bool = False) -> PopStrategy:
