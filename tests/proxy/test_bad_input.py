@@ -160,6 +160,7 @@ async def test_invisible_time_out_of_range(cluster: Cluster) -> None:
     assert changed.receipt_handle == handle
 
 
+@pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
 async def test_polling_time_out_of_range(cluster: Cluster) -> None:
     topic, group = unique("t"), unique("g")
     status, _, _ = await cluster.receive(group, topic, poll_ms=100)  # below min (300 ms)
@@ -210,6 +211,7 @@ async def test_missing_client_id(cluster: Cluster) -> None:
     assert response.status.code == Code.CLIENT_ID_REQUIRED
 
 
+@pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
 async def test_client_disconnect_mid_long_poll(cluster: Cluster) -> None:
     topic, group = unique("t"), unique("g")
     await cluster.route(topic)
@@ -244,6 +246,7 @@ async def test_client_disconnect_mid_long_poll(cluster: Cluster) -> None:
     assert len(cluster.server.services.tasks) == 0
 
 
+@pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
 async def test_undelivered_messages_are_released_quickly(cluster: Cluster) -> None:
     """The release path the servicer takes when writing to a vanished client fails."""
     from popmq.proxy.activity import receive
