@@ -15,8 +15,10 @@ signal handlers), which a task group entered directly by the component would not
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Coroutine, Iterable
+from contextvars import Context, copy_context
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -76,7 +78,8 @@ class TaskOwner:
     def __init__(self, name: str, *, grace_s: float = 2.0) -> None:
         self.name = name
         self.grace_s = grace_s
-        self._jobs: dict[Job[Any], Coroutine[Any, Any, Any] | None] = {}
+        # A job waiting for the host task keeps its coroutine and the spawner's context.
+        self._jobs: dict[Job[Any], tuple[Coroutine[Any, Any, Any], Context] | None] = {}
         self._group: TaskGroup | None = None
         self._host: asyncio.Task[None] | None = None
         self._idle: anyio.Event | None = None
@@ -111,7 +114,9 @@ class TaskOwner:
             self._jobs[job] = None
             self._group.start_soon(self._run, job, coro, name=name)
         else:
-            self._jobs[job] = coro  # started by the host task once its group is open
+            # Started by the host task once its group is open, in the spawner's context (the
+            # trace span and other context variables go with the work, as with create_task).
+            self._jobs[job] = (coro, copy_context())
             if self._host is None:
                 loop = asyncio.get_running_loop()
                 self._host = loop.create_task(self._hosting(), name=f"owner:{self.name}")
@@ -121,10 +126,13 @@ class TaskOwner:
         try:
             async with anyio.create_task_group() as group:
                 self._group = group
-                for job, coro in list(self._jobs.items()):
-                    if coro is not None:
+                for job, waiting in list(self._jobs.items()):
+                    if waiting is not None:
                         self._jobs[job] = None
-                        group.start_soon(self._run, job, coro, name=job.name)
+                        coro, context = waiting
+                        context.run(
+                            functools.partial(group.start_soon, name=job.name), self._run, job, coro
+                        )
                 while self._jobs:
                     self._idle = anyio.Event()
                     await self._idle.wait()
@@ -132,7 +140,7 @@ class TaskOwner:
         finally:
             self._group = None
             self._host = None
-            if any(coro is not None for coro in self._jobs.values()):
+            if any(waiting is not None for waiting in self._jobs.values()):
                 self._host = asyncio.get_running_loop().create_task(
                     self._hosting(), name=f"owner:{self.name}"
                 )

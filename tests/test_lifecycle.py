@@ -119,3 +119,25 @@ async def test_follow_up_work_of_a_draining_task_is_accepted() -> None:
     owner.spawn(first(), "first")
     await owner.aclose()
     assert done == ["follow-up"]
+
+
+async def test_a_task_runs_in_its_spawners_context() -> None:
+    """Trace spans and other context variables go with the work (as with create_task), also
+    for the first task, which waits for the owner's host task to open its group."""
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="none")
+    owner = TaskOwner("t")
+
+    async def read() -> str:
+        return var.get()
+
+    async def spawn_as(value: str) -> str:
+        var.set(value)
+        job = owner.spawn(read(), value)
+        assert job is not None
+        return await job.result()
+
+    assert await fan_out([spawn_as("first"), spawn_as("second")]) == ["first", "second"]
+    assert await spawn_as("later") == "later"
+    await owner.aclose()
