@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from contextvars import Context, copy_context
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -70,6 +70,33 @@ class Job(Generic[T]):
         if self._cancelled:
             raise asyncio.CancelledError(f"job {self.name} was cancelled")
         return self._result  # type: ignore[return-value]
+
+
+class AsyncClosing:
+    """``async with`` for a component closed by ``aclose()`` (the one lifecycle vocabulary)."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+
+class TaskStatus:
+    """What ``TaskOwner.start`` hands its task: call ``started()`` once it is ready."""
+
+    def __init__(self) -> None:
+        self.ready = anyio.Event()
+        self.called = False
+        self.value: Any = None
+
+    def started(self, value: Any = None) -> None:
+        self.called = True
+        self.value = value
+        self.ready.set()
 
 
 class TaskOwner:
@@ -170,6 +197,30 @@ class TaskOwner:
     def _inside(self) -> bool:
         """True when called from one of this owner's tasks."""
         return any(job.is_current() for job in self._jobs)
+
+    async def start(
+        self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any, name: str
+    ) -> Any:
+        """Spawn ``func(*args, task_status=...)`` and return once it calls
+        ``task_status.started(value)`` (that value); its error if it ends before that."""
+        status = TaskStatus()
+        job = self.spawn(func(*args, task_status=status), name, log_errors=False)
+        if job is None:
+            raise RuntimeError(f"{self.name} is closed: cannot start {name}")
+
+        async def ended() -> None:
+            await job.wait()
+            status.ready.set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(ended)
+            await status.ready.wait()
+            group.cancel_scope.cancel()
+        if not status.called:  # the task ended before it was ready
+            await job.result()  # raises its error, or CancelledError
+            raise RuntimeError(f"{name} ended before it was ready")
+        job.log_errors = True  # from here on it is background work like any other
+        return status.value
 
     async def wait_idle(self) -> None:
         """Until every task has ended."""

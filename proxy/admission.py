@@ -23,10 +23,10 @@ from popmq.broker.api.errors import BrokerError, Code
 from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.config import ProxyConfig
-from popmq.lifecycle import Job, TaskOwner
+from popmq.lifecycle import AsyncClosing, Job, TaskOwner
 
 
-class LongPollAdmission:
+class LongPollAdmission(AsyncClosing):
     def __init__(self, config: ProxyConfig, metrics: ProxyMetrics) -> None:
         self._total_limit = config.max_long_polls
         self._client_limit = config.max_long_polls_per_client

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from popmq.broker.api.errors import BrokerError, Code
@@ -141,3 +142,25 @@ async def test_a_task_runs_in_its_spawners_context() -> None:
     assert await fan_out([spawn_as("first"), spawn_as("second")]) == ["first", "second"]
     assert await spawn_as("later") == "later"
     await owner.aclose()
+
+
+async def test_start_returns_when_the_task_is_ready() -> None:
+    owner = TaskOwner("t", grace_s=0)
+    steps: list[str] = []
+
+    async def serve(port: int, *, task_status: Any) -> None:
+        await asyncio.sleep(0.2)  # binding
+        steps.append("ready")
+        task_status.started(port)
+        await asyncio.sleep(100)
+
+    assert await owner.start(serve, 7, name="serve") == 7
+    assert steps == ["ready"] and len(owner) == 1  # still running, owned
+
+    async def broken(*, task_status: Any) -> None:
+        raise BrokerError(Code.BAD_REQUEST, "cannot bind")
+
+    with pytest.raises(BrokerError):
+        await owner.start(broken, name="broken")
+    await owner.aclose()
+    assert len(owner) == 0

@@ -22,7 +22,7 @@ import grpc
 from popmq.broker.api import convert
 from popmq.broker.api.watch import VisibilityWatch
 
-from popmq.lifecycle import Job, TaskOwner
+from popmq.lifecycle import AsyncClosing, Job, TaskOwner
 from popmq.pb.broker.v1 import broker_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ RECONNECT_START_S = 0.05
 RECONNECT_MAX_S = 1.0
 
 
-class BrokerLink:
+class BrokerLink(AsyncClosing):
     """The watch backend of one RemoteBrokerPort."""
 
     def __init__(self, name: str, stub: Callable[[], Any]) -> None:

@@ -33,7 +33,7 @@ from popmq.broker.api.errors import BrokerError
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.types import FilterExpression, NotifyRequest
 
-from popmq.lifecycle import Job, TaskOwner
+from popmq.lifecycle import AsyncClosing, Job, TaskOwner
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ async def wait_visible(port: BrokerPort, key: WatchKey) -> None:
             return  # answered "no" early: the broker is stopping; never spin
 
 
-class LocalWatchBackend:
+class LocalWatchBackend(AsyncClosing):
     """Watches on a broker in the same process: each arm is a task running wait_visible."""
 
     def __init__(self, port: BrokerPort) -> None:

@@ -22,6 +22,7 @@ from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
 
+from popmq.lifecycle import AsyncClosing
 from popmq.tracing import link_to, tracer
 
 
@@ -91,7 +92,7 @@ def remaining_ms(deadline: float) -> int:
     return max(0, int((deadline - asyncio.get_running_loop().time()) * 1000))
 
 
-class StrategyBase:
+class StrategyBase(AsyncClosing):
     """Deadline, custody, metrics and false-empty probe around one strategy's ``_poll``."""
 
     name = "base"

@@ -28,7 +28,7 @@ from popmq.broker.api.types import (
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
 
-from popmq.lifecycle import TaskOwner, fan_out
+from popmq.lifecycle import AsyncClosing, TaskOwner, fan_out
 from popmq.tracing import tracer
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class _Probe:
     waiting: int = 1  # empty answers counted when the result comes
 
 
-class BrokerCalls:
+class BrokerCalls(AsyncClosing):
     def __init__(self, metrics: ProxyMetrics, *, fallback_invisible_ms: int = 10_000) -> None:
         self.metrics = metrics
         # Used to release a message when the broker refuses an invisible time of 0.

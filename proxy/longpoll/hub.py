@@ -41,7 +41,7 @@ from popmq.broker.api.types import FilterExpression, PopRequest
 from popmq.proxy.longpoll.calls import BACKOFF_MAX_S, BrokerCalls
 from popmq.proxy.longpoll.watches import WatchRegistry
 
-from popmq.lifecycle import Job, TaskOwner
+from popmq.lifecycle import AsyncClosing, Job, TaskOwner
 
 # How many subscribers a pop's leftover backlog may signal at once; more pops on the same
 # broker at the same moment mostly find its queues locked by each other.
@@ -186,7 +186,7 @@ class _Channel:
         # subscribes meanwhile arms a new notification.
 
 
-class NotificationHub:
+class NotificationHub(AsyncClosing):
     """Shared notification channels of one proxy (owned by its notify strategy)."""
 
     def __init__(self, calls: BrokerCalls, watches: WatchRegistry | None = None) -> None:
