@@ -60,11 +60,13 @@ from popmq.broker.pop.ledger import CheckpointLedger
 from popmq.broker.pop.names import check_group, check_topic, is_system_topic
 from popmq.broker.pop.revive import ReviveService
 from popmq.broker.pop.selection import RoundRobin, queue_for_group
-from popmq.broker.store import MessageStore, TopicMeta, now_ms
+from popmq.broker.store import MessageStore, TopicMeta
 from popmq.broker.store.damage import MetadataFallback, Quarantine
 from popmq.broker.timer import TimerService
 
+from popmq.clock import SYSTEM, Clock
 from popmq.config import BrokerConfig
+from popmq.lifecycle import TaskOwner
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +76,11 @@ _IDLE_WAIT_S = 1.0
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, clock: Clock = SYSTEM) -> None:
         self._config = config
-        self._clock: Callable[[], int] = now_ms
+        # Time comes from one injected Clock: tests run the broker on virtual time.
+        self._time = clock
+        self._clock: Callable[[], int] = clock.now_ms
         self._store = MessageStore(config.data_dir, config.name, config.store, self._clock)
         self._metrics = BrokerMetrics(config.name, cluster=config.cluster)
         self._metrics_state = self._metrics.watch(lambda: take_snapshot(self))
@@ -92,7 +96,8 @@ class Broker:
             self._metrics.auto_create_refused,
         )  # fmt: skip
         self._round_robin = RoundRobin()
-        self._tasks: list[asyncio.Task[None]] = []
+        # The background loops (revive, timer, pop journal): cancelled at once on stop.
+        self._tasks = TaskOwner(f"broker:{config.name}", grace_s=0)
         self._started = False
         self._journal: PopJournal | None = None
         self._ledger: CheckpointLedger | None = None
@@ -148,6 +153,17 @@ class Broker:
     def timer(self) -> TimerService:
         return self._timer
 
+    async def __aenter__(self) -> Broker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop: held pops answer, the background loops end, state is made durable."""
+        await self.stop()
+
     async def start(self) -> None:
         if self._started:
             return
@@ -160,11 +176,10 @@ class Broker:
         self._store.add_arrival_listener(self._on_arrival)
         self._hold.reopen()
         await self._store.start()
-        self._tasks = [
-            asyncio.create_task(self._supervise("revive", self._revive_step)),
-            asyncio.create_task(self._supervise("timer", self._timer_step)),
-            asyncio.create_task(self._supervise("pop-journal", self._journal_step)),
-        ]
+        self._tasks = TaskOwner(f"broker:{self.name}", grace_s=0)
+        self._tasks.spawn(self._supervise("revive", self._revive_step), "revive")
+        self._tasks.spawn(self._supervise("timer", self._timer_step), "timer")
+        self._tasks.spawn(self._supervise("pop-journal", self._journal_step), "pop-journal")
         self._started = True
         self._metrics_state.loop = asyncio.get_running_loop()
         log.info("broker %s started on %s", self.name, self._config.data_dir)
@@ -230,12 +245,7 @@ class Broker:
             return
         self._started = False
         self._hold.close()  # held long polls answer now (with what is there)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
+        await self._tasks.aclose()
         self._store.remove_arrival_listener(self._on_arrival)
         try:
             if self._ledger is not None and self._journal is not None:
@@ -263,7 +273,7 @@ class Broker:
             except Exception:
                 log.exception("broker %s: %s task failed; retrying", self.name, name)
                 delay = 0.5
-            await asyncio.sleep(delay)
+            await self._time.sleep(delay)
 
     def _sleep_until(self, due_ms: int | None, cap_ms: int) -> float:
         if due_ms is None:

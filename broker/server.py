@@ -25,6 +25,7 @@ from popmq.broker.api.undecodable import add_tolerant
 from popmq.broker.api.watch import WatchKey, wait_visible
 
 from popmq.config import BrokerConfig
+from popmq.lifecycle import Job, TaskOwner
 from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
 from popmq.reflection import enable_reflection
@@ -136,7 +137,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     ) -> AsyncIterator[pb.WatchEvent]:
         """The link's event stream: one task per armed watch; each answers once."""
         events: asyncio.Queue[pb.WatchEvent | None] = asyncio.Queue()
-        armed: dict[int, asyncio.Task[None]] = {}
+        armed: dict[int, Job[None]] = {}
+        # The stream owns its reader and one task per armed watch; they end with it.
+        tasks = TaskOwner("watch-stream", grace_s=0)
 
         async def answer(arm: pb.WatchArm) -> None:
             key = WatchKey(arm.group, arm.topic, convert.filter_from_proto(arm.filter), arm.fifo)
@@ -149,7 +152,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 log.exception("watch of %s/%s failed", arm.group, arm.topic)
                 status = pb.Status(code=Code.INTERNAL_ERROR, message=type(error).__name__)
             finally:
-                if armed.get(arm.id) is asyncio.current_task():
+                job = armed.get(arm.id)
+                if job is not None and job.is_current():
                     del armed[arm.id]
             events.put_nowait(pb.WatchEvent(id=arm.id, seq=arm.seq, status=status))
 
@@ -160,23 +164,23 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                         old = armed.pop(request.arm.id, None)
                         if old is not None:
                             old.cancel()
-                        armed[request.arm.id] = asyncio.create_task(answer(request.arm))
+                        job = tasks.spawn(answer(request.arm), f"watch:{request.arm.id}")
+                        if job is not None:
+                            armed[request.arm.id] = job
                     elif request.HasField("cancel"):
-                        task = armed.pop(request.cancel.id, None)
-                        if task is not None:
-                            task.cancel()
+                        job = armed.pop(request.cancel.id, None)
+                        if job is not None:
+                            job.cancel()
             finally:
                 events.put_nowait(None)  # the proxy closed its side: end the stream
 
-        reader = asyncio.create_task(read())
+        tasks.spawn(read(), "watch-reader")
         try:
             while (event := await events.get()) is not None:
                 yield event
         finally:
-            reader.cancel()
-            for task in armed.values():
-                task.cancel()
             armed.clear()
+            await tasks.aclose()
 
     # -- pull and offsets --------------------------------------------------------------------
 

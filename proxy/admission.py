@@ -17,16 +17,16 @@ kept as extra reserve before each deadline (see receive.polling_time_ms).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import Counter
 
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.config import ProxyConfig
+from popmq.lifecycle import AsyncClosing, Job, TaskOwner
 
 
-class LongPollAdmission:
+class LongPollAdmission(AsyncClosing):
     def __init__(self, config: ProxyConfig, metrics: ProxyMetrics) -> None:
         self._total_limit = config.max_long_polls
         self._client_limit = config.max_long_polls_per_client
@@ -37,21 +37,18 @@ class LongPollAdmission:
         self._groups: Counter[str] = Counter()
         self._max_lag_ms = config.max_loop_lag_ms
         self.lag_ms = 0.0  # recent event-loop lag (decays), see _watch_lag
-        self._watcher: asyncio.Task[None] | None = None
+        self._watcher: Job[None] | None = None
+        self._tasks = TaskOwner("admission", grace_s=0)  # the lag monitor
 
     def start(self) -> None:
         """Start watching the event loop's lag (call on the proxy's loop)."""
         if self._watcher is None:
-            self._watcher = asyncio.get_running_loop().create_task(
-                self._watch_lag(), name="admission-loop-lag"
-            )
+            self._watcher = self._tasks.spawn(self._watch_lag(), "admission-loop-lag")
 
     async def aclose(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
-            self._watcher = None
+        await self._tasks.aclose()
+        self._tasks = TaskOwner("admission", grace_s=0)
+        self._watcher = None
 
     async def _watch_lag(self, interval_s: float = 0.1) -> None:
         loop = asyncio.get_running_loop()

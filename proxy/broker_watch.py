@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.config import BrokerAddress, BrokerLinkConfig
+from popmq.lifecycle import fan_out
 from popmq.security.link import broker_channel
 
 log = logging.getLogger("popmq.proxy.brokers")
@@ -46,7 +47,7 @@ async def watch_brokers(
     """Check every broker each `interval_s` until cancelled."""
     up: dict[str, bool] = {}
     while True:
-        problems = await asyncio.gather(*(check_broker(b.address, link) for b in brokers))
+        problems = await fan_out(check_broker(b.address, link) for b in brokers)
         for broker, problem in zip(brokers, problems, strict=True):
             reachable = problem is None
             metrics.broker_up.labels(broker.name).set(1 if reachable else 0)

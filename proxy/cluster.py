@@ -9,7 +9,6 @@ within CACHE_TTL_S.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import itertools
 import logging
@@ -22,6 +21,8 @@ from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.types import GroupConfig, TopicInfo
 from popmq.broker.pop.handle import peek_broker_name
+
+from popmq.lifecycle import fan_out
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ class BrokerCluster:
 
         # Brokers known to be down are left out until they are tried again (see is_down).
         ports = self.live_ports()
-        infos = await asyncio.gather(*(lookup(port) for port in ports))
+        infos = await fan_out(lookup(port) for port in ports)
         brokers = {
             port.name: info.queue_count
             for port, info in zip(ports, infos, strict=True)
@@ -183,7 +184,7 @@ class BrokerCluster:
                     return None
                 raise
 
-        infos = await asyncio.gather(*(lookup(port) for port in self.ports))
+        infos = await fan_out(lookup(port) for port in self.ports)
         found = {
             name: info for name, info in zip(self.names, infos, strict=True) if info is not None
         }
@@ -259,7 +260,7 @@ class BrokerCluster:
         self._last_groups.drop(name)
 
     async def update_group(self, config: GroupConfig) -> GroupConfig:
-        results = await asyncio.gather(*(port.update_group(config) for port in self.ports))
+        results = await fan_out(port.update_group(config) for port in self.ports)
         self._groups.put(config.name, results[0])
         self._last_groups.put(config.name, results[0])
         return results[0]

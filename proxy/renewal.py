@@ -20,10 +20,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import anyio
 from popmq.broker.api.errors import Code
 from popmq.broker.api.types import PoppedMessage
 
 from popmq.errors import PopmqError
+from popmq.lifecycle import Job
 
 if TYPE_CHECKING:
     from popmq.proxy.services import ProxyServices
@@ -56,7 +58,7 @@ class HandleRenewer:
     """In-flight PushConsumer handles, keyed by the handle the client received."""
 
     _held: dict[str, _Held] = field(default_factory=dict)
-    _loop_task: asyncio.Task[None] | None = None
+    _loop_task: Job[None] | None = None
 
     def __len__(self) -> int:
         return len(self._held)
@@ -77,7 +79,7 @@ class HandleRenewer:
             )
         services.metrics.renewing_handles.set(len(self._held))
         if self._held and (self._loop_task is None or self._loop_task.done()):
-            # Owned by the proxy's task owner: its close() cancels the loop on shutdown.
+            # Owned by the proxy's task owner: its aclose() ends the loop on shutdown.
             self._loop_task = services.tasks.spawn(self._run(services), name="auto-renew")
 
     def forget(self, services: ProxyServices, handles: Iterable[str]) -> None:
@@ -116,7 +118,7 @@ class HandleRenewer:
         ]
         if not due:
             return
-        limit = asyncio.Semaphore(MAX_CONCURRENT_RENEWALS)
+        limit = anyio.Semaphore(MAX_CONCURRENT_RENEWALS)
 
         async def one(handle: str, held: _Held) -> None:
             async with limit:
@@ -127,9 +129,9 @@ class HandleRenewer:
                     log.warning("auto-renew of a %s handle failed: %r", held.group, exc)
 
         # Structured: this pass owns its renewals and ends with them.
-        async with asyncio.TaskGroup() as group:
+        async with anyio.create_task_group() as group:
             for handle, held in due:
-                group.create_task(one(handle, held))
+                group.start_soon(one, handle, held)
         services.metrics.renewing_handles.set(len(self._held))
 
     async def _renew(self, services: ProxyServices, handle: str, held: _Held) -> None:

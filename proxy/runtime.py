@@ -10,6 +10,7 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import anyio
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.metrics import merged_registry
 from popmq.proxy.broker_watch import watch_brokers
@@ -84,24 +85,24 @@ async def serve_proxy(
     with metrics_endpoint(proxy.metrics_port, registry, proxy.host) as http:
         server = ProxyServer(config, ports, metrics=metrics)
         await server.start()
-        watch = None
-        if proxy.brokers and not brokers:  # cluster mode: say when a broker is unreachable
-            watch = asyncio.create_task(watch_brokers(proxy.brokers, metrics, proxy.broker_link))
-        else:
-            for port in ports:
-                metrics.broker_up.labels(port.name).set(1)
         try:
-            if http is not None:
-                log.info("metrics on http://%s:%d/metrics", proxy.host, http.server_port)
-                announce(f"popmq metrics on {proxy.host}:{http.server_port}")
-            announce(f"popmq proxy listening on {proxy.host}:{server.port}")
-            if server.admin_port is not None:
-                announce(f"popmq admin listening on {proxy.host}:{server.admin_port}")
-            await stop.wait()
-            log.info("stopping proxy")
+            # The runtime's own task group: the broker watch ends with it, before the server.
+            async with anyio.create_task_group() as group:
+                if proxy.brokers and not brokers:  # cluster mode: say when one is unreachable
+                    group.start_soon(watch_brokers, proxy.brokers, metrics, proxy.broker_link)
+                else:
+                    for port in ports:
+                        metrics.broker_up.labels(port.name).set(1)
+                if http is not None:
+                    log.info("metrics on http://%s:%d/metrics", proxy.host, http.server_port)
+                    announce(f"popmq metrics on {proxy.host}:{http.server_port}")
+                announce(f"popmq proxy listening on {proxy.host}:{server.port}")
+                if server.admin_port is not None:
+                    announce(f"popmq admin listening on {proxy.host}:{server.admin_port}")
+                await stop.wait()
+                log.info("stopping proxy")
+                group.cancel_scope.cancel()
         finally:
-            if watch is not None:
-                watch.cancel()
             await server.stop(STOP_GRACE_S)
 
 

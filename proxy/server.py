@@ -177,6 +177,16 @@ class ProxyServer:
 
         add_admin_service(server, self.services)
 
+    async def __aenter__(self) -> ProxyServer:
+        await self.start()  # returns once the server is bound and serving
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self, grace_s: float = 1.0) -> None:
+        await self.stop(grace_s)
+
     async def stop(self, grace_s: float = 1.0) -> None:
         """Stop taking calls, let running ones end for grace_s, then release everything.
 
@@ -192,7 +202,7 @@ class ProxyServer:
         if self._admin_server is not None:
             await self._admin_server.stop(grace_s)
             self._admin_server = None
-        await self.services.tasks.close()
+        await self.services.tasks.aclose()
         await self.services.admission.aclose()
         await self.services.strategy.aclose()
         await self.services.cluster.close()

@@ -10,9 +10,9 @@ from popmq.proxy.longpoll.base import LongPollStrategy
 from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.registry import ClientRegistry
 from popmq.proxy.renewal import HandleRenewer
-from popmq.proxy.tasks import BackgroundTasks
 
 from popmq.config import PopmqConfig, ProxyConfig
+from popmq.lifecycle import TaskOwner
 
 
 @dataclass(slots=True)
@@ -22,7 +22,8 @@ class ProxyServices:
     strategy: LongPollStrategy
     metrics: ProxyMetrics
     registry: ClientRegistry = field(default_factory=ClientRegistry)
-    tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
+    # Work that outlives its request (releases, the renewal loop); drained 2 s on shutdown.
+    tasks: TaskOwner = field(default_factory=lambda: TaskOwner("proxy", grace_s=2.0))
     renewer: HandleRenewer = field(default_factory=HandleRenewer)
     # The address clients reach this proxy at (set once the server is bound).
     advertised_host: str = "127.0.0.1"

@@ -14,7 +14,6 @@ became visible meanwhile. Nothing is lost in between: see docs/longpolling.md.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -23,6 +22,7 @@ import grpc
 from popmq.broker.api import convert
 from popmq.broker.api.watch import VisibilityWatch
 
+from popmq.lifecycle import AsyncClosing, Job, TaskOwner
 from popmq.pb.broker.v1 import broker_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ RECONNECT_START_S = 0.05
 RECONNECT_MAX_S = 1.0
 
 
-class BrokerLink:
+class BrokerLink(AsyncClosing):
     """The watch backend of one RemoteBrokerPort."""
 
     def __init__(self, name: str, stub: Callable[[], Any]) -> None:
@@ -39,7 +39,8 @@ class BrokerLink:
         self._stub = stub  # the port's stub factory: the link shares the port's channel
         self._watches: dict[int, VisibilityWatch] = {}
         self._outbox: asyncio.Queue[pb.WatchRequest | None] | None = None  # None: link down
-        self._task: asyncio.Task[None] | None = None
+        self._task: Job[None] | None = None
+        self._tasks = TaskOwner(f"link:{name}", grace_s=0)  # the stream's reader
         self._closed = False
         self.connects = 0  # streams opened so far (a reconnect counts)
         self.losses = 0  # streams that ended while the link was in use (metrics)
@@ -73,9 +74,7 @@ class BrokerLink:
     # -- the stream --------------------------------------------------------------------------
     def _ensure_running(self) -> None:
         if self._task is None and not self._closed:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"link:{self._name}"
-            )
+            self._task = self._tasks.spawn(self._run(), f"link:{self._name}")
 
     async def _run(self) -> None:
         backoff = RECONNECT_START_S
@@ -132,11 +131,8 @@ class BrokerLink:
 
     async def aclose(self) -> None:
         self._closed = True
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        self._task = None
+        await self._tasks.aclose()
 
 
 def _arm(watch: VisibilityWatch) -> pb.WatchRequest:

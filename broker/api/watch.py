@@ -23,7 +23,6 @@ Both transports share this: ``LocalWatchBackend`` runs the broker-side wait in p
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import itertools
 import logging
@@ -33,6 +32,8 @@ from typing import Protocol
 from popmq.broker.api.errors import BrokerError
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.types import FilterExpression, NotifyRequest
+
+from popmq.lifecycle import AsyncClosing, Job, TaskOwner
 
 log = logging.getLogger(__name__)
 
@@ -148,21 +149,22 @@ async def wait_visible(port: BrokerPort, key: WatchKey) -> None:
             return  # answered "no" early: the broker is stopping; never spin
 
 
-class LocalWatchBackend:
+class LocalWatchBackend(AsyncClosing):
     """Watches on a broker in the same process: each arm is a task running wait_visible."""
 
     def __init__(self, port: BrokerPort) -> None:
         self._port = port
-        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._tasks: dict[int, Job[None]] = {}
+        self._owner = TaskOwner(f"watches:{port.name}", grace_s=0)
 
     def send_arm(self, watch: VisibilityWatch) -> bool:
         old = self._tasks.pop(watch.id, None)
         if old is not None:
             old.cancel()
-        task = asyncio.get_running_loop().create_task(
-            self._wait(watch, watch.seq), name=f"watch:{self._port.name}"
-        )
-        self._tasks[watch.id] = task
+        job = self._owner.spawn(self._wait(watch, watch.seq), f"watch:{self._port.name}")
+        if job is None:  # closed
+            return False
+        self._tasks[watch.id] = job
         return True
 
     async def _wait(self, watch: VisibilityWatch, seq: int) -> None:
@@ -173,7 +175,8 @@ class LocalWatchBackend:
         except Exception:  # an event too many costs a pop; one too few a message
             log.exception("watch %s on %s failed", watch.key, self._port.name)
         finally:
-            if self._tasks.get(watch.id) is asyncio.current_task():
+            job = self._tasks.get(watch.id)
+            if job is not None and job.is_current():
                 del self._tasks[watch.id]
         watch.on_event(seq)
 
@@ -183,10 +186,5 @@ class LocalWatchBackend:
             task.cancel()
 
     async def aclose(self) -> None:
-        tasks = list(self._tasks.values())
         self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._owner.aclose()

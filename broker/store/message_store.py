@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import re
@@ -86,6 +87,7 @@ from popmq.broker.store.topics import (
 )
 
 from popmq.config import StoreConfig
+from popmq.lifecycle import Job, TaskOwner
 
 log = logging.getLogger(__name__)
 _WRITE_FAILURE_LOG_EVERY_S = 10.0
@@ -158,7 +160,8 @@ class MessageStore:
         self._last_store_ts = 0
         self._sync = config.flush == "sync"
         self._checkpoint_lock = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
+        self._task: Job[None] | None = None
+        self._tasks = TaskOwner(f"store:{broker_name}", grace_s=0)  # the flush loop
         self._open = False
         self.recovery: RecoveryReport | None = None
         self.faults = StoreFaults()
@@ -397,15 +400,14 @@ class MessageStore:
         if not self._open:
             raise BrokerError(Code.INTERNAL_ERROR, "open() the store before start()")
         if self._task is None:
-            self._task = asyncio.create_task(self._flush_loop(), name="store-flush")
+            self._task = self._tasks.spawn(self._flush_loop(), "store-flush")
 
     async def close(self) -> None:
         if not self._open:
             return
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await self._tasks.aclose()  # cancels the flush loop and waits until it is gone
+            self._tasks = TaskOwner(f"store:{self._broker_name}", grace_s=0)
             self._task = None
         try:
             await self.checkpoint()
@@ -460,10 +462,12 @@ class MessageStore:
             paths = [p for idx in self._indexes.values() for p in idx.take_dirty_paths()]
             offsets = self._offsets_snapshot() if self._offsets_dirty else None
             self._offsets_dirty = False
-            work = asyncio.ensure_future(
-                asyncio.to_thread(
+            # A future (not a task): the thread's work, which cancelling cannot stop.
+            work = asyncio.get_running_loop().run_in_executor(
+                None,
+                functools.partial(
                     self._write_checkpoint, paths, position, self._extents_doc(extents), offsets
-                )
+                ),
             )
             try:
                 try:

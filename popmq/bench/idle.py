@@ -39,6 +39,7 @@ from popmq.bench import progress as live
 from popmq.bench.brokers import process_cpu_s
 from popmq.bench.process_stats import rss_mib
 from popmq.bench.table_text import grid
+from popmq.lifecycle import fan_out
 
 TOPIC = "bench-idle"
 GROUP = "bench-idle-group"
@@ -140,7 +141,7 @@ async def _brokers(count: int, root: Path, settings: Mapping[str, Any]) -> Async
                     "--data-dir", str(root / name), "--metrics-port", address.split(":")[1],
                     *_set_flags(settings)]  # fmt: skip
             children.append(await stack.enter_async_context(_child(args, root / f"{name}.log")))
-        await asyncio.gather(*(c.await_lines({"address": _BROKER_UP}) for c in children))
+        await fan_out(c.await_lines({"address": _BROKER_UP}) for c in children)
         addresses = [c.lines["address"] for c in children]
         for name, address in zip(names, addresses, strict=True):
             port = RemoteBrokerPort(name, address)

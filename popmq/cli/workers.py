@@ -18,6 +18,8 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 
+import anyio
+
 from popmq.config import PopmqConfig
 
 log = logging.getLogger("popmq.proxy.workers")
@@ -74,16 +76,23 @@ async def run_workers(
         reserved.close()
         announce(f"popmq proxy listening on {proxy.host}:{port}")
         log.info("%d proxy workers on %s:%d", len(workers), proxy.host, port)
-        drains = [asyncio.create_task(_drain(w)) for w in workers]
-        exits = [asyncio.create_task(w.wait()) for w in workers]
-        stopping = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([stopping, *exits], return_when=asyncio.FIRST_COMPLETED)
-        failed = stopping not in done
-        if failed:
-            log.error("a proxy worker exited on its own: stopping the others")
-        codes = await _stop(workers)
-        for task in (*drains, stopping):
-            task.cancel()
+        exited = asyncio.Event()  # a worker ended on its own
+
+        async def watch_exit(worker: asyncio.subprocess.Process) -> None:
+            await worker.wait()
+            exited.set()
+            stop.set()
+
+        async with anyio.create_task_group() as group:
+            for worker in workers:
+                group.start_soon(_drain, worker)
+                group.start_soon(watch_exit, worker)
+            await stop.wait()
+            failed = exited.is_set()
+            if failed:
+                log.error("a proxy worker exited on its own: stopping the others")
+            codes = await _stop(workers)  # the drains keep reading until the workers end
+            group.cancel_scope.cancel()
         return 1 if failed or any(codes) else 0
     finally:
         reserved.close()

@@ -6,7 +6,6 @@ could not write, which is made visible again soon (RocketMQ nacks it for 1 s).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -28,8 +27,6 @@ log = logging.getLogger(__name__)
 
 # RocketMQ's client request timeout; without a polling time the poll leaves half of it free.
 DEFAULT_REQUEST_TIMEOUT_MS = 3_000
-# How soon a message we popped but could not deliver becomes visible again.
-NACK_INVISIBLE_MS = 1_000
 
 
 def polling_time_ms(
@@ -172,27 +169,21 @@ async def receive(services: ProxyServices, plan: ReceivePlan) -> list[PoppedMess
 
 
 def release_unsent(services: ProxyServices, plan: ReceivePlan, unsent: list[PoppedMessage]) -> None:
-    """Messages popped for a client that vanished: make them visible again soon, in the
-    background (the request that popped them is gone). If this fails they still come back
-    when their invisible time ends."""
+    """Messages popped for a client that vanished: make them visible again at once, in the
+    background (the request that popped them is gone), on the long polls' one release path
+    (BrokerCalls.release). If this fails they still come back when their invisible time ends."""
     if not unsent:
         return
     services.renewer.forget(services, (m.receipt_handle for m in unsent))
-
-    async def nack() -> None:
-        async def one(message: PoppedMessage) -> None:
-            outcome = "visible_soon"
-            try:
-                port = services.cluster.port_for_handle(message.receipt_handle)
-                services.metrics.broker_rpcs.labels("change_invisible").inc()
-                await port.change_invisible_time(
-                    plan.group, plan.topic, message.receipt_handle, NACK_INVISIBLE_MS
-                )
-            except Exception as exc:  # best effort: the invisible time is the safety net
-                outcome = "kept"
-                log.info("could not release an undelivered message: %s", exc)
-            services.metrics.released_messages.labels(outcome).inc()
-
-        await asyncio.gather(*(one(m) for m in unsent))
-
-    services.tasks.spawn(nack(), name=f"release-unsent-{plan.group}")
+    by_port: dict[BrokerPort, list[PoppedMessage]] = {}
+    for message in unsent:
+        try:
+            port = services.cluster.port_for_handle(message.receipt_handle)
+        except BrokerError as exc:  # best effort: the invisible time is the safety net
+            log.info("could not release an undelivered message: %s", exc)
+            services.metrics.released_messages.labels("kept").inc()
+            continue
+        by_port.setdefault(port, []).append(message)
+    calls = services.strategy.calls
+    for port, messages in by_port.items():
+        calls.release(port, plan.long_poll.pop, messages)

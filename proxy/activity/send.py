@@ -6,7 +6,6 @@ rest, as RocketMQ sends a batch to one queue.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 import uuid
@@ -23,6 +22,7 @@ from popmq.proxy.grpc.headers import RequestContext
 from popmq.proxy.grpc.times import timestamp_ms
 from popmq.proxy.services import ProxyServices
 
+from popmq.lifecycle import fan_out
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.tracing import link_to, tracer
@@ -144,8 +144,8 @@ async def _send(services: ProxyServices, messages: list[Message]) -> s.SendMessa
         except Exception as exc:
             outcomes = [exc]
     else:
-        outcomes = await asyncio.gather(
-            *(store(target, indexes) for target, indexes in targets), return_exceptions=True
+        outcomes = await fan_out(
+            [store(target, indexes) for target, indexes in targets], return_exceptions=True
         )
     entries: list[s.SendResultEntry | None] = [None] * len(messages)
     ok = st.ok()

@@ -31,6 +31,7 @@ from popmq.proxy.grpc import status as st
 from popmq.proxy.services import ProxyServices
 
 from popmq.errors import PopmqError
+from popmq.lifecycle import fan_out
 from popmq.metrics_http import build_version
 from popmq.pb.admin.v1 import admin_pb2 as a
 
@@ -102,7 +103,7 @@ class OperationsMixin:
     async def _user_topics(self, topic: str) -> list[str]:
         if topic:
             return [validate.topic_name(topic)]
-        per_broker = await asyncio.gather(*(p.list_topics() for _, p in self._brokers()))
+        per_broker = await fan_out(p.list_topics() for _, p in self._brokers())
         return sorted({i.name for infos in per_broker for i in infos if not i.name.startswith("%")})
 
     # -- consumer progress ---------------------------------------------------------------
@@ -329,7 +330,7 @@ class OperationsMixin:
             return status
 
         services = self.services
-        brokers = await asyncio.gather(*(probe(n, p) for n, p in self._brokers()))
+        brokers = await fan_out(probe(n, p) for n, p in self._brokers())
         return a.ClusterStatusResponse(
             status=st.ok(), proxy=f"{services.advertised_host}:{services.advertised_port}",
             version=build_version(), brokers=brokers, clients=len(services.registry.clients()),

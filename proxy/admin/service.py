@@ -6,7 +6,6 @@ one endpoint only. Refusals come back as a RocketMQ Status, like the messaging A
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,6 +20,7 @@ from popmq.proxy.services import ProxyServices
 from prometheus_client import generate_latest
 
 from popmq.config import parse_duration_ms
+from popmq.lifecycle import fan_out
 from popmq.pb.admin.v1 import admin_pb2 as a
 from popmq.pb.admin.v1 import admin_pb2_grpc
 
@@ -69,8 +69,8 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
                 raise BrokerError(Code.BAD_REQUEST, "queue count must be at least 1")
             cluster = self.services.cluster
             brokers = list(request.brokers) or cluster.names
-            infos = await asyncio.gather(
-                *(cluster.port(b).create_topic(name, request.queue_count) for b in brokers)
+            infos = await fan_out(
+                cluster.port(b).create_topic(name, request.queue_count) for b in brokers
             )
             cluster.forget_topic(name)
             topic = a.Topic(
@@ -86,7 +86,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
     ) -> a.ListTopicsResponse:
         async def work() -> a.ListTopicsResponse:
             cluster = self.services.cluster
-            per_broker = await asyncio.gather(*(p.list_topics() for p in cluster.ports))
+            per_broker = await fan_out(p.list_topics() for p in cluster.ports)
             topics: dict[str, a.Topic] = {}
             for broker, infos in zip(cluster.names, per_broker, strict=True):
                 for info in infos:
@@ -111,9 +111,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
                 group = validate.group_name(request.group)
                 cluster = self.services.cluster
                 brokers = [b.broker for b in topic.brokers]
-                stats = await asyncio.gather(
-                    *(cluster.port(b).group_stats(group, name) for b in brokers)
-                )
+                stats = await fan_out(cluster.port(b).group_stats(group, name) for b in brokers)
                 for broker, rows in zip(brokers, stats, strict=True):
                     for row in rows:
                         response.group_queues.append(
@@ -139,7 +137,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
             topic = await self._topic(name)
             cluster = self.services.cluster
             ports = [cluster.port(b.broker) for b in topic.brokers]
-            await asyncio.gather(*(port.delete_topic(name) for port in ports))
+            await fan_out(port.delete_topic(name) for port in ports)
             cluster.forget_topic(name)
             return a.DeleteTopicResponse(status=st.ok())
 
@@ -189,7 +187,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
     ) -> a.ListGroupsResponse:
         async def work() -> a.ListGroupsResponse:
             cluster = self.services.cluster
-            per_broker = await asyncio.gather(*(p.list_groups() for p in cluster.ports))
+            per_broker = await fan_out(p.list_groups() for p in cluster.ports)
             groups: dict[str, a.GroupSummary] = {}
             for broker, summaries in zip(cluster.names, per_broker, strict=True):
                 for s in summaries:
@@ -210,7 +208,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
         async def work() -> a.DeleteGroupResponse:
             name = validate.group_name(request.name)
             cluster = self.services.cluster
-            per_broker = await asyncio.gather(*(p.list_groups() for p in cluster.ports))
+            per_broker = await fan_out(p.list_groups() for p in cluster.ports)
             holders = [
                 (broker, port, summary)
                 for broker, port, summaries in zip(
@@ -228,9 +226,9 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
                     f"group {name!r} has {inflight} messages in flight; ack them or wait for "
                     "their invisible time, or delete with force (they then revive as usual)",
                 )
-            done = await asyncio.gather(
-                *(port.delete_group(name, request.clean_offsets, request.force)
-                  for _, port, _ in holders)
+            done = await fan_out(
+                port.delete_group(name, request.clean_offsets, request.force)
+                for _, port, _ in holders
             )  # fmt: skip
             cluster.forget_group(name)
             return a.DeleteGroupResponse(

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import anyio
 from popmq.broker.api.port import ConsumePort
 from popmq.broker.api.types import PROP_TRACE_CONTEXT, PoppedMessage, PopRequest
 from popmq.proxy.longpoll.calls import BrokerCalls
@@ -21,6 +22,7 @@ from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.errors import TransportError
+from popmq.lifecycle import AsyncClosing
 from popmq.tracing import link_to, tracer
 
 
@@ -39,6 +41,7 @@ class LongPollRequest:
 @runtime_checkable
 class LongPollStrategy(Protocol):
     name: str
+    calls: BrokerCalls  # its broker calls: receive releases undelivered messages through them
 
     async def receive(
         self, brokers: Sequence[ConsumePort], request: LongPollRequest
@@ -83,7 +86,7 @@ def is_broker_down(exc: BaseException) -> bool:
     return isinstance(exc, TransportError)
 
 
-class StrategyBase:
+class StrategyBase(AsyncClosing):
     """Deadline, custody, metrics and false-empty probe around one strategy's ``_poll``."""
 
     name = "base"
@@ -110,7 +113,7 @@ class StrategyBase:
         self.probe_false_empty = probe_false_empty
         self.picker = BrokerPicker()
         # The deadlines of the receives holding now, so drain() can bring them forward.
-        self._held: set[asyncio.Timeout] = set()
+        self._held: set[anyio.CancelScope] = set()  # deadlines of the held long polls
         self.draining = False
 
     async def _poll(
@@ -154,17 +157,15 @@ class StrategyBase:
             if request.poll_ms <= 0:
                 await self._poll(brokers, request, deadline, custody)
             else:
-                timeout = asyncio.timeout_at(deadline)
+                # The deadline is a cancel scope: it cancels _poll (a broker's own timeout
+                # still raises); drain() ends it early the same way.
+                scope = anyio.CancelScope(deadline=deadline)
+                self._held.add(scope)
                 try:
-                    async with timeout:
-                        self._held.add(timeout)
-                        try:
-                            await self._poll(brokers, request, deadline, custody)
-                        finally:
-                            self._held.discard(timeout)
-                except TimeoutError:
-                    if not timeout.expired():
-                        raise  # a broker's timeout, not our deadline
+                    with scope:
+                        await self._poll(brokers, request, deadline, custody)
+                finally:
+                    self._held.discard(scope)
         except BaseException as exc:
             # Client gone (cancelled) or a broker error: nothing popped may be lost.
             custody.abandon()
@@ -190,11 +191,10 @@ class StrategyBase:
 
     def drain(self) -> None:
         self.draining = True
-        now = asyncio.get_running_loop().time()
-        for timeout in self._held:
-            # Expiring the timeout cancels _poll exactly as the deadline would: broker calls
+        for scope in self._held:
+            # Cancelling the scope ends _poll exactly as the deadline would: broker calls
             # are cancelled and whatever was popped is handed over (or released).
-            timeout.reschedule(now)
+            scope.cancel()
 
     async def aclose(self) -> None:
         await self.calls.aclose()

@@ -1,8 +1,9 @@
 """Broker calls made by the long-poll strategies, counted in the proxy's metrics.
 
-``BrokerCalls`` also owns the strategies' background work: releasing popped messages nobody
-will receive, and probing for false empty responses. Each of these tasks is tracked here and
-``aclose()`` finishes them, so nothing outlives the proxy.
+``BrokerCalls`` also owns the strategies' background work in one TaskOwner: pops that must
+finish even when their caller is gone, releasing popped messages nobody will receive, and
+probing for false empty responses. ``aclose()`` drains them for up to CLOSE_GRACE_S (releases
+protect messages), then cancels the rest, so nothing outlives the proxy.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from popmq.broker.api.errors import Code
+from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.port import ConsumePort
 from popmq.broker.api.types import (
     NotifyRequest,
@@ -28,6 +29,7 @@ from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.errors import PopmqError
+from popmq.lifecycle import AsyncClosing, TaskOwner, fan_out
 from popmq.tracing import tracer
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,8 @@ BACKOFF_MAX_S = 1.0
 # Empty answers of one group within this time of a false-empty probe share its result, so
 # thousands of idle consumers of a group cost a few probes per second, not one per answer.
 PROBE_SHARE_S = 0.5
+# How long aclose() lets releases and probes finish before it cancels them.
+CLOSE_GRACE_S = 10.0
 
 
 def remaining_ms(deadline: float) -> int:
@@ -66,20 +70,20 @@ class _Probe:
     waiting: int = 1  # empty answers counted when the result comes
 
 
-class BrokerCalls:
+class BrokerCalls(AsyncClosing):
     def __init__(self, metrics: ProxyMetrics, *, fallback_invisible_ms: int = 10_000) -> None:
         self.metrics = metrics
         # Used to release a message when the broker refuses an invisible time of 0.
         self.fallback_invisible_ms = fallback_invisible_ms
-        self._background: set[asyncio.Task[Any]] = set()
+        self.tasks = TaskOwner("longpoll-calls", grace_s=CLOSE_GRACE_S)
         self._probes: dict[tuple[Any, ...], _Probe] = {}
 
     # -- pop -----------------------------------------------------------------------------------
     async def pop(self, port: ConsumePort, request: PopRequest, custody: Custody) -> PopResult:
         """One pop; its messages go into custody the moment the broker answers.
 
-        The pop runs in its own task whose done-callback fills custody: if the caller is
-        cancelled just as the answer arrives, the messages are still found and released.
+        The pop runs in its own task, which fills custody: if the caller is cancelled just
+        as the answer arrives, the messages are still found and released.
         """
         self.metrics.broker_rpcs.labels("pop").inc()
         attributes: dict[str, str | int] = {
@@ -87,26 +91,31 @@ class BrokerCalls:
             "popmq.poll_ms": request.poll_time_ms,
         }
         with tracer().start_as_current_span("popmq.broker.pop", attributes=attributes) as span:
-            task = asyncio.create_task(port.pop(request), name=f"pop:{port.name}")
-            task.add_done_callback(lambda done: self._into_custody(done, port, custody))
+            job = self.tasks.spawn(
+                self._pop_into(port, request, custody), f"pop:{port.name}", log_errors=False
+            )
+            if job is None:  # closing: no new broker work
+                raise BrokerError(Code.PROXY_TIMEOUT, "the proxy is shutting down")
             if request.poll_time_ms > 0:
-                result = await task  # a held pop: cancelling it releases the broker's hold
+                try:
+                    result = await job.result()
+                except BaseException:
+                    job.cancel()  # a held pop: cancelling it releases the broker's hold
+                    raise
             else:
                 # A pop without hold is not cancelled with its caller: over gRPC the broker may
                 # already have popped, and a cancelled call would drop its answer, leaving the
                 # messages invisible for the whole invisible time. It finishes in the background
                 # and its messages land in custody, which releases them once the poll is over.
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-                result = await asyncio.shield(task)
+                result = await job.result()
             span.set_attribute("messaging.batch.message_count", len(result.messages))
             return result
 
     @staticmethod
-    def _into_custody(task: asyncio.Task[PopResult], port: ConsumePort, custody: Custody) -> None:
-        if task.cancelled() or task.exception() is not None:
-            return
-        custody.keep(port, task.result().messages)
+    async def _pop_into(port: ConsumePort, request: PopRequest, custody: Custody) -> PopResult:
+        result = await port.pop(request)
+        custody.keep(port, result.messages)  # no await in between: nothing is lost
+        return result
 
     async def hold_pop(
         self, port: ConsumePort, request: PopRequest, deadline: float, custody: Custody
@@ -174,9 +183,7 @@ class BrokerCalls:
 
     # -- background work -----------------------------------------------------------------------
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.tasks.spawn(coro, name)
 
     def release(self, port: ConsumePort, pop: PopRequest, messages: list[PoppedMessage]) -> None:
         """Make popped-but-undelivered messages visible again, in the background."""
@@ -243,8 +250,8 @@ class BrokerCalls:
     async def _probe(self, probe: _Probe, brokers: list[ConsumePort], pop: PopRequest) -> None:
         request = notify_request(pop, 0)
         try:
-            answers = await asyncio.gather(
-                *(self.notify(port, request, kind="notify_probe") for port in brokers),
+            answers = await fan_out(
+                [self.notify(port, request, kind="notify_probe") for port in brokers],
                 return_exceptions=True,
             )
             probe.found = any(answer is True for answer in answers)
@@ -255,9 +262,9 @@ class BrokerCalls:
                 probe.found = False
 
     async def aclose(self) -> None:
-        """Wait for releases (they protect messages) and probes (zero-wait calls) to end."""
-        while self._background:
-            await asyncio.gather(*list(self._background), return_exceptions=True)
+        """Refuse new calls, let releases (they protect messages) and probes (zero-wait calls)
+        end for up to CLOSE_GRACE_S, then cancel what is left."""
+        await self.tasks.aclose()
 
 
 class _PollingFull(Exception):

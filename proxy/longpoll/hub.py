@@ -41,6 +41,8 @@ from popmq.broker.api.types import FilterExpression, PopRequest
 from popmq.proxy.longpoll.calls import BACKOFF_MAX_S, BrokerCalls
 from popmq.proxy.longpoll.watches import WatchRegistry
 
+from popmq.lifecycle import AsyncClosing, Job, TaskOwner
+
 # How many subscribers a pop's leftover backlog may signal at once; more pops on the same
 # broker at the same moment mostly find its queues locked by each other.
 MAX_PARALLEL_SIGNALS = 4
@@ -96,7 +98,7 @@ class _Channel:
         self.pop = pop  # group, topic, filter, fifo of every notification request
         self.subscribers: dict[Subscription, None] = {}  # oldest first
         self.holders: set[Subscription] = set()  # subscribers holding a signal now
-        self.task: asyncio.Task[None] | None = None  # the held notification, when armed
+        self.task: Job[None] | None = None  # the held notification, when armed
         self.latest = 0.0  # the latest deadline of any subscriber so far (loop clock)
         self.misses = 0  # empty pops since the last pop that found messages
         self.watch = hub.watches.acquire(self.port, pop)  # None: held notify calls instead
@@ -176,7 +178,7 @@ class _Channel:
                 # Held until the latest subscriber's deadline; the last one to leave cancels it.
                 found = await self.hub.calls.watch(self.port, self.pop, lambda: self.latest)
         finally:
-            if self.task is asyncio.current_task():
+            if self.task is not None and self.task.is_current():
                 self.task = None
         if found:
             self.hand_out(1)
@@ -184,7 +186,7 @@ class _Channel:
         # subscribes meanwhile arms a new notification.
 
 
-class NotificationHub:
+class NotificationHub(AsyncClosing):
     """Shared notification channels of one proxy (owned by its notify strategy)."""
 
     def __init__(self, calls: BrokerCalls, watches: WatchRegistry | None = None) -> None:
@@ -193,13 +195,11 @@ class NotificationHub:
             on_arm=calls.metrics.broker_rpcs.labels("watch_arm").inc
         )
         self._channels: dict[ChannelKey, _Channel] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        # The held notifications; closing cancels them at once (grace 0: they only wait).
+        self.tasks = TaskOwner("notification-hub", grace_s=0)
 
-    def start(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+    def start(self, coro: Coroutine[Any, Any, None], name: str) -> Job[None] | None:
+        return self.tasks.spawn(coro, name)
 
     @property
     def channels(self) -> int:
@@ -223,7 +223,7 @@ class NotificationHub:
         channel.arm()  # no-op while armed or while a signal is out
         return sub
 
-    def unsubscribe(self, sub: Subscription) -> asyncio.Task[None] | None:
+    def unsubscribe(self, sub: Subscription) -> Job[None] | None:
         """Remove a subscription now; a signal it held goes on to the next subscriber.
         Returns the channel's notification task when this cancelled it (last one out)."""
         channel = sub.channel
@@ -247,14 +247,11 @@ class NotificationHub:
         """Unsubscribe at once, then wait until the notifications this cancelled are gone
         (so the broker holds nothing for a long poll that has ended)."""
         ending = [task for sub in subs if (task := self.unsubscribe(sub)) is not None]
-        if ending:
-            await asyncio.wait(ending)
+        for job in ending:
+            await job.wait()
 
     async def aclose(self) -> None:
         """Cancel every held notification (the proxy is stopping)."""
         self._channels.clear()
         self.watches.close()
-        for task in self._tasks:
-            task.cancel()
-        while self._tasks:
-            await asyncio.wait(list(self._tasks))
+        await self.tasks.aclose()

@@ -28,6 +28,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import anyio
+from anyio.abc import TaskGroup
 from popmq.broker.api.port import ConsumePort
 from popmq.broker.api.types import PopRequest
 from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, is_broker_down
@@ -46,7 +48,7 @@ class _LongPoll:
     request: LongPollRequest
     deadline: float
     custody: Custody
-    group: asyncio.TaskGroup
+    group: TaskGroup  # the long poll's own: its consume tasks end with it
     consume: Callable[[_LongPoll], Coroutine[Any, Any, None]]  # the consume step
     # 3. The result queue: subscriptions whose broker reported a message to this long poll.
     # A plain deque (only put/get without waiting), made on the first signal: most idle
@@ -54,23 +56,15 @@ class _LongPoll:
     results: deque[Subscription] | None = None
     consume_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     found: asyncio.Event = field(default_factory=asyncio.Event)
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
     closed: bool = False
-
-    def start(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = self.group.create_task(coro, name=name)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
 
     def on_signal(self, sub: Subscription) -> bool:
         """The hub hands this long poll a broker's "has message"; False declines it."""
         if self.closed or self.found.is_set():
             return False
-        consume = self.consume(self)
         try:
-            self.start(consume, f"consume:{sub.port.name}")
-        except RuntimeError:  # the TaskGroup is shutting down: this long poll is ending
-            consume.close()
+            self.group.start_soon(self.consume, self, name=f"consume:{sub.port.name}")
+        except RuntimeError:  # the task group is shutting down: this long poll is ending
             return False
         if self.results is None:
             self.results = deque()
@@ -138,7 +132,7 @@ class NotifyStrategy(StrategyBase):
         deadline: float,
         custody: Custody,
     ) -> None:
-        async with asyncio.TaskGroup() as group:
+        async with anyio.create_task_group() as group:
             poll = _LongPoll(request, deadline, custody, group, self._consume_task)
             subs = [self.hub.subscribe(port, request.pop, deadline, poll.on_signal)
                     for port in brokers]  # fmt: skip
@@ -148,9 +142,9 @@ class NotifyStrategy(StrategyBase):
                 # At once, whatever ended the long poll: signals this long poll holds go on
                 # to other subscribers, and notifications nobody else needs are cancelled.
                 poll.closed = True
-                await self.hub.leave(subs)
-            for task in list(poll.tasks):
-                task.cancel()
+                with anyio.CancelScope(shield=True):  # runs to its end even when cancelled
+                    await self.hub.leave(subs)
+            group.cancel_scope.cancel()  # consume tasks still running: this poll has its batch
 
     def _probe_targets(self, brokers: Sequence[ConsumePort], pop: PopRequest) -> list[ConsumePort]:
         # A broker whose watch is armed on a live link has promised an event for anything

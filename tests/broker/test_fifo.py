@@ -1,6 +1,6 @@
 import asyncio
-import time
 
+import pytest
 from popmq.broker.api.types import (
     AckEntry,
     GroupConfig,
@@ -12,6 +12,15 @@ from popmq.broker.api.types import (
 )
 from popmq.broker.core import Broker
 from support.brokers import fast_broker_config, running_broker
+
+from popmq.clock import LoopClock
+
+# Virtual time (looptime, the broker on a LoopClock): hold timeouts and wake-ups are exact.
+pytestmark = pytest.mark.looptime
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()
 
 
 def _fifo(max_messages: int = 32, invisible_ms: int = 10_000, poll_ms: int = 0) -> PopRequest:
@@ -34,7 +43,7 @@ def _bodies(result) -> list[bytes]:
 
 
 async def test_queue_blocked_until_acked(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await _send_group(broker, ["m0", "m1", "m2"])
         first = await broker.pop(_fifo(max_messages=1))
         assert _bodies(first) == [b"m0"]
@@ -44,7 +53,7 @@ async def test_queue_blocked_until_acked(tmp_path) -> None:
 
 
 async def test_other_queues_not_blocked(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await broker.send([Message("t", b"a0", message_group="a")], 0)
         await broker.send([Message("t", b"b0", message_group="b")], 1)
         first = await broker.pop(_fifo(max_messages=1))
@@ -53,15 +62,15 @@ async def test_other_queues_not_blocked(tmp_path) -> None:
 
 
 async def test_unacked_redelivered_in_place_and_in_order(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await _send_group(broker, ["m0", "m1", "m2", "m3"])
         first = await broker.pop(_fifo(max_messages=3, invisible_ms=40))
         assert _bodies(first) == [b"m0", b"m1", b"m2"]
         # m1 is acked, m0 and m2 are not
         await broker.ack("g", "t", [AckEntry(first.messages[1].receipt_handle)])
-        started = time.monotonic()
+        started = _now()
         again = await broker.pop(_fifo(invisible_ms=5000, poll_ms=2000))
-        assert time.monotonic() - started >= 0.02  # only after the invisible time
+        assert _now() - started >= 0.02  # only after the invisible time
         assert _bodies(again) == [b"m0", b"m2", b"m3"]
         assert [p.delivery_attempt for p in again.messages] == [2, 2, 1]
         queue_id = first.messages[0].message.queue_id
@@ -74,7 +83,7 @@ async def test_unacked_redelivered_in_place_and_in_order(tmp_path) -> None:
 
 
 async def test_fifo_dead_letters_at_max_attempts_then_moves_on(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await broker.update_group(GroupConfig("g", max_attempts=2, fifo=True))
         await _send_group(broker, ["poison", "next"])
         request = PopRequest("g", "t", max_messages=1, invisible_time_ms=20, poll_time_ms=2000)
@@ -89,7 +98,7 @@ async def test_fifo_dead_letters_at_max_attempts_then_moves_on(tmp_path) -> None
 
 
 async def test_fifo_never_reads_retry_topic(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await broker.send([Message("t", b"plain")], 0)
         await broker.pop(PopRequest("g", "t", invisible_time_ms=5))  # concurrent pop, not acked
         for _ in range(100):
@@ -104,14 +113,14 @@ async def test_fifo_never_reads_retry_topic(tmp_path) -> None:
 
 
 async def test_held_fifo_pop_wakes_when_queue_unblocks(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await _send_group(broker, ["m0", "m1"])
         first = await broker.pop(_fifo(max_messages=1))
         waiter = asyncio.create_task(broker.pop(_fifo(poll_ms=3000)))
         await asyncio.sleep(0.05)
         assert not waiter.done()
-        started = time.monotonic()
+        started = _now()
         await broker.ack("g", "t", [AckEntry(first.messages[0].receipt_handle)])
         result = await asyncio.wait_for(waiter, 1)
         assert _bodies(result) == [b"m1"]
-        assert time.monotonic() - started < 0.1
+        assert _now() - started < 0.1

@@ -104,6 +104,7 @@ async def test_change_invisible_time_and_redelivery(served: Served) -> None:
     assert back.messages[0].message.topic == "jobs"
 
 
+@pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
 async def test_pop_long_poll_wakes_on_send(served: Served) -> None:
     remote = served.remote
     await remote.create_topic("live", 2)
@@ -120,6 +121,7 @@ async def test_pop_long_poll_wakes_on_send(served: Served) -> None:
     assert loop.time() - started < 3
 
 
+@pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
 async def test_pop_long_poll_times_out_empty(served: Served) -> None:
     remote = served.remote
     await remote.create_topic("quiet", 1)

@@ -230,6 +230,7 @@ async def test_cancelling_the_caller_releases_the_held_pop(served) -> None:
     await asyncio.wait_for(fake.released.wait(), 2)
 
 
+@pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
 async def test_long_poll_deadline_is_poll_time_plus_margin(served) -> None:
     fake, server, _ = served
     remote = RemoteBrokerPort("fake-broker", server.address, rpc_timeout_s=0.2)

@@ -1,6 +1,6 @@
 import asyncio
-import time
 
+import pytest
 from popmq.broker.api.types import (
     FilterExpression,
     Message,
@@ -12,6 +12,15 @@ from popmq.broker.api.types import (
 )
 from popmq.broker.core import Broker
 from support.brokers import fast_broker_config, running_broker
+
+from popmq.clock import LoopClock
+
+# Virtual time (looptime, the broker on a LoopClock): hold timeouts and wake-ups are exact.
+pytestmark = pytest.mark.looptime
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()
 
 
 def _pop(poll_ms: int, **kw: object) -> PopRequest:
@@ -31,37 +40,37 @@ async def _topic(broker: Broker) -> None:
 
 
 async def test_held_pop_wakes_within_milliseconds_of_a_send(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await _topic(broker)
         latencies = []
         for i in range(5):
             waiter = asyncio.create_task(broker.pop(_pop(5000)))
             await _held(broker, 1)
-            started = time.perf_counter()
+            started = _now()
             await broker.send([Message("t", f"m{i}".encode())])
             result = await waiter
-            latencies.append((time.perf_counter() - started) * 1000)
+            latencies.append((_now() - started) * 1000)
             assert [p.message.body for p in result.messages] == [f"m{i}".encode()]
         assert sorted(latencies)[2] < 20, latencies  # median, generous for a loaded machine
         assert broker.hold_table.total == 0
 
 
 async def test_timeout_answers_empty(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await _topic(broker)
-        started = time.monotonic()
+        started = _now()
         result = await broker.pop(_pop(150))
-        elapsed = time.monotonic() - started
+        elapsed = _now() - started
         assert result.status == PopStatus.NO_MESSAGE and result.messages == []
         assert 0.14 <= elapsed < 1.0
-        started = time.monotonic()
+        started = _now()
         assert (await broker.notify(NotifyRequest("g", "t", poll_time_ms=100))).has_message is False
-        assert time.monotonic() - started >= 0.09
+        assert _now() - started >= 0.09
         assert broker.hold_table.total == 0
 
 
 async def test_tag_aware_wake_up(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await _topic(broker)
         waiter = asyncio.create_task(broker.pop(_pop(3000, filter=FilterExpression("A"))))
         await _held(broker, 1)
@@ -74,7 +83,7 @@ async def test_tag_aware_wake_up(tmp_path) -> None:
 
 
 async def test_specific_queue_hold(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await _topic(broker)
         waiter = asyncio.create_task(broker.pop(_pop(3000, queue_id=2)))
         await _held(broker, 1)
@@ -90,14 +99,14 @@ async def test_polling_full(tmp_path) -> None:
     config = fast_broker_config(tmp_path)
     config.polling.max_held_per_key = 2
     config.polling.max_held_total = 3
-    async with running_broker(config) as broker:
+    async with running_broker(config, LoopClock()) as broker:
         await _topic(broker)
         held = [asyncio.create_task(broker.pop(_pop(5000))) for _ in range(2)]
         await _held(broker, 2)
-        started = time.monotonic()
+        started = _now()
         full = await broker.pop(_pop(5000))
         assert full.status == PopStatus.POLLING_FULL
-        assert time.monotonic() - started < 0.1
+        assert _now() - started < 0.1
         held.append(asyncio.create_task(broker.pull(PullRequest("t", 0, 0, poll_time_ms=5000))))
         await _held(broker, 3)
         pulled = await broker.pull(PullRequest("t", 1, 0, poll_time_ms=5000))
@@ -111,7 +120,7 @@ async def test_polling_full(tmp_path) -> None:
 
 
 async def test_cancelled_callers_leave_nothing_held(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await _topic(broker)
         tasks = [asyncio.create_task(broker.pop(_pop(10_000))) for _ in range(5)]
         tasks += [
@@ -135,7 +144,7 @@ async def test_cancelled_callers_leave_nothing_held(tmp_path) -> None:
 
 
 async def test_pull_long_polling(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await _topic(broker)
         await broker.send([Message("t", b"old")], 0)
         waiter = asyncio.create_task(broker.pull(PullRequest("t", 0, 1, poll_time_ms=3000)))
@@ -149,7 +158,7 @@ async def test_pull_long_polling(tmp_path) -> None:
 
 
 async def test_notify_never_pops_and_wakes_on_arrival(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await _topic(broker)
         assert (await broker.notify(NotifyRequest("g", "t"))).has_message is False
         waiter = asyncio.create_task(broker.notify(NotifyRequest("g", "t", poll_time_ms=3000)))
@@ -165,18 +174,19 @@ async def test_notify_never_pops_and_wakes_on_arrival(tmp_path) -> None:
 
 
 async def test_held_pop_wakes_when_delayed_message_is_due(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    clock = LoopClock()
+    async with running_broker(fast_broker_config(tmp_path), clock) as broker:
         await _topic(broker)
-        due = int(time.time() * 1000) + 150
+        due = clock.now_ms() + 150
         await broker.send([Message("t", b"later", delivery_timestamp_ms=due)])
         result = await broker.pop(_pop(3000))
-        now = time.time() * 1000
+        now = clock.now_ms()
         assert [p.message.body for p in result.messages] == [b"later"]
         assert due <= now < due + 200
 
 
 async def test_stop_answers_held_requests(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await _topic(broker)
         tasks = [
             asyncio.create_task(broker.pop(_pop(10_000))),
@@ -184,16 +194,16 @@ async def test_stop_answers_held_requests(tmp_path) -> None:
             asyncio.create_task(broker.notify(NotifyRequest("g", "t", poll_time_ms=10_000))),
         ]
         await _held(broker, 3)
-        started = time.monotonic()
+        started = _now()
     pop, pull, notify = await asyncio.wait_for(asyncio.gather(*tasks), 2)
-    assert time.monotonic() - started < 1
+    assert _now() - started < 1
     assert pop.messages == [] and pull.status == PullStatus.NO_NEW_MESSAGE
     assert notify.has_message is False
     assert broker.hold_table.total == 0
 
 
 async def test_one_message_wakes_one_held_pop_of_the_group(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await _topic(broker)
         held = [asyncio.create_task(broker.pop(_pop(3000, max_messages=1))) for _ in range(4)]
         await _held(broker, 4)
@@ -210,7 +220,7 @@ async def test_one_message_wakes_one_held_pop_of_the_group(tmp_path) -> None:
 
 
 async def test_notify_respects_tag_filter(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await _topic(broker)
         await broker.send([Message("t", b"b", tag="B")])
         only_a = NotifyRequest("g", "t", filter=FilterExpression("A"))
@@ -229,7 +239,7 @@ async def test_notify_respects_tag_filter(tmp_path) -> None:
 async def test_notify_decides_from_the_index_without_reading_messages(
     tmp_path, monkeypatch
 ) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await _topic(broker)
         await broker.send([Message("t", b"a", tag="A"), Message("t", b"b", tag="B")], 2)
 

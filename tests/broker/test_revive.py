@@ -1,7 +1,7 @@
 import asyncio
 import itertools
-import time
 
+import pytest
 from popmq.broker.api.errors import Code
 from popmq.broker.api.types import (
     PROP_ORIGIN_MESSAGE_ID,
@@ -20,6 +20,11 @@ from popmq.broker.api.types import (
 from popmq.broker.core import Broker
 from support.brokers import fast_broker_config, running_broker
 
+from popmq.clock import LoopClock
+
+# Virtual time: invisible times, backoffs and the broker's loops run on the loop's clock.
+pytestmark = pytest.mark.looptime
+
 
 def _pop(invisible_ms: int = 20, poll_ms: int = 0, **kw: object) -> PopRequest:
     return PopRequest("g", "t", invisible_time_ms=invisible_ms, poll_time_ms=poll_ms, **kw)  # type: ignore[arg-type]
@@ -34,7 +39,7 @@ async def _dlq(broker: Broker) -> list:
 
 
 async def test_unacked_message_comes_back_through_retry_topic(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         (sent,) = await broker.send([Message("t", b"payload", tag="T", keys=["k1"])], 2)
         (first,) = (await broker.pop(_pop())).messages
         assert first.delivery_attempt == 1
@@ -61,14 +66,14 @@ async def test_unacked_message_comes_back_through_retry_topic(tmp_path) -> None:
 
 async def test_backoff_grows_across_attempts(tmp_path) -> None:
     config = fast_broker_config(tmp_path, time_scale=1.0)
-    async with running_broker(config) as broker:
+    async with running_broker(config, LoopClock()) as broker:
         levels = ["40ms", "200ms", "500ms"]
         await broker.update_group(GroupConfig("g", retry_levels=levels))
         await broker.send([Message("t", b"x")])
         seen: list[tuple[float, int]] = []
         for _ in range(4):
             (popped,) = (await broker.pop(_pop(invisible_ms=20, poll_ms=3000))).messages
-            seen.append((time.monotonic(), popped.delivery_attempt))
+            seen.append((asyncio.get_running_loop().time(), popped.delivery_attempt))
         assert [attempt for _, attempt in seen] == [1, 2, 3, 4]
         gaps = [(b[0] - a[0]) * 1000 for a, b in itertools.pairwise(seen)]
         assert gaps[0] < gaps[1] < gaps[2], gaps
@@ -77,7 +82,7 @@ async def test_backoff_grows_across_attempts(tmp_path) -> None:
 
 
 async def test_dead_letter_after_max_attempts(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await broker.update_group(GroupConfig("g", max_attempts=3))
         (sent,) = await broker.send([Message("t", b"poison")])
         attempts = []
@@ -98,7 +103,7 @@ async def test_dead_letter_after_max_attempts(tmp_path) -> None:
 
 
 async def test_forward_to_dlq_now(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await broker.send([Message("t", b"bad"), Message("t", b"good")], 0)
         bad, good = (await broker.pop(_pop(invisible_ms=100))).messages
         await broker.forward_to_dlq("g", "t", bad.receipt_handle)
@@ -113,7 +118,7 @@ async def test_forward_to_dlq_now(tmp_path) -> None:
 
 
 async def test_change_invisible_time_on_retry_message(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await broker.send([Message("t", b"x")])
         await broker.pop(_pop(invisible_ms=10))
         (retried,) = (await broker.pop(_pop(invisible_ms=50, poll_ms=2000))).messages
@@ -131,7 +136,7 @@ async def test_failed_revive_is_retried(tmp_path, monkeypatch) -> None:
     import popmq.broker.pop.revive as revive_module
 
     monkeypatch.setattr(revive_module, "_RETRY_FAILED_MS", 30)
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         real_schedule = broker.timer.schedule
         failures = []
 

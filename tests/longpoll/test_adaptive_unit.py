@@ -16,6 +16,9 @@ from popmq.config import ProxyConfig
 from .fake_broker import FakeBroker
 from .helpers import make_request, sample
 
+# Virtual time (looptime): sleeps and deadlines take no real time, timing asserts are exact.
+pytestmark = pytest.mark.looptime
+
 
 def _adaptive(metrics: ProxyMetrics, now: list[float]) -> AdaptiveStrategy:
     return AdaptiveStrategy(

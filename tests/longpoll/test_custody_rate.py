@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import pytest
 from popmq.broker.api.types import PoppedMessage
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.longpoll.rate import SlidingRate
 
 from .fake_broker import FakeBroker
+
+# Virtual time (looptime): sleeps and deadlines take no real time, timing asserts are exact.
+pytestmark = pytest.mark.looptime
 
 
 def _popped(broker: FakeBroker, n: int) -> list[PoppedMessage]:

@@ -6,14 +6,19 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from popmq.broker.api.types import PopRequest, PopResult
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.hub import NotificationHub, Subscription
 from popmq.proxy.longpoll.notify import NotifyStrategy
 from popmq.proxy.metrics import ProxyMetrics
+from support.tasks import assert_no_tasks_beyond
 
 from .fake_broker import FakeBroker
 from .helpers import make_request, sample, wait_until
+
+# Virtual time (looptime): sleeps and deadlines take no real time, timing asserts are exact.
+pytestmark = pytest.mark.looptime
 
 
 def _strategy(metrics: ProxyMetrics) -> NotifyStrategy:
@@ -60,7 +65,7 @@ async def test_many_long_polls_hold_one_notification_per_broker(
     assert all(b.held == 0 for b in fakes)
     assert strategy.hub.channels == 0
     assert sample(metrics, "popmq_proxy_held_notification_tasks") == 0
-    assert asyncio.all_tasks() == before
+    await assert_no_tasks_beyond(before)
 
 
 async def test_one_message_is_popped_once_by_the_oldest_long_poll(

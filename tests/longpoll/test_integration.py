@@ -152,6 +152,7 @@ async def test_two_proxies_race_for_one_message_and_the_loser_keeps_waiting(
         await wait_until(lambda: _held(brokers) == [0, 0, 0])
 
 
+@pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
 async def test_the_deadline_is_respected(tmp_path: Path) -> None:
     async with _cluster(tmp_path, 3) as (ports, brokers):
         metrics = ProxyMetrics()
@@ -159,7 +160,7 @@ async def test_the_deadline_is_respected(tmp_path: Path) -> None:
         started = time.perf_counter()
         assert await strategy.receive(ports, make_request(400)) == []
         elapsed = time.perf_counter() - started
-        assert 0.39 <= elapsed < 0.5
+        assert 0.39 <= elapsed < 1.5  # the deadline, not a watch, ended it
         assert _held(brokers) == [1, 1, 1]  # the lingering watches, not the long poll
         await strategy.aclose()
         await wait_until(lambda: _held(brokers) == [0, 0, 0])

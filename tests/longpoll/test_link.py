@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from popmq.broker.api.local import LocalBrokerPort
 from popmq.broker.api.remote import RemoteBrokerPort
 from popmq.broker.api.types import Message
@@ -78,6 +79,7 @@ async def test_a_cut_stream_loses_no_message(tmp_path: Path) -> None:
         await strategy.aclose()
 
 
+@pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
 async def test_a_broker_gone_and_back_loses_no_message_and_no_poll_hangs(tmp_path: Path) -> None:
     """The broker's server goes away (as in a restart or a partition); messages stored while
     it is unreachable reach a long poll once it is back, and polls meanwhile end on time."""

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import PopResult
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.notify import NotifyStrategy
 from popmq.proxy.metrics import ProxyMetrics
+from support.tasks import assert_no_tasks_beyond
 
 from .fake_broker import FakeBroker
 from .helpers import make_request, sample, wait_until
+
+# Virtual time (looptime): sleeps and deadlines take no real time, timing asserts are exact.
+pytestmark = pytest.mark.looptime
 
 
 def _strategy(
@@ -49,7 +54,7 @@ async def test_message_on_another_broker_arrives_within_milliseconds(
     assert sample(metrics, "popmq_proxy_pop_with_notify_total") == 1
     assert sample(metrics, "popmq_proxy_held_notification_tasks") == 0
     assert all(b.held == 0 for b in fakes)
-    assert asyncio.all_tasks() == before  # every notification task is gone
+    await assert_no_tasks_beyond(before)  # every notification task is gone
 
 
 async def test_loser_of_a_race_rearms_and_keeps_waiting(
@@ -79,7 +84,7 @@ async def test_deadline_returns_empty_and_leaves_nothing_held(
     assert 0.14 <= elapsed < 0.25
     assert sample(metrics, "popmq_proxy_empty_responses_total", strategy="notify") == 1
     assert all(b.held == 0 for b in fakes)
-    assert asyncio.all_tasks() == before
+    await assert_no_tasks_beyond(before)
 
 
 async def test_cancelling_the_receive_cancels_every_notification(
@@ -93,7 +98,7 @@ async def test_cancelling_the_receive_cancels_every_notification(
     assert receive.cancelled()
     assert all(b.held == 0 for b in fakes)
     assert sample(metrics, "popmq_proxy_held_notification_tasks") == 0
-    assert asyncio.all_tasks() == before
+    await assert_no_tasks_beyond(before)
 
 
 async def test_messages_popped_as_the_client_leaves_become_visible_again(

@@ -22,6 +22,7 @@ ROUNDS = 6
 SETTLE_S = 0.7  # the consumer's receive is on the proxy by then
 
 
+@pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
 def test_official_client_receives_in_real_time_from_four_brokers(tmp_path: Path) -> None:
     if not official_clients.CLIENT_PYTHON.exists():
         pytest.fail("the official client venv is missing: run `make client-venv`")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from popmq.broker.api.types import (
     ChangeInvisibleResult,
     PoppedMessage,
@@ -20,6 +21,9 @@ from popmq.broker.api.types import (
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
+
+# Virtual time (looptime): sleeps and deadlines take no real time, timing asserts are exact.
+pytestmark = pytest.mark.looptime
 
 
 class _SlowAnswerBroker:

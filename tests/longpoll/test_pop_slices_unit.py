@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.pop import PopStrategy
 from popmq.proxy.longpoll.slices import SlicesStrategy
 from popmq.proxy.metrics import ProxyMetrics
+from support.tasks import assert_no_tasks_beyond
 
 from .fake_broker import FakeBroker
 from .helpers import make_request, sample, wait_until
+
+# Virtual time (looptime): sleeps and deadlines take no real time, timing asserts are exact.
+pytestmark = pytest.mark.looptime
 
 
 def _pop(metrics: ProxyMetrics, probe: bool = False) -> PopStrategy:
@@ -87,7 +92,7 @@ async def test_pop_cancel_leaves_nothing_held(
     receive.cancel()
     await asyncio.gather(receive, return_exceptions=True)
     assert sum(b.held for b in fakes) == 0
-    assert asyncio.all_tasks() == before
+    await assert_no_tasks_beyond(before)
     latency = "popmq_proxy_receive_duration_seconds_count"
     assert sample(metrics, latency, strategy="pop", result="cancelled") == 1
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from popmq.broker.api.types import PopRequest
 from popmq.broker.api.watch import VisibilityWatch, WatchKey, WatchState
 from popmq.proxy.longpoll.watches import WatchRegistry
+
+# Virtual time (looptime): sleeps and deadlines take no real time, timing asserts are exact.
+pytestmark = pytest.mark.looptime
 
 
 class _Backend:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from popmq.broker.api.errors import Code
 from popmq.proxy.grpc.convert import md5_hex
 from proxy_support import Cluster, unique
@@ -60,6 +61,7 @@ async def test_send_receive_ack_roundtrip(cluster: Cluster) -> None:
     assert kinds == ["status", "delivery_timestamp"]
 
 
+@pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
 async def test_empty_receive_holds_for_the_polling_time(cluster: Cluster) -> None:
     topic, group = unique("t"), unique("g")
     await cluster.route(topic)
@@ -70,6 +72,7 @@ async def test_empty_receive_holds_for_the_polling_time(cluster: Cluster) -> Non
     assert 0.7 <= elapsed < 2.0
 
 
+@pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
 async def test_long_poll_returns_when_a_message_arrives_on_any_broker(cluster: Cluster) -> None:
     topic, group = unique("t"), unique("g")
     await cluster.route(topic)

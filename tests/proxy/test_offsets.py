@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from popmq.broker.api.errors import Code
 from proxy_support import Cluster, unique
 
@@ -85,6 +86,7 @@ async def test_pull_by_offset_and_offsets(make_cluster) -> None:
     assert bad.status.code == Code.ILLEGAL_OFFSET
 
 
+@pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
 async def test_pull_long_polls_until_a_message_arrives(make_cluster) -> None:
     import asyncio
 

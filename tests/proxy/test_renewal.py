@@ -11,9 +11,9 @@ from popmq.broker.api.types import ChangeInvisibleResult
 from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.registry import ClientRegistry
 from popmq.proxy.renewal import RELEASE_INVISIBLE_MS, HandleRenewer
-from popmq.proxy.tasks import BackgroundTasks
 
 from popmq.config import ProxyConfig
+from popmq.lifecycle import TaskOwner
 
 
 class FakePort:
@@ -43,7 +43,7 @@ def _services(port: FakePort, **config: Any) -> Any:
     return SimpleNamespace(
         proxy=ProxyConfig(renew_schedule_period_ms=10_000, **settings),
         metrics=ProxyMetrics(),
-        tasks=BackgroundTasks(),
+        tasks=TaskOwner("proxy"),
         registry=registry,
         cluster=SimpleNamespace(port_for_handle=lambda handle: port),
     )
@@ -69,7 +69,7 @@ async def test_an_ack_during_a_renewal_gets_the_renewed_handle() -> None:
     await renewing
     assert len(renewer) == 0 and _metric(services, "renewed") == 1
     assert await renewer.take(services, "unknown") == "unknown"  # never renewed: unchanged
-    await services.tasks.close(grace_s=0.01)
+    await services.tasks.aclose(grace_s=0.01)
 
 
 async def test_a_vanished_client_gets_its_messages_back_soon() -> None:
@@ -82,7 +82,7 @@ async def test_a_vanished_client_gets_its_messages_back_soon() -> None:
     await renewer.renew_due(services)
     assert port.calls == [("h1", RELEASE_INVISIBLE_MS)]
     assert len(renewer) == 0 and _metric(services, "client_gone") == 1
-    await services.tasks.close(grace_s=0.01)
+    await services.tasks.aclose(grace_s=0.01)
 
 
 async def test_failures_are_retried_then_given_up_and_gone_handles_dropped() -> None:
@@ -101,7 +101,7 @@ async def test_failures_are_retried_then_given_up_and_gone_handles_dropped() -> 
     renewer.track(services, "push-1", "g", "t", [SimpleNamespace(receipt_handle="h2")])
     await renewer.renew_due(services)
     assert len(renewer) == 0 and _metric(services, "handle_gone") == 1
-    await services.tasks.close(grace_s=0.01)
+    await services.tasks.aclose(grace_s=0.01)
 
 
 async def test_the_renewal_loop_belongs_to_the_proxys_task_owner() -> None:
@@ -110,5 +110,5 @@ async def test_the_renewal_loop_belongs_to_the_proxys_task_owner() -> None:
     renewer = HandleRenewer()
     renewer.track(services, "push-1", "g", "t", [SimpleNamespace(receipt_handle="h1")])
     assert len(services.tasks) == 1  # started on the first handle, owned there
-    await services.tasks.close(grace_s=0.01)  # proxy shutdown cancels it
+    await services.tasks.aclose(grace_s=0.01)  # proxy shutdown cancels it
     assert len(services.tasks) == 0

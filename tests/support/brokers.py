@@ -33,13 +33,10 @@ def fast_broker_config(data_dir: Path, name: str = "broker-a", **pop: Any) -> Br
 
 
 @contextlib.asynccontextmanager
-async def running_broker(config: BrokerConfig) -> AsyncIterator[Any]:
-    """Start a Broker for the duration of the block, and stop it afterwards."""
+async def running_broker(config: BrokerConfig, clock: Any = None) -> AsyncIterator[Any]:
+    """Start a Broker for the duration of the block, and stop it afterwards. A test on
+    virtual time (@pytest.mark.looptime) passes clock=LoopClock()."""
     from popmq.broker.core import Broker
 
-    broker = Broker(config)
-    await broker.start()
-    try:
+    async with Broker(config, clock) if clock is not None else Broker(config) as broker:
         yield broker
-    finally:
-        await broker.stop()
