@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message as ProtoMessage
@@ -178,6 +178,42 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 task.cancel()
             armed.clear()
 
+    async def Call(self, request_iterator: AsyncIterator[pb.LinkRequest], context: Any) -> None:
+        """The request link: each LinkRequest is served by the same method as its unary call,
+        concurrently, and answered by id in completion order. Ends once the proxy closed its
+        side and every request it sent was answered; the proxy's going away cancels them all."""
+        answers: asyncio.Queue[pb.LinkResponse | None] = asyncio.Queue()
+        held: dict[int, asyncio.Task[None]] = {}
+
+        async def serve(request: pb.LinkRequest, kind: str) -> None:
+            try:
+                method = getattr(self, _LINKED[kind])
+                response = await method(getattr(request, kind), context)
+            finally:
+                held.pop(request.id, None)
+            answers.put_nowait(pb.LinkResponse(id=request.id, **{kind: response}))
+
+        async def write() -> None:
+            while (answer := await answers.get()) is not None:
+                await context.write(answer)
+
+        async with asyncio.TaskGroup() as stream:
+            stream.create_task(write())
+            try:
+                async with asyncio.TaskGroup() as calls:
+                    async for request in request_iterator:
+                        kind = request.WhichOneof("call")
+                        if kind == "cancel":
+                            task = held.pop(request.id, None)
+                            if task is not None:
+                                task.cancel()
+                        elif kind in _LINKED:
+                            held[request.id] = calls.create_task(serve(request, kind))
+                        else:  # an empty call: answered empty, the proxy reports it
+                            answers.put_nowait(pb.LinkResponse(id=request.id))
+            finally:
+                answers.put_nowait(None)
+
     # -- pull and offsets --------------------------------------------------------------------
 
     async def Pull(self, request: pb.PullRequest, context: object) -> pb.PullResponse:
@@ -283,6 +319,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             )
 
         return await _answer(pb.GroupStatsResponse, work())
+
+
+# LinkRequest's call field -> the servicer method that serves it (same code as the unary call).
+_LINKED = {
+    "send": "Send",
+    "pop": "Pop",
+    "ack": "Ack",
+    "change_invisible_time": "ChangeInvisibleTime",
+    "notify": "Notify",
+    "forward_to_dlq": "ForwardToDlq",
+    "pull": "Pull",
+}
 
 
 class BrokerGrpcServer:
