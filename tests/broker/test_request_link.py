@@ -13,7 +13,8 @@ import pytest
 from popmq.broker.api.errors import BrokerUnavailableError, Code
 from popmq.broker.api.local import LocalBrokerPort
 from popmq.broker.api.remote import RemoteBrokerPort
-from popmq.broker.api.types import AckEntry, AckEntryResult, Message, PopRequest
+from popmq.broker.api.types import AckEntry, AckEntryResult, FilterExpression, Message, PopRequest
+from popmq.broker.api.watch import VisibilityWatch, WatchKey, WatchState
 from popmq.broker.server import BrokerGrpcServer, BrokerServicer
 from support.brokers import fast_broker_config, running_broker
 
@@ -167,3 +168,36 @@ async def test_a_deadline_cancels_the_held_request_on_the_broker(tmp_path: Path)
         sent = await remote.send([Message(topic=TOPIC, body=b"after")])
         got = (await remote.pop(_pop())).messages
         assert [m.message.message_id for m in got] == [sent[0].message_id]
+
+
+async def test_the_cluster_token_rides_the_streams(tmp_path: Path) -> None:
+    """Regression: grpc.aio filed the token interceptor under unary calls only, so a broker
+    with a cluster token refused the Call and Watch streams (UNAUTHENTICATED)."""
+    token = tmp_path / "cluster-token"
+    token.write_text("a-cluster-token-long-enough-1234")
+    token.chmod(0o600)
+    config = fast_broker_config(tmp_path / "b0", name="b0").model_copy(
+        update={"cluster_token_file": token}
+    )
+    async with running_broker(config) as broker:
+        local = LocalBrokerPort(broker)
+        await local.create_topic(TOPIC, 2)
+        server = BrokerGrpcServer(local, config=config)
+        await server.start()
+        remote = RemoteBrokerPort(
+            "b0", server.address, link=BrokerLinkConfig(cluster_token_file=token)
+        )
+        try:
+            sent = await remote.send([Message(topic=TOPIC, body=b"x")])  # on the Call stream
+            assert sent[0].message_id
+            watch = VisibilityWatch(
+                WatchKey(GROUP, TOPIC, FilterExpression(), False), remote.watch_backend
+            )
+            watch.arm()
+            async with asyncio.timeout(10):
+                await watch.wait()
+            assert watch.state is WatchState.HAS  # an event, not a lost link (UNKNOWN)
+            watch.close()
+        finally:
+            await remote.close()
+            await server.stop(0)
