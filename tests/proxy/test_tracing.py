@@ -158,3 +158,26 @@ async def test_message_trace_context_links_producer_and_consumer(remote_cluster:
         if (link.context.trace_id, link.context.span_id) == (ctx.trace_id, ctx.span_id)
     }
     assert linked == {"popmq.send", "popmq.receive"}
+
+
+def test_the_tracer_does_not_scan_installed_packages_per_span(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression: tracer() looked the package version up per span (importlib.metadata scans
+    every installed distribution), 18% of a busy cluster proxy's CPU under py-spy."""
+    import popmq.tracing as tracing
+
+    lookups: list[str] = []
+
+    def counting(name: str) -> str:
+        lookups.append(name)
+        return "1.0"
+
+    monkeypatch.setattr(tracing, "version", counting)
+    tracing._version.cache_clear()
+    try:
+        for _ in range(3):
+            tracing.tracer()
+        assert lookups == ["popmq"]
+    finally:
+        tracing._version.cache_clear()
