@@ -29,7 +29,7 @@ from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
 from popmq.reflection import enable_reflection
 from popmq.security import link
-from popmq.tracing import server_interceptors
+from popmq.tracing import link_span, server_interceptors
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         async def serve(request: pb.LinkRequest, kind: str) -> None:
             try:
                 method = getattr(self, _LINKED[kind])
-                response = await method(getattr(request, kind), context)
+                if request.trace_context:  # the proxy traces this request: continue it
+                    with link_span(_LINKED[kind], dict(request.trace_context)):
+                        response = await method(getattr(request, kind), context)
+                else:
+                    response = await method(getattr(request, kind), context)
             finally:
                 held.pop(request.id, None)
             answers.put_nowait(pb.LinkResponse(id=request.id, **{kind: response}))

@@ -76,6 +76,16 @@ class ServerSpans(grpc.aio.ServerInterceptor):
         return handler
 
 
+def link_span(method: str, carrier: dict[str, str]) -> Any:
+    """The broker's SERVER span for one request that came on the request link (Call stream),
+    continuing the proxy's CLIENT span as a unary call's metadata would."""
+    service = "popmq.broker.v1.BrokerService"
+    return tracer().start_as_current_span(
+        f"/{service}/{method}", context=propagate.extract(carrier), kind=trace.SpanKind.SERVER,
+        attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": method},
+    )  # fmt: skip
+
+
 def _traced(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
     service, _, name = method.lstrip("/").rpartition("/")
     attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}

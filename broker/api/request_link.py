@@ -27,9 +27,17 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+from opentelemetry import propagate, trace
 from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
 
 from popmq.pb.broker.v1 import broker_pb2 as pb
+from popmq.tracing import tracer
+
+# LinkRequest's call field -> the BrokerService method it stands for (span names).
+METHODS = {
+    "send": "Send", "pop": "Pop", "ack": "Ack", "change_invisible_time": "ChangeInvisibleTime",
+    "notify": "Notify", "forward_to_dlq": "ForwardToDlq", "pull": "Pull",
+}  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +163,17 @@ class RequestLink:
         """Send one call and return the broker's response message for it (the ``kind`` field
         of the LinkResponse). Raises BrokerUnavailableError when the stream is lost, and
         PROXY_TIMEOUT when the deadline passes."""
+        if not trace.get_current_span().get_span_context().is_valid:
+            return await self._request(kind, message, deadline_s, None)  # not tracing: no cost
+        method = f"/popmq.broker.v1.BrokerService/{METHODS.get(kind, kind)}"
+        with tracer().start_as_current_span(method, kind=trace.SpanKind.CLIENT):
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            return await self._request(kind, message, deadline_s, carrier)
+
+    async def _request(
+        self, kind: str, message: Any, deadline_s: float, carrier: dict[str, str] | None
+    ) -> Any:
         stream = self.streams[next(self._turn) % len(self.streams)]
         request_id = next(self._ids)
         try:
@@ -164,7 +183,10 @@ class RequestLink:
                         asyncio.get_running_loop().create_future()
                     )
                     stream.pending[request_id] = waiter
-                    stream.put(pb.LinkRequest(id=request_id, **{kind: message}))
+                    request = pb.LinkRequest(id=request_id, **{kind: message})
+                    if carrier:
+                        request.trace_context.update(carrier)
+                    stream.put(request)
                     answer = await waiter
         except TimeoutError:
             raise BrokerError(

@@ -575,7 +575,14 @@ class LinkCancel(_message.Message):
     def __init__(self) -> None: ...
 
 class LinkRequest(_message.Message):
-    __slots__ = ("id", "send", "pop", "ack", "change_invisible_time", "notify", "forward_to_dlq", "pull", "cancel")
+    __slots__ = ("id", "send", "pop", "ack", "change_invisible_time", "notify", "forward_to_dlq", "pull", "cancel", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     SEND_FIELD_NUMBER: _ClassVar[int]
     POP_FIELD_NUMBER: _ClassVar[int]
@@ -585,6 +592,7 @@ class LinkRequest(_message.Message):
     FORWARD_TO_DLQ_FIELD_NUMBER: _ClassVar[int]
     PULL_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     id: int
     send: SendRequest
     pop: PopRequest
@@ -594,7 +602,8 @@ class LinkRequest(_message.Message):
     forward_to_dlq: ForwardToDlqRequest
     pull: PullRequest
     cancel: LinkCancel
-    def __init__(self, id: _Optional[int] = ..., send: _Optional[_Union[SendRequest, _Mapping]] = ..., pop: _Optional[_Union[PopRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., change_invisible_time: _Optional[_Union[ChangeInvisibleTimeRequest, _Mapping]] = ..., notify: _Optional[_Union[NotifyRequest, _Mapping]] = ..., forward_to_dlq: _Optional[_Union[ForwardToDlqRequest, _Mapping]] = ..., pull: _Optional[_Union[PullRequest, _Mapping]] = ..., cancel: _Optional[_Union[LinkCancel, _Mapping]] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[int] = ..., send: _Optional[_Union[SendRequest, _Mapping]] = ..., pop: _Optional[_Union[PopRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., change_invisible_time: _Optional[_Union[ChangeInvisibleTimeRequest, _Mapping]] = ..., notify: _Optional[_Union[NotifyRequest, _Mapping]] = ..., forward_to_dlq: _Optional[_Union[ForwardToDlqRequest, _Mapping]] = ..., pull: _Optional[_Union[PullRequest, _Mapping]] = ..., cancel: _Optional[_Union[LinkCancel, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class LinkResponse(_message.Message):
     __slots__ = ("id", "send", "pop", "ack", "change_invisible_time", "notify", "forward_to_dlq", "pull")
