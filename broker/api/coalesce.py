@@ -16,6 +16,7 @@ Time comes from the injected ``sleep``, so tests drive the window without the wa
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ class _Caller(Generic[R]):
 class _Batch(Generic[I, R]):
     items: list[I] = field(default_factory=list)
     callers: list[_Caller[R]] = field(default_factory=list)
+    # The first caller's context: the batch is sent in it, so a trace follows the request
+    # (a batch is one request, parented to the first caller's span).
+    context: contextvars.Context | None = None
 
 
 class Coalescer(Generic[K, I, R]):
@@ -84,7 +88,7 @@ class Coalescer(Generic[K, I, R]):
         if batch is None or (len(batch.items) + len(items) > self._max_items and batch.items):
             if batch is not None:
                 self._closed.append((key, batch))
-            batch = self._open[key] = _Batch()
+            batch = self._open[key] = _Batch(context=contextvars.copy_context())
         future: asyncio.Future[list[R]] = asyncio.get_running_loop().create_future()
         start = len(batch.items)
         batch.items.extend(items)
@@ -105,7 +109,7 @@ class Coalescer(Generic[K, I, R]):
                     due = self._closed + list(self._open.items())
                     self._closed, self._open = [], {}
                     for key, batch in due:
-                        flushes.create_task(self._flush(key, batch))
+                        flushes.create_task(self._flush(key, batch), context=batch.context)
         finally:  # closing: whoever still waits is told, never left hanging
             stopped = BrokerUnavailableError("(coalescer)", "the link is closing")
             for _, batch in self._closed + list(self._open.items()):

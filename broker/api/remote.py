@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -148,7 +149,9 @@ class RemoteBrokerPort:
                 self._acks = Coalescer(self._ack_now, window_s=window_s, max_items=most)
                 self._sends = Coalescer(self._send_now, window_s=window_s, max_items=most)
             self._link_task = asyncio.get_running_loop().create_task(
-                self._run_link(), name=f"request-link:{self._name}"
+                self._run_link(),
+                name=f"request-link:{self._name}",
+                context=contextvars.Context(),  # not the first caller's (its trace, its span)
             )
         return self._requests
 
