@@ -178,7 +178,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 task.cancel()
             armed.clear()
 
-    async def Call(self, request_iterator: AsyncIterator[pb.LinkRequest], context: Any) -> None:
+    async def Call(self, request_iterator: AsyncIterator[pb.LinkRequests], context: Any) -> None:
         """The request link: each LinkRequest is served by the same method as its unary call,
         concurrently, and answered by id in completion order. Ends once the proxy closed its
         side and every request it sent was answered; the proxy's going away cancels them all."""
@@ -197,24 +197,31 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 held.pop(request.id, None)
             answers.put_nowait(pb.LinkResponse(id=request.id, **{kind: response}))
 
-        async def write() -> None:
+        async def write() -> None:  # every answer ready at a write goes in it
             while (answer := await answers.get()) is not None:
-                await context.write(answer)
+                batch = [answer]
+                while not answers.empty():
+                    if (answer := answers.get_nowait()) is None:
+                        await context.write(pb.LinkResponses(responses=batch))
+                        return
+                    batch.append(answer)
+                await context.write(pb.LinkResponses(responses=batch))
 
         async with asyncio.TaskGroup() as stream:
             stream.create_task(write())
             try:
                 async with asyncio.TaskGroup() as calls:
-                    async for request in request_iterator:
-                        kind = request.WhichOneof("call")
-                        if kind == "cancel":
-                            task = held.pop(request.id, None)
-                            if task is not None:
-                                task.cancel()
-                        elif kind in _LINKED:
-                            held[request.id] = calls.create_task(serve(request, kind))
-                        else:  # an empty call: answered empty, the proxy reports it
-                            answers.put_nowait(pb.LinkResponse(id=request.id))
+                    async for batch in request_iterator:
+                        for request in batch.requests:
+                            kind = request.WhichOneof("call")
+                            if kind == "cancel":
+                                task = held.pop(request.id, None)
+                                if task is not None:
+                                    task.cancel()
+                            elif kind in _LINKED:
+                                held[request.id] = calls.create_task(serve(request, kind))
+                            else:  # an empty call: answered empty, the proxy reports it
+                                answers.put_nowait(pb.LinkResponse(id=request.id))
             finally:
                 answers.put_nowait(None)
 

@@ -88,10 +88,11 @@ class LinkStream:
             try:
                 self._call = call = self._open_call(_drain(outbox))
                 self.connects += 1
-                async for answer in call:
-                    waiter = self.pending.pop(answer.id, None)
-                    if waiter is not None and not waiter.done():
-                        waiter.set_result(answer)
+                async for answers in call:
+                    for answer in answers.responses:
+                        waiter = self.pending.pop(answer.id, None)
+                        if waiter is not None and not waiter.done():
+                            waiter.set_result(answer)
             except grpc.aio.AioRpcError as error:
                 reason = f"{error.code().name}: {error.details()}"
                 unsupported = error.code() == grpc.StatusCode.UNIMPLEMENTED
@@ -204,6 +205,15 @@ class RequestLink:
         return getattr(answer, kind)
 
 
-async def _drain(outbox: asyncio.Queue[pb.LinkRequest | None]) -> AsyncIterator[pb.LinkRequest]:
+async def _drain(
+    outbox: asyncio.Queue[pb.LinkRequest | None],
+) -> AsyncIterator[pb.LinkRequests]:
+    """The stream's messages: whatever requests are queued when gRPC asks, as one write."""
     while (request := await outbox.get()) is not None:
-        yield request
+        batch = [request]
+        while not outbox.empty():
+            if (request := outbox.get_nowait()) is None:
+                yield pb.LinkRequests(requests=batch)
+                return
+            batch.append(request)
+        yield pb.LinkRequests(requests=batch)

@@ -624,3 +624,15 @@ class LinkResponse(_message.Message):
     forward_to_dlq: ForwardToDlqResponse
     pull: PullResponse
     def __init__(self, id: _Optional[int] = ..., send: _Optional[_Union[SendResponse, _Mapping]] = ..., pop: _Optional[_Union[PopResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., change_invisible_time: _Optional[_Union[ChangeInvisibleTimeResponse, _Mapping]] = ..., notify: _Optional[_Union[NotifyResponse, _Mapping]] = ..., forward_to_dlq: _Optional[_Union[ForwardToDlqResponse, _Mapping]] = ..., pull: _Optional[_Union[PullResponse, _Mapping]] = ...) -> None: ...
+
+class LinkRequests(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[LinkRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[LinkRequest, _Mapping]]] = ...) -> None: ...
+
+class LinkResponses(_message.Message):
+    __slots__ = ("responses",)
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedCompositeFieldContainer[LinkResponse]
+    def __init__(self, responses: _Optional[_Iterable[_Union[LinkResponse, _Mapping]]] = ...) -> None: ...

@@ -78,8 +78,8 @@ class BrokerServiceStub:
                 _registered_method=True)
         self.Call = channel.stream_stream(
                 '/popmq.broker.v1.BrokerService/Call',
-                request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkRequest.SerializeToString,
-                response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkResponse.FromString,
+                request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkRequests.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkResponses.FromString,
                 _registered_method=True)
         self.Pull = channel.unary_unary(
                 '/popmq.broker.v1.BrokerService/Pull',
@@ -311,8 +311,8 @@ def add_BrokerServiceServicer_to_server(servicer, server):
             ),
             'Call': grpc.stream_stream_rpc_method_handler(
                     servicer.Call,
-                    request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkRequest.FromString,
-                    response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkResponse.SerializeToString,
+                    request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkRequests.FromString,
+                    response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkResponses.SerializeToString,
             ),
             'Pull': grpc.unary_unary_rpc_method_handler(
                     servicer.Pull,
@@ -613,8 +613,8 @@ class BrokerService:
             request_iterator,
             target,
             '/popmq.broker.v1.BrokerService/Call',
-            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkRequest.SerializeToString,
-            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkResponse.FromString,
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkRequests.SerializeToString,
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkResponses.FromString,
             options,
             channel_credentials,
             insecure,
