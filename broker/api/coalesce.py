@@ -96,7 +96,11 @@ class Coalescer(Generic[K, I, R]):
         self._ready.set()
         # A caller that gives up does not take its items back: they are on their way, as a
         # unary request would be. Its own future only stops being awaited.
-        return await asyncio.shield(future)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.cancel()  # nobody reads its answer now (no "exception never retrieved")
+            raise
 
     async def run(self) -> None:
         """Flush every window's batches until cancelled (batches in flight are awaited)."""
