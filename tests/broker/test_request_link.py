@@ -201,3 +201,30 @@ async def test_the_cluster_token_rides_the_streams(tmp_path: Path) -> None:
         finally:
             await remote.close()
             await server.stop(0)
+
+
+async def test_the_window_bounds_requests_in_flight(tmp_path: Path) -> None:
+    """Flow control: with a window of 1 a second request waits for the first one's answer
+    before it is sent (the broker never sees it meanwhile), then goes through."""
+    async with _served(tmp_path, streams=1, window=1, coalesce_ms=0) as (local, remote):
+        sent = await remote.send([Message(topic=TOPIC, body=b"m%d" % i) for i in range(2)])
+        popped = (await remote.pop(_pop(invisible_ms=60_000))).messages
+        assert len(popped) == 2 and len(sent) == 2
+        local.gate.clear()
+        acks = [
+            asyncio.create_task(
+                remote.ack(GROUP, TOPIC, [AckEntry(m.receipt_handle, m.message.message_id)])
+            )
+            for m in popped
+        ]
+        for _ in range(500):
+            if local.acks_held:
+                break
+            await asyncio.sleep(0.01)
+        for _ in range(20):  # give a wrongly sent second request every chance to arrive
+            await asyncio.sleep(0.01)
+        assert local.acks_held == 1
+        local.gate.set()
+        results = [await task for task in acks]
+        assert [r[0].code for r in results] == [Code.OK, Code.OK]
+        assert local.acks_held == 2
