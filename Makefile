@@ -47,14 +47,16 @@ node-client: $(NODE_CLIENT)/.installed
 run: $(VENV)/.runnable
 	$(VENV)/bin/popmq serve --host 127.0.0.1 --port 8081 --brokers 3 --data-dir ./data
 
-# The layer check reads the package as it installs (broker/ and proxy/ land inside popmq),
-# so it builds that tree into build/layers first.
+# The layer check and mypy read the package as it installs (broker/ and proxy/ land inside
+# popmq; mypy does not follow the editable install's folder mapping), so lint builds that tree
+# into build/layers first. mypy's settings are in pyproject.toml ([tool.mypy]).
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	rm -rf build/layers
 	$(PY) -m pip install -q --no-deps --no-build-isolation --target build/layers . > /dev/null
 	cd build/layers && ../../$(VENV)/bin/lint-imports --config ../../pyproject.toml
+	cd build/layers && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p popmq
 
 test: install client-venv $(if $(HAVE_NODE),node-client) lint
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -30,7 +30,9 @@ from popmq.broker.api.types import (
     AckEntryResult,
     ChangeInvisibleResult,
     GroupConfig,
+    GroupDeleted,
     GroupQueueStats,
+    GroupSummary,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -583,6 +585,41 @@ class Broker:
         self._require_started()
         return replace(self._groups.update(config))
 
+    async def list_groups(self) -> list[GroupSummary]:
+        self._require_started()
+        offsets: dict[str, int] = {}
+        for group, _, _ in self._store.consumer_offset_keys():
+            offsets[group] = offsets.get(group, 0) + 1
+        return [
+            GroupSummary(replace(c), self.ledger.group_inflight(c.name), offsets.get(c.name, 0))
+            for c in self._groups.configs()
+        ]
+
+    async def delete_group(
+        self, group: str, clean_offsets: bool = False, force: bool = False
+    ) -> GroupDeleted:
+        """Delete a group's settings (mqadmin deleteSubGroup). Refused with
+        PRECONDITION_FAILED while messages are in flight, unless ``force``: those then revive
+        to %RETRY% as usual (nothing is dropped). ``clean_offsets`` also removes its committed
+        offsets (RocketMQ's cleanOffset). Retry and DLQ topics are kept."""
+        self._require_started()
+        check_group(group)
+        inflight = self.ledger.group_inflight(group)
+        if inflight and not force:
+            raise BrokerError(
+                Code.PRECONDITION_FAILED,
+                f"group {group!r} has {inflight} messages in flight on broker {self.name}; "
+                "ack them, wait for their invisible time, or delete with force",
+            )
+        self._groups.delete(group)
+        removed = 0
+        if clean_offsets:
+            removed = self._store.delete_consumer_offsets(group)
+            self.ledger.forget_group(group)
+        log.info("broker %s deleted group %s (%d in flight, %d offsets removed)", self.name,
+                 group, inflight, removed)  # fmt: skip
+        return GroupDeleted(inflight, removed)
+
     async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]:
         return self.group_stats_now(group, topic)
 
@@ -611,6 +648,3 @@ class Broker:
                     )
                 )
         return stats
-
-    async def close(self) -> None:
-        """BrokerPort.close: a Broker is released by its owner with ``stop()``."""

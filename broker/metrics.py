@@ -242,6 +242,7 @@ class BrokerSnapshot:
     loop_failures: dict[str, int] = field(default_factory=dict)
     loop_parked: dict[str, int] = field(default_factory=dict)
     corrupt_reads: int = 0
+    write_failures: int = 0
     groups: list[GroupRow] = field(default_factory=list)
     groups_dropped: int = 0  # pairs past MAX_GROUP_SERIES
     dlq_stored: dict[str, int] = field(default_factory=dict)  # group -> messages in its DLQ
@@ -249,6 +250,7 @@ class BrokerSnapshot:
     open_files_limit: int = 0
     open_file_evictions: int = 0
     flush_failures: int = 0
+    handle_key_reload_failures: int = 0
     dlq_total: dict[str, int] = field(default_factory=dict)  # group -> messages ever sent there
 
 
@@ -272,6 +274,8 @@ def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
         open_files_limit=broker.store.open_files.capacity,
         open_file_evictions=broker.store.open_files.evictions,
         flush_failures=broker.store.flush_failures,
+        write_failures=broker.store.write_failures,
+        handle_key_reload_failures=broker.engine.keyring.reload_failures,
     )
     pairs = sorted(_group_topics(broker))
     snap.groups_dropped = max(len(pairs) - MAX_GROUP_SERIES, 0)
@@ -427,6 +431,13 @@ class BrokerStateCollector(Collector):
                        "Periodic flushes (fsync, checkpoint) that failed; while the last one "
                        "failed, sends wait for their own fsync",
                        b, snap.flush_failures)  # fmt: skip
+        yield _counter("popmq_broker_store_write_failures",
+                       "Sends refused because the store could not write (disk full, read-only "
+                       "or failing volume)", b, snap.write_failures)  # fmt: skip
+        yield _counter("popmq_broker_handle_key_reload_failures",
+                       "Changed receipt-handle key files that could not be loaded (the broker "
+                       "keeps its current keys; fix the file)",
+                       b, snap.handle_key_reload_failures)  # fmt: skip
         labels = ["broker", "group", "topic"]
         backlog = GaugeMetricFamily(
             "popmq_broker_group_backlog_messages",

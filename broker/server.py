@@ -319,6 +319,32 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
         return await _answer(pb.GroupResponse, work())
 
+    async def ListGroups(
+        self, request: pb.ListGroupsRequest, context: object
+    ) -> pb.ListGroupsResponse:
+        async def work() -> pb.ListGroupsResponse:
+            groups = await self._port.list_groups()
+            return pb.ListGroupsResponse(
+                status=convert.ok_status(),
+                groups=[convert.group_summary_to_proto(g) for g in groups],
+            )
+
+        return await _answer(pb.ListGroupsResponse, work())
+
+    async def DeleteGroup(
+        self, request: pb.DeleteGroupRequest, context: object
+    ) -> pb.DeleteGroupResponse:
+        async def work() -> pb.DeleteGroupResponse:
+            done = await self._port.delete_group(request.group, request.clean_offsets,
+                                                 request.force)  # fmt: skip
+            return pb.DeleteGroupResponse(
+                status=convert.ok_status(),
+                inflight=done.inflight,
+                offsets_removed=done.offsets_removed,
+            )
+
+        return await _answer(pb.DeleteGroupResponse, work())
+
     async def GroupStats(
         self, request: pb.GroupStatsRequest, context: object
     ) -> pb.GroupStatsResponse:

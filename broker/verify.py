@@ -3,10 +3,13 @@
 Checks, read-only (files are opened for reading only; no lock, no repair, nothing created):
 - the FORMAT marker;
 - each metadata file (and its ``.prev`` copy): envelope and checksum (metafile.py);
+- the topic and group logs (topics.log, state/groups.log): each frame and record;
 - every commitlog segment: each frame's length and CRC, resyncing past damage, and gaps
   between segments;
 - every queue index against the commitlog: each entry must point at the record of its own
-  (topic, queue, offset); holes (records recovery already reported lost) are counted;
+  (topic, queue, offset) and carry its tag hash (a wrong one hides the message from tag
+  filters); holes (records recovery already reported lost) are counted. On a running broker,
+  entries written after the commitlog was read are told apart from damage (the log grew);
 - the pop journal: frames and records.
 
 Damage that an earlier broker start already quarantined (a record exists under
@@ -22,14 +25,23 @@ from pathlib import Path
 
 from popmq.broker.pop.journal import JOURNAL_RESYNC
 from popmq.broker.store import data_format, metafile
-from popmq.broker.store.codec import decode_header
+from popmq.broker.store.codec import decode_header, tag_hash
 from popmq.broker.store.damage import Quarantine
-from popmq.broker.store.framing import HEADER_SIZE, walk_frames
+from popmq.broker.store.framing import HEADER_SIZE, Resync, walk_frames
 from popmq.broker.store.queue_index import ENTRY, ENTRY_SIZE, HOLE_SIZE
 from popmq.broker.store.recovery import RECORD_RESYNC
+from popmq.broker.store.topics import TOPICS_RESYNC
 
 OK, INFO, QUARANTINED, DAMAGED = "ok", "info", "quarantined", "damaged"
-METADATA_FILES = ("topics.json", "checkpoint.json", "consumer_offsets.json")
+METADATA_FILES = ("checkpoint.json", "consumer_offsets.json")
+LEGACY_METADATA = ("topics.json",)  # read (and migrated) only when still there
+# Append-only logs of JSON records: (file, what shows it should exist, what a missing one
+# means at the next start). The groups log is the broker's (a store alone has none).
+RECORD_LOGS = (
+    ("topics.log", "commitlog", TOPICS_RESYNC,
+     "topics are rebuilt from the commitlog and index dirs"),
+    ("state/groups.log", "pop", Resync(b"{"), "group settings fall back to the defaults"),
+)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -77,9 +89,12 @@ def verify(data_dir: Path) -> Report:
     quarantine = Quarantine(data_dir)
     _check_format(data_dir, report)
     _check_metadata(data_dir, report)
+    for name, evidence, resync, consequence in RECORD_LOGS:
+        expected = (data_dir / evidence).exists()
+        _check_record_log(data_dir, name, expected, resync, consequence, quarantine, report)
     damage: list[tuple[int, int]] = []
-    records = _check_commitlog(data_dir, quarantine, report, damage)
-    _check_indexes(data_dir, records, damage, report)
+    records, walked_end = _check_commitlog(data_dir, quarantine, report, damage)
+    _check_indexes(data_dir, records, damage, report, walked_end)
     _check_journal(data_dir, quarantine, report)
     return report
 
@@ -103,6 +118,10 @@ def _check_format(data_dir: Path, report: Report) -> None:
 def _check_metadata(data_dir: Path, report: Report) -> None:
     has_data = (data_dir / "commitlog").is_dir()
     names = list(METADATA_FILES)
+    names += [
+        n for n in LEGACY_METADATA
+        if (data_dir / n).exists() or metafile.previous_path(data_dir / n).exists()
+    ]  # fmt: skip
     state = data_dir / "state"
     if state.is_dir():
         names += sorted(f"state/{p.name}" for p in state.glob("*.json"))
@@ -118,6 +137,42 @@ def _check_metadata(data_dir: Path, report: Report) -> None:
             report.add("metadata", name, DAMAGED, f"{current}; {fallback}")
 
 
+def _check_record_log(
+    data_dir: Path,
+    name: str,
+    expected: bool,
+    resync: Resync,
+    consequence: str,
+    quarantine: Quarantine,
+    report: Report,
+) -> None:
+    path = data_dir / name
+    if not path.exists():
+        legacy = path.with_suffix(".json")
+        if legacy.exists() or not expected:
+            report.add("metadata", name, INFO, "missing (written at the next start)")
+        else:
+            report.add("metadata", name, DAMAGED, f"missing; at the next start {consequence}")
+        return
+    data = _read(path)
+    bad = records = 0
+    for offset, end, payload in walk_frames(data, 0, resync.prefix, resync.accept):
+        if payload is None:
+            bad += 1
+            _damage(report, quarantine, "metadata", name, offset, end)
+            continue
+        try:
+            record = json.loads(bytes(payload))
+            str(record["name"])
+        except (ValueError, KeyError, TypeError):
+            bad += 1
+            _damage(report, quarantine, "metadata", name, offset, end, "unreadable record")
+            continue
+        records += 1
+    if not bad:
+        report.add("metadata", name, OK, f"{records} records")
+
+
 def _segments(data_dir: Path) -> list[Path]:
     root = data_dir / "commitlog"
     if not root.is_dir():
@@ -125,12 +180,23 @@ def _segments(data_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if len(p.name) == 20 and p.name.isdigit())
 
 
+def _log_end(segments: list[Path]) -> int:
+    """Where the commitlog ends now (start of the last segment + its size)."""
+    if not segments:
+        return 0
+    try:
+        return int(segments[-1].name) + segments[-1].stat().st_size
+    except OSError:
+        return 0
+
+
 def _check_commitlog(
     data_dir: Path, quarantine: Quarantine, report: Report, damage: list[tuple[int, int]]
-) -> dict[tuple[str, int, int], tuple[int, int]]:
-    """Walk every segment; returns (topic, queue, offset) -> (position, frame size) and
-    adds each damaged range to ``damage``."""
-    records: dict[tuple[str, int, int], tuple[int, int]] = {}
+) -> tuple[dict[tuple[str, int, int], tuple[int, int, int]], int]:
+    """Walk every segment; returns (topic, queue, offset) -> (position, frame size, tag hash)
+    and the end of the log as walked; adds each damaged range to ``damage``."""
+    records: dict[tuple[str, int, int], tuple[int, int, int]] = {}
+    walked_end = 0
     segments = _segments(data_dir)
     for number, path in enumerate(segments):
         start = int(path.name)
@@ -159,7 +225,7 @@ def _check_commitlog(
                 )
                 continue
             key = (header.topic, header.queue_id, header.queue_offset)
-            records[key] = (start + offset, end - offset)
+            records[key] = (start + offset, end - offset, tag_hash(header.tag))
             report.records += 1
         if number + 1 < len(segments):
             following = int(segments[number + 1].name)
@@ -176,9 +242,10 @@ def _check_commitlog(
                 )
         if not damaged:
             report.add("commitlog", name, OK, f"{len(data)} bytes")
+        walked_end = start + len(data)
     if not segments:
         report.add("commitlog", "commitlog", INFO, "no segments")
-    return records
+    return records, walked_end
 
 
 def _damage(
@@ -199,9 +266,10 @@ def _damage(
 
 def _check_indexes(
     data_dir: Path,
-    records: dict[tuple[str, int, int], tuple[int, int]],
+    records: dict[tuple[str, int, int], tuple[int, int, int]],
     damage: list[tuple[int, int]],
     report: Report,
+    walked_end: int,
 ) -> None:
     root = data_dir / "index"
     if not root.is_dir():
@@ -225,6 +293,7 @@ def _check_indexes(
                 min_position,
                 damage,
                 report,
+                walked_end,
             )
 
 
@@ -232,17 +301,19 @@ def _check_index(
     topic: str,
     queue_id: int,
     directory: Path,
-    records: dict[tuple[str, int, int], tuple[int, int]],
+    records: dict[tuple[str, int, int], tuple[int, int, int]],
     newest: dict[tuple[str, int], int],
     min_position: int,
     damage: list[tuple[int, int]],
     report: Report,
+    walked_end: int,
 ) -> None:
     name = f"index/{topic}/{queue_id}"
     in_damage = 0  # entries whose record lies in damaged commitlog bytes
     files = sorted(p for p in directory.iterdir() if len(p.name) == 20 and p.name.isdigit())
     wrong: list[int] = []
     holes = checked = 0
+    beyond: list[int] = []  # entries of records past the end of the log as walked
     top = int(files[0].name) if files else 0
     for path in files:
         first = int(path.name)
@@ -256,21 +327,30 @@ def _check_index(
             return
         data = _read(path)
         whole = len(data) - len(data) % ENTRY_SIZE
-        for i, (position, size, _, _) in enumerate(ENTRY.iter_unpack(data[:whole])):
+        for i, (position, size, code, _) in enumerate(ENTRY.iter_unpack(data[:whole])):
             offset = first + i
             if size == HOLE_SIZE:
                 holes += 1
                 continue
             if position < min_position:
                 continue  # retention deleted its record
+            if position >= walked_end and (topic, queue_id, offset) not in records:
+                beyond.append(offset)
+                continue
             checked += 1
-            if records.get((topic, queue_id, offset)) != (position, size):
+            if records.get((topic, queue_id, offset)) != (position, size, code):
                 if any(lo <= position < hi for lo, hi in damage):
                     in_damage += 1
                 else:
                     wrong.append(offset)
         top = first + whole // ENTRY_SIZE
     report.holes += holes
+    if beyond and _log_end(_segments(directory.parents[2])) > walked_end:
+        # The log grew while we read it: a running broker's newest writes, not damage.
+        report.add("index", name, INFO, f"{len(beyond)} entries written after the commitlog "
+                   "was read (the broker is running)")  # fmt: skip
+    else:
+        wrong.extend(beyond)
     behind = newest.get((topic, queue_id), -1) + 1 - top
     if in_damage:
         report.add(
@@ -286,8 +366,9 @@ def _check_index(
             "index",
             name,
             DAMAGED,
-            f"{len(wrong)} of {checked} entries do not point at "
-            f"their record (offsets {shown}); delete the directory to rebuild it",
+            f"{len(wrong)} of {checked + len(beyond)} entries do not match "
+            f"their record (offsets {shown}); with the broker stopped, delete the directory "
+            "to rebuild it",
         )
     elif in_damage:
         pass

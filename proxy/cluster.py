@@ -170,6 +170,27 @@ class BrokerCluster:
         self._routes.put(topic, route)
         return route
 
+    async def topic_infos(self, topic: str) -> dict[str, TopicInfo]:
+        """Every broker's TopicInfo for a topic, by broker name in cluster order: fresh (no
+        cache, no auto-create), for admin reads. A broker that cannot answer fails the call;
+        TOPIC_NOT_FOUND if no broker has the topic."""
+
+        async def lookup(port: BrokerPort) -> TopicInfo | None:
+            try:
+                return await port.get_topic(topic)
+            except BrokerError as exc:
+                if exc.code == Code.TOPIC_NOT_FOUND:
+                    return None
+                raise
+
+        infos = await asyncio.gather(*(lookup(port) for port in self.ports))
+        found = {
+            name: info for name, info in zip(self.names, infos, strict=True) if info is not None
+        }
+        if not found:
+            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+        return found
+
     def forget_topic(self, topic: str) -> None:
         self._routes.drop(topic)
 
@@ -231,6 +252,11 @@ class BrokerCluster:
             return stale
         assert failure is not None
         raise failure
+
+    def forget_group(self, name: str) -> None:
+        """Drop cached settings of a deleted group (the next use reads the brokers)."""
+        self._groups.drop(name)
+        self._last_groups.drop(name)
 
     async def update_group(self, config: GroupConfig) -> GroupConfig:
         results = await asyncio.gather(*(port.update_group(config) for port in self.ports))

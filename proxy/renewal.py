@@ -20,8 +20,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.errors import Code
 from popmq.broker.api.types import PoppedMessage
+
+from popmq.errors import PopmqError
 
 if TYPE_CHECKING:
     from popmq.proxy.services import ProxyServices
@@ -173,7 +175,7 @@ class HandleRenewer:
             result = await port.change_invisible_time(
                 held.group, held.topic, held.current, invisible_ms
             )
-        except BrokerError as exc:
+        except PopmqError as exc:  # refused, or the broker unreachable: retried later
             if exc.code in _FINAL_CODES:
                 self._drop(held)
                 services.metrics.auto_renewals.labels("handle_gone").inc()

@@ -144,8 +144,12 @@ class ProxyServer:
         )
         self.services.advertised_port = self.port
         if proxy.admin_port is not None:
+            # Traced like the client port (tracing first, then the access guard).
             admin = grpc.aio.server(
-                interceptors=[guard.for_another_server()] if guard is not None else None
+                interceptors=[
+                    *server_interceptors(),
+                    *([guard.for_another_server()] if guard is not None else []),
+                ]
             )
             self._add_admin(admin)
             health_pb2_grpc.add_HealthServicer_to_server(self._health, admin)

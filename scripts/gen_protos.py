@@ -96,6 +96,8 @@ symbols in the default pool). Messages of this pool take this pool's well-known 
 Timestamp and Duration values with the classes below, not google.protobuf's.
 """
 
+from typing import TYPE_CHECKING
+
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 {wkt_imports}
 
@@ -111,6 +113,10 @@ def message_class(full_name: str) -> type:
     """The message class of a type in this pool (e.g. "google.protobuf.Timestamp")."""
     return message_factory.GetMessageClass(POOL.FindMessageTypeByName(full_name))
 
+
+if TYPE_CHECKING:  # for type checkers: the same fields and methods as google.protobuf's
+{wkt_typing}
+else:
 {wkt_classes}
 '''
 
@@ -130,11 +136,16 @@ def _write_pool_module(out_dir: Path, well_known: list[str]) -> None:
     text = POOL_MODULE.format(
         wkt_imports="".join(f"from google.protobuf import {m}\n" for m in modules).rstrip(),
         wkt_modules=", ".join(modules) + ",",
-        wkt_classes="".join(
-            f'{classes[stem]} = message_class("google.protobuf.{classes[stem]}")\n'
+        wkt_typing="".join(
+            f"    from google.protobuf.{stem}_pb2 import {classes[stem]} as {classes[stem]}\n"
             for stem in stems
             if classes.get(stem)
-        ),
+        ).rstrip(),
+        wkt_classes="".join(
+            f'    {classes[stem]} = message_class("google.protobuf.{classes[stem]}")\n'
+            for stem in stems
+            if classes.get(stem)
+        ).rstrip(),
     )
     path = out_dir / GENERATED_PACKAGE / "pool.py"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,8 @@ from typing import Generic, TypeVar
 
 from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
 
+from popmq.errors import RefusedError, TransportError
+
 log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
@@ -33,9 +35,7 @@ R = TypeVar("R")
 
 def is_transport_failure(error: BaseException) -> bool:
     """The broker did not answer (down, link lost, deadline): not the request's fault."""
-    return isinstance(error, BrokerUnavailableError) or (
-        isinstance(error, BrokerError) and error.code == Code.PROXY_TIMEOUT
-    )
+    return isinstance(error, TransportError)
 
 
 @dataclass(slots=True)
@@ -133,8 +133,11 @@ class Coalescer(Generic[K, I, R]):
         except asyncio.CancelledError:
             _fail(batch.callers, BrokerUnavailableError("(coalescer)", "the link is closing"))
             raise
-        except BrokerError as error:
-            if len(batch.callers) > 1 and not is_transport_failure(error):
+        except TransportError as error:  # no answer: every caller is told, nobody retried
+            _fail(batch.callers, error)
+            return
+        except RefusedError as error:
+            if len(batch.callers) > 1:
                 await self._one_by_one(key, batch)
             else:
                 _fail(batch.callers, error)

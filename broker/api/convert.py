@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from google.protobuf.message import Message as ProtoMessage
 from popmq.broker.api.errors import BrokerError, Code
@@ -22,6 +22,7 @@ from popmq.broker.api.types import (
     FilterExpression,
     GroupConfig,
     GroupQueueStats,
+    GroupSummary,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -103,8 +104,8 @@ def raise_for_status(status: pb.Status) -> None:
 # -- enums ---------------------------------------------------------------------------------------
 
 
-def pop_status_to_proto(status: PopStatus) -> int:
-    return pb.PopStatus.Value(f"POP_{status.name}")
+def pop_status_to_proto(status: PopStatus) -> pb.PopStatus:
+    return cast("pb.PopStatus", pb.PopStatus.Value(f"POP_{status.name}"))
 
 
 def pop_status_from_proto(value: int) -> PopStatus:
@@ -290,6 +291,18 @@ def group_to_proto(group: GroupConfig) -> pb.GroupConfig:
 
 def group_from_proto(msg: pb.GroupConfig) -> GroupConfig:
     return _from_proto(msg, GroupConfig, consume_mode=consume_mode_from_proto(msg.consume_mode))
+
+
+def group_summary_to_proto(summary: GroupSummary) -> pb.GroupSummary:
+    return pb.GroupSummary(
+        config=group_to_proto(summary.config),
+        inflight=summary.inflight,
+        offset_queues=summary.offset_queues,
+    )
+
+
+def group_summary_from_proto(msg: pb.GroupSummary) -> GroupSummary:
+    return GroupSummary(group_from_proto(msg.config), msg.inflight, msg.offset_queues)
 
 
 def group_stats_to_proto(stats: GroupQueueStats) -> pb.GroupQueueStats:

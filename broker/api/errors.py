@@ -1,85 +1,58 @@
-"""Error codes shared by brokers and proxies.
+"""The broker's error names, kept where the broker's callers have always imported them.
 
-The values are apache.rocketmq.v2.Code's, so a broker error reaches the client unchanged.
-tests/test_codes.py checks them against the generated protocol enum.
+The tree itself (PopmqError, RefusedError, TransportError, ...) and the protocol Code live in
+popmq.errors, at the bottom of the layers; see there.
 """
 
 from __future__ import annotations
 
-from enum import IntEnum
+from popmq.errors import Code, DeadlineError, PopmqError, RefusedError, UnavailableError
+
+# A request the broker refuses, with the RocketMQ code the client should see.
+BrokerError = RefusedError
 
 
-class Code(IntEnum):
-    OK = 20000
-    MULTIPLE_RESULTS = 30000
-    BAD_REQUEST = 40000
-    ILLEGAL_ACCESS_POINT = 40001
-    ILLEGAL_TOPIC = 40002
-    ILLEGAL_CONSUMER_GROUP = 40003
-    ILLEGAL_MESSAGE_TAG = 40004
-    ILLEGAL_MESSAGE_KEY = 40005
-    ILLEGAL_MESSAGE_GROUP = 40006
-    ILLEGAL_MESSAGE_PROPERTY_KEY = 40007
-    INVALID_TRANSACTION_ID = 40008
-    ILLEGAL_MESSAGE_ID = 40009
-    ILLEGAL_FILTER_EXPRESSION = 40010
-    ILLEGAL_INVISIBLE_TIME = 40011
-    ILLEGAL_DELIVERY_TIME = 40012
-    INVALID_RECEIPT_HANDLE = 40013
-    MESSAGE_PROPERTY_CONFLICT_WITH_TYPE = 40014
-    UNRECOGNIZED_CLIENT_TYPE = 40015
-    MESSAGE_CORRUPTED = 40016
-    CLIENT_ID_REQUIRED = 40017
-    ILLEGAL_POLLING_TIME = 40018
-    ILLEGAL_OFFSET = 40019
-    ILLEGAL_LITE_TOPIC = 40020
-    UNAUTHORIZED = 40100
-    PAYMENT_REQUIRED = 40200
-    FORBIDDEN = 40300
-    NOT_FOUND = 40400
-    MESSAGE_NOT_FOUND = 40401
-    TOPIC_NOT_FOUND = 40402
-    CONSUMER_GROUP_NOT_FOUND = 40403
-    OFFSET_NOT_FOUND = 40404
-    REQUEST_TIMEOUT = 40800
-    PAYLOAD_TOO_LARGE = 41300
-    MESSAGE_BODY_TOO_LARGE = 41301
-    MESSAGE_BODY_EMPTY = 41302
-    PRECONDITION_FAILED = 42800
-    TOO_MANY_REQUESTS = 42900
-    LITE_TOPIC_QUOTA_EXCEEDED = 42901
-    LITE_SUBSCRIPTION_QUOTA_EXCEEDED = 42902
-    REQUEST_HEADER_FIELDS_TOO_LARGE = 43100
-    MESSAGE_PROPERTIES_TOO_LARGE = 43101
-    INTERNAL_ERROR = 50000
-    INTERNAL_SERVER_ERROR = 50001
-    HA_NOT_AVAILABLE = 50002
-    NOT_IMPLEMENTED = 50100
-    PROXY_TIMEOUT = 50400
-    MASTER_PERSISTENCE_TIMEOUT = 50401
-    SLAVE_PERSISTENCE_TIMEOUT = 50402
-    UNSUPPORTED = 50500
-    VERSION_UNSUPPORTED = 50501
-    VERIFY_FIFO_MESSAGE_UNSUPPORTED = 50502
-    FAILED_TO_CONSUME_MESSAGE = 60000
-
-
-class BrokerError(Exception):
-    """A request the broker refuses, with the RocketMQ code the client should see."""
-
-    def __init__(self, code: Code, message: str) -> None:
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
-        self.message = message
-
-
-class BrokerUnavailableError(BrokerError):
-    """The broker could not be reached (connection refused or lost, server shutting down).
+class BrokerUnavailableError(UnavailableError):
+    """A broker could not be reached (connection refused or lost, server shutting down).
 
     Raised by remote ports only; a caller may try another broker. A request in flight when the
     connection broke may or may not have been applied.
     """
 
     def __init__(self, broker: str, message: str) -> None:
-        super().__init__(Code.INTERNAL_SERVER_ERROR, f"broker {broker} unavailable: {message}")
+        super().__init__(broker, f"broker {broker} unavailable: {message}")
         self.broker = broker
+
+
+class BrokerTimeoutError(DeadlineError):
+    """A broker did not answer a call before its deadline (hung, overloaded, partitioned)."""
+
+    def __init__(self, broker: str, message: str) -> None:
+        super().__init__(broker, f"broker {broker} did not answer: {message}")
+        self.broker = broker
+
+
+class BrokerAuthError(RefusedError):
+    """A broker refused this proxy (gRPC UNAUTHENTICATED): the cluster token is wrong or missing.
+
+    A deployment fault, not the client's: clients see INTERNAL_SERVER_ERROR with this text.
+    """
+
+    def __init__(self, broker: str, detail: str) -> None:
+        super().__init__(
+            Code.INTERNAL_SERVER_ERROR,
+            f"broker {broker} refused this proxy ({detail}); the proxy's cluster token "
+            "(proxy.broker_link.cluster_token_file) must match the broker's",
+        )
+        self.broker = broker
+
+
+__all__ = [
+    "BrokerAuthError",
+    "BrokerError",
+    "BrokerTimeoutError",
+    "BrokerUnavailableError",
+    "Code",
+    "PopmqError",
+    "RefusedError",
+]

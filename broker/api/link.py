@@ -95,11 +95,11 @@ class BrokerLink:
                             watch.on_link_up()
                 async for event in call:
                     backoff = RECONNECT_START_S
-                    watch = self._watches.get(event.id)
-                    if watch is not None:
+                    target = self._watches.get(event.id)
+                    if target is not None:
                         if event.status.code != convert.ok_status().code:
-                            log.debug("watch %s on %s: %s", watch.key, self._name, event.status)
-                        watch.on_event(event.seq)
+                            log.debug("watch %s on %s: %s", target.key, self._name, event.status)
+                        target.on_event(event.seq)
                 if not self._closed:
                     log.warning("link to broker %s ended by the broker", self._name)
             except grpc.aio.AioRpcError as exc:

@@ -1,29 +1,47 @@
-"""LocalBrokerPort: the BrokerPort of a Broker in the same process (plain method calls)."""
+"""LocalBrokerPort: the BrokerPort of a Broker in the same process (plain method calls).
+
+The port's calls are the Broker's own methods (``forward``): their signatures are written once,
+in broker/core.py, and checked against the BrokerPort protocol by mypy.
+"""
 
 from __future__ import annotations
 
-from popmq.broker.api.types import (
-    AckEntry,
-    AckEntryResult,
-    ChangeInvisibleResult,
-    GroupConfig,
-    GroupQueueStats,
-    Message,
-    NotifyRequest,
-    NotifyResult,
-    PopRequest,
-    PopResult,
-    PullRequest,
-    PullResult,
-    SendResult,
-    TopicInfo,
-)
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+
 from popmq.broker.api.watch import LocalWatchBackend
 from popmq.broker.core import Broker
 
+if TYPE_CHECKING:
+    from popmq.broker.api.port import BrokerPort
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class forward(Generic[P, R]):
+    """``port.send`` is ``port.broker.send``, typed as Broker.send is."""
+
+    def __init__(self, method: Callable[Concatenate[Broker, P], Coroutine[Any, Any, R]]) -> None:
+        self._name = method.__name__
+
+    @overload
+    def __get__(self, port: None, owner: type[Any]) -> forward[P, R]: ...
+    @overload
+    def __get__(
+        self, port: LocalBrokerPort, owner: type[Any]
+    ) -> Callable[P, Coroutine[Any, Any, R]]: ...
+    def __get__(
+        self, port: LocalBrokerPort | None, owner: type[Any]
+    ) -> forward[P, R] | Callable[P, Coroutine[Any, Any, R]]:
+        if port is None:
+            return self
+        method: Callable[P, Coroutine[Any, Any, R]] = getattr(port.broker, self._name)
+        return method
+
 
 class LocalBrokerPort:
-    """Forwards every BrokerPort call to ``broker``. ``close()`` releases the port only; the
+    """Every BrokerPort call goes to ``broker``. ``close()`` releases the port only; the
     broker's owner stops the broker."""
 
     def __init__(self, broker: Broker) -> None:
@@ -45,65 +63,34 @@ class LocalBrokerPort:
     def name(self) -> str:
         return self._broker.name
 
-    async def send(self, messages: list[Message], queue_id: int = -1) -> list[SendResult]:
-        return await self._broker.send(messages, queue_id)
-
-    async def pop(self, request: PopRequest) -> PopResult:
-        return await self._broker.pop(request)
-
-    async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:
-        return await self._broker.ack(group, topic, entries)
-
-    async def change_invisible_time(
-        self, group: str, topic: str, receipt_handle: str, invisible_time_ms: int
-    ) -> ChangeInvisibleResult:
-        return await self._broker.change_invisible_time(
-            group, topic, receipt_handle, invisible_time_ms
-        )
-
-    async def notify(self, request: NotifyRequest) -> NotifyResult:
-        return await self._broker.notify(request)
-
-    async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
-        await self._broker.forward_to_dlq(group, topic, receipt_handle)
-
-    async def pull(self, request: PullRequest) -> PullResult:
-        return await self._broker.pull(request)
-
-    async def get_consumer_offset(self, group: str, topic: str, queue_id: int) -> int:
-        return await self._broker.get_consumer_offset(group, topic, queue_id)
-
-    async def update_consumer_offset(
-        self, group: str, topic: str, queue_id: int, offset: int
-    ) -> None:
-        await self._broker.update_consumer_offset(group, topic, queue_id, offset)
-
-    async def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        return await self._broker.offset_for_timestamp(topic, queue_id, timestamp_ms)
-
-    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo:
-        return await self._broker.create_topic(topic, queue_count)
-
-    async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
-        return await self._broker.get_topic(topic, auto_create)
-
-    async def list_topics(self) -> list[TopicInfo]:
-        return await self._broker.list_topics()
-
-    async def delete_topic(self, topic: str) -> None:
-        await self._broker.delete_topic(topic)
-
-    async def get_group(self, group: str) -> GroupConfig:
-        return await self._broker.get_group(group)
-
-    async def update_group(self, config: GroupConfig) -> GroupConfig:
-        return await self._broker.update_group(config)
-
-    async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]:
-        return await self._broker.group_stats(group, topic)
+    send = forward(Broker.send)
+    pop = forward(Broker.pop)
+    ack = forward(Broker.ack)
+    change_invisible_time = forward(Broker.change_invisible_time)
+    notify = forward(Broker.notify)
+    forward_to_dlq = forward(Broker.forward_to_dlq)
+    pull = forward(Broker.pull)
+    get_consumer_offset = forward(Broker.get_consumer_offset)
+    update_consumer_offset = forward(Broker.update_consumer_offset)
+    offset_for_timestamp = forward(Broker.offset_for_timestamp)
+    create_topic = forward(Broker.create_topic)
+    get_topic = forward(Broker.get_topic)
+    list_topics = forward(Broker.list_topics)
+    delete_topic = forward(Broker.delete_topic)
+    get_group = forward(Broker.get_group)
+    update_group = forward(Broker.update_group)
+    group_stats = forward(Broker.group_stats)
+    list_groups = forward(Broker.list_groups)
+    delete_group = forward(Broker.delete_group)
 
     async def close(self) -> None:
         """Only the watches end; the broker keeps running."""
         watches, self._watches = self._watches, None
         if watches is not None:
             await watches.aclose()
+
+
+if TYPE_CHECKING:  # mypy checks that the forwarded calls make a whole BrokerPort
+
+    def _is_a_port(port: LocalBrokerPort) -> BrokerPort:
+        return port

@@ -1,13 +1,18 @@
-"""BrokerPort: everything a proxy (or a tool) may ask of one broker.
+"""BrokerPort: everything a proxy (or a tool) may ask of one broker, and its narrower parts.
+
+ConsumePort (pop, notify, change invisible time) is what the long-poll strategies hold;
+MessagingPort adds send, ack, DLQ and offsets; AdminPort is topics and groups. BrokerPort is
+both, plus close(). Take the narrowest one a component needs.
 
 Two implementations share it: ``broker.api.local.LocalBrokerPort`` calls a ``Broker`` in the
 same process, ``broker.api.remote.RemoteBrokerPort`` calls a broker's gRPC server. Code above
 this line does not know which it holds.
 
 Every method raises ``broker.api.errors.BrokerError`` with a RocketMQ ``Code`` when it refuses
-a request. Long-polling calls (pop, pull, notify with ``poll_time_ms > 0``) return at their
-timeout with an empty result, and stop holding anything on the broker when the caller's task is
-cancelled.
+a request, and a remote port a TransportError (BrokerUnavailableError, BrokerTimeoutError) when
+the broker gives no answer (see popmq.errors). Long-polling calls (pop, pull, notify with
+``poll_time_ms > 0``) return at their timeout with an empty result, and stop holding anything
+on the broker when the caller's task is cancelled.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from popmq.broker.api.types import (
     AckEntryResult,
     ChangeInvisibleResult,
     GroupConfig,
+    GroupDeleted,
     GroupQueueStats,
+    GroupSummary,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -32,12 +39,29 @@ from popmq.broker.api.types import (
 )
 
 
-@runtime_checkable
-class BrokerPort(Protocol):
+class _Named(Protocol):
     @property
     def name(self) -> str:
         """The broker's name (as written in receipt handles and routes)."""
         ...
+
+
+@runtime_checkable
+class ConsumePort(_Named, Protocol):
+    """What the long-poll strategies use: pop, notify, and giving a message back."""
+
+    async def pop(self, request: PopRequest) -> PopResult: ...
+
+    async def change_invisible_time(
+        self, group: str, topic: str, receipt_handle: str, invisible_time_ms: int
+    ) -> ChangeInvisibleResult: ...
+
+    async def notify(self, request: NotifyRequest) -> NotifyResult: ...
+
+
+@runtime_checkable
+class MessagingPort(ConsumePort, Protocol):
+    """Producing and consuming: what the messaging activities ask of a broker."""
 
     # -- produce -----------------------------------------------------------------------------
     async def send(self, messages: list[Message], queue_id: int = -1) -> list[SendResult]:
@@ -45,18 +69,10 @@ class BrokerPort(Protocol):
         round robin). Returns one result per message, after the flush policy allows."""
         ...
 
-    # -- POP consumption ---------------------------------------------------------------------
-    async def pop(self, request: PopRequest) -> PopResult: ...
-
+    # -- POP consumption (pop, notify, change_invisible_time: ConsumePort) --------------------
     async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:
         """Ack each entry on its own; a bad handle fails only its entry."""
         ...
-
-    async def change_invisible_time(
-        self, group: str, topic: str, receipt_handle: str, invisible_time_ms: int
-    ) -> ChangeInvisibleResult: ...
-
-    async def notify(self, request: NotifyRequest) -> NotifyResult: ...
 
     async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
         """Move a popped message to %DLQ%group now and ack it (client-requested)."""
@@ -77,6 +93,11 @@ class BrokerPort(Protocol):
         """The first offset stored at or after timestamp_ms (max offset if none)."""
         ...
 
+
+@runtime_checkable
+class AdminPort(_Named, Protocol):
+    """Topics, groups and their figures: what admin and routing ask of a broker."""
+
     # -- administration ----------------------------------------------------------------------
     async def create_topic(self, topic: str, queue_count: int) -> TopicInfo: ...
 
@@ -94,8 +115,25 @@ class BrokerPort(Protocol):
 
     async def update_group(self, config: GroupConfig) -> GroupConfig: ...
 
+    async def list_groups(self) -> list[GroupSummary]:
+        """Every registered group, with its in-flight count and committed-offset queues."""
+        ...
+
+    async def delete_group(
+        self, group: str, clean_offsets: bool = False, force: bool = False
+    ) -> GroupDeleted:
+        """Forget a group's settings (and with clean_offsets its offsets). PRECONDITION_FAILED
+        while messages are in flight unless force; CONSUMER_GROUP_NOT_FOUND if unknown."""
+        ...
+
     async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]: ...
 
+
+@runtime_checkable
+class BrokerPort(MessagingPort, AdminPort, Protocol):
+    """Everything a proxy (or a tool) may ask of one broker, and releasing the port."""
+
     async def close(self) -> None:
-        """Release the port (the remote port closes its channel; local does nothing)."""
+        """Release the port (the remote port closes its channel, the local one its watches;
+        the broker itself keeps running)."""
         ...

@@ -1,7 +1,9 @@
 """RemoteBrokerPort: the BrokerPort of a broker reached over gRPC (popmq.broker.v1).
 
-Refusals come back as the response status and are re-raised as the same BrokerError. Transport
-failures become BrokerUnavailableError (unreachable) or PROXY_TIMEOUT (deadline passed). Every
+Refusals come back as the response status and are re-raised as the same BrokerError. gRPC
+errors are mapped in one place, map_rpc_errors: BrokerUnavailableError (unreachable),
+BrokerTimeoutError (deadline passed), BrokerAuthError (the broker refused this proxy's cluster
+token), else a RefusedError. Every
 call has a deadline: rpc_timeout_s, plus the poll time for long polls. Cancelling the awaiting
 task cancels the RPC, and the broker then drops the held request.
 
@@ -17,13 +19,20 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import grpc
 from popmq.broker.api import convert
 from popmq.broker.api.coalesce import Coalescer
-from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.api.errors import (
+    BrokerAuthError,
+    BrokerError,
+    BrokerTimeoutError,
+    BrokerUnavailableError,
+    Code,
+)
 from popmq.broker.api.link import BrokerLink
 from popmq.broker.api.request_link import LinkUnsupportedError, RequestLink
 from popmq.broker.api.types import (
@@ -31,7 +40,9 @@ from popmq.broker.api.types import (
     AckEntryResult,
     ChangeInvisibleResult,
     GroupConfig,
+    GroupDeleted,
     GroupQueueStats,
+    GroupSummary,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -73,6 +84,23 @@ _UNREACHABLE = frozenset(
         grpc.StatusCode.UNIMPLEMENTED,
     }
 )
+
+
+@contextmanager
+def map_rpc_errors(broker: str) -> Iterator[None]:
+    """Turn a failed gRPC call to ``broker`` into popmq's error tree (the one place that does)."""
+    try:
+        yield
+    except grpc.aio.AioRpcError as error:
+        code = error.code()
+        detail = f"{code.name}: {error.details()}"
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise BrokerTimeoutError(broker, detail) from error
+        if code in _UNREACHABLE:
+            raise BrokerUnavailableError(broker, detail) from error
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            raise BrokerAuthError(broker, detail) from error
+        raise BrokerError(Code.INTERNAL_ERROR, f"broker {broker}: {detail}") from error
 
 
 class RemoteBrokerPort:
@@ -180,7 +208,7 @@ class RemoteBrokerPort:
                 self._streamed = False
             else:
                 convert.raise_for_status(response.status)
-                return response  # type: ignore[no-any-return]
+                return response
         return await self._call(method, request, deadline_s)
 
     def _deadline(self, poll_time_ms: int = 0) -> float:
@@ -189,20 +217,10 @@ class RemoteBrokerPort:
     async def _call(
         self, method: Callable[..., Awaitable[R]], request: object, deadline_s: float
     ) -> R:
-        try:
+        with map_rpc_errors(self._name):
             response = await method(request, timeout=deadline_s)
-        except grpc.aio.AioRpcError as error:
-            raise self._transport_error(error) from error
         convert.raise_for_status(response.status)  # type: ignore[attr-defined]
         return response
-
-    def _transport_error(self, error: grpc.aio.AioRpcError) -> BrokerError:
-        detail = f"{error.code().name}: {error.details()}"
-        if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return BrokerError(Code.PROXY_TIMEOUT, f"broker {self._name} did not answer: {detail}")
-        if error.code() in _UNREACHABLE:
-            return BrokerUnavailableError(self._name, detail)
-        return BrokerError(Code.INTERNAL_ERROR, f"broker {self._name}: {detail}")
 
     async def describe(self) -> str:
         """The name the broker reports for itself (a connectivity and wiring check)."""
@@ -356,6 +374,19 @@ class RemoteBrokerPort:
             stub.UpdateGroup, convert.group_to_proto(config), self._deadline()
         )
         return convert.group_from_proto(response.group)
+
+    async def list_groups(self) -> list[GroupSummary]:
+        stub = self._get_stub()
+        response = await self._call(stub.ListGroups, pb.ListGroupsRequest(), self._deadline())
+        return [convert.group_summary_from_proto(g) for g in response.groups]
+
+    async def delete_group(
+        self, group: str, clean_offsets: bool = False, force: bool = False
+    ) -> GroupDeleted:
+        stub = self._get_stub()
+        request = pb.DeleteGroupRequest(group=group, clean_offsets=clean_offsets, force=force)
+        response = await self._call(stub.DeleteGroup, request, self._deadline())
+        return GroupDeleted(response.inflight, response.offsets_removed)
 
     async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]:
         stub = self._get_stub()

@@ -28,7 +28,13 @@ from typing import Any
 
 import grpc
 from opentelemetry import propagate, trace
-from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.api.errors import (
+    BrokerAuthError,
+    BrokerError,
+    BrokerTimeoutError,
+    BrokerUnavailableError,
+    Code,
+)
 
 from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.tracing import tracer
@@ -84,7 +90,7 @@ class LinkStream:
             outbox = self._outbox
             assert outbox is not None
             reason = "ended by the broker"
-            unsupported = False
+            code: grpc.StatusCode | None = None
             try:
                 self._call = call = self._open_call(_drain(outbox))
                 self.connects += 1
@@ -95,20 +101,20 @@ class LinkStream:
                             waiter.set_result(answer)
             except grpc.aio.AioRpcError as error:
                 reason = f"{error.code().name}: {error.details()}"
-                unsupported = error.code() == grpc.StatusCode.UNIMPLEMENTED
+                code = error.code()
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if self._closing or (task is not None and task.cancelling()):
                     self._lost("the proxy is closing", outbox)
                     raise
                 reason = "cut"  # break_stream()
-            self._lost(reason, outbox, unsupported)
+            self._lost(reason, outbox, code)
 
     def _lost(
         self,
         reason: str,
         outbox: asyncio.Queue[pb.LinkRequest | None],
-        unsupported: bool = False,
+        code: grpc.StatusCode | None = None,
     ) -> None:
         if self._outbox is outbox:
             self._outbox = None
@@ -121,8 +127,13 @@ class LinkStream:
                 "request link to broker %s lost (%s): %d requests in flight fail as "
                 "unavailable", self._broker, reason, len(self.pending),
             )  # fmt: skip
-        kind = LinkUnsupportedError if unsupported else BrokerUnavailableError
-        error = kind(self._broker, f"request link lost: {reason}")
+        error: Exception
+        if code == grpc.StatusCode.UNAUTHENTICATED:  # a deployment fault: say which
+            error = BrokerAuthError(self._broker, reason)
+        elif code == grpc.StatusCode.UNIMPLEMENTED:
+            error = LinkUnsupportedError(self._broker, f"request link refused: {reason}")
+        else:
+            error = BrokerUnavailableError(self._broker, f"request link lost: {reason}")
         pending, self.pending = self.pending, {}
         for waiter in pending.values():
             if not waiter.done():
@@ -163,7 +174,7 @@ class RequestLink:
     async def request(self, kind: str, message: Any, deadline_s: float) -> Any:
         """Send one call and return the broker's response message for it (the ``kind`` field
         of the LinkResponse). Raises BrokerUnavailableError when the stream is lost, and
-        PROXY_TIMEOUT when the deadline passes."""
+        BrokerTimeoutError when the deadline passes."""
         if not trace.get_current_span().get_span_context().is_valid:
             return await self._request(kind, message, deadline_s, None)  # not tracing: no cost
         method = f"/popmq.broker.v1.BrokerService/{METHODS.get(kind, kind)}"
@@ -190,9 +201,8 @@ class RequestLink:
                     stream.put(request)
                     answer = await waiter
         except TimeoutError:
-            raise BrokerError(
-                Code.PROXY_TIMEOUT,
-                f"broker {self._broker} did not answer {kind} within {deadline_s:.1f} s",
+            raise BrokerTimeoutError(
+                self._broker, f"no answer to {kind} within {deadline_s:.1f} s"
             ) from None
         finally:
             if stream.pending.pop(request_id, None) is not None:

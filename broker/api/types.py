@@ -104,7 +104,6 @@ class PopRequest:
     poll_time_ms: int = 0  # 0: answer at once; >0: hold until a message or the timeout
     filter: FilterExpression = field(default_factory=FilterExpression)
     fifo: bool = False
-    client_id: str = ""
 
 
 class PopStatus(Enum):
@@ -222,6 +221,23 @@ class GroupConfig:
     max_attempts: int = 16
     retry_levels: list[str] = field(default_factory=list)  # empty: the broker's default
     fifo: bool = False
+
+
+@dataclass(slots=True)
+class GroupSummary:
+    """A registered group on one broker, with what deleting it would touch."""
+
+    config: GroupConfig
+    inflight: int = 0  # popped, not yet acked, over every queue
+    offset_queues: int = 0  # queues with a committed consumer offset
+
+
+@dataclass(slots=True)
+class GroupDeleted:
+    """What a broker did when it deleted a group."""
+
+    inflight: int = 0  # messages still in flight (they revive to %RETRY% as usual)
+    offsets_removed: int = 0  # committed offsets removed (clean_offsets only)
 
 
 @dataclass(slots=True)

@@ -123,7 +123,7 @@ def tolerant_handlers(
         )
         behavior = getattr(handler, field)
         wrap = _guard_request_stream if handler.request_streaming else _guard_unary_request
-        guarded[name] = handler._replace(  # type: ignore[attr-defined]
+        guarded[name] = handler._replace(
             request_deserializer=parse, **{field: wrap(behavior, report)}
         )
     return guarded

@@ -78,6 +78,7 @@ class PopEngine:
         self._rng = rng or random.Random()
         # This broker's own handle keys (made in its data dir on first start).
         self._codec = HandleCodec(keyring or HandleKeyring.open(config))
+        self.keyring = self._codec.keyring
         self.locks = QueueLocks()
 
     # -- validation -----------------------------------------------------------------------

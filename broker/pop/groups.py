@@ -6,10 +6,16 @@ the defaults is appended without an fsync (a machine crash that loses it only me
 created again, identically, on its next use); an explicit update is fsynced before it is
 acknowledged. The log is compacted at start when it holds many superseded records.
 
+A deleted group is a tombstone record (``{"name": ..., "deleted": true}``); compaction drops
+it with the records it supersedes.
+
 Upgrade: an old ``state/groups.json`` is migrated into the log once and renamed
-``groups.json.migrated``. Damage never stops the broker and never passes silently: a torn or
-corrupt tail of the log, or an unreadable groups.json (moved aside to ``.corrupt``), is logged
-as an ERROR and counted (``damaged_records``); the groups it held fall back to the defaults.
+``groups.json.migrated``. Damage never stops the broker and never passes silently: damaged
+frames of the log (a torn tail, or bytes inside it), an unreadable record, an unreadable
+groups.json (moved aside to ``.corrupt``), or a log missing from a data directory that is not
+new, are logged as an ERROR, counted (``damaged_records``) and recorded in the store's faults
+(metric ``popmq_broker_store_metadata_fallbacks_total{file="state/groups.log"}``); the groups
+they held fall back to the defaults.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import ConsumeMode, GroupConfig
 from popmq.broker.auto_create import AutoCreateGate
 from popmq.broker.pop.names import check_group
+from popmq.broker.store.damage import DAMAGED, TORN_TAIL, DamageEvent, MetadataFallback, Quarantine
 from popmq.broker.store.framing import FramedLog, fsync_dir
 
 from popmq.config import GroupDefaults, PopConfig, parse_duration_ms
@@ -64,6 +71,10 @@ def _record(config: GroupConfig) -> bytes:
     return json.dumps(_to_json(config), separators=(",", ":")).encode()
 
 
+def _tombstone(name: str) -> bytes:
+    return json.dumps({"name": name, "deleted": True}, separators=(",", ":")).encode()
+
+
 class GroupRegistry:
     def __init__(
         self,
@@ -98,23 +109,46 @@ class GroupRegistry:
         if not path.exists() and legacy.exists():
             self._migrate(legacy)
             return
+        if not path.exists() and not self._store.was_new:
+            self._fault("missing", "reset")
+            log.error("groups: %s is missing from a data directory that is not new; every "
+                      "group's settings fall back to the defaults (set them again with "
+                      "`popmq admin groups set`)", path)  # fmt: skip
         self._log = FramedLog(path)
-        if self._log.truncated_bytes:
-            self.damaged_records += 1
-            log.error("groups: %s had %d damaged bytes at its end (cut); groups recorded there "
-                      "fall back to the defaults", path, self._log.truncated_bytes)  # fmt: skip
+        damaged_bytes = sum(run.end - run.start for run in self._log.damage)
+        quarantine = Quarantine(self._store.data_dir)
+        for run in self._log.damage:  # copied aside before anything is cut or skipped
+            event = DamageEvent(f"state/{LOG_NAME}", run.start, run.end,
+                                TORN_TAIL if run.tail else DAMAGED)  # fmt: skip
+            quarantine.keep(event, run.data)
+        if damaged_bytes:
+            self.damaged_records += len(self._log.damage)
+            self._fault(f"{damaged_bytes} damaged bytes", "reset")
+            log.error("groups: %s had %d damaged bytes (%d runs, copied to quarantine/; a "
+                      "damaged end is cut); groups recorded there fall back to the defaults",
+                      path, damaged_bytes, len(self._log.damage))  # fmt: skip
         records = 0
         for _, payload in self._log.iter_from(0):
             records += 1
             try:
-                config = _from_json(json.loads(payload))
-            except (ValueError, KeyError, TypeError) as exc:
+                data = json.loads(payload)
+                if data.get("deleted") is True:
+                    self._groups.pop(str(data["name"]), None)
+                    continue
+                config = _from_json(data)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 self.damaged_records += 1
+                self._fault("unreadable record", "reset")
                 log.error("groups: unreadable record in %s skipped: %s", path, exc)
                 continue
             self._groups[config.name] = config
-        if records > len(self._groups) + _COMPACT_SLACK:
+        # Damage was copied aside and reported: write a clean log so it is reported once.
+        if damaged_bytes or records > len(self._groups) + _COMPACT_SLACK:
             self._rewrite()
+
+    def _fault(self, problem: str, action: str) -> None:
+        """Record damage where the store's fault metrics see it."""
+        self._store.faults.metadata.append(MetadataFallback(f"state/{LOG_NAME}", action, problem))
 
     def _migrate(self, legacy: Path) -> None:
         """Read an old groups.json once, write it as the log, keep the old file renamed."""
@@ -123,6 +157,7 @@ class GroupRegistry:
             groups = {str(name): _from_json(data) for name, data in dict(saved).items()}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             self.damaged_records += 1
+            self._fault("unreadable groups.json", "reset")
             aside = legacy.with_name(LEGACY_NAME + ".corrupt")
             os.replace(legacy, aside)
             log.error("groups: %s is unreadable (%s); moved to %s, groups start from the "
@@ -181,6 +216,24 @@ class GroupRegistry:
 
     def __len__(self) -> int:
         return len(self._groups)
+
+    def configs(self) -> list[GroupConfig]:
+        """Every registered group, by name."""
+        return [self._groups[name] for name in sorted(self._groups)]
+
+    def delete(self, name: str) -> None:
+        """Forget a group's settings: a tombstone record, fsynced before it is acknowledged.
+        A later use by a client registers it again with the defaults (if auto-creation
+        allows); CONSUMER_GROUP_NOT_FOUND when it is not registered."""
+        check_group(name)
+        if name not in self._groups:
+            raise BrokerError(Code.CONSUMER_GROUP_NOT_FOUND, f"group {name!r} does not exist")
+        if self._log is None:
+            raise BrokerError(Code.INTERNAL_ERROR, "the group registry is not loaded")
+        self._log.append(_tombstone(name))
+        self._log.flush(fsync=True)
+        del self._groups[name]
+        self._level_ms.pop(name, None)
 
     def update(self, config: GroupConfig) -> GroupConfig:
         check_group(config.name)

@@ -134,6 +134,7 @@ class HandleKeyring:
         self._checked = 0.0
         self.active_id = ""
         self._ciphers: dict[str, AESGCM] = {}
+        self.reload_failures = 0  # changed files that could not be loaded (metric)
         if path is not None:
             self._load()
         else:
@@ -178,6 +179,7 @@ class HandleKeyring:
             self._load()
             log.info("receipt-handle keys reloaded from %s (active %s)", self.path, self.active_id)
         except KeyringError as exc:
+            self.reload_failures += 1
             log.error("keeping the current receipt-handle keys: %s", exc)
             self._mtime = mtime
 

@@ -83,9 +83,9 @@ class PopJournal:
                     ck = Checkpoint.from_record(record)
                     checkpoints[ck.ck_id] = ck
                 elif record["k"] == "st":
-                    ck = checkpoints.get(int(record["id"]))
-                    if ck is not None:
-                        ck.set_state(int(record["i"]), EntryState(int(record["s"])))
+                    known = checkpoints.get(int(record["id"]))
+                    if known is not None:
+                        known.set_state(int(record["i"]), EntryState(int(record["s"])))
             except (ValueError, KeyError, TypeError, IndexError) as exc:
                 # Intact frame, unusable content: skipped (not fatal), kept and reported.
                 end = position + len(payload) + 8

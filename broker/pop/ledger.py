@@ -77,6 +77,17 @@ class CheckpointLedger:
                 if offset >= fresh.pop_offset:
                     fresh.add_inflight(offset, owner)
 
+    def group_inflight(self, group: str) -> int:
+        """Messages of ``group`` popped and not yet acked, over every queue."""
+        return sum(len(s.inflight) for (g, _, _), s in self.queues.items() if g == group)
+
+    def forget_group(self, group: str) -> None:
+        """Drop a deleted group's cursors; queues with messages in flight keep theirs until
+        those finish (their checkpoints still need them)."""
+        for key in [k for k, s in self.queues.items() if k[0] == group and not s.inflight]:
+            del self.queues[key]
+            self._dirty.pop(key, None)
+
     def forget_topic(self, topic: str) -> None:
         for key in [key for key in self.queues if key[1] == topic]:
             del self.queues[key]

@@ -22,6 +22,11 @@ MISSING = "missing"  # bytes that should exist are gone (a file cut short or del
 UNREADABLE = "unreadable"  # a valid frame whose content cannot be decoded
 
 
+class QuarantineError(OSError):
+    """Damaged bytes could not be set aside (disk full, read-only, not a directory): the
+    caller must not cut or skip them."""
+
+
 @dataclass(slots=True)
 class DamageEvent:
     file: str  # path relative to the data directory
@@ -93,22 +98,31 @@ class Quarantine:
         """Copy the event's bytes aside (``record`` writes its JSON record later, once the
         frames it lost are counted)."""
         if data:
-            self._dir.mkdir(exist_ok=True)
             name = self.name_for(event.file, event.start, event.end)
             self._write(self._dir / (name + ".bin"), data)
             event.quarantined_to = f"{QUARANTINE_DIR}/{name}.bin"
 
     def record(self, event: DamageEvent) -> None:
-        self._dir.mkdir(exist_ok=True)
         name = self.name_for(event.file, event.start, event.end)
         record = json.dumps(asdict(event), indent=1, sort_keys=True).encode()
         self._write(self._dir / (name + ".json"), record)
 
-    @staticmethod
-    def _write(path: Path, data: bytes) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    def _write(self, path: Path, data: bytes) -> None:
         try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            self._dir.mkdir(exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                view = memoryview(data)
+                while view:  # a short write (disk nearly full) must not truncate the copy
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except QuarantineError:
+            raise
+        except OSError as exc:
+            raise QuarantineError(
+                f"cannot set damaged bytes aside in {self._dir} ({exc.strerror or exc}); "
+                f"refusing to cut or skip them: free space or make {self._dir} a writable "
+                "directory, then start again"
+            ) from exc

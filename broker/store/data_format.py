@@ -52,7 +52,9 @@ def check_and_mark(data_dir: Path) -> str:
                 f"({CURRENT_VERSION}); run the popmq version that wrote it",
             )
         return "ok"
-    had_data = any((data_dir / name).exists() for name in ("commitlog", "index", "topics.json"))
+    had_data = any(
+        (data_dir / name).exists() for name in ("commitlog", "index", "topics.log", "topics.json")
+    )
     path = data_dir / MARKER
     tmp = path.with_name(MARKER + ".tmp")
     tmp.write_text(marker_text(), "ascii")

@@ -13,6 +13,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 FRAME_HEADER = struct.Struct("<II")
 HEADER_SIZE = FRAME_HEADER.size
@@ -46,7 +47,17 @@ def check_frame(data: bytes | memoryview, offset: int) -> int:
     return size
 
 
-def iter_frames(data: bytes | memoryview, start: int = 0) -> Iterator[tuple[int, bytes]]:
+@overload
+def iter_frames(data: bytes, start: int = 0) -> Iterator[tuple[int, bytes]]: ...
+@overload
+def iter_frames(data: memoryview, start: int = 0) -> Iterator[tuple[int, memoryview]]: ...
+@overload
+def iter_frames(
+    data: bytes | memoryview, start: int = 0
+) -> Iterator[tuple[int, bytes | memoryview]]: ...
+def iter_frames(
+    data: bytes | memoryview, start: int = 0
+) -> Iterator[tuple[int, bytes | memoryview]]:
     """Yield ``(offset_of_frame, payload)`` from ``start`` until the first torn or corrupt frame.
 
     The payload is a slice of ``data`` (bytes for bytes, a zero-copy memoryview for a

@@ -4,7 +4,7 @@ Layout under ``data_dir``::
 
     LOCK                       held while open (one store per directory)
     FORMAT                     on-disk format version (data_format.py)
-    topics.json                topic table (metafile.py: checksummed, with a .prev copy)
+    topics.log                 topic table: append-only checksummed records (topics.py)
     checkpoint.json            recovery start point (see recovery.py; metafile.py)
     consumer_offsets.json      committed offsets per (group, topic, queue) (metafile.py)
     quarantine/                damaged bytes recovery copied aside (damage.py)
@@ -51,11 +51,19 @@ from popmq.broker.api.types import Message, StoredMessage
 from popmq.broker.store import data_format, metafile
 from popmq.broker.store.codec import decode_header, encode_record, tag_hash
 from popmq.broker.store.commitlog import CommitLog, PositionPurged, segment_name
-from popmq.broker.store.damage import DamageEvent, MetadataFallback, Quarantine, StoreFaults
+from popmq.broker.store.damage import (
+    DAMAGED,
+    TORN_TAIL,
+    UNREADABLE,
+    DamageEvent,
+    MetadataFallback,
+    Quarantine,
+    StoreFaults,
+)
 from popmq.broker.store.errors import OffsetOutOfRangeError, OffsetPurgedError
 from popmq.broker.store.file_budget import FileBudget, fsync_paths
 from popmq.broker.store.files import DirLock
-from popmq.broker.store.framing import encode_frame
+from popmq.broker.store.framing import HEADER_SIZE, encode_frame, fsync_dir
 from popmq.broker.store.group_commit import GroupCommit
 from popmq.broker.store.queue_index import ENTRY, IndexDamaged, QueueIndex
 from popmq.broker.store.reader import count_tagged, fetch_messages, select_entries
@@ -67,6 +75,9 @@ from popmq.broker.store.recovery import (
     queue_key_text,
 )
 from popmq.broker.store.topics import (
+    LEGACY_NAME,
+    LOG_NAME,
+    TopicLogLoad,
     TopicMeta,
     TopicRecord,
     TopicTable,
@@ -77,6 +88,7 @@ from popmq.broker.store.topics import (
 from popmq.config import StoreConfig
 
 log = logging.getLogger(__name__)
+_WRITE_FAILURE_LOG_EVERY_S = 10.0
 
 ArrivalListener = Callable[[str, int, int, set[str]], None]
 
@@ -132,7 +144,7 @@ class MessageStore:
         self._lock = DirLock(self._dir)
         self._commitlog = CommitLog(self._dir / "commitlog", config.segment_bytes, self._handles)
         self._group = GroupCommit(self._commitlog)
-        self._topic_table = TopicTable(self._dir / "topics.json")
+        self._topic_table = TopicTable(self._dir)
         self._topics: dict[str, TopicRecord] = self._topic_table.topics
         self._topic_bytes: dict[str, bytes] = {}
         self._indexes: dict[QueueKey, QueueIndex] = {}
@@ -158,6 +170,9 @@ class MessageStore:
         # it does, async appends wait for their own fsync, so none is acknowledged undurable.
         self.flush_failures = 0
         self.flush_failing = False
+        self._bad_entries_seen: set[tuple[str, int, int]] = set()
+        self.write_failures = 0  # appends refused because the disk failed (full, read-only)
+        self._write_failure_logged = -_WRITE_FAILURE_LOG_EVERY_S
 
     @property
     def data_dir(self) -> Path:
@@ -262,12 +277,63 @@ class MessageStore:
         return None
 
     def _load_topics(self, fresh: bool) -> bool:
-        """Load topics.json; False when it had to fall back (then nothing may be deleted
-        for lack of a topic, and _recover_topics completes the table)."""
-        body = self._read_meta("topics.json", "rebuilt", fresh)
-        self._topic_table.load_doc(body if isinstance(body, dict) else {})
-        self._topics = self._topic_table.topics
-        return not any(m.file == "topics.json" for m in self.faults.metadata)
+        """Load topics.log (migrating an old topics.json once); False when it is missing or
+        damaged: then nothing may be deleted for lack of a topic, and _recover_topics
+        completes the table from the data."""
+        table = self._topic_table
+        legacy = self._dir / LEGACY_NAME
+        if not table.exists() and (legacy.exists() or metafile.previous_path(legacy).exists()):
+            return self._migrate_topics(fresh)
+        was_missing = not table.exists()
+        result = table.load()
+        self._topics = table.topics
+        if was_missing and fresh:
+            return True
+        if result.trusted:
+            return True
+        self._report_topic_log(result)
+        return False
+
+    def _migrate_topics(self, fresh: bool) -> bool:
+        """An old topics.json (and .prev) becomes topics.log; the old files are kept renamed
+        ``.migrated``. A damaged one is reported as before (previous copy, or rebuilt)."""
+        body = self._read_meta(LEGACY_NAME, "rebuilt", fresh)
+        table = self._topic_table
+        table.load_doc(body if isinstance(body, dict) else {})
+        self._topics = table.topics
+        trusted = not any(m.file == LEGACY_NAME for m in self.faults.metadata)
+        table.rewrite()
+        legacy = self._dir / LEGACY_NAME
+        for path in (legacy, metafile.previous_path(legacy)):
+            if path.exists():
+                path.replace(path.with_name(path.name + ".migrated"))
+        fsync_dir(self._dir)
+        log.info("store: migrated %d topics from %s to %s", len(self._topics), LEGACY_NAME,
+                 LOG_NAME)  # fmt: skip
+        return trusted
+
+    def _report_topic_log(self, result: TopicLogLoad) -> None:
+        """Missing or damaged topics.log: logged, damaged bytes copied to quarantine/,
+        counted (metrics), and the table rebuilt from the data by the caller."""
+        quarantine = Quarantine(self._dir)
+        for run in result.damage:
+            event = DamageEvent(LOG_NAME, run.start, run.end,
+                                TORN_TAIL if run.tail else DAMAGED, frames_lost=1)  # fmt: skip
+            if not quarantine.known(LOG_NAME, run.start, run.end):
+                quarantine.keep(event, run.data)
+            self.faults.damage.append(event)
+        for position, payload in result.unreadable:
+            end = position + HEADER_SIZE + len(payload)
+            event = DamageEvent(LOG_NAME, position, end, UNREADABLE, frames_lost=1)
+            quarantine.keep(event, payload)
+            self.faults.damage.append(event)
+        problem = "missing" if result.missing else (
+            f"{len(result.damage) + len(result.unreadable)} damaged records"
+        )  # fmt: skip
+        log.error("store: %s is %s; topics and queue counts are rebuilt from the commitlog "
+                  "and index dirs (damaged bytes are kept in quarantine/)", LOG_NAME,
+                  problem)  # fmt: skip
+        self.faults.metadata.append(MetadataFallback(LOG_NAME, "rebuilt", problem))
 
     def _recover_topics(self) -> None:
         """Complete the topic table from the index directories and the commitlog's records
@@ -308,9 +374,9 @@ class MessageStore:
             elif record.queue_count < queue_count:
                 record.queue_count = queue_count
                 added += 1
-        self._topic_table.save()
-        log.error("store: topics.json recovered: %d topics (%d added or grown from the commitlog "
-                  "and index dirs)", len(self._topics), added)  # fmt: skip
+        self._topic_table.rewrite()
+        log.error("store: %s rebuilt: %d topics (%d added or grown from the commitlog and "
+                  "index dirs)", LOG_NAME, len(self._topics), added)  # fmt: skip
 
     def _new_index(self, topic: str, queue_id: int) -> QueueIndex:
         index = QueueIndex(self._dir / "index" / topic / str(queue_id), self._per_file,
@@ -349,6 +415,7 @@ class MessageStore:
             self._lock.release()
 
     def _close_files(self) -> None:
+        self._topic_table.close()
         for index in self._indexes.values():
             index.close()
         self._commitlog.close()
@@ -486,9 +553,27 @@ class MessageStore:
             self._topics[name] = record
             self._topic_bytes[name] = name.encode()
             first_new = 0
-        for queue_id in range(first_new, queue_count):
-            self._new_index(name, queue_id).open()
-        self._topic_table.save()
+        try:
+            for queue_id in range(first_new, queue_count):
+                self._new_index(name, queue_id).open()
+            self._topic_table.put(record)
+        except OSError as exc:
+            # Keep memory as topics.log has it: a topic missing there would be dropped, with
+            # every message sent to it meanwhile, at the next start.
+            for queue_id in range(first_new, queue_count):
+                index = self._indexes.pop((name, queue_id), None)
+                if index is not None:
+                    index.destroy()
+            if existing is None:
+                del self._topics[name]
+                self._topic_bytes.pop(name, None)
+                shutil.rmtree(self._dir / "index" / name, ignore_errors=True)
+            else:
+                existing.queue_count = first_new
+            log.error("store: cannot create topic %s (%d queues): %s", name, queue_count, exc)
+            raise BrokerError(
+                Code.INTERNAL_ERROR, f"cannot create topic {name}: store write failed: {exc}"
+            ) from exc
         return record.meta
 
     def get_topic(self, name: str) -> TopicMeta | None:
@@ -504,7 +589,7 @@ class MessageStore:
         record = self._topic(name)
         del self._topics[name]
         self._topic_bytes.pop(name, None)
-        self._topic_table.save()
+        self._topic_table.remove(name)
         for queue_id in range(record.queue_count):
             self._indexes.pop((name, queue_id)).destroy()
         shutil.rmtree(self._dir / "index" / name, ignore_errors=True)
@@ -581,8 +666,10 @@ class MessageStore:
                 entries.append(_pack_entry(position, len(frame), code, now))
             index.append(b"".join(entries))
         except OSError as exc:
+            self._count_write_failure(exc)
             raise BrokerError(
-                Code.MASTER_PERSISTENCE_TIMEOUT, f"the message could not be stored: {exc}"
+                Code.MASTER_PERSISTENCE_TIMEOUT,
+                f"store write failed, the message was not stored: {exc}",
             ) from exc
         if self._sync or self.flush_failing:
             await self._wait_durable(positions[-1] + len(frames[-1]))
@@ -659,11 +746,35 @@ class MessageStore:
             return ReadResult([], next_offset)
         try:
             messages = fetch_messages(
-                self._commitlog, topic, queue_id, selected, tags, self._count_corrupt_read
-            )
+                self._commitlog, topic, queue_id, selected, tags, self._count_corrupt_read,
+                self._count_bad_index_entry,
+            )  # fmt: skip
         except PositionPurged:
             raise OffsetPurgedError(topic, queue_id, offset, index.min_offset) from None
         return ReadResult(messages, next_offset)
+
+    def _count_write_failure(self, exc: OSError) -> None:
+        """A refused append: counted, and logged at most every few seconds (a full disk
+        refuses every send: one line per send would flood the log)."""
+        self.write_failures += 1
+        now = time.monotonic()
+        if now - self._write_failure_logged >= _WRITE_FAILURE_LOG_EVERY_S:
+            self._write_failure_logged = now
+            log.error("store: cannot write to %s (%s): sends are refused (%d so far); free "
+                      "space on the volume or fix it",
+                      self._dir, exc, self.write_failures)  # fmt: skip
+
+    def _count_bad_index_entry(self, topic: str, queue_id: int, offset: int, size: int) -> None:
+        """A read found an index entry with a wrong size whose record is intact: the record
+        was served; report the entry once per start and count it (a corrupt read)."""
+        if (topic, queue_id, offset) in self._bad_entries_seen:
+            return
+        self._bad_entries_seen.add((topic, queue_id, offset))
+        self.corrupt_records_read += 1
+        log.error("store: the index entry of %s/%d offset %d is damaged (size %d does not match "
+                  "its intact record); served the record; to repair, stop the broker and delete "
+                  "DATA/index/%s/%d (rebuilt at start)", topic, queue_id, offset, size, topic,
+                  queue_id)  # fmt: skip
 
     def _count_corrupt_read(self, position: int, size: int) -> None:
         """A read found a damaged record (older than recovery's walk): report it once per
@@ -745,6 +856,15 @@ class MessageStore:
         if self._offsets.get(key) != offset:
             self._offsets[key] = offset
             self._offsets_dirty = True
+
+    def delete_consumer_offsets(self, group: str) -> int:
+        """Remove every committed offset of ``group`` (a deleted group); returns how many."""
+        keys = [key for key in self._offsets if key[0] == group]
+        for key in keys:
+            del self._offsets[key]
+        if keys:
+            self._offsets_dirty = True
+        return len(keys)
 
     # -- small documents ---------------------------------------------------------------------
     def _state_path(self, name: str) -> Path:

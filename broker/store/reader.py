@@ -11,10 +11,11 @@ import logging
 import sys
 import zlib
 from collections.abc import Callable
+from typing import TypeGuard
 
 from popmq.broker.api.types import StoredMessage
 from popmq.broker.store.codec import decode_record, tag_hash
-from popmq.broker.store.commitlog import CommitLog
+from popmq.broker.store.commitlog import CommitLog, PositionPurged
 from popmq.broker.store.framing import FRAME_HEADER, HEADER_SIZE
 from popmq.broker.store.queue_index import ENTRY, HOLE_SIZE, QueueIndex
 
@@ -79,10 +80,13 @@ def fetch_messages(
     selected: list[tuple[int, int, int]],
     tags: frozenset[str] | None,
     on_corrupt: Callable[[int, int], None] | None = None,
+    on_bad_entry: Callable[[str, int, int, int], None] | None = None,
 ) -> list[StoredMessage]:
     """Read and decode the selected records. A corrupt record (bad checksum, or not the
     message its index entry claims) is logged, reported (``on_corrupt(position, size)``) and
-    skipped rather than blocking the queue."""
+    skipped rather than blocking the queue. When the record is intact but its index entry is
+    not (a wrong size), the record is served and ``on_bad_entry(topic, queue, offset, size)``
+    reports the entry."""
     messages: list[StoredMessage] = []
     run_start = 0
     while run_start < len(selected):
@@ -101,11 +105,13 @@ def fetch_messages(
         data = memoryview(commitlog.read(first_position, limit - first_position))
         for position, size, offset in selected[run_start:run_end]:
             message = decode_at(data, position - first_position, size)
-            if message is None or (message.topic, message.queue_id, message.queue_offset) != (
-                topic,
-                queue_id,
-                offset,
-            ):
+            if not _is_record(message, topic, queue_id, offset):
+                # Perhaps the index entry is what is damaged (a wrong size), not the log:
+                # read the frame by the length it carries itself.
+                message = _frame_at(commitlog, position)
+                if _is_record(message, topic, queue_id, offset) and on_bad_entry is not None:
+                    on_bad_entry(topic, queue_id, offset, size)
+            if not _is_record(message, topic, queue_id, offset):
                 if on_corrupt is not None:
                     on_corrupt(position, size)
                 else:
@@ -117,6 +123,24 @@ def fetch_messages(
             messages.append(message)
         run_start = run_end
     return messages
+
+
+def _is_record(
+    message: StoredMessage | None, topic: str, queue_id: int, offset: int
+) -> TypeGuard[StoredMessage]:
+    """Is this the record the index entry names (a damaged one decodes as None or another)?"""
+    if message is None:
+        return False
+    return (message.topic, message.queue_id, message.queue_offset) == (topic, queue_id, offset)
+
+
+def _frame_at(commitlog: CommitLog, position: int) -> StoredMessage | None:
+    """The message of the intact frame at ``position`` (by its own length), or None."""
+    try:
+        payload = commitlog.read_frame(position)
+        return None if payload is None else decode_record(memoryview(payload))
+    except (OSError, ValueError, PositionPurged):
+        return None
 
 
 def decode_at(data: memoryview, start: int, size: int) -> StoredMessage | None:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.names import check_topic
-from popmq.broker.store import metafile
+from popmq.broker.store.framing import DamagedRun, FramedLog, Resync, fsync_dir
 
 MAX_QUEUES = 1024
+LOG_NAME = "topics.log"
+LEGACY_NAME = "topics.json"  # before the log: one checksummed document (metafile.py)
+# Compact at start when the log holds this many more records than there are topics.
+_COMPACT_SLACK = 1_000
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,24 +51,119 @@ def check_queue_count(queue_count: int) -> None:
         )
 
 
+def _put_record(topic: TopicRecord) -> dict:
+    return {"name": topic.name, "queue_count": topic.queue_count, "since": topic.since}
+
+
+def _encode(record: dict) -> bytes:
+    return json.dumps(record, separators=(",", ":")).encode()
+
+
+def _is_record(payload: memoryview) -> bool:
+    try:
+        record = json.loads(bytes(payload))
+    except ValueError:
+        return False
+    return isinstance(record, dict) and isinstance(record.get("name"), str)
+
+
+# Every record is a JSON object naming a topic (resync past damage: see framing.Resync).
+TOPICS_RESYNC = Resync(b"{", _is_record)
+
+
+@dataclass(slots=True)
+class TopicLogLoad:
+    """What loading the topic log found: damage means the table may miss topics."""
+
+    missing: bool = False
+    damage: list[DamagedRun] = field(default_factory=list)
+    unreadable: list[tuple[int, bytes]] = field(default_factory=list)  # (position, payload)
+
+    @property
+    def trusted(self) -> bool:
+        return not (self.missing or self.damage or self.unreadable)
+
+
 class TopicTable:
-    def __init__(self, path: Path) -> None:
-        self._path = path
+    """The durable topic table, ``topics.log``: an append-only log of checksummed JSON records
+    (framing.FramedLog), one per created or grown topic (``{"name", "queue_count", "since"}``)
+    and one tombstone per deleted topic (``{"name", "deleted": true}``). Registering a topic
+    appends and fsyncs one small record, so N topics cost O(N) bytes, not the O(N^2) of
+    rewriting a whole document each time. The log is compacted (temp file, fsync, rename)
+    at start when it holds many superseded records, and after a rebuild."""
+
+    def __init__(self, directory: Path) -> None:
+        self._dir = Path(directory)
+        self.path = self._dir / LOG_NAME
         self.topics: dict[str, TopicRecord] = {}
+        self._log: FramedLog | None = None
+        self._records = 0
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def load(self) -> TopicLogLoad:
+        """Replay the log (missing: an empty table, reported). Damaged frames are skipped
+        and returned (the caller reports them and completes the table from the data)."""
+        self.close()
+        result = TopicLogLoad(missing=not self.path.exists())
+        self._log = FramedLog(self.path, TOPICS_RESYNC)
+        result.damage = list(self._log.damage)
+        self.topics, self._records = {}, 0
+        for position, payload in self._log.iter_from(0):
+            self._records += 1
+            try:
+                self._apply(json.loads(payload))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                result.unreadable.append((position, payload))
+        if result.trusted and self._records > len(self.topics) + _COMPACT_SLACK:
+            self.rewrite()
+        return result
+
+    def _apply(self, record: dict) -> None:
+        name = str(record["name"])
+        if record.get("deleted") is True:
+            self.topics.pop(name, None)
+            return
+        self.topics[name] = TopicRecord(name, int(record["queue_count"]), int(record["since"]))
 
     def load_doc(self, doc: dict) -> None:
-        """Take the table from a document read by the caller (metafile.read)."""
+        """Take the table from an old topics.json document (migration)."""
         self.topics = {
             name: TopicRecord(name, int(entry["queue_count"]), int(entry["since"]))
             for name, entry in doc.get("topics", {}).items()
         }
 
-    def save(self) -> None:
-        doc = {
-            "version": 1,
-            "topics": {
-                t.name: {"queue_count": t.queue_count, "since": t.since}
-                for t in self.topics.values()
-            },
-        }
-        metafile.write(self._path, doc)
+    def _append(self, record: dict) -> None:
+        if self._log is None:
+            self._log = FramedLog(self.path, TOPICS_RESYNC)
+        self._log.append(_encode(record))
+        self._log.flush(fsync=True)  # durable before any message of the topic is written
+        self._records += 1
+
+    def put(self, record: TopicRecord) -> None:
+        """Record a created or grown topic (already in ``topics``)."""
+        self._append(_put_record(record))
+
+    def remove(self, name: str) -> None:
+        """Record a deleted topic (already gone from ``topics``)."""
+        self._append({"name": name, "deleted": True})
+
+    def rewrite(self) -> None:
+        """Write every topic to a fresh log (temp file, fsync, rename over, fsync the dir)."""
+        self.close()
+        tmp = self._dir / (LOG_NAME + ".tmp")
+        tmp.unlink(missing_ok=True)
+        fresh = FramedLog(tmp, TOPICS_RESYNC)
+        for t in self.topics.values():
+            fresh.append(_encode(_put_record(t)))
+        fresh.close()
+        os.replace(tmp, self.path)
+        fsync_dir(self._dir)
+        self._records = len(self.topics)
+        self._log = FramedLog(self.path, TOPICS_RESYNC)
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None

@@ -276,7 +276,7 @@ async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
                     )
                     request.invisible_duration.FromMilliseconds(INVISIBLE_MS)
                     request.long_polling_timeout.FromMilliseconds(POLL_MS)
-                    entries = []
+                    entries: list[s.AckMessageEntry] = []
                     first_born = 0.0
                     async for frame in stub.ReceiveMessage(request, metadata=metadata, timeout=10):
                         if frame.WhichOneof("content") == "message":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -94,7 +95,7 @@ async def run_hang(server: Server, p: HangParams) -> dict[str, Any]:
         route = await pool[0].query_route(TOPIC)
         tally = Tally(p.consumers, set(ids))
         await _hang_once(pool[0], route, loop, tally, hang)
-        others = [
+        others: list[Coroutine[Any, Any, object]] = [
             pop_consumer(i, pool[i % len(pool)], route, loop, tally) for i in range(1, p.consumers)
         ]
         others.append(asyncio.Event().wait())  # the hung consumer, holding its batch

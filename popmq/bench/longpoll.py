@@ -123,10 +123,7 @@ async def _consume(
     while True:
         preferred = ports[turn % len(ports)].name
         turn += 1
-        pop = PopRequest(
-            group=GROUP, topic=TOPIC, max_messages=32, invisible_time_ms=60_000,
-            client_id=f"bench-consumer-{index}",
-        )  # fmt: skip
+        pop = PopRequest(group=GROUP, topic=TOPIC, max_messages=32, invisible_time_ms=60_000)
         asked = _now_ms()
         messages = await strategy.receive(ports, LongPollRequest(pop, await_ms, preferred))
         answered = _now_ms()
@@ -171,7 +168,7 @@ async def _run_one(
     data_dir: str | None,
 ) -> dict[str, Any]:
     metrics = ProxyMetrics()
-    config = ProxyConfig(strategy=name, **proxy_overrides)  # type: ignore[arg-type]
+    config = ProxyConfig(strategy=name, **proxy_overrides)
     strategy = make_strategy(config, metrics)
     record = _Record()
     rng = random.Random(seed)
@@ -275,7 +272,7 @@ def _summarise(
     stalls = sorted(record.stalls_ms)
     label = name
     rpcs: dict[str, int] = {}
-    for sample in metrics.broker_rpcs.collect()[0].samples:
+    for sample in next(iter(metrics.broker_rpcs.collect())).samples:
         if sample.name.endswith("_total"):
             rpcs[sample.labels["kind"]] = int(sample.value)
     delivered = len(record.received_ms)
@@ -382,7 +379,7 @@ async def bench_longpoll(
         raise ValueError(f"unknown strategies {sorted(unknown)}: choose from {STRATEGIES}")
     overrides = dict(proxy_overrides or {})
     data_dir = data_dir or _default_data_dir()
-    common = {
+    common: dict[str, Any] = {
         "brokers": brokers, "await_ms": await_ms, "remote": remote, "seed": seed,
         "proxy_overrides": overrides, "body_bytes": body_bytes, "data_dir": data_dir,
     }  # fmt: skip

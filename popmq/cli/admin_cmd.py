@@ -2,7 +2,8 @@
 
     popmq admin --endpoint 127.0.0.1:8081 topics create orders --queues 8
     popmq admin topics list | topics describe orders --group billing | topics delete orders
-    popmq admin groups get billing
+    popmq admin groups list | groups get billing
+    popmq admin groups delete billing [--clean-offsets] [--force]
     popmq admin groups set billing --consume-mode PULL --max-attempts 5 --retry-levels 1s,10s
     popmq admin set-consume-mode billing POP
     popmq admin clients [--group billing]
@@ -80,6 +81,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     groups = commands.add_parser("groups", help="show or change consumer group settings")
     group_commands = groups.add_subparsers(dest="groups_command", required=True)
+    group_list = group_commands.add_parser(
+        "list", help="groups registered on the brokers, with in-flight counts"
+    )
+    group_list.set_defaults(func=_groups_list)
+    group_delete = group_commands.add_parser(
+        "delete", help="delete a group's settings from every broker (mqadmin deleteSubGroup)",
+        description="Delete a group's settings from every broker. Its %%RETRY%% and %%DLQ%% "
+        "topics are kept. Refused while the group has messages in flight, unless --force "
+        "(they then revive as usual). A client using the group again re-creates it with the "
+        "defaults, if auto-creation is on.",
+    )  # fmt: skip
+    group_delete.add_argument("name")
+    group_delete.add_argument(
+        "--clean-offsets", action="store_true",
+        help="also remove its committed offsets (a new group of that name starts afresh)",
+    )  # fmt: skip
+    group_delete.add_argument(
+        "--force", action="store_true", help="delete even with messages in flight"
+    )
+    group_delete.set_defaults(func=_groups_delete)
     get = group_commands.add_parser("get", help="a group's settings")
     get.add_argument("name")
     get.set_defaults(func=_groups_get)
@@ -322,6 +343,46 @@ def _print_group(args: argparse.Namespace, response: Any) -> None:
         ("group", "consume_mode", "max_attempts", "fifo", "retry_levels"),
         [(group.name, group.consume_mode, group.max_attempts, group.fifo, levels)],
     )
+
+
+@_command
+def _groups_list(args: argparse.Namespace) -> None:
+    from popmq.pb.admin.v1 import admin_pb2 as a
+
+    response = _call(args, "ListGroups", a.ListGroupsRequest())
+    if getattr(args, "namespace", ""):  # only the namespace's groups, by their client names
+        kept = [g for g in response.groups if _in_namespace(args, g.group.name)]
+        del response.groups[:]
+        for summary in kept:
+            summary.group.name = _shown(args, summary.group.name)
+            response.groups.append(summary)
+    if args.json:
+        _print_json(response)
+        return
+    rows = [
+        (s.group.name, s.group.consume_mode, s.group.max_attempts, s.group.fifo,
+         ",".join(s.group.retry_levels) or "(default)", len(s.brokers), s.offset_queues,
+         s.inflight)
+        for s in response.groups
+    ]  # fmt: skip
+    _table(("group", "consume_mode", "max_attempts", "fifo", "retry_levels", "brokers",
+            "offset_queues", "inflight"), rows)  # fmt: skip
+
+
+@_command
+def _groups_delete(args: argparse.Namespace) -> None:
+    from popmq.pb.admin.v1 import admin_pb2 as a
+
+    request = a.DeleteGroupRequest(
+        name=args.name, clean_offsets=args.clean_offsets, force=args.force
+    )
+    response = _call(args, "DeleteGroup", request)
+    if args.json:
+        _print_json(response)
+        return
+    print(f"deleted group {_shown(args, args.name)} from {len(response.brokers)} brokers "
+          f"({', '.join(response.brokers)}); {response.offsets_removed} offsets removed, "
+          f"{response.inflight} messages still in flight")  # fmt: skip
 
 
 @_command

@@ -56,9 +56,12 @@ def _run_bench(module: str, function: str, formatter: Callable[[dict[str, Any]],
     bench = getattr(importlib.import_module(module), function)
     with live_progress(f"bench {function.removeprefix('bench_')}"):
         result = asyncio.run(bench(**kwargs))
-    if isinstance(formatter, str):
-        formatter = getattr(importlib.import_module(module), formatter)
-    return _emit(result, formatter(result), json_path)
+    render = (
+        getattr(importlib.import_module(module), formatter)
+        if isinstance(formatter, str)
+        else formatter
+    )
+    return _emit(result, render(result), json_path)
 
 
 def _broker(args: argparse.Namespace) -> int:

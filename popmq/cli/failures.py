@@ -12,8 +12,8 @@ import re
 import yaml
 from pydantic import ValidationError
 
-from popmq.broker.api.errors import BrokerError
 from popmq.config import ConfigFileError
+from popmq.errors import PopmqError
 from popmq.tracing import TracingUnavailable
 
 USER_ERROR_EXIT = 2
@@ -43,7 +43,7 @@ def user_message(error: BaseException) -> str | None:
     if isinstance(error, OSError) and error.strerror:
         where = f" ({error.filename})" if error.filename else ""
         return f"{error.strerror}{where}"
-    if isinstance(error, BrokerError):
+    if isinstance(error, PopmqError):
         return error.message
     if isinstance(error, RuntimeError):
         match = _BIND_FAILED.search(str(error) + " ")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -36,11 +37,11 @@ def _path(args: argparse.Namespace) -> Path:
     return Path(args.file) if args.file else Path(args.data_dir) / DEFAULT_NAME
 
 
-def _guarded(work: object) -> int:
+def _guarded(work: Callable[[], object]) -> int:
     from popmq.broker.pop.handle_keys import KeyringError
 
     try:
-        work()  # type: ignore[operator]
+        work()
     except KeyringError as exc:
         print(f"popmq handle-keys: {exc}", file=sys.stderr)
         return 1
@@ -67,4 +68,8 @@ def _rotate(args: argparse.Namespace) -> int:
 def _retire(args: argparse.Namespace) -> int:
     from popmq.broker.pop.handle_keys import retire
 
-    return _guarded(lambda: (retire(_path(args), args.key_id), print(f"retired {args.key_id}")))
+    def work() -> None:
+        retire(_path(args), args.key_id)
+        print(f"retired {args.key_id}")
+
+    return _guarded(work)

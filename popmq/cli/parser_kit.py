@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
+from typing import Any
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -90,7 +91,7 @@ def inherit(parent: argparse.ArgumentParser) -> None:
         for action in globals_:
             if any(opt in child._option_string_actions for opt in action.option_strings):
                 continue
-            kwargs: dict[str, object] = {
+            kwargs: dict[str, Any] = {
                 "dest": action.dest,
                 "default": argparse.SUPPRESS,
                 "help": action.help,

@@ -11,7 +11,7 @@ send, and POP receive / ack / change invisible duration.
 """
 
 from popmq.client.aio import AsyncClient
-from popmq.client.errors import ProxyError, ProxyUnavailable
+from popmq.client.errors import ProxyError, ProxyTimeout, ProxyUnavailable
 from popmq.client.model import (
     AckOutcome,
     OffsetPolicy,
@@ -29,6 +29,7 @@ __all__ = [
     "OffsetPolicy",
     "PendingSend",
     "ProxyError",
+    "ProxyTimeout",
     "ProxyUnavailable",
     "PullResult",
     "QueueRef",

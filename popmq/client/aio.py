@@ -1,18 +1,20 @@
 """AsyncClient: the proxy's apache.rocketmq.v2 protocol over grpc.aio.
 
 For tools that live on an event loop (the CLI, benchmarks). One channel per client; close it
-with ``await client.close()`` or ``async with AsyncClient(...)``.
+with ``await client.close()`` or ``async with AsyncClient(...)``. Requests and decoding are
+ClientCore's (shared with the blocking Client); this module only waits on grpc.aio.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import grpc
 
 from popmq.broker.api.types import Message
-from popmq.client import codec
-from popmq.client.errors import ProxyUnavailable
+from popmq.client.core import CHANNEL_OPTIONS, Call, ClientCore, StreamCall
+from popmq.client.errors import map_rpc_errors
 from popmq.client.model import (
     AckOutcome,
     OffsetPolicy,
@@ -22,24 +24,18 @@ from popmq.client.model import (
     SendReceipt,
 )
 from popmq.client.security import ClientSecurity
-from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
 
-CHANNEL_OPTIONS = (
-    ("grpc.max_receive_message_length", 64 << 20),
-    ("grpc.max_send_message_length", 64 << 20),
-)
+T = TypeVar("T")
+
+__all__ = ["CHANNEL_OPTIONS", "AsyncClient"]
 
 
-class AsyncClient:
+class AsyncClient(ClientCore):
     def __init__(
         self, endpoint: str, timeout_s: float = 10.0, *, security: ClientSecurity | None = None
     ) -> None:
-        host, port = codec.parse_endpoint(endpoint)
-        self.security = security or ClientSecurity()
-        self.endpoint = f"{host}:{port}"
-        self.timeout_s = timeout_s
-        self.client_id = codec.new_client_id()
+        super().__init__(endpoint, timeout_s, security=security)
         credentials = self.security.credentials()
         self._channel = (
             grpc.aio.secure_channel(self.endpoint, credentials, options=CHANNEL_OPTIONS)
@@ -57,54 +53,43 @@ class AsyncClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    def _meta(self) -> tuple[tuple[str, str], ...]:
-        return codec.call_metadata(self.client_id) + self.security.signature()
+    async def _run(self, call: Call[T]) -> T:
+        method = getattr(self._stub, call.rpc)
+        with map_rpc_errors(self.endpoint, call.rpc):
+            response = await method(call.request, timeout=self.timeout_s, metadata=self._meta())
+        return call.decode(response)
 
-    def _unavailable(self, rpc: str, error: grpc.aio.AioRpcError) -> ProxyUnavailable:
-        timed_out = error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        detail = f"{error.code().name} {error.details() or ''}".strip()
-        return ProxyUnavailable(self.endpoint, rpc, detail, timed_out)
-
-    async def _unary(self, rpc: str, request: object, timeout_s: float | None = None) -> object:
-        method = getattr(self._stub, rpc)
-        try:
-            return await method(request, timeout=timeout_s or self.timeout_s, metadata=self._meta())
-        except grpc.aio.AioRpcError as error:
-            raise self._unavailable(rpc, error) from error
+    async def _stream(self, call: StreamCall[Any, T]) -> T:
+        collector = call.collector()
+        method = getattr(self._stub, call.rpc)
+        with map_rpc_errors(self.endpoint, call.rpc):
+            async for response in method(
+                call.request, timeout=call.timeout_s, metadata=self._meta()
+            ):
+                collector.add(response)
+        return call.result(collector)
 
     # -- route and offsets ----------------------------------------------------------------
 
     async def query_route(self, topic: str) -> list[QueueRef]:
-        response = await self._unary("QueryRoute", codec.route_request(topic, self.endpoint))
-        return codec.route_from_pb(response, topic)  # type: ignore[arg-type]
+        return await self._run(self._query_route(topic))
 
     async def query_offset(
         self, queue: QueueRef, policy: OffsetPolicy, timestamp_ms: int | None = None
     ) -> int:
-        request = codec.query_offset_request(queue, policy, timestamp_ms)
-        response = await self._unary("QueryOffset", request)
-        return codec.offset_from(response, f"QueryOffset({policy.value})")  # type: ignore[arg-type]
+        return await self._run(self._query_offset(queue, policy, timestamp_ms))
 
     async def get_offset(self, group: str, queue: QueueRef) -> int:
-        request = s.GetOffsetRequest(
-            group=codec.resource(group), message_queue=codec.queue_to_pb(queue)
-        )
-        response = await self._unary("GetOffset", request)
-        return codec.offset_from(response, "GetOffset")  # type: ignore[arg-type]
+        return await self._run(self._get_offset(group, queue))
 
     async def update_offset(self, group: str, queue: QueueRef, offset: int) -> None:
-        request = s.UpdateOffsetRequest(
-            group=codec.resource(group), message_queue=codec.queue_to_pb(queue), offset=offset
-        )
-        response = await self._unary("UpdateOffset", request)
-        codec.check_status(response.status, "UpdateOffset")  # type: ignore[attr-defined]
+        await self._run(self._update_offset(group, queue, offset))
 
     # -- produce ----------------------------------------------------------------------------
 
     async def send(self, messages: Sequence[Message]) -> list[SendReceipt]:
         """Send messages of one topic in one request; one receipt per message."""
-        response = await self._unary("SendMessage", codec.send_request(messages))
-        return codec.send_receipts(response, len(messages))  # type: ignore[arg-type]
+        return await self._run(self._send(messages))
 
     # -- offset-based consumption --------------------------------------------------------
 
@@ -117,19 +102,8 @@ class AsyncClient:
         filter_expression: str = "*",
         group: str = "",
     ) -> PullResult:
-        request = codec.pull_request(
-            queue, offset, batch_size, long_polling_ms, filter_expression, group
-        )
-        collector = codec.PullCollector(queue, offset)
-        timeout = self.timeout_s + long_polling_ms / 1000
-        try:
-            async for response in self._stub.PullMessage(
-                request, timeout=timeout, metadata=self._meta()
-            ):
-                collector.add(response)
-        except grpc.aio.AioRpcError as error:
-            raise self._unavailable("PullMessage", error) from error
-        return collector.result()
+        call = self._pull(queue, offset, batch_size, long_polling_ms, filter_expression, group)
+        return await self._stream(call)
 
     # -- POP consumption --------------------------------------------------------------------
 
@@ -142,34 +116,22 @@ class AsyncClient:
         long_polling_ms: int = 5_000,
         filter_expression: str = "*",
     ) -> list[ReceivedMessage]:
-        request = codec.receive_request(
+        call = self._receive(
             group, queue, batch_size, invisible_ms, long_polling_ms, filter_expression
         )
-        collector = codec.ReceiveCollector(queue)
-        timeout = self.timeout_s + long_polling_ms / 1000
-        try:
-            async for response in self._stub.ReceiveMessage(
-                request, timeout=timeout, metadata=self._meta()
-            ):
-                collector.add(response)
-        except grpc.aio.AioRpcError as error:
-            raise self._unavailable("ReceiveMessage", error) from error
-        return collector.messages
+        return await self._stream(call)
 
     async def ack(
         self, group: str, topic: str, entries: Sequence[tuple[str, str]]
     ) -> list[AckOutcome]:
         """Ack (message_id, receipt_handle) pairs; one outcome per entry."""
-        response = await self._unary("AckMessage", codec.ack_request(group, topic, entries))
-        return codec.ack_outcomes(response)  # type: ignore[arg-type]
+        return await self._run(self._ack(group, topic, entries))
 
     async def change_invisible_duration(
         self, group: str, topic: str, message_id: str, receipt_handle: str, invisible_ms: int
     ) -> str:
         """Moves the message's next-visible time; returns the new receipt handle."""
-        request = codec.change_invisible_request(
+        call = self._change_invisible_duration(
             group, topic, message_id, receipt_handle, invisible_ms
         )
-        response = await self._unary("ChangeInvisibleDuration", request)
-        codec.check_status(response.status, "ChangeInvisibleDuration")  # type: ignore[attr-defined]
-        return response.receipt_handle  # type: ignore[attr-defined]
+        return await self._run(call)

@@ -12,6 +12,7 @@ import uuid
 import zlib
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
+from typing import cast
 
 from popmq.broker.api.errors import Code
 from popmq.broker.api.types import Message
@@ -193,7 +194,7 @@ def query_offset_request(
 ) -> s.QueryOffsetRequest:
     request = s.QueryOffsetRequest(
         message_queue=queue_to_pb(queue),
-        query_offset_policy=d.QueryOffsetPolicy.Value(policy.value),
+        query_offset_policy=cast("d.QueryOffsetPolicy", d.QueryOffsetPolicy.Value(policy.value)),
     )
     if policy is OffsetPolicy.TIMESTAMP:
         if timestamp is None:

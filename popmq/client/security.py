@@ -1,6 +1,7 @@
 """Credentials and TLS for popmq's own client against a secured proxy (docs/security.md):
-the same MQv2-HMAC-SHA1 signature the official clients send, and TLS trusting a given CA (or
-the system's roots)."""
+the same MQv2-HMAC-SHA1 signature the official clients send, TLS trusting a given CA (or the
+system's roots), and a client certificate for proxies that verify one (mTLS,
+``proxy.tls.client_ca``)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,18 @@ class ClientSecurity:
     secret_key: str = ""
     tls: bool = False
     ca_file: Path | None = None  # None with tls: the system's roots
+    cert_file: Path | None = None  # our client certificate (PEM), for mTLS proxies
+    key_file: Path | None = None  # its private key (PEM)
 
     def __post_init__(self) -> None:
         if bool(self.access_key) != bool(self.secret_key):
             raise ValueError("give both an access key and a secret key, or neither")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("give both a client certificate and its key, or neither")
 
     def __repr__(self) -> str:  # never the secret key
-        return f"ClientSecurity(access_key={self.access_key!r}, tls={self.tls})"
+        mtls = ", client_cert=True" if self.cert_file else ""
+        return f"ClientSecurity(access_key={self.access_key!r}, tls={self.tls}{mtls})"
 
     def signature(self) -> tuple[tuple[str, str], ...]:
         """Signed headers for one call (fresh date-time), or none without keys."""
@@ -34,4 +40,7 @@ class ClientSecurity:
         return tuple(signed_metadata(self.access_key, self.secret_key))
 
     def credentials(self) -> grpc.ChannelCredentials | None:
-        return channel_credentials(self.ca_file) if self.tls or self.ca_file else None
+        """TLS credentials (a CA file or a client certificate imply TLS), or None: plaintext."""
+        if not (self.tls or self.ca_file or self.cert_file):
+            return None
+        return channel_credentials(self.ca_file, self.cert_file, self.key_file)

@@ -1,23 +1,23 @@
 """Client: the same protocol over grpc's blocking API.
 
-For code without an event loop: Spark tasks and the Spark driver run it. Read-only calls are
-retried on a transport failure (they are idempotent); sends are not, so a failed send raises
-and the caller (a Spark task) decides.
+For code without an event loop: Spark tasks and the Spark driver run it. Requests and decoding
+are ClientCore's (shared with AsyncClient). On top, this client retries reads on a transport
+failure (they are idempotent; sends and receives are not, so those raise and the caller, a
+Spark task, decides), pipelines sends (send_async) and queries many offsets at once.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import grpc.experimental
 
 from popmq.broker.api.types import Message
-from popmq.client import codec
-from popmq.client.aio import CHANNEL_OPTIONS
-from popmq.client.errors import ProxyUnavailable
+from popmq.client.core import CHANNEL_OPTIONS, Call, ClientCore, StreamCall
+from popmq.client.errors import ProxyUnavailable, transport_error
 from popmq.client.model import (
     AckOutcome,
     OffsetPolicy,
@@ -27,8 +27,9 @@ from popmq.client.model import (
     SendReceipt,
 )
 from popmq.client.security import ClientSecurity
-from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
+
+T = TypeVar("T")
 
 # Server streams (PullMessage, ReceiveMessage) are read on the calling thread instead of a
 # helper thread: far less per-message overhead for streams of many small frames.
@@ -44,9 +45,14 @@ _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 class PendingSend:
     """A SendMessage in flight; result() waits for its receipts (or raises)."""
 
-    def __init__(self, future: grpc.Future, count: int, on_error: Callable[[Any], Exception]):
+    def __init__(
+        self,
+        future: grpc.Future,
+        decode: Callable[[Any], list[SendReceipt]],
+        on_error: Callable[[Any], Exception],
+    ) -> None:
         self._future = future
-        self._count = count
+        self._decode = decode
         self._on_error = on_error
 
     def result(self) -> list[SendReceipt]:
@@ -54,10 +60,10 @@ class PendingSend:
             response = self._future.result()
         except grpc.RpcError as error:
             raise self._on_error(error) from error
-        return codec.send_receipts(response, self._count)
+        return self._decode(response)
 
 
-class Client:
+class Client(ClientCore):
     def __init__(
         self,
         endpoint: str,
@@ -66,12 +72,8 @@ class Client:
         *,
         security: ClientSecurity | None = None,
     ) -> None:
-        host, port = codec.parse_endpoint(endpoint)
-        self.security = security or ClientSecurity()
-        self.endpoint = f"{host}:{port}"
-        self.timeout_s = timeout_s
+        super().__init__(endpoint, timeout_s, security=security)
         self.read_attempts = max(1, read_attempts)
-        self.client_id = codec.new_client_id()
         credentials = self.security.credentials()
         self._channel = (
             grpc.secure_channel(self.endpoint, credentials, options=SYNC_CHANNEL_OPTIONS)
@@ -89,83 +91,77 @@ class Client:
     def close(self) -> None:
         self._channel.close()
 
-    def _meta(self) -> tuple[tuple[str, str], ...]:
-        return codec.call_metadata(self.client_id) + self.security.signature()
+    def _unavailable(self, rpc: str, error: grpc.RpcError) -> ProxyUnavailable:
+        return transport_error(self.endpoint, rpc, error)
 
-    def _unavailable(self, rpc: str, error: Any) -> ProxyUnavailable:
-        code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
-        details = error.details() if hasattr(error, "details") else str(error)
-        timed_out = code == grpc.StatusCode.DEADLINE_EXCEEDED
-        detail = f"{code.name} {details or ''}".strip()
-        return ProxyUnavailable(self.endpoint, rpc, detail, timed_out)
-
-    def _call(self, rpc: str, invoke: Callable[[], Any], idempotent: bool) -> Any:
+    def _retrying(self, rpc: str, invoke: Callable[[], T], idempotent: bool) -> T:
         attempts = self.read_attempts if idempotent else 1
         for attempt in range(1, attempts + 1):
             try:
                 return invoke()
             except grpc.RpcError as error:
-                if attempt == attempts or error.code() not in _RETRYABLE:  # type: ignore[attr-defined]
+                if attempt == attempts or error.code() not in _RETRYABLE:
                     raise self._unavailable(rpc, error) from error
                 time.sleep(0.1 * 2**attempt)  # brief backoff: a proxy restarting
         raise AssertionError("unreachable")
 
-    def _unary(self, rpc: str, request: object, idempotent: bool = True) -> Any:
-        method = getattr(self._stub, rpc)
-        return self._call(
-            rpc,
-            lambda: method(request, timeout=self.timeout_s, metadata=self._meta()),
-            idempotent,
+    def _run(self, call: Call[T]) -> T:
+        method = getattr(self._stub, call.rpc)
+        response = self._retrying(
+            call.rpc,
+            lambda: method(call.request, timeout=self.timeout_s, metadata=self._meta()),
+            call.idempotent,
         )
+        return call.decode(response)
+
+    def _stream(self, call: StreamCall[Any, T]) -> T:
+        method = getattr(self._stub, call.rpc)
+
+        def invoke() -> T:
+            collector = call.collector()  # a retry starts over
+            for response in method(call.request, timeout=call.timeout_s, metadata=self._meta()):
+                collector.add(response)
+            return call.result(collector)
+
+        return self._retrying(call.rpc, invoke, call.idempotent)
 
     # -- route and offsets ----------------------------------------------------------------
 
     def query_route(self, topic: str) -> list[QueueRef]:
-        response = self._unary("QueryRoute", codec.route_request(topic, self.endpoint))
-        return codec.route_from_pb(response, topic)
+        return self._run(self._query_route(topic))
 
     def query_offset(
         self, queue: QueueRef, policy: OffsetPolicy, timestamp_ms: int | None = None
     ) -> int:
-        request = codec.query_offset_request(queue, policy, timestamp_ms)
-        return codec.offset_from(
-            self._unary("QueryOffset", request), f"QueryOffset({policy.value})"
-        )
+        return self._run(self._query_offset(queue, policy, timestamp_ms))
 
     def query_offsets(
         self, queues: Sequence[QueueRef], policy: OffsetPolicy, timestamp_ms: int | None = None
     ) -> dict[tuple[str, int], int]:
         """QueryOffset for many queues at once (concurrent calls): {(broker, id): offset}."""
-        futures = []
-        for queue in queues:
-            request = codec.query_offset_request(queue, policy, timestamp_ms)
-            futures.append(
-                self._stub.QueryOffset.future(
-                    request, timeout=self.timeout_s, metadata=self._meta()
-                )
+        calls = [self._query_offset(queue, policy, timestamp_ms) for queue in queues]
+        futures = [
+            self._stub.QueryOffset.future(
+                call.request, timeout=self.timeout_s, metadata=self._meta()
             )
+            for call in calls
+        ]
         result: dict[tuple[str, int], int] = {}
-        for queue, future in zip(queues, futures, strict=True):
+        for queue, call, future in zip(queues, calls, futures, strict=True):
             try:
                 response = future.result()
             except grpc.RpcError:
                 # One retry path for everyone: redo this queue with the retrying single call.
-                result[queue.key] = self.query_offset(queue, policy, timestamp_ms)
+                result[queue.key] = self._run(call)
                 continue
-            result[queue.key] = codec.offset_from(response, f"QueryOffset({policy.value})")
+            result[queue.key] = call.decode(response)
         return result
 
     def get_offset(self, group: str, queue: QueueRef) -> int:
-        request = s.GetOffsetRequest(
-            group=codec.resource(group), message_queue=codec.queue_to_pb(queue)
-        )
-        return codec.offset_from(self._unary("GetOffset", request), "GetOffset")
+        return self._run(self._get_offset(group, queue))
 
     def update_offset(self, group: str, queue: QueueRef, offset: int) -> None:
-        request = s.UpdateOffsetRequest(
-            group=codec.resource(group), message_queue=codec.queue_to_pb(queue), offset=offset
-        )
-        codec.check_status(self._unary("UpdateOffset", request).status, "UpdateOffset")
+        self._run(self._update_offset(group, queue, offset))
 
     # -- produce ----------------------------------------------------------------------------
 
@@ -174,10 +170,11 @@ class Client:
 
     def send_async(self, messages: Sequence[Message]) -> PendingSend:
         """Start one SendMessage (messages of one topic); keep several in flight to pipeline."""
+        call = self._send(messages)
         future = self._stub.SendMessage.future(
-            codec.send_request(messages), timeout=self.timeout_s, metadata=self._meta()
+            call.request, timeout=self.timeout_s, metadata=self._meta()
         )
-        return PendingSend(future, len(messages), lambda e: self._unavailable("SendMessage", e))
+        return PendingSend(future, call.decode, lambda e: self._unavailable(call.rpc, e))
 
     # -- offset-based consumption --------------------------------------------------------
 
@@ -190,18 +187,8 @@ class Client:
         filter_expression: str = "*",
         group: str = "",
     ) -> PullResult:
-        request = codec.pull_request(
-            queue, offset, batch_size, long_polling_ms, filter_expression, group
-        )
-        timeout = self.timeout_s + long_polling_ms / 1000
-
-        def invoke() -> PullResult:
-            collector = codec.PullCollector(queue, offset)
-            for response in self._stub.PullMessage(request, timeout=timeout, metadata=self._meta()):
-                collector.add(response)
-            return collector.result()
-
-        return self._call("PullMessage", invoke, idempotent=True)
+        call = self._pull(queue, offset, batch_size, long_polling_ms, filter_expression, group)
+        return self._stream(call)
 
     # -- POP consumption --------------------------------------------------------------------
 
@@ -214,33 +201,18 @@ class Client:
         long_polling_ms: int = 5_000,
         filter_expression: str = "*",
     ) -> list[ReceivedMessage]:
-        request = codec.receive_request(
+        call = self._receive(
             group, queue, batch_size, invisible_ms, long_polling_ms, filter_expression
         )
-        timeout = self.timeout_s + long_polling_ms / 1000
-
-        def invoke() -> list[ReceivedMessage]:
-            collector = codec.ReceiveCollector(queue)
-            for response in self._stub.ReceiveMessage(
-                request, timeout=timeout, metadata=self._meta()
-            ):
-                collector.add(response)
-            return collector.messages
-
-        # Not retried: a receive that failed midway may have popped messages (they come back
-        # after their invisible time), and the caller should know.
-        return self._call("ReceiveMessage", invoke, idempotent=False)
+        return self._stream(call)
 
     def ack(self, group: str, topic: str, entries: Sequence[tuple[str, str]]) -> list[AckOutcome]:
-        response = self._unary("AckMessage", codec.ack_request(group, topic, entries))
-        return codec.ack_outcomes(response)
+        return self._run(self._ack(group, topic, entries))
 
     def change_invisible_duration(
         self, group: str, topic: str, message_id: str, receipt_handle: str, invisible_ms: int
     ) -> str:
-        request = codec.change_invisible_request(
+        call = self._change_invisible_duration(
             group, topic, message_id, receipt_handle, invisible_ms
         )
-        response = self._unary("ChangeInvisibleDuration", request, idempotent=False)
-        codec.check_status(response.status, "ChangeInvisibleDuration")
-        return response.receipt_handle
+        return self._run(call)

@@ -6,6 +6,8 @@ symbols in the default pool). Messages of this pool take this pool's well-known 
 Timestamp and Duration values with the classes below, not google.protobuf's.
 """
 
+from typing import TYPE_CHECKING
+
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf import duration_pb2
 from google.protobuf import timestamp_pb2
@@ -22,6 +24,10 @@ def message_class(full_name: str) -> type:
     """The message class of a type in this pool (e.g. "google.protobuf.Timestamp")."""
     return message_factory.GetMessageClass(POOL.FindMessageTypeByName(full_name))
 
-Duration = message_class("google.protobuf.Duration")
-Timestamp = message_class("google.protobuf.Timestamp")
 
+if TYPE_CHECKING:  # for type checkers: the same fields and methods as google.protobuf's
+    from google.protobuf.duration_pb2 import Duration as Duration
+    from google.protobuf.timestamp_pb2 import Timestamp as Timestamp
+else:
+    Duration = message_class("google.protobuf.Duration")
+    Timestamp = message_class("google.protobuf.Timestamp")

@@ -62,7 +62,15 @@ class _Strict(BaseModel):
 
 class Subscription(_Strict):
     group: str = Field(min_length=1)
-    topics: tuple[str, ...] | None = None  # None: any topic
+    topics: tuple[str, ...] | None = None  # None (left out): any topic
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_null_topics(cls, data: Any) -> Any:
+        # `topics:` with no value (a typo, or a file read while half-written) is not "any".
+        if isinstance(data, dict) and "topics" in data and data["topics"] is None:
+            raise ValueError("topics is empty: list topics, or leave it out for any topic")
+        return data
 
     def covers(self, group: str, topic: str | None) -> bool:
         if not matches(self.group, group):
@@ -149,9 +157,11 @@ class Acl(_Strict):
 def load_acl(path: str | Path) -> Acl:
     """Read and validate an ACL file; ValueError names the file and the problem."""
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ValueError(f"cannot read ACL file {path}: {exc}") from None
+    if data is None:  # an empty file (or one read while being rewritten): not "no users"
+        raise ValueError(f"bad ACL file {path}: the file is empty (write `users: []` for none)")
     try:
         return Acl.model_validate(data)
     except ValidationError as exc:

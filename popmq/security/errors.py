@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-# apache.rocketmq.v2.Code values (kept here so this layer needs no server module).
-UNAUTHORIZED = 40100
-FORBIDDEN = 40300
+from popmq.errors import Code, RefusedError
+
+UNAUTHORIZED = Code.UNAUTHORIZED
+FORBIDDEN = Code.FORBIDDEN
 
 
-class AccessDenied(Exception):
+class AccessDenied(RefusedError):
     """A request refused before anything was read or written."""
 
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(code, message)
 
 
 def unauthorized(message: str) -> AccessDenied:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 
 TOKEN_HEADER = "x-popmq-cluster-token"
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+_LOG_EVERY_S = 60.0
 
 
 def read_token(path: Path) -> str:
@@ -49,6 +51,8 @@ class ClusterTokenGuard(grpc.aio.ServerInterceptor):
     def __init__(self, token: str) -> None:
         self._token = token.encode()
         self.refused = 0
+        self._logged_at = -_LOG_EVERY_S
+        self._logged_count = 0
 
     def _admitted(self, metadata: Sequence[Any] | None) -> bool:
         for key, value in metadata or ():
@@ -64,6 +68,15 @@ class ClusterTokenGuard(grpc.aio.ServerInterceptor):
         if self._admitted(details.invocation_metadata):
             return handler
         self.refused += 1
+        now = time.monotonic()
+        if now - self._logged_at >= _LOG_EVERY_S:  # someone probes the port: say so, rarely
+            log.warning(
+                "refused %d call(s) without the cluster token on the broker port (latest: %s); "
+                "only proxies may call it",
+                self.refused - self._logged_count,
+                details.method,
+            )
+            self._logged_at, self._logged_count = now, self.refused
         return _refusing(handler)
 
 
@@ -105,8 +118,8 @@ def add_port(server: grpc.aio.Server, address: str, config: BrokerConfig) -> int
         )
     credentials = server_credentials(tls.cert, tls.key, tls.client_ca)
     if credentials is None:
-        return server.add_insecure_port(address)
-    return server.add_secure_port(address, credentials)
+        return int(server.add_insecure_port(address))
+    return int(server.add_secure_port(address, credentials))
 
 
 # -- proxy side -------------------------------------------------------------------------------

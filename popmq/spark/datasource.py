@@ -53,7 +53,7 @@ class PopmqDataSource(DataSource):
         options, ordered = self._write_setup(schema, overwrite)
         return StreamWriter(options, ordered)
 
-    def _write_setup(self, schema: StructType, overwrite: bool):  # type: ignore[no-untyped-def]
+    def _write_setup(self, schema: StructType, overwrite: bool):
         if overwrite:
             raise OptionError("topics are append-only: write with mode('append')")
         check_write_schema(schema)

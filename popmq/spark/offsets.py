@@ -7,12 +7,15 @@ look like {"broker-a": {"0": 42, "1": 17}, "broker-b": {"0": 3}}.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 from popmq.client import Client, OffsetPolicy, QueueRef
 from popmq.spark.options import EARLIEST_SENTINEL, LATEST_SENTINEL, OffsetSpec, OptionError
 
 QueueKey = tuple[str, int]
 Offsets = dict[QueueKey, int]
+# Any queue key: (broker, queue_id), or (topic, broker, queue_id) for multi-topic streams.
+K = TypeVar("K", bound=tuple[str | int, ...])
 
 
 def to_spark(offsets: Mapping[QueueKey, int]) -> dict[str, dict[str, int]]:
@@ -81,7 +84,7 @@ def resolve(
     return result
 
 
-def cap_total(start: Mapping[QueueKey, int], latest: Mapping[QueueKey, int], limit: int) -> Offsets:
+def cap_total(start: Mapping[K, int], latest: Mapping[K, int], limit: int) -> dict[K, int]:
     """Admission control: move at most `limit` messages past `start`, shared between queues in
     proportion to their backlog (like Kafka's maxOffsetsPerTrigger), deterministically."""
     backlog = {k: max(latest[k] - start.get(k, 0), 0) for k in sorted(latest)}

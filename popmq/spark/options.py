@@ -17,10 +17,13 @@ from typing import Literal
 
 from popmq.client.codec import parse_endpoint
 from popmq.client.security import ClientSecurity
+from popmq.errors import Code, PopmqError
 
 
-class OptionError(ValueError):
+class OptionError(PopmqError, ValueError):
     """A bad or missing option of format("popmq")."""
+
+    code = Code.BAD_REQUEST
 
     def __init__(self, message: str) -> None:
         super().__init__(f"popmq: {message}")
@@ -107,7 +110,8 @@ class Connection:
 
     endpoint: str
     timeout_ms: int = 10_000
-    # AK/SK and TLS for a secured proxy (options accessKey, secretKey, tls, tlsCaFile).
+    # AK/SK and TLS for a secured proxy (options accessKey, secretKey, tls, tlsCaFile, and
+    # tlsCertFile/tlsKeyFile: a client certificate for a proxy that requires one).
     security: ClientSecurity | None = None
 
 
@@ -150,7 +154,10 @@ class WriteOptions:
     max_inflight: int
 
 
-_COMMON = {"endpoint", "topic", "requesttimeoutms", "accesskey", "secretkey", "tls", "tlscafile"}
+_COMMON = {
+    "endpoint", "topic", "requesttimeoutms", "accesskey", "secretkey", "tls", "tlscafile",
+    "tlscertfile", "tlskeyfile",
+}  # fmt: skip
 READ_OPTIONS = _COMMON | {
     "mode",
     "startingoffsets",
@@ -231,6 +238,8 @@ def _display(lower: str) -> str:
         "accesskey": "accessKey",
         "secretkey": "secretKey",
         "tlscafile": "tlsCaFile",
+        "tlscertfile": "tlsCertFile",
+        "tlskeyfile": "tlsKeyFile",
         "startingoffsets": "startingOffsets",
         "endingoffsets": "endingOffsets",
         "failondataloss": "failOnDataLoss",
@@ -263,13 +272,18 @@ def _connection(options: _Options) -> Connection:
     timeout = options.integer("requestTimeoutMs", 10_000, minimum=100)
     access_key, secret_key = options.text("accessKey", ""), options.text("secretKey", "")
     ca_file = options.text("tlsCaFile")
-    tls = options.boolean("tls", False) or bool(ca_file)
+    cert_file, key_file = options.text("tlsCertFile"), options.text("tlsKeyFile")
+    if bool(cert_file) != bool(key_file):
+        raise OptionError("options 'tlsCertFile'/'tlsKeyFile': give both a client certificate "
+                          "and its key, or neither")  # fmt: skip
+    tls = options.boolean("tls", False) or bool(ca_file) or bool(cert_file)
     security = None
     if access_key or secret_key or tls:
         try:  # Spark redacts option values named like *secret* in its UI and plans
             security = ClientSecurity(
-                access_key or "", secret_key or "", tls, Path(ca_file) if ca_file else None
-            )
+                access_key or "", secret_key or "", tls, Path(ca_file) if ca_file else None,
+                Path(cert_file) if cert_file else None, Path(key_file) if key_file else None,
+            )  # fmt: skip
         except ValueError as error:
             raise OptionError(f"options 'accessKey'/'secretKey': {error}") from None
     return Connection(endpoint=f"{host}:{port}", timeout_ms=timeout or 10_000, security=security)

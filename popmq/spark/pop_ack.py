@@ -18,7 +18,7 @@ Trade-off: at-least-once. A batch that fails, or takes longer than invisibleTime
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, Row
@@ -38,8 +38,8 @@ class AckReport:
 
 def _ack_partition(
     endpoint: str, group: str, timeout_s: float, security: ClientSecurity | None = None
-) -> Callable[[Iterator[Row]], Iterator[tuple[int, int]]]:
-    def run(rows: Iterator[Row]) -> Iterator[tuple[int, int]]:
+) -> Callable[[Iterable[Row]], Iterator[tuple[int, int]]]:
+    def run(rows: Iterable[Row]) -> Iterator[tuple[int, int]]:
         acked = failed = 0
         with Client(endpoint, timeout_s, security=security) as client:
             pending: dict[str, list[tuple[str, str]]] = {}

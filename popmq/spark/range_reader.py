@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from popmq.broker.api.errors import Code
 from popmq.client import Client, OffsetPolicy, ProxyError, QueueRef, ReceivedMessage
+from popmq.errors import PopmqError
 from popmq.spark.arrow_rows import BatchBuffer
 from popmq.spark.partitions import QueueRange
 
@@ -28,7 +29,7 @@ EMPTY_PULL_RETRIES = 20
 EMPTY_PULL_PAUSE_S = 0.25
 
 
-class DataLossError(RuntimeError):
+class DataLossError(PopmqError, RuntimeError):
     """Messages a stream was about to read are gone (retention, or a recreated topic)."""
 
 

@@ -18,7 +18,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from popmq.client import OffsetPolicy, ProxyError
+from popmq.client import OffsetPolicy, ProxyError, ProxyUnavailable
 from popmq.spark import offsets as off
 from popmq.spark.options import ReadOptions
 from popmq.spark.partitions import PullSettings, QueueRange, plan_ranges
@@ -105,7 +105,7 @@ class OffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for queue in readable_queues(client, self.options.topic):
                     if queue.key in done:
                         client.update_offset(group, queue, done[queue.key])
-        except (ProxyError, ConnectionError) as error:
+        except (ProxyError, ProxyUnavailable, ConnectionError) as error:
             log.warning("could not record offsets for group %s: %s", group, error)
 
     # -- reading (executors) -------------------------------------------------------------

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from popmq.broker.api.errors import Code
 from popmq.client import Client, ProxyError, ProxyUnavailable, QueueRef
+from popmq.errors import PopmqError
 from popmq.spark.options import Connection
 
 
-class TopicNotFoundError(LookupError):
-    pass
+class TopicNotFoundError(PopmqError, LookupError):
+    """The topic does not exist, or has no readable queue."""
+
+    code = Code.TOPIC_NOT_FOUND
 
 
 def connect(connection: Connection) -> Client:

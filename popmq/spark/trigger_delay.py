@@ -10,8 +10,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from popmq.spark.options import ReadOptions
+
+K = TypeVar("K", bound=Hashable)
 
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60_000  # Kafka's "15m"
 
@@ -23,7 +26,7 @@ class MinTrigger:
     clock: Callable[[], float] = time.monotonic
     _last_s: float | None = None
 
-    def hold(self, begin: Mapping[Hashable, int], latest: Mapping[Hashable, int]) -> bool:
+    def hold(self, begin: Mapping[K, int], latest: Mapping[K, int]) -> bool:
         """True: skip this trigger (too few new messages, and the delay has not run out)."""
         now = self.clock()
         if self._last_s is None or (now - self._last_s) * 1000 >= self.max_delay_ms:

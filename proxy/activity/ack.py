@@ -12,6 +12,7 @@ from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.headers import RequestContext
 from popmq.proxy.services import ProxyServices
 
+from popmq.errors import PopmqError
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
@@ -49,7 +50,7 @@ async def ack_message(
         ]
         try:
             answers = await services.cluster.port(broker).ack(group, topic, entries)
-        except BrokerError as exc:  # the whole call failed: every entry shares its code
+        except PopmqError as exc:  # the whole call failed: every entry shares its code
             answers = [
                 AckEntryResult(e.receipt_handle, e.message_id, int(exc.code), exc.message)
                 for e in entries

@@ -146,7 +146,6 @@ async def plan_receive(
         poll_time_ms=0,
         filter=expression,
         fifo=group_config.fifo,
-        client_id=ctx.client_id,
     )
     return ReceivePlan(
         group=group,

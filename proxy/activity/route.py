@@ -18,7 +18,7 @@ ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY)
 MASTER_BROKER_ID = 0
 
 
-def _scheme(host: str) -> int:
+def _scheme(host: str) -> pb.AddressScheme:
     try:
         return pb.IPv6 if ipaddress.ip_address(host).version == 6 else pb.IPv4
     except ValueError:

@@ -166,5 +166,5 @@ async def _send(services: ProxyServices, messages: list[Message]) -> s.SendMessa
             )
     done = [entry for entry in entries if entry is not None]
     code = st.combined_code(list(codes))
-    message = done[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
-    return s.SendMessageResponse(status=st.status(code, message), entries=done)
+    summary = done[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
+    return s.SendMessageResponse(status=st.status(code, summary), entries=done)

@@ -30,6 +30,7 @@ from popmq.proxy.activity import validate
 from popmq.proxy.grpc import status as st
 from popmq.proxy.services import ProxyServices
 
+from popmq.errors import PopmqError
 from popmq.metrics_http import build_version
 from popmq.pb.admin.v1 import admin_pb2 as a
 
@@ -94,20 +95,9 @@ class OperationsMixin:
         return list(zip(cluster.names, cluster.ports, strict=True))
 
     async def _topic_on_brokers(self, topic: str) -> list[tuple[str, BrokerPort, TopicInfo]]:
-        async def lookup(port: BrokerPort) -> TopicInfo | None:
-            try:
-                return await port.get_topic(topic)
-            except BrokerError as exc:
-                if exc.code == Code.TOPIC_NOT_FOUND:
-                    return None
-                raise
-
-        brokers = self._brokers()
-        infos = await asyncio.gather(*(lookup(port) for _, port in brokers))
-        found = [(n, p, i) for (n, p), i in zip(brokers, infos, strict=True) if i is not None]
-        if not found:
-            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
-        return found
+        cluster = self.services.cluster
+        infos = await cluster.topic_infos(topic)
+        return [(name, cluster.port(name), info) for name, info in infos.items()]
 
     async def _user_topics(self, topic: str) -> list[str]:
         if topic:
@@ -330,7 +320,7 @@ class OperationsMixin:
             try:
                 async with asyncio.timeout(5):
                     topics = await port.list_topics()
-            except (BrokerError, TimeoutError, OSError) as exc:
+            except (PopmqError, TimeoutError, OSError) as exc:
                 status.error = str(exc) or type(exc).__name__
                 return status
             status.reachable = True

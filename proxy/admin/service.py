@@ -59,23 +59,8 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
             return response_type(status=st.status_of(exc))
 
     async def _topic(self, name: str) -> a.Topic:
-        cluster = self.services.cluster
-
-        async def lookup(broker: str) -> TopicInfo | None:
-            try:
-                return await cluster.port(broker).get_topic(name)
-            except BrokerError as exc:
-                if exc.code == Code.TOPIC_NOT_FOUND:
-                    return None
-                raise
-
-        infos = await asyncio.gather(*(lookup(b) for b in cluster.names))
-        brokers = [
-            _broker_topic(b, info) for b, info in zip(cluster.names, infos, strict=True) if info
-        ]
-        if not brokers:
-            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
-        return a.Topic(name=name, brokers=brokers)
+        infos = await self.services.cluster.topic_infos(name)
+        return a.Topic(name=name, brokers=[_broker_topic(b, i) for b, i in infos.items()])
 
     async def CreateTopic(self, request: a.CreateTopicRequest, context: object) -> a.TopicResponse:
         async def work() -> a.TopicResponse:
@@ -198,6 +183,64 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
             return a.GroupResponse(status=st.ok(), group=_group_pb(updated))
 
         return await self._answer(a.GroupResponse, work)
+
+    async def ListGroups(
+        self, request: a.ListGroupsRequest, context: object
+    ) -> a.ListGroupsResponse:
+        async def work() -> a.ListGroupsResponse:
+            cluster = self.services.cluster
+            per_broker = await asyncio.gather(*(p.list_groups() for p in cluster.ports))
+            groups: dict[str, a.GroupSummary] = {}
+            for broker, summaries in zip(cluster.names, per_broker, strict=True):
+                for s in summaries:
+                    row = groups.setdefault(
+                        s.config.name, a.GroupSummary(group=_group_pb(s.config))
+                    )
+                    row.brokers.append(broker)
+                    row.inflight += s.inflight
+                    row.offset_queues += s.offset_queues
+            ordered = [groups[name] for name in sorted(groups)]
+            return a.ListGroupsResponse(status=st.ok(), groups=ordered)
+
+        return await self._answer(a.ListGroupsResponse, work)
+
+    async def DeleteGroup(
+        self, request: a.DeleteGroupRequest, context: object
+    ) -> a.DeleteGroupResponse:
+        async def work() -> a.DeleteGroupResponse:
+            name = validate.group_name(request.name)
+            cluster = self.services.cluster
+            per_broker = await asyncio.gather(*(p.list_groups() for p in cluster.ports))
+            holders = [
+                (broker, port, summary)
+                for broker, port, summaries in zip(
+                    cluster.names, cluster.ports, per_broker, strict=True
+                )
+                for summary in summaries
+                if summary.config.name == name
+            ]
+            if not holders:
+                raise BrokerError(Code.CONSUMER_GROUP_NOT_FOUND, f"group {name!r} does not exist")
+            inflight = sum(s.inflight for _, _, s in holders)
+            if inflight and not request.force:  # checked before any broker changes
+                raise BrokerError(
+                    Code.PRECONDITION_FAILED,
+                    f"group {name!r} has {inflight} messages in flight; ack them or wait for "
+                    "their invisible time, or delete with force (they then revive as usual)",
+                )
+            done = await asyncio.gather(
+                *(port.delete_group(name, request.clean_offsets, request.force)
+                  for _, port, _ in holders)
+            )  # fmt: skip
+            cluster.forget_group(name)
+            return a.DeleteGroupResponse(
+                status=st.ok(),
+                brokers=[broker for broker, _, _ in holders],
+                inflight=sum(d.inflight for d in done),
+                offsets_removed=sum(d.offsets_removed for d in done),
+            )
+
+        return await self._answer(a.DeleteGroupResponse, work)
 
     async def ListClients(
         self, request: a.ListClientsRequest, context: object

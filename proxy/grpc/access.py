@@ -9,8 +9,10 @@ nothing:
 - ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue,
   PullMessage, GetOffset, UpdateOffset, QueryAssignment: subscribe as the group on the topic;
 - QueryRoute, QueryOffset: publish or subscribe on the topic;
-- Heartbeat: subscribe as its group (producers: signed in only); Telemetry,
-  NotifyClientTermination and the unsupported RPCs: signed in only;
+- Heartbeat: subscribe as its group (producers: signed in only); Telemetry: signed in, and
+  a consumer's settings need subscribe as their group on their topics; NotifyClientTermination:
+  signed in only; the unsupported EndTransaction and RecallMessage: publish on the topic,
+  SyncLiteSubscription: subscribe (so implementing them later opens no hole);
 - the AdminService: admin. Anything else: admin (deny by default).
 
 A refusal is answered as the protocol answers any refusal, with a Status of UNAUTHORIZED or
@@ -28,6 +30,8 @@ from typing import Any
 
 import grpc
 from google.protobuf import message_factory
+from popmq.broker.api.undecodable import Undecodable
+from popmq.proxy.grpc import status as st
 from popmq.proxy.metrics import ProxyMetrics
 from prometheus_client import Counter
 
@@ -57,6 +61,10 @@ def _group_on_topic(group: pb.Resource, topic: pb.Resource) -> Callable[[User], 
 
 def _rule(method: str, request: Any) -> tuple[Callable[[User], bool], str]:
     """(may this user do it?, what it needs, for the refusal message)."""
+    if isinstance(request, Undecodable):
+        # Nothing is read or written for a body that did not decode (the servicer answers
+        # INVALID_ARGUMENT), so being signed in is enough to be told so.
+        return (lambda user: True), ""
     if method in ("ReceiveMessage", "PullMessage", "GetOffset", "UpdateOffset"):
         group, topic = request.group, request.message_queue.topic
         return _group_on_topic(group, topic), f"subscribe {group.name} on {topic.name}"
@@ -84,12 +92,36 @@ def _rule(method: str, request: Any) -> tuple[Callable[[User], bool], str]:
                 f"subscribe {request.group.name}"
             )
         return (lambda user: True), ""
-    if method in (
-        "Telemetry", "NotifyClientTermination", "EndTransaction", "RecallMessage",
-        "SyncLiteSubscription",
-    ):  # fmt: skip
+    # Not supported yet: still checked as they will need to be, so that implementing one
+    # later cannot open a hole (a recall or a commit writes to the topic).
+    if method in ("EndTransaction", "RecallMessage"):
+        topic = request.topic.name
+        return (lambda user: user.can_publish(topic)), f"publish on {topic}"
+    if method == "SyncLiteSubscription":
+        return _group_on_topic(request.group, request.topic), (
+            f"subscribe {request.group.name} on {request.topic.name}"
+        )
+    if method in ("Telemetry", "NotifyClientTermination"):
         return (lambda user: True), ""
     return (lambda user: user.admin), "admin"
+
+
+def _check_settings(user: User, command: Any) -> None:
+    """FORBIDDEN unless the user may subscribe as the group a Telemetry settings names, on
+    each topic it names."""
+    if command.WhichOneof("command") != "settings":
+        return
+    settings = command.settings
+    if settings.WhichOneof("pub_sub") != "subscription":
+        return
+    group = settings.subscription.group.name
+    topics = [entry.topic.name for entry in settings.subscription.subscriptions] or [None]
+    for topic in topics:
+        if not user.can_subscribe(group, topic):
+            where = f" on {topic}" if topic else ""
+            raise forbidden(
+                f"access key {user.access_key!r} may not Telemetry: needs subscribe {group}{where}"
+            )
 
 
 def _refused_response(response_class: type, method: str, request: Any, status: pb.Status) -> Any:
@@ -128,8 +160,8 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         return wrapped
 
     # -- the check -------------------------------------------------------------------------
-    def check(self, path: str, request: Any, context: grpc.aio.ServicerContext) -> None:
-        """AccessDenied unless the caller is signed in and allowed; never touches data."""
+    def check(self, path: str, request: Any, context: grpc.aio.ServicerContext) -> User:
+        """The caller, if signed in and allowed; AccessDenied otherwise. Never touches data."""
         headers = {
             key.lower(): value
             for key, value in context.invocation_metadata() or ()
@@ -142,6 +174,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         )
         if not allowed(user):
             raise forbidden(f"access key {user.access_key!r} may not {method}: needs {needs}")
+        return user
 
     def _refused(
         self, path: str, exc: AccessDenied, context: grpc.aio.ServicerContext
@@ -153,7 +186,10 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         for name, value in context.invocation_metadata() or ():
             if name.lower() == signature.AUTH_HEADER and isinstance(value, str):
                 credential = value.partition("Credential=")[2].split(",")[0][:64]
-        key = (credential, method, exc.code)
+        # Made-up access keys share one slot: a stranger must not get a log line (and a slot
+        # in this table) per key it invents.
+        known = bool(credential) and self._authn.acl.user(credential) is not None
+        key = (credential if known else "", method, exc.code)
         now = time.monotonic()
         if now - self._last_logged.get(key, -_LOG_EVERY_S) >= _LOG_EVERY_S:
             self._last_logged[key] = now
@@ -161,7 +197,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
                 "refused %s from %s (access key %r): %s %s",
                 method, context.peer(), credential, code_name, exc.message,
             )  # fmt: skip
-        return pb.Status(code=exc.code, message=exc.message)
+        return st.status(exc.code, exc.message)
 
     # -- wrapping each kind of method ------------------------------------------------------
     def _wrap(self, path: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
@@ -205,12 +241,27 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
             async def bidi(requests: Any, context: grpc.aio.ServicerContext) -> Any:
                 try:
-                    guard.check(path, None, context)
+                    user = guard.check(path, None, context)
                 except AccessDenied as exc:
                     yield response_class(status=guard._refused(path, exc, context))
                     return
-                async for answer in inner(requests, context):
+                # Settings name a group: joining it (queue assignment, its retry policy) needs
+                # the same grant as consuming it. A refused command ends the stream.
+                refused: list[AccessDenied] = []
+
+                async def allowed_commands() -> Any:
+                    async for command in requests:
+                        try:
+                            _check_settings(user, command)
+                        except AccessDenied as exc:
+                            refused.append(exc)
+                            return
+                        yield command
+
+                async for answer in inner(allowed_commands(), context):
                     yield answer
+                if refused:
+                    yield response_class(status=guard._refused(path, refused[0], context))
 
             return _rebuild(grpc.stream_stream_rpc_method_handler, bidi, handler)
         return handler  # no such method in the guarded services

@@ -90,7 +90,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             response = response_type(status=st.status_of(exc))  # type: ignore[call-arg]
             if on_error is not None:
                 on_error(response, request)
-        self._record(method, response.status.code, started)  # type: ignore[attr-defined]
+        self._record(method, response.status.code, started)
         return response
 
     # -- route and clients -------------------------------------------------------------------

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import cast
 
-import grpc
-from popmq.broker.api.errors import BrokerError, Code
-
+from popmq.errors import Code, PopmqError
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -15,7 +14,8 @@ log = logging.getLogger(__name__)
 
 def status(code: Code | int, message: str = "") -> pb.Status:
     code = Code(code)
-    return pb.Status(code=int(code), message=message or code.name)
+    # Code's values are the protocol enum's (tests/test_codes.py)
+    return pb.Status(code=cast("pb.Code", int(code)), message=message or code.name)
 
 
 def ok() -> pb.Status:
@@ -23,16 +23,15 @@ def ok() -> pb.Status:
 
 
 def code_of(exc: BaseException) -> tuple[Code, str]:
-    """The RocketMQ code a client should see for an exception raised while serving it."""
-    if isinstance(exc, BrokerError):
+    """The RocketMQ code a client should see for an exception raised while serving it.
+
+    Every popmq error carries its code (refusals their own; a broker that is unreachable
+    INTERNAL_SERVER_ERROR, one that timed out PROXY_TIMEOUT). gRPC errors never get here: the
+    remote broker port maps them where it calls gRPC."""
+    if isinstance(exc, PopmqError):
         return exc.code, exc.message
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
         return Code.PROXY_TIMEOUT, "the broker did not answer in time"
-    if isinstance(exc, grpc.aio.AioRpcError):
-        # A remote broker failed at the transport level (down, deadline, ...).
-        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return Code.PROXY_TIMEOUT, f"broker call timed out: {exc.details()}"
-        return Code.INTERNAL_SERVER_ERROR, f"broker unavailable: {exc.code().name} {exc.details()}"
     log.exception("unexpected error while serving a request", exc_info=exc)
     return Code.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"
 

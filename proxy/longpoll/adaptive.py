@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.port import ConsumePort
 from popmq.broker.api.types import PoppedMessage
 from popmq.proxy.longpoll.base import LongPollRequest
 from popmq.proxy.longpoll.calls import BrokerCalls
@@ -74,7 +74,7 @@ class AdaptiveStrategy:
         self._show_mode()
 
     async def receive(
-        self, brokers: Sequence[BrokerPort], request: LongPollRequest
+        self, brokers: Sequence[ConsumePort], request: LongPollRequest
     ) -> list[PoppedMessage]:
         return await self._strategies[self.decide()].receive(brokers, request)
 

@@ -14,19 +14,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
-from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.port import ConsumePort
 from popmq.broker.api.types import PROP_TRACE_CONTEXT, PoppedMessage, PopRequest
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
 
+from popmq.errors import TransportError
 from popmq.tracing import link_to, tracer
 
 
 @dataclass(slots=True)
 class LongPollRequest:
-    # group, topic, max_messages, invisible_time_ms, filter, fifo, client_id; queue_id -1.
+    # group, topic, max_messages, invisible_time_ms, filter, fifo; queue_id -1.
     # Its poll_time_ms is ignored: the strategy sets it per broker call.
     pop: PopRequest
     # How long this call may hold, already clamped by the proxy to [min, max] long polling
@@ -41,7 +41,7 @@ class LongPollStrategy(Protocol):
     name: str
 
     async def receive(
-        self, brokers: Sequence[BrokerPort], request: LongPollRequest
+        self, brokers: Sequence[ConsumePort], request: LongPollRequest
     ) -> list[PoppedMessage]:
         """Messages from any broker as soon as found, or [] after request.poll_ms.
 
@@ -66,28 +66,21 @@ class BrokerPicker:
     def __init__(self) -> None:
         self._turn = itertools.count()
 
-    def pick(self, brokers: Sequence[BrokerPort], preferred: str | None = None) -> BrokerPort:
+    def pick(self, brokers: Sequence[ConsumePort], preferred: str | None = None) -> ConsumePort:
         if preferred is not None:
             for port in brokers:
                 if port.name == preferred:
                     return port
         return brokers[next(self._turn) % len(brokers)]
 
-    def start_index(self, brokers: Sequence[BrokerPort], preferred: str | None = None) -> int:
+    def start_index(self, brokers: Sequence[ConsumePort], preferred: str | None = None) -> int:
         return brokers.index(self.pick(brokers, preferred))
 
 
 def is_broker_down(exc: BaseException) -> bool:
     """A broker that cannot answer (down, unreachable, hung): another broker may serve the
     receive. Any other error (a refused request) would be the same on every broker."""
-    return isinstance(exc, BrokerUnavailableError) or (
-        isinstance(exc, BrokerError) and exc.code == Code.PROXY_TIMEOUT
-    )
-
-
-def remaining_ms(deadline: float) -> int:
-    """Whole milliseconds left until a loop-clock deadline (never negative)."""
-    return max(0, int((deadline - asyncio.get_running_loop().time()) * 1000))
+    return isinstance(exc, TransportError)
 
 
 class StrategyBase:
@@ -122,7 +115,7 @@ class StrategyBase:
 
     async def _poll(
         self,
-        brokers: Sequence[BrokerPort],
+        brokers: Sequence[ConsumePort],
         request: LongPollRequest,
         deadline: float,
         custody: Custody,
@@ -131,11 +124,11 @@ class StrategyBase:
         raise NotImplementedError
 
     async def receive(
-        self, brokers: Sequence[BrokerPort], request: LongPollRequest
+        self, brokers: Sequence[ConsumePort], request: LongPollRequest
     ) -> list[PoppedMessage]:
         if not brokers or self.draining:
             return []
-        attributes = {
+        attributes: dict[str, str | int] = {
             "popmq.strategy": self.label, "messaging.consumer.group.name": request.pop.group,
             "messaging.destination.name": request.pop.topic, "popmq.poll_ms": request.poll_ms,
         }  # fmt: skip
@@ -150,7 +143,7 @@ class StrategyBase:
             return messages
 
     async def _receive(
-        self, brokers: Sequence[BrokerPort], request: LongPollRequest
+        self, brokers: Sequence[ConsumePort], request: LongPollRequest
     ) -> list[PoppedMessage]:
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -191,7 +184,7 @@ class StrategyBase:
                 self.calls.probe_false_empty(targets, request.pop, self.label)
         return messages
 
-    def _probe_targets(self, brokers: Sequence[BrokerPort], pop: PopRequest) -> list[BrokerPort]:
+    def _probe_targets(self, brokers: Sequence[ConsumePort], pop: PopRequest) -> list[ConsumePort]:
         """The brokers a false-empty probe asks (notify trusts armed watches: see there)."""
         return list(brokers)
 

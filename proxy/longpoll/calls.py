@@ -14,8 +14,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.errors import Code
+from popmq.broker.api.port import ConsumePort
 from popmq.broker.api.types import (
     NotifyRequest,
     NotifyResult,
@@ -27,6 +27,7 @@ from popmq.broker.api.types import (
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
 
+from popmq.errors import PopmqError
 from popmq.tracing import tracer
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,8 @@ BACKOFF_MAX_S = 1.0
 PROBE_SHARE_S = 0.5
 
 
-def _remaining_ms(deadline: float) -> int:
+def remaining_ms(deadline: float) -> int:
+    """Whole milliseconds left until a loop-clock deadline (never negative)."""
     return max(0, int((deadline - asyncio.get_running_loop().time()) * 1000))
 
 
@@ -73,14 +75,17 @@ class BrokerCalls:
         self._probes: dict[tuple[Any, ...], _Probe] = {}
 
     # -- pop -----------------------------------------------------------------------------------
-    async def pop(self, port: BrokerPort, request: PopRequest, custody: Custody) -> PopResult:
+    async def pop(self, port: ConsumePort, request: PopRequest, custody: Custody) -> PopResult:
         """One pop; its messages go into custody the moment the broker answers.
 
         The pop runs in its own task whose done-callback fills custody: if the caller is
         cancelled just as the answer arrives, the messages are still found and released.
         """
         self.metrics.broker_rpcs.labels("pop").inc()
-        attributes = {"popmq.broker": port.name, "popmq.poll_ms": request.poll_time_ms}
+        attributes: dict[str, str | int] = {
+            "popmq.broker": port.name,
+            "popmq.poll_ms": request.poll_time_ms,
+        }
         with tracer().start_as_current_span("popmq.broker.pop", attributes=attributes) as span:
             task = asyncio.create_task(port.pop(request), name=f"pop:{port.name}")
             task.add_done_callback(lambda done: self._into_custody(done, port, custody))
@@ -98,30 +103,33 @@ class BrokerCalls:
             return result
 
     @staticmethod
-    def _into_custody(task: asyncio.Task[PopResult], port: BrokerPort, custody: Custody) -> None:
+    def _into_custody(task: asyncio.Task[PopResult], port: ConsumePort, custody: Custody) -> None:
         if task.cancelled() or task.exception() is not None:
             return
         custody.keep(port, task.result().messages)
 
     async def hold_pop(
-        self, port: BrokerPort, request: PopRequest, deadline: float, custody: Custody
+        self, port: ConsumePort, request: PopRequest, deadline: float, custody: Custody
     ) -> PopResult:
         """A pop long poll until the deadline; a full hold table is retried with back-off."""
         backoff = BACKOFF_START_S
         while True:
-            poll = replace(request, poll_time_ms=_remaining_ms(deadline))
+            poll = replace(request, poll_time_ms=remaining_ms(deadline))
             result = await self.pop(port, poll, custody)
             if result.status is not PopStatus.POLLING_FULL or poll.poll_time_ms == 0:
                 return result
-            await asyncio.sleep(min(backoff, _remaining_ms(deadline) / 1000))
+            await asyncio.sleep(min(backoff, remaining_ms(deadline) / 1000))
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     # -- notification --------------------------------------------------------------------------
-    async def notify(self, port: BrokerPort, request: NotifyRequest, kind: str = "notify") -> bool:
+    async def notify(self, port: ConsumePort, request: NotifyRequest, kind: str = "notify") -> bool:
         """One notification call: True when the broker has a visible message for the group."""
         self.metrics.broker_rpcs.labels(kind).inc()
         self.metrics.held_notifications.inc()
-        attributes = {"popmq.broker": port.name, "popmq.poll_ms": request.poll_time_ms}
+        attributes: dict[str, str | int] = {
+            "popmq.broker": port.name,
+            "popmq.poll_ms": request.poll_time_ms,
+        }
         try:
             with tracer().start_as_current_span(f"popmq.broker.{kind}", attributes=attributes):
                 result: NotifyResult = await port.notify(request)
@@ -131,14 +139,16 @@ class BrokerCalls:
             raise _PollingFull
         return result.has_message
 
-    async def watch(self, port: BrokerPort, pop: PopRequest, deadline: Callable[[], float]) -> bool:
+    async def watch(
+        self, port: ConsumePort, pop: PopRequest, deadline: Callable[[], float]
+    ) -> bool:
         """Long-poll notifications on one broker until it reports a message (True) or the
         deadline passes (False). ``deadline()`` is read at every (re-)arm, so it may move
         later while watching. Broker errors and a full hold table are retried."""
         backoff = BACKOFF_START_S
         loop = asyncio.get_running_loop()
         while True:
-            poll_ms = _remaining_ms(deadline())
+            poll_ms = remaining_ms(deadline())
             if poll_ms == 0:
                 return False
             asked = loop.time()
@@ -154,11 +164,11 @@ class BrokerCalls:
                 if loop.time() - asked >= poll_ms / 2000:
                     backoff = BACKOFF_START_S
                     continue
-            await asyncio.sleep(min(backoff, _remaining_ms(deadline()) / 1000))
+            await asyncio.sleep(min(backoff, remaining_ms(deadline()) / 1000))
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
-    def note_error(self, kind: str, exc: Exception, port: BrokerPort) -> None:
-        code = exc.code.name if isinstance(exc, BrokerError) else type(exc).__name__
+    def note_error(self, kind: str, exc: Exception, port: ConsumePort) -> None:
+        code = exc.code.name if isinstance(exc, PopmqError) else type(exc).__name__
         self.metrics.broker_rpc_errors.labels(kind, code).inc()
         log.warning("%s on %s failed: %s", kind, port.name, exc)
 
@@ -168,18 +178,18 @@ class BrokerCalls:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def release(self, port: BrokerPort, pop: PopRequest, messages: list[PoppedMessage]) -> None:
+    def release(self, port: ConsumePort, pop: PopRequest, messages: list[PoppedMessage]) -> None:
         """Make popped-but-undelivered messages visible again, in the background."""
         self._spawn(self._release(port, pop, messages), f"release:{port.name}")
 
     async def _release(
-        self, port: BrokerPort, pop: PopRequest, messages: list[PoppedMessage]
+        self, port: ConsumePort, pop: PopRequest, messages: list[PoppedMessage]
     ) -> None:
         for popped in messages:
             outcome = await self._release_one(port, pop, popped)
             self.metrics.released_messages.labels(outcome).inc()
 
-    async def _release_one(self, port: BrokerPort, pop: PopRequest, popped: PoppedMessage) -> str:
+    async def _release_one(self, port: ConsumePort, pop: PopRequest, popped: PoppedMessage) -> str:
         """'visible_now', 'shortened' (the broker's minimum applied) or 'kept' (the message
         comes back at its original invisible time, as it would without a release)."""
         handle = popped.receipt_handle
@@ -187,7 +197,7 @@ class BrokerCalls:
             self.metrics.broker_rpcs.labels("change_invisible").inc()
             await port.change_invisible_time(pop.group, pop.topic, handle, 0)
             return "visible_now"
-        except BrokerError as exc:
+        except PopmqError as exc:
             if exc.code is not Code.ILLEGAL_INVISIBLE_TIME:
                 log.warning("could not release %s on %s: %s", handle, port.name, exc)
                 return "kept"
@@ -199,11 +209,13 @@ class BrokerCalls:
             fallback = self.fallback_invisible_ms
             await port.change_invisible_time(pop.group, pop.topic, handle, fallback)
             return "shortened"
-        except BrokerError as exc:
+        except PopmqError as exc:
             log.warning("could not release %s on %s: %s", handle, port.name, exc)
             return "kept"
 
-    def probe_false_empty(self, brokers: Sequence[BrokerPort], pop: PopRequest, label: str) -> None:
+    def probe_false_empty(
+        self, brokers: Sequence[ConsumePort], pop: PopRequest, label: str
+    ) -> None:
         """After an empty answer, ask every broker at once (no hold) whether a message is
         visible for the group; if one is, the answer was a false empty. Empty answers of the
         same group within PROBE_SHARE_S of a probe share its result instead of probing again."""
@@ -228,7 +240,7 @@ class BrokerCalls:
         for key in old:
             del self._probes[key]
 
-    async def _probe(self, probe: _Probe, brokers: list[BrokerPort], pop: PopRequest) -> None:
+    async def _probe(self, probe: _Probe, brokers: list[ConsumePort], pop: PopRequest) -> None:
         request = notify_request(pop, 0)
         try:
             answers = await asyncio.gather(

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.port import ConsumePort
 from popmq.broker.api.types import PoppedMessage
 
-Release = Callable[[BrokerPort, list[PoppedMessage]], None]
+Release = Callable[[ConsumePort, list[PoppedMessage]], None]
 
 
 class Custody:
     def __init__(self, release: Release) -> None:
         self._release = release
-        self._held: list[tuple[BrokerPort, list[PoppedMessage]]] = []
+        self._held: list[tuple[ConsumePort, list[PoppedMessage]]] = []
         self._open = True
 
-    def keep(self, port: BrokerPort, messages: list[PoppedMessage]) -> None:
+    def keep(self, port: ConsumePort, messages: list[PoppedMessage]) -> None:
         if not messages:
             return
         if self._open:

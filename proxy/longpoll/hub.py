@@ -36,7 +36,7 @@ import math
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
-from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.port import ConsumePort
 from popmq.broker.api.types import FilterExpression, PopRequest
 from popmq.proxy.longpoll.calls import BACKOFF_MAX_S, BrokerCalls
 from popmq.proxy.longpoll.watches import WatchRegistry
@@ -49,7 +49,7 @@ MAX_PARALLEL_SIGNALS = 4
 _MISS_PAUSE_START_S = 0.002
 _MISS_PAUSE_MAX_S = BACKOFF_MAX_S / 5
 
-ChannelKey = tuple[BrokerPort, str, str, FilterExpression, bool]
+ChannelKey = tuple[ConsumePort, str, str, FilterExpression, bool]
 # Called when a subscription receives a signal; False declines it (the next one gets it).
 OnSignal = Callable[["Subscription"], bool]
 
@@ -66,7 +66,7 @@ class Subscription:
         self.on_signal = on_signal
 
     @property
-    def port(self) -> BrokerPort:
+    def port(self) -> ConsumePort:
         return self.channel.port
 
     @property
@@ -92,7 +92,7 @@ class _Channel:
     def __init__(self, hub: NotificationHub, key: ChannelKey, pop: PopRequest) -> None:
         self.hub = hub
         self.key = key
-        self.port: BrokerPort = key[0]
+        self.port: ConsumePort = key[0]
         self.pop = pop  # group, topic, filter, fifo of every notification request
         self.subscribers: dict[Subscription, None] = {}  # oldest first
         self.holders: set[Subscription] = set()  # subscribers holding a signal now
@@ -211,7 +211,7 @@ class NotificationHub:
         return sum(1 for channel in self._channels.values() if channel.task is not None)
 
     def subscribe(
-        self, port: BrokerPort, pop: PopRequest, deadline: float, on_signal: OnSignal
+        self, port: ConsumePort, pop: PopRequest, deadline: float, on_signal: OnSignal
     ) -> Subscription:
         key = (port, pop.group, pop.topic, pop.filter, pop.fifo)
         channel = self._channels.get(key)

@@ -28,10 +28,10 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.port import ConsumePort
 from popmq.broker.api.types import PopRequest
-from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, is_broker_down, remaining_ms
-from popmq.proxy.longpoll.calls import BrokerCalls
+from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, is_broker_down
+from popmq.proxy.longpoll.calls import BrokerCalls, remaining_ms
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.longpoll.hub import NotificationHub, Subscription
 from popmq.proxy.metrics import ProxyMetrics
@@ -94,7 +94,7 @@ class NotifyStrategy(StrategyBase):
 
     async def _poll(
         self,
-        brokers: Sequence[BrokerPort],
+        brokers: Sequence[ConsumePort],
         request: LongPollRequest,
         deadline: float,
         custody: Custody,
@@ -133,7 +133,7 @@ class NotifyStrategy(StrategyBase):
 
     async def _notify_wait(
         self,
-        brokers: Sequence[BrokerPort],
+        brokers: Sequence[ConsumePort],
         request: LongPollRequest,
         deadline: float,
         custody: Custody,
@@ -152,7 +152,7 @@ class NotifyStrategy(StrategyBase):
             for task in list(poll.tasks):
                 task.cancel()
 
-    def _probe_targets(self, brokers: Sequence[BrokerPort], pop: PopRequest) -> list[BrokerPort]:
+    def _probe_targets(self, brokers: Sequence[ConsumePort], pop: PopRequest) -> list[ConsumePort]:
         # A broker whose watch is armed on a live link has promised an event for anything
         # visible: asking it again would cost the idle group one RPC per probe. The probe
         # still asks every broker that may have messages (an unanswered event, a lost link).

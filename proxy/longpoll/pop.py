@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.port import ConsumePort
 from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, is_broker_down
 from popmq.proxy.longpoll.custody import Custody
 
@@ -20,7 +20,7 @@ class PopStrategy(StrategyBase):
 
     async def _poll(
         self,
-        brokers: Sequence[BrokerPort],
+        brokers: Sequence[ConsumePort],
         request: LongPollRequest,
         deadline: float,
         custody: Custody,

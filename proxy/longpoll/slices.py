@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from popmq.broker.api.port import BrokerPort
-from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, is_broker_down, remaining_ms
-from popmq.proxy.longpoll.calls import BrokerCalls
+from popmq.broker.api.port import ConsumePort
+from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, is_broker_down
+from popmq.proxy.longpoll.calls import BrokerCalls, remaining_ms
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
 
@@ -38,7 +38,7 @@ class SlicesStrategy(StrategyBase):
 
     async def _poll(
         self,
-        brokers: Sequence[BrokerPort],
+        brokers: Sequence[ConsumePort],
         request: LongPollRequest,
         deadline: float,
         custody: Custody,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.port import ConsumePort
 from popmq.broker.api.types import PopRequest
 from popmq.broker.api.watch import VisibilityWatch, WatchKey
 
@@ -26,7 +26,7 @@ _SWEEP_EVERY_S = 5.0
 
 # (port, group, topic, filter expression, fifo): plain tuples hash fast, and every long poll
 # looks up one per broker.
-WatchId = tuple[BrokerPort, str, str, str, bool]
+WatchId = tuple[ConsumePort, str, str, str, bool]
 
 
 def watch_key(pop: PopRequest) -> WatchKey:
@@ -47,7 +47,7 @@ class WatchRegistry:
     def __len__(self) -> int:
         return len(self._watches)
 
-    def get(self, port: BrokerPort, pop: PopRequest) -> VisibilityWatch | None:
+    def get(self, port: ConsumePort, pop: PopRequest) -> VisibilityWatch | None:
         """The watch of this broker and group (made and armed on first use)."""
         ident = (port, pop.group, pop.topic, pop.filter.expression, pop.fifo)
         now = time.monotonic()
@@ -65,15 +65,15 @@ class WatchRegistry:
         self._used[ident] = now
         return watch
 
-    def candidates(self, ports: Sequence[BrokerPort], pop: PopRequest) -> list[BrokerPort]:
+    def candidates(self, ports: Sequence[ConsumePort], pop: PopRequest) -> list[ConsumePort]:
         """The brokers a long poll may pop: all but those whose watch is armed and silent."""
         return [port for port in ports if (w := self.get(port, pop)) is None or w.may_have]
 
-    def may_have(self, port: BrokerPort, pop: PopRequest) -> bool:
+    def may_have(self, port: ConsumePort, pop: PopRequest) -> bool:
         watch = self.get(port, pop)
         return watch is None or watch.may_have
 
-    def popped_empty(self, port: BrokerPort, pop: PopRequest) -> None:
+    def popped_empty(self, port: ConsumePort, pop: PopRequest) -> None:
         """A pop left this broker empty for the group: re-arm its watch."""
         watch = self.get(port, pop)
         if watch is not None:
@@ -85,7 +85,7 @@ class WatchRegistry:
                 self._on_arm()
             watch.arm()
 
-    def acquire(self, port: BrokerPort, pop: PopRequest) -> VisibilityWatch | None:
+    def acquire(self, port: ConsumePort, pop: PopRequest) -> VisibilityWatch | None:
         """The watch, kept from the sweep until ``release``."""
         watch = self.get(port, pop)
         if watch is not None:
@@ -93,7 +93,7 @@ class WatchRegistry:
             self._users[ident] = self._users.get(ident, 0) + 1
         return watch
 
-    def release(self, port: BrokerPort, watch: VisibilityWatch) -> None:
+    def release(self, port: ConsumePort, watch: VisibilityWatch) -> None:
         ident = _ident(port, watch)
         left = self._users.get(ident, 0) - 1
         if left > 0:
@@ -122,6 +122,6 @@ class WatchRegistry:
         self._users.clear()
 
 
-def _ident(port: BrokerPort, watch: VisibilityWatch) -> WatchId:
+def _ident(port: ConsumePort, watch: VisibilityWatch) -> WatchId:
     key = watch.key
     return (port, key.group, key.topic, key.filter.expression, key.fifo)

@@ -203,3 +203,21 @@ async def test_broker_process_serves_metrics(tmp_path: Path) -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_a_handle_key_file_that_fails_to_reload_is_counted(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Issue 10: a rotated keys file that cannot be read was only logged."""
+    from popmq.broker.pop import handle_keys
+
+    monkeypatch.setattr(handle_keys, "_RELOAD_EVERY_S", 0.0)
+    async with running_broker(fast_broker_config(tmp_path)) as broker:
+        assert value(broker, "popmq_broker_handle_key_reload_failures_total") == 0
+        path = handle_keys.keyring_path(broker.config)
+        path.write_text('{"active": "x", "keys": []}')  # broken rotation
+        os.utime(path, ns=(5, 5))
+        await broker.send([Message("t", b"x")])
+        popped = await broker.pop(PopRequest("g", "t"))  # seals a handle: reloads the keys
+        assert len(popped.messages) == 1  # the old key goes on working
+        assert value(broker, "popmq_broker_handle_key_reload_failures_total") == 1

@@ -7,13 +7,14 @@ link settings) gets in."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from popmq.broker.api.errors import BrokerError
+from popmq.broker.api.errors import BrokerAuthError, Code
 from popmq.broker.api.local import LocalBrokerPort
 from popmq.broker.api.remote import RemoteBrokerPort
 from popmq.broker.api.types import Message
@@ -66,7 +67,7 @@ async def _nothing_changed(broker: Broker) -> None:
     assert info.queues[0].max_offset == 3  # the topic and its messages are still there
 
 
-async def test_cluster_token_keeps_strangers_out(tmp_path: Path) -> None:
+async def test_cluster_token_keeps_strangers_out(tmp_path: Path, caplog) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     config = fast_broker_config(tmp_path / "b").model_copy(
@@ -75,16 +76,23 @@ async def test_cluster_token_keeps_strangers_out(tmp_path: Path) -> None:
     async with guarded_broker(config) as (broker, address):
         await broker.send([Message("orders", b"o") for _ in range(3)], 0)
         async with grpc.aio.insecure_channel(address) as channel:
-            codes = await _stranger_tries_everything(channel)
+            with caplog.at_level(logging.WARNING, logger="popmq.security.link"):
+                codes = await _stranger_tries_everything(channel)
             assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}
+            # The probe leaves a trace, but not one line per call.
+            (line,) = [r.getMessage() for r in caplog.records if "cluster token" in r.getMessage()]
+            assert "refused 1 call" in line and TOKEN not in line
             health = health_pb2_grpc.HealthStub(channel)
             answer = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
         wrong = tmp_path / "wrong"
         wrong.write_text("not-the-cluster-token-at-all")
         intruder = RemoteBrokerPort("b", address, link=BrokerLinkConfig(cluster_token_file=wrong))
-        with pytest.raises(BrokerError, match="UNAUTHENTICATED"):
+        with pytest.raises(BrokerAuthError, match="UNAUTHENTICATED") as refused:
             await intruder.update_consumer_offset("billing", "orders", 0, 18)
+        # A deployment fault, said as one: never INTERNAL_ERROR, and it names the setting.
+        assert refused.value.code is Code.INTERNAL_SERVER_ERROR
+        assert "cluster_token_file" in refused.value.message
         await intruder.close()
         await _nothing_changed(broker)
 

@@ -6,9 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
-import re
-import signal
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -20,10 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.remote import RemoteBrokerPort
 from popmq.broker.api.types import AckEntry, Message, PopRequest, PopStatus
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-LISTENING = re.compile(r"^popmq broker (\S+) listening on (\S+):(\d+)$")
-STARTUP_TIMEOUT_S = 20.0
+from support.broker_process import REPO_ROOT, STARTUP_TIMEOUT_S, BrokerProcess
 
 # Fast POP timings: retry level 1s -> 1 ms, revive scans every 20 ms, checkpoints journaled
 # after 50 ms, consumer offsets flushed every 50 ms.
@@ -37,54 +31,13 @@ FAST = [
 ]  # fmt: skip
 
 
-class BrokerProcess:
-    """One `python -m popmq broker` child; stderr goes to a log file kept for failures."""
-
-    def __init__(self, data_dir: Path, name: str, log_path: Path, flush: str = "sync") -> None:
-        self.data_dir, self.name, self.log_path, self.flush = data_dir, name, log_path, flush
-        self.proc: asyncio.subprocess.Process | None = None
-        self.address = ""
-
-    async def start(self) -> None:
-        args = [
-            sys.executable, "-m", "popmq", "broker", "--name", self.name,
-            "--host", "127.0.0.1", "--port", "0", "--data-dir", str(self.data_dir),
-            "--flush", self.flush, *FAST,
-        ]  # fmt: skip
-        with self.log_path.open("ab") as log:
-            self.proc = await asyncio.create_subprocess_exec(
-                *args, cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE, stderr=log,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )  # fmt: skip
-        assert self.proc.stdout is not None
-        try:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), STARTUP_TIMEOUT_S)
-        except TimeoutError:
-            await self.kill()
-            raise AssertionError(f"broker did not start:\n{self.log_path.read_text()}") from None
-        match = LISTENING.match(line.decode().strip())
-        assert match, f"unexpected first line {line!r}:\n{self.log_path.read_text()}"
-        assert match.group(1) == self.name
-        self.address = f"{match.group(2)}:{match.group(3)}"
-
-    async def terminate(self, timeout_s: float = 10.0) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        return await asyncio.wait_for(self.proc.wait(), timeout_s)
-
-    async def kill(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
-
-
 @pytest.fixture
 async def spawn(tmp_path: Path) -> AsyncIterator:
     """spawn(data_dir, name) -> a started BrokerProcess; all are killed at the end."""
     started: list[BrokerProcess] = []
 
     async def start(data_dir: Path, name: str = "broker-a") -> BrokerProcess:
-        process = BrokerProcess(data_dir, name, tmp_path / f"{name}.log")
+        process = BrokerProcess(data_dir, name, tmp_path / f"{name}.log", *FAST)
         started.append(process)
         await process.start()
         return process

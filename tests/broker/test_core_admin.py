@@ -212,3 +212,55 @@ async def test_progress_beyond_queue_end_is_clamped(tmp_path) -> None:
             await broker.pop(PopRequest("g", "t", queue_id=0, invisible_time_ms=100))
         ).messages
         assert [p.message.body for p in popped] == [b"b"]
+
+
+async def test_list_and_delete_groups(tmp_path) -> None:
+    config = fast_broker_config(tmp_path)
+    async with running_broker(config) as broker:
+        await broker.create_topic("t", 1)
+        await broker.send([Message("t", b"a"), Message("t", b"b")])
+        await broker.update_group(GroupConfig("idle", max_attempts=3))
+        popped = await broker.pop(PopRequest("busy", "t", max_messages=1,
+                                             invisible_time_ms=60_000))  # fmt: skip
+        assert len(popped.messages) == 1
+        listed = {s.config.name: s for s in await broker.list_groups()}
+        assert set(listed) == {"idle", "busy"}
+        assert (listed["busy"].inflight, listed["idle"].inflight) == (1, 0)
+        assert listed["idle"].config.max_attempts == 3
+
+        # in flight: refused without force, nothing changed
+        await _raises(broker.delete_group("busy"), Code.PRECONDITION_FAILED)
+        assert "busy" in {s.config.name for s in await broker.list_groups()}
+        await _raises(broker.delete_group("nope"), Code.CONSUMER_GROUP_NOT_FOUND)
+        await _raises(broker.delete_group("bad group"), Code.ILLEGAL_CONSUMER_GROUP)
+
+        await broker.ack("busy", "t", [AckEntry(popped.messages[0].receipt_handle)])
+        done = await broker.delete_group("busy", clean_offsets=True)
+        assert done.inflight == 0 and done.offsets_removed == 1
+        assert await broker.get_consumer_offset("busy", "t", 0) == -1
+        deleted = await broker.delete_group("idle", force=True)
+        assert deleted.offsets_removed == 0
+        assert await broker.list_groups() == []
+    # the deletions are durable
+    async with running_broker(config) as broker:
+        assert await broker.list_groups() == []
+        # a client's next use re-creates the group with the defaults, from the queue's start
+        again = await broker.pop(PopRequest("busy", "t", max_messages=2))
+        assert [m.message.body for m in again.messages] == [b"a", b"b"]
+
+
+async def test_force_delete_keeps_inflight_messages(tmp_path) -> None:
+    config = fast_broker_config(tmp_path)
+    async with running_broker(config) as broker:
+        await broker.create_topic("t", 1)
+        await broker.send([Message("t", b"x")])
+        popped = await broker.pop(PopRequest("g", "t", max_messages=1, invisible_time_ms=200))
+        assert len(popped.messages) == 1
+        done = await broker.delete_group("g", clean_offsets=True, force=True)
+        assert done.inflight == 1
+        # the message is not dropped: it comes back once its invisible time ends
+        for _ in range(100):
+            got = await broker.pop(PopRequest("g", "t", max_messages=1, poll_time_ms=200))
+            if got.messages:
+                break
+        assert [m.message.body for m in got.messages] == [b"x"]

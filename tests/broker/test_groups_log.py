@@ -15,12 +15,17 @@ from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.types import GroupConfig
 from popmq.broker.auto_create import AutoCreateGate
 from popmq.broker.pop.groups import GroupRegistry
+from popmq.broker.store.damage import StoreFaults
 
 from popmq.config import GroupDefaults, PopConfig
 
 
+def _store(tmp_path, was_new: bool = True) -> SimpleNamespace:
+    return SimpleNamespace(data_dir=tmp_path, was_new=was_new, faults=StoreFaults())
+
+
 def registry(tmp_path, **defaults) -> GroupRegistry:
-    store = SimpleNamespace(data_dir=tmp_path)
+    store = _store(tmp_path)
     reg = GroupRegistry(store, PopConfig(), GroupDefaults(**defaults))  # type: ignore[arg-type]
     reg.load()
     return reg
@@ -92,7 +97,7 @@ def test_torn_log_tail_keeps_earlier_groups(tmp_path, caplog) -> None:
 
 def test_group_auto_creation_limits(tmp_path) -> None:
     refused: list[tuple[str, str]] = []
-    store = SimpleNamespace(data_dir=tmp_path)
+    store = _store(tmp_path)
     reg = GroupRegistry(store, PopConfig(), GroupDefaults(max_auto_created=3),  # type: ignore[arg-type]
                         lambda kind, reason: refused.append((kind, reason)))  # fmt: skip
     reg.load()
@@ -122,3 +127,62 @@ def test_rate_gate_refills_with_time() -> None:
     assert err.value.code == Code.TOPIC_NOT_FOUND and "per second" in err.value.message
     now[0] += 0.5
     gate.admit("c", 2)
+
+
+def test_delete_is_a_tombstone_that_survives_restart_and_compaction(tmp_path) -> None:
+    reg = registry(tmp_path)
+    reg.update(GroupConfig(name="gone", max_attempts=3))
+    reg.update(GroupConfig(name="kept", max_attempts=4))
+    size = os.path.getsize(tmp_path / "state" / "groups.log")
+    reg.delete("gone")
+    assert os.path.getsize(tmp_path / "state" / "groups.log") > size  # appended, no rewrite
+    assert [c.name for c in reg.configs()] == ["kept"]
+    with pytest.raises(BrokerError) as err:
+        reg.delete("gone")
+    assert err.value.code == Code.CONSUMER_GROUP_NOT_FOUND
+    reg.close()
+    again = registry(tmp_path)
+    assert [c.name for c in again.configs()] == ["kept"]
+    assert again.get("gone").max_attempts == PopConfig().max_attempts  # re-created, defaults
+    again._rewrite()  # compaction keeps the live groups only
+    again.close()
+    assert [c.name for c in registry(tmp_path).configs()] == ["gone", "kept"]
+
+
+def test_missing_log_of_an_existing_data_dir_is_noticed(tmp_path, caplog) -> None:
+    reg = registry(tmp_path)
+    reg.update(GroupConfig(name="g", max_attempts=2))
+    reg.close()
+    (tmp_path / "state" / "groups.log").unlink()
+    store = _store(tmp_path, was_new=False)
+    with caplog.at_level(logging.ERROR):
+        GroupRegistry(store, PopConfig()).load()  # type: ignore[arg-type]
+    assert [(m.file, m.action, m.problem) for m in store.faults.metadata] == [
+        ("state/groups.log", "reset", "missing")
+    ]
+    assert any("missing" in r.getMessage() for r in caplog.records)
+    fresh = _store(tmp_path / "new", was_new=True)
+    GroupRegistry(fresh, PopConfig()).load()  # type: ignore[arg-type]
+    assert fresh.faults.metadata == []  # a new data dir has no groups yet: nothing to report
+
+
+def test_damage_inside_the_log_is_counted(tmp_path) -> None:
+    reg = registry(tmp_path)
+    for name in ("a", "b", "c"):
+        reg.update(GroupConfig(name=name, max_attempts=3))
+    reg.close()
+    path = tmp_path / "state" / "groups.log"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside the middle record: valid frames follow
+    path.write_bytes(bytes(data))
+    store = _store(tmp_path, was_new=False)
+    again = GroupRegistry(store, PopConfig())  # type: ignore[arg-type]
+    again.load()
+    assert again.damaged_records >= 1
+    assert [m.file for m in store.faults.metadata] == ["state/groups.log"]
+    assert {c.name for c in again.configs()} >= {"a", "c"}
+    assert list((tmp_path / "quarantine").glob("state_groups.log.*.bin"))  # bytes kept
+    again.close()
+    later = _store(tmp_path, was_new=False)
+    GroupRegistry(later, PopConfig()).load()  # type: ignore[arg-type]
+    assert later.faults.metadata == []  # reported once: the log was rewritten clean

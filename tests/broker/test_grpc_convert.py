@@ -62,7 +62,7 @@ ROUND_TRIPS = [
     (
         PopRequest(
             group="g", topic="t", queue_id=1, max_messages=5, invisible_time_ms=30_000,
-            poll_time_ms=2_000, filter=FilterExpression("A || B"), fifo=True, client_id="c@1",
+            poll_time_ms=2_000, filter=FilterExpression("A || B"), fifo=True,
         ),
         convert.pop_request_to_proto, convert.pop_request_from_proto,
     ),

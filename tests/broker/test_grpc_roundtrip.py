@@ -216,6 +216,16 @@ async def test_admin_operations(served: Served) -> None:
     stats = {(s.topic, s.queue_id): s for s in await remote.group_stats("gs", "admin-t")}
     assert stats[("admin-t", 1)].inflight == 2 and stats[("admin-t", 1)].max_offset == 2
 
+    groups = {g.config.name: g for g in await remote.list_groups()}
+    assert groups["gx"].config == group and groups["gs"].inflight == 2
+    with pytest.raises(BrokerError) as refused:
+        await remote.delete_group("gs")
+    assert refused.value.code is Code.PRECONDITION_FAILED
+    deleted = await remote.delete_group("gs", clean_offsets=True, force=True)
+    assert deleted.inflight == 2
+    await remote.delete_group("gx")
+    assert {g.config.name for g in await remote.list_groups()} == set()
+
     await remote.delete_topic("admin-t")
     with pytest.raises(BrokerError) as caught:
         await remote.get_topic("admin-t")

@@ -10,7 +10,12 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.api.errors import (
+    BrokerError,
+    BrokerTimeoutError,
+    BrokerUnavailableError,
+    Code,
+)
 from popmq.broker.api.port import BrokerPort
 from popmq.broker.api.remote import RemoteBrokerPort
 from popmq.broker.api.types import (
@@ -18,7 +23,9 @@ from popmq.broker.api.types import (
     AckEntryResult,
     ChangeInvisibleResult,
     GroupConfig,
+    GroupDeleted,
     GroupQueueStats,
+    GroupSummary,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -124,6 +131,14 @@ class FakePort:
     async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]:
         return [GroupQueueStats(topic, 0, 1, 5, 2)]
 
+    async def list_groups(self) -> list[GroupSummary]:
+        return []
+
+    async def delete_group(
+        self, group: str, clean_offsets: bool = False, force: bool = False
+    ) -> GroupDeleted:
+        return GroupDeleted()
+
     async def close(self) -> None:
         return None
 
@@ -221,10 +236,11 @@ async def test_long_poll_deadline_is_poll_time_plus_margin(served) -> None:
     try:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        with pytest.raises(BrokerError) as caught:
+        with pytest.raises(BrokerTimeoutError) as caught:
             await remote.pop(PopRequest("g", "t", poll_time_ms=300))
         elapsed = loop.time() - started
         assert caught.value.code is Code.PROXY_TIMEOUT
+        assert not isinstance(caught.value, BrokerError)  # no answer is not a refusal
         assert 0.45 <= elapsed < 2.0
         await asyncio.wait_for(fake.released.wait(), 2)  # the broker let go too
     finally:
@@ -251,5 +267,6 @@ async def test_unreachable_broker_is_unavailable() -> None:
             await remote.send([Message("t", b"x")])
         assert caught.value.broker == "gone"
         assert caught.value.code is Code.INTERNAL_SERVER_ERROR
+        assert not isinstance(caught.value, BrokerError)  # unreachable is not a refusal
     finally:
         await remote.close()

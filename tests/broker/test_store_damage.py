@@ -5,7 +5,9 @@ still works."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -19,6 +21,7 @@ from popmq.broker.pop.checkpoint import Checkpoint
 from popmq.broker.pop.journal import PopJournal
 from popmq.broker.store import MessageStore, metafile
 from popmq.broker.store.framing import HEADER_SIZE, iter_frames
+from popmq.broker.store.queue_index import ENTRY
 from popmq.broker.verify import verify
 
 from popmq.cli import main as popmq_main
@@ -158,36 +161,34 @@ async def test_known_damage_is_not_counted_twice(store_factory) -> None:
     assert len(readable(again)) == 29
 
 
-# -- defect 5: missing topics.json -------------------------------------------------------------
+# -- defect 5: missing topic table -------------------------------------------------------------
 
 
-async def test_missing_topics_json_rebuilds_topics_and_deletes_nothing(
+async def test_missing_topics_log_rebuilds_topics_and_deletes_nothing(
     store_factory, caplog
 ) -> None:
     """On 7bac2a5 the store started with no topics and deleted every index directory."""
     store = store_factory(flush="sync")
     await fill(store)
     await store.close()
-    for name in ("topics.json", "topics.json.prev"):
-        (store.data_dir / name).unlink(missing_ok=True)
+    (store.data_dir / "topics.log").unlink()
     with caplog.at_level(logging.ERROR):
         reopened = store_factory(flush="sync")
     assert reopened.get_topic("T") is not None
     assert reopened.get_topic("T").queue_count == QUEUES
     assert len(readable(reopened)) == TOTAL
-    assert [m.action for m in reopened.faults.metadata] == ["rebuilt"]
-    assert any("topics.json" in r.getMessage() for r in caplog.records)
-    assert (reopened.data_dir / "topics.json").exists()
+    assert [(m.file, m.action) for m in reopened.faults.metadata] == [("topics.log", "rebuilt")]
+    assert any("topics.log" in r.getMessage() for r in caplog.records)
+    assert (reopened.data_dir / "topics.log").exists()
 
 
-async def test_missing_topics_json_keeps_index_dirs_of_topics_without_records(
+async def test_missing_topics_log_keeps_index_dirs_of_topics_without_records(
     store_factory,
 ) -> None:
     store = store_factory(flush="sync")
     store.create_topic("Empty", 4)
     await store.close()
-    (store.data_dir / "topics.json").unlink()
-    (store.data_dir / "topics.json.prev").unlink(missing_ok=True)
+    (store.data_dir / "topics.log").unlink()
     reopened = store_factory(flush="sync")
     assert reopened.get_topic("Empty") is not None
     assert (reopened.data_dir / "index" / "Empty").is_dir()
@@ -196,7 +197,7 @@ async def test_missing_topics_json_keeps_index_dirs_of_topics_without_records(
 # -- defect 6: damaged metadata files ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["checkpoint.json", "consumer_offsets.json", "topics.json"])
+@pytest.mark.parametrize("name", ["checkpoint.json", "consumer_offsets.json"])
 async def test_corrupt_metadata_falls_back_to_previous_copy(store_factory, name) -> None:
     """On 7bac2a5 each of these ended open() with a raw JSONDecodeError."""
     store = store_factory(flush="sync")
@@ -210,6 +211,64 @@ async def test_corrupt_metadata_falls_back_to_previous_copy(store_factory, name)
     assert [(m.file, m.action) for m in reopened.faults.metadata] == [(name, "previous_copy")]
     assert len(readable(reopened)) == 30
     assert reopened.get_consumer_offset("g", "T", 0) == (7 if "offsets" in name else 9)
+
+
+@pytest.mark.parametrize("where", [0.5, 0.999])
+async def test_damaged_topics_log_is_quarantined_and_rebuilt(store_factory, where) -> None:
+    """A damaged record inside (or at the end of) topics.log: nothing is deleted, the table is
+    rebuilt from the data, the bytes are kept in quarantine/ and counted."""
+    store = store_factory(flush="sync")
+    await fill(store)
+    for i in range(6):
+        store.create_topic(f"Empty{i}", 2)  # topics without records: found by their index dirs
+    await store.close()
+    path = store.data_dir / "topics.log"
+    flip(path, int(path.stat().st_size * where), 4)
+    reopened = store_factory(flush="sync")
+    assert len(readable(reopened)) == TOTAL
+    assert {f"Empty{i}" for i in range(6)} <= {t.name for t in reopened.list_topics()}
+    assert [(m.file, m.action) for m in reopened.faults.metadata] == [("topics.log", "rebuilt")]
+    [event] = reopened.faults.damage
+    assert event.file == "topics.log" and event.quarantined_to
+    assert (reopened.data_dir / event.quarantined_to).exists()
+    await reopened.close()
+    again = store_factory(flush="sync")  # the rebuilt log is intact: nothing more to report
+    assert again.faults.metadata == [] and again.faults.damage == []
+
+
+async def test_topic_registration_appends_a_record(store_factory) -> None:
+    """Issue 9: topics.json was rewritten (and fsynced) whole on every creation, O(N^2) bytes
+    for N topics; the log grows by one small record per topic."""
+    store = store_factory(flush="sync")
+    path = store.data_dir / "topics.log"
+    sizes = []
+    for i in range(300):
+        store.create_topic(f"t{i:04d}", 1)
+        sizes.append(path.stat().st_size)
+    growth = [b - a for a, b in itertools.pairwise(sizes)]
+    assert max(growth) < 100  # one record, not the table
+    store.delete_topic("t0007")
+    store.create_topic("t0008", 3)  # grown
+    await store.close()
+    again = store_factory(flush="sync")
+    names = {t.name: t.queue_count for t in again.list_topics()}
+    assert "t0007" not in names and names["t0008"] == 3 and len(names) == 299
+    assert again.faults.metadata == []
+
+
+async def test_old_topics_json_is_migrated(store_factory) -> None:
+    store = store_factory(flush="sync")
+    await fill(store, 30)
+    await store.close()
+    data = store.data_dir
+    table = {t: {"queue_count": QUEUES, "since": 0} for t in ("T",)}
+    metafile.write(data / "topics.json", {"version": 1, "topics": table})
+    (data / "topics.log").unlink()
+    reopened = store_factory(flush="sync")
+    assert reopened.faults.metadata == []
+    assert reopened.get_topic("T").queue_count == QUEUES and len(readable(reopened)) == 30
+    assert (data / "topics.log").exists() and (data / "topics.json.migrated").exists()
+    assert not (data / "topics.json").exists()
 
 
 async def test_corrupt_metadata_without_previous_copy(store_factory, caplog) -> None:
@@ -319,7 +378,7 @@ async def test_verify_reports_damage_and_changes_nothing(store_factory, capsys) 
     assert "no unhandled damage" in capsys.readouterr().out
     [segment] = segments(store)
     flip(segment, segment.stat().st_size // 3)
-    (store.data_dir / "topics.json").write_bytes(b"{broken")
+    (store.data_dir / "topics.log").write_bytes(b"{broken")
     before = tree_digest(store.data_dir)
     code = popmq_main(["broker", "verify", "--data-dir", str(store.data_dir), "--json"])
     assert tree_digest(store.data_dir) == before
@@ -328,7 +387,7 @@ async def test_verify_reports_damage_and_changes_nothing(store_factory, capsys) 
     assert report["damaged"] is True
     damaged = {(f["area"], f["file"]) for f in report["findings"] if f["status"] == "damaged"}
     assert ("commitlog", f"commitlog/{segment.name}") in damaged
-    assert ("metadata", "topics.json") in damaged
+    assert ("metadata", "topics.log") in damaged
     assert any(area == "index" for area, _ in damaged)  # the lost record's entry
     # A start quarantines the damage; verify then reports it as handled.
     reopened = store_factory(flush="sync")
@@ -365,3 +424,178 @@ def test_verify_finds_pop_journal_damage_and_refuses_a_missing_dir(tmp_path: Pat
         ("pop-journal", "damaged")
     ]
     assert popmq_main(["broker", "verify", "--data-dir", str(tmp_path / "nowhere")]) == 2
+
+
+async def test_verify_finds_a_flipped_tag_hash(store_factory) -> None:
+    """A wrong tag hash in an index entry hides its (intact) message from every tag-filtered
+    reader, and no start notices (the docs send operators to verify for it): verify must."""
+    store = store_factory(flush="sync")
+    await fill(store, 60)
+    await store.close()
+    [path] = (store.data_dir / "index" / "T" / "1").iterdir()
+    flip(path, 24 * 5 + 12, 4)  # entry 5: its tag hash field
+    report = verify(store.data_dir)
+    assert report.damaged
+    [finding] = [f for f in report.findings if f.status == "damaged"]
+    assert (finding.area, finding.file) == ("index", "index/T/1")
+    assert "offsets 5" in finding.detail
+
+
+async def test_verify_on_a_running_store_is_not_fooled_by_new_writes(store_factory) -> None:
+    """verify reads the commitlog, then the indexes: on a running broker the indexes hold
+    entries of records written in between. Those are not damage (verify used to report
+    every queue DAMAGED and advise deleting its index directory)."""
+    from popmq.broker import verify as verify_module
+
+    store = store_factory(flush="sync")
+    await fill(store, 60)
+    loop = asyncio.get_running_loop()
+    walk = verify_module._check_commitlog
+
+    async def write_more() -> None:
+        for q in range(QUEUES):
+            await store.append("T", q, [Message("T", body(1000 + q), tag="x")])
+
+    def walk_then_write(*args: object) -> object:
+        walked = walk(*args)
+        asyncio.run_coroutine_threadsafe(write_more(), loop).result(10)
+        return walked
+
+    verify_module._check_commitlog = walk_then_write
+    try:
+        report = await asyncio.to_thread(verify, store.data_dir)
+    finally:
+        verify_module._check_commitlog = walk
+    assert not report.damaged, [f for f in report.findings if f.status == "damaged"]
+    notes = [f.detail for f in report.findings if f.area == "index" and f.status == "info"]
+    assert len(notes) == QUEUES and all("after the commitlog was read" in n for n in notes)
+
+    # At rest, index entries past the end of the log are still damage (the log lost them).
+    await store.close()
+    [segment] = segments(store)
+    with segment.open("r+b") as f:
+        f.truncate(segment.stat().st_size - 10)
+    assert verify(store.data_dir).damaged
+
+
+async def test_a_wrong_size_in_an_index_entry_does_not_lose_its_intact_record(
+    store_factory, caplog
+) -> None:
+    """A smaller size in an index entry passes the start's sanity checks (positions still
+    grow). Reads used to call the intact record "damaged commitlog", quarantine it and skip
+    it for good; now the record is read by its own frame length and the entry is reported."""
+    store = store_factory(flush="sync", segment_bytes=4096)
+    await fill(store)
+    await store.close()
+    assert len(segments(store)) > 3  # the start walks only the last ones
+    [path] = (store.data_dir / "index" / "T" / "1").iterdir()
+    raw = bytearray(path.read_bytes())
+    position, size, code, ts = ENTRY.unpack_from(raw, ENTRY.size * 5)
+    ENTRY.pack_into(raw, ENTRY.size * 5, position, size - 8, code, ts)  # one bit of rot
+    path.write_bytes(bytes(raw))
+    with caplog.at_level(logging.ERROR):
+        reopened = store_factory(flush="sync", segment_bytes=4096)
+        assert len(readable(reopened)) == TOTAL
+        assert len(readable(reopened)) == TOTAL  # reported once
+    assert reopened.corrupt_records_read == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "index entry of T/1 offset 5" in errors[0]
+    assert not (reopened.data_dir / "quarantine").exists()  # the log is not damaged
+
+
+async def test_a_full_disk_refuses_sends_loudly_but_not_once_per_send(
+    store_factory, caplog, monkeypatch
+) -> None:
+    """A full (or read-only) volume refuses every send; the broker used to log nothing at
+    all, so the operator saw only clients' INTERNAL_ERRORs."""
+    import errno
+
+    store = store_factory(flush="sync")
+    store.create_topic("T", 1)
+
+    def no_space(frames: list[bytes]) -> list[int]:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store._commitlog, "append", no_space)
+    with caplog.at_level(logging.ERROR):
+        for i in range(20):
+            with pytest.raises(BrokerError, match="store write failed"):
+                await store.append("T", 0, [Message("T", body(i))])
+    assert store.write_failures == 20  # exported as popmq_broker_store_write_failures
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(lines) == 1 and "No space left" in lines[0] and str(store.data_dir) in lines[0]
+    monkeypatch.undo()
+    await store.append("T", 0, [Message("T", body(99))])  # space again: sends work
+    assert store.max_offset("T", 0) == 1
+
+
+async def test_damage_that_cannot_be_set_aside_refuses_to_start_with_a_clear_message(
+    store_factory,
+) -> None:
+    """A quarantine that cannot be written (disk full, read-only, not a directory) must not
+    let recovery cut or skip bytes; the start used to die with a bare '[Errno 17] File
+    exists'."""
+    store = store_factory(flush="sync")
+    await fill(store, 60)
+    await store.close()
+    [segment] = segments(store)
+    flip(segment, segment.stat().st_size // 3)
+    (store.data_dir / "quarantine").write_text("not a directory")
+    before = segment.read_bytes()
+    with pytest.raises(OSError, match=r"cannot set damaged bytes aside in .*quarantine"):
+        store_factory(flush="sync")
+    assert segment.read_bytes() == before
+
+
+async def test_a_topic_whose_creation_failed_to_persist_takes_no_sends(
+    store_factory, monkeypatch
+) -> None:
+    """topics.log could not be written (disk full) while creating a topic: the topic stayed
+    in memory, later sends to it were acknowledged, and the next start dropped it (its index
+    directory looked stray) with every one of those messages, silently."""
+    import errno
+
+    from popmq.broker.store import topics as topics_module
+
+    store = store_factory(flush="sync")
+    store.create_topic("A", 1)
+    real_put = topics_module.TopicTable.put
+
+    def disk_full_once(self: object, record: object) -> None:
+        monkeypatch.setattr(topics_module.TopicTable, "put", real_put)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(topics_module.TopicTable, "put", disk_full_once)
+    with pytest.raises(BrokerError, match="cannot create topic X"):
+        store.create_topic("X", 2)
+    assert store.get_topic("X") is None
+    with pytest.raises(BrokerError):
+        await store.append("X", 0, [Message("X", b"never acknowledged")])
+    store.create_topic("X", 2)  # space again: created for real
+    await store.append("X", 0, [Message("X", b"acknowledged")])
+    await store.close()
+    reopened = store_factory(flush="sync")
+    assert [m.body for m in reopened.read("X", 0, 0, 10).messages] == [b"acknowledged"]
+
+
+def test_topics_log_is_compacted_at_start(tmp_path: Path, monkeypatch) -> None:
+    from popmq.broker.store import topics as topics_module
+    from popmq.broker.store.topics import TopicRecord, TopicTable
+
+    monkeypatch.setattr(topics_module, "_COMPACT_SLACK", 5)
+    table = TopicTable(tmp_path)
+    table.load()
+    for i in range(10):  # 20 records for 1 topic
+        table.topics["gone"] = record = TopicRecord("gone", 1, i)
+        table.put(record)
+        del table.topics["gone"]
+        table.remove("gone")
+    table.topics["kept"] = record = TopicRecord("kept", 2, 7)
+    table.put(record)
+    table.close()
+    before = (tmp_path / "topics.log").stat().st_size
+    again = TopicTable(tmp_path)
+    assert again.load().trusted
+    assert list(again.topics.values()) == [TopicRecord("kept", 2, 7)]
+    assert (tmp_path / "topics.log").stat().st_size < before / 10  # one record left
+    again.close()

@@ -81,3 +81,33 @@ def test_progress_reset_route_status_message_dlq(served: Deployment) -> None:
     both = popmq("admin", "--endpoint", served.endpoint, "dlq", "resend", group, "--id", "X",
                  "--all")  # fmt: skip
     assert both.returncode == 2 and "not allowed with" in both.stderr
+
+
+def test_groups_list_and_delete(served: Deployment) -> None:
+    topic, group, busy = unique("gl"), unique("gl-group"), unique("gl-busy")
+    admin(served, "topics", "create", topic, "--queues", "1")
+    admin(served, "groups", "set", group, "--max-attempts", "4")
+    with Client(served.endpoint) as client:
+        client.send([Message(topic, b"x")])
+        held = []
+        for queue in client.query_route(topic):
+            held += client.receive(busy, queue, batch_size=1, long_polling_ms=0)
+    assert len(held) == 1
+
+    table = admin(served, "groups", "list")
+    assert "offset_queues" in table and "inflight" in table
+    assert _rows(table, group)[0][1:3] == ["POP", "4"]
+    assert _rows(table, busy)[0][-1] == "1"  # one message in flight
+    as_json = json.loads(admin(served, "groups", "list", "--json"))
+    by_name = {g["group"]["name"]: g for g in as_json["groups"]}
+    assert by_name[group]["group"]["max_attempts"] == 4 and len(by_name[group]["brokers"]) == 2
+
+    refused = admin(served, "groups", "delete", busy, ok=False)
+    assert "PRECONDITION_FAILED" in refused and "in flight" in refused
+    forced = json.loads(admin(served, "groups", "delete", busy, "--force", "--json"))
+    assert forced["inflight"] == "1"  # int64 is a string in protobuf JSON
+    text = admin(served, "groups", "delete", group, "--clean-offsets")
+    assert f"deleted group {group} from 2 brokers" in text
+    listed = admin(served, "groups", "list")
+    assert _rows(listed, group) == [] and _rows(listed, busy) == []
+    assert "CONSUMER_GROUP_NOT_FOUND" in admin(served, "groups", "delete", group, ok=False)

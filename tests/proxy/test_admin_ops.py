@@ -192,3 +192,39 @@ async def test_clients_are_told_where_to_send_their_metrics(make_cluster: Any) -
     assert reply.metric.on is True
     assert reply.metric.endpoints.scheme == pb.DOMAIN_NAME
     assert [(a.host, a.port) for a in reply.metric.endpoints.addresses] == [("otel.example", 4317)]
+
+
+async def test_list_and_delete_groups_across_brokers(cluster: Cluster) -> None:
+    admin = _admin(cluster)
+    topic, busy, idle = await _topic(cluster), unique("busy"), unique("idle")
+    update = await admin.UpdateGroup(a.UpdateGroupRequest(name=idle, max_attempts=3))
+    assert update.status.code == Code.OK
+    await cluster.send(topic, b"a", b"b")
+    _, held, _ = await cluster.receive(busy, topic, batch=1)
+    assert len(held) == 1
+
+    listed = await admin.ListGroups(a.ListGroupsRequest())
+    assert listed.status.code == Code.OK
+    rows = {g.group.name: g for g in listed.groups}
+    assert sorted(rows[idle].brokers) == ["broker-0", "broker-1"]  # written to every broker
+    assert rows[idle].group.max_attempts == 3 and rows[busy].inflight == 1
+
+    refused = await admin.DeleteGroup(a.DeleteGroupRequest(name=busy))
+    assert refused.status.code == Code.PRECONDITION_FAILED
+    assert "in flight" in refused.status.message
+    still = await admin.ListGroups(a.ListGroupsRequest())
+    assert busy in {g.group.name for g in still.groups}  # no broker changed
+    missing = await admin.DeleteGroup(a.DeleteGroupRequest(name=unique("never")))
+    assert missing.status.code == Code.CONSUMER_GROUP_NOT_FOUND
+    bad = await admin.DeleteGroup(a.DeleteGroupRequest(name="bad group"))
+    assert bad.status.code == Code.ILLEGAL_CONSUMER_GROUP
+
+    forced = await admin.DeleteGroup(a.DeleteGroupRequest(name=busy, force=True))
+    assert forced.status.code == Code.OK and forced.inflight == 1
+    done = await admin.DeleteGroup(a.DeleteGroupRequest(name=idle, clean_offsets=True))
+    assert done.status.code == Code.OK and sorted(done.brokers) == ["broker-0", "broker-1"]
+    after = await admin.ListGroups(a.ListGroupsRequest())
+    assert {busy, idle}.isdisjoint(g.group.name for g in after.groups)
+    # the deleted group's settings are gone from the proxy's cache too
+    got = await admin.GetGroup(a.GetGroupRequest(name=idle))
+    assert got.group.max_attempts == 16

@@ -16,7 +16,7 @@ from popmq.proxy.server import ProxyServer
 from support.brokers import fast_broker_config
 from support.tls_certs import make_pki
 
-from popmq.client import AsyncClient, ProxyError
+from popmq.client import AsyncClient, ProxyError, ProxyUnavailable
 from popmq.client.security import ClientSecurity
 from popmq.config import PopmqConfig, ProxyConfig, TlsConfig
 
@@ -100,6 +100,32 @@ async def test_client_certificates_required_with_a_client_ca(tmp_path: Path) -> 
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await service_pb2_grpc.MessagingServiceStub(channel).QueryRoute(request, timeout=5)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await server.stop(0.2)
+        await broker.stop()
+
+
+async def test_client_certificate_for_an_mtls_proxy(tmp_path: Path) -> None:
+    """Issue 10: ClientSecurity could not present a client certificate, so popmq's own client
+    (and the Spark connector) could not use a proxy with ``proxy.tls.client_ca``."""
+    pki = make_pki(tmp_path / "pki")
+    broker = Broker(fast_broker_config(tmp_path / "b"))
+    await broker.start()
+    tls = TlsConfig(cert=pki.server_cert, key=pki.server_key, client_ca=pki.ca)
+    server = ProxyServer(PopmqConfig(proxy=ProxyConfig(port=0, tls=tls)), [LocalBrokerPort(broker)])
+    await server.start()
+    endpoint = f"127.0.0.1:{server.port}"
+    try:
+        mtls = ClientSecurity(ca_file=pki.ca, cert_file=pki.client_cert, key_file=pki.client_key)
+        async with AsyncClient(endpoint, security=mtls) as client:
+            (receipt,) = await client.send([Message("t", b"over mtls")])
+            assert receipt.message_id
+        no_cert = ClientSecurity(ca_file=pki.ca)
+        async with AsyncClient(endpoint, security=no_cert, timeout_s=2.0) as client:
+            with pytest.raises(ProxyUnavailable, match="UNAVAILABLE"):  # handshake refused
+                await client.send([Message("t", b"x")])
+        with pytest.raises(ValueError, match="certificate and its key"):
+            ClientSecurity(ca_file=pki.ca, cert_file=pki.client_cert)
     finally:
         await server.stop(0.2)
         await broker.stop()

@@ -59,6 +59,18 @@ def test_patterns_only_star() -> None:
         ("users: [{access_key: a, secret_key: sk1, admn: true}]", "admn"),
         ("users: [{access_key: 'a b', secret_key: s}]", "access_key"),
         ("users: [", "cannot read"),
+        # `topics:` with nothing after it (a typo, or a file read half-written) must not mean
+        # "any topic", and an empty file must not silently drop every user.
+        (
+            "users: [{access_key: a, secret_key: s, allow: [{subscribe: {group: g, topics: }}]}]",
+            "topics",
+        ),
+        (
+            "users:\n  - access_key: a\n    secret_key: s\n    allow:\n      - subscribe:\n"
+            "          group: g\n          topics:\n",
+            "topics",
+        ),
+        ("", "empty"),
     ],
 )
 def test_bad_files_are_refused_with_the_reason(tmp_path: Path, text: str, problem: str) -> None:

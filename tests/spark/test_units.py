@@ -143,3 +143,10 @@ def test_connection_security_options() -> None:
     assert pickle.loads(pickle.dumps(options.connection)) == options.connection  # to executors
     with pytest.raises(OptionError, match="accessKey"):
         parse_write_options({"endpoint": "h:1", "topic": "t", "accessKey": "app"}, False)
+    mtls = parse_read_options(
+        {"endpoint": "h:1", "topic": "t", "tlsCertFile": "/c.pem", "tlsKeyFile": "/k.pem"}, False
+    ).connection.security
+    assert mtls is not None and mtls.tls  # a client certificate implies TLS
+    assert (str(mtls.cert_file), str(mtls.key_file)) == ("/c.pem", "/k.pem")
+    with pytest.raises(OptionError, match="tlsKeyFile"):
+        parse_read_options({"endpoint": "h:1", "topic": "t", "tlsCertFile": "/c.pem"}, False)

@@ -159,6 +159,52 @@ class GroupResponse(_message.Message):
     group: Group
     def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., group: _Optional[_Union[Group, _Mapping]] = ...) -> None: ...
 
+class ListGroupsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GroupSummary(_message.Message):
+    __slots__ = ("group", "brokers", "inflight", "offset_queues")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_QUEUES_FIELD_NUMBER: _ClassVar[int]
+    group: Group
+    brokers: _containers.RepeatedScalarFieldContainer[str]
+    inflight: int
+    offset_queues: int
+    def __init__(self, group: _Optional[_Union[Group, _Mapping]] = ..., brokers: _Optional[_Iterable[str]] = ..., inflight: _Optional[int] = ..., offset_queues: _Optional[int] = ...) -> None: ...
+
+class ListGroupsResponse(_message.Message):
+    __slots__ = ("status", "groups")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    status: _definition_pb2.Status
+    groups: _containers.RepeatedCompositeFieldContainer[GroupSummary]
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[GroupSummary, _Mapping]]] = ...) -> None: ...
+
+class DeleteGroupRequest(_message.Message):
+    __slots__ = ("name", "clean_offsets", "force")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    clean_offsets: bool
+    force: bool
+    def __init__(self, name: _Optional[str] = ..., clean_offsets: _Optional[bool] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DeleteGroupResponse(_message.Message):
+    __slots__ = ("status", "brokers", "inflight", "offsets_removed")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    status: _definition_pb2.Status
+    brokers: _containers.RepeatedScalarFieldContainer[str]
+    inflight: int
+    offsets_removed: int
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., brokers: _Optional[_Iterable[str]] = ..., inflight: _Optional[int] = ..., offsets_removed: _Optional[int] = ...) -> None: ...
+
 class Client(_message.Message):
     __slots__ = ("client_id", "client_type", "group", "topics", "language", "version", "peer", "first_seen", "last_seen", "telemetry_open")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]

@@ -64,6 +64,16 @@ class AdminServiceStub:
                 request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.UpdateGroupRequest.SerializeToString,
                 response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.GroupResponse.FromString,
                 _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/ListGroups',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.DeleteGroup = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/DeleteGroup',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.DeleteGroupRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.DeleteGroupResponse.FromString,
+                _registered_method=True)
         self.ListClients = channel.unary_unary(
                 '/popmq.admin.v1.AdminService/ListClients',
                 request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListClientsRequest.SerializeToString,
@@ -145,6 +155,18 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def UpdateGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGroup(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -236,6 +258,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.UpdateGroup,
                     request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.UpdateGroupRequest.FromString,
                     response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.GroupResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListGroupsRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'DeleteGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroup,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.DeleteGroupRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.DeleteGroupResponse.SerializeToString,
             ),
             'ListClients': grpc.unary_unary_rpc_method_handler(
                     servicer.ListClients,
@@ -445,6 +477,60 @@ class AdminService:
             '/popmq.admin.v1.AdminService/UpdateGroup',
             popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.UpdateGroupRequest.SerializeToString,
             popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.GroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.admin.v1.AdminService/ListGroups',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListGroupsRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.admin.v1.AdminService/DeleteGroup',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.DeleteGroupRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.DeleteGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

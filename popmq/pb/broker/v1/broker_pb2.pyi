@@ -500,6 +500,48 @@ class GroupResponse(_message.Message):
     group: GroupConfig
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., group: _Optional[_Union[GroupConfig, _Mapping]] = ...) -> None: ...
 
+class ListGroupsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GroupSummary(_message.Message):
+    __slots__ = ("config", "inflight", "offset_queues")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_QUEUES_FIELD_NUMBER: _ClassVar[int]
+    config: GroupConfig
+    inflight: int
+    offset_queues: int
+    def __init__(self, config: _Optional[_Union[GroupConfig, _Mapping]] = ..., inflight: _Optional[int] = ..., offset_queues: _Optional[int] = ...) -> None: ...
+
+class ListGroupsResponse(_message.Message):
+    __slots__ = ("status", "groups")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    groups: _containers.RepeatedCompositeFieldContainer[GroupSummary]
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[GroupSummary, _Mapping]]] = ...) -> None: ...
+
+class DeleteGroupRequest(_message.Message):
+    __slots__ = ("group", "clean_offsets", "force")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    clean_offsets: bool
+    force: bool
+    def __init__(self, group: _Optional[str] = ..., clean_offsets: _Optional[bool] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DeleteGroupResponse(_message.Message):
+    __slots__ = ("status", "inflight", "offsets_removed")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    inflight: int
+    offsets_removed: int
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., inflight: _Optional[int] = ..., offsets_removed: _Optional[int] = ...) -> None: ...
+
 class GroupStatsRequest(_message.Message):
     __slots__ = ("group", "topic")
     GROUP_FIELD_NUMBER: _ClassVar[int]

@@ -136,6 +136,16 @@ class BrokerServiceStub:
                 request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.GroupStatsRequest.SerializeToString,
                 response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.GroupStatsResponse.FromString,
                 _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/popmq.broker.v1.BrokerService/ListGroups',
+                request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.DeleteGroup = channel.unary_unary(
+                '/popmq.broker.v1.BrokerService/DeleteGroup',
+                request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.DeleteGroupRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.DeleteGroupResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -266,6 +276,18 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -368,6 +390,16 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.GroupStats,
                     request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.GroupStatsRequest.FromString,
                     response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.GroupStatsResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ListGroupsRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'DeleteGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroup,
+                    request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.DeleteGroupRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.DeleteGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -912,6 +944,60 @@ class BrokerService:
             '/popmq.broker.v1.BrokerService/GroupStats',
             popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.GroupStatsRequest.SerializeToString,
             popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.GroupStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.broker.v1.BrokerService/ListGroups',
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ListGroupsRequest.SerializeToString,
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.broker.v1.BrokerService/DeleteGroup',
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.DeleteGroupRequest.SerializeToString,
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.DeleteGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,
