@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message as ProtoMessage
@@ -30,7 +30,7 @@ from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
 from popmq.reflection import enable_reflection
 from popmq.security import link
-from popmq.tracing import server_interceptors
+from popmq.tracing import link_span, server_interceptors
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +182,53 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             armed.clear()
             await tasks.aclose()
 
+    async def Call(self, request_iterator: AsyncIterator[pb.LinkRequests], context: Any) -> None:
+        """The request link: each LinkRequest is served by the same method as its unary call,
+        concurrently, and answered by id in completion order. Ends once the proxy closed its
+        side and every request it sent was answered; the proxy's going away cancels them all."""
+        answers: asyncio.Queue[pb.LinkResponse | None] = asyncio.Queue()
+        held: dict[int, asyncio.Task[None]] = {}
+
+        async def serve(request: pb.LinkRequest, kind: str) -> None:
+            try:
+                method = getattr(self, _LINKED[kind])
+                if request.trace_context:  # the proxy traces this request: continue it
+                    with link_span(_LINKED[kind], dict(request.trace_context)):
+                        response = await method(getattr(request, kind), context)
+                else:
+                    response = await method(getattr(request, kind), context)
+            finally:
+                held.pop(request.id, None)
+            answers.put_nowait(pb.LinkResponse(id=request.id, **{kind: response}))
+
+        async def write() -> None:  # every answer ready at a write goes in it
+            while (answer := await answers.get()) is not None:
+                batch = [answer]
+                while not answers.empty():
+                    if (answer := answers.get_nowait()) is None:
+                        await context.write(pb.LinkResponses(responses=batch))
+                        return
+                    batch.append(answer)
+                await context.write(pb.LinkResponses(responses=batch))
+
+        async with asyncio.TaskGroup() as stream:
+            stream.create_task(write())
+            try:
+                async with asyncio.TaskGroup() as calls:
+                    async for batch in request_iterator:
+                        for request in batch.requests:
+                            kind = request.WhichOneof("call")
+                            if kind == "cancel":
+                                task = held.pop(request.id, None)
+                                if task is not None:
+                                    task.cancel()
+                            elif kind in _LINKED:
+                                held[request.id] = calls.create_task(serve(request, kind))
+                            else:  # an empty call: answered empty, the proxy reports it
+                                answers.put_nowait(pb.LinkResponse(id=request.id))
+            finally:
+                answers.put_nowait(None)
+
     # -- pull and offsets --------------------------------------------------------------------
 
     async def Pull(self, request: pb.PullRequest, context: object) -> pb.PullResponse:
@@ -313,6 +360,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             )
 
         return await _answer(pb.GroupStatsResponse, work())
+
+
+# LinkRequest's call field -> the servicer method that serves it (same code as the unary call).
+_LINKED = {
+    "send": "Send",
+    "pop": "Pop",
+    "ack": "Ack",
+    "change_invisible_time": "ChangeInvisibleTime",
+    "notify": "Notify",
+    "forward_to_dlq": "ForwardToDlq",
+    "pull": "Pull",
+}
 
 
 class BrokerGrpcServer:

@@ -159,6 +159,16 @@ class BrokerLinkConfig(Section):
     # Name to expect in the brokers' certificates when it differs from the address's host.
     server_name: str | None = None
     cluster_token_file: Path | None = None
+    # Hot-path requests (send, pop, ack, notify, pull...): "stream" multiplexes them on a few
+    # long-lived Call streams per broker, with ack/send coalescing; "unary" is one RPC each
+    # (the fallback; also what a broker without the Call method gets automatically).
+    requests: Literal["stream", "unary"] = "stream"
+    streams: int = Field(2, ge=1, le=64)  # Call streams per broker
+    window: int = Field(1024, ge=1, le=1_000_000)  # requests in flight per stream
+    # Acks (per group and topic) and sends (per topic and queue) made within this window go
+    # as one request, as RocketMQ's batch ack does; 0 turns coalescing off.
+    coalesce_ms: float = Field(1.0, ge=0, le=1000)
+    coalesce_max: int = Field(256, ge=1, le=100_000)  # items per coalesced request
 
     @model_validator(mode="after")
     def _pair(self) -> BrokerLinkConfig:

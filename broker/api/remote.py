@@ -6,16 +6,26 @@ BrokerTimeoutError (deadline passed), BrokerAuthError (the broker refused this p
 token), else a RefusedError. Every
 call has a deadline: rpc_timeout_s, plus the poll time for long polls. Cancelling the awaiting
 task cancels the RPC, and the broker then drops the held request.
+
+Hot-path calls (send, pop, ack, change_invisible_time, notify, forward_to_dlq, pull) go over the
+request link (popmq.broker.api.request_link: a few multiplexed Call streams, acks and sends
+coalesced) unless ``broker_link.requests`` is "unary"; administration stays unary. A broker that
+does not know the Call method gets unary calls from then on.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
+import logging
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from popmq.broker.api import convert
+from popmq.broker.api.coalesce import Coalescer
 from popmq.broker.api.errors import (
     BrokerAuthError,
     BrokerError,
@@ -24,6 +34,7 @@ from popmq.broker.api.errors import (
     Code,
 )
 from popmq.broker.api.link import BrokerLink
+from popmq.broker.api.request_link import LinkUnsupportedError, RequestLink
 from popmq.broker.api.types import (
     AckEntry,
     AckEntryResult,
@@ -49,6 +60,8 @@ from popmq.pb.broker.v1 import broker_pb2_grpc
 from popmq.security.link import broker_channel
 
 R = TypeVar("R")
+
+log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
@@ -103,6 +116,12 @@ class RemoteBrokerPort:
     ) -> None:
         self._name = name
         self._link = link  # TLS and cluster token (popmq.security.link); None: plaintext
+        self._settings = link or BrokerLinkConfig()
+        self._streamed = self._settings.requests == "stream"
+        self._requests: RequestLink | None = None
+        self._acks: Coalescer[tuple[str, str], AckEntry, AckEntryResult] | None = None
+        self._sends: Coalescer[tuple[str, int], Message, SendResult] | None = None
+        self._link_task: asyncio.Task[None] | None = None
         self._address = address
         self._rpc_timeout_s = rpc_timeout_s
         # Made on first use: grpc.aio objects belong to the event loop that creates them.
@@ -136,6 +155,62 @@ class RemoteBrokerPort:
             self._watch_link = BrokerLink(self._name, self._get_stub)
         return self._watch_link
 
+    @property
+    def request_link(self) -> RequestLink | None:
+        """The request link (None in unary mode or before first use)."""
+        return self._requests
+
+    @property
+    def coalescers(self) -> tuple[Coalescer[Any, Any, Any] | None, ...]:
+        return (self._acks, self._sends)
+
+    def _start_link(self) -> RequestLink:
+        """The request link and its coalescers, run by one task group for the port's life."""
+        if self._requests is None:
+            stub = self._get_stub()
+            settings = self._settings
+            self._requests = RequestLink(
+                self._name, stub.Call, streams=settings.streams, window=settings.window
+            )
+            if settings.coalesce_ms > 0:
+                window_s, most = settings.coalesce_ms / 1000, settings.coalesce_max
+                self._acks = Coalescer(self._ack_now, window_s=window_s, max_items=most)
+                self._sends = Coalescer(self._send_now, window_s=window_s, max_items=most)
+            self._link_task = asyncio.get_running_loop().create_task(
+                self._run_link(),
+                name=f"request-link:{self._name}",
+                context=contextvars.Context(),  # not the first caller's (its trace, its span)
+            )
+        return self._requests
+
+    async def _run_link(self) -> None:
+        requests = self._requests
+        assert requests is not None
+        async with asyncio.TaskGroup() as group:
+            group.create_task(requests.run())
+            for coalescer in (self._acks, self._sends):
+                if coalescer is not None:
+                    group.create_task(coalescer.run())
+
+    async def _linked(
+        self,
+        kind: str,
+        method: Callable[..., Awaitable[R]],
+        request: object,
+        deadline_s: float,
+    ) -> R:
+        """One hot-path call: on the request link, or unary (fallback)."""
+        if self._streamed:
+            try:
+                response = await self._start_link().request(kind, request, deadline_s)
+            except LinkUnsupportedError:
+                log.warning("broker %s has no request link: unary calls from now on", self._name)
+                self._streamed = False
+            else:
+                convert.raise_for_status(response.status)
+                return response
+        return await self._call(method, request, deadline_s)
+
     def _deadline(self, poll_time_ms: int = 0) -> float:
         return self._rpc_timeout_s + max(poll_time_ms, 0) / 1000
 
@@ -156,28 +231,46 @@ class RemoteBrokerPort:
     # -- produce -------------------------------------------------------------------------------
 
     async def send(self, messages: list[Message], queue_id: int = -1) -> list[SendResult]:
+        topics = {m.topic for m in messages}
+        if self._streamed and len(topics) == 1:
+            self._start_link()
+            if self._sends is not None:
+                return await self._sends.submit((topics.pop(), queue_id), messages)
+        return await self._send_now((messages[0].topic if messages else "", queue_id), messages)
+
+    async def _send_now(self, key: tuple[str, int], messages: list[Message]) -> list[SendResult]:
         stub = self._get_stub()
         request = pb.SendRequest(
-            messages=[convert.message_to_proto(m) for m in messages], queue_id=queue_id
+            messages=[convert.message_to_proto(m) for m in messages], queue_id=key[1]
         )
-        response = await self._call(stub.Send, request, self._deadline())
+        response = await self._linked("send", stub.Send, request, self._deadline())
         return [convert.send_result_from_proto(r) for r in response.results]
 
     # -- POP -----------------------------------------------------------------------------------
 
     async def pop(self, request: PopRequest) -> PopResult:
         stub = self._get_stub()
-        response = await self._call(
-            stub.Pop, convert.pop_request_to_proto(request), self._deadline(request.poll_time_ms)
+        response = await self._linked(
+            "pop",
+            stub.Pop,
+            convert.pop_request_to_proto(request),
+            self._deadline(request.poll_time_ms),
         )
         return convert.pop_result_from_proto(response)
 
     async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:
+        if self._streamed:
+            self._start_link()
+            if self._acks is not None:
+                return await self._acks.submit((group, topic), entries)
+        return await self._ack_now((group, topic), entries)
+
+    async def _ack_now(self, key: tuple[str, str], entries: list[AckEntry]) -> list[AckEntryResult]:
         stub = self._get_stub()
         request = pb.AckRequest(
-            group=group, topic=topic, entries=[convert.ack_entry_to_proto(e) for e in entries]
+            group=key[0], topic=key[1], entries=[convert.ack_entry_to_proto(e) for e in entries]
         )
-        response = await self._call(stub.Ack, request, self._deadline())
+        response = await self._linked("ack", stub.Ack, request, self._deadline())
         return [convert.ack_result_from_proto(r) for r in response.results]
 
     async def change_invisible_time(
@@ -190,12 +283,15 @@ class RemoteBrokerPort:
             receipt_handle=receipt_handle,
             invisible_time_ms=invisible_time_ms,
         )
-        response = await self._call(stub.ChangeInvisibleTime, request, self._deadline())
+        response = await self._linked(
+            "change_invisible_time", stub.ChangeInvisibleTime, request, self._deadline()
+        )
         return convert.change_invisible_from_proto(response)
 
     async def notify(self, request: NotifyRequest) -> NotifyResult:
         stub = self._get_stub()
-        response = await self._call(
+        response = await self._linked(
+            "notify",
             stub.Notify,
             convert.notify_request_to_proto(request),
             self._deadline(request.poll_time_ms),
@@ -205,14 +301,17 @@ class RemoteBrokerPort:
     async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
         stub = self._get_stub()
         request = pb.ForwardToDlqRequest(group=group, topic=topic, receipt_handle=receipt_handle)
-        await self._call(stub.ForwardToDlq, request, self._deadline())
+        await self._linked("forward_to_dlq", stub.ForwardToDlq, request, self._deadline())
 
     # -- pull and offsets ----------------------------------------------------------------------
 
     async def pull(self, request: PullRequest) -> PullResult:
         stub = self._get_stub()
-        response = await self._call(
-            stub.Pull, convert.pull_request_to_proto(request), self._deadline(request.poll_time_ms)
+        response = await self._linked(
+            "pull",
+            stub.Pull,
+            convert.pull_request_to_proto(request),
+            self._deadline(request.poll_time_ms),
         )
         return convert.pull_result_from_proto(response)
 
@@ -296,6 +395,14 @@ class RemoteBrokerPort:
         return [convert.group_stats_from_proto(s) for s in response.stats]
 
     async def close(self) -> None:
+        task, self._link_task = self._link_task, None
+        if self._requests is not None:
+            self._requests.close()
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._requests = self._acks = self._sends = None
         link, self._watch_link = self._watch_link, None
         if link is not None:
             await link.aclose()

@@ -38,7 +38,10 @@ from popmq.bench.table_text import grid
 
 TOPIC = "bench-e2e"
 GROUP = "bench-e2e-group"
-MODES = ("direct", "proxy", "cluster", "floor")
+MODES = ("direct", "proxy", "cluster", "cluster-unary", "floor")
+# cluster-unary: the cluster mode with the proxy's broker requests as one unary RPC each
+# (broker_link.requests=unary), to compare with the multiplexed request link in one run.
+CLUSTER_MODES = ("cluster", "cluster-unary")
 DEFAULT_MODES = ("direct", "proxy")
 INVISIBLE_MS = 60_000
 POLL_MS = 1_000
@@ -154,6 +157,8 @@ def _serve_command(params: dict[str, Any], root: Path) -> list[str]:
 
 def _proxy_settings(params: dict[str, Any]) -> list[str]:
     settings = [f"proxy.strategy={params['strategy']}", "proxy.min_long_polling_ms=1000"]
+    if params["mode"] == "cluster-unary":
+        settings.append("proxy.broker_link.requests=unary")
     return [arg for setting in settings for arg in ("--set", setting)]
 
 
@@ -180,7 +185,7 @@ async def _cluster_brokers(params: dict[str, Any], root: Path) -> AsyncIterator[
 @contextlib.asynccontextmanager
 async def _serve(params: dict[str, Any], root: Path) -> AsyncIterator[tuple[str, int]]:
     """The server process of the mode, listening; yields (endpoint, pid)."""
-    if params["mode"] == "cluster":
+    if params["mode"] in CLUSTER_MODES:
         args = [sys.executable, "-m", "popmq", "proxy", "--port", "0",
                 *params["broker_args"], *_proxy_settings(params)]  # fmt: skip
         if params.get("proxy_workers", 1) > 1:
@@ -226,7 +231,7 @@ async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
                 ("x-mq-protocol", "GRPC_V2"))  # fmt: skip
     async with contextlib.AsyncExitStack() as stack:
         broker_pids: list[int] = []
-        if params["mode"] == "cluster":
+        if params["mode"] in CLUSTER_MODES:
             broker_pids = await stack.enter_async_context(_cluster_brokers(params, root))
         endpoint, pid = await stack.enter_async_context(_serve(params, root))
         # A few connections, as several client processes would open.
@@ -431,6 +436,18 @@ async def bench_e2e(
         result["cluster_over_proxy"] = round(
             results["cluster"]["msgs_per_s"] / max(results["proxy"]["msgs_per_s"], 1), 2
         )
+    if "cluster" in results and "cluster-unary" in results:
+        # The multiplexed request link against one unary RPC per request.
+        stream, unary = results["cluster"], results["cluster-unary"]
+        result["stream_over_unary"] = {
+            "msgs_per_s": round(stream["msgs_per_s"] / max(unary["msgs_per_s"], 1), 2),
+            "proxy_cpu_us_per_msg": round(
+                stream["proxy_cpu_us_per_msg"] / max(unary["proxy_cpu_us_per_msg"], 1), 2
+            ),
+            "brokers_cpu_us_per_msg": round(
+                stream["brokers_cpu_us_per_msg"] / max(unary["brokers_cpu_us_per_msg"], 1), 2
+            ),
+        }
     for name, figures in results.items():
         if name.startswith("cluster-w") and "cluster" in results:
             # --workers N against one worker: msg/s and server CPU per message.
@@ -477,6 +494,13 @@ def format_table(result: dict[str, Any]) -> str:
         lines += [f"proxy / floor msg/s: {result['proxy_over_floor']} (goal >= 0.8)"]
     if "cluster_over_proxy" in result:
         lines += [f"cluster / proxy msg/s: {result['cluster_over_proxy']} (goal >= 0.7)"]
+    if "stream_over_unary" in result:
+        ratio = result["stream_over_unary"]
+        lines += [
+            f"request link stream / unary: msg/s {ratio['msgs_per_s']}x, proxy CPU µs/msg "
+            f"{ratio['proxy_cpu_us_per_msg']}x, brokers CPU µs/msg "
+            f"{ratio['brokers_cpu_us_per_msg']}x"
+        ]
     for key, ratio in result.items():
         if key.startswith("cluster-w") and key.endswith("_over_cluster"):
             name = key.removesuffix("_over_cluster")

@@ -416,7 +416,15 @@ async def bench_idle(
         "long_polls": long_polls, "brokers": brokers, "duration_s": duration_s,
         "await_ms": await_ms, "channels": channels, "settle_s": settle_s,
         "ramp_s": await_ms / 1000 if ramp_s is None else ramp_s,
-        "proxy_settings": dict(proxy_settings or {}),
+        # The bench's long polls are all one group's: admission control's per-group and
+        # per-client caps (2,000 / 1,000) would refuse most of them (TOO_MANY_REQUESTS), so
+        # they are raised to the count measured; --proxy-set still wins.
+        "proxy_settings": {
+            "proxy.max_long_polls": max(long_polls, 10_000),
+            "proxy.max_long_polls_per_group": max(long_polls, 2_000),
+            "proxy.max_long_polls_per_client": max(long_polls, 1_000),
+            **(proxy_settings or {}),
+        },
         "broker_settings": dict(broker_settings or {}), "cpus": os.cpu_count(),
     }  # fmt: skip
     base = data_dir or _ram_disk()

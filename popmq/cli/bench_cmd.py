@@ -169,9 +169,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e2e.add_argument("--strategy", default="adaptive",
                      choices=("pop", "slices", "notify", "adaptive"))  # fmt: skip
     e2e.add_argument("--mode", nargs="+", default=["direct", "proxy"],
-                     choices=("direct", "proxy", "cluster", "floor"),
-                     help="cluster: popmq proxy + popmq broker processes; floor: the same gRPC "
-                          "load on a server that does no work")  # fmt: skip
+                     choices=("direct", "proxy", "cluster", "cluster-unary", "floor"),
+                     help="cluster: popmq proxy + popmq broker processes; cluster-unary: the "
+                          "same with one unary RPC per broker request (no request link); floor: "
+                          "the same gRPC load on a server that does no work")  # fmt: skip
     e2e.add_argument("--proxy-workers", type=int, nargs="+", default=[1],
                      help="cluster mode: popmq proxy --workers N, one run per N")  # fmt: skip
     e2e.add_argument("--json", help="also write the figures to this file")

@@ -125,13 +125,10 @@ def add_port(server: grpc.aio.Server, address: str, config: BrokerConfig) -> int
 # -- proxy side -------------------------------------------------------------------------------
 
 
-class _TokenInterceptor(
-    grpc.aio.UnaryUnaryClientInterceptor,
-    grpc.aio.UnaryStreamClientInterceptor,
-    grpc.aio.StreamUnaryClientInterceptor,
-    grpc.aio.StreamStreamClientInterceptor,
-):
-    """Adds the cluster token to every call of a channel."""
+class _TokenInterceptor:
+    """Adds the cluster token to every call of a channel (one subclass per call kind below:
+    grpc.aio files an interceptor under the FIRST kind it implements only, so one class
+    implementing all four would leave streaming calls -- Watch, Call -- without the token)."""
 
     def __init__(self, token: str) -> None:
         self._token = token
@@ -143,17 +140,31 @@ class _TokenInterceptor(
             details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
         )
 
+
+class _UnaryUnaryToken(_TokenInterceptor, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._with_token(details), request)
 
+
+class _UnaryStreamToken(_TokenInterceptor, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._with_token(details), request)
 
+
+class _StreamUnaryToken(_TokenInterceptor, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
         return await continuation(self._with_token(details), requests)
 
+
+class _StreamStreamToken(_TokenInterceptor, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
         return await continuation(self._with_token(details), requests)
+
+
+def token_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
+    """The cluster token on every kind of call."""
+    kinds = (_UnaryUnaryToken, _UnaryStreamToken, _StreamUnaryToken, _StreamStreamToken)
+    return [kind(token) for kind in kinds]
 
 
 def broker_channel(
@@ -163,7 +174,7 @@ def broker_channel(
     if link is None:
         return grpc.aio.insecure_channel(address, options=list(options))
     interceptors = (
-        [_TokenInterceptor(read_token(link.cluster_token_file))]
+        token_interceptors(read_token(link.cluster_token_file))
         if link.cluster_token_file is not None
         else None
     )

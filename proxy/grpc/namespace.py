@@ -167,24 +167,14 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
             return handler
         header = dict(details.invocation_metadata or ()).get(HEADER, "")
         method = details.method
+        # _replace, not grpc.*_rpc_method_handler: those import grpc._utilities on every
+        # call (3% of an idle proxy's samples at 500 receives/s under py-spy).
         if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(handler, header, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+            return handler._replace(unary_unary=self._unary(handler, header, method))
         if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                self._unary_stream(handler, header, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+            return handler._replace(unary_stream=self._unary_stream(handler, header, method))
         if handler.stream_stream:
-            return grpc.stream_stream_rpc_method_handler(
-                self._stream_stream(handler, header),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+            return handler._replace(stream_stream=self._stream_stream(handler, header))
         return handler
 
     @staticmethod

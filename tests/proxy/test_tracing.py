@@ -190,3 +190,41 @@ async def test_the_separate_admin_port_is_traced(provider: TracerProvider, tmp_p
     finally:
         await proxy.stop(0.2)
         await broker.stop()
+
+
+def test_the_tracer_does_not_scan_installed_packages_per_span(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression: tracer() looked the package version up per span (importlib.metadata scans
+    every installed distribution), 18% of a busy cluster proxy's CPU under py-spy."""
+    import popmq.tracing as tracing
+
+    lookups: list[str] = []
+
+    def counting(name: str) -> str:
+        lookups.append(name)
+        return "1.0"
+
+    monkeypatch.setattr(tracing, "version", counting)
+    tracing._version.cache_clear()
+    try:
+        for _ in range(3):
+            tracing.tracer()
+        assert lookups == ["popmq"]
+    finally:
+        tracing._version.cache_clear()
+
+
+async def test_the_request_link_carries_the_trace_per_request(remote_cluster: Cluster) -> None:
+    """Requests multiplexed on the broker link (one Call stream) still continue the caller's
+    trace: a CLIENT span on the proxy, a SERVER span inside the broker, parent and child."""
+    topic = unique("traced-send")
+    for attempt in range(2):  # the second request rides the stream the first one opened
+        EXPORTER.clear()
+        with trace.get_tracer("the-client").start_as_current_span(f"send {attempt}") as root:
+            await remote_cluster.send(topic, b"x")
+        spans = _trace_of(root)
+        send = "/popmq.broker.v1.BrokerService/Send"
+        client = next(s for s in spans if s.name == send and s.kind == SpanKind.CLIENT)
+        server = next(s for s in spans if s.name == send and s.kind == SpanKind.SERVER)
+        assert server.parent is not None and server.parent.span_id == client.context.span_id

@@ -611,3 +611,70 @@ class WatchEvent(_message.Message):
     seq: int
     status: Status
     def __init__(self, id: _Optional[int] = ..., seq: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
+
+class LinkCancel(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LinkRequest(_message.Message):
+    __slots__ = ("id", "send", "pop", "ack", "change_invisible_time", "notify", "forward_to_dlq", "pull", "cancel", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SEND_FIELD_NUMBER: _ClassVar[int]
+    POP_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_INVISIBLE_TIME_FIELD_NUMBER: _ClassVar[int]
+    NOTIFY_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_TO_DLQ_FIELD_NUMBER: _ClassVar[int]
+    PULL_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    send: SendRequest
+    pop: PopRequest
+    ack: AckRequest
+    change_invisible_time: ChangeInvisibleTimeRequest
+    notify: NotifyRequest
+    forward_to_dlq: ForwardToDlqRequest
+    pull: PullRequest
+    cancel: LinkCancel
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[int] = ..., send: _Optional[_Union[SendRequest, _Mapping]] = ..., pop: _Optional[_Union[PopRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., change_invisible_time: _Optional[_Union[ChangeInvisibleTimeRequest, _Mapping]] = ..., notify: _Optional[_Union[NotifyRequest, _Mapping]] = ..., forward_to_dlq: _Optional[_Union[ForwardToDlqRequest, _Mapping]] = ..., pull: _Optional[_Union[PullRequest, _Mapping]] = ..., cancel: _Optional[_Union[LinkCancel, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class LinkResponse(_message.Message):
+    __slots__ = ("id", "send", "pop", "ack", "change_invisible_time", "notify", "forward_to_dlq", "pull")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SEND_FIELD_NUMBER: _ClassVar[int]
+    POP_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_INVISIBLE_TIME_FIELD_NUMBER: _ClassVar[int]
+    NOTIFY_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_TO_DLQ_FIELD_NUMBER: _ClassVar[int]
+    PULL_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    send: SendResponse
+    pop: PopResponse
+    ack: AckResponse
+    change_invisible_time: ChangeInvisibleTimeResponse
+    notify: NotifyResponse
+    forward_to_dlq: ForwardToDlqResponse
+    pull: PullResponse
+    def __init__(self, id: _Optional[int] = ..., send: _Optional[_Union[SendResponse, _Mapping]] = ..., pop: _Optional[_Union[PopResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., change_invisible_time: _Optional[_Union[ChangeInvisibleTimeResponse, _Mapping]] = ..., notify: _Optional[_Union[NotifyResponse, _Mapping]] = ..., forward_to_dlq: _Optional[_Union[ForwardToDlqResponse, _Mapping]] = ..., pull: _Optional[_Union[PullResponse, _Mapping]] = ...) -> None: ...
+
+class LinkRequests(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[LinkRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[LinkRequest, _Mapping]]] = ...) -> None: ...
+
+class LinkResponses(_message.Message):
+    __slots__ = ("responses",)
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedCompositeFieldContainer[LinkResponse]
+    def __init__(self, responses: _Optional[_Iterable[_Union[LinkResponse, _Mapping]]] = ...) -> None: ...

@@ -76,6 +76,11 @@ class BrokerServiceStub:
                 request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.WatchRequest.SerializeToString,
                 response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.WatchEvent.FromString,
                 _registered_method=True)
+        self.Call = channel.stream_stream(
+                '/popmq.broker.v1.BrokerService/Call',
+                request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkRequests.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkResponses.FromString,
+                _registered_method=True)
         self.Pull = channel.unary_unary(
                 '/popmq.broker.v1.BrokerService/Pull',
                 request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.PullRequest.SerializeToString,
@@ -193,6 +198,13 @@ class BrokerServiceServicer:
 
     def Watch(self, request_iterator, context):
         """The link's event stream: arms and cancels in, visibility events out.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Call(self, request_iterator, context):
+        """The request link: send/pop/ack/... multiplexed by id on a long-lived stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -318,6 +330,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.WatchRequest.FromString,
                     response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.WatchEvent.SerializeToString,
+            ),
+            'Call': grpc.stream_stream_rpc_method_handler(
+                    servicer.Call,
+                    request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkRequests.FromString,
+                    response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkResponses.SerializeToString,
             ),
             'Pull': grpc.unary_unary_rpc_method_handler(
                     servicer.Pull,
@@ -603,6 +620,33 @@ class BrokerService:
             '/popmq.broker.v1.BrokerService/Watch',
             popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.WatchRequest.SerializeToString,
             popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.WatchEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Call(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/popmq.broker.v1.BrokerService/Call',
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkRequests.SerializeToString,
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.LinkResponses.FromString,
             options,
             channel_credentials,
             insecure,

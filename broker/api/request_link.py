@@ -1,0 +1,229 @@
+"""RequestLink: a proxy's hot-path requests to one broker on a few multiplexed Call streams.
+
+Instead of one unary RPC per send/pop/ack, each request goes as a ``LinkRequest`` with an id on
+one of ``streams`` long-lived bidirectional streams (popmq.broker.v1 ``Call``), and the broker
+answers with a ``LinkResponse`` of the same id, in completion order. The streams share the
+port's channel, so TLS and the cluster token apply as to every other call.
+
+- Flow control: at most ``window`` requests are in flight per stream; more wait for a slot
+  (HTTP/2 flow control bounds the bytes underneath).
+- Deadlines and cancellation: a request whose caller gives up or whose deadline passes sends a
+  ``LinkCancel``, and the broker drops what it holds for it.
+- Loss: when a stream ends (broker restart, network, ``break_stream``) every request in flight
+  on it fails with ``BrokerUnavailableError``, exactly as a unary call would, so the proxy's
+  failover sees a broker that is down. No request is retried blindly (an ack or send may have
+  been applied) and none is left waiting. The next request opens a new stream.
+
+Task ownership: ``run()`` owns every stream's task in one task group; the port starts it once
+and cancels it on close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from opentelemetry import propagate, trace
+from popmq.broker.api.errors import (
+    BrokerAuthError,
+    BrokerError,
+    BrokerTimeoutError,
+    BrokerUnavailableError,
+    Code,
+)
+
+from popmq.pb.broker.v1 import broker_pb2 as pb
+from popmq.tracing import tracer
+
+# LinkRequest's call field -> the BrokerService method it stands for (span names).
+METHODS = {
+    "send": "Send", "pop": "Pop", "ack": "Ack", "change_invisible_time": "ChangeInvisibleTime",
+    "notify": "Notify", "forward_to_dlq": "ForwardToDlq", "pull": "Pull",
+}  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+
+class LinkUnsupportedError(BrokerUnavailableError):
+    """The broker has no Call method (an older broker): nothing was sent; use unary calls."""
+
+
+class LinkStream:
+    """One Call stream: requests out through a queue, answers matched to waiters by id."""
+
+    def __init__(self, broker: str, open_call: Callable[[Any], Any], window: int) -> None:
+        self._broker = broker
+        self._open_call = open_call
+        self.window = asyncio.Semaphore(max(1, window))
+        self.pending: dict[int, asyncio.Future[pb.LinkResponse]] = {}
+        self._outbox: asyncio.Queue[pb.LinkRequest | None] | None = None
+        self._wanted = asyncio.Event()
+        self._call: Any = None
+        self._closing = False
+        self.connects = 0  # streams opened so far
+        self.losses = 0  # streams that ended under the link
+
+    def put(self, request: pb.LinkRequest) -> None:
+        """Queue a request for the current stream (opening one if there is none)."""
+        if self._outbox is None:
+            self._outbox = asyncio.Queue()
+            self._wanted.set()
+        self._outbox.put_nowait(request)
+
+    def cancel(self, request_id: int) -> None:
+        if self._outbox is not None:
+            self._outbox.put_nowait(pb.LinkRequest(id=request_id, cancel=pb.LinkCancel()))
+
+    def break_stream(self) -> None:
+        """Cut the current stream as a network failure would (tests and chaos drills)."""
+        if self._call is not None:
+            self._call.cancel()
+
+    async def run(self) -> None:
+        """Open a stream whenever requests wait for one; read its answers until it ends."""
+        while True:
+            await self._wanted.wait()
+            outbox = self._outbox
+            assert outbox is not None
+            reason = "ended by the broker"
+            code: grpc.StatusCode | None = None
+            try:
+                self._call = call = self._open_call(_drain(outbox))
+                self.connects += 1
+                async for answers in call:
+                    for answer in answers.responses:
+                        waiter = self.pending.pop(answer.id, None)
+                        if waiter is not None and not waiter.done():
+                            waiter.set_result(answer)
+            except grpc.aio.AioRpcError as error:
+                reason = f"{error.code().name}: {error.details()}"
+                code = error.code()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self._closing or (task is not None and task.cancelling()):
+                    self._lost("the proxy is closing", outbox)
+                    raise
+                reason = "cut"  # break_stream()
+            self._lost(reason, outbox, code)
+
+    def _lost(
+        self,
+        reason: str,
+        outbox: asyncio.Queue[pb.LinkRequest | None],
+        code: grpc.StatusCode | None = None,
+    ) -> None:
+        if self._outbox is outbox:
+            self._outbox = None
+            self._wanted.clear()
+        outbox.put_nowait(None)  # ends the request iterator of the dead call
+        self._call = None
+        if self.pending:
+            self.losses += 1
+            log.warning(
+                "request link to broker %s lost (%s): %d requests in flight fail as "
+                "unavailable", self._broker, reason, len(self.pending),
+            )  # fmt: skip
+        error: Exception
+        if code == grpc.StatusCode.UNAUTHENTICATED:  # a deployment fault: say which
+            error = BrokerAuthError(self._broker, reason)
+        elif code == grpc.StatusCode.UNIMPLEMENTED:
+            error = LinkUnsupportedError(self._broker, f"request link refused: {reason}")
+        else:
+            error = BrokerUnavailableError(self._broker, f"request link lost: {reason}")
+        pending, self.pending = self.pending, {}
+        for waiter in pending.values():
+            if not waiter.done():
+                waiter.set_exception(error)
+
+    def close(self) -> None:
+        self._closing = True
+
+
+class RequestLink:
+    """``streams`` Call streams to one broker; requests spread over them round robin."""
+
+    def __init__(
+        self, broker: str, open_call: Callable[[Any], Any], *, streams: int, window: int
+    ) -> None:
+        self._broker = broker
+        self.streams = [LinkStream(broker, open_call, window) for _ in range(max(1, streams))]
+        self._turn = itertools.count()
+        self._ids = itertools.count(1)
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for stream in self.streams:
+                group.create_task(stream.run(), name=f"link-stream:{self._broker}")
+
+    def close(self) -> None:
+        for stream in self.streams:
+            stream.close()
+
+    def break_streams(self) -> None:
+        for stream in self.streams:
+            stream.break_stream()
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(s.pending) for s in self.streams)
+
+    async def request(self, kind: str, message: Any, deadline_s: float) -> Any:
+        """Send one call and return the broker's response message for it (the ``kind`` field
+        of the LinkResponse). Raises BrokerUnavailableError when the stream is lost, and
+        BrokerTimeoutError when the deadline passes."""
+        if not trace.get_current_span().get_span_context().is_valid:
+            return await self._request(kind, message, deadline_s, None)  # not tracing: no cost
+        method = f"/popmq.broker.v1.BrokerService/{METHODS.get(kind, kind)}"
+        with tracer().start_as_current_span(method, kind=trace.SpanKind.CLIENT):
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            return await self._request(kind, message, deadline_s, carrier)
+
+    async def _request(
+        self, kind: str, message: Any, deadline_s: float, carrier: dict[str, str] | None
+    ) -> Any:
+        stream = self.streams[next(self._turn) % len(self.streams)]
+        request_id = next(self._ids)
+        try:
+            async with asyncio.timeout(deadline_s):
+                async with stream.window:
+                    waiter: asyncio.Future[pb.LinkResponse] = (
+                        asyncio.get_running_loop().create_future()
+                    )
+                    stream.pending[request_id] = waiter
+                    request = pb.LinkRequest(id=request_id, **{kind: message})
+                    if carrier:
+                        request.trace_context.update(carrier)
+                    stream.put(request)
+                    answer = await waiter
+        except TimeoutError:
+            raise BrokerTimeoutError(
+                self._broker, f"no answer to {kind} within {deadline_s:.1f} s"
+            ) from None
+        finally:
+            if stream.pending.pop(request_id, None) is not None:
+                stream.cancel(request_id)  # gave up (deadline, caller gone): free the broker
+        if answer.WhichOneof("result") != kind:
+            raise BrokerError(
+                Code.INTERNAL_ERROR,
+                f"broker {self._broker} answered {answer.WhichOneof('result')} to {kind}",
+            )
+        return getattr(answer, kind)
+
+
+async def _drain(
+    outbox: asyncio.Queue[pb.LinkRequest | None],
+) -> AsyncIterator[pb.LinkRequests]:
+    """The stream's messages: whatever requests are queued when gRPC asks, as one write."""
+    while (request := await outbox.get()) is not None:
+        batch = [request]
+        while not outbox.empty():
+            if (request := outbox.get_nowait()) is None:
+                yield pb.LinkRequests(requests=batch)
+                return
+            batch.append(request)
+        yield pb.LinkRequests(requests=batch)

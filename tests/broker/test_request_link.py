@@ -1,0 +1,230 @@
+"""The request link (multiplexed Call streams) under loss: a stream killed mid-request fails
+what was in flight on it loudly (BrokerUnavailableError, the failover's signal), no poll hangs,
+and no message is missed: every message is acked in the end, by a retry or a redelivery."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from popmq.broker.api.errors import BrokerUnavailableError, Code
+from popmq.broker.api.local import LocalBrokerPort
+from popmq.broker.api.remote import RemoteBrokerPort
+from popmq.broker.api.types import AckEntry, AckEntryResult, FilterExpression, Message, PopRequest
+from popmq.broker.api.watch import VisibilityWatch, WatchKey, WatchState
+from popmq.broker.server import BrokerGrpcServer, BrokerServicer
+from support.brokers import fast_broker_config, running_broker
+
+from popmq.config import BrokerLinkConfig
+from popmq.pb.broker.v1 import broker_pb2_grpc
+
+TOPIC, GROUP = "t", "g"
+
+
+class GatedPort(LocalBrokerPort):
+    """Holds every ack at the broker until the gate opens: an ack 'in flight'."""
+
+    def __init__(self, broker: object) -> None:
+        super().__init__(broker)  # type: ignore[arg-type]
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.acks_held = 0
+
+    async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:
+        self.acks_held += 1
+        await self.gate.wait()
+        return await super().ack(group, topic, entries)
+
+
+@contextlib.asynccontextmanager
+async def _served(
+    tmp_path: Path, **link: object
+) -> AsyncIterator[tuple[GatedPort, RemoteBrokerPort]]:
+    async with running_broker(fast_broker_config(tmp_path / "b0", name="b0")) as broker:
+        local = GatedPort(broker)
+        await local.create_topic(TOPIC, 2)
+        server = BrokerGrpcServer(local)
+        await server.start()
+        remote = RemoteBrokerPort("b0", server.address, link=BrokerLinkConfig(**link))
+        try:
+            yield local, remote
+        finally:
+            await remote.close()
+            await server.stop(0)
+
+
+def _pop(poll_ms: int = 0, invisible_ms: int = 300) -> PopRequest:
+    return PopRequest(
+        group=GROUP, topic=TOPIC, max_messages=32, invisible_time_ms=invisible_ms,
+        poll_time_ms=poll_ms,
+    )  # fmt: skip
+
+
+async def test_a_killed_stream_drops_no_ack_and_hangs_no_poll(tmp_path: Path) -> None:
+    async with _served(tmp_path, coalesce_ms=1.0, streams=1) as (local, remote):
+        sent = await remote.send([Message(topic=TOPIC, body=b"m%d" % i) for i in range(20)])
+        ids = {r.message_id for r in sent}
+        popped = (await remote.pop(_pop())).messages
+        assert popped
+
+        # Acks go out coalesced and are held at the broker; a long poll waits beside them
+        # on the same stream.
+        local.gate.clear()
+        acks = [
+            asyncio.create_task(
+                remote.ack(GROUP, TOPIC, [AckEntry(m.receipt_handle, m.message.message_id)])
+            )
+            for m in popped
+        ]
+        poll = asyncio.create_task(remote.pop(_pop(poll_ms=30_000)))
+        for _ in range(500):
+            if local.acks_held and remote.request_link and remote.request_link.in_flight >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert local.acks_held >= 1
+        acks_per_request = len(acks) / local.acks_held
+        assert acks_per_request > 1  # coalesced: fewer requests than acks
+
+        remote.request_link.break_streams()  # type: ignore[union-attr]
+
+        # Everything in flight is reported, promptly (the poll had 30 s left).
+        async with asyncio.timeout(10):
+            outcomes = await asyncio.wait([*acks, poll])
+        assert not outcomes[1]
+        for task in [*acks, poll]:
+            assert isinstance(task.exception(), BrokerUnavailableError)
+        local.gate.set()
+
+        # The next request opens a new stream; retrying the reported acks and popping what
+        # comes back leaves no message behind.
+        acked: set[str] = set()
+        for message in popped:
+            result = await remote.ack(
+                GROUP, TOPIC, [AckEntry(message.receipt_handle, message.message.message_id)]
+            )
+            if result[0].code == Code.OK:
+                acked.add(message.message.message_id)
+        for _ in range(200):
+            if acked == ids:
+                break
+            got = (await remote.pop(_pop(poll_ms=200))).messages
+            if got:
+                results = await remote.ack(
+                    GROUP, TOPIC, [AckEntry(m.receipt_handle, m.message.message_id) for m in got]
+                )
+                acked |= {r.message_id for r in results if r.code == Code.OK}
+        assert acked == ids
+        link = remote.request_link
+        assert link is not None
+        assert link.streams[0].connects >= 2 and link.streams[0].losses == 1
+
+
+async def test_a_broker_without_the_call_method_gets_unary_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older broker answers Call with UNIMPLEMENTED: the port falls back, nothing is lost."""
+    monkeypatch.setattr(BrokerServicer, "Call", broker_pb2_grpc.BrokerServiceServicer.Call)
+    async with _served(tmp_path) as (_, remote):
+        sent = await remote.send([Message(topic=TOPIC, body=b"x")])
+        popped = (await remote.pop(_pop())).messages
+        assert [m.message.message_id for m in popped] == [sent[0].message_id]
+        assert remote.request_link is not None
+        assert remote.request_link.streams[0].connects == 1
+
+
+async def test_unary_mode_opens_no_stream(tmp_path: Path) -> None:
+    async with _served(tmp_path, requests="unary") as (_, remote):
+        await remote.send([Message(topic=TOPIC, body=b"x")])
+        assert len((await remote.pop(_pop())).messages) == 1
+        assert remote.request_link is None
+
+
+async def test_a_deadline_cancels_the_held_request_on_the_broker(tmp_path: Path) -> None:
+    """A long poll whose caller gives up is dropped on the broker (LinkCancel), and the
+    stream goes on serving."""
+    async with _served(tmp_path, streams=1) as (local, remote):
+        await remote.send([Message(topic=TOPIC, body=b"warm")])
+        await remote.pop(_pop(invisible_ms=60_000))
+        held = asyncio.create_task(remote.pop(_pop(poll_ms=30_000)))
+        holds = local.broker.hold_table
+        for _ in range(500):
+            if holds.total:
+                break
+            await asyncio.sleep(0.01)
+        assert holds.total == 1
+        held.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await held
+        assert remote.request_link is not None
+        assert remote.request_link.in_flight == 0
+        for _ in range(500):
+            if not holds.total:
+                break
+            await asyncio.sleep(0.01)
+        assert holds.total == 0  # the broker let go of it
+        sent = await remote.send([Message(topic=TOPIC, body=b"after")])
+        got = (await remote.pop(_pop())).messages
+        assert [m.message.message_id for m in got] == [sent[0].message_id]
+
+
+async def test_the_cluster_token_rides_the_streams(tmp_path: Path) -> None:
+    """Regression: grpc.aio filed the token interceptor under unary calls only, so a broker
+    with a cluster token refused the Call and Watch streams (UNAUTHENTICATED)."""
+    token = tmp_path / "cluster-token"
+    token.write_text("a-cluster-token-long-enough-1234")
+    token.chmod(0o600)
+    config = fast_broker_config(tmp_path / "b0", name="b0").model_copy(
+        update={"cluster_token_file": token}
+    )
+    async with running_broker(config) as broker:
+        local = LocalBrokerPort(broker)
+        await local.create_topic(TOPIC, 2)
+        server = BrokerGrpcServer(local, config=config)
+        await server.start()
+        remote = RemoteBrokerPort(
+            "b0", server.address, link=BrokerLinkConfig(cluster_token_file=token)
+        )
+        try:
+            sent = await remote.send([Message(topic=TOPIC, body=b"x")])  # on the Call stream
+            assert sent[0].message_id
+            watch = VisibilityWatch(
+                WatchKey(GROUP, TOPIC, FilterExpression(), False), remote.watch_backend
+            )
+            watch.arm()
+            async with asyncio.timeout(10):
+                await watch.wait()
+            assert watch.state is WatchState.HAS  # an event, not a lost link (UNKNOWN)
+            watch.close()
+        finally:
+            await remote.close()
+            await server.stop(0)
+
+
+async def test_the_window_bounds_requests_in_flight(tmp_path: Path) -> None:
+    """Flow control: with a window of 1 a second request waits for the first one's answer
+    before it is sent (the broker never sees it meanwhile), then goes through."""
+    async with _served(tmp_path, streams=1, window=1, coalesce_ms=0) as (local, remote):
+        sent = await remote.send([Message(topic=TOPIC, body=b"m%d" % i) for i in range(2)])
+        popped = (await remote.pop(_pop(invisible_ms=60_000))).messages
+        assert len(popped) == 2 and len(sent) == 2
+        local.gate.clear()
+        acks = [
+            asyncio.create_task(
+                remote.ack(GROUP, TOPIC, [AckEntry(m.receipt_handle, m.message.message_id)])
+            )
+            for m in popped
+        ]
+        for _ in range(500):
+            if local.acks_held:
+                break
+            await asyncio.sleep(0.01)
+        for _ in range(20):  # give a wrongly sent second request every chance to arrive
+            await asyncio.sleep(0.01)
+        assert local.acks_held == 1
+        local.gate.set()
+        results = [await task for task in acks]
+        assert [r[0].code for r in results] == [Code.OK, Code.OK]
+        assert local.acks_held == 2
