@@ -16,7 +16,6 @@ does not know the Call method gets unary calls from then on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Iterator
@@ -55,6 +54,7 @@ from popmq.broker.api.types import (
 )
 
 from popmq.config import BrokerLinkConfig
+from popmq.lifecycle import TaskOwner
 from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
 from popmq.security.link import broker_channel
@@ -121,7 +121,8 @@ class RemoteBrokerPort:
         self._requests: RequestLink | None = None
         self._acks: Coalescer[tuple[str, str], AckEntry, AckEntryResult] | None = None
         self._sends: Coalescer[tuple[str, int], Message, SendResult] | None = None
-        self._link_task: asyncio.Task[None] | None = None
+        # Runs the request link and its coalescers for the port's life (owned, cancelled on close).
+        self._link_tasks: TaskOwner | None = None
         self._address = address
         self._rpc_timeout_s = rpc_timeout_s
         # Made on first use: grpc.aio objects belong to the event loop that creates them.
@@ -176,10 +177,10 @@ class RemoteBrokerPort:
                 window_s, most = settings.coalesce_ms / 1000, settings.coalesce_max
                 self._acks = Coalescer(self._ack_now, window_s=window_s, max_items=most)
                 self._sends = Coalescer(self._send_now, window_s=window_s, max_items=most)
-            self._link_task = asyncio.get_running_loop().create_task(
-                self._run_link(),
-                name=f"request-link:{self._name}",
-                context=contextvars.Context(),  # not the first caller's (its trace, its span)
+            self._link_tasks = TaskOwner(f"request-link:{self._name}", grace_s=0)
+            # Spawned from an empty context, not the first caller's (its trace, its span).
+            contextvars.Context().run(
+                self._link_tasks.spawn, self._run_link(), f"request-link:{self._name}"
             )
         return self._requests
 
@@ -395,13 +396,11 @@ class RemoteBrokerPort:
         return [convert.group_stats_from_proto(s) for s in response.stats]
 
     async def close(self) -> None:
-        task, self._link_task = self._link_task, None
         if self._requests is not None:
             self._requests.close()
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        owner, self._link_tasks = self._link_tasks, None
+        if owner is not None:
+            await owner.aclose()
         self._requests = self._acks = self._sends = None
         link, self._watch_link = self._watch_link, None
         if link is not None:
