@@ -1,15 +1,17 @@
 import pytest
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.local import LocalBrokerPort
-from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.port import AdminPort, BrokerPort, MessagingPort
 from popmq.broker.api.types import AckEntry, Message, PopRequest, PopStatus
 from popmq.broker.core import Broker
 from support.brokers import fast_broker_config, running_broker
 
 
 def test_structurally_a_broker_port(tmp_path) -> None:
+    """The Broker serves the messaging and admin views itself; LocalBrokerPort adds close()
+    and a name to make it a whole BrokerPort."""
     broker = Broker(fast_broker_config(tmp_path))
-    assert isinstance(broker, BrokerPort)
+    assert isinstance(broker, MessagingPort) and isinstance(broker, AdminPort)
     assert isinstance(LocalBrokerPort(broker), BrokerPort)
 
 

@@ -32,7 +32,7 @@ def test_budget_closes_the_least_recently_used(tmp_path) -> None:
     budget.get(paths[4])
     assert budget.opens == 6  # still open: no new descriptor
     budget.close()
-    assert open_fds() == before
+    assert open_fds() <= before  # nothing leaked (other tests' descriptors may close meanwhile)
 
 
 async def test_thousands_of_queues_keep_descriptors_bounded(store_factory) -> None:
@@ -51,7 +51,7 @@ async def test_thousands_of_queues_keep_descriptors_bounded(store_factory) -> No
     await store.checkpoint()
     assert store.open_files.evictions > 0
     await store.close()
-    assert open_fds() == before
+    assert open_fds() <= before  # nothing leaked (other tests' descriptors may close meanwhile)
 
     reopened = store_factory(max_open_files=16, segment_bytes=4096)
     assert open_fds() - before <= 16 + 4
