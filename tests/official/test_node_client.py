@@ -20,6 +20,7 @@ NODE_SESSION = REPO / "tests" / "official" / "node_session.js"
 INVALID_RECEIPT_HANDLE = 40013
 
 pytestmark = [
+    pytest.mark.wallclock,  # awaitDuration holds are measured in real time (generous windows)
     pytest.mark.client,
     pytest.mark.skipif(NODE is None, reason="node is not installed (Node.js >= 18 is needed)"),
     pytest.mark.skipif(

@@ -9,6 +9,7 @@ import pytest
 from support.official_clients import CLIENT_PYTHON, ClientSession, Deployment, unique
 
 pytestmark = [
+    pytest.mark.wallclock,  # awaitDuration holds are measured in real time (generous windows)
     pytest.mark.client,
     pytest.mark.skipif(
         not CLIENT_PYTHON.exists(),

@@ -16,6 +16,8 @@ from proxy_support import Cluster, eventually, unique
 
 NOT_FOUND = 40401
 
+pytestmark = pytest.mark.wallclock  # a held receive must end at once on stop (real time)
+
 
 def held_anywhere(cluster: Cluster) -> int:
     return sum(broker.hold_table.total for broker in cluster.brokers)
@@ -34,10 +36,11 @@ async def test_held_receive_ends_empty_when_the_proxy_stops(make_cluster, strate
 
     started = time.monotonic()
     await cluster.server.stop(1.0)
-    status, messages, kinds = await asyncio.wait_for(receive, 2)
+    status, messages, kinds = await asyncio.wait_for(receive, 10)
     answered_s = time.monotonic() - started
     assert (status.code, messages, kinds) == (NOT_FOUND, [], ["status", "delivery_timestamp"])
-    assert answered_s < 0.5, f"the held receive took {answered_s:.2f} s to end"
+    # At once, not at the end of its 15 s poll: a generous bound for a loaded CI machine.
+    assert answered_s < 5, f"the held receive took {answered_s:.2f} s to end"
 
     # Nothing left holding on the brokers or running in the proxy.
     await eventually(lambda: held_anywhere(cluster) == 0, within_s=2)
