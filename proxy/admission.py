@@ -27,7 +27,6 @@ from popmq.proxy.metrics import ProxyMetrics
 from popmq.config import ProxyConfig
 from popmq.lifecycle import AsyncClosing, Job, TaskOwner
 
-
 SUSTAINED_TICKS = 3  # checks in a row above the bound before shedding: about 3 s at 1 s
 
 
@@ -69,7 +68,7 @@ class LongPollAdmission(AsyncClosing):
 
     @property
     def sustained_lag_ms(self) -> float:
-        """The lag every one of the last SUSTAINED_TICKS checks saw (0 until there are that many)."""
+        """The lag each of the last SUSTAINED_TICKS checks saw (0 until there are that many)."""
         if len(self._recent_lags) < SUSTAINED_TICKS:
             return 0.0
         return min(self._recent_lags)
