@@ -12,6 +12,7 @@ an unknown topic is an error), short minimum long-polling and invisible times fo
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 import sys
@@ -25,6 +26,10 @@ import pytest
 pytest.importorskip("pyspark")
 
 from popmq.client.local_server import LocalServer
+
+# py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
+# pytest closed the stream it logs to: a "Logging error" traceback at the end of every run.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 SERVER_SETTINGS = {
     "broker.topics.auto_create": "false",
