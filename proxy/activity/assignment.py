@@ -67,7 +67,7 @@ async def query_assignment(
     group = validate.group_name(request.group.name)
     if not ctx.client_id:
         raise BrokerError(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is required")
-    route = await services.cluster.route(topic)
+    route = await services.cluster.route(topic, create=ctx.create_topic(topic))
     config = await services.cluster.group(group)
     info = services.registry.get(ctx.client_id)
     topics = (info.topics if info else set()) | {topic}

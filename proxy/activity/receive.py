@@ -129,7 +129,7 @@ async def plan_receive(
     )
     poll_ms = polling_time_ms(requested, ctx.remaining_ms(), config, load_reserve_ms(services))
     expression = filter_of(request.filter_expression)
-    route = await services.cluster.route(topic)
+    route = await services.cluster.route(topic, create=ctx.create_topic(topic))
     group_config = await services.cluster.group(group)
     preferred = request.message_queue.broker.name or None
     if preferred not in route.brokers:

@@ -32,6 +32,7 @@ import grpc
 from google.protobuf import message_factory
 from popmq.broker.api.undecodable import Undecodable
 from popmq.proxy.grpc import status as st
+from popmq.proxy.grpc.caller import CALLER, Caller
 from popmq.proxy.metrics import ProxyMetrics
 from prometheus_client import Counter
 
@@ -210,11 +211,15 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 try:
-                    guard.check(path, request, context)
+                    user = guard.check(path, request, context)
                 except AccessDenied as exc:
                     status = guard._refused(path, exc, context)
                     return _refused_response(response_class, method, request, status)
-                return await inner(request, context)
+                token = CALLER.set(_caller(user))
+                try:
+                    return await inner(request, context)
+                finally:
+                    CALLER.reset(token)
 
             return _rebuild(grpc.unary_unary_rpc_method_handler, unary, handler)
 
@@ -223,7 +228,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
             async def server_stream(request: Any, context: grpc.aio.ServicerContext) -> None:
                 try:
-                    guard.check(path, request, context)
+                    user = guard.check(path, request, context)
                 except AccessDenied as exc:
                     status = guard._refused(path, exc, context)
                     await context.write(response_class(status=status))
@@ -232,7 +237,11 @@ class AccessGuard(grpc.aio.ServerInterceptor):
                         trailer.delivery_timestamp.GetCurrentTime()
                         await context.write(trailer)
                     return
-                await inner(request, context)
+                token = CALLER.set(_caller(user))
+                try:
+                    await inner(request, context)
+                finally:
+                    CALLER.reset(token)
 
             return _rebuild(grpc.unary_stream_rpc_method_handler, server_stream, handler)
 
@@ -245,6 +254,9 @@ class AccessGuard(grpc.aio.ServerInterceptor):
                 except AccessDenied as exc:
                     yield response_class(status=guard._refused(path, exc, context))
                     return
+                # Each RPC runs in its own task: set for the whole stream, never reset across
+                # yields (a generator may resume in another context).
+                CALLER.set(_caller(user))
                 # Settings name a group: joining it (queue assignment, its retry policy) needs
                 # the same grant as consuming it. A refused command ends the stream.
                 refused: list[AccessDenied] = []
@@ -265,6 +277,12 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
             return _rebuild(grpc.stream_stream_rpc_method_handler, bidi, handler)
         return handler  # no such method in the guarded services
+
+
+def _caller(user: User) -> Caller:
+    """What the activities may know of the caller: its key, and that lookups by someone who
+    may not publish on a topic never auto-create it (RocketMQ creates topics on send)."""
+    return Caller(access_key=user.access_key, may_create_topic=user.can_publish)
 
 
 def _rebuild(make: Any, behavior: Any, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
