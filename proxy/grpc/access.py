@@ -16,8 +16,9 @@ nothing:
 - the AdminService: admin. Anything else: admin (deny by default).
 
 A refusal is answered as the protocol answers any refusal, with a Status of UNAUTHORIZED or
-FORBIDDEN, counted in popmq_proxy_rpc_requests{code=...} and logged (at most once a minute per
-user, method and code; never a secret).
+FORBIDDEN, counted in popmq_proxy_rpc_requests{code=...} and popmq_proxy_access_refusals{reason=...}
+and logged (at most once a minute per user, method and code; never a secret). An unknown access
+key and a wrong signature answer the same message; only the log and the reason label differ.
 """
 
 from __future__ import annotations
@@ -138,15 +139,18 @@ def _refused_response(response_class: type, method: str, request: Any, status: p
 class AccessGuard(grpc.aio.ServerInterceptor):
     """Wraps every guarded method's behavior with the authentication and permission check."""
 
-    def __init__(self, authenticator: Authenticator, metrics: ProxyMetrics) -> None:
+    def __init__(
+        self, authenticator: Authenticator, metrics: ProxyMetrics, refusals: Counter
+    ) -> None:
         self._authn = authenticator
         self._metrics = metrics
+        self._refusals = refusals  # by reason: what the caller is not told
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
         self._last_logged: dict[tuple[str, str, int], float] = {}
 
     def for_another_server(self) -> AccessGuard:
         """The same users for another listener: wrapped handlers are cached per server."""
-        return AccessGuard(self._authn, self._metrics)
+        return AccessGuard(self._authn, self._metrics, self._refusals)
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
         path: str = details.method
@@ -183,6 +187,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         method = path.rsplit("/", 1)[1]
         code_name = "UNAUTHORIZED" if exc.code == UNAUTHORIZED else "FORBIDDEN"
         self._metrics.rpc_requests.labels(method, code_name).inc()
+        self._refusals.labels(exc.reason).inc()
         credential = ""
         for name, value in context.invocation_metadata() or ():
             if name.lower() == signature.AUTH_HEADER and isinstance(value, str):
@@ -196,7 +201,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
             self._last_logged[key] = now
             log.warning(
                 "refused %s from %s (access key %r): %s %s",
-                method, context.peer(), credential, code_name, exc.message,
+                method, context.peer(), credential, code_name, exc.detail,
             )  # fmt: skip
         return st.status(exc.code, exc.message)
 
@@ -317,5 +322,13 @@ def access_guard(config: ProxyConfig, metrics: ProxyMetrics) -> AccessGuard | No
     verifier = signature.SignatureVerifier(
         config.auth_clock_skew_ms / 1000, any_timezone=config.auth_any_timezone
     )
+    refusals = Counter(
+        "popmq_proxy_access_refusals",
+        "Calls refused by the access guard, by reason (unknown_key, bad_signature, clock_skew, "
+        "malformed, missing, forbidden); callers get one message for unknown_key and "
+        "bad_signature",
+        ["reason"],
+        registry=metrics.registry,
+    )
     log.info("authentication on: %d users from %s", len(acl.acl.users), config.acl)
-    return AccessGuard(Authenticator(acl, verifier), metrics)
+    return AccessGuard(Authenticator(acl, verifier), metrics, refusals)

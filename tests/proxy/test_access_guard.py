@@ -304,3 +304,21 @@ async def test_a_subscriber_cannot_create_topics_by_looking_them_up(guarded: Clu
     assert (await guarded.route(topic)).status.code == Code.OK
     guarded.signing = OTHER
     assert (await guarded.route(topic)).status.code == Code.OK
+
+
+async def test_unknown_key_and_wrong_secret_answer_alike_and_the_log_tells_them_apart(
+    guarded: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    answers = []
+    with caplog.at_level(logging.WARNING, logger="popmq.proxy.grpc.access"):
+        for signing in (("ghost", OWNER[1]), (OWNER[0], "wrong-secret")):
+            guarded.signing = signing
+            answers.append((await guarded.route("t-a")).status)
+    assert answers[0] == answers[1]
+    assert answers[0].code == Code.UNAUTHORIZED and "ghost" not in answers[0].message
+    log_text = caplog.text
+    assert "unknown access key 'ghost'" in log_text and "signature does not match" in log_text
+    assert OWNER[1] not in log_text and "wrong-secret" not in log_text  # never a secret
+    refusals = guarded.server.metrics.registry.get_sample_value
+    assert refusals("popmq_proxy_access_refusals_total", {"reason": "unknown_key"}) == 1
+    assert refusals("popmq_proxy_access_refusals_total", {"reason": "bad_signature"}) == 1
