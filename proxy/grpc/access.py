@@ -45,6 +45,7 @@ from popmq.security import signature
 from popmq.security.acl import AclFile, User
 from popmq.security.authn import Authenticator
 from popmq.security.errors import UNAUTHORIZED, AccessDenied, forbidden
+from popmq.security.files import warn_if_exposed
 
 log = logging.getLogger(__name__)
 
@@ -319,6 +320,7 @@ def access_guard(config: ProxyConfig, metrics: ProxyMetrics) -> AccessGuard | No
         registry=metrics.registry,
     )
     acl = AclFile(config.acl, on_reload_failure=failures.inc)  # re-read when the file changes
+    warn_if_exposed(config.acl, "ACL file")
     verifier = signature.SignatureVerifier(
         config.auth_clock_skew_ms / 1000, any_timezone=config.auth_any_timezone
     )
