@@ -322,3 +322,53 @@ async def test_unknown_key_and_wrong_secret_answer_alike_and_the_log_tells_them_
     refusals = guarded.server.metrics.registry.get_sample_value
     assert refusals("popmq_proxy_access_refusals_total", {"reason": "unknown_key"}) == 1
     assert refusals("popmq_proxy_access_refusals_total", {"reason": "bad_signature"}) == 1
+
+
+async def test_a_client_id_belongs_to_the_access_key_that_registered_it(guarded: Cluster) -> None:
+    """Client ids travel in every request's header: a signed-in user who learned another
+    client's id could rewrite its registry entry (heartbeat: another group; telemetry), remove
+    it (NotifyClientTermination: its queue assignment and auto-renewal stop) or join queue
+    assignment under it. The id is now bound to the access key that registered it."""
+    registry = guarded.server.services.registry
+    victim_id, own = "victim-1", unique("g-own")
+    beat = s.HeartbeatRequest(group=pb.Resource(name=own), client_type=pb.SIMPLE_CONSUMER)
+    answer = await guarded.stub.Heartbeat(beat, metadata=guarded.metadata(victim_id))
+    assert answer.status.code == Code.OK
+
+    guarded.signing = OTHER
+    md = guarded.metadata(victim_id)
+    theirs = pb.Resource(name=unique("g-other"))
+    hijack = await guarded.stub.Heartbeat(
+        s.HeartbeatRequest(group=theirs, client_type=pb.SIMPLE_CONSUMER), metadata=md
+    )
+    gone = await guarded.stub.NotifyClientTermination(
+        s.NotifyClientTerminationRequest(group=theirs), metadata=md
+    )
+    assigned = await guarded.stub.QueryAssignment(
+        s.QueryAssignmentRequest(group=theirs, topic=pb.Resource(name="t-x")), metadata=md
+    )
+    call = guarded.stub.Telemetry(metadata=md)
+    settings = pb.Settings(
+        client_type=pb.PUSH_CONSUMER,
+        subscription=pb.Subscription(
+            group=theirs, subscriptions=[pb.SubscriptionEntry(topic=pb.Resource(name="t-x"))]
+        ),
+    )
+    await call.write(s.TelemetryCommand(settings=settings))
+    told = await call.read()
+    call.cancel()
+    for response in (hijack, gone, assigned, told):
+        assert response.status.code == Code.FORBIDDEN, response
+        assert "owner" not in response.status.message  # whose it is stays unsaid
+    info = registry.get(victim_id)
+    assert info is not None and info.group == own and info.access_key == OWNER[0]
+
+    guarded.signing = OWNER  # the rightful client carries on, and may leave
+    assert (
+        await guarded.stub.Heartbeat(beat, metadata=guarded.metadata(victim_id))
+    ).status.code == Code.OK
+    bye = await guarded.stub.NotifyClientTermination(
+        s.NotifyClientTerminationRequest(group=pb.Resource(name=own)),
+        metadata=guarded.metadata(victim_id),
+    )
+    assert bye.status.code == Code.OK and registry.get(victim_id) is None
