@@ -15,6 +15,10 @@ nothing:
   SyncLiteSubscription: subscribe (so implementing them later opens no hole);
 - the AdminService: admin. Anything else: admin (deny by default).
 
+A group's derived topics (%RETRY%group+topic, %DLQ%group) are that group's own: no wildcard
+grant reaches another group's (popmq.security.acl). The activities learn who was let in through
+popmq.proxy.grpc.caller: a route lookup creates a missing topic only for who may publish on it.
+
 A refusal is answered as the protocol answers any refusal, with a Status of UNAUTHORIZED or
 FORBIDDEN, counted in popmq_proxy_rpc_requests{code=...} and popmq_proxy_access_refusals{reason=...}
 and logged (at most once a minute per user, method and code; never a secret). An unknown access
