@@ -6,6 +6,9 @@ serve` set the process umask to 0o077 at start (new directories 0700, files 0600
 covers every writer at once (commit log, index, metadata, state, quarantine, keys) instead of
 a mode argument each writer could forget.
 
+A data directory made before (0755 under the usual umask) is reported once at start, not
+changed: something else (a backup job) may rely on reading it.
+
 Files holding secrets (the ACL, the cluster token, the handle keys) are checked once at start:
 one readable by others gets a WARNING naming the file and its mode (never its content). Group
 read is accepted only when it is how this process reads the file: a file owned by someone
@@ -31,6 +34,15 @@ def owner_only_new_files() -> int:
     return os.umask(OWNER_ONLY_UMASK)
 
 
+def warn_if_data_exposed(data_dir: str | Path) -> bool:
+    """One WARNING when an existing data directory is open to others (message bodies)."""
+    return warn_if_exposed(
+        data_dir,
+        "data directory",
+        "it holds message bodies; chmod -R go= it (popmq creates new ones 0700)",
+    )
+
+
 def exposure(path: str | Path) -> str | None:
     """Who else may read a secret file ("everyone", "its group"), or None (owner only, or
     unreadable: the reader reports that itself)."""
@@ -47,7 +59,13 @@ def exposure(path: str | Path) -> str | None:
     return None
 
 
-def warn_if_exposed(path: str | Path, what: str) -> bool:
+SECRET_ADVICE = (
+    "it holds secrets; make it 0600 (chmod 600, or a Secret volume with defaultMode 0440 and "
+    "fsGroup)"
+)
+
+
+def warn_if_exposed(path: str | Path, what: str, advice: str = SECRET_ADVICE) -> bool:
     """One WARNING (once per file) when a secret file is readable by others; True if it is."""
     who = exposure(path)
     if who is None:
@@ -56,9 +74,5 @@ def warn_if_exposed(path: str | Path, what: str) -> bool:
         return True
     _warned.add(str(path))
     mode = stat.S_IMODE(os.stat(path).st_mode)
-    log.warning(
-        "%s %s is readable by %s (mode %04o): it holds secrets; make it 0600 (chmod 600, or a "
-        "Secret volume with defaultMode 0440 and fsGroup)",
-        what, path, who, mode,
-    )  # fmt: skip
+    log.warning("%s %s is readable by %s (mode %04o): %s", what, path, who, mode, advice)
     return True

@@ -66,7 +66,9 @@ def test_broker_warns_once_for_a_readable_cluster_token(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("cluster-token-0123456789")
     token.chmod(0o640)  # our own file, readable by its group: not needed, so reported
-    data = tmp_path / "b"
+    data = tmp_path / "b"  # made by an earlier version (umask 022): reported, left as it is
+    data.mkdir()
+    data.chmod(0o755)
     process = PopmqProcess(
         ["broker", "--name", "b", "--port", "0", "--data-dir", str(data),
          "--cluster-token-file", str(token)],
@@ -80,7 +82,11 @@ def test_broker_warns_once_for_a_readable_cluster_token(tmp_path: Path) -> None:
     warned = [x for x in log.splitlines() if "cluster token file" in x and "readable by" in x]
     assert len(warned) == 1 and "its group" in warned[0] and "0640" in warned[0]
     assert "cluster-token-0123456789" not in log
-    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    (old_dir,) = [x for x in log.splitlines() if "data directory" in x]
+    assert "WARNING" in old_dir and "readable by everyone (mode 0755)" in old_dir
+    assert stat.S_IMODE(data.stat().st_mode) == 0o755
+    loose = {name: oct(mode) for name, mode in _modes(data).items() if name != "." and mode & 0o077}
+    assert loose == {}, loose  # what it created inside is owner-only
     assert stat.S_IMODE((data / "handle-keys.json").stat().st_mode) == 0o600
 
 
