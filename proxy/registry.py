@@ -3,6 +3,10 @@
 Filled by Telemetry settings and heartbeats, emptied by NotifyClientTermination or silence.
 It serves admin listings, the Settings answer, and server-side queue assignment (which clients
 share a group). Losing it loses nothing: clients heartbeat every 10 s and it refills.
+
+With authentication on, a client id belongs to the access key that first registered it (until
+it terminates or goes silent): another user who learns the id (it travels in every request's
+x-mq-client-id header) may not refresh, rewrite or remove that entry (FORBIDDEN).
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from popmq.broker.api.errors import BrokerError, Code
 
 # RocketMQ drops a client channel after 120 s without a heartbeat.
 CLIENT_EXPIRY_S = 120.0
@@ -27,6 +33,7 @@ class ClientInfo:
     first_seen: float = 0.0
     last_seen: float = 0.0
     telemetry_open: bool = False
+    access_key: str = ""  # who registered it ("" without authentication)
 
 
 class ClientRegistry:
@@ -47,12 +54,14 @@ class ClientRegistry:
         language: str = "",
         version: str = "",
         peer: str = "",
+        access_key: str = "",
     ) -> ClientInfo:
-        """Record that a client is alive, updating what it told us."""
+        """Record that a client is alive, updating what it told us. FORBIDDEN when the id is
+        another access key's."""
         now = self._clock()
-        info = self._clients.get(client_id)
+        info = self.check_owner(client_id, access_key)
         if info is None:
-            info = ClientInfo(client_id=client_id, first_seen=now)
+            info = ClientInfo(client_id=client_id, first_seen=now, access_key=access_key)
             self._clients[client_id] = info
         info.last_seen = now
         if client_type:
@@ -66,13 +75,26 @@ class ClientRegistry:
         info.peer = peer or info.peer
         return info
 
-    def set_telemetry(self, client_id: str, open_: bool) -> None:
+    def check_owner(self, client_id: str, access_key: str) -> ClientInfo | None:
+        """The live entry of `client_id` (None if there is none); FORBIDDEN if it was
+        registered by another access key."""
+        info = self.get(client_id)
+        if info is not None and info.access_key != access_key:
+            raise BrokerError(
+                Code.FORBIDDEN,
+                f"client id {client_id[:128]!r} is in use by another access key",
+            )
+        return info
+
+    def set_telemetry(self, client_id: str, open_: bool, access_key: str = "") -> None:
         info = self._clients.get(client_id)
-        if info is not None:
+        if info is not None and info.access_key == access_key:
             info.telemetry_open = open_
 
-    def remove(self, client_id: str) -> None:
-        self._clients.pop(client_id, None)
+    def remove(self, client_id: str, access_key: str = "") -> None:
+        """Forget a client (it terminated); FORBIDDEN if the id is another access key's."""
+        if self.check_owner(client_id, access_key) is not None:
+            del self._clients[client_id]
 
     def get(self, client_id: str) -> ClientInfo | None:
         self._expire()

@@ -26,6 +26,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from popmq.config import BrokerConfig
+from popmq.security.files import warn_if_exposed
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,7 @@ class HandleKeyring:
             key = new_key()
             write_keys(path, key.key_id, [key])
             log.info("broker %s: new receipt-handle key %s in %s", config.name, key.key_id, path)
+        warn_if_exposed(path, "receipt-handle keys file")
         return cls(path)
 
     def _load(self) -> None:

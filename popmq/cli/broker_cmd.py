@@ -23,6 +23,7 @@ from collections.abc import Callable
 from popmq.broker.api.errors import BrokerError
 from popmq.cli.common import config_from_args, start_tracing_for
 from popmq.config import BrokerConfig
+from popmq.security.files import owner_only_new_files, warn_if_data_exposed
 
 log = logging.getLogger("popmq.broker")
 
@@ -115,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
         )
+    owner_only_new_files()  # the data directory and every file in it: 0700 / 0600
+    warn_if_data_exposed(config.broker.data_dir)  # one made before, with looser modes
     stop_tracing = start_tracing_for(config, "popmq-broker")
     try:
         asyncio.run(serve_broker(config.broker, announce=_announce))

@@ -15,6 +15,7 @@ from typing import Any
 
 from popmq.cli.common import config_from_args, start_tracing_for
 from popmq.config import BrokerAddress, PopmqConfig
+from popmq.security.files import owner_only_new_files, warn_if_data_exposed
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -122,6 +123,8 @@ def run_serve(args: argparse.Namespace) -> int:
     overrides["serve.data_dir"] = args.data_dir
     config = config_from_args(args, overrides)
     _setup_logging()
+    owner_only_new_files()  # its brokers' data directories and files: 0700 / 0600
+    warn_if_data_exposed(config.serve.data_dir)  # one made before, with looser modes
     from popmq.proxy.runtime import run_serve as serve
 
     return _run("serve", config, serve(config, _announce))

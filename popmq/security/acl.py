@@ -14,6 +14,12 @@ File format (``--acl FILE``)::
         admin: true                    # the admin API (and every topic and group)
 
 Patterns: ``*`` matches any run of characters; nothing else is special. Deny by default.
+
+Topics the broker derives from a group (``%RETRY%group+topic``, ``%DLQ%group``) hold that
+group's messages, so, as RocketMQ ACL 2.0 authorizes a retry topic as its group, they belong
+to the group: consuming as the group covers them, and no other grant does unless it names them
+(a pattern that starts with ``%DLQ%``/``%RETRY%``/``%SYS%``). A group-wide ``subscribe: billing``
+or ``publish: "*"`` never reaches another group's retry or dead letters.
 Secret keys are held as SecretStr: they never appear in a repr, a log line or an answer.
 """
 
@@ -40,6 +46,11 @@ from pydantic import (
 
 log = logging.getLogger(__name__)
 _RELOAD_EVERY_S = 1.0
+# The broker's derived topics (popmq.broker.names; this layer sits below the broker).
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+SYSTEM_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX, "%SYS%")
+_RETRY_SEPARATOR = "+"
 
 
 @lru_cache(maxsize=1024)
@@ -54,6 +65,30 @@ def matches(pattern: str, name: str) -> bool:
     if "*" not in pattern:
         return pattern == name
     return _compile(pattern).fullmatch(name) is not None
+
+
+def _system_prefix(topic: str) -> str | None:
+    return next((p for p in SYSTEM_PREFIXES if topic.startswith(p)), None)
+
+
+def owning_group(topic: str) -> str | None:
+    """The group whose messages a derived topic holds: ``%DLQ%g`` and ``%RETRY%g+t`` are g's.
+    None for other topics (and for the ambiguous legacy ``%RETRY%g_t``: only named grants)."""
+    if topic.startswith(DLQ_PREFIX):
+        return topic[len(DLQ_PREFIX) :] or None
+    if topic.startswith(RETRY_PREFIX) and _RETRY_SEPARATOR in topic:
+        return topic[len(RETRY_PREFIX) :].partition(_RETRY_SEPARATOR)[0] or None
+    return None
+
+
+def topic_pattern_covers(pattern: str, topic: str) -> bool:
+    """A topic pattern's reach: a derived topic (``%DLQ%...``, ``%RETRY%...``, ``%SYS%...``) only
+    by a pattern that names its prefix, so ``*`` or ``orders*`` never cover another group's
+    retry topics or dead letters."""
+    prefix = _system_prefix(topic)
+    if prefix is not None and not pattern.startswith(prefix):
+        return False
+    return matches(pattern, topic)
 
 
 class _Strict(BaseModel):
@@ -73,14 +108,25 @@ class Subscription(_Strict):
         return data
 
     def covers(self, group: str, topic: str | None) -> bool:
+        """Consuming as ``group`` on ``topic``: the group's own retry and dead-letter topics
+        come with the group; any other topic must be in ``topics`` (left out: any user topic)."""
         if not matches(self.group, group):
             return False
-        if topic is None or self.topics is None:
+        if topic is None or owning_group(topic) == group:
             return True
-        return any(matches(p, topic) for p in self.topics)
+        return self._topics_cover(topic)
 
     def covers_topic(self, topic: str) -> bool:
-        return self.topics is None or any(matches(p, topic) for p in self.topics)
+        """Seeing a topic's route or offsets: a topic this grant could consume."""
+        owner = owning_group(topic)
+        if owner is not None and matches(self.group, owner):
+            return True
+        return self._topics_cover(topic)
+
+    def _topics_cover(self, topic: str) -> bool:
+        if self.topics is None:
+            return _system_prefix(topic) is None
+        return any(topic_pattern_covers(p, topic) for p in self.topics)
 
 
 class Grant(_Strict):
@@ -116,7 +162,7 @@ class User(_Strict):
 
     def can_publish(self, topic: str) -> bool:
         return self.admin or any(
-            g.publish is not None and matches(g.publish, topic) for g in self.allow
+            g.publish is not None and topic_pattern_covers(g.publish, topic) for g in self.allow
         )
 
     def can_subscribe(self, group: str, topic: str | None = None) -> bool:

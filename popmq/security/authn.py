@@ -6,7 +6,6 @@ from collections.abc import Mapping
 
 from popmq.security import signature
 from popmq.security.acl import Acl, AclFile, User
-from popmq.security.errors import unauthorized
 
 
 class Authenticator:
@@ -21,10 +20,11 @@ class Authenticator:
         return self._acl.current() if isinstance(self._acl, AclFile) else self._acl
 
     def authenticate(self, headers: Mapping[str, str]) -> User:
-        """The calling user; UNAUTHORIZED if unknown, unsigned, badly signed or stale."""
+        """The calling user; UNAUTHORIZED if unknown, unsigned, badly signed or stale. An
+        unknown key and a wrong signature get the same answer (BAD_CREDENTIALS)."""
         request = signature.parse(headers)
         user = self.acl.user(request.access_key)
         if user is None:
-            raise unauthorized(f"unknown access key {request.access_key[:64]!r}")
+            raise self._verifier.refuse_unknown(request)
         self._verifier.verify(request, user.secret_key.get_secret_value())
         return user

@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 
 from popmq.config import BrokerConfig, BrokerLinkConfig
+from popmq.security.files import warn_if_exposed
 from popmq.security.tls import channel_credentials, server_credentials
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ def read_token(path: Path) -> str:
         raise ValueError(f"cannot read the cluster token file {path}: {exc.strerror}") from None
     if len(token) < 16:
         raise ValueError(f"the cluster token in {path} is too short (at least 16 characters)")
+    warn_if_exposed(path, "cluster token file")
     return token
 
 

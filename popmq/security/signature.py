@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hmac
 import re
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from hashlib import sha1
 
-from popmq.security.errors import AccessDenied, unauthorized
+from popmq.security.errors import BAD_CREDENTIALS, AccessDenied, unauthorized
 
 DATE_HEADER = "x-mq-date-time"
 AUTH_HEADER = "authorization"
@@ -34,6 +35,8 @@ _AUTH = re.compile(
     r"^MQv2-HMAC-SHA1\s+Credential=([^,\s]+),\s*SignedHeaders=([^,\s]+),\s*Signature=([0-9A-Fa-f]+)$"
 )
 _QUARTER_HOUR_S = 15 * 60
+# Signs for access keys that do not exist (see refuse_unknown): random, never a real secret.
+_DECOY_SECRET = secrets.token_hex(20)
 # Zone offsets in use on Earth: UTC-12:00 .. UTC+14:00.
 _MIN_OFFSET_S = -12 * 3600
 _MAX_OFFSET_S = 14 * 3600
@@ -67,16 +70,21 @@ def parse(headers: Mapping[str, str]) -> SignedRequest:
     """The signed request in a call's metadata; UNAUTHORIZED when missing or malformed."""
     header = headers.get(AUTH_HEADER, "").strip()
     if not header:
-        raise unauthorized("no credentials: this server requires an access key and signature")
+        raise unauthorized(
+            "no credentials: this server requires an access key and signature", reason="missing"
+        )
     match = _AUTH.match(header)
     if match is None:
-        raise unauthorized(f"malformed authorization header: expected {ALGORITHM} Credential=...")
+        raise unauthorized(
+            f"malformed authorization header: expected {ALGORITHM} Credential=...",
+            reason="malformed",
+        )
     access_key, signed_headers, signature = match.groups()
     if signed_headers.lower() != DATE_HEADER:
-        raise unauthorized(f"SignedHeaders must be {DATE_HEADER}")
+        raise unauthorized(f"SignedHeaders must be {DATE_HEADER}", reason="malformed")
     date_time = headers.get(DATE_HEADER, "")
     if not date_time:
-        raise unauthorized(f"the signed {DATE_HEADER} header is missing")
+        raise unauthorized(f"the signed {DATE_HEADER} header is missing", reason="malformed")
     return SignedRequest(access_key, signature, date_time)
 
 
@@ -86,7 +94,7 @@ def _stamp_seconds(date_time: str) -> float:
         return datetime.strptime(date_time, DATE_FORMAT).replace(tzinfo=UTC).timestamp()
     except ValueError:
         raise unauthorized(
-            f"bad {DATE_HEADER} {date_time[:32]!r}: expected YYYYMMDDTHHMMSSZ"
+            f"bad {DATE_HEADER} {date_time[:32]!r}: expected YYYYMMDDTHHMMSSZ", reason="malformed"
         ) from None
 
 
@@ -121,15 +129,32 @@ class SignatureVerifier:
         return abs(delta - nearest_zone) <= self._skew
 
     def verify(self, request: SignedRequest, secret_key: str) -> None:
-        """UNAUTHORIZED unless the signature matches and the date-time is fresh."""
+        """UNAUTHORIZED unless the signature matches and the date-time is fresh. The signature
+        is checked first: only who holds the secret learns anything about the date-time."""
         expected = sign(secret_key, request.date_time)
         if not hmac.compare_digest(expected, request.signature.lower()):
-            raise unauthorized("signature does not match (wrong secret key?)")
+            raise unauthorized(
+                BAD_CREDENTIALS,
+                detail="signature does not match (wrong secret key?)",
+                reason="bad_signature",
+            )
         if not self.fresh(request.date_time):
             raise unauthorized(
                 f"{DATE_HEADER} {request.date_time} is outside the allowed clock skew "
-                f"of {self._skew:.0f} s"
+                f"of {self._skew:.0f} s",
+                reason="clock_skew",
             )
+
+    def refuse_unknown(self, request: SignedRequest) -> AccessDenied:
+        """The refusal of an unknown access key, after the same HMAC and comparison a known key
+        costs (under a random key of this process): neither the answer nor its time tells an
+        unknown key from a wrong secret."""
+        hmac.compare_digest(sign(_DECOY_SECRET, request.date_time), request.signature.lower())
+        return unauthorized(
+            BAD_CREDENTIALS,
+            detail=f"unknown access key {request.access_key[:64]!r}",
+            reason="unknown_key",
+        )
 
 
 __all__ = ["AccessDenied", "SignatureVerifier", "SignedRequest", "parse", "sign", "signed_metadata"]

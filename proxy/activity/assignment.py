@@ -67,11 +67,14 @@ async def query_assignment(
     group = validate.group_name(request.group.name)
     if not ctx.client_id:
         raise BrokerError(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is required")
-    route = await services.cluster.route(topic)
+    services.registry.check_owner(ctx.client_id, ctx.access_key)  # before any work for it
+    route = await services.cluster.route(topic, create=ctx.create_topic(topic))
     config = await services.cluster.group(group)
-    info = services.registry.get(ctx.client_id)
+    info = services.registry.check_owner(ctx.client_id, ctx.access_key)
     topics = (info.topics if info else set()) | {topic}
-    services.registry.touch(ctx.client_id, group=group, topics=topics, peer=ctx.peer)
+    services.registry.touch(
+        ctx.client_id, group=group, topics=topics, peer=ctx.peer, access_key=ctx.access_key
+    )
     members = services.registry.group_members(group, topic)
     queues = sorted(route.queues, key=lambda q: (q.broker, q.queue_id))
     if config.consume_mode == ConsumeMode.PULL:

@@ -91,6 +91,7 @@ async def answer_settings(
 ) -> pb.Settings:
     """Record the client and build the Settings it should use."""
     client_id = require_client_id(ctx)
+    services.registry.check_owner(client_id, ctx.access_key)  # before any work for it
     reply = pb.Settings()
     reply.CopyFrom(settings)
     reply.metric.CopyFrom(client_metric(services.proxy.client_metrics_endpoint))
@@ -125,6 +126,7 @@ async def answer_settings(
         language=ctx.language or language_name(settings.user_agent.language),
         version=ctx.client_version or settings.user_agent.version,
         peer=ctx.peer,
+        access_key=ctx.access_key,
     )
     return reply
 
@@ -145,6 +147,7 @@ async def heartbeat(
         language=ctx.language,
         version=ctx.client_version,
         peer=ctx.peer,
+        access_key=ctx.access_key,
     )
     return s.HeartbeatResponse(status=st.ok())
 
@@ -152,5 +155,5 @@ async def heartbeat(
 async def notify_termination(
     services: ProxyServices, request: s.NotifyClientTerminationRequest, ctx: RequestContext
 ) -> s.NotifyClientTerminationResponse:
-    services.registry.remove(require_client_id(ctx))
+    services.registry.remove(require_client_id(ctx), ctx.access_key)
     return s.NotifyClientTerminationResponse(status=st.ok())

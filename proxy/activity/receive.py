@@ -129,7 +129,7 @@ async def plan_receive(
     )
     poll_ms = polling_time_ms(requested, ctx.remaining_ms(), config, load_reserve_ms(services))
     expression = filter_of(request.filter_expression)
-    route = await services.cluster.route(topic)
+    route = await services.cluster.route(topic, create=ctx.create_topic(topic))
     group_config = await services.cluster.group(group)
     preferred = request.message_queue.broker.name or None
     if preferred not in route.brokers:
@@ -158,7 +158,12 @@ def _is_push_consumer(services: ProxyServices, ctx: RequestContext) -> bool:
     """Renewal needs a client this proxy hears from (telemetry/heartbeat), so it can stop when
     the client goes; one known as another kind of client does not get it."""
     info = services.registry.get(ctx.client_id) if ctx.client_id else None
-    return info is not None and info.client_type in ("", "PUSH_CONSUMER")
+    # Another user's client id earns no renewal tied to that client's life.
+    return (
+        info is not None
+        and info.access_key == ctx.access_key
+        and info.client_type in ("", "PUSH_CONSUMER")
+    )
 
 
 async def receive(services: ProxyServices, plan: ReceivePlan) -> list[PoppedMessage]:

@@ -63,7 +63,7 @@ async def query_route(
     services: ProxyServices, request: s.QueryRouteRequest, ctx: RequestContext
 ) -> s.QueryRouteResponse:
     topic = validate.topic_name(request.topic.name, allow_dlq=True)
-    route = await services.cluster.route(topic)
+    route = await services.cluster.route(topic, create=ctx.create_topic(topic))
     asked = request.endpoints if request.HasField("endpoints") else None
     endpoints = proxy_endpoints(services, asked)
     return s.QueryRouteResponse(

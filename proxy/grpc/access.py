@@ -15,9 +15,14 @@ nothing:
   SyncLiteSubscription: subscribe (so implementing them later opens no hole);
 - the AdminService: admin. Anything else: admin (deny by default).
 
+A group's derived topics (%RETRY%group+topic, %DLQ%group) are that group's own: no wildcard
+grant reaches another group's (popmq.security.acl). The activities learn who was let in through
+popmq.proxy.grpc.caller: a route lookup creates a missing topic only for who may publish on it.
+
 A refusal is answered as the protocol answers any refusal, with a Status of UNAUTHORIZED or
-FORBIDDEN, counted in popmq_proxy_rpc_requests{code=...} and logged (at most once a minute per
-user, method and code; never a secret).
+FORBIDDEN, counted in popmq_proxy_rpc_requests{code=...} and popmq_proxy_access_refusals{reason=...}
+and logged (at most once a minute per user, method and code; never a secret). An unknown access
+key and a wrong signature answer the same message; only the log and the reason label differ.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import grpc
 from google.protobuf import message_factory
 from popmq.broker.api.undecodable import Undecodable
 from popmq.proxy.grpc import status as st
+from popmq.proxy.grpc.caller import CALLER, Caller
 from popmq.proxy.metrics import ProxyMetrics
 from prometheus_client import Counter
 
@@ -43,6 +49,7 @@ from popmq.security import signature
 from popmq.security.acl import AclFile, User
 from popmq.security.authn import Authenticator
 from popmq.security.errors import UNAUTHORIZED, AccessDenied, forbidden
+from popmq.security.files import warn_if_exposed
 
 log = logging.getLogger(__name__)
 
@@ -137,15 +144,18 @@ def _refused_response(response_class: type, method: str, request: Any, status: p
 class AccessGuard(grpc.aio.ServerInterceptor):
     """Wraps every guarded method's behavior with the authentication and permission check."""
 
-    def __init__(self, authenticator: Authenticator, metrics: ProxyMetrics) -> None:
+    def __init__(
+        self, authenticator: Authenticator, metrics: ProxyMetrics, refusals: Counter
+    ) -> None:
         self._authn = authenticator
         self._metrics = metrics
+        self._refusals = refusals  # by reason: what the caller is not told
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
         self._last_logged: dict[tuple[str, str, int], float] = {}
 
     def for_another_server(self) -> AccessGuard:
         """The same users for another listener: wrapped handlers are cached per server."""
-        return AccessGuard(self._authn, self._metrics)
+        return AccessGuard(self._authn, self._metrics, self._refusals)
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
         path: str = details.method
@@ -182,6 +192,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         method = path.rsplit("/", 1)[1]
         code_name = "UNAUTHORIZED" if exc.code == UNAUTHORIZED else "FORBIDDEN"
         self._metrics.rpc_requests.labels(method, code_name).inc()
+        self._refusals.labels(exc.reason).inc()
         credential = ""
         for name, value in context.invocation_metadata() or ():
             if name.lower() == signature.AUTH_HEADER and isinstance(value, str):
@@ -195,7 +206,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
             self._last_logged[key] = now
             log.warning(
                 "refused %s from %s (access key %r): %s %s",
-                method, context.peer(), credential, code_name, exc.message,
+                method, context.peer(), credential, code_name, exc.detail,
             )  # fmt: skip
         return st.status(exc.code, exc.message)
 
@@ -210,11 +221,15 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 try:
-                    guard.check(path, request, context)
+                    user = guard.check(path, request, context)
                 except AccessDenied as exc:
                     status = guard._refused(path, exc, context)
                     return _refused_response(response_class, method, request, status)
-                return await inner(request, context)
+                token = CALLER.set(_caller(user))
+                try:
+                    return await inner(request, context)
+                finally:
+                    CALLER.reset(token)
 
             return _rebuild(grpc.unary_unary_rpc_method_handler, unary, handler)
 
@@ -223,7 +238,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
             async def server_stream(request: Any, context: grpc.aio.ServicerContext) -> None:
                 try:
-                    guard.check(path, request, context)
+                    user = guard.check(path, request, context)
                 except AccessDenied as exc:
                     status = guard._refused(path, exc, context)
                     await context.write(response_class(status=status))
@@ -232,7 +247,11 @@ class AccessGuard(grpc.aio.ServerInterceptor):
                         trailer.delivery_timestamp.GetCurrentTime()
                         await context.write(trailer)
                     return
-                await inner(request, context)
+                token = CALLER.set(_caller(user))
+                try:
+                    await inner(request, context)
+                finally:
+                    CALLER.reset(token)
 
             return _rebuild(grpc.unary_stream_rpc_method_handler, server_stream, handler)
 
@@ -245,6 +264,9 @@ class AccessGuard(grpc.aio.ServerInterceptor):
                 except AccessDenied as exc:
                     yield response_class(status=guard._refused(path, exc, context))
                     return
+                # Each RPC runs in its own task: set for the whole stream, never reset across
+                # yields (a generator may resume in another context).
+                CALLER.set(_caller(user))
                 # Settings name a group: joining it (queue assignment, its retry policy) needs
                 # the same grant as consuming it. A refused command ends the stream.
                 refused: list[AccessDenied] = []
@@ -265,6 +287,12 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
             return _rebuild(grpc.stream_stream_rpc_method_handler, bidi, handler)
         return handler  # no such method in the guarded services
+
+
+def _caller(user: User) -> Caller:
+    """What the activities may know of the caller: its key, and that lookups by someone who
+    may not publish on a topic never auto-create it (RocketMQ creates topics on send)."""
+    return Caller(access_key=user.access_key, may_create_topic=user.can_publish)
 
 
 def _rebuild(make: Any, behavior: Any, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
@@ -296,8 +324,17 @@ def access_guard(config: ProxyConfig, metrics: ProxyMetrics) -> AccessGuard | No
         registry=metrics.registry,
     )
     acl = AclFile(config.acl, on_reload_failure=failures.inc)  # re-read when the file changes
+    warn_if_exposed(config.acl, "ACL file")
     verifier = signature.SignatureVerifier(
         config.auth_clock_skew_ms / 1000, any_timezone=config.auth_any_timezone
     )
+    refusals = Counter(
+        "popmq_proxy_access_refusals",
+        "Calls refused by the access guard, by reason (unknown_key, bad_signature, clock_skew, "
+        "malformed, missing, forbidden); callers get one message for unknown_key and "
+        "bad_signature",
+        ["reason"],
+        registry=metrics.registry,
+    )
     log.info("authentication on: %d users from %s", len(acl.acl.users), config.acl)
-    return AccessGuard(Authenticator(acl, verifier), metrics)
+    return AccessGuard(Authenticator(acl, verifier), metrics, refusals)

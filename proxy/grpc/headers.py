@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 import grpc
+from popmq.proxy.grpc.caller import CALLER, Caller
 
 
 @dataclass(slots=True)
@@ -19,6 +20,20 @@ class RequestContext:
     peer: str = ""
     # time.monotonic() at which the client's deadline expires; None when it set none.
     deadline: float | None = None
+    # The signed-in caller (None: authentication is off).
+    caller: Caller | None = None
+
+    @property
+    def access_key(self) -> str:
+        """The authenticated access key ("" without authentication)."""
+        return self.caller.access_key if self.caller is not None else ""
+
+    def create_topic(self, topic: str) -> bool | None:
+        """May a route lookup auto-create `topic`? None: as configured (no caller to limit);
+        False when the caller may not publish on it."""
+        if self.caller is None or self.caller.may_create_topic(topic):
+            return None
+        return False
 
     def remaining_ms(self) -> int | None:
         if self.deadline is None:
@@ -42,4 +57,5 @@ class RequestContext:
             request_id=headers.get("x-mq-request-id", ""),
             peer=context.peer() or "",
             deadline=None if remaining is None else time.monotonic() + remaining,
+            caller=CALLER.get(),
         )

@@ -129,13 +129,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 try:
                     reply = await clients.answer_settings(self.services, command.settings, ctx)
                     answer = s.TelemetryCommand(status=st.ok(), settings=reply)
-                    registry.set_telemetry(ctx.client_id, True)
+                    registry.set_telemetry(ctx.client_id, True, ctx.access_key)
                 except Exception as exc:
                     answer = s.TelemetryCommand(status=st.status_of(exc))
                 self._record("Telemetry", answer.status.code, started)
                 yield answer
         finally:
-            registry.set_telemetry(ctx.client_id, False)
+            registry.set_telemetry(ctx.client_id, False, ctx.access_key)
 
     # -- produce -----------------------------------------------------------------------------
     async def SendMessage(self, request, context):

@@ -319,6 +319,7 @@ def test_variant_specific_resources(rendered: dict[str, Rendered]) -> None:
     assert prod.maybe("Secret") is None, "existingSecret: the chart makes no Secret"
     volumes = {v["name"]: v for v in prod.one("StatefulSet")["spec"]["template"]["spec"]["volumes"]}
     assert volumes["cluster-token"]["secret"] == {
+        "defaultMode": 0o440,
         "secretName": "popmq-cluster-token",
         "items": [{"key": "cluster-token", "path": "token"}],
     }
@@ -423,8 +424,10 @@ def test_every_security_file_comes_from_a_secret(
                            (out.one("Deployment"), proxy.cluster_token_file)):  # fmt: skip
         secret, name = _mounted(workload, path)
         assert secret["secretName"] == token_secret and secret["items"][0]["path"] == name
+        assert secret["defaultMode"] == 0o440  # not the 0644 default: popmq warns about it
     if values["auth"]["enabled"]:
         secret, name = _mounted(out.one("Deployment"), proxy.acl)
+        assert secret["defaultMode"] == 0o440
         assert secret["items"] == [{"key": values["auth"]["existingSecretKey"]
                                     if values["auth"]["existingSecret"] else "acl.yaml",
                                     "path": name}]  # fmt: skip

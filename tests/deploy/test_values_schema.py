@@ -49,6 +49,13 @@ BAD_VALUES: list[tuple[dict[str, Any], list[str]]] = [
 
 # Rules across values that JSON schema cannot state; the templates fail with these words.
 BAD_COMBINATIONS: list[tuple[dict[str, Any], str]] = [
+    # GitOps (helm template, Argo CD): lookup cannot read generated secrets back, so each render
+    # made a new cluster token and admin key. generateSecrets=false makes that an error.
+    ({"generateSecrets": False}, "clusterToken: generateSecrets is false, so name the token"),
+    (
+        {"generateSecrets": False, "clusterToken": {"existingSecret": "my-token"}},
+        "auth: generateSecrets is false, so name the ACL: auth.existingSecret",
+    ),
     (
         {"config": {"proxy": {"min_long_polling_ms": 30000}}},
         "min_long_polling_ms (30000) must not exceed config.proxy.max_long_polling_ms (20000)",
@@ -203,3 +210,16 @@ def test_values_yaml_config_lists_every_knob_with_the_model_default() -> None:
 def test_default_values_pass_the_schema() -> None:
     with helm.Chart.load(str(CHART_DIR)) as chart:
         chart.validate_schema(VALUES)
+
+
+def test_gitops_values_render_without_generating_secrets() -> None:
+    """With generateSecrets=false and Secrets named, two renders are identical (an offline
+    render must not differ from the last one) and the chart makes no Secret of its own."""
+    values = {
+        "generateSecrets": False,
+        "clusterToken": {"existingSecret": "my-token"},
+        "auth": {"enabled": True, "existingSecret": "my-users"},
+    }
+    first, second = render(values), render(values)
+    assert first.files == second.files
+    assert first.maybe("Secret") is None

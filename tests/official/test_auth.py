@@ -169,6 +169,8 @@ def test_unknown_user_and_no_credentials_are_unauthorized(secured: Secured, clie
 
 def test_no_publish_permission_is_forbidden(secured: Secured, client: Any) -> None:
     topic = unique("orders")
+    # The topic exists (a lookup by someone who may not publish on it would not create it).
+    assert secured.admin("topics", "create", topic, "--queues", "2").returncode == 0
     before = secured.metric("SendMessage", "FORBIDDEN")
     producer = client("producer", "reader", "reader-secret-0001", topics=[topic])
     (sent,) = producer.call("send", messages=[{"body": "x"}])["results"]

@@ -118,13 +118,13 @@ async def test_send_needs_publish_and_answers_one_entry_per_message(guarded: Clu
     sent = await guarded.stub.SendMessage(request, metadata=guarded.metadata())
     assert sent.status.code == Code.FORBIDDEN
     assert [e.status.code for e in sent.entries] == [Code.FORBIDDEN] * 2
-    route = await guarded.route(topic)  # other may subscribe on t-*: the route is readable
-    assert route.status.code == Code.OK
     outsider = await guarded.route("elsewhere")
     assert outsider.status.code == Code.FORBIDDEN
     guarded.signing = OWNER
     _, messages, _ = await guarded.receive(unique("g-own"), topic, poll_ms=300)
     assert messages == []  # nothing was written
+    guarded.signing = OTHER  # other may subscribe on t-*: the route is readable
+    assert (await guarded.route(topic)).status.code == Code.OK
 
 
 async def test_unsigned_and_wrongly_signed_calls_are_unauthorized(guarded: Cluster) -> None:
@@ -226,3 +226,149 @@ async def test_unsupported_topic_rpcs_are_checked_as_they_will_need_to_be(
         s.RecallMessageRequest(topic=own, recall_handle="h"), metadata=md
     )
     assert recall.status.code == Code.NOT_IMPLEMENTED
+
+
+async def _dead_letter(guarded: Cluster, group: str, topic: str) -> None:
+    """One message in `group`'s dead-letter queue, put there by its rightful consumer."""
+    guarded.signing = OWNER
+    assert (await guarded.send(topic, b"poison")).status.code == Code.OK
+    guarded.signing = OTHER
+    status, (msg,), _ = await guarded.receive(group, topic, invisible_ms=30_000)
+    assert status.code == Code.OK
+    forwarded = await guarded.stub.ForwardMessageToDeadLetterQueue(
+        s.ForwardMessageToDeadLetterQueueRequest(
+            group=pb.Resource(name=group),
+            topic=pb.Resource(name=topic),
+            receipt_handle=msg.system_properties.receipt_handle,
+            message_id=msg.system_properties.message_id,
+        ),
+        metadata=guarded.metadata(),
+    )
+    assert forwarded.status.code == Code.OK
+
+
+async def test_group_wide_grant_cannot_read_another_groups_dead_letters(guarded: Cluster) -> None:
+    """`subscribe: g-own-*` (no topics: any topic) covered `%DLQ%g-other-1` too: OWNER could
+    receive, pull and route another group's dead letters by consuming them as its own group."""
+    topic, victim = unique("t"), unique("g-other")
+    await _dead_letter(guarded, victim, topic)
+    dlq, retry = f"%DLQ%{victim}", f"%RETRY%{victim}+{topic}"
+
+    guarded.signing = OWNER
+    stub, md = guarded.stub, guarded.metadata()
+    mine = unique("g-own")
+    for name in (dlq, retry):
+        status, messages, _ = await guarded.receive(mine, name, poll_ms=200)
+        assert (status.code, messages) == (Code.FORBIDDEN, []), name
+        pulled = [
+            f async for f in stub.PullMessage(
+                s.PullMessageRequest(
+                    group=pb.Resource(name=mine), message_queue=_mq(name), offset=0, batch_size=8
+                ),
+                metadata=md,
+            )
+        ]  # fmt: skip
+        assert pulled[0].status.code == Code.FORBIDDEN, name
+        assigned = await stub.QueryAssignment(
+            s.QueryAssignmentRequest(group=pb.Resource(name=mine), topic=pb.Resource(name=name)),
+            metadata=md,
+        )
+        assert assigned.status.code == Code.FORBIDDEN, name
+        assert (await guarded.route(name)).status.code == Code.FORBIDDEN, name
+    # Not even when naming the victim group as its own: it holds no grant for it.
+    status, messages, _ = await guarded.receive(victim, dlq, poll_ms=200)
+    assert (status.code, messages) == (Code.FORBIDDEN, [])
+
+    # The rightful group's grant covers its own dead letters (they come with the group).
+    guarded.signing = OTHER
+    assert (await guarded.route(dlq)).status.code == Code.OK
+    assigned = await guarded.stub.QueryAssignment(
+        s.QueryAssignmentRequest(group=pb.Resource(name=victim), topic=pb.Resource(name=dlq)),
+        metadata=guarded.metadata(),
+    )
+    assert assigned.status.code == Code.OK
+
+
+async def test_a_subscriber_cannot_create_topics_by_looking_them_up(guarded: Cluster) -> None:
+    """QueryRoute (and ReceiveMessage, QueryAssignment) auto-created any topic the caller could
+    read: a subscribe-only user could fill the brokers with topics. As in RocketMQ, where a
+    topic is made when a producer sends to it, only who may publish on it creates it."""
+    topic = unique("t")
+    guarded.signing = OTHER  # subscribe g-other-* on t-*: may read t-*, never publish
+    assert (await guarded.route(topic)).status.code == Code.TOPIC_NOT_FOUND
+    status, _, _ = await guarded.receive(unique("g-other"), topic)
+    assert status.code == Code.TOPIC_NOT_FOUND
+    assert topic not in {t.name for t in await guarded.brokers[0].list_topics()}
+
+    guarded.signing = OWNER  # publishes on t-*: its lookup creates the topic, as before
+    assert (await guarded.route(topic)).status.code == Code.OK
+    guarded.signing = OTHER
+    assert (await guarded.route(topic)).status.code == Code.OK
+
+
+async def test_unknown_key_and_wrong_secret_answer_alike_and_the_log_tells_them_apart(
+    guarded: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    answers = []
+    with caplog.at_level(logging.WARNING, logger="popmq.proxy.grpc.access"):
+        for signing in (("ghost", OWNER[1]), (OWNER[0], "wrong-secret")):
+            guarded.signing = signing
+            answers.append((await guarded.route("t-a")).status)
+    assert answers[0] == answers[1]
+    assert answers[0].code == Code.UNAUTHORIZED and "ghost" not in answers[0].message
+    log_text = caplog.text
+    assert "unknown access key 'ghost'" in log_text and "signature does not match" in log_text
+    assert OWNER[1] not in log_text and "wrong-secret" not in log_text  # never a secret
+    refusals = guarded.server.metrics.registry.get_sample_value
+    assert refusals("popmq_proxy_access_refusals_total", {"reason": "unknown_key"}) == 1
+    assert refusals("popmq_proxy_access_refusals_total", {"reason": "bad_signature"}) == 1
+
+
+async def test_a_client_id_belongs_to_the_access_key_that_registered_it(guarded: Cluster) -> None:
+    """Client ids travel in every request's header: a signed-in user who learned another
+    client's id could rewrite its registry entry (heartbeat: another group; telemetry), remove
+    it (NotifyClientTermination: its queue assignment and auto-renewal stop) or join queue
+    assignment under it. The id is now bound to the access key that registered it."""
+    registry = guarded.server.services.registry
+    victim_id, own = "victim-1", unique("g-own")
+    beat = s.HeartbeatRequest(group=pb.Resource(name=own), client_type=pb.SIMPLE_CONSUMER)
+    answer = await guarded.stub.Heartbeat(beat, metadata=guarded.metadata(victim_id))
+    assert answer.status.code == Code.OK
+
+    guarded.signing = OTHER
+    md = guarded.metadata(victim_id)
+    theirs = pb.Resource(name=unique("g-other"))
+    hijack = await guarded.stub.Heartbeat(
+        s.HeartbeatRequest(group=theirs, client_type=pb.SIMPLE_CONSUMER), metadata=md
+    )
+    gone = await guarded.stub.NotifyClientTermination(
+        s.NotifyClientTerminationRequest(group=theirs), metadata=md
+    )
+    assigned = await guarded.stub.QueryAssignment(
+        s.QueryAssignmentRequest(group=theirs, topic=pb.Resource(name="t-x")), metadata=md
+    )
+    call = guarded.stub.Telemetry(metadata=md)
+    settings = pb.Settings(
+        client_type=pb.PUSH_CONSUMER,
+        subscription=pb.Subscription(
+            group=theirs, subscriptions=[pb.SubscriptionEntry(topic=pb.Resource(name="t-x"))]
+        ),
+    )
+    await call.write(s.TelemetryCommand(settings=settings))
+    told = await call.read()
+    call.cancel()
+    for response in (hijack, gone, assigned, told):
+        assert response.status.code == Code.FORBIDDEN, response
+        assert "owner" not in response.status.message  # whose it is stays unsaid
+    info = registry.get(victim_id)
+    assert info is not None and info.group == own and info.access_key == OWNER[0]
+
+    guarded.signing = OWNER  # the rightful client carries on, and may leave
+    assert (
+        await guarded.stub.Heartbeat(beat, metadata=guarded.metadata(victim_id))
+    ).status.code == Code.OK
+    bye = await guarded.stub.NotifyClientTermination(
+        s.NotifyClientTerminationRequest(group=pb.Resource(name=own)),
+        metadata=guarded.metadata(victim_id),
+    )
+    assert bye.status.code == Code.OK and registry.get(victim_id) is None

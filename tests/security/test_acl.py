@@ -102,3 +102,31 @@ def test_acl_file_reloads_on_change_and_keeps_the_last_good_one(
     assert source.current().user("carol") is not None  # the last good ACL stays
     assert source.reload_failures == 1 and failures == [1]  # the proxy counts it in a metric
     assert "keeping the previous ACL" in caplog.text and "c4r0l-secret" not in caplog.text
+
+
+def test_derived_topics_belong_to_their_group_not_to_wildcards(tmp_path: Path) -> None:
+    """`subscribe: billing` (any topic) covered `%DLQ%payroll`, and `publish: "*"` every DLQ:
+    a group's retry and dead-letter topics now come only with that group, or a grant that
+    names them."""
+    path = tmp_path / "acl.yaml"
+    path.write_text(
+        "users:\n"
+        "  - access_key: app\n    secret_key: s\n    allow:\n"
+        "      - subscribe: billing\n"
+        "      - publish: '*'\n"
+        "      - subscribe: {group: dlq-reader, topics: ['%DLQ%pay*']}\n"
+    )
+    app = load_acl(path).user("app")
+    assert app is not None
+    assert app.can_subscribe("billing", "orders")  # still any user topic
+    assert app.can_subscribe("billing", "%DLQ%billing")  # its own dead letters
+    assert app.can_subscribe("billing", "%RETRY%billing+orders")
+    assert not app.can_subscribe("billing", "%DLQ%payroll")  # another group's
+    assert not app.can_subscribe("billing", "%RETRY%payroll+orders")
+    assert not app.can_subscribe("billing", "%SYS%TIMER")
+    assert not app.can_publish("%DLQ%payroll") and app.can_publish("orders")
+    assert app.can_read_topic("%DLQ%billing") and not app.can_read_topic("%DLQ%audit")
+    # A grant that names dead-letter topics reaches them, as the group it names.
+    assert app.can_subscribe("dlq-reader", "%DLQ%payroll")
+    assert app.can_read_topic("%DLQ%payroll")
+    assert not app.can_subscribe("dlq-reader", "orders")

@@ -79,8 +79,8 @@ def test_both_official_forms_verify(utc_server: None) -> None:
 def test_wrong_secret_unknown_key_and_missing_headers(utc_server: None) -> None:
     authn = _authn()
     now = _at(timedelta())
-    assert "does not match" in _refused(authn, node_client_headers("app1", "wrong", now))
-    assert "unknown access key" in _refused(authn, node_client_headers("bob", SK, now))
+    wrong_secret = _refused(authn, node_client_headers("app1", "wrong", now))
+    assert wrong_secret == _refused(authn, node_client_headers("bob", SK, now))  # see below
     assert "no credentials" in _refused(authn, {})
     # the Python client always sends the header, with an empty key when none is configured
     assert "malformed" in _refused(authn, python_client_headers("", "", now.replace(tzinfo=None)))
@@ -92,7 +92,34 @@ def test_wrong_secret_unknown_key_and_missing_headers(utc_server: None) -> None:
     assert "SignedHeaders" in _refused(authn, headers)
     headers = node_client_headers("app1", SK, now)
     headers["x-mq-date-time"] = "yesterday"
-    assert "does not match" in _refused(authn, headers)  # signature first: no oracle
+    assert _refused(authn, headers) == wrong_secret  # signature first: no oracle
+
+
+def _denial(authn: Authenticator, headers: dict[str, str]) -> AccessDenied:
+    with pytest.raises(AccessDenied) as err:
+        authn.authenticate(headers)
+    return err.value
+
+
+def test_unknown_key_and_wrong_secret_look_the_same_to_the_caller(
+    utc_server: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """'unknown access key' vs 'signature does not match' told a caller which access keys
+    exist (and an unknown key returned before any HMAC, measurably faster). Now both answer
+    one message after the same work; the server keeps the difference for its log and metric."""
+    authn, now = _authn(), _at(timedelta())
+    hmacs: list[str] = []
+    real_sign = signature.sign
+    monkeypatch.setattr(signature, "sign", lambda sk, dt: hmacs.append(dt) or real_sign(sk, dt))
+    for stamp in (now, _at(timedelta(days=-1))):  # a stale date-time must not tell them apart
+        unknown = _denial(authn, node_client_headers("bob", SK, stamp))
+        wrong = _denial(authn, node_client_headers("app1", "wrong", stamp))
+        assert unknown.code == wrong.code == UNAUTHORIZED
+        assert unknown.message == wrong.message == "access key or signature not valid"
+        assert "bob" not in unknown.message
+        assert (unknown.reason, wrong.reason) == ("unknown_key", "bad_signature")
+        assert "unknown access key 'bob'" in unknown.detail and SK not in unknown.detail
+    assert len(hmacs) == 4  # one HMAC per attempt, known key or not
 
 
 def test_clock_skew_window(utc_server: None) -> None:
