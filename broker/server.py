@@ -21,6 +21,7 @@ from grpc_health.v1.health import aio as health_aio
 from popmq.broker.api import convert
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.request_link import frames
 from popmq.broker.api.undecodable import add_tolerant
 from popmq.broker.api.watch import WatchKey, wait_visible
 
@@ -201,14 +202,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 held.pop(request.id, None)
             answers.put_nowait(pb.LinkResponse(id=request.id, **{kind: response}))
 
-        async def write() -> None:  # every answer ready at a write goes in it
-            while (answer := await answers.get()) is not None:
-                batch = [answer]
-                while not answers.empty():
-                    if (answer := answers.get_nowait()) is None:
-                        await context.write(pb.LinkResponses(responses=batch))
-                        return
-                    batch.append(answer)
+        async def write() -> None:  # the answers ready at a write, a bounded frame each
+            async for batch in frames(answers):
                 await context.write(pb.LinkResponses(responses=batch))
 
         async with asyncio.TaskGroup() as stream:

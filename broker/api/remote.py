@@ -171,8 +171,9 @@ class RemoteBrokerPort:
             stub = self._get_stub()
             settings = self._settings
             self._requests = RequestLink(
-                self._name, stub.Call, streams=settings.streams, window=settings.window
-            )
+                self._name, stub.Call, streams=settings.streams, window=settings.window,
+                max_request_bytes=MAX_MESSAGE_BYTES,
+            )  # fmt: skip
             if settings.coalesce_ms > 0:
                 window_s, most = settings.coalesce_ms / 1000, settings.coalesce_max
                 self._acks = Coalescer(self._ack_now, window_s=window_s, max_items=most)

@@ -7,6 +7,10 @@ port's channel, so TLS and the cluster token apply as to every other call.
 
 - Flow control: at most ``window`` requests are in flight per stream; more wait for a slot
   (HTTP/2 flow control bounds the bytes underneath).
+- Size: a write carries what is queued up to ``FRAME_BYTES`` (one larger item goes alone), so
+  requests or answers that are each fine never add up past the transport's message limit,
+  which would end the stream and fail every request on it. A single request past the limit
+  is refused on its own before it is sent.
 - Deadlines and cancellation: a request whose caller gives up or whose deadline passes sends a
   ``LinkCancel``, and the broker drops what it holds for it.
 - Loss: when a stream ends (broker restart, network, ``break_stream``) every request in flight
@@ -24,7 +28,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from opentelemetry import propagate, trace
@@ -46,6 +50,18 @@ METHODS = {
 }  # fmt: skip
 
 log = logging.getLogger(__name__)
+
+# Bytes one write of a Call stream carries at most (unless one item alone is larger): well
+# under the transport's message limit on both sides (256 MiB), small enough that a burst of
+# answers goes out in several writes rather than one huge one.
+FRAME_BYTES = 4 * 1024 * 1024
+
+
+class _Sized(Protocol):
+    def ByteSize(self) -> int: ...  # protobuf's name
+
+
+S = TypeVar("S", bound=_Sized)
 
 
 class LinkUnsupportedError(BrokerUnavailableError):
@@ -147,9 +163,17 @@ class RequestLink:
     """``streams`` Call streams to one broker; requests spread over them round robin."""
 
     def __init__(
-        self, broker: str, open_call: Callable[[Any], Any], *, streams: int, window: int
+        self,
+        broker: str,
+        open_call: Callable[[Any], Any],
+        *,
+        streams: int,
+        window: int,
+        max_request_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         self._broker = broker
+        # The transport's message limit: a request past it would end the stream it rides on.
+        self._max_request_bytes = max_request_bytes
         self.streams = [LinkStream(broker, open_call, window) for _ in range(max(1, streams))]
         self._turn = itertools.count()
         self._ids = itertools.count(1)
@@ -186,6 +210,13 @@ class RequestLink:
     async def _request(
         self, kind: str, message: Any, deadline_s: float, carrier: dict[str, str] | None
     ) -> Any:
+        size = message.ByteSize()
+        if size > self._max_request_bytes:  # alone, not with the stream's other requests
+            raise BrokerError(
+                Code.PAYLOAD_TOO_LARGE,
+                f"{kind} request to broker {self._broker} is {size} bytes, more than the "
+                f"link's message limit of {self._max_request_bytes}",
+            )
         stream = self.streams[next(self._turn) % len(self.streams)]
         request_id = next(self._ids)
         try:
@@ -218,12 +249,30 @@ class RequestLink:
 async def _drain(
     outbox: asyncio.Queue[pb.LinkRequest | None],
 ) -> AsyncIterator[pb.LinkRequests]:
-    """The stream's messages: whatever requests are queued when gRPC asks, as one write."""
-    while (request := await outbox.get()) is not None:
-        batch = [request]
-        while not outbox.empty():
-            if (request := outbox.get_nowait()) is None:
-                yield pb.LinkRequests(requests=batch)
-                return
-            batch.append(request)
+    """The stream's messages: the requests queued when gRPC asks, a frame per write."""
+    async for batch in frames(outbox):
         yield pb.LinkRequests(requests=batch)
+
+
+async def frames(queue: asyncio.Queue[S | None]) -> AsyncIterator[list[S]]:
+    """What is queued when the writer asks, in lists of at most FRAME_BYTES (an item larger
+    than that goes alone), until a None. Both ends of the Call stream write this way."""
+    carried: S | None = None  # the item that did not fit the previous frame
+    while True:
+        item = carried if carried is not None else await queue.get()
+        carried = None
+        if item is None:
+            return
+        batch, size = [item], item.ByteSize()
+        while not queue.empty():
+            item = queue.get_nowait()
+            if item is None:
+                yield batch
+                return
+            item_size = item.ByteSize()
+            if size + item_size > FRAME_BYTES:
+                carried = item
+                break
+            batch.append(item)
+            size += item_size
+        yield batch
