@@ -124,6 +124,12 @@ class LinkStream:
                     self._lost("the proxy is closing", outbox)
                     raise
                 reason = "cut"  # break_stream()
+            except Exception as error:  # whatever ends a stream must not end the link
+                # Anything else (a gRPC usage or internal error, a bug) must not end run():
+                # the link would be dead for the port's life, its requests and coalesced
+                # callers left waiting. It ends this stream like a transport failure.
+                reason = f"{type(error).__name__}: {error}"
+                log.warning("request link to broker %s failed: %s", self._broker, reason)
             self._lost(reason, outbox, code)
 
     def _lost(
