@@ -246,6 +246,30 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def PullMessage(self, request, context):
         started = time.perf_counter()
         ctx = RequestContext.from_grpc(context)
+        # A pull that may wait is a long poll like a receive: held under the same bounds.
+        held = request.long_polling_timeout.ToMilliseconds() > 0
+        client, group = ctx.client_id or ctx.peer, request.group.name
+        try:
+            if held:
+                self.services.admission.enter(client, group)
+        except Exception as exc:
+            failed = st.status_of(exc)
+            await self._write_quietly(context, s.PullMessageResponse(status=failed))
+            self._record("PullMessage", failed.code, started)
+            return
+        try:
+            await self._pull(request, context, ctx, started)
+        finally:
+            if held:
+                self.services.admission.leave(client, group)
+
+    async def _pull(
+        self,
+        request: s.PullMessageRequest,
+        context: grpc.aio.ServicerContext,
+        ctx: RequestContext,
+        started: float,
+    ) -> None:
         try:
             result = await offsets.pull_message(self.services, request, ctx)
         except Exception as exc:

@@ -14,6 +14,7 @@ from popmq.proxy.metrics import ProxyMetrics
 from proxy_support import Cluster, eventually, message, unique
 
 from popmq.config import ProxyConfig
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
 
@@ -119,3 +120,37 @@ async def test_a_lagging_event_loop_sheds_new_long_polls() -> None:
         admission.leave("c", "g")
     finally:
         await admission.aclose()
+
+
+async def test_long_polling_pulls_are_held_under_the_same_bounds(make_cluster) -> None:
+    """Regression: PullMessage with a long_polling_timeout waited at the broker outside
+    admission control, so a client could hold any number of long polls past every bound."""
+    cluster = await make_cluster(
+        brokers=1, **{"broker.topics.queue_count": 1, "proxy.max_long_polls_per_client": 1}
+    )
+    topic = unique("t")
+    await cluster.send(topic, b"a")
+    queue = pb.MessageQueue(topic=pb.Resource(name=topic), broker=pb.Broker(name="broker-0"), id=0)
+
+    async def pull(poll_ms: int) -> pb.Status:
+        request = s.PullMessageRequest(
+            group=pb.Resource(name="reader"), message_queue=queue, offset=1, batch_size=1
+        )
+        request.long_polling_timeout.FromMilliseconds(poll_ms)
+        frames = [
+            f
+            async for f in cluster.stub.PullMessage(
+                request, metadata=cluster.metadata(client_id="a"), timeout=10
+            )
+        ]
+        return frames[0].status
+
+    first = asyncio.create_task(pull(2_000))  # nothing past offset 1: it waits
+    await _held(cluster, 1)
+    second = await pull(2_000)
+    assert second.code == Code.TOO_MANY_REQUESTS and "max_long_polls_per_client" in second.message
+    assert not first.done()  # refused while the first one still held
+    assert (await pull(0)).code == Code.MESSAGE_NOT_FOUND  # a pull that does not wait is not held
+    assert (await first).code == Code.MESSAGE_NOT_FOUND
+    assert cluster.server.services.admission.active == 0
+    assert refusals(cluster, "long_polls_per_client") == 1
