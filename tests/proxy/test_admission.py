@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 from popmq.broker.api.errors import BrokerError, Code
-from popmq.proxy.admission import LongPollAdmission
+from popmq.proxy.admission import LongPollAdmission, poll_owner
 from popmq.proxy.metrics import ProxyMetrics
 from proxy_support import Cluster, eventually, message, unique
 
@@ -154,3 +156,42 @@ async def test_long_polling_pulls_are_held_under_the_same_bounds(make_cluster) -
     assert (await first).code == Code.MESSAGE_NOT_FOUND
     assert cluster.server.services.admission.active == 0
     assert refusals(cluster, "long_polls_per_client") == 1
+
+
+def test_the_per_client_key_is_the_id_under_its_access_key_and_host() -> None:
+    signed = "MQv2-HMAC-SHA1 Credential=ak1, SignedHeaders=x-mq-date-time, Signature=00"
+    mine = poll_owner("c1", "ipv4:10.0.0.7:51234", signed)
+    assert poll_owner("c1", "ipv4:10.0.0.7:40000", signed) == mine  # another connection
+    assert poll_owner("c1", "ipv4:10.0.0.8:51234", signed) != mine  # another host
+    assert poll_owner("c1", "ipv4:10.0.0.7:51234", signed.replace("ak1", "ak2")) != mine
+    assert poll_owner("", "ipv6:[::1]:5", "") != poll_owner("", "ipv6:[::1]:6", "")  # no id
+
+
+async def test_another_user_cannot_fill_a_clients_bound_with_its_id(
+    make_cluster, tmp_path: Path
+) -> None:
+    """Regression: the per-client bound was keyed on x-mq-client-id alone, so a caller that
+    sent someone else's client id held that client's long polls and locked it out."""
+    acl = tmp_path / "acl.yaml"
+    acl.write_text(yaml.safe_dump({"users": [
+        {"access_key": key, "secret_key": f"{key}-secret-0001", "allow": [{"subscribe": "g-*"}]}
+        for key in ("victim", "stranger")
+    ]}))  # fmt: skip
+    cluster = await make_cluster(
+        brokers=1, **{"proxy.acl": str(acl), "proxy.max_long_polls_per_client": 1}
+    )
+    topic = unique("t")
+    cluster.signing = ("stranger", "stranger-secret-0001")
+    squatter = asyncio.create_task(
+        cluster.receive(unique("g"), topic, poll_ms=2_000, client_id="victim-id")
+    )
+    await _held(cluster, 1)
+    cluster.signing = ("victim", "victim-secret-0001")
+    status, _, _ = await cluster.receive(unique("g"), topic, poll_ms=300, client_id="victim-id")
+    assert status.code == Code.MESSAGE_NOT_FOUND, status  # admitted: its own bound is free
+    assert not squatter.done()
+    # The stranger's own bound still holds it.
+    cluster.signing = ("stranger", "stranger-secret-0001")
+    again, _, _ = await cluster.receive(unique("g"), topic, poll_ms=300, client_id="victim-id")
+    assert again.code == Code.TOO_MANY_REQUESTS
+    assert (await squatter)[0].code == Code.MESSAGE_NOT_FOUND
