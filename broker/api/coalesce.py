@@ -125,11 +125,6 @@ class Coalescer(Generic[K, I, R]):
         self.items += len(batch.items)
         try:
             results = await self._submit(key, batch.items)
-            if len(results) != len(batch.items):
-                raise BrokerError(
-                    Code.INTERNAL_ERROR,
-                    f"the broker answered {len(results)} results to {len(batch.items)} items",
-                )
         except asyncio.CancelledError:
             _fail(batch.callers, BrokerUnavailableError("(coalescer)", "the link is closing"))
             raise
@@ -146,20 +141,37 @@ class Coalescer(Generic[K, I, R]):
             log.exception("batch for %s failed", key)
             _fail(batch.callers, error)
             return
+        if len(results) != len(batch.items):
+            # A broker fault, not a refusal: the batch may have been applied, so it is not
+            # repeated per caller (that would send a send's messages twice).
+            log.error("broker answered %d results to %d items for %s",
+                      len(results), len(batch.items), key)  # fmt: skip
+            _fail(batch.callers, BrokerError(
+                Code.INTERNAL_ERROR,
+                f"the broker answered {len(results)} results to {len(batch.items)} items",
+            ))  # fmt: skip
+            return
         for caller in batch.callers:
             if not caller.future.done():
                 caller.future.set_result(results[caller.start : caller.end])
 
     async def _one_by_one(self, key: K, batch: _Batch[I, R]) -> None:
-        """A refused batch: each caller's items again on their own, for its own answer."""
-        for caller in batch.callers:
-            try:
-                result = await self._submit(key, batch.items[caller.start : caller.end])
-            except Exception as error:
-                _fail([caller], error)
-            else:
-                if not caller.future.done():
-                    caller.future.set_result(result)
+        """A refused batch: each caller's items again on their own, for its own answer, all
+        at once (one after another, the last caller waited for every other's round trip)."""
+        async with asyncio.TaskGroup() as retries:
+            for caller in batch.callers:
+                retries.create_task(
+                    self._alone(key, batch.items[caller.start : caller.end], caller)
+                )
+
+    async def _alone(self, key: K, items: list[I], caller: _Caller[R]) -> None:
+        try:
+            result = await self._submit(key, items)
+        except Exception as error:
+            _fail([caller], error)
+        else:
+            if not caller.future.done():
+                caller.future.set_result(result)
 
 
 def _fail(callers: list[_Caller[R]], error: BaseException) -> None:
