@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from popmq.broker.api.errors import BrokerUnavailableError, Code
+from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
 from popmq.broker.api.local import LocalBrokerPort
 from popmq.broker.api.remote import RemoteBrokerPort
 from popmq.broker.api.types import AckEntry, AckEntryResult, FilterExpression, Message, PopRequest
@@ -228,3 +228,35 @@ async def test_the_window_bounds_requests_in_flight(tmp_path: Path) -> None:
         results = [await task for task in acks]
         assert [r[0].code for r in results] == [Code.OK, Code.OK]
         assert local.acks_held == 2
+
+
+async def test_one_bad_item_in_a_coalesced_batch_fails_only_its_caller(tmp_path: Path) -> None:
+    """A forged receipt handle among coalesced acks, and a message the broker refuses among
+    coalesced sends: each sibling still gets its own success."""
+    async with _served(tmp_path, coalesce_ms=50.0, streams=1) as (_, remote):
+        sends = [
+            asyncio.create_task(remote.send([Message(topic=TOPIC, body=b"m%d" % i)], 0))
+            for i in range(3)
+        ]
+        bad_send = asyncio.create_task(remote.send([Message(topic=TOPIC, body=b"x", tag="a|b")], 0))
+        outcomes = await asyncio.gather(*sends, bad_send, return_exceptions=True)
+        assert all(isinstance(o, list) and o[0].message_id for o in outcomes[:3]), outcomes
+        assert isinstance(outcomes[3], BrokerError) and outcomes[3].code == Code.ILLEGAL_MESSAGE_TAG
+        sends_coalescer = remote.coalescers[1]
+        # One batch: refused for the bad tag, then retried per caller.
+        assert sends_coalescer is not None and sends_coalescer.batches == 1
+
+        popped = (await remote.pop(_pop(invisible_ms=60_000))).messages
+        assert len(popped) == 3
+        acks = [
+            asyncio.create_task(
+                remote.ack(GROUP, TOPIC, [AckEntry(m.receipt_handle, m.message.message_id)])
+            )
+            for m in popped
+        ]
+        forged = asyncio.create_task(remote.ack(GROUP, TOPIC, [AckEntry("forged-handle", "x")]))
+        results = await asyncio.gather(*acks, forged)
+        assert [r[0].code for r in results[:3]] == [Code.OK] * 3
+        assert results[3][0].code not in (Code.OK, Code.INTERNAL_ERROR), results[3]
+        acks_coalescer = remote.coalescers[0]
+        assert acks_coalescer is not None and acks_coalescer.batches == 1  # one request
