@@ -6,7 +6,10 @@ answers with a ``LinkResponse`` of the same id, in completion order. The streams
 port's channel, so TLS and the cluster token apply as to every other call.
 
 - Flow control: at most ``window`` requests are in flight per stream; more wait for a slot
-  (HTTP/2 flow control bounds the bytes underneath).
+  (HTTP/2 flow control bounds the bytes underneath). Held requests (long polls: a pop, notify
+  or pull with a poll time) take no slot: they wait at the broker for up to their poll time, and
+  thousands of them (bounded by the proxy's admission control and the broker's hold table)
+  would otherwise keep every ack and send waiting behind them into its deadline.
 - Size: a write carries what is queued up to ``FRAME_BYTES`` (one larger item goes alone), so
   requests or answers that are each fine never add up past the transport's message limit,
   which would end the stream and fail every request on it. A single request past the limit
@@ -25,6 +28,7 @@ and cancels it on close.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -201,20 +205,28 @@ class RequestLink:
     def in_flight(self) -> int:
         return sum(len(s.pending) for s in self.streams)
 
-    async def request(self, kind: str, message: Any, deadline_s: float) -> Any:
+    async def request(
+        self, kind: str, message: Any, deadline_s: float, *, held: bool = False
+    ) -> Any:
         """Send one call and return the broker's response message for it (the ``kind`` field
         of the LinkResponse). Raises BrokerUnavailableError when the stream is lost, and
-        BrokerTimeoutError when the deadline passes."""
-        if not trace.get_current_span().get_span_context().is_valid:
-            return await self._request(kind, message, deadline_s, None)  # not tracing: no cost
+        BrokerTimeoutError when the deadline passes. ``held``: a long poll (takes no slot of
+        the window)."""
+        if not trace.get_current_span().get_span_context().is_valid:  # not tracing: no cost
+            return await self._request(kind, message, deadline_s, None, held)
         method = f"/popmq.broker.v1.BrokerService/{METHODS.get(kind, kind)}"
         with tracer().start_as_current_span(method, kind=trace.SpanKind.CLIENT):
             carrier: dict[str, str] = {}
             propagate.inject(carrier)
-            return await self._request(kind, message, deadline_s, carrier)
+            return await self._request(kind, message, deadline_s, carrier, held)
 
     async def _request(
-        self, kind: str, message: Any, deadline_s: float, carrier: dict[str, str] | None
+        self,
+        kind: str,
+        message: Any,
+        deadline_s: float,
+        carrier: dict[str, str] | None,
+        held: bool,
     ) -> Any:
         size = message.ByteSize()
         if size > self._max_request_bytes:  # alone, not with the stream's other requests
@@ -227,7 +239,7 @@ class RequestLink:
         request_id = next(self._ids)
         try:
             async with asyncio.timeout(deadline_s):
-                async with stream.window:
+                async with contextlib.nullcontext() if held else stream.window:
                     waiter: asyncio.Future[pb.LinkResponse] = (
                         asyncio.get_running_loop().create_future()
                     )

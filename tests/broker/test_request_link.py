@@ -260,3 +260,21 @@ async def test_one_bad_item_in_a_coalesced_batch_fails_only_its_caller(tmp_path:
         assert results[3][0].code not in (Code.OK, Code.INTERNAL_ERROR), results[3]
         acks_coalescer = remote.coalescers[0]
         assert acks_coalescer is not None and acks_coalescer.batches == 1  # one request
+
+
+async def test_long_polls_do_not_hold_up_acks_and_sends(tmp_path: Path) -> None:
+    """Regression: held long polls took window slots, so once a proxy held a window's worth
+    of polls on a broker (one per receive with the pop strategy; thousands under admission's
+    bounds) every ack and send waited behind them into its own deadline."""
+    async with _served(tmp_path, streams=1, window=1, coalesce_ms=0) as (_, remote):
+        polls = [asyncio.create_task(remote.pop(_pop(poll_ms=60_000))) for _ in range(2)]
+        for _ in range(500):
+            if remote.request_link and remote.request_link.in_flight == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert remote.request_link is not None and remote.request_link.in_flight == 2
+        sent = await remote.send([Message(topic=TOPIC, body=b"while polls wait")])
+        assert sent[0].message_id  # not queued behind the polls (it would time out first)
+        for task in polls:
+            task.cancel()
+        await asyncio.wait(polls)
