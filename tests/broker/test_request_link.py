@@ -278,3 +278,47 @@ async def test_long_polls_do_not_hold_up_acks_and_sends(tmp_path: Path) -> None:
         for task in polls:
             task.cancel()
         await asyncio.wait(polls)
+
+
+async def test_a_broker_restarted_under_the_link_fails_what_was_in_flight_then_serves(
+    tmp_path: Path,
+) -> None:
+    """The broker's server stops under a held poll and a held ack: both fail as unavailable,
+    promptly; once it is back on the same port, the same port object works again."""
+    async with running_broker(fast_broker_config(tmp_path / "b0", name="b0")) as broker:
+        local = GatedPort(broker)
+        await local.create_topic(TOPIC, 2)
+        server = BrokerGrpcServer(local)
+        await server.start()
+        port_number = server.bound_port
+        remote = RemoteBrokerPort("b0", server.address, link=BrokerLinkConfig(streams=1))
+        try:
+            await remote.send([Message(topic=TOPIC, body=b"m")])
+            (popped,) = (await remote.pop(_pop(invisible_ms=60_000))).messages
+            entry = AckEntry(popped.receipt_handle, popped.message.message_id)
+            local.gate.clear()
+            ack = asyncio.create_task(remote.ack(GROUP, TOPIC, [entry]))
+            poll = asyncio.create_task(remote.pop(_pop(poll_ms=60_000)))
+            for _ in range(500):
+                if local.acks_held and remote.request_link and remote.request_link.in_flight == 2:
+                    break
+                await asyncio.sleep(0.01)
+            await server.stop(0)
+            async with asyncio.timeout(10):  # the poll had a minute left
+                await asyncio.wait([ack, poll])
+            for task in (ack, poll):
+                assert isinstance(task.exception(), BrokerUnavailableError), task.exception()
+            local.gate.set()
+            server = BrokerGrpcServer(local, port_number=port_number)
+            await server.start()
+            for _ in range(100):  # the channel reconnects with its back-off
+                try:
+                    result = await remote.ack(GROUP, TOPIC, [entry])
+                    break
+                except BrokerUnavailableError:
+                    await asyncio.sleep(0.1)
+            assert result[0].code == Code.OK
+            assert remote.request_link is not None and remote.request_link.in_flight == 0
+        finally:
+            await remote.close()
+            await server.stop(0)
