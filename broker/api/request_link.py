@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 # under the transport's message limit on both sides (256 MiB), small enough that a burst of
 # answers goes out in several writes rather than one huge one.
 FRAME_BYTES = 4 * 1024 * 1024
+# Room for the link's own fields (id, trace context, the frame) around one request.
+LINK_HEADROOM_BYTES = 64 * 1024
 
 
 class _Sized(Protocol):
@@ -229,7 +231,8 @@ class RequestLink:
         held: bool,
     ) -> Any:
         size = message.ByteSize()
-        if size > self._max_request_bytes:  # alone, not with the stream's other requests
+        # Alone, not with the stream's other requests (room kept for the link's own fields).
+        if size > self._max_request_bytes - LINK_HEADROOM_BYTES:
             raise BrokerError(
                 Code.PAYLOAD_TOO_LARGE,
                 f"{kind} request to broker {self._broker} is {size} bytes, more than the "

@@ -21,7 +21,7 @@ from popmq.broker.api import request_link
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.local import LocalBrokerPort
 from popmq.broker.api.remote import RemoteBrokerPort
-from popmq.broker.api.types import Message
+from popmq.broker.api.types import Message, PopRequest
 from popmq.broker.server import BrokerGrpcServer
 from support.brokers import fast_broker_config, running_broker
 
@@ -101,3 +101,41 @@ async def test_frames_split_at_the_byte_bound_and_end_at_none(
     got = [batch async for batch in request_link.frames(queue)]
     assert [[r.id for r in batch] for batch in got] == [[1, 2], [3], [4], [5, 6]]
     assert all(sum(r.ByteSize() for r in b) <= 1000 for b in got if len(b) > 1)
+
+
+@pytest.mark.usefixtures("small_limits")
+async def test_an_answer_past_the_limit_fails_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pop whose answer is past the transport limit (bodies and batch raised by the
+    operator) is refused on its own; a long poll waiting beside it on the stream lives on."""
+    options = [(k, v) for k, v in broker_server.SERVER_OPTIONS if "send_message" not in k]
+    monkeypatch.setattr(
+        broker_server, "SERVER_OPTIONS", [*options, ("grpc.max_send_message_length", LIMIT)]
+    )
+    monkeypatch.setattr(broker_server, "MAX_MESSAGE_BYTES", LIMIT)
+    async with _remote(tmp_path) as remote:
+        for _ in range(4):
+            await remote.send([Message(topic=TOPIC, body=b"x" * BODY)], 0)
+        # Waits on the empty queue 1 beside the big answer.
+        beside = asyncio.create_task(remote.pop(_pop("other", queue_id=1, poll_ms=60_000)))
+        for _ in range(500):
+            if remote.request_link and remote.request_link.in_flight:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(BrokerError) as refused:
+            await remote.pop(_pop("g"))
+        assert refused.value.code == Code.PAYLOAD_TOO_LARGE
+        assert "max_batch" in refused.value.message
+        assert not beside.done()  # the stream did not end under it
+        link = remote.request_link
+        assert link is not None and link.streams[0].losses == 0
+        beside.cancel()
+        await asyncio.wait([beside])
+
+
+def _pop(group: str, queue_id: int = 0, poll_ms: int = 0) -> PopRequest:
+    return PopRequest(
+        group=group, topic=TOPIC, max_messages=32, invisible_time_ms=60_000, poll_time_ms=poll_ms,
+        queue_id=queue_id,
+    )  # fmt: skip
