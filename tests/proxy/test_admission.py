@@ -195,3 +195,28 @@ async def test_another_user_cannot_fill_a_clients_bound_with_its_id(
     again, _, _ = await cluster.receive(unique("g"), topic, poll_ms=300, client_id="victim-id")
     assert again.code == Code.TOO_MANY_REQUESTS
     assert (await squatter)[0].code == Code.MESSAGE_NOT_FOUND
+
+
+async def test_a_client_that_goes_away_or_errs_frees_its_slots(make_cluster) -> None:
+    """leave() runs however a held receive or pull ends: the client cancels, the client's
+    deadline passes, or the request fails; the group and the client are not locked out."""
+    cluster = await make_cluster(
+        brokers=1,
+        **{"proxy.max_long_polls_per_client": 1, "proxy.max_long_polls_per_group": 1},
+    )
+    topic, group = unique("t"), unique("g")
+    await cluster.route(topic)
+    admission = cluster.server.services.admission
+    gone = asyncio.create_task(cluster.receive(group, topic, poll_ms=10_000, deadline_s=20))
+    await _held(cluster, 1)
+    gone.cancel()  # the client hangs up
+    await eventually(lambda: admission.active == 0)
+    # A deadline shorter than the poll: the proxy answers before it, and lets go.
+    short = await cluster.receive(group, topic, poll_ms=10_000, deadline_s=0.8)
+    assert short[0].code != Code.OK
+    await eventually(lambda: admission.active == 0)
+    failed = await cluster.receive(group, "no/such topic", poll_ms=1_000)
+    assert failed[0].code != Code.OK
+    assert admission.active == 0
+    assert (await cluster.receive(group, topic, poll_ms=300))[0].code == Code.MESSAGE_NOT_FOUND
+    assert not admission._clients and not admission._groups  # nothing left behind, no drift
