@@ -220,3 +220,21 @@ async def test_a_client_that_goes_away_or_errs_frees_its_slots(make_cluster) -> 
     assert admission.active == 0
     assert (await cluster.receive(group, topic, poll_ms=300))[0].code == Code.MESSAGE_NOT_FOUND
     assert not admission._clients and not admission._groups  # nothing left behind, no drift
+
+
+async def test_a_batch_send_rocketmq_accepts_is_not_refused_by_the_transport(
+    make_cluster,
+) -> None:
+    """Regression: the proxy's gRPC message limit was 16 MiB, so a send of five bodies just
+    under the 4 MiB body limit (RocketMQ's proxy takes 130 MiB: 32 such bodies) failed with a
+    bare RESOURCE_EXHAUSTED instead of being stored."""
+    cluster = await make_cluster(brokers=1)
+    topic = unique("t")
+    body = b"x" * (4 * 1024 * 1024 - 1024)
+    sent = await cluster.stub.SendMessage(
+        s.SendMessageRequest(messages=[message(topic, body) for _ in range(5)]),
+        metadata=cluster.metadata(),
+        timeout=30,
+    )
+    assert sent.status.code == Code.OK
+    assert [entry.status.code for entry in sent.entries] == [Code.OK] * 5
