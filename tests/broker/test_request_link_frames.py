@@ -43,13 +43,13 @@ def small_limits(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _remote(tmp_path: Path) -> AsyncIterator[RemoteBrokerPort]:
+async def _remote(tmp_path: Path, coalesce_ms: float = 0) -> AsyncIterator[RemoteBrokerPort]:
     async with running_broker(fast_broker_config(tmp_path / "b0", name="b0")) as broker:
         local = LocalBrokerPort(broker)
         await local.create_topic(TOPIC, 2)
         server = BrokerGrpcServer(local)
         await server.start()
-        link = BrokerLinkConfig(streams=1, coalesce_ms=0)
+        link = BrokerLinkConfig(streams=1, coalesce_ms=coalesce_ms)
         remote = RemoteBrokerPort("b0", server.address, link=link)
         try:
             yield remote
@@ -139,3 +139,19 @@ def _pop(group: str, queue_id: int = 0, poll_ms: int = 0) -> PopRequest:
         group=group, topic=TOPIC, max_messages=32, invisible_time_ms=60_000, poll_time_ms=poll_ms,
         queue_id=queue_id,
     )  # fmt: skip
+
+
+@pytest.mark.usefixtures("small_limits")
+async def test_a_coalesced_send_past_the_limit_goes_per_caller(tmp_path: Path) -> None:
+    """Two sends that fit alone but not together, coalesced into one request: refused before
+    it is sent, then each caller's messages go on their own and are stored once."""
+    async with _remote(tmp_path, coalesce_ms=50) as remote:
+        sends = [_send(remote, LIMIT // 2 + 1024) for _ in range(2)]
+        results = await asyncio.gather(*sends)
+        assert all(isinstance(r, list) and r[0].message_id for r in results), results
+        coalescer = remote.coalescers[1]
+        assert coalescer is not None and coalescer.batches == 1  # they were one batch
+        topic = await remote.get_topic(TOPIC)
+        assert sum(q.max_offset for q in topic.queues) == 2  # each stored once
+        link = remote.request_link
+        assert link is not None and link.streams[0].losses == 0
