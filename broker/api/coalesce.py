@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.api.errors import BrokerAuthError, BrokerError, BrokerUnavailableError, Code
 
 from popmq.errors import RefusedError, TransportError
 
@@ -128,7 +128,9 @@ class Coalescer(Generic[K, I, R]):
         except asyncio.CancelledError:
             _fail(batch.callers, BrokerUnavailableError("(coalescer)", "the link is closing"))
             raise
-        except TransportError as error:  # no answer: every caller is told, nobody retried
+        except (TransportError, BrokerAuthError) as error:
+            # No answer, or the broker refuses this proxy itself: every caller is told, nobody
+            # retried (per caller it would only repeat the failure, once per caller).
             _fail(batch.callers, error)
             return
         except RefusedError as error:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from popmq.broker.api.coalesce import Coalescer
-from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.api.errors import BrokerAuthError, BrokerError, BrokerUnavailableError, Code
 
 
 class ManualWindow:
@@ -211,3 +211,21 @@ async def test_per_caller_retries_do_not_wait_for_each_other(setup) -> None:  # 
     assert await tasks[0] == [("k", 1)]
     with pytest.raises(BrokerError):
         await tasks[1]
+
+
+async def test_a_broker_refusing_the_proxy_is_not_asked_again_per_caller(setup) -> None:  # type: ignore[no-untyped-def]
+    """A wrong cluster token (BrokerAuthError) is the proxy's fault, not one caller's: the
+    batch fails for everyone at once instead of being repeated once per caller."""
+    coalescer, broker, window = setup
+
+    async def refuse_proxy(key: str, items: list[int]) -> list[tuple[str, int]]:
+        broker.batches.append((key, list(items)))
+        raise BrokerAuthError("b0", "UNAUTHENTICATED")
+
+    coalescer._submit = refuse_proxy
+    tasks = await _callers(coalescer, ("k", [1]), ("k", [2]), ("k", [3]))
+    await window.close_window()
+    for task in tasks:
+        with pytest.raises(BrokerAuthError):
+            await task
+    assert broker.batches == [("k", [1, 2, 3])]
