@@ -7,8 +7,10 @@ submitted once and each caller gets back the slice of the results that matches i
 
 Nothing is dropped on the way: a caller whose batch fails gets the failure. A refusal of a
 batch holding several callers' items (one bad request would fail the others) is retried per
-caller, so each gets its own answer; a transport failure (broker down, link lost) is reported
-to every caller as it is, because repeating it per caller would only repeat the failure.
+caller, so each gets its own answer; a transport failure (broker down, link lost) or the broker
+refusing the proxy (cluster token) is reported to every caller as it is, because repeating it
+per caller would only repeat the failure. So is an answer with the wrong number of results: the
+batch may have been applied, and repeating it would store a send twice.
 
 Time comes from the injected ``sleep``, so tests drive the window without the wall clock.
 """
