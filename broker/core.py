@@ -81,7 +81,9 @@ class Broker:
         # Time comes from one injected Clock: tests run the broker on virtual time.
         self._time = clock
         self._clock: Callable[[], int] = clock.now_ms
-        self._store = MessageStore(config.data_dir, config.name, config.store, self._clock)
+        self._store = MessageStore(
+            config.data_dir, config.name, config.store, self._clock, timer=clock
+        )
         self._metrics = BrokerMetrics(config.name, cluster=config.cluster)
         self._metrics_state = self._metrics.watch(lambda: take_snapshot(self))
         self._hold = MeteredHoldTable(

@@ -14,6 +14,7 @@ signal handlers), which a task group entered directly by the component would not
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import functools
 import logging
@@ -72,7 +73,7 @@ class Job(Generic[T]):
         return self._result  # type: ignore[return-value]
 
 
-class AsyncClosing:
+class AsyncClosing(abc.ABC):
     """``async with`` for a component closed by ``aclose()`` (the one lifecycle vocabulary)."""
 
     async def __aenter__(self) -> Self:
@@ -81,8 +82,9 @@ class AsyncClosing:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
+    @abc.abstractmethod
     async def aclose(self) -> None:
-        raise NotImplementedError
+        """Refuse new work, drain within a bound, then cancel what is left."""
 
 
 class TaskStatus:

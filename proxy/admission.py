@@ -10,21 +10,25 @@ the client backs off and retries, and every call gets an answer in time.
 
 Bounds on counts do not see a proxy starved of CPU, where even a few hundred polls that end
 together are answered too late. So admission also watches the event loop's lag (how late a
-100 ms timer fires): above ``max_loop_lag_ms`` new long polls are shed too, and the lag is
-kept as extra reserve before each deadline (see receive.polling_time_ms).
+100 ms timer fires). Its recent peak is kept as extra reserve before each deadline (see
+receive.polling_time_ms). New long polls are shed only when the lag stays above
+``max_loop_lag_ms`` on ``SUSTAINED_TICKS`` checks in a row: one stall (a GC pause, a slow
+disk, a burst of starts on a shared machine) must not refuse healthy consumers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections import Counter
+from collections import Counter, deque
 
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.config import ProxyConfig
 from popmq.lifecycle import AsyncClosing, Job, TaskOwner
+
+SUSTAINED_TICKS = 3  # checks in a row above the bound before shedding: about 3 s at 1 s
 
 _CREDENTIAL = re.compile(r"Credential=([^,\s]{1,128})")
 
@@ -51,7 +55,8 @@ class LongPollAdmission(AsyncClosing):
         self._clients: Counter[str] = Counter()
         self._groups: Counter[str] = Counter()
         self._max_lag_ms = config.max_loop_lag_ms
-        self.lag_ms = 0.0  # recent event-loop lag (decays), see _watch_lag
+        self.lag_ms = 0.0  # recent peak event-loop lag (decays), see _watch_lag
+        self._recent_lags: deque[float] = deque(maxlen=SUSTAINED_TICKS)
         self._watcher: Job[None] | None = None
         self._tasks = TaskOwner("admission", grace_s=0)  # the lag monitor
 
@@ -73,7 +78,15 @@ class LongPollAdmission(AsyncClosing):
             late_ms = max(0.0, (loop.time() - before - interval_s) * 1000)
             # Rise at once, fall slowly: one quiet tick does not end an overload.
             self.lag_ms = max(late_ms, self.lag_ms * 0.8)
+            self._recent_lags.append(late_ms)
             self._metrics.loop_lag.set(self.lag_ms / 1000)
+
+    @property
+    def sustained_lag_ms(self) -> float:
+        """The lag each of the last SUSTAINED_TICKS checks saw (0 until there are that many)."""
+        if len(self._recent_lags) < SUSTAINED_TICKS:
+            return 0.0
+        return min(self._recent_lags)
 
     @property
     def active(self) -> int:
@@ -81,9 +94,10 @@ class LongPollAdmission(AsyncClosing):
 
     def enter(self, client: str, group: str) -> None:
         """Count one held receive, or raise TOO_MANY_REQUESTS (counted by reason)."""
-        if self.lag_ms > self._max_lag_ms:
-            self._refuse("overloaded", f"the proxy's event loop lags {self.lag_ms:.0f} ms, "
-                         "more than proxy.max_loop_lag_ms")  # fmt: skip
+        if self.sustained_lag_ms > self._max_lag_ms:
+            self._refuse("overloaded", f"the proxy's event loop has lagged at least "
+                         f"{self.sustained_lag_ms:.0f} ms on each of its last {SUSTAINED_TICKS} "
+                         "checks, more than proxy.max_loop_lag_ms")  # fmt: skip
         if self._total >= self._total_limit:
             self._refuse("long_polls_total", f"the proxy holds {self._total} long polls, its "
                          "limit (proxy.max_long_polls)")  # fmt: skip

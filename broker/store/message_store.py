@@ -86,6 +86,7 @@ from popmq.broker.store.topics import (
     check_topic_name,
 )
 
+from popmq.clock import SYSTEM, Clock
 from popmq.config import StoreConfig
 from popmq.lifecycle import Job, TaskOwner
 
@@ -132,6 +133,7 @@ class MessageStore:
         config: StoreConfig,
         clock: Callable[[], int] = now_ms,
         *,
+        timer: Clock = SYSTEM,
         index_entries_per_file: int = 300_000,
         retention_interval_s: float = _RETENTION_INTERVAL_S,
     ) -> None:
@@ -140,6 +142,7 @@ class MessageStore:
         self._host_bytes = broker_name.encode()
         self._config = config
         self._clock = clock
+        self._timer = timer  # the flush loop's sleeps and intervals (virtual time in tests)
         self._per_file = index_entries_per_file
         self._retention_interval_s = retention_interval_s
         self._handles = FileBudget(config.max_open_files)
@@ -425,9 +428,10 @@ class MessageStore:
 
     async def _flush_loop(self) -> None:
         interval = self._config.flush_interval_ms / 1000
-        next_retention = time.monotonic() + self._retention_interval_s
+        timer = self._timer
+        next_retention = timer.monotonic() + self._retention_interval_s
         while True:
-            await asyncio.sleep(interval)
+            await timer.sleep(interval)
             try:
                 await self.checkpoint()
             except Exception as exc:
@@ -440,8 +444,8 @@ class MessageStore:
                 if self.flush_failing:
                     log.warning("store: periodic flush works again")
                 self.flush_failing = False
-            if time.monotonic() >= next_retention:
-                next_retention = time.monotonic() + self._retention_interval_s
+            if timer.monotonic() >= next_retention:
+                next_retention = timer.monotonic() + self._retention_interval_s
                 try:
                     self.apply_retention()
                 except Exception:
@@ -761,7 +765,7 @@ class MessageStore:
         """A refused append: counted, and logged at most every few seconds (a full disk
         refuses every send: one line per send would flood the log)."""
         self.write_failures += 1
-        now = time.monotonic()
+        now = self._timer.monotonic()
         if now - self._write_failure_logged >= _WRITE_FAILURE_LOG_EVERY_S:
             self._write_failure_logged = now
             log.error("store: cannot write to %s (%s): sends are refused (%d so far); free "

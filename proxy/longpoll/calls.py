@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,6 +27,7 @@ from popmq.broker.api.types import (
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
 
+from popmq.clock import SYSTEM, Clock
 from popmq.errors import PopmqError
 from popmq.lifecycle import AsyncClosing, TaskOwner, fan_out
 from popmq.tracing import tracer
@@ -71,8 +71,11 @@ class _Probe:
 
 
 class BrokerCalls(AsyncClosing):
-    def __init__(self, metrics: ProxyMetrics, *, fallback_invisible_ms: int = 10_000) -> None:
+    def __init__(
+        self, metrics: ProxyMetrics, *, fallback_invisible_ms: int = 10_000, clock: Clock = SYSTEM
+    ) -> None:
         self.metrics = metrics
+        self._clock = clock  # invisible-time arithmetic and probe sharing (virtual in tests)
         # Used to release a message when the broker refuses an invisible time of 0.
         self.fallback_invisible_ms = fallback_invisible_ms
         self.tasks = TaskOwner("longpoll-calls", grace_s=CLOSE_GRACE_S)
@@ -208,7 +211,7 @@ class BrokerCalls(AsyncClosing):
             if exc.code is not Code.ILLEGAL_INVISIBLE_TIME:
                 log.warning("could not release %s on %s: %s", handle, port.name, exc)
                 return "kept"
-        left_ms = popped.invisible_until_ms - int(time.time() * 1000)
+        left_ms = popped.invisible_until_ms - self._clock.now_ms()
         if left_ms <= self.fallback_invisible_ms:
             return "kept"
         try:
@@ -228,7 +231,7 @@ class BrokerCalls(AsyncClosing):
         same group within PROBE_SHARE_S of a probe share its result instead of probing again."""
         key = (pop.group, pop.topic, pop.filter.expression, pop.fifo, label,
                tuple(port.name for port in brokers))  # fmt: skip
-        now = time.monotonic()
+        now = self._clock.monotonic()
         self._forget_old_probes(now)
         probe = self._probes.get(key)
         if probe is not None:

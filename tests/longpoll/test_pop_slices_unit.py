@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from popmq.proxy.longpoll.calls import BrokerCalls
+from popmq.proxy.longpoll.calls import PROBE_SHARE_S, BrokerCalls
 from popmq.proxy.longpoll.pop import PopStrategy
 from popmq.proxy.longpoll.slices import SlicesStrategy
 from popmq.proxy.metrics import ProxyMetrics
 from support.tasks import assert_no_tasks_beyond
+
+from popmq.clock import LoopClock
 
 from .fake_broker import FakeBroker
 from .helpers import make_request, sample, wait_until
@@ -19,7 +21,8 @@ pytestmark = pytest.mark.looptime
 
 
 def _pop(metrics: ProxyMetrics, probe: bool = False) -> PopStrategy:
-    return PopStrategy(BrokerCalls(metrics), metrics, probe_false_empty=probe)
+    calls = BrokerCalls(metrics, clock=LoopClock())
+    return PopStrategy(calls, metrics, probe_false_empty=probe)
 
 
 def _slices(metrics: ProxyMetrics, quota: int = 8, slice_ms: int = 40) -> SlicesStrategy:
@@ -81,6 +84,22 @@ async def test_empty_answers_of_one_group_share_one_probe(
     await strategy.aclose()
     assert sample(metrics, "popmq_proxy_broker_rpcs_total", kind="notify_probe") == len(fakes)
     assert sample(metrics, "popmq_proxy_false_empty_responses_total", strategy="pop") == 10
+
+
+async def test_a_probe_is_shared_only_within_its_window(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    # The sharing window runs on the injected clock: here virtual, so the gap is exact.
+    strategy = _pop(metrics, probe=True)
+    fakes[2].put(1)
+    assert await strategy.receive(fakes, make_request(80, "b0")) == []
+    await asyncio.sleep(PROBE_SHARE_S / 2)
+    assert await strategy.receive(fakes, make_request(80, "b0")) == []  # shares the first
+    await asyncio.sleep(PROBE_SHARE_S * 2)
+    assert await strategy.receive(fakes, make_request(80, "b0")) == []  # probes anew
+    await strategy.aclose()
+    assert sample(metrics, "popmq_proxy_broker_rpcs_total", kind="notify_probe") == 2 * len(fakes)
+    assert sample(metrics, "popmq_proxy_false_empty_responses_total", strategy="pop") == 3
 
 
 async def test_pop_cancel_leaves_nothing_held(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from popmq.broker.api.errors import BrokerError, Code
-from popmq.proxy.admission import LongPollAdmission, poll_owner
+from popmq.proxy.admission import SUSTAINED_TICKS, LongPollAdmission, poll_owner
 from popmq.proxy.metrics import ProxyMetrics
 from proxy_support import Cluster, eventually, message, unique
 
@@ -100,16 +100,44 @@ async def test_size_limits_are_refused_and_counted(make_cluster) -> None:
     assert refusals(cluster, "batch_size") == 1
 
 
+async def _stall(seconds: float) -> None:
+    """Block the event loop (the watcher's timer fires late), then let the watcher see it."""
+    time.sleep(seconds)  # noqa: ASYNC251 - block the loop on purpose
+    await asyncio.sleep(0.15)  # the late tick, then one more tick is scheduled
+
+
+async def test_one_stall_of_the_event_loop_sheds_nothing() -> None:
+    # A single GC pause or slow disk on a shared machine is not an overload: shedding on it
+    # refused healthy official clients in a loaded CI run. The reserve still sees the lag.
+    metrics = ProxyMetrics()
+    admission = LongPollAdmission(ProxyConfig(max_loop_lag_ms=300), metrics)
+    admission.start()
+    try:
+        await asyncio.sleep(0.01)  # the watcher's first timer is running
+        await _stall(0.6)
+        assert admission.lag_ms > 300  # kept as reserve before deadlines
+        admission.enter("c", "g")  # but admitted
+        admission.leave("c", "g")
+        refused = metrics.registry.get_sample_value(
+            "popmq_proxy_admission_refusals_total", {"reason": "overloaded"}
+        )
+        assert not refused
+    finally:
+        await admission.aclose()
+
+
 async def test_a_lagging_event_loop_sheds_new_long_polls() -> None:
     metrics = ProxyMetrics()
-    admission = LongPollAdmission(ProxyConfig(max_loop_lag_ms=200), metrics)
+    admission = LongPollAdmission(ProxyConfig(max_loop_lag_ms=300), metrics)
     admission.start()
     try:
         await asyncio.sleep(0.01)  # the watcher's first timer is running
         admission.enter("c", "g")  # a calm loop admits
-        time.sleep(0.5)  # noqa: ASYNC251 - block the loop on purpose: its timer fires late
-        await asyncio.sleep(0.15)
-        assert admission.lag_ms > 200
+        for _ in range(SUSTAINED_TICKS):  # starved on every check in a row
+            time.sleep(0.6)  # noqa: ASYNC251 - block the loop on purpose: its timer fires late
+            for _ in range(5):  # the late tick is recorded and the next timer starts, then block
+                await asyncio.sleep(0)
+        assert admission.sustained_lag_ms > 300
         with pytest.raises(BrokerError) as err:
             admission.enter("c", "g2")
         assert err.value.code == Code.TOO_MANY_REQUESTS and "max_loop_lag_ms" in err.value.message

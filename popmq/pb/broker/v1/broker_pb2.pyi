@@ -173,7 +173,7 @@ class SendResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ...) -> None: ...
 
 class PopRequest(_message.Message):
-    __slots__ = ("group", "topic", "queue_id", "max_messages", "invisible_time_ms", "poll_time_ms", "filter", "fifo", "client_id")
+    __slots__ = ("group", "topic", "queue_id", "max_messages", "invisible_time_ms", "poll_time_ms", "filter", "fifo")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -182,7 +182,6 @@ class PopRequest(_message.Message):
     POLL_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
     FIFO_FIELD_NUMBER: _ClassVar[int]
-    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     group: str
     topic: str
     queue_id: int
@@ -191,8 +190,7 @@ class PopRequest(_message.Message):
     poll_time_ms: int
     filter: FilterExpression
     fifo: bool
-    client_id: str
-    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., max_messages: _Optional[int] = ..., invisible_time_ms: _Optional[int] = ..., poll_time_ms: _Optional[int] = ..., filter: _Optional[_Union[FilterExpression, _Mapping]] = ..., fifo: _Optional[bool] = ..., client_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., max_messages: _Optional[int] = ..., invisible_time_ms: _Optional[int] = ..., poll_time_ms: _Optional[int] = ..., filter: _Optional[_Union[FilterExpression, _Mapping]] = ..., fifo: _Optional[bool] = ...) -> None: ...
 
 class PoppedMessage(_message.Message):
     __slots__ = ("message", "receipt_handle", "invisible_until_ms")
