@@ -21,6 +21,7 @@ from grpc_health.v1.health import aio as health_aio
 from popmq.broker.api import convert
 from popmq.broker.api.errors import BrokerError, Code
 from popmq.broker.api.port import BrokerPort
+from popmq.broker.api.request_link import LINK_HEADROOM_BYTES, frames
 from popmq.broker.api.undecodable import add_tolerant
 from popmq.broker.api.watch import WatchKey, wait_visible
 
@@ -199,16 +200,21 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     response = await method(getattr(request, kind), context)
             finally:
                 held.pop(request.id, None)
-            answers.put_nowait(pb.LinkResponse(id=request.id, **{kind: response}))
+            answer = pb.LinkResponse(id=request.id, **{kind: response})
+            size = answer.ByteSize()
+            if size > MAX_MESSAGE_BYTES - LINK_HEADROOM_BYTES:
+                # Written, it would end the stream and fail every request on it: this one
+                # fails alone (a pop's messages come back after their invisible time).
+                log.warning("a %s answer of %d bytes is past the link's message limit", kind, size)
+                status = pb.Status(code=Code.PAYLOAD_TOO_LARGE, message=(
+                    f"the {kind} answer is {size} bytes, more than the broker link's message "
+                    f"limit ({MAX_MESSAGE_BYTES}); ask for fewer messages (proxy.max_batch) or "
+                    "lower the body size limit (max_body_bytes)"))  # fmt: skip
+                answer = pb.LinkResponse(id=request.id, **{kind: type(response)(status=status)})
+            answers.put_nowait(answer)
 
-        async def write() -> None:  # every answer ready at a write goes in it
-            while (answer := await answers.get()) is not None:
-                batch = [answer]
-                while not answers.empty():
-                    if (answer := answers.get_nowait()) is None:
-                        await context.write(pb.LinkResponses(responses=batch))
-                        return
-                    batch.append(answer)
+        async def write() -> None:  # the answers ready at a write, a bounded frame each
+            async for batch in frames(answers):
                 await context.write(pb.LinkResponses(responses=batch))
 
         async with asyncio.TaskGroup() as stream:

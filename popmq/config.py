@@ -164,7 +164,7 @@ class BrokerLinkConfig(Section):
     # (the fallback; also what a broker without the Call method gets automatically).
     requests: Literal["stream", "unary"] = "stream"
     streams: int = Field(2, ge=1, le=64)  # Call streams per broker
-    window: int = Field(1024, ge=1, le=1_000_000)  # requests in flight per stream
+    window: int = Field(1024, ge=1, le=1_000_000)  # requests in flight per stream (not long polls)
     # Acks (per group and topic) and sends (per topic and queue) made within this window go
     # as one request, as RocketMQ's batch ack does; 0 turns coalescing off.
     coalesce_ms: float = Field(1.0, ge=0, le=1000)

@@ -3,8 +3,8 @@
 Held receives cost the proxy memory, tasks and broker calls until they answer. Without bounds a
 burst (thousands of groups, a misbehaving client opening receives in a loop) makes every
 receive slow, until they run into their clients' deadlines and nobody gets an answer. So the
-proxy holds at most ``max_long_polls`` receives, ``max_long_polls_per_client`` per client (its
-client id, or its peer address without one) and ``max_long_polls_per_group`` per group. Past a
+proxy holds at most ``max_long_polls`` receives, ``max_long_polls_per_client`` per client (see
+poll_owner) and ``max_long_polls_per_group`` per group. Past a
 bound a receive is refused at once with TOO_MANY_REQUESTS, as RocketMQ answers "polling full":
 the client backs off and retries, and every call gets an answer in time.
 
@@ -19,6 +19,7 @@ disk, a burst of starts on a shared machine) must not refuse healthy consumers.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter, deque
 
 from popmq.broker.api.errors import BrokerError, Code
@@ -28,6 +29,20 @@ from popmq.config import ProxyConfig
 from popmq.lifecycle import AsyncClosing, Job, TaskOwner
 
 SUSTAINED_TICKS = 3  # checks in a row above the bound before shedding: about 3 s at 1 s
+
+_CREDENTIAL = re.compile(r"Credential=([^,\s]{1,128})")
+
+
+def poll_owner(client_id: str, peer: str, authorization: str = "") -> str:
+    """The key of the per-client bound: the client id (the peer address without one) under
+    the caller's access key and from its host. The id is only what the client says it is:
+    keyed on it alone, anyone sending another client's id (another user, another host) filled
+    that client's bound and locked it out of receiving. With an ACL the access key is the one
+    the access guard verified before the call got here."""
+    match = _CREDENTIAL.search(authorization)
+    access_key = match.group(1) if match else ""
+    host = peer.rpartition(":")[0] or peer  # "ipv4:10.0.0.7:51234": any port of that host
+    return f"{access_key}|{host}|{client_id or peer}"
 
 
 class LongPollAdmission(AsyncClosing):

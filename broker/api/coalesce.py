@@ -7,8 +7,10 @@ submitted once and each caller gets back the slice of the results that matches i
 
 Nothing is dropped on the way: a caller whose batch fails gets the failure. A refusal of a
 batch holding several callers' items (one bad request would fail the others) is retried per
-caller, so each gets its own answer; a transport failure (broker down, link lost) is reported
-to every caller as it is, because repeating it per caller would only repeat the failure.
+caller, so each gets its own answer; a transport failure (broker down, link lost) or the broker
+refusing the proxy (cluster token) is reported to every caller as it is, because repeating it
+per caller would only repeat the failure. So is an answer with the wrong number of results: the
+batch may have been applied, and repeating it would store a send twice.
 
 Time comes from the injected ``sleep``, so tests drive the window without the wall clock.
 """
@@ -22,7 +24,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.api.errors import BrokerAuthError, BrokerError, BrokerUnavailableError, Code
 
 from popmq.errors import RefusedError, TransportError
 
@@ -125,15 +127,12 @@ class Coalescer(Generic[K, I, R]):
         self.items += len(batch.items)
         try:
             results = await self._submit(key, batch.items)
-            if len(results) != len(batch.items):
-                raise BrokerError(
-                    Code.INTERNAL_ERROR,
-                    f"the broker answered {len(results)} results to {len(batch.items)} items",
-                )
         except asyncio.CancelledError:
             _fail(batch.callers, BrokerUnavailableError("(coalescer)", "the link is closing"))
             raise
-        except TransportError as error:  # no answer: every caller is told, nobody retried
+        except (TransportError, BrokerAuthError) as error:
+            # No answer, or the broker refuses this proxy itself: every caller is told, nobody
+            # retried (per caller it would only repeat the failure, once per caller).
             _fail(batch.callers, error)
             return
         except RefusedError as error:
@@ -146,20 +145,37 @@ class Coalescer(Generic[K, I, R]):
             log.exception("batch for %s failed", key)
             _fail(batch.callers, error)
             return
+        if len(results) != len(batch.items):
+            # A broker fault, not a refusal: the batch may have been applied, so it is not
+            # repeated per caller (that would send a send's messages twice).
+            log.error("broker answered %d results to %d items for %s",
+                      len(results), len(batch.items), key)  # fmt: skip
+            _fail(batch.callers, BrokerError(
+                Code.INTERNAL_ERROR,
+                f"the broker answered {len(results)} results to {len(batch.items)} items",
+            ))  # fmt: skip
+            return
         for caller in batch.callers:
             if not caller.future.done():
                 caller.future.set_result(results[caller.start : caller.end])
 
     async def _one_by_one(self, key: K, batch: _Batch[I, R]) -> None:
-        """A refused batch: each caller's items again on their own, for its own answer."""
-        for caller in batch.callers:
-            try:
-                result = await self._submit(key, batch.items[caller.start : caller.end])
-            except Exception as error:
-                _fail([caller], error)
-            else:
-                if not caller.future.done():
-                    caller.future.set_result(result)
+        """A refused batch: each caller's items again on their own, for its own answer, all
+        at once (one after another, the last caller waited for every other's round trip)."""
+        async with asyncio.TaskGroup() as retries:
+            for caller in batch.callers:
+                retries.create_task(
+                    self._alone(key, batch.items[caller.start : caller.end], caller)
+                )
+
+    async def _alone(self, key: K, items: list[I], caller: _Caller[R]) -> None:
+        try:
+            result = await self._submit(key, items)
+        except Exception as error:
+            _fail([caller], error)
+        else:
+            if not caller.future.done():
+                caller.future.set_result(result)
 
 
 def _fail(callers: list[_Caller[R]], error: BaseException) -> None:

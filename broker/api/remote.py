@@ -171,8 +171,9 @@ class RemoteBrokerPort:
             stub = self._get_stub()
             settings = self._settings
             self._requests = RequestLink(
-                self._name, stub.Call, streams=settings.streams, window=settings.window
-            )
+                self._name, stub.Call, streams=settings.streams, window=settings.window,
+                max_request_bytes=MAX_MESSAGE_BYTES,
+            )  # fmt: skip
             if settings.coalesce_ms > 0:
                 window_s, most = settings.coalesce_ms / 1000, settings.coalesce_max
                 self._acks = Coalescer(self._ack_now, window_s=window_s, max_items=most)
@@ -199,11 +200,14 @@ class RemoteBrokerPort:
         method: Callable[..., Awaitable[R]],
         request: object,
         deadline_s: float,
+        *,
+        held: bool = False,
     ) -> R:
-        """One hot-path call: on the request link, or unary (fallback)."""
+        """One hot-path call: on the request link, or unary (fallback). ``held``: a long poll."""
         if self._streamed:
             try:
-                response = await self._start_link().request(kind, request, deadline_s)
+                link = self._start_link()
+                response = await link.request(kind, request, deadline_s, held=held)
             except LinkUnsupportedError:
                 log.warning("broker %s has no request link: unary calls from now on", self._name)
                 self._streamed = False
@@ -256,6 +260,7 @@ class RemoteBrokerPort:
             stub.Pop,
             convert.pop_request_to_proto(request),
             self._deadline(request.poll_time_ms),
+            held=request.poll_time_ms > 0,
         )
         return convert.pop_result_from_proto(response)
 
@@ -296,6 +301,7 @@ class RemoteBrokerPort:
             stub.Notify,
             convert.notify_request_to_proto(request),
             self._deadline(request.poll_time_ms),
+            held=request.poll_time_ms > 0,
         )
         return convert.notify_result_from_proto(response)
 
@@ -313,6 +319,7 @@ class RemoteBrokerPort:
             stub.Pull,
             convert.pull_request_to_proto(request),
             self._deadline(request.poll_time_ms),
+            held=request.poll_time_ms > 0,
         )
         return convert.pull_result_from_proto(response)
 

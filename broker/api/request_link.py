@@ -6,7 +6,14 @@ answers with a ``LinkResponse`` of the same id, in completion order. The streams
 port's channel, so TLS and the cluster token apply as to every other call.
 
 - Flow control: at most ``window`` requests are in flight per stream; more wait for a slot
-  (HTTP/2 flow control bounds the bytes underneath).
+  (HTTP/2 flow control bounds the bytes underneath). Held requests (long polls: a pop, notify
+  or pull with a poll time) take no slot: they wait at the broker for up to their poll time, and
+  thousands of them (bounded by the proxy's admission control and the broker's hold table)
+  would otherwise keep every ack and send waiting behind them into its deadline.
+- Size: a write carries what is queued up to ``FRAME_BYTES`` (one larger item goes alone), so
+  requests or answers that are each fine never add up past the transport's message limit,
+  which would end the stream and fail every request on it. A single request past the limit
+  is refused on its own before it is sent.
 - Deadlines and cancellation: a request whose caller gives up or whose deadline passes sends a
   ``LinkCancel``, and the broker drops what it holds for it.
 - Loss: when a stream ends (broker restart, network, ``break_stream``) every request in flight
@@ -21,10 +28,11 @@ and cancels it on close.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from opentelemetry import propagate, trace
@@ -46,6 +54,20 @@ METHODS = {
 }  # fmt: skip
 
 log = logging.getLogger(__name__)
+
+# Bytes one write of a Call stream carries at most (unless one item alone is larger): well
+# under the transport's message limit on both sides (256 MiB), small enough that a burst of
+# answers goes out in several writes rather than one huge one.
+FRAME_BYTES = 4 * 1024 * 1024
+# Room for the link's own fields (id, trace context, the frame) around one request.
+LINK_HEADROOM_BYTES = 64 * 1024
+
+
+class _Sized(Protocol):
+    def ByteSize(self) -> int: ...  # protobuf's name
+
+
+S = TypeVar("S", bound=_Sized)
 
 
 class LinkUnsupportedError(BrokerUnavailableError):
@@ -108,6 +130,12 @@ class LinkStream:
                     self._lost("the proxy is closing", outbox)
                     raise
                 reason = "cut"  # break_stream()
+            except Exception as error:  # whatever ends a stream must not end the link
+                # Anything else (a gRPC usage or internal error, a bug) must not end run():
+                # the link would be dead for the port's life, its requests and coalesced
+                # callers left waiting. It ends this stream like a transport failure.
+                reason = f"{type(error).__name__}: {error}"
+                log.warning("request link to broker %s failed: %s", self._broker, reason)
             self._lost(reason, outbox, code)
 
     def _lost(
@@ -147,9 +175,17 @@ class RequestLink:
     """``streams`` Call streams to one broker; requests spread over them round robin."""
 
     def __init__(
-        self, broker: str, open_call: Callable[[Any], Any], *, streams: int, window: int
+        self,
+        broker: str,
+        open_call: Callable[[Any], Any],
+        *,
+        streams: int,
+        window: int,
+        max_request_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         self._broker = broker
+        # The transport's message limit: a request past it would end the stream it rides on.
+        self._max_request_bytes = max_request_bytes
         self.streams = [LinkStream(broker, open_call, window) for _ in range(max(1, streams))]
         self._turn = itertools.count()
         self._ids = itertools.count(1)
@@ -171,26 +207,42 @@ class RequestLink:
     def in_flight(self) -> int:
         return sum(len(s.pending) for s in self.streams)
 
-    async def request(self, kind: str, message: Any, deadline_s: float) -> Any:
+    async def request(
+        self, kind: str, message: Any, deadline_s: float, *, held: bool = False
+    ) -> Any:
         """Send one call and return the broker's response message for it (the ``kind`` field
         of the LinkResponse). Raises BrokerUnavailableError when the stream is lost, and
-        BrokerTimeoutError when the deadline passes."""
-        if not trace.get_current_span().get_span_context().is_valid:
-            return await self._request(kind, message, deadline_s, None)  # not tracing: no cost
+        BrokerTimeoutError when the deadline passes. ``held``: a long poll (takes no slot of
+        the window)."""
+        if not trace.get_current_span().get_span_context().is_valid:  # not tracing: no cost
+            return await self._request(kind, message, deadline_s, None, held)
         method = f"/popmq.broker.v1.BrokerService/{METHODS.get(kind, kind)}"
         with tracer().start_as_current_span(method, kind=trace.SpanKind.CLIENT):
             carrier: dict[str, str] = {}
             propagate.inject(carrier)
-            return await self._request(kind, message, deadline_s, carrier)
+            return await self._request(kind, message, deadline_s, carrier, held)
 
     async def _request(
-        self, kind: str, message: Any, deadline_s: float, carrier: dict[str, str] | None
+        self,
+        kind: str,
+        message: Any,
+        deadline_s: float,
+        carrier: dict[str, str] | None,
+        held: bool,
     ) -> Any:
+        size = message.ByteSize()
+        # Alone, not with the stream's other requests (room kept for the link's own fields).
+        if size > self._max_request_bytes - LINK_HEADROOM_BYTES:
+            raise BrokerError(
+                Code.PAYLOAD_TOO_LARGE,
+                f"{kind} request to broker {self._broker} is {size} bytes, more than the "
+                f"link's message limit of {self._max_request_bytes}",
+            )
         stream = self.streams[next(self._turn) % len(self.streams)]
         request_id = next(self._ids)
         try:
             async with asyncio.timeout(deadline_s):
-                async with stream.window:
+                async with contextlib.nullcontext() if held else stream.window:
                     waiter: asyncio.Future[pb.LinkResponse] = (
                         asyncio.get_running_loop().create_future()
                     )
@@ -218,12 +270,30 @@ class RequestLink:
 async def _drain(
     outbox: asyncio.Queue[pb.LinkRequest | None],
 ) -> AsyncIterator[pb.LinkRequests]:
-    """The stream's messages: whatever requests are queued when gRPC asks, as one write."""
-    while (request := await outbox.get()) is not None:
-        batch = [request]
-        while not outbox.empty():
-            if (request := outbox.get_nowait()) is None:
-                yield pb.LinkRequests(requests=batch)
-                return
-            batch.append(request)
+    """The stream's messages: the requests queued when gRPC asks, a frame per write."""
+    async for batch in frames(outbox):
         yield pb.LinkRequests(requests=batch)
+
+
+async def frames(queue: asyncio.Queue[S | None]) -> AsyncIterator[list[S]]:
+    """What is queued when the writer asks, in lists of at most FRAME_BYTES (an item larger
+    than that goes alone), until a None. Both ends of the Call stream write this way."""
+    carried: S | None = None  # the item that did not fit the previous frame
+    while True:
+        item = carried if carried is not None else await queue.get()
+        carried = None
+        if item is None:
+            return
+        batch, size = [item], item.ByteSize()
+        while not queue.empty():
+            item = queue.get_nowait()
+            if item is None:
+                yield batch
+                return
+            item_size = item.ByteSize()
+            if size + item_size > FRAME_BYTES:
+                carried = item
+                break
+            batch.append(item)
+            size += item_size
+        yield batch

@@ -26,6 +26,7 @@ from popmq.proxy.activity import (
     route,
     send,
 )
+from popmq.proxy.admission import poll_owner
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import popped_into, stored_into, timestamp
 from popmq.proxy.grpc.headers import RequestContext
@@ -37,6 +38,14 @@ from popmq.pb.rocketmq.v2 import service_pb2_grpc
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Activity = Callable[[ProxyServices, Any, RequestContext], Awaitable[Any]]
+
+
+def _poll_owner(ctx: RequestContext, context: grpc.aio.ServicerContext) -> str:
+    authorization = ""
+    for name, value in context.invocation_metadata() or ():
+        if name.lower() == "authorization" and isinstance(value, str):
+            authorization = value
+    return poll_owner(ctx.client_id, ctx.peer, authorization)
 
 
 def _now_ms() -> int:
@@ -156,7 +165,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         ctx = RequestContext.from_grpc(context)
         services = self.services
         # Admission first: a refused receive costs no broker call and answers at once.
-        client, group = ctx.client_id or ctx.peer, request.group.name
+        client, group = _poll_owner(ctx, context), request.group.name
         try:
             services.admission.enter(client, group)
         except Exception as exc:
@@ -246,6 +255,30 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def PullMessage(self, request, context):
         started = time.perf_counter()
         ctx = RequestContext.from_grpc(context)
+        # A pull that may wait is a long poll like a receive: held under the same bounds.
+        held = request.long_polling_timeout.ToMilliseconds() > 0
+        client, group = _poll_owner(ctx, context), request.group.name
+        try:
+            if held:
+                self.services.admission.enter(client, group)
+        except Exception as exc:
+            failed = st.status_of(exc)
+            await self._write_quietly(context, s.PullMessageResponse(status=failed))
+            self._record("PullMessage", failed.code, started)
+            return
+        try:
+            await self._pull(request, context, ctx, started)
+        finally:
+            if held:
+                self.services.admission.leave(client, group)
+
+    async def _pull(
+        self,
+        request: s.PullMessageRequest,
+        context: grpc.aio.ServicerContext,
+        ctx: RequestContext,
+        started: float,
+    ) -> None:
         try:
             result = await offsets.pull_message(self.services, request, ctx)
         except Exception as exc:

@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from popmq.broker.api import convert
 from popmq.broker.api.errors import BrokerAuthError, Code
 from popmq.broker.api.local import LocalBrokerPort
 from popmq.broker.api.remote import RemoteBrokerPort
@@ -58,6 +59,17 @@ async def _stranger_tries_everything(channel: grpc.aio.Channel) -> list[grpc.Sta
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await call(request, timeout=5)
         codes.append(err.value.code())
+    # The streams too: the request link would store this message, the watch arm a poll.
+    send = pb.SendRequest(messages=[convert.message_to_proto(Message("orders", b"x"))], queue_id=0)
+    arm = pb.WatchArm(id=1, group="billing", topic="orders")
+    for stream in (
+        stub.Call(iter([pb.LinkRequests(requests=[pb.LinkRequest(id=1, send=send)])]), timeout=5),
+        stub.Watch(iter([pb.WatchRequest(arm=arm)]), timeout=5),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in stream:
+                pass
+        codes.append(err.value.code())
     return codes
 
 
@@ -94,6 +106,12 @@ async def test_cluster_token_keeps_strangers_out(tmp_path: Path, caplog) -> None
         assert refused.value.code is Code.INTERNAL_SERVER_ERROR
         assert "cluster_token_file" in refused.value.message
         await intruder.close()
+        streamed = RemoteBrokerPort(
+            "b", address, link=BrokerLinkConfig(cluster_token_file=wrong, coalesce_ms=0)
+        )
+        with pytest.raises(BrokerAuthError, match="UNAUTHENTICATED"):  # on the request link
+            await streamed.send([Message("orders", b"x")], 0)
+        await streamed.close()
         await _nothing_changed(broker)
 
         proxy = RemoteBrokerPort("b", address, link=BrokerLinkConfig(cluster_token_file=token_file))

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from popmq.broker.api.coalesce import Coalescer
-from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.api.errors import BrokerAuthError, BrokerError, BrokerUnavailableError, Code
 
 
 class ManualWindow:
@@ -168,3 +168,64 @@ async def test_closing_fails_waiting_callers_instead_of_hanging() -> None:
     with pytest.raises(BrokerUnavailableError):
         await tasks[0]
     assert broker.batches == []
+
+
+async def test_a_wrong_result_count_is_reported_not_repeated(setup) -> None:  # type: ignore[no-untyped-def]
+    """Regression: a batch answered with the wrong number of results was treated as a
+    refusal and sent again per caller, so a coalesced send's messages were stored twice."""
+    coalescer, broker, window = setup
+
+    async def short_answer(key: str, items: list[int]) -> list[tuple[str, int]]:
+        broker.batches.append((key, list(items)))
+        return [(key, items[0])]  # one result for several items
+
+    coalescer._submit = short_answer  # a broker that miscounts
+    tasks = await _callers(coalescer, ("k", [1]), ("k", [2]))
+    await window.close_window()
+    for task in tasks:
+        with pytest.raises(BrokerError) as failed:
+            await task
+        assert failed.value.code == Code.INTERNAL_ERROR
+    assert broker.batches == [("k", [1, 2])]  # sent once
+
+
+async def test_per_caller_retries_do_not_wait_for_each_other(setup) -> None:  # type: ignore[no-untyped-def]
+    """Regression: after a refused batch the callers' items were retried one after another,
+    so a slow retry held up every caller behind it."""
+    coalescer, broker, window = setup
+    broker.refuse = {2}
+    slow = asyncio.Event()
+    plain = broker.submit
+
+    async def submit(key: str, items: list[int]) -> list[tuple[str, int]]:
+        if items == [1]:
+            await slow.wait()  # the first caller's retry is slow
+        return await plain(key, items)
+
+    coalescer._submit = submit
+    tasks = await _callers(coalescer, ("k", [1]), ("k", [2]), ("k", [3]))
+    await window.close_window()
+    assert await asyncio.wait_for(tasks[2], 5) == [("k", 3)]  # not behind caller 1
+    assert not tasks[0].done()
+    slow.set()
+    assert await tasks[0] == [("k", 1)]
+    with pytest.raises(BrokerError):
+        await tasks[1]
+
+
+async def test_a_broker_refusing_the_proxy_is_not_asked_again_per_caller(setup) -> None:  # type: ignore[no-untyped-def]
+    """A wrong cluster token (BrokerAuthError) is the proxy's fault, not one caller's: the
+    batch fails for everyone at once instead of being repeated once per caller."""
+    coalescer, broker, window = setup
+
+    async def refuse_proxy(key: str, items: list[int]) -> list[tuple[str, int]]:
+        broker.batches.append((key, list(items)))
+        raise BrokerAuthError("b0", "UNAUTHENTICATED")
+
+    coalescer._submit = refuse_proxy
+    tasks = await _callers(coalescer, ("k", [1]), ("k", [2]), ("k", [3]))
+    await window.close_window()
+    for task in tasks:
+        with pytest.raises(BrokerAuthError):
+            await task
+    assert broker.batches == [("k", [1, 2, 3])]

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from popmq.broker.api.errors import BrokerUnavailableError, Code
+from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
 from popmq.broker.api.local import LocalBrokerPort
 from popmq.broker.api.remote import RemoteBrokerPort
 from popmq.broker.api.types import AckEntry, AckEntryResult, FilterExpression, Message, PopRequest
@@ -228,3 +228,97 @@ async def test_the_window_bounds_requests_in_flight(tmp_path: Path) -> None:
         results = [await task for task in acks]
         assert [r[0].code for r in results] == [Code.OK, Code.OK]
         assert local.acks_held == 2
+
+
+async def test_one_bad_item_in_a_coalesced_batch_fails_only_its_caller(tmp_path: Path) -> None:
+    """A forged receipt handle among coalesced acks, and a message the broker refuses among
+    coalesced sends: each sibling still gets its own success."""
+    async with _served(tmp_path, coalesce_ms=50.0, streams=1) as (_, remote):
+        sends = [
+            asyncio.create_task(remote.send([Message(topic=TOPIC, body=b"m%d" % i)], 0))
+            for i in range(3)
+        ]
+        bad_send = asyncio.create_task(remote.send([Message(topic=TOPIC, body=b"x", tag="a|b")], 0))
+        outcomes = await asyncio.gather(*sends, bad_send, return_exceptions=True)
+        assert all(isinstance(o, list) and o[0].message_id for o in outcomes[:3]), outcomes
+        assert isinstance(outcomes[3], BrokerError) and outcomes[3].code == Code.ILLEGAL_MESSAGE_TAG
+        sends_coalescer = remote.coalescers[1]
+        # One batch: refused for the bad tag, then retried per caller.
+        assert sends_coalescer is not None and sends_coalescer.batches == 1
+
+        popped = (await remote.pop(_pop(invisible_ms=60_000))).messages
+        assert len(popped) == 3
+        acks = [
+            asyncio.create_task(
+                remote.ack(GROUP, TOPIC, [AckEntry(m.receipt_handle, m.message.message_id)])
+            )
+            for m in popped
+        ]
+        forged = asyncio.create_task(remote.ack(GROUP, TOPIC, [AckEntry("forged-handle", "x")]))
+        results = await asyncio.gather(*acks, forged)
+        assert [r[0].code for r in results[:3]] == [Code.OK] * 3
+        assert results[3][0].code not in (Code.OK, Code.INTERNAL_ERROR), results[3]
+        acks_coalescer = remote.coalescers[0]
+        assert acks_coalescer is not None and acks_coalescer.batches == 1  # one request
+
+
+async def test_long_polls_do_not_hold_up_acks_and_sends(tmp_path: Path) -> None:
+    """Regression: held long polls took window slots, so once a proxy held a window's worth
+    of polls on a broker (one per receive with the pop strategy; thousands under admission's
+    bounds) every ack and send waited behind them into its own deadline."""
+    async with _served(tmp_path, streams=1, window=1, coalesce_ms=0) as (_, remote):
+        polls = [asyncio.create_task(remote.pop(_pop(poll_ms=60_000))) for _ in range(2)]
+        for _ in range(500):
+            if remote.request_link and remote.request_link.in_flight == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert remote.request_link is not None and remote.request_link.in_flight == 2
+        sent = await remote.send([Message(topic=TOPIC, body=b"while polls wait")])
+        assert sent[0].message_id  # not queued behind the polls (it would time out first)
+        for task in polls:
+            task.cancel()
+        await asyncio.wait(polls)
+
+
+async def test_a_broker_restarted_under_the_link_fails_what_was_in_flight_then_serves(
+    tmp_path: Path,
+) -> None:
+    """The broker's server stops under a held poll and a held ack: both fail as unavailable,
+    promptly; once it is back on the same port, the same port object works again."""
+    async with running_broker(fast_broker_config(tmp_path / "b0", name="b0")) as broker:
+        local = GatedPort(broker)
+        await local.create_topic(TOPIC, 2)
+        server = BrokerGrpcServer(local)
+        await server.start()
+        port_number = server.bound_port
+        remote = RemoteBrokerPort("b0", server.address, link=BrokerLinkConfig(streams=1))
+        try:
+            await remote.send([Message(topic=TOPIC, body=b"m")])
+            (popped,) = (await remote.pop(_pop(invisible_ms=60_000))).messages
+            entry = AckEntry(popped.receipt_handle, popped.message.message_id)
+            local.gate.clear()
+            ack = asyncio.create_task(remote.ack(GROUP, TOPIC, [entry]))
+            poll = asyncio.create_task(remote.pop(_pop(poll_ms=60_000)))
+            for _ in range(500):
+                if local.acks_held and remote.request_link and remote.request_link.in_flight == 2:
+                    break
+                await asyncio.sleep(0.01)
+            await server.stop(0)
+            async with asyncio.timeout(10):  # the poll had a minute left
+                await asyncio.wait([ack, poll])
+            for task in (ack, poll):
+                assert isinstance(task.exception(), BrokerUnavailableError), task.exception()
+            local.gate.set()
+            server = BrokerGrpcServer(local, port_number=port_number)
+            await server.start()
+            for _ in range(100):  # the channel reconnects with its back-off
+                try:
+                    result = await remote.ack(GROUP, TOPIC, [entry])
+                    break
+                except BrokerUnavailableError:
+                    await asyncio.sleep(0.1)
+            assert result[0].code == Code.OK
+            assert remote.request_link is not None and remote.request_link.in_flight == 0
+        finally:
+            await remote.close()
+            await server.stop(0)

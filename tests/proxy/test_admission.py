@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 from popmq.broker.api.errors import BrokerError, Code
-from popmq.proxy.admission import SUSTAINED_TICKS, LongPollAdmission
+from popmq.proxy.admission import SUSTAINED_TICKS, LongPollAdmission, poll_owner
 from popmq.proxy.metrics import ProxyMetrics
 from proxy_support import Cluster, eventually, message, unique
 
 from popmq.config import ProxyConfig
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
 
@@ -147,3 +150,119 @@ async def test_a_lagging_event_loop_sheds_new_long_polls() -> None:
         admission.leave("c", "g")
     finally:
         await admission.aclose()
+
+
+async def test_long_polling_pulls_are_held_under_the_same_bounds(make_cluster) -> None:
+    """Regression: PullMessage with a long_polling_timeout waited at the broker outside
+    admission control, so a client could hold any number of long polls past every bound."""
+    cluster = await make_cluster(
+        brokers=1, **{"broker.topics.queue_count": 1, "proxy.max_long_polls_per_client": 1}
+    )
+    topic = unique("t")
+    await cluster.send(topic, b"a")
+    queue = pb.MessageQueue(topic=pb.Resource(name=topic), broker=pb.Broker(name="broker-0"), id=0)
+
+    async def pull(poll_ms: int) -> pb.Status:
+        request = s.PullMessageRequest(
+            group=pb.Resource(name="reader"), message_queue=queue, offset=1, batch_size=1
+        )
+        request.long_polling_timeout.FromMilliseconds(poll_ms)
+        frames = [
+            f
+            async for f in cluster.stub.PullMessage(
+                request, metadata=cluster.metadata(client_id="a"), timeout=10
+            )
+        ]
+        return frames[0].status
+
+    first = asyncio.create_task(pull(2_000))  # nothing past offset 1: it waits
+    await _held(cluster, 1)
+    second = await pull(2_000)
+    assert second.code == Code.TOO_MANY_REQUESTS and "max_long_polls_per_client" in second.message
+    assert not first.done()  # refused while the first one still held
+    assert (await pull(0)).code == Code.MESSAGE_NOT_FOUND  # a pull that does not wait is not held
+    assert (await first).code == Code.MESSAGE_NOT_FOUND
+    assert cluster.server.services.admission.active == 0
+    assert refusals(cluster, "long_polls_per_client") == 1
+
+
+def test_the_per_client_key_is_the_id_under_its_access_key_and_host() -> None:
+    signed = "MQv2-HMAC-SHA1 Credential=ak1, SignedHeaders=x-mq-date-time, Signature=00"
+    mine = poll_owner("c1", "ipv4:10.0.0.7:51234", signed)
+    assert poll_owner("c1", "ipv4:10.0.0.7:40000", signed) == mine  # another connection
+    assert poll_owner("c1", "ipv4:10.0.0.8:51234", signed) != mine  # another host
+    assert poll_owner("c1", "ipv4:10.0.0.7:51234", signed.replace("ak1", "ak2")) != mine
+    assert poll_owner("", "ipv6:[::1]:5", "") != poll_owner("", "ipv6:[::1]:6", "")  # no id
+
+
+async def test_another_user_cannot_fill_a_clients_bound_with_its_id(
+    make_cluster, tmp_path: Path
+) -> None:
+    """Regression: the per-client bound was keyed on x-mq-client-id alone, so a caller that
+    sent someone else's client id held that client's long polls and locked it out."""
+    acl = tmp_path / "acl.yaml"
+    acl.write_text(yaml.safe_dump({"users": [
+        {"access_key": key, "secret_key": f"{key}-secret-0001", "allow": [{"subscribe": "g-*"}]}
+        for key in ("victim", "stranger")
+    ]}))  # fmt: skip
+    cluster = await make_cluster(
+        brokers=1, **{"proxy.acl": str(acl), "proxy.max_long_polls_per_client": 1}
+    )
+    topic = unique("t")
+    cluster.signing = ("stranger", "stranger-secret-0001")
+    squatter = asyncio.create_task(
+        cluster.receive(unique("g"), topic, poll_ms=2_000, client_id="victim-id")
+    )
+    await _held(cluster, 1)
+    cluster.signing = ("victim", "victim-secret-0001")
+    status, _, _ = await cluster.receive(unique("g"), topic, poll_ms=300, client_id="victim-id")
+    assert status.code == Code.MESSAGE_NOT_FOUND, status  # admitted: its own bound is free
+    assert not squatter.done()
+    # The stranger's own bound still holds it.
+    cluster.signing = ("stranger", "stranger-secret-0001")
+    again, _, _ = await cluster.receive(unique("g"), topic, poll_ms=300, client_id="victim-id")
+    assert again.code == Code.TOO_MANY_REQUESTS
+    assert (await squatter)[0].code == Code.MESSAGE_NOT_FOUND
+
+
+async def test_a_client_that_goes_away_or_errs_frees_its_slots(make_cluster) -> None:
+    """leave() runs however a held receive or pull ends: the client cancels, the client's
+    deadline passes, or the request fails; the group and the client are not locked out."""
+    cluster = await make_cluster(
+        brokers=1,
+        **{"proxy.max_long_polls_per_client": 1, "proxy.max_long_polls_per_group": 1},
+    )
+    topic, group = unique("t"), unique("g")
+    await cluster.route(topic)
+    admission = cluster.server.services.admission
+    gone = asyncio.create_task(cluster.receive(group, topic, poll_ms=10_000, deadline_s=20))
+    await _held(cluster, 1)
+    gone.cancel()  # the client hangs up
+    await eventually(lambda: admission.active == 0)
+    # A deadline shorter than the poll: the proxy answers before it, and lets go.
+    short = await cluster.receive(group, topic, poll_ms=10_000, deadline_s=0.8)
+    assert short[0].code != Code.OK
+    await eventually(lambda: admission.active == 0)
+    failed = await cluster.receive(group, "no/such topic", poll_ms=1_000)
+    assert failed[0].code != Code.OK
+    assert admission.active == 0
+    assert (await cluster.receive(group, topic, poll_ms=300))[0].code == Code.MESSAGE_NOT_FOUND
+    assert not admission._clients and not admission._groups  # nothing left behind, no drift
+
+
+async def test_a_batch_send_rocketmq_accepts_is_not_refused_by_the_transport(
+    make_cluster,
+) -> None:
+    """Regression: the proxy's gRPC message limit was 16 MiB, so a send of five bodies just
+    under the 4 MiB body limit (RocketMQ's proxy takes 130 MiB: 32 such bodies) failed with a
+    bare RESOURCE_EXHAUSTED instead of being stored."""
+    cluster = await make_cluster(brokers=1)
+    topic = unique("t")
+    body = b"x" * (4 * 1024 * 1024 - 1024)
+    sent = await cluster.stub.SendMessage(
+        s.SendMessageRequest(messages=[message(topic, body) for _ in range(5)]),
+        metadata=cluster.metadata(),
+        timeout=30,
+    )
+    assert sent.status.code == Code.OK
+    assert [entry.status.code for entry in sent.entries] == [Code.OK] * 5

@@ -1,0 +1,145 @@
+"""The request link against a broker that misbehaves or a stream that fails oddly (fake calls,
+virtual time): every request gets an answer of its own or an error, promptly, and nothing is
+left behind in the pending table."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import pytest
+from popmq.broker.api.errors import BrokerTimeoutError, BrokerUnavailableError
+from popmq.broker.api.request_link import RequestLink
+
+from popmq.pb.broker.v1 import broker_pb2 as pb
+
+pytestmark = pytest.mark.looptime
+
+
+def _ok(request: pb.LinkRequest) -> pb.LinkResponse:
+    return pb.LinkResponse(id=request.id, send=pb.SendResponse(status=pb.Status(message="ok")))
+
+
+class FakeCall:
+    """A Call stream whose broker answers each request with ``answer(request)`` (None: holds
+    it unanswered); ``seen`` records every request it read, cancels included."""
+
+    def __init__(
+        self,
+        requests: AsyncIterator[pb.LinkRequests],
+        answer: Callable[[pb.LinkRequest], list[pb.LinkResponse] | None],
+    ) -> None:
+        self._requests = requests
+        self._answer = answer
+        self.seen: list[pb.LinkRequest] = []
+
+    def cancel(self) -> None:
+        pass
+
+    async def __aiter__(self) -> AsyncIterator[pb.LinkResponses]:
+        async for batch in self._requests:
+            out: list[pb.LinkResponse] = []
+            for request in batch.requests:
+                self.seen.append(request)
+                if request.WhichOneof("call") == "send":
+                    out += self._answer(request) or []
+            if out:
+                yield pb.LinkResponses(responses=out)
+
+
+class Exploding(FakeCall):
+    async def __aiter__(self) -> AsyncIterator[pb.LinkResponses]:
+        async for _ in self._requests:
+            raise grpc.aio.UsageError("something grpc.aio did not expect")
+        yield pb.LinkResponses()  # pragma: no cover - makes this an async generator
+
+
+async def _running(link: RequestLink) -> asyncio.Task[None]:
+    task = asyncio.create_task(link.run())
+    await asyncio.sleep(0)
+    return task
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_an_unexpected_stream_error_fails_its_requests_and_the_link_lives_on() -> None:
+    """Regression: only AioRpcError and cancellation were handled, so any other error ended
+    the link's task for good; every later request then waited out its deadline and coalesced
+    callers (who have no deadline of their own) waited forever."""
+    calls: list[FakeCall] = []
+
+    def open_call(requests: AsyncIterator[pb.LinkRequests]) -> FakeCall:
+        kind = Exploding if not calls else FakeCall
+        calls.append(kind(requests, lambda r: [_ok(r)]))
+        return calls[-1]
+
+    link = RequestLink("b0", open_call, streams=1, window=8)
+    runner = await _running(link)
+    try:
+        with pytest.raises(BrokerUnavailableError, match="UsageError"):
+            await link.request("send", pb.SendRequest(), 30)
+        assert not runner.done()
+        answer = await link.request("send", pb.SendRequest(), 30)  # a new stream
+        assert answer.status.message == "ok"
+        assert len(calls) == 2 and link.in_flight == 0
+    finally:
+        await _stop(runner)
+
+
+async def test_answers_for_unknown_or_answered_ids_reach_nobody_else() -> None:
+    """A broker answering an id nobody waits for, or one id twice, does not answer another
+    request with that reply."""
+
+    def answer(request: pb.LinkRequest) -> list[pb.LinkResponse]:
+        stray = pb.LinkResponse(id=request.id + 1000, send=pb.SendResponse(
+            status=pb.Status(message="stray")))  # fmt: skip
+        return [stray, _ok(request), _ok(request)]
+
+    link = RequestLink("b0", lambda requests: FakeCall(requests, answer), streams=1, window=8)
+    runner = await _running(link)
+    try:
+        answers = await asyncio.gather(
+            *(link.request("send", pb.SendRequest(), 30) for _ in range(5))
+        )
+        assert [a.status.message for a in answers] == ["ok"] * 5
+        assert link.in_flight == 0
+    finally:
+        await _stop(runner)
+
+
+async def test_a_stuck_broker_honours_deadlines_and_cancellations() -> None:
+    """Requests the broker never answers end at their deadline, or when their caller goes;
+    each leaves the pending table, frees its window slot and tells the broker (LinkCancel)."""
+    calls: list[FakeCall] = []
+
+    def open_call(requests: AsyncIterator[pb.LinkRequests]) -> FakeCall:
+        calls.append(FakeCall(requests, lambda r: None))
+        return calls[-1]
+
+    link = RequestLink("b0", open_call, streams=1, window=1)
+    runner = await _running(link)
+    try:
+        with pytest.raises(BrokerTimeoutError):
+            await link.request("send", pb.SendRequest(), 5)
+        caller = asyncio.create_task(link.request("send", pb.SendRequest(), 3600))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert link.in_flight == 1
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        assert link.in_flight == 0
+        # The window (1) is free again: a third request is sent and times out in its turn.
+        with pytest.raises(BrokerTimeoutError):
+            await link.request("send", pb.SendRequest(), 5)
+        await asyncio.sleep(0)
+        kinds = [(r.id, r.WhichOneof("call")) for r in calls[0].seen]
+        assert kinds == [(1, "send"), (1, "cancel"), (2, "send"), (2, "cancel"),
+                         (3, "send"), (3, "cancel")]  # fmt: skip
+    finally:
+        await _stop(runner)

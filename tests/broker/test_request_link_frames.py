@@ -1,0 +1,157 @@
+"""The request link's writes stay under the transport's message limit.
+
+Regression: each end of a Call stream wrote everything queued as one message, so requests (or
+answers) that were each fine added up past gRPC's message limit; the transport then ended the
+stream and every request on it failed as "broker unavailable". A single request past the
+limit did the same to its siblings. The limits are shrunk here so that a few small messages
+reach them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from popmq.broker import server as broker_server
+from popmq.broker.api import remote as remote_module
+from popmq.broker.api import request_link
+from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.api.local import LocalBrokerPort
+from popmq.broker.api.remote import RemoteBrokerPort
+from popmq.broker.api.types import Message, PopRequest
+from popmq.broker.server import BrokerGrpcServer
+from support.brokers import fast_broker_config, running_broker
+
+from popmq.config import BrokerLinkConfig
+from popmq.pb.broker.v1 import broker_pb2 as pb
+
+TOPIC = "t"
+LIMIT = 2 * 1024 * 1024  # the transport's message limit in these tests
+BODY = 700 * 1024  # four of these in one write pass the limit
+
+
+@pytest.fixture
+def small_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    options = [(k, v) for k, v in broker_server.SERVER_OPTIONS if "message_length" not in k]
+    options += [("grpc.max_receive_message_length", LIMIT)]
+    monkeypatch.setattr(broker_server, "SERVER_OPTIONS", options)
+    monkeypatch.setattr(remote_module, "MAX_MESSAGE_BYTES", LIMIT)
+    monkeypatch.setattr(request_link, "FRAME_BYTES", LIMIT // 2, raising=False)
+
+
+@contextlib.asynccontextmanager
+async def _remote(tmp_path: Path, coalesce_ms: float = 0) -> AsyncIterator[RemoteBrokerPort]:
+    async with running_broker(fast_broker_config(tmp_path / "b0", name="b0")) as broker:
+        local = LocalBrokerPort(broker)
+        await local.create_topic(TOPIC, 2)
+        server = BrokerGrpcServer(local)
+        await server.start()
+        link = BrokerLinkConfig(streams=1, coalesce_ms=coalesce_ms)
+        remote = RemoteBrokerPort("b0", server.address, link=link)
+        try:
+            yield remote
+        finally:
+            await remote.close()
+            await server.stop(0)
+
+
+def _send(remote: RemoteBrokerPort, size: int) -> asyncio.Task[object]:
+    return asyncio.create_task(remote.send([Message(topic=TOPIC, body=b"x" * size)]))
+
+
+@pytest.mark.usefixtures("small_limits")
+async def test_requests_that_add_up_past_the_limit_do_not_end_the_stream(
+    tmp_path: Path,
+) -> None:
+    async with _remote(tmp_path) as remote:
+        # Queued together before the stream opens: without frames they went as one write.
+        sends = [_send(remote, BODY) for _ in range(4)]
+        async with asyncio.timeout(30):
+            results = await asyncio.gather(*sends, return_exceptions=True)
+        assert all(isinstance(r, list) and r[0].message_id for r in results), results
+        link = remote.request_link
+        assert link is not None and link.streams[0].losses == 0
+
+
+@pytest.mark.usefixtures("small_limits")
+async def test_a_request_past_the_limit_is_refused_alone(tmp_path: Path) -> None:
+    async with _remote(tmp_path) as remote:
+        big, small = _send(remote, LIMIT + 1024), _send(remote, 10)
+        async with asyncio.timeout(30):
+            refused, sent = await asyncio.gather(big, small, return_exceptions=True)
+        assert isinstance(refused, BrokerError) and refused.code == Code.PAYLOAD_TOO_LARGE
+        assert isinstance(sent, list) and sent[0].message_id  # its sibling went through
+        link = remote.request_link
+        assert link is not None and link.streams[0].losses == 0
+
+
+async def test_frames_split_at_the_byte_bound_and_end_at_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(request_link, "FRAME_BYTES", 1000)
+    queue: asyncio.Queue[pb.LinkResponse | None] = asyncio.Queue()
+    sizes = [400, 400, 400, 3000, 10, 10]  # the 3000-byte one is larger than a frame
+    for i, size in enumerate(sizes):
+        queue.put_nowait(pb.LinkResponse(id=i + 1, send=pb.SendResponse(
+            status=pb.Status(message="x" * size))))  # fmt: skip
+    queue.put_nowait(None)
+    got = [batch async for batch in request_link.frames(queue)]
+    assert [[r.id for r in batch] for batch in got] == [[1, 2], [3], [4], [5, 6]]
+    assert all(sum(r.ByteSize() for r in b) <= 1000 for b in got if len(b) > 1)
+
+
+@pytest.mark.usefixtures("small_limits")
+async def test_an_answer_past_the_limit_fails_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pop whose answer is past the transport limit (bodies and batch raised by the
+    operator) is refused on its own; a long poll waiting beside it on the stream lives on."""
+    options = [(k, v) for k, v in broker_server.SERVER_OPTIONS if "send_message" not in k]
+    monkeypatch.setattr(
+        broker_server, "SERVER_OPTIONS", [*options, ("grpc.max_send_message_length", LIMIT)]
+    )
+    monkeypatch.setattr(broker_server, "MAX_MESSAGE_BYTES", LIMIT)
+    async with _remote(tmp_path) as remote:
+        for _ in range(4):
+            await remote.send([Message(topic=TOPIC, body=b"x" * BODY)], 0)
+        # Waits on the empty queue 1 beside the big answer.
+        beside = asyncio.create_task(remote.pop(_pop("other", queue_id=1, poll_ms=60_000)))
+        for _ in range(500):
+            if remote.request_link and remote.request_link.in_flight:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(BrokerError) as refused:
+            await remote.pop(_pop("g"))
+        assert refused.value.code == Code.PAYLOAD_TOO_LARGE
+        assert "max_batch" in refused.value.message
+        assert not beside.done()  # the stream did not end under it
+        link = remote.request_link
+        assert link is not None and link.streams[0].losses == 0
+        beside.cancel()
+        await asyncio.wait([beside])
+
+
+def _pop(group: str, queue_id: int = 0, poll_ms: int = 0) -> PopRequest:
+    return PopRequest(
+        group=group, topic=TOPIC, max_messages=32, invisible_time_ms=60_000, poll_time_ms=poll_ms,
+        queue_id=queue_id,
+    )  # fmt: skip
+
+
+@pytest.mark.usefixtures("small_limits")
+async def test_a_coalesced_send_past_the_limit_goes_per_caller(tmp_path: Path) -> None:
+    """Two sends that fit alone but not together, coalesced into one request: refused before
+    it is sent, then each caller's messages go on their own and are stored once."""
+    async with _remote(tmp_path, coalesce_ms=50) as remote:
+        sends = [_send(remote, LIMIT // 2 + 1024) for _ in range(2)]
+        results = await asyncio.gather(*sends)
+        assert all(isinstance(r, list) and r[0].message_id for r in results), results
+        coalescer = remote.coalescers[1]
+        assert coalescer is not None and coalescer.batches == 1  # they were one batch
+        topic = await remote.get_topic(TOPIC)
+        assert sum(q.max_offset for q in topic.queues) == 2  # each stored once
+        link = remote.request_link
+        assert link is not None and link.streams[0].losses == 0
