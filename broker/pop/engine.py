@@ -113,7 +113,7 @@ class PopEngine:
     # -- pop ------------------------------------------------------------------------------
     async def pop(self, request: PopRequest) -> PopResult:
         check_group(request.group)
-        check_topic(request.topic)
+        check_topic(request.topic, allow_dlq=True)  # a group reads its own dead letters
         count = self._queue_count(request.topic)
         self._check_queue(request.queue_id, count, request.topic)
         if not 1 <= request.max_messages <= self._config.pop.max_batch:
@@ -359,7 +359,7 @@ class PopEngine:
     # -- ack ------------------------------------------------------------------------------
     async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:
         check_group(group)
-        check_topic(topic)
+        check_topic(topic, allow_dlq=True)
         now = self._clock()
         results: list[AckEntryResult] = []
         for entry in entries:
@@ -387,7 +387,7 @@ class PopEngine:
         self, group: str, topic: str, receipt_handle: str, invisible_time_ms: int
     ) -> ChangeInvisibleResult:
         check_group(group)
-        check_topic(topic)
+        check_topic(topic, allow_dlq=True)
         self._check_invisible(invisible_time_ms, minimum_ms=0)
         now = self._clock()
         handle, ck, index = self._resolve(group, topic, receipt_handle, now)
@@ -406,7 +406,7 @@ class PopEngine:
     def take_for_dlq(self, group: str, topic: str, receipt_handle: str) -> tuple[Checkpoint, int]:
         """The pending entry a forward_to_dlq request names (validated like an ack)."""
         check_group(group)
-        check_topic(topic)
+        check_topic(topic, allow_dlq=True)
         _, ck, index = self._resolve(group, topic, receipt_handle, self._clock())
         if ck.states[index] != EntryState.PENDING:
             raise _invalid("the message was already acked")
@@ -415,7 +415,7 @@ class PopEngine:
     # -- notify ---------------------------------------------------------------------------
     async def notify(self, request: NotifyRequest) -> NotifyResult:
         check_group(request.group)
-        check_topic(request.topic)
+        check_topic(request.topic, allow_dlq=True)  # a group reads its own dead letters
         count = self._queue_count(request.topic)
         self._check_queue(request.queue_id, count, request.topic)
         self._check_poll(request.poll_time_ms)

@@ -21,7 +21,7 @@ from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
 
-from popmq.errors import TransportError
+from popmq.errors import RefusedError, TransportError
 from popmq.lifecycle import AsyncClosing
 from popmq.tracing import link_to, tracer
 
@@ -78,6 +78,16 @@ class BrokerPicker:
 
     def start_index(self, brokers: Sequence[ConsumePort], preferred: str | None = None) -> int:
         return brokers.index(self.pick(brokers, preferred))
+
+
+def is_refused_request(exc: BaseException) -> bool:
+    """The client's request itself is wrong (a 4xx code other than "too many requests" or a
+    timeout): asking again, or another broker, gets the same answer, so the receive ends with
+    it instead of retrying until its deadline."""
+    if not isinstance(exc, RefusedError):
+        return False
+    family = exc.code.value // 100
+    return 400 <= family < 500 and family not in (408, 429)
 
 
 def is_broker_down(exc: BaseException) -> bool:

@@ -32,7 +32,12 @@ import anyio
 from anyio.abc import TaskGroup
 from popmq.broker.api.port import ConsumePort
 from popmq.broker.api.types import PopRequest
-from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, is_broker_down
+from popmq.proxy.longpoll.base import (
+    LongPollRequest,
+    StrategyBase,
+    is_broker_down,
+    is_refused_request,
+)
 from popmq.proxy.longpoll.calls import BrokerCalls, remaining_ms
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.longpoll.hub import NotificationHub, Subscription
@@ -57,6 +62,7 @@ class _LongPoll:
     consume_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     found: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
+    refused: Exception | None = None  # a consume pop refused the request itself: ends the poll
 
     def on_signal(self, sub: Subscription) -> bool:
         """The hub hands this long poll a broker's "has message"; False declines it."""
@@ -145,6 +151,8 @@ class NotifyStrategy(StrategyBase):
                 with anyio.CancelScope(shield=True):  # runs to its end even when cancelled
                     await self.hub.leave(subs)
             group.cancel_scope.cancel()  # consume tasks still running: this poll has its batch
+        if poll.refused is not None and not custody.count:
+            raise poll.refused
 
     def _probe_targets(self, brokers: Sequence[ConsumePort], pop: PopRequest) -> list[ConsumePort]:
         # A broker whose watch is armed on a live link has promised an event for anything
@@ -170,6 +178,13 @@ class NotifyStrategy(StrategyBase):
                         port, replace(poll.request.pop, poll_time_ms=0), poll.custody
                     )
             except Exception as exc:  # a failing broker must not end the others' watch
+                if is_refused_request(exc):
+                    # ... but a refused request would be refused again at every signal: the
+                    # receive ends with the refusal (a retry loop logged a line per attempt).
+                    poll.refused = exc
+                    poll.found.set()
+                    sub.pass_on()
+                    return
                 self.calls.note_error("pop", exc, port)
                 sub.missed()
                 return

@@ -45,6 +45,7 @@ class FakeBroker:
         self.steal_next_pops = 0  # pops that find the message gone (someone else got it)
         self.polling_full = 0  # held requests answered POLLING_FULL
         self.fail_notify: BrokerError | None = None
+        self.fail_pop: BrokerError | None = None
         self.on_pop_answer: Callable[[PopResult], None] | None = None
         self._arrived = asyncio.Event()
         self._pops = 0
@@ -100,6 +101,8 @@ class FakeBroker:
     async def _pop(self, request: PopRequest) -> PopResult:
         self.calls.append("pop" if request.poll_time_ms == 0 else "pop-held")
         await asyncio.sleep(0)  # a real call always yields at least once
+        if self.fail_pop is not None:
+            raise self.fail_pop
         deadline = asyncio.get_running_loop().time() + request.poll_time_ms / 1000
         while True:
             if self.steal_next_pops and self.visible:

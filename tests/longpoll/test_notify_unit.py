@@ -72,6 +72,27 @@ async def test_loser_of_a_race_rearms_and_keeps_waiting(
     assert [m.message.store_host for m in got] == ["b3"]
 
 
+async def test_a_refused_consume_pop_ends_the_receive_with_the_refusal(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    # The broker signals a message but refuses to pop it for this request (a topic it will not
+    # serve): every re-armed signal would be refused again. The receive ends with the refusal
+    # at once; it used to retry until its deadline, logging a warning per attempt.
+    loop = asyncio.get_running_loop()
+    request = make_request(5_000, preferred="b0")  # the first pop goes to b0
+    receive = asyncio.create_task(_strategy(metrics).receive(fakes, request))
+    await wait_until(lambda: all(b.held == 1 for b in fakes))
+    fakes[1].fail_pop = BrokerError(Code.ILLEGAL_TOPIC, "not served here")
+    sent = loop.time()
+    fakes[1].put(1)
+    with pytest.raises(BrokerError) as err:
+        await receive
+    assert err.value.code == Code.ILLEGAL_TOPIC
+    assert loop.time() - sent < 0.05
+    assert fakes[1].calls.count("pop") == 1  # the consume pop, not retried
+    assert all(b.held == 0 for b in fakes)
+
+
 async def test_deadline_returns_empty_and_leaves_nothing_held(
     metrics: ProxyMetrics, fakes: list[FakeBroker]
 ) -> None:

@@ -187,6 +187,42 @@ def _entry(message_id: str, handle: str):
     return s.AckMessageEntry(message_id=message_id, receipt_handle=handle)
 
 
+async def test_a_group_receives_its_own_dead_letters(cluster: Cluster, caplog) -> None:
+    """%DLQ%group is readable by ReceiveMessage, as the proxy's validation allows: the broker
+    refused to pop it ("reserved system prefix"), so a receive waited out its whole poll and
+    the proxy logged a warning per retry."""
+    from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+    topic, group = unique("t"), unique("g")
+    await cluster.send(topic, b"poison")
+    _, (msg,), _ = await cluster.receive(group, topic, invisible_ms=60_000)
+    forwarded = await cluster.stub.ForwardMessageToDeadLetterQueue(
+        s.ForwardMessageToDeadLetterQueueRequest(
+            group=pb.Resource(name=group), topic=pb.Resource(name=topic),
+            receipt_handle=msg.system_properties.receipt_handle,
+            message_id=msg.system_properties.message_id, delivery_attempt=1,
+            max_delivery_attempts=16,
+        ),
+        metadata=cluster.metadata(),
+    )  # fmt: skip
+    assert forwarded.status.code == Code.OK
+    dlq = f"%DLQ%{group}"
+    caplog.clear()
+    status, dead, _ = await cluster.receive(group, dlq, invisible_ms=60_000, poll_ms=20_000)
+    assert status.code == Code.OK
+    assert [m.body for m in dead] == [b"poison"]
+    acked = await cluster.stub.AckMessage(
+        s.AckMessageRequest(
+            group=pb.Resource(name=group), topic=pb.Resource(name=dlq),
+            entries=[_entry(dead[0].system_properties.message_id,
+                            dead[0].system_properties.receipt_handle)],
+        ),
+        metadata=cluster.metadata(),
+    )  # fmt: skip
+    assert acked.status.code == Code.OK
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 async def test_forward_to_dead_letter_queue(cluster: Cluster) -> None:
     from popmq.pb.rocketmq.v2 import service_pb2 as s
 
