@@ -92,7 +92,11 @@ async def test_cluster_token_keeps_strangers_out(tmp_path: Path, caplog) -> None
                 codes = await _stranger_tries_everything(channel)
             assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}
             # The probe leaves a trace, but not one line per call.
-            (line,) = [r.getMessage() for r in caplog.records if "cluster token" in r.getMessage()]
+            (line,) = [
+                r.getMessage()
+                for r in caplog.records
+                if "without the cluster token" in r.getMessage()
+            ]
             assert "refused 1 call" in line and TOKEN not in line
             health = health_pb2_grpc.HealthStub(channel)
             answer = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
