@@ -71,7 +71,7 @@ class CommitLog:
                 self._segments.append(Segment(int(entry.name), size, entry))
         if not self._segments:
             path = self._dir / segment_name(0)
-            path.touch()
+            path.touch(mode=0o600)
             fsync_dir(self._dir)
             self._segments.append(Segment(0, 0, path))
         self._starts = [seg.start for seg in self._segments]
@@ -227,7 +227,7 @@ class CommitLog:
         old = self._segments[-1]
         self._handles.adopt(old.path, self._active_fd)
         seg = Segment(old.end, 0, self._dir / segment_name(old.end))
-        self._active_fd = os.open(seg.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._active_fd = os.open(seg.path, os.O_RDWR | os.O_CREAT, 0o600)
         self._segments.append(seg)
         self._starts.append(seg.start)
         # The new file's directory entry is made durable by the next flush (sync_fds).

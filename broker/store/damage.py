@@ -110,7 +110,7 @@ class Quarantine:
     def _write(self, path: Path, data: bytes) -> None:
         try:
             self._dir.mkdir(exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 view = memoryview(data)
                 while view:  # a short write (disk nearly full) must not truncate the copy

@@ -57,8 +57,10 @@ def check_and_mark(data_dir: Path) -> str:
     )
     path = data_dir / MARKER
     tmp = path.with_name(MARKER + ".tmp")
-    tmp.write_text(marker_text(), "ascii")
-    with open(tmp, "rb") as handle:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as handle:
+        handle.write(marker_text())
+        handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     fsync_dir(data_dir)

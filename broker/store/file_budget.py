@@ -46,7 +46,7 @@ class FileBudget:
         # Make room first: the open below must not be the one that crosses the limit.
         self._shrink(self._capacity - 1)
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
-        fd = os.open(path, flags, 0o644)
+        fd = os.open(path, flags, 0o600)
         self.opens += 1
         self._fds[path] = fd
         return fd

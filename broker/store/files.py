@@ -18,7 +18,7 @@ def write_json_atomic(path: Path, value: Any) -> None:
     never a mix: write a temp file, fsync it, rename it over, fsync the directory."""
     data = json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, data)
         os.fsync(fd)
@@ -45,7 +45,7 @@ class DirLock:
         self._fd = -1
 
     def acquire(self) -> None:
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -188,7 +188,7 @@ class FramedLog:
         self._path = Path(path)
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._resync = resync or Resync()
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
         self._buffer = bytearray()
         size = os.fstat(self._fd).st_size
         data = os.pread(self._fd, size, 0) if size else b""

@@ -201,7 +201,8 @@ class MessageStore:
     # -- lifecycle ---------------------------------------------------------------------------
     def open(self) -> None:
         """Create or recover the store (see recovery.py). Synchronous: call before serving."""
-        self._dir.mkdir(parents=True, exist_ok=True)
+        # Owner-only whatever the process umask (an embedded broker keeps its host's).
+        self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._lock.acquire()
         try:
             self._open_locked()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,40 @@ def test_exposure_rules(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> Non
     with caplog.at_level(logging.WARNING, logger="popmq.security.files"):
         assert warn_if_exposed(secret, "test file") and warn_if_exposed(secret, "test file")
     assert len([r for r in caplog.records if "readable by everyone" in r.getMessage()]) == 1
+
+
+async def test_an_embedded_store_writes_owner_only_files_under_any_umask(
+    tmp_path: Path, store_factory_umask: None
+) -> None:
+    """A broker embedded in another process keeps that process's umask (022, say): the store
+    creates its files 0600 itself, so message bodies are not readable by other users."""
+    from popmq.broker.store import MessageStore
+
+    from popmq.config import StoreConfig
+
+    store = MessageStore(tmp_path / "data", "embedded", StoreConfig())
+    store.open()
+    try:
+        store.create_topic("T", 2)
+        await store.append("T", 0, [Message("T", b"secret body", tag="x")])
+        await store.flush()
+        await store.checkpoint()
+    finally:
+        await store.close()
+    files = {name: mode for name, mode in _modes(tmp_path / "data").items()
+             if (tmp_path / "data" / name).is_file() and name != "LOCK"}  # fmt: skip
+    assert files, "the store wrote no files"
+    assert stat.S_IMODE((tmp_path / "data").stat().st_mode) == 0o700
+    readable = {name: oct(mode) for name, mode in files.items() if mode & 0o077}
+    assert readable == {}
+
+
+@pytest.fixture
+def store_factory_umask() -> Iterator[None]:
+    import os
+
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
