@@ -80,6 +80,7 @@ class BrokerCalls(AsyncClosing):
         self.fallback_invisible_ms = fallback_invisible_ms
         self.tasks = TaskOwner("longpoll-calls", grace_s=CLOSE_GRACE_S)
         self._probes: dict[tuple[Any, ...], _Probe] = {}
+        self._next_sweep = 0.0
 
     # -- pop -----------------------------------------------------------------------------------
     async def pop(self, port: ConsumePort, request: PopRequest, custody: Custody) -> PopResult:
@@ -232,8 +233,12 @@ class BrokerCalls(AsyncClosing):
         key = (pop.group, pop.topic, pop.filter.expression, pop.fifo, label,
                tuple(port.name for port in brokers))  # fmt: skip
         now = self._clock.monotonic()
-        self._forget_old_probes(now)
+        if now >= self._next_sweep:  # a sweep per sharing time, not a scan per empty answer
+            self._forget_old_probes(now)
+            self._next_sweep = now + PROBE_SHARE_S
         probe = self._probes.get(key)
+        if probe is not None and probe.found is not None and now - probe.started >= PROBE_SHARE_S:
+            probe = None  # finished and past its sharing time: probe anew
         if probe is not None:
             if probe.found is None:
                 probe.waiting += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from popmq.proxy.longpoll.calls import PROBE_SHARE_S, BrokerCalls
@@ -100,6 +101,21 @@ async def test_a_probe_is_shared_only_within_its_window(
     await strategy.aclose()
     assert sample(metrics, "popmq_proxy_broker_rpcs_total", kind="notify_probe") == 2 * len(fakes)
     assert sample(metrics, "popmq_proxy_false_empty_responses_total", strategy="pop") == 3
+
+
+async def test_finished_probes_of_idle_groups_are_forgotten(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    # Thousands of one-off groups must not leave their probes in memory.
+    strategy = _pop(metrics, probe=True)
+    for i in range(20):
+        request = make_request(80, "b0")
+        request = replace(request, pop=replace(request.pop, group=f"g{i}"))
+        assert await strategy.receive(fakes, request) == []
+    await asyncio.sleep(PROBE_SHARE_S * 2)
+    assert await strategy.receive(fakes, make_request(80, "b0")) == []
+    assert len(strategy.calls._probes) == 1  # only the newest group's
+    await strategy.aclose()
 
 
 async def test_pop_cancel_leaves_nothing_held(
