@@ -43,7 +43,15 @@ async def guarded(make_cluster: Any, tmp_path: Path) -> Cluster:
                     {
                         "access_key": OTHER[0],
                         "secret_key": OTHER[1],
-                        "allow": [{"subscribe": {"group": "g-other-*", "topics": ["t-*"]}}],
+                        "allow": [
+                            # its groups' dead letters named: they may hold other topics'
+                            {
+                                "subscribe": {
+                                    "group": "g-other-*",
+                                    "topics": ["t-*", "%DLQ%g-other-*"],
+                                }
+                            }
+                        ],
                     },
                     {"access_key": ADMIN[0], "secret_key": ADMIN[1], "admin": True},
                 ]
@@ -279,7 +287,8 @@ async def test_group_wide_grant_cannot_read_another_groups_dead_letters(guarded:
     status, messages, _ = await guarded.receive(victim, dlq, poll_ms=200)
     assert (status.code, messages) == (Code.FORBIDDEN, [])
 
-    # The rightful group's grant covers its own dead letters (they come with the group).
+    # The rightful group's grant covers its own dead letters (it names them: its topics are
+    # limited, and a group's dead letters come from every topic it consumed).
     guarded.signing = OTHER
     assert (await guarded.route(dlq)).status.code == Code.OK
     assigned = await guarded.stub.QueryAssignment(
