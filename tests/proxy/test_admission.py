@@ -202,7 +202,8 @@ async def test_another_user_cannot_fill_a_clients_bound_with_its_id(
     sent someone else's client id held that client's long polls and locked it out."""
     acl = tmp_path / "acl.yaml"
     acl.write_text(yaml.safe_dump({"users": [
-        {"access_key": key, "secret_key": f"{key}-secret-0001", "allow": [{"subscribe": "g-*"}]}
+        {"access_key": key, "secret_key": f"{key}-secret-0001",
+         "allow": [{"subscribe": "g-*"}, {"publish": "t-*"}]}
         for key in ("victim", "stranger")
     ]}))  # fmt: skip
     cluster = await make_cluster(
@@ -210,6 +211,8 @@ async def test_another_user_cannot_fill_a_clients_bound_with_its_id(
     )
     topic = unique("t")
     cluster.signing = ("stranger", "stranger-secret-0001")
+    # The topic exists (a lookup creates it only for who may publish): receives are held.
+    assert (await cluster.route(topic)).status.code == Code.OK
     squatter = asyncio.create_task(
         cluster.receive(unique("g"), topic, poll_ms=2_000, client_id="victim-id")
     )
