@@ -29,3 +29,16 @@ def test_members_by_group_and_topic_and_expiry() -> None:
     assert registry.get("a").topics == {"t1", "t2"}
     registry.remove("a")
     assert registry.clients("g") == []
+
+
+def test_the_same_id_under_two_access_keys_is_two_clients() -> None:
+    registry = ClientRegistry(expiry_s=30, clock=Clock())
+    registry.touch("c1", client_type="PUSH_CONSUMER", group="g", access_key="alice")
+    registry.touch("c1", client_type="PRODUCER", group="x", access_key="mallory")
+    registry.touch("c2", client_type="PUSH_CONSUMER", group="g")  # no authentication
+    alice = registry.get("c1", "alice")
+    assert alice is not None and alice.group == "g" and alice.client_type == "PUSH_CONSUMER"
+    assert registry.get("c1") is None  # nobody registered c1 without a key
+    assert registry.group_members("g") == ["c1|alice", "c2"]
+    registry.remove("c1", "mallory")
+    assert registry.get("c1", "alice") is alice
