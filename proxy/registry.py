@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 # RocketMQ drops a client channel after 120 s without a heartbeat.
 CLIENT_EXPIRY_S = 120.0
+SWEEP_EVERY_S = 1.0  # lookups sweep expired clients at most this often
 
 
 @dataclass(slots=True)
@@ -49,6 +50,8 @@ class ClientRegistry:
         self._expiry_s = expiry_s
         self._clock = clock
         self._clients: dict[tuple[str, str], ClientInfo] = {}  # by (access key, client id)
+        self._next_sweep = 0.0
+        self.sweeps = 0  # full passes over the table (tests count them)
 
     def touch(
         self,
@@ -91,11 +94,19 @@ class ClientRegistry:
 
     def get(self, client_id: str, access_key: str = "") -> ClientInfo | None:
         self._expire()
-        return self._clients.get((access_key, client_id))
+        info = self._clients.get((access_key, client_id))
+        if info is not None and info.last_seen < self._clock() - self._expiry_s:
+            return None  # silent too long: gone, though the next sweep has not run yet
+        return info
 
     def clients(self, group: str | None = None) -> list[ClientInfo]:
         self._expire()
-        found = [c for c in self._clients.values() if group is None or c.group == group]
+        horizon = self._clock() - self._expiry_s
+        found = [
+            c
+            for c in self._clients.values()
+            if c.last_seen >= horizon and (group is None or c.group == group)
+        ]
         return sorted(found, key=lambda c: (c.client_id, c.access_key))
 
     def group_members(self, group: str, topic: str | None = None) -> list[str]:
@@ -108,6 +119,14 @@ class ClientRegistry:
         )
 
     def _expire(self) -> None:
-        horizon = self._clock() - self._expiry_s
+        """Drop clients silent past the expiry: a pass over the whole table, so at most once
+        a second for lookups (every heartbeat and receive looks one up: a pass each made a
+        table of many client ids, which any caller can add, cost every request its size)."""
+        clock = self._clock()
+        if clock < self._next_sweep:
+            return
+        self._next_sweep = clock + SWEEP_EVERY_S
+        self.sweeps += 1
+        horizon = clock - self._expiry_s
         for key in [key for key, c in self._clients.items() if c.last_seen < horizon]:
             del self._clients[key]
