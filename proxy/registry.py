@@ -4,9 +4,11 @@ Filled by Telemetry settings and heartbeats, emptied by NotifyClientTermination 
 It serves admin listings, the Settings answer, and server-side queue assignment (which clients
 share a group). Losing it loses nothing: clients heartbeat every 10 s and it refills.
 
-With authentication on, a client id belongs to the access key that first registered it (until
-it terminates or goes silent): another user who learns the id (it travels in every request's
-x-mq-client-id header) may not refresh, rewrite or remove that entry (FORBIDDEN).
+With authentication on, clients are told apart by access key and client id: an id is only what
+a client says (it travels in every request's x-mq-client-id header, and official clients make
+it from host name, pid and a start time), so another user who learns or guesses one reaches
+only an entry of its own under it. It can neither refresh, rewrite or remove the real
+client's entry, nor, by registering the id first, lock the real client out of it.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from popmq.broker.api.errors import BrokerError, Code
-
 # RocketMQ drops a client channel after 120 s without a heartbeat.
 CLIENT_EXPIRY_S = 120.0
+SWEEP_EVERY_S = 1.0  # lookups sweep expired clients at most this often
 
 
 @dataclass(slots=True)
@@ -36,13 +37,21 @@ class ClientInfo:
     access_key: str = ""  # who registered it ("" without authentication)
 
 
+def member_id(client_id: str, access_key: str) -> str:
+    """A client's identity in its group's queue assignment: its id, under its access key when
+    there is one (two users' clients that share an id are two members)."""
+    return f"{client_id}|{access_key}" if access_key else client_id
+
+
 class ClientRegistry:
     def __init__(
         self, expiry_s: float = CLIENT_EXPIRY_S, clock: Callable[[], float] = time.time
     ) -> None:
         self._expiry_s = expiry_s
         self._clock = clock
-        self._clients: dict[str, ClientInfo] = {}
+        self._clients: dict[tuple[str, str], ClientInfo] = {}  # by (access key, client id)
+        self._next_sweep = 0.0
+        self.sweeps = 0  # full passes over the table (tests count them)
 
     def touch(
         self,
@@ -56,13 +65,12 @@ class ClientRegistry:
         peer: str = "",
         access_key: str = "",
     ) -> ClientInfo:
-        """Record that a client is alive, updating what it told us. FORBIDDEN when the id is
-        another access key's."""
+        """Record that a client is alive, updating what it told us."""
         now = self._clock()
-        info = self.check_owner(client_id, access_key)
+        info = self.get(client_id, access_key)
         if info is None:
             info = ClientInfo(client_id=client_id, first_seen=now, access_key=access_key)
-            self._clients[client_id] = info
+            self._clients[access_key, client_id] = info
         info.last_seen = now
         if client_type:
             info.client_type = client_type
@@ -75,45 +83,50 @@ class ClientRegistry:
         info.peer = peer or info.peer
         return info
 
-    def check_owner(self, client_id: str, access_key: str) -> ClientInfo | None:
-        """The live entry of `client_id` (None if there is none); FORBIDDEN if it was
-        registered by another access key."""
-        info = self.get(client_id)
-        if info is not None and info.access_key != access_key:
-            raise BrokerError(
-                Code.FORBIDDEN,
-                f"client id {client_id[:128]!r} is in use by another access key",
-            )
-        return info
-
     def set_telemetry(self, client_id: str, open_: bool, access_key: str = "") -> None:
-        info = self._clients.get(client_id)
-        if info is not None and info.access_key == access_key:
+        info = self._clients.get((access_key, client_id))
+        if info is not None:
             info.telemetry_open = open_
 
     def remove(self, client_id: str, access_key: str = "") -> None:
-        """Forget a client (it terminated); FORBIDDEN if the id is another access key's."""
-        if self.check_owner(client_id, access_key) is not None:
-            del self._clients[client_id]
+        """Forget a client (it terminated): only the caller's own entry under that id."""
+        self._clients.pop((access_key, client_id), None)
 
-    def get(self, client_id: str) -> ClientInfo | None:
+    def get(self, client_id: str, access_key: str = "") -> ClientInfo | None:
         self._expire()
-        return self._clients.get(client_id)
+        info = self._clients.get((access_key, client_id))
+        if info is not None and info.last_seen < self._clock() - self._expiry_s:
+            return None  # silent too long: gone, though the next sweep has not run yet
+        return info
 
     def clients(self, group: str | None = None) -> list[ClientInfo]:
         self._expire()
-        found = [c for c in self._clients.values() if group is None or c.group == group]
-        return sorted(found, key=lambda c: c.client_id)
+        horizon = self._clock() - self._expiry_s
+        found = [
+            c
+            for c in self._clients.values()
+            if c.last_seen >= horizon and (group is None or c.group == group)
+        ]
+        return sorted(found, key=lambda c: (c.client_id, c.access_key))
 
     def group_members(self, group: str, topic: str | None = None) -> list[str]:
-        """Sorted ids of the live consumers of a group (subscribed to topic, if given)."""
+        """Sorted member ids (see member_id) of the live consumers of a group (subscribed to
+        topic, if given)."""
         return sorted(
-            c.client_id
+            member_id(c.client_id, c.access_key)
             for c in self.clients(group)
             if c.client_type != "PRODUCER" and (topic is None or not c.topics or topic in c.topics)
         )
 
     def _expire(self) -> None:
-        horizon = self._clock() - self._expiry_s
-        for client_id in [cid for cid, c in self._clients.items() if c.last_seen < horizon]:
-            del self._clients[client_id]
+        """Drop clients silent past the expiry: a pass over the whole table, so at most once
+        a second for lookups (every heartbeat and receive looks one up: a pass each made a
+        table of many client ids, which any caller can add, cost every request its size)."""
+        clock = self._clock()
+        if clock < self._next_sweep:
+            return
+        self._next_sweep = clock + SWEEP_EVERY_S
+        self.sweeps += 1
+        horizon = clock - self._expiry_s
+        for key in [key for key, c in self._clients.items() if c.last_seen < horizon]:
+            del self._clients[key]

@@ -51,6 +51,7 @@ class _Held:
     visible_at: float  # when the current slice ends (monotonic seconds)
     failures: int = 0
     renewing: asyncio.Future[None] | None = None
+    access_key: str = ""  # the client's, with client_id its registry entry
 
 
 @dataclass(slots=True)
@@ -70,13 +71,16 @@ class HandleRenewer:
         group: str,
         topic: str,
         messages: Iterable[PoppedMessage],
+        *,
+        access_key: str = "",
     ) -> None:
         now = time.monotonic()
         slice_s = services.proxy.renew_slice_ms / 1000
         for message in messages:
             self._held[message.receipt_handle] = _Held(
-                client_id, group, topic, message.receipt_handle, now, now + slice_s
-            )
+                client_id, group, topic, message.receipt_handle, now, now + slice_s,
+                access_key=access_key,
+            )  # fmt: skip
         services.metrics.renewing_handles.set(len(self._held))
         if self._held and (self._loop_task is None or self._loop_task.done()):
             # Owned by the proxy's task owner: its aclose() ends the loop on shutdown.
@@ -136,7 +140,7 @@ class HandleRenewer:
 
     async def _renew(self, services: ProxyServices, handle: str, held: _Held) -> None:
         config = services.proxy
-        if services.registry.get(held.client_id) is None:
+        if services.registry.get(held.client_id, held.access_key) is None:
             # The client terminated or went silent: give its messages back soon.
             self._held.pop(handle, None)
             await self._change(services, held, RELEASE_INVISIBLE_MS, "client_gone")

@@ -39,6 +39,7 @@ MESSAGING_SERVICE = "apache.rocketmq.v2.MessagingService"
 ADMIN_SERVICE = "popmq.admin.v1.AdminService"
 HEALTH_SERVICE = "grpc.health.v1.Health"
 SERVED_SERVICES = (MESSAGING_SERVICE, ADMIN_SERVICE)
+GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # INT_MAX, the largest value a channel argument holds
 
 
 def grpc_options(
@@ -48,7 +49,9 @@ def grpc_options(
     # grpcMaxInboundMessageSize, 130 MiB for 4 MiB bodies): a batch send it accepts must not
     # fail here in the transport (RESOURCE_EXHAUSTED, no status of ours). An oversize body
     # reaches validation (MESSAGE_BODY_TOO_LARGE) as well.
-    limit = max(32 * max_body_bytes + (2 << 20), 16 << 20)
+    # gRPC's channel arguments are C ints: at 64 MiB bodies 32 of them are past one (the
+    # server would not start), so the limit stops at gRPC's largest message.
+    limit = min(max(32 * max_body_bytes + (2 << 20), 16 << 20), GRPC_MAX_MESSAGE_BYTES)
     return [
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),

@@ -17,9 +17,12 @@ Patterns: ``*`` matches any run of characters; nothing else is special. Deny by 
 
 Topics the broker derives from a group (``%RETRY%group+topic``, ``%DLQ%group``) hold that
 group's messages, so, as RocketMQ ACL 2.0 authorizes a retry topic as its group, they belong
-to the group: consuming as the group covers them, and no other grant does unless it names them
-(a pattern that starts with ``%DLQ%``/``%RETRY%``/``%SYS%``). A group-wide ``subscribe: billing``
-or ``publish: "*"`` never reaches another group's retry or dead letters.
+to the group: consuming as the group covers them as far as the grant's topics reach (a retry
+topic with its topic; the dead letters, which come from every topic the group consumed, with
+a grant on any topic), and no other grant does unless it names them (a pattern that starts
+with ``%DLQ%``/``%RETRY%``/``%SYS%``). A group-wide ``subscribe: billing`` or ``publish: "*"``
+never reaches another group's retry or dead letters, nor ``{group: "*", topics: [orders]}``
+the dead letters of a group that also consumed other topics.
 Secret keys are held as SecretStr: they never appear in a repr, a log line or an answer.
 """
 
@@ -109,19 +112,35 @@ class Subscription(_Strict):
 
     def covers(self, group: str, topic: str | None) -> bool:
         """Consuming as ``group`` on ``topic``: the group's own retry and dead-letter topics
-        come with the group; any other topic must be in ``topics`` (left out: any user topic)."""
+        come with the group (see _reaches_derived); any other topic must be in ``topics``
+        (left out: any user topic)."""
         if not matches(self.group, group):
             return False
-        if topic is None or owning_group(topic) == group:
+        if topic is None:
             return True
-        return self._topics_cover(topic)
+        return self._reaches_derived(topic, lambda owner: owner == group) or self._topics_cover(
+            topic
+        )
 
     def covers_topic(self, topic: str) -> bool:
         """Seeing a topic's route or offsets: a topic this grant could consume."""
+        return self._reaches_derived(
+            topic, lambda owner: matches(self.group, owner)
+        ) or self._topics_cover(topic)
+
+    def _reaches_derived(self, topic: str, is_own: Callable[[str], bool]) -> bool:
+        """A derived topic of a group this grant consumes as, no further than its topics:
+        ``%RETRY%g+t`` holds t's messages (so: when t is covered), ``%DLQ%g`` those of every
+        topic g consumed, whoever's grant it consumed them under (so: only with any topic)."""
         owner = owning_group(topic)
-        if owner is not None and matches(self.group, owner):
-            return True
-        return self._topics_cover(topic)
+        if owner is None or not is_own(owner):
+            return False
+        if topic.startswith(DLQ_PREFIX):
+            return self.topics is None
+        base = topic[len(RETRY_PREFIX) :].partition(_RETRY_SEPARATOR)[2]
+        if not base:
+            return False
+        return self._reaches_derived(base, is_own) or self._topics_cover(base)
 
     def _topics_cover(self, topic: str) -> bool:
         if self.topics is None:

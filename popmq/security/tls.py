@@ -6,12 +6,22 @@ from pathlib import Path
 
 import grpc
 
+from popmq.security.files import warn_if_exposed
+
 
 def _read(path: Path | str, what: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
         raise ValueError(f"cannot read the {what} {path}: {exc.strerror}") from None
+
+
+def _read_key(path: Path | str, what: str) -> bytes:
+    """A private key: read, and one WARNING if others may read it too (as for the ACL, the
+    cluster token and the handle keys; whoever holds it can pose as this server)."""
+    key = _read(path, what)
+    warn_if_exposed(path, what)
+    return key
 
 
 def server_credentials(
@@ -25,7 +35,7 @@ def server_credentials(
         return None
     if cert is None or key is None:
         raise ValueError("TLS needs both a certificate and its private key")
-    pair = [(_read(key, "TLS private key"), _read(cert, "TLS certificate"))]
+    pair = [(_read_key(key, "TLS private key"), _read(cert, "TLS certificate"))]
     if client_ca is None:
         return grpc.ssl_server_credentials(pair)
     return grpc.ssl_server_credentials(
@@ -41,6 +51,6 @@ def channel_credentials(
         raise ValueError("a client certificate needs its private key, and the other way round")
     return grpc.ssl_channel_credentials(
         root_certificates=None if ca is None else _read(ca, "CA"),
-        private_key=None if key is None else _read(key, "client TLS key"),
+        private_key=None if key is None else _read_key(key, "client TLS key"),
         certificate_chain=None if cert is None else _read(cert, "client TLS certificate"),
     )

@@ -16,6 +16,7 @@ from popmq.proxy.activity.route import ACCEPTED_TYPES, MASTER_BROKER_ID, proxy_e
 from popmq.proxy.cluster import QueueRef
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.registry import member_id
 from popmq.proxy.services import ProxyServices
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -67,21 +68,21 @@ async def query_assignment(
     group = validate.group_name(request.group.name)
     if not ctx.client_id:
         raise BrokerError(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is required")
-    services.registry.check_owner(ctx.client_id, ctx.access_key)  # before any work for it
     route = await services.cluster.route(topic, create=ctx.create_topic(topic))
     config = await services.cluster.group(group)
-    info = services.registry.check_owner(ctx.client_id, ctx.access_key)
+    info = services.registry.get(ctx.client_id, ctx.access_key)
     topics = (info.topics if info else set()) | {topic}
     services.registry.touch(
         ctx.client_id, group=group, topics=topics, peer=ctx.peer, access_key=ctx.access_key
     )
     members = services.registry.group_members(group, topic)
+    me = member_id(ctx.client_id, ctx.access_key)
     queues = sorted(route.queues, key=lambda q: (q.broker, q.queue_id))
     if config.consume_mode == ConsumeMode.PULL:
-        chosen = allocate_averagely(ctx.client_id, queues, members)
+        chosen = allocate_averagely(me, queues, members)
     else:
         share = services.config.broker.pop.share_queue_num
-        chosen = allocate_for_pop(ctx.client_id, queues, members, share)
+        chosen = allocate_for_pop(me, queues, members, share)
     asked = request.endpoints if request.HasField("endpoints") else None
     endpoints = proxy_endpoints(services, asked)
     resource = pb.Resource(name=topic, resource_namespace=request.topic.resource_namespace)

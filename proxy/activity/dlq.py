@@ -1,5 +1,6 @@
 """ForwardMessageToDeadLetterQueue: a consumer gives up on a message (push consumers do so
-after their max attempts); the broker moves it to %DLQ%<group> and acks it."""
+after their max attempts); the broker moves it to %DLQ%<group> and acks it. A message read
+from %DLQ%<group> itself has used its attempts: given up on again, it goes back there."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ async def forward_to_dlq(
     services: ProxyServices, request: s.ForwardMessageToDeadLetterQueueRequest, ctx: RequestContext
 ) -> s.ForwardMessageToDeadLetterQueueResponse:
     group = validate.group_name(request.group.name)
-    topic = validate.topic_name(request.topic.name)
+    topic = validate.topic_name(request.topic.name, allow_dlq=True)
     handle = validate.receipt_handle(request.receipt_handle)
     handle = await services.renewer.take(services, handle)  # a PushConsumer's renewed handle
     port = services.cluster.port_for_handle(handle)

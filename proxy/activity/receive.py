@@ -96,6 +96,7 @@ class ReceivePlan:
     long_poll: LongPollRequest
     auto_renew: bool = False  # a PushConsumer's receive: this proxy renews the handles
     client_id: str = ""
+    access_key: str = ""  # with client_id, the registry entry whose life renewal follows
 
 
 async def plan_receive(
@@ -151,25 +152,24 @@ async def plan_receive(
         long_poll=LongPollRequest(pop=pop, poll_ms=poll_ms, preferred_broker=preferred),
         auto_renew=auto_renew,
         client_id=ctx.client_id,
+        access_key=ctx.access_key,
     )
 
 
 def _is_push_consumer(services: ProxyServices, ctx: RequestContext) -> bool:
     """Renewal needs a client this proxy hears from (telemetry/heartbeat), so it can stop when
     the client goes; one known as another kind of client does not get it."""
-    info = services.registry.get(ctx.client_id) if ctx.client_id else None
-    # Another user's client id earns no renewal tied to that client's life.
-    return (
-        info is not None
-        and info.access_key == ctx.access_key
-        and info.client_type in ("", "PUSH_CONSUMER")
-    )
+    # The caller's own entry: another user's client under the same id earns no renewal.
+    info = services.registry.get(ctx.client_id, ctx.access_key) if ctx.client_id else None
+    return info is not None and info.client_type in ("", "PUSH_CONSUMER")
 
 
 async def receive(services: ProxyServices, plan: ReceivePlan) -> list[PoppedMessage]:
     popped = await services.strategy.receive(plan.brokers, plan.long_poll)
     if plan.auto_renew and popped:
-        services.renewer.track(services, plan.client_id, plan.group, plan.topic, popped)
+        services.renewer.track(
+            services, plan.client_id, plan.group, plan.topic, popped, access_key=plan.access_key
+        )
     return popped
 
 

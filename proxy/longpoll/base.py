@@ -81,13 +81,16 @@ class BrokerPicker:
 
 
 def is_refused_request(exc: BaseException) -> bool:
-    """The client's request itself is wrong (a 4xx code other than "too many requests" or a
-    timeout): asking again, or another broker, gets the same answer, so the receive ends with
-    it instead of retrying until its deadline."""
+    """The client's request itself is wrong (a 4xx code other than "too many requests", a
+    timeout or "not found"): asking again, or another broker, gets the same answer, so the
+    receive ends with it instead of retrying until its deadline. Not found is one broker's
+    state, not the request's: topics and groups are made per broker on first use, within a
+    rate (a refusal there says "retry later" with the not-found code), so another broker, or
+    the same one a moment later, may serve it."""
     if not isinstance(exc, RefusedError):
         return False
     family = exc.code.value // 100
-    return 400 <= family < 500 and family not in (408, 429)
+    return 400 <= family < 500 and family not in (404, 408, 429)
 
 
 def is_broker_down(exc: BaseException) -> bool:

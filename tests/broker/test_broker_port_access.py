@@ -82,6 +82,7 @@ async def _nothing_changed(broker: Broker) -> None:
 async def test_cluster_token_keeps_strangers_out(tmp_path: Path, caplog) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)  # else the start WARNING about its mode is a second token line
     config = fast_broker_config(tmp_path / "b").model_copy(
         update={"cluster_token_file": token_file}
     )

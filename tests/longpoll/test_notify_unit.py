@@ -93,6 +93,26 @@ async def test_a_refused_consume_pop_ends_the_receive_with_the_refusal(
     assert all(b.held == 0 for b in fakes)
 
 
+async def test_a_broker_that_has_not_made_the_group_yet_does_not_end_the_receive(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    # Topics and groups are created per broker on first use, within a rate ("retry later",
+    # answered with the not-found code): one broker's CONSUMER_GROUP_NOT_FOUND says nothing
+    # of the request or of the other brokers. The receive ended with it; it waits on.
+    request = make_request(5_000, preferred="b0")
+    receive = asyncio.create_task(_strategy(metrics).receive(fakes, request))
+    await wait_until(lambda: all(b.held == 1 for b in fakes))
+    fakes[1].fail_pop = BrokerError(
+        Code.CONSUMER_GROUP_NOT_FOUND, "group 'g' does not exist and was not created: retry later"
+    )
+    fakes[1].put(1)
+    await wait_until(lambda: fakes[1].calls.count("pop") >= 1)
+    assert not receive.done()
+    fakes[2].put(1)
+    got = await receive
+    assert [m.message.store_host for m in got] == ["b2"]
+
+
 async def test_deadline_returns_empty_and_leaves_nothing_held(
     metrics: ProxyMetrics, fakes: list[FakeBroker]
 ) -> None:

@@ -43,7 +43,15 @@ async def guarded(make_cluster: Any, tmp_path: Path) -> Cluster:
                     {
                         "access_key": OTHER[0],
                         "secret_key": OTHER[1],
-                        "allow": [{"subscribe": {"group": "g-other-*", "topics": ["t-*"]}}],
+                        "allow": [
+                            # its groups' dead letters named: they may hold other topics'
+                            {
+                                "subscribe": {
+                                    "group": "g-other-*",
+                                    "topics": ["t-*", "%DLQ%g-other-*"],
+                                }
+                            }
+                        ],
                     },
                     {"access_key": ADMIN[0], "secret_key": ADMIN[1], "admin": True},
                 ]
@@ -185,7 +193,7 @@ async def test_telemetry_settings_cannot_join_another_group(guarded: Cluster) ->
     answer = await call.read()
     call.cancel()
     assert answer.status.code == Code.OK
-    assert registry.group_members(own) == ["member-1"]
+    assert registry.group_members(own) == ["member-1|owner"]  # its id, under its key
 
 
 async def test_strangers_cannot_flood_the_log_or_memory_with_made_up_access_keys(
@@ -279,7 +287,8 @@ async def test_group_wide_grant_cannot_read_another_groups_dead_letters(guarded:
     status, messages, _ = await guarded.receive(victim, dlq, poll_ms=200)
     assert (status.code, messages) == (Code.FORBIDDEN, [])
 
-    # The rightful group's grant covers its own dead letters (they come with the group).
+    # The rightful group's grant covers its own dead letters (it names them: its topics are
+    # limited, and a group's dead letters come from every topic it consumed).
     guarded.signing = OTHER
     assert (await guarded.route(dlq)).status.code == Code.OK
     assigned = await guarded.stub.QueryAssignment(
@@ -328,7 +337,7 @@ async def test_a_client_id_belongs_to_the_access_key_that_registered_it(guarded:
     """Client ids travel in every request's header: a signed-in user who learned another
     client's id could rewrite its registry entry (heartbeat: another group; telemetry), remove
     it (NotifyClientTermination: its queue assignment and auto-renewal stop) or join queue
-    assignment under it. The id is now bound to the access key that registered it."""
+    assignment under it. Under another access key the same id is now another entry."""
     registry = guarded.server.services.registry
     victim_id, own = "victim-1", unique("g-own")
     beat = s.HeartbeatRequest(group=pb.Resource(name=own), client_type=pb.SIMPLE_CONSUMER)
@@ -338,13 +347,13 @@ async def test_a_client_id_belongs_to_the_access_key_that_registered_it(guarded:
     guarded.signing = OTHER
     md = guarded.metadata(victim_id)
     theirs = pb.Resource(name=unique("g-other"))
-    hijack = await guarded.stub.Heartbeat(
+    await guarded.stub.Heartbeat(
         s.HeartbeatRequest(group=theirs, client_type=pb.SIMPLE_CONSUMER), metadata=md
     )
-    gone = await guarded.stub.NotifyClientTermination(
+    await guarded.stub.NotifyClientTermination(
         s.NotifyClientTerminationRequest(group=theirs), metadata=md
     )
-    assigned = await guarded.stub.QueryAssignment(
+    await guarded.stub.QueryAssignment(
         s.QueryAssignmentRequest(group=theirs, topic=pb.Resource(name="t-x")), metadata=md
     )
     call = guarded.stub.Telemetry(metadata=md)
@@ -355,13 +364,11 @@ async def test_a_client_id_belongs_to_the_access_key_that_registered_it(guarded:
         ),
     )
     await call.write(s.TelemetryCommand(settings=settings))
-    told = await call.read()
+    await call.read()
     call.cancel()
-    for response in (hijack, gone, assigned, told):
-        assert response.status.code == Code.FORBIDDEN, response
-        assert "owner" not in response.status.message  # whose it is stays unsaid
-    info = registry.get(victim_id)
-    assert info is not None and info.group == own and info.access_key == OWNER[0]
+    info = registry.get(victim_id, OWNER[0])  # the victim's entry: untouched
+    assert info is not None and info.group == own and info.client_type == "SIMPLE_CONSUMER"
+    assert not info.telemetry_open
 
     guarded.signing = OWNER  # the rightful client carries on, and may leave
     assert (
@@ -371,4 +378,46 @@ async def test_a_client_id_belongs_to_the_access_key_that_registered_it(guarded:
         s.NotifyClientTerminationRequest(group=pb.Resource(name=own)),
         metadata=guarded.metadata(victim_id),
     )
-    assert bye.status.code == Code.OK and registry.get(victim_id) is None
+    assert bye.status.code == Code.OK and registry.get(victim_id, OWNER[0]) is None
+
+
+async def test_a_client_id_registered_first_by_another_user_locks_nobody_out(
+    guarded: Cluster,
+) -> None:
+    """The id was bound to the first access key to use it: a user who guessed a client's id
+    before it started (the Node client's is host@pid@index@start-millisecond) registered it,
+    and the real client got FORBIDDEN on every heartbeat, settings and queue assignment for
+    as long as the squatter kept heartbeating it."""
+    squatted, group, topic = "node-host@1@0@lq2x8k3a", unique("g-own"), unique("t")
+    guarded.signing = OTHER
+    squat = await guarded.stub.Heartbeat(
+        s.HeartbeatRequest(group=pb.Resource(name=unique("g-other")), client_type=pb.PUSH_CONSUMER),
+        metadata=guarded.metadata(squatted),
+    )
+    assert squat.status.code == Code.OK
+
+    guarded.signing = OWNER
+    md = guarded.metadata(squatted)
+    call = guarded.stub.Telemetry(metadata=md)
+    settings = pb.Settings(
+        client_type=pb.PUSH_CONSUMER,
+        subscription=pb.Subscription(
+            group=pb.Resource(name=group),
+            subscriptions=[pb.SubscriptionEntry(topic=pb.Resource(name=topic))],
+        ),
+    )
+    await call.write(s.TelemetryCommand(settings=settings))
+    told = await call.read()
+    call.cancel()
+    beat = await guarded.stub.Heartbeat(
+        s.HeartbeatRequest(group=pb.Resource(name=group), client_type=pb.PUSH_CONSUMER),
+        metadata=md,
+    )
+    assert (await guarded.route(topic)).status.code == Code.OK  # publishes on it: created
+    assigned = await guarded.stub.QueryAssignment(
+        s.QueryAssignmentRequest(group=pb.Resource(name=group), topic=pb.Resource(name=topic)),
+        metadata=md,
+    )
+    for response in (told, beat, assigned):
+        assert response.status.code == Code.OK, response
+    assert assigned.assignments  # the only member of its group: it gets the queues

@@ -223,6 +223,39 @@ async def test_a_group_receives_its_own_dead_letters(cluster: Cluster, caplog) -
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
+async def test_a_dead_letter_given_up_on_again_goes_back_to_the_dlq(cluster: Cluster) -> None:
+    """A message read from %DLQ%group has used its attempts, so a consumer failing it again
+    forwards it to the dead-letter queue (a FIFO push consumer does so on its first failure).
+    The proxy refused that with ILLEGAL_TOPIC, though the broker takes it: the official
+    client re-forwards a refused message forever, and its message group stays blocked."""
+    from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+    def forward(topic: str, msg) -> s.ForwardMessageToDeadLetterQueueRequest:
+        return s.ForwardMessageToDeadLetterQueueRequest(
+            group=pb.Resource(name=group), topic=pb.Resource(name=topic),
+            receipt_handle=msg.system_properties.receipt_handle,
+            message_id=msg.system_properties.message_id, delivery_attempt=17,
+            max_delivery_attempts=16,
+        )  # fmt: skip
+
+    topic, group = unique("t"), unique("g")
+    dlq = f"%DLQ%{group}"
+    await cluster.send(topic, b"poison")
+    _, (msg,), _ = await cluster.receive(group, topic, invisible_ms=60_000)
+    first = await cluster.stub.ForwardMessageToDeadLetterQueue(
+        forward(topic, msg), metadata=cluster.metadata()
+    )
+    assert first.status.code == Code.OK
+    _, (dead,), _ = await cluster.receive(group, dlq, invisible_ms=60_000, poll_ms=20_000)
+    again = await cluster.stub.ForwardMessageToDeadLetterQueue(
+        forward(dlq, dead), metadata=cluster.metadata()
+    )
+    assert again.status.code == Code.OK, again.status.message
+    # nothing is lost: it waits in the dead-letter queue once more, readable as before
+    _, (back,), _ = await cluster.receive(group, dlq, invisible_ms=60_000, poll_ms=20_000)
+    assert back.body == b"poison"
+
+
 async def test_forward_to_dead_letter_queue(cluster: Cluster) -> None:
     from popmq.pb.rocketmq.v2 import service_pb2 as s
 

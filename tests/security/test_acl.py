@@ -130,3 +130,33 @@ def test_derived_topics_belong_to_their_group_not_to_wildcards(tmp_path: Path) -
     assert app.can_subscribe("dlq-reader", "%DLQ%payroll")
     assert app.can_read_topic("%DLQ%payroll")
     assert not app.can_subscribe("dlq-reader", "orders")
+
+
+def test_a_grant_limited_to_topics_does_not_read_dead_letters_of_other_topics(
+    tmp_path: Path,
+) -> None:
+    """`subscribe: {group: "*", topics: [orders]}` (any group, only orders) read `%DLQ%payroll`
+    by consuming as payroll: a group's dead letters hold messages of every topic it consumed
+    (payroll's salaries), so a topic-limited grant reached topics it was never given. The
+    group's own derived topics now come with a grant only as far as its topics reach."""
+    path = tmp_path / "acl.yaml"
+    path.write_text(
+        "users:\n"
+        "  - access_key: app\n    secret_key: s\n    allow:\n"
+        "      - subscribe: {group: '*', topics: [orders]}\n"
+        "      - subscribe: {group: billing, topics: [invoices, '%DLQ%billing']}\n"
+        "      - subscribe: audit\n"
+    )
+    app = load_acl(path).user("app")
+    assert app is not None
+    assert app.can_subscribe("payroll", "orders")  # the grant itself still holds
+    assert not app.can_subscribe("payroll", "%DLQ%payroll")  # salaries, among others
+    assert not app.can_read_topic("%DLQ%payroll")
+    assert app.can_subscribe("payroll", "%RETRY%payroll+orders")  # retries of orders only
+    assert not app.can_subscribe("payroll", "%RETRY%payroll+salaries")
+    assert not app.can_subscribe("payroll", "%RETRY%payroll+%DLQ%payroll")
+    # named dead letters, and a grant on every topic, still reach the group's own
+    assert app.can_subscribe("billing", "%DLQ%billing")
+    assert app.can_subscribe("billing", "%RETRY%billing+%DLQ%billing")
+    assert app.can_subscribe("audit", "%DLQ%audit") and app.can_read_topic("%DLQ%audit")
+    assert app.can_subscribe("audit", "%RETRY%audit+%DLQ%audit")

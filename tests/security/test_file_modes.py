@@ -139,3 +139,28 @@ def store_factory_umask() -> Iterator[None]:
         yield
     finally:
         os.umask(old)
+
+
+def test_a_readable_tls_private_key_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ACL, the cluster token and the handle keys were checked at start, the TLS private
+    keys (the proxy's, a broker's, the proxy's client key for mutual TLS) were not."""
+    from support.tls_certs import make_pki
+
+    from popmq.security.tls import channel_credentials, server_credentials
+
+    pki = make_pki(tmp_path / "pki")  # keys written 0600
+    with caplog.at_level(logging.WARNING, logger="popmq.security.files"):
+        server_credentials(pki.server_cert, pki.server_key)
+        channel_credentials(pki.ca, pki.client_cert, pki.client_key)
+        assert caplog.records == []
+        pki.server_key.chmod(0o644)
+        pki.client_key.chmod(0o640)
+        server_credentials(pki.server_cert, pki.server_key)
+        channel_credentials(pki.ca, pki.client_cert, pki.client_key)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2
+    assert f"TLS private key {pki.server_key} is readable by everyone (mode 0644)" in warned[0]
+    assert f"client TLS key {pki.client_key} is readable by its group" in warned[1]
+    assert "BEGIN" not in " ".join(warned)  # never the key itself
