@@ -264,6 +264,10 @@ class ProxyConfig(Section):
     max_batch: int = Field(32, ge=1)  # messages per receive
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)  # RocketMQ's maxMessageSize
     max_send_messages: int = Field(1024, ge=1)  # messages per SendMessage call
+    # Bytes of one gRPC request (and answer) the transport takes. None: RocketMQ's proxy's
+    # grpcMaxInboundMessageSize, 32 maximal bodies plus 2 MiB. Each request is decoded (into
+    # memory) before it is authenticated: lower it where batch sends are small and memory is.
+    max_request_bytes: int | None = Field(None, ge=1024)
     # Admission control: receives held at once, past which TOO_MANY_REQUESTS answers at once.
     max_long_polls: int = Field(10_000, ge=1)
     max_long_polls_per_client: int = Field(1_000, ge=1)  # per client id (or peer address)

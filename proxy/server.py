@@ -43,7 +43,10 @@ GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # INT_MAX, the largest value a channel argum
 
 
 def grpc_options(
-    max_body_bytes: int, max_long_polls: int = 10_000, reuse_port: bool = False
+    max_body_bytes: int,
+    max_long_polls: int = 10_000,
+    reuse_port: bool = False,
+    max_request_bytes: int | None = None,
 ) -> list[tuple[str, int]]:
     # RocketMQ's proxy takes 32 maximal bodies plus 2 MiB of properties in one call (its
     # grpcMaxInboundMessageSize, 130 MiB for 4 MiB bodies): a batch send it accepts must not
@@ -52,6 +55,8 @@ def grpc_options(
     # gRPC's channel arguments are C ints: at 64 MiB bodies 32 of them are past one (the
     # server would not start), so the limit stops at gRPC's largest message.
     limit = min(max(32 * max_body_bytes + (2 << 20), 16 << 20), GRPC_MAX_MESSAGE_BYTES)
+    if max_request_bytes is not None:  # the operator's bound (proxy.max_request_bytes)
+        limit = min(max_request_bytes, GRPC_MAX_MESSAGE_BYTES)
     return [
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
@@ -128,7 +133,12 @@ class ProxyServer:
         ]
         credentials = server_credentials(proxy.tls.cert, proxy.tls.key, proxy.tls.client_ca)
         server = grpc.aio.server(
-            options=grpc_options(proxy.max_body_bytes, proxy.max_long_polls, proxy.reuse_port),
+            options=grpc_options(
+                proxy.max_body_bytes,
+                proxy.max_long_polls,
+                proxy.reuse_port,
+                proxy.max_request_bytes,
+            ),
             interceptors=interceptors,
         )
         # Undecodable bodies answer INVALID_ARGUMENT (counted, logged at a bounded rate).
