@@ -8,6 +8,7 @@ false-empty probe; a concrete strategy only implements ``_poll``.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import itertools
 from collections.abc import Sequence
@@ -129,6 +130,7 @@ class StrategyBase(AsyncClosing):
         self._held: set[anyio.CancelScope] = set()  # deadlines of the held long polls
         self.draining = False
 
+    @abc.abstractmethod
     async def _poll(
         self,
         brokers: Sequence[ConsumePort],
@@ -137,7 +139,6 @@ class StrategyBase(AsyncClosing):
         custody: Custody,
     ) -> None:
         """Pop until custody holds messages; the caller stops it at the deadline."""
-        raise NotImplementedError
 
     async def receive(
         self, brokers: Sequence[ConsumePort], request: LongPollRequest
