@@ -187,6 +187,21 @@ def _entry(message_id: str, handle: str):
     return s.AckMessageEntry(message_id=message_id, receipt_handle=handle)
 
 
+async def _forward_to_dlq(cluster: Cluster, group: str, topic: str, msg, attempt: int = 1):  # type: ignore[no-untyped-def]
+    """ForwardMessageToDeadLetterQueue for a received message (16 attempts allowed)."""
+    from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+    return await cluster.stub.ForwardMessageToDeadLetterQueue(
+        s.ForwardMessageToDeadLetterQueueRequest(
+            group=pb.Resource(name=group), topic=pb.Resource(name=topic),
+            receipt_handle=msg.system_properties.receipt_handle,
+            message_id=msg.system_properties.message_id, delivery_attempt=attempt,
+            max_delivery_attempts=16,
+        ),
+        metadata=cluster.metadata(),
+    )  # fmt: skip
+
+
 async def test_a_group_receives_its_own_dead_letters(cluster: Cluster, caplog) -> None:
     """%DLQ%group is readable by ReceiveMessage, as the proxy's validation allows: the broker
     refused to pop it ("reserved system prefix"), so a receive waited out its whole poll and
@@ -196,15 +211,7 @@ async def test_a_group_receives_its_own_dead_letters(cluster: Cluster, caplog) -
     topic, group = unique("t"), unique("g")
     await cluster.send(topic, b"poison")
     _, (msg,), _ = await cluster.receive(group, topic, invisible_ms=60_000)
-    forwarded = await cluster.stub.ForwardMessageToDeadLetterQueue(
-        s.ForwardMessageToDeadLetterQueueRequest(
-            group=pb.Resource(name=group), topic=pb.Resource(name=topic),
-            receipt_handle=msg.system_properties.receipt_handle,
-            message_id=msg.system_properties.message_id, delivery_attempt=1,
-            max_delivery_attempts=16,
-        ),
-        metadata=cluster.metadata(),
-    )  # fmt: skip
+    forwarded = await _forward_to_dlq(cluster, group, topic, msg)
     assert forwarded.status.code == Code.OK
     dlq = f"%DLQ%{group}"
     caplog.clear()
@@ -228,28 +235,15 @@ async def test_a_dead_letter_given_up_on_again_goes_back_to_the_dlq(cluster: Clu
     forwards it to the dead-letter queue (a FIFO push consumer does so on its first failure).
     The proxy refused that with ILLEGAL_TOPIC, though the broker takes it: the official
     client re-forwards a refused message forever, and its message group stays blocked."""
-    from popmq.pb.rocketmq.v2 import service_pb2 as s
-
-    def forward(topic: str, msg) -> s.ForwardMessageToDeadLetterQueueRequest:
-        return s.ForwardMessageToDeadLetterQueueRequest(
-            group=pb.Resource(name=group), topic=pb.Resource(name=topic),
-            receipt_handle=msg.system_properties.receipt_handle,
-            message_id=msg.system_properties.message_id, delivery_attempt=17,
-            max_delivery_attempts=16,
-        )  # fmt: skip
 
     topic, group = unique("t"), unique("g")
     dlq = f"%DLQ%{group}"
     await cluster.send(topic, b"poison")
     _, (msg,), _ = await cluster.receive(group, topic, invisible_ms=60_000)
-    first = await cluster.stub.ForwardMessageToDeadLetterQueue(
-        forward(topic, msg), metadata=cluster.metadata()
-    )
+    first = await _forward_to_dlq(cluster, group, topic, msg, attempt=17)
     assert first.status.code == Code.OK
     _, (dead,), _ = await cluster.receive(group, dlq, invisible_ms=60_000, poll_ms=20_000)
-    again = await cluster.stub.ForwardMessageToDeadLetterQueue(
-        forward(dlq, dead), metadata=cluster.metadata()
-    )
+    again = await _forward_to_dlq(cluster, group, dlq, dead, attempt=17)
     assert again.status.code == Code.OK, again.status.message
     # nothing is lost: it waits in the dead-letter queue once more, readable as before
     _, (back,), _ = await cluster.receive(group, dlq, invisible_ms=60_000, poll_ms=20_000)
@@ -262,15 +256,7 @@ async def test_forward_to_dead_letter_queue(cluster: Cluster) -> None:
     topic, group = unique("t"), unique("g")
     await cluster.send(topic, b"poison")
     _, (msg,), _ = await cluster.receive(group, topic, invisible_ms=600)
-    forwarded = await cluster.stub.ForwardMessageToDeadLetterQueue(
-        s.ForwardMessageToDeadLetterQueueRequest(
-            group=pb.Resource(name=group), topic=pb.Resource(name=topic),
-            receipt_handle=msg.system_properties.receipt_handle,
-            message_id=msg.system_properties.message_id, delivery_attempt=1,
-            max_delivery_attempts=16,
-        ),
-        metadata=cluster.metadata(),
-    )  # fmt: skip
+    forwarded = await _forward_to_dlq(cluster, group, topic, msg)
     assert forwarded.status.code == Code.OK
     await asyncio.sleep(1.0)  # past its invisible time: it was acked, so it never comes back
     _, again, _ = await cluster.receive(group, topic, poll_ms=300)
