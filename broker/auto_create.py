@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 
 _NOT_FOUND = {"topic": Code.TOPIC_NOT_FOUND, "group": Code.CONSUMER_GROUP_NOT_FOUND}
 _SETTING = {"topic": "broker.topics", "group": "broker.groups"}

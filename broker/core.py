@@ -1,6 +1,6 @@
 """The Broker: one store plus the POP engine, the timer, revive and the hold table.
 
-``Broker`` structurally satisfies ``broker.api.port.BrokerPort``. ``start()`` opens the store
+``Broker`` structurally satisfies ``broker.contract.port.BrokerPort``. ``start()`` opens the store
 (which recovers it), recovers the pop journal and the timer, and starts the background tasks
 the broker owns: revive, timer delivery, and checkpoint spill / journal maintenance (the store
 runs its own flush and retention task). ``stop()`` cancels them, journals what is still in
@@ -23,8 +23,9 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import (
+from popmq.broker.auto_create import AutoCreateGate
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import (
     SYSTEM_PREFIX,
     AckEntry,
     AckEntryResult,
@@ -48,7 +49,6 @@ from popmq.broker.api.types import (
     legacy_retry_topic,
     retry_topic,
 )
-from popmq.broker.auto_create import AutoCreateGate
 from popmq.broker.isolation import FailureTracker
 from popmq.broker.metered_hold import MeteredHoldTable
 from popmq.broker.metrics import BrokerMetrics, take_snapshot

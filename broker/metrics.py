@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, PopStatus
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, PopStatus
 from popmq.broker.names import parse_retry_topic
 from popmq.broker.store.damage import DamageEvent, MetadataFallback
 from prometheus_client import CollectorRegistry, Counter, Gauge

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from popmq.broker.api.errors import BrokerError
-from popmq.broker.api.types import Message, StoredMessage
+from popmq.broker.contract.errors import BrokerError
+from popmq.broker.contract.types import Message, StoredMessage
 from popmq.broker.isolation import FailureTracker, describe
 from popmq.broker.pop.queue_state import QueueState
 

@@ -8,7 +8,7 @@
         └── DeadlineError           the peer did not answer in time (also a builtin TimeoutError)
 
 Callers tell "refused" (the same on every broker) from "unreachable" (try another) by type.
-gRPC errors are turned into these only where gRPC is called (popmq.broker.api.remote / link and
+gRPC errors are turned into these only where gRPC is called (popmq.broker.wire.remote / link and
 popmq.client), each through one map_rpc_errors-style context manager. The Code values are
 apache.rocketmq.v2.Code's, so a broker's refusal reaches the client unchanged;
 tests/test_codes.py checks them against the generated protocol enum.

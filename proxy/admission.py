@@ -22,7 +22,7 @@ import asyncio
 import re
 from collections import Counter, deque
 
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.config import ProxyConfig

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
-from popmq.broker.api.port import BrokerPort
-from popmq.broker.api.types import GroupConfig, TopicInfo
+from popmq.broker.contract.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.contract.port import BrokerPort
+from popmq.broker.contract.types import GroupConfig, TopicInfo
 from popmq.broker.pop.handle import peek_broker_name
 
 from popmq.lifecycle import fan_out

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import anyio
-from popmq.broker.api.errors import Code
-from popmq.broker.api.types import PoppedMessage
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import PoppedMessage
 
 from popmq.errors import PopmqError
 from popmq.lifecycle import Job

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
-from popmq.broker.api.port import BrokerPort
+from popmq.broker.contract.port import BrokerPort
 from popmq.broker.metrics import merged_registry
 from popmq.proxy.broker_watch import watch_brokers
 from popmq.proxy.metrics import ProxyMetrics
@@ -33,8 +33,8 @@ def embedded_broker_names(count: int) -> list[str]:
 @contextlib.asynccontextmanager
 async def embedded_brokers(config: PopmqConfig) -> AsyncIterator[list[BrokerPort]]:
     """Start config.serve.brokers brokers in this process, data in DATA_DIR/<name>."""
-    from popmq.broker.api.local import LocalBrokerPort
     from popmq.broker.core import Broker
+    from popmq.broker.local import LocalBrokerPort
 
     started: list[Any] = []
     try:
@@ -55,7 +55,7 @@ async def embedded_brokers(config: PopmqConfig) -> AsyncIterator[list[BrokerPort
 
 
 def remote_brokers(config: PopmqConfig) -> list[BrokerPort]:
-    from popmq.broker.api.remote import RemoteBrokerPort
+    from popmq.broker.wire.remote import RemoteBrokerPort
 
     if not config.proxy.brokers:
         raise SystemExit("popmq proxy needs at least one --broker NAME=HOST:PORT")
@@ -65,7 +65,7 @@ def remote_brokers(config: PopmqConfig) -> list[BrokerPort]:
 
 def embedded_registries(ports: list[BrokerPort]) -> list[CollectorRegistry]:
     """The metrics registries of the brokers behind in-process ports (none for remote ones)."""
-    from popmq.broker.api.local import LocalBrokerPort
+    from popmq.broker.local import LocalBrokerPort
 
     return [port.broker.metrics.registry for port in ports if isinstance(port, LocalBrokerPort)]
 

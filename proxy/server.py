@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from popmq.broker.api.port import BrokerPort
-from popmq.broker.api.undecodable import add_tolerant
+from popmq.broker.contract.port import BrokerPort
+from popmq.broker.wire.undecodable import add_tolerant
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.grpc.access import access_guard
 from popmq.proxy.grpc.namespace import NamespaceInterceptor

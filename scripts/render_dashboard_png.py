@@ -30,7 +30,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from prometheus_client.parser import text_string_to_metric_families
 
 from popmq.client import Client, QueueRef, ReceivedMessage

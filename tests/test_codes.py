@@ -1,8 +1,8 @@
-"""broker.api.errors.Code is the protocol's apache.rocketmq.v2.Code, value for value."""
+"""broker.contract.errors.Code is the protocol's apache.rocketmq.v2.Code, value for value."""
 
 from __future__ import annotations
 
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 
 from popmq.pb.rocketmq.v2 import definition_pb2
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from popmq.broker.api.errors import (
+from popmq.broker.contract.errors import (
     BrokerAuthError,
     BrokerError,
     BrokerTimeoutError,
     BrokerUnavailableError,
 )
-from popmq.broker.api.remote import map_rpc_errors as map_broker_errors
 from popmq.broker.store.errors import OffsetPurgedError
+from popmq.broker.wire.remote import map_rpc_errors as map_broker_errors
 from popmq.proxy.grpc.status import code_of
 from popmq.proxy.longpoll.base import is_broker_down
 

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 
 from popmq.lifecycle import TaskOwner, fan_out
 

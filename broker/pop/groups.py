@@ -27,9 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import ConsumeMode, GroupConfig
 from popmq.broker.auto_create import AutoCreateGate
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import ConsumeMode, GroupConfig
 from popmq.broker.pop.names import check_group
 from popmq.broker.store.damage import DAMAGED, TORN_TAIL, DamageEvent, MetadataFallback, Quarantine
 from popmq.broker.store.framing import FramedLog, fsync_dir

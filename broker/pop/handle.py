@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from cryptography.exceptions import InvalidTag
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 from popmq.broker.pop.handle_keys import HandleKeyring
 
 HANDLE_VERSION = 2

@@ -17,8 +17,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from popmq.broker.api.errors import BrokerError
-from popmq.broker.api.types import (
+from popmq.broker.contract.errors import BrokerError
+from popmq.broker.contract.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_OFFSET,
     PROP_ORIGIN_QUEUE,

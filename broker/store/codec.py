@@ -13,8 +13,8 @@ import struct
 import zlib
 from typing import NamedTuple
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import Message, StoredMessage
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import Message, StoredMessage
 
 RECORD_VERSION = 1
 

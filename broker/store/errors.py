@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 
 
 class OffsetPurgedError(BrokerError):

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 from popmq.broker.store.framing import fsync_dir
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 from popmq.broker.store.commitlog import CommitLog
 
 

@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import Message, StoredMessage
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import Message, StoredMessage
 from popmq.broker.store import data_format, metafile
 from popmq.broker.store.codec import decode_header, encode_record, tag_hash
 from popmq.broker.store.commitlog import CommitLog, PositionPurged, segment_name

@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Callable
 from typing import TypeGuard
 
-from popmq.broker.api.types import StoredMessage
+from popmq.broker.contract.types import StoredMessage
 from popmq.broker.store.codec import decode_record, tag_hash
 from popmq.broker.store.commitlog import CommitLog, PositionPurged
 from popmq.broker.store.framing import FRAME_HEADER, HEADER_SIZE

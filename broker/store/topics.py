@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 from popmq.broker.names import check_topic
 from popmq.broker.store.framing import DamagedRun, FramedLog, Resync, fsync_dir
 

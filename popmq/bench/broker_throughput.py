@@ -18,8 +18,8 @@ from typing import Any
 
 from popmq.bench import progress as live
 from popmq.bench.brokers import local_broker, remote_broker
-from popmq.broker.api.port import BrokerPort
-from popmq.broker.api.types import AckEntry, Message, PopRequest, PullRequest, PullStatus
+from popmq.broker.contract.port import BrokerPort
+from popmq.broker.contract.types import AckEntry, Message, PopRequest, PullRequest, PullStatus
 from popmq.config import BrokerConfig
 
 TOPIC = "bench"

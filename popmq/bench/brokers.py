@@ -11,14 +11,14 @@ import sys
 from collections.abc import AsyncIterator
 
 from popmq.bench.process_stats import cpu_seconds
-from popmq.broker.api.port import BrokerPort
+from popmq.broker.contract.port import BrokerPort
 from popmq.config import BrokerConfig
 
 
 @contextlib.asynccontextmanager
 async def local_broker(config: BrokerConfig) -> AsyncIterator[BrokerPort]:
-    from popmq.broker.api.local import LocalBrokerPort
     from popmq.broker.core import Broker
+    from popmq.broker.local import LocalBrokerPort
 
     broker = Broker(config)
     await broker.start()
@@ -41,7 +41,7 @@ async def remote_broker(
 
     Its process id is appended to ``pids`` (for CPU accounting) while it runs.
     """
-    from popmq.broker.api.remote import RemoteBrokerPort
+    from popmq.broker.wire.remote import RemoteBrokerPort
 
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "popmq", "broker", "--name", config.name, "--port", "0",

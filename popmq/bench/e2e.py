@@ -85,8 +85,8 @@ def _batches(total: int, size: int, workers: int) -> list[list[int]]:
 # -- direct mode -------------------------------------------------------------------------------
 @contextlib.asynccontextmanager
 async def _brokers(count: int, queues: int, root: Path) -> AsyncIterator[list[Any]]:
-    from popmq.broker.api.local import LocalBrokerPort
     from popmq.broker.core import Broker
+    from popmq.broker.local import LocalBrokerPort
     from popmq.config import BrokerConfig
 
     async with contextlib.AsyncExitStack() as stack:
@@ -103,7 +103,7 @@ async def _brokers(count: int, queues: int, root: Path) -> AsyncIterator[list[An
 
 
 async def _run_direct(params: dict[str, Any], root: Path) -> dict[str, Any]:
-    from popmq.broker.api.types import AckEntry, Message, PopRequest
+    from popmq.broker.contract.types import AckEntry, Message, PopRequest
 
     body = b"x" * params["body_bytes"]
     progress = _Progress(params["messages"])

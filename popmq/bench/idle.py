@@ -130,7 +130,7 @@ class _Brokers:
 @contextlib.asynccontextmanager
 async def _brokers(count: int, root: Path, settings: Mapping[str, Any]) -> AsyncIterator[_Brokers]:
     """``count`` broker processes, started side by side, with the topic on each."""
-    from popmq.broker.api.remote import RemoteBrokerPort
+    from popmq.broker.wire.remote import RemoteBrokerPort
 
     async with contextlib.AsyncExitStack() as stack:
         names = [f"broker-{i}" for i in range(count)]

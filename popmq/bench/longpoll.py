@@ -29,8 +29,8 @@ from typing import Any
 from popmq.bench import progress as live
 from popmq.bench.brokers import local_broker, process_cpu_s, remote_broker
 from popmq.bench.table_text import grid
-from popmq.broker.api.port import BrokerPort
-from popmq.broker.api.types import AckEntry, Message, PoppedMessage, PopRequest
+from popmq.broker.contract.port import BrokerPort
+from popmq.broker.contract.types import AckEntry, Message, PoppedMessage, PopRequest
 from popmq.config import BrokerConfig, ProxyConfig
 from popmq.proxy.longpoll import LongPollRequest, LongPollStrategy, make_strategy
 from popmq.proxy.metrics import ProxyMetrics

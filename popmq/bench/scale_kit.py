@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from popmq.client.aio import AsyncClient
 from popmq.client.local_server import LocalServer
 from popmq.client.model import QueueRef, ReceivedMessage

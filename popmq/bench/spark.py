@@ -27,7 +27,7 @@ from typing import Any
 
 from popmq.bench import progress as live
 from popmq.bench.table_text import grid
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from popmq.client import AsyncClient, OffsetPolicy, QueueRef
 from popmq.client.local_server import LocalServer
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from popmq.broker.store.message_store import MessageStore
 from popmq.config import StoreConfig
 

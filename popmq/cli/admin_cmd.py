@@ -175,7 +175,7 @@ def _metadata(args: argparse.Namespace) -> list[tuple[str, str]] | None:
 def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
     import grpc
 
-    from popmq.broker.api.errors import Code
+    from popmq.broker.contract.errors import Code
 
     metadata = _metadata(args)
     channel, stub = _stub(args)
@@ -226,7 +226,7 @@ def _enter_namespace(args: argparse.Namespace) -> None:
     namespace = getattr(args, "namespace", "")
     if not namespace:
         return
-    from popmq.broker.api.errors import BrokerError
+    from popmq.broker.contract.errors import BrokerError
     from popmq.proxy.grpc.namespace import check_namespace, qualify
 
     try:

@@ -20,7 +20,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from popmq.broker.api.errors import BrokerError
+from popmq.broker.contract.errors import BrokerError
 from popmq.cli.common import config_from_args, start_tracing_for
 from popmq.config import BrokerConfig
 from popmq.security.files import owner_only_new_files, warn_if_data_exposed
@@ -143,9 +143,9 @@ async def serve_broker(
 ) -> None:
     """Serve until `stop` is set (default: until SIGTERM/SIGINT)."""
     # Imported here so `popmq --help` works while a broker module fails to import.
-    from popmq.broker.api.local import LocalBrokerPort
     from popmq.broker.core import Broker
-    from popmq.broker.server import BrokerGrpcServer
+    from popmq.broker.local import LocalBrokerPort
+    from popmq.broker.wire.server import BrokerGrpcServer
     from popmq.metrics_http import metrics_endpoint
 
     stop = stop or asyncio.Event()

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from popmq.client.core import CHANNEL_OPTIONS, Call, ClientCore, StreamCall
 from popmq.client.errors import map_rpc_errors
 from popmq.client.model import (

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import cast
 
-from popmq.broker.api.errors import Code
-from popmq.broker.api.types import Message
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import Message
 from popmq.client.errors import ProxyError
 from popmq.client.model import (
     AckOutcome,

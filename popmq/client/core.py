@@ -13,7 +13,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from google.protobuf.message import Message as ProtoMessage
 
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from popmq.client import codec
 from popmq.client.model import (
     AckOutcome,

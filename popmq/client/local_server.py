@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from popmq.broker.api.errors import Code
+from popmq.broker.contract.errors import Code
 from popmq.client.errors import ProxyError
 
 _LISTENING = re.compile(r"popmq proxy listening on (\S+):(\d+)")

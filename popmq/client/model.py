@@ -1,6 +1,6 @@
 """Plain data the client hands back: queues from the route, received messages, receipts.
 
-Messages to send are broker.api.types.Message (topic, body, tag, keys, properties,
+Messages to send are broker.contract.types.Message (topic, body, tag, keys, properties,
 message_group, delivery_timestamp_ms).
 """
 

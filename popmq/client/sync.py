@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.experimental
 
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from popmq.client.core import CHANNEL_OPTIONS, Call, ClientCore, StreamCall
 from popmq.client.errors import ProxyUnavailable, transport_error
 from popmq.client.model import (

@@ -6,7 +6,7 @@ when the call carries the cluster token (``x-popmq-cluster-token``, read from
 service stays open so that probes need no secret. The proxy side adds the token to every call
 (a client interceptor) and uses TLS when ``proxy.broker_link.tls`` is on.
 
-Used by broker/server.py (``server_interceptors``, ``add_port``) and broker/api/remote.py
+Used by broker/wire/server.py (``server_interceptors``, ``add_port``) and broker/wire/remote.py
 (``broker_channel``): one call each, so the transport code stays the link's business.
 """
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from popmq.client.model import ReceivedMessage
 
 _TS_MS = pa.timestamp("ms", tz="UTC")

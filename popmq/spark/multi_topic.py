@@ -21,7 +21,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from popmq.broker.api.errors import Code
+from popmq.broker.contract.errors import Code
 from popmq.pb.admin.v1 import admin_pb2, admin_pb2_grpc
 from popmq.spark import offsets as off
 from popmq.spark.batch_reader import BatchReader

@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 
-from popmq.broker.api.errors import Code
+from popmq.broker.contract.errors import Code
 from popmq.client import Client, OffsetPolicy, ProxyError, QueueRef, ReceivedMessage
 from popmq.errors import PopmqError
 from popmq.spark.arrow_rows import BatchBuffer

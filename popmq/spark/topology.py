@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from popmq.broker.api.errors import Code
+from popmq.broker.contract.errors import Code
 from popmq.client import Client, ProxyError, ProxyUnavailable, QueueRef
 from popmq.errors import PopmqError
 from popmq.spark.options import Connection

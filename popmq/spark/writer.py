@@ -28,7 +28,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from popmq.client import Client, PendingSend
 from popmq.spark.arrow_rows import batch_to_messages
 from popmq.spark.options import WriteOptions

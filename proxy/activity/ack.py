@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import AckEntry, AckEntryResult
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import AckEntry, AckEntryResult
 from popmq.proxy.activity import validate
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.headers import RequestContext

@@ -9,8 +9,8 @@ pull by offset. The group members are the consumers this proxy has heard from.
 
 from __future__ import annotations
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import ConsumeMode
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import ConsumeMode
 from popmq.proxy.activity import validate
 from popmq.proxy.activity.route import ACCEPTED_TYPES, MASTER_BROKER_ID, proxy_endpoints
 from popmq.proxy.cluster import QueueRef

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import GroupConfig
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import GroupConfig
 from popmq.proxy.activity import validate
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import duration

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.port import BrokerPort
-from popmq.broker.api.types import PullRequest, PullResult, PullStatus, QueueInfo, TopicInfo
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.port import BrokerPort
+from popmq.broker.contract.types import PullRequest, PullResult, PullStatus, QueueInfo, TopicInfo
 from popmq.proxy.activity import validate
 from popmq.proxy.activity.receive import filter_of
 from popmq.proxy.grpc import status as st

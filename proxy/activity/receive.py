@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.port import BrokerPort
-from popmq.broker.api.types import FilterExpression, PoppedMessage, PopRequest
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.port import BrokerPort
+from popmq.broker.contract.types import FilterExpression, PoppedMessage, PopRequest
 from popmq.proxy.activity import validate
 from popmq.proxy.admission import refuse
 from popmq.proxy.grpc.headers import RequestContext

@@ -11,8 +11,8 @@ import time
 import uuid
 from collections import defaultdict
 
-from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
-from popmq.broker.api.types import PROP_TRACE_CONTEXT, Message, SendResult
+from popmq.broker.contract.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.contract.types import PROP_TRACE_CONTEXT, Message, SendResult
 from popmq.proxy.activity import validate
 from popmq.proxy.admission import refuse
 from popmq.proxy.cluster import QueueRef, TopicRoute

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from popmq.broker import names
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 
 # Names: the one set of rules shared with the broker and the store (derived names included).
 TOPIC_MAX_LENGTH = names.TOPIC_MAX_LENGTH

@@ -12,9 +12,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.port import BrokerPort
-from popmq.broker.api.types import (
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.port import BrokerPort
+from popmq.broker.contract.types import (
     DLQ_PREFIX,
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_TOPIC,

@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import DLQ_PREFIX, RETRY_PREFIX, ConsumeMode, TopicInfo
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import DLQ_PREFIX, RETRY_PREFIX, ConsumeMode, TopicInfo
 from popmq.proxy.activity import validate
 from popmq.proxy.admin.operations import OperationsMixin
 from popmq.proxy.grpc import status as st

@@ -35,7 +35,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import message_factory
-from popmq.broker.api.undecodable import Undecodable
+from popmq.broker.wire.undecodable import Undecodable
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.caller import CALLER, Caller
 from popmq.proxy.metrics import ProxyMetrics

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
-from popmq.broker.api.errors import Code
-from popmq.broker.api.types import (
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_TOPIC,
     PROP_TRACE_CONTEXT,

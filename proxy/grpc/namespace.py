@@ -21,8 +21,8 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import DLQ_PREFIX, RETRY_PREFIX
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import DLQ_PREFIX, RETRY_PREFIX
 from popmq.proxy.grpc import status as st
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as d

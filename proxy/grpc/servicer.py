@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from popmq.broker.api.errors import Code
-from popmq.broker.api.types import PullStatus
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import PullStatus
 from popmq.proxy.activity import (
     ack,
     assignment,

@@ -10,7 +10,7 @@ unambiguous.
 
 from __future__ import annotations
 
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 
 from popmq.pb.pool import Duration, Timestamp
 

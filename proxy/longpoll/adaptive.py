@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from popmq.broker.api.port import ConsumePort
-from popmq.broker.api.types import PoppedMessage
+from popmq.broker.contract.port import ConsumePort
+from popmq.broker.contract.types import PoppedMessage
 from popmq.proxy.longpoll.base import LongPollRequest
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.notify import NotifyStrategy

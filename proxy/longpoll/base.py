@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import anyio
-from popmq.broker.api.port import ConsumePort
-from popmq.broker.api.types import PROP_TRACE_CONTEXT, PoppedMessage, PopRequest
+from popmq.broker.contract.port import ConsumePort
+from popmq.broker.contract.types import PROP_TRACE_CONTEXT, PoppedMessage, PopRequest
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics

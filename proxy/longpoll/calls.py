@@ -14,9 +14,9 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.port import ConsumePort
-from popmq.broker.api.types import (
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.port import ConsumePort
+from popmq.broker.contract.types import (
     NotifyRequest,
     NotifyResult,
     PoppedMessage,

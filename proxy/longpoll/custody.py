@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from popmq.broker.api.port import ConsumePort
-from popmq.broker.api.types import PoppedMessage
+from popmq.broker.contract.port import ConsumePort
+from popmq.broker.contract.types import PoppedMessage
 
 Release = Callable[[ConsumePort, list[PoppedMessage]], None]
 

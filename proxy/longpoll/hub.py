@@ -36,8 +36,8 @@ import math
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
-from popmq.broker.api.port import ConsumePort
-from popmq.broker.api.types import FilterExpression, PopRequest
+from popmq.broker.contract.port import ConsumePort
+from popmq.broker.contract.types import FilterExpression, PopRequest
 from popmq.proxy.longpoll.calls import BACKOFF_MAX_S, BrokerCalls
 from popmq.proxy.longpoll.watches import WatchRegistry
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
-from popmq.broker.api.port import ConsumePort
-from popmq.broker.api.types import PopRequest
+from popmq.broker.contract.port import ConsumePort
+from popmq.broker.contract.types import PopRequest
 from popmq.proxy.longpoll.base import (
     LongPollRequest,
     StrategyBase,

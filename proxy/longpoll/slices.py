@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from popmq.broker.api.port import ConsumePort
+from popmq.broker.contract.port import ConsumePort
 from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, is_broker_down
 from popmq.proxy.longpoll.calls import BrokerCalls, remaining_ms
 from popmq.proxy.longpoll.custody import Custody

@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from popmq.broker.api.port import ConsumePort
-from popmq.broker.api.types import PopRequest
-from popmq.broker.api.watch import VisibilityWatch, WatchKey
+from popmq.broker.contract.port import ConsumePort
+from popmq.broker.contract.types import PopRequest
+from popmq.broker.contract.watch import VisibilityWatch, WatchKey
 
 # A watch nobody used for this long is cancelled (it costs one held waiter on the broker).
 LINGER_S = 120.0

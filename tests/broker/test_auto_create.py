@@ -4,8 +4,8 @@ answer the not-found code with the reason and are counted (issue 9, defect 7).""
 from __future__ import annotations
 
 import pytest
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import Message, PopRequest
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import Message, PopRequest
 from support.brokers import fast_broker_config, running_broker
 
 

@@ -12,8 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from popmq.broker.api.remote import RemoteBrokerPort
-from popmq.broker.api.types import (
+from popmq.broker.contract.types import (
     AckEntry,
     GroupConfig,
     Message,
@@ -24,6 +23,7 @@ from popmq.broker.api.types import (
 )
 from popmq.broker.core import Broker
 from popmq.broker.metrics import MergedCollector
+from popmq.broker.wire.remote import RemoteBrokerPort
 from prometheus_client import CollectorRegistry, generate_latest
 from support.brokers import fast_broker_config, running_broker
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from popmq.broker.api import convert
-from popmq.broker.api.errors import BrokerAuthError, Code
-from popmq.broker.api.local import LocalBrokerPort
-from popmq.broker.api.remote import RemoteBrokerPort
-from popmq.broker.api.types import Message
+from popmq.broker.contract.errors import BrokerAuthError, Code
+from popmq.broker.contract.types import Message
 from popmq.broker.core import Broker
-from popmq.broker.server import BrokerGrpcServer
+from popmq.broker.local import LocalBrokerPort
+from popmq.broker.wire import convert
+from popmq.broker.wire.remote import RemoteBrokerPort
+from popmq.broker.wire.server import BrokerGrpcServer
 from support.brokers import fast_broker_config
 from support.tls_certs import Pki, make_pki
 

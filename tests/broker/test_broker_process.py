@@ -14,9 +14,9 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.remote import RemoteBrokerPort
-from popmq.broker.api.types import AckEntry, Message, PopRequest, PopStatus
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import AckEntry, Message, PopRequest, PopStatus
+from popmq.broker.wire.remote import RemoteBrokerPort
 from support.broker_process import REPO_ROOT, STARTUP_TIMEOUT_S, BrokerProcess
 
 from popmq.errors import PopmqError

@@ -10,8 +10,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from popmq.broker.api.coalesce import Coalescer
-from popmq.broker.api.errors import BrokerAuthError, BrokerError, BrokerUnavailableError, Code
+from popmq.broker.contract.errors import BrokerAuthError, BrokerError, BrokerUnavailableError, Code
+from popmq.broker.wire.coalesce import Coalescer
 
 
 class ManualWindow:

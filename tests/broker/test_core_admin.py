@@ -2,8 +2,8 @@ import asyncio
 import time
 
 import pytest
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import (
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import (
     AckEntry,
     ConsumeMode,
     GroupConfig,
@@ -96,7 +96,7 @@ async def test_pull_offsets_and_status(tmp_path) -> None:
 
 
 def _filter(expression: str):
-    from popmq.broker.api.types import FilterExpression
+    from popmq.broker.contract.types import FilterExpression
 
     return FilterExpression(expression)
 

@@ -1,9 +1,9 @@
 import pytest
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.local import LocalBrokerPort
-from popmq.broker.api.port import AdminPort, BrokerPort, MessagingPort
-from popmq.broker.api.types import AckEntry, Message, PopRequest, PopStatus
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.port import AdminPort, BrokerPort, MessagingPort
+from popmq.broker.contract.types import AckEntry, Message, PopRequest, PopStatus
 from popmq.broker.core import Broker
+from popmq.broker.local import LocalBrokerPort
 from support.brokers import fast_broker_config, running_broker
 
 

@@ -9,8 +9,8 @@ import logging
 import os
 
 import pytest
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import Message
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import Message
 from popmq.broker.store.file_budget import FileBudget
 
 

@@ -11,9 +11,9 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import GroupConfig
 from popmq.broker.auto_create import AutoCreateGate
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import GroupConfig
 from popmq.broker.pop.groups import GroupRegistry
 from popmq.broker.store.damage import StoreFaults
 

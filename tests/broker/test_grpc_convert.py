@@ -1,13 +1,12 @@
-"""broker/api/convert.py: every port dataclass survives the trip through broker.proto."""
+"""broker/wire/convert.py: every port dataclass survives the trip through broker.proto."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-from popmq.broker.api import convert
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import (
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import (
     AckEntry,
     AckEntryResult,
     ChangeInvisibleResult,
@@ -30,6 +29,7 @@ from popmq.broker.api.types import (
     StoredMessage,
     TopicInfo,
 )
+from popmq.broker.wire import convert
 
 from popmq.pb.broker.v1 import broker_pb2 as pb
 

@@ -10,10 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.local import LocalBrokerPort
-from popmq.broker.api.remote import RemoteBrokerPort
-from popmq.broker.api.types import (
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import (
     AckEntry,
     ConsumeMode,
     FilterExpression,
@@ -26,7 +24,9 @@ from popmq.broker.api.types import (
     PullStatus,
 )
 from popmq.broker.core import Broker
-from popmq.broker.server import BrokerGrpcServer
+from popmq.broker.local import LocalBrokerPort
+from popmq.broker.wire.remote import RemoteBrokerPort
+from popmq.broker.wire.server import BrokerGrpcServer
 from support.brokers import fast_broker_config, running_broker
 
 

@@ -10,15 +10,14 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from popmq.broker.api.errors import (
+from popmq.broker.contract.errors import (
     BrokerError,
     BrokerTimeoutError,
     BrokerUnavailableError,
     Code,
 )
-from popmq.broker.api.port import BrokerPort
-from popmq.broker.api.remote import RemoteBrokerPort
-from popmq.broker.api.types import (
+from popmq.broker.contract.port import BrokerPort
+from popmq.broker.contract.types import (
     AckEntry,
     AckEntryResult,
     ChangeInvisibleResult,
@@ -40,7 +39,8 @@ from popmq.broker.api.types import (
     StoredMessage,
     TopicInfo,
 )
-from popmq.broker.server import SERVICE_NAME, BrokerGrpcServer
+from popmq.broker.wire.remote import RemoteBrokerPort
+from popmq.broker.wire.server import SERVICE_NAME, BrokerGrpcServer
 
 
 class FakePort:

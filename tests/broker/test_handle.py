@@ -7,7 +7,7 @@ import stat
 from dataclasses import replace
 
 import pytest
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 from popmq.broker.pop import handle_keys
 from popmq.broker.pop.handle import HandleCodec, ReceiptHandle, group_hash, peek_broker_name
 from popmq.broker.pop.handle_keys import HandleKeyring, KeyringError

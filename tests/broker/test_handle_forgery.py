@@ -8,8 +8,8 @@ own deadline, and handles are sealed with a key only it holds."""
 import asyncio
 from dataclasses import replace
 
-from popmq.broker.api.errors import Code
-from popmq.broker.api.types import AckEntry, Message, PopRequest
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import AckEntry, Message, PopRequest
 from popmq.broker.core import Broker
 from popmq.broker.pop.handle import HandleCodec, group_hash
 from popmq.broker.pop.handle_keys import HandleKeyring, keyring_path

@@ -1,5 +1,5 @@
 import pytest
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 from popmq.broker.pop.names import check_group, check_topic
 
 
@@ -46,7 +46,7 @@ def test_longest_accepted_names_make_valid_derived_names() -> None:
 
 
 async def test_longest_names_retry_end_to_end(tmp_path) -> None:
-    from popmq.broker.api.types import AckEntry, Message, PopRequest
+    from popmq.broker.contract.types import AckEntry, Message, PopRequest
     from popmq.broker.names import GROUP_MAX_LENGTH, TOPIC_MAX_LENGTH
     from support.brokers import fast_broker_config, running_broker
 

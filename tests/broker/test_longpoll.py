@@ -1,7 +1,7 @@
 import asyncio
 
 import pytest
-from popmq.broker.api.types import (
+from popmq.broker.contract.types import (
     FilterExpression,
     Message,
     NotifyRequest,

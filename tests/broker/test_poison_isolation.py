@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from popmq.broker.api.types import AckEntry, Message, PopRequest, PullRequest, PullStatus
+from popmq.broker.contract.types import AckEntry, Message, PopRequest, PullRequest, PullStatus
 from popmq.broker.core import Broker
 from support.brokers import fast_broker_config, running_broker
 
@@ -115,7 +115,7 @@ async def test_failing_revive_checkpoint_is_parked_and_others_revive(tmp_path, m
     """Revive: a checkpoint whose retry cannot be scheduled does not hold up the others due
     in the same batch; it is retried with backoff, then its messages are parked in the group's
     DLQ (counted, with the reason)."""
-    from popmq.broker.api.types import dlq_topic
+    from popmq.broker.contract.types import dlq_topic
 
     async with running_broker(fast_broker_config(tmp_path)) as broker:
         revive = broker.revive_service

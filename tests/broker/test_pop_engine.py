@@ -2,8 +2,8 @@ import asyncio
 from dataclasses import replace
 
 import pytest
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import (
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import (
     AckEntry,
     FilterExpression,
     Message,

@@ -8,8 +8,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from popmq.broker.api.errors import Code
-from popmq.broker.api.types import AckEntry, GroupConfig, Message, PopRequest
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import AckEntry, GroupConfig, Message, PopRequest
 from support.brokers import fast_broker_config, running_broker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ async def test_delay_messages_and_group_configs_survive_restart(tmp_path) -> Non
 _CHILD = textwrap.dedent(
     """
     import asyncio, sys
-    from popmq.broker.api.types import AckEntry, Message, PopRequest
+    from popmq.broker.contract.types import AckEntry, Message, PopRequest
     from popmq.broker.core import Broker
     from support.brokers import fast_broker_config
 

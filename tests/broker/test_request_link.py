@@ -10,12 +10,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from popmq.broker.api.errors import BrokerError, BrokerUnavailableError, Code
-from popmq.broker.api.local import LocalBrokerPort
-from popmq.broker.api.remote import RemoteBrokerPort
-from popmq.broker.api.types import AckEntry, AckEntryResult, FilterExpression, Message, PopRequest
-from popmq.broker.api.watch import VisibilityWatch, WatchKey, WatchState
-from popmq.broker.server import BrokerGrpcServer, BrokerServicer
+from popmq.broker.contract.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.contract.types import (
+    AckEntry,
+    AckEntryResult,
+    FilterExpression,
+    Message,
+    PopRequest,
+)
+from popmq.broker.contract.watch import VisibilityWatch, WatchKey, WatchState
+from popmq.broker.local import LocalBrokerPort
+from popmq.broker.wire.remote import RemoteBrokerPort
+from popmq.broker.wire.server import BrokerGrpcServer, BrokerServicer
 from support.brokers import fast_broker_config, running_broker
 
 from popmq.config import BrokerLinkConfig

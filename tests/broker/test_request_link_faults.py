@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 import pytest
-from popmq.broker.api.errors import BrokerTimeoutError, BrokerUnavailableError
-from popmq.broker.api.request_link import RequestLink
+from popmq.broker.contract.errors import BrokerTimeoutError, BrokerUnavailableError
+from popmq.broker.wire.request_link import RequestLink
 
 from popmq.pb.broker.v1 import broker_pb2 as pb
 

@@ -15,14 +15,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from popmq.broker import server as broker_server
-from popmq.broker.api import remote as remote_module
-from popmq.broker.api import request_link
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.local import LocalBrokerPort
-from popmq.broker.api.remote import RemoteBrokerPort
-from popmq.broker.api.types import Message, PopRequest
-from popmq.broker.server import BrokerGrpcServer
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import Message, PopRequest
+from popmq.broker.local import LocalBrokerPort
+from popmq.broker.wire import remote as remote_module
+from popmq.broker.wire import request_link
+from popmq.broker.wire import server as broker_server
+from popmq.broker.wire.remote import RemoteBrokerPort
+from popmq.broker.wire.server import BrokerGrpcServer
 from support.brokers import fast_broker_config, running_broker
 
 from popmq.config import BrokerLinkConfig

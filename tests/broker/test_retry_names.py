@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from popmq.broker.api.errors import Code
-from popmq.broker.api.types import (
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import (
     PROP_ORIGIN_TOPIC,
     AckEntry,
     Message,

@@ -2,8 +2,8 @@ import asyncio
 import itertools
 
 import pytest
-from popmq.broker.api.errors import Code
-from popmq.broker.api.types import (
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_OFFSET,
     PROP_ORIGIN_QUEUE,

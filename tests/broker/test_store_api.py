@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import Message
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import Message
 from popmq.broker.store import OffsetOutOfRangeError, TopicMeta
 from popmq.broker.store.framing import HEADER_SIZE, iter_frames
 

@@ -7,7 +7,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from popmq.broker.store.codec import decode_header, decode_record, encode_record, tag_hash
 from popmq.broker.store.framing import (
     HEADER_SIZE,

@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 
 import pytest
-from popmq.broker.api.errors import BrokerError
-from popmq.broker.api.types import Message
+from popmq.broker.contract.errors import BrokerError
+from popmq.broker.contract.types import Message
 from popmq.broker.metrics import BrokerMetrics
 from popmq.broker.pop.checkpoint import Checkpoint
 from popmq.broker.pop.journal import PopJournal

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from popmq.broker.store import MessageStore
 from popmq.broker.store.codec import decode_header
 from popmq.broker.store.framing import HEADER_SIZE, iter_frames
@@ -237,7 +237,7 @@ CRASH_WRITER = textwrap.dedent(
     """
     import asyncio, os, sys
     from pathlib import Path
-    from popmq.broker.api.types import Message
+    from popmq.broker.contract.types import Message
     from popmq.broker.store import MessageStore
     from popmq.config import StoreConfig
 

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from popmq.broker.api.errors import Code
-from popmq.broker.api.types import Message
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import Message
 from popmq.broker.store import MessageStore, OffsetPurgedError
 
 from popmq.clock import LoopClock

@@ -7,9 +7,9 @@ import asyncio
 import time
 from pathlib import Path
 
-from popmq.broker.api.local import LocalBrokerPort
-from popmq.broker.api.types import AckEntry, FilterExpression, Message, PopRequest
-from popmq.broker.api.watch import VisibilityWatch, WatchKey, WatchState
+from popmq.broker.contract.types import AckEntry, FilterExpression, Message, PopRequest
+from popmq.broker.contract.watch import VisibilityWatch, WatchKey, WatchState
+from popmq.broker.local import LocalBrokerPort
 from support.brokers import fast_broker_config, running_broker
 
 TOPIC, GROUP = "t", "g"

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from popmq.broker.api.remote import RemoteBrokerPort
-from popmq.broker.api.types import AckEntry, GroupConfig, Message, PopRequest, PullRequest
+from popmq.broker.contract.types import AckEntry, GroupConfig, Message, PopRequest, PullRequest
+from popmq.broker.wire.remote import RemoteBrokerPort
 from prometheus_client.parser import text_string_to_metric_families
 from support.broker_process import BrokerProcess
 

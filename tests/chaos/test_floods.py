@@ -21,9 +21,9 @@ from typing import Any
 
 import grpc
 import pytest
-from popmq.broker.api.errors import Code
-from popmq.broker.api.remote import RemoteBrokerPort
-from popmq.broker.api.types import PullRequest
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import PullRequest
+from popmq.broker.wire.remote import RemoteBrokerPort
 
 from chaos.processes import PopmqProcess, broker_args, free_port, proxy_args, sample, scrape
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb

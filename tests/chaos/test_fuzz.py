@@ -26,10 +26,10 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message as ProtoMessage
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from popmq.broker.api.errors import Code
-from popmq.broker.api.local import LocalBrokerPort
-from popmq.broker.api.types import PopRequest
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import PopRequest
 from popmq.broker.core import Broker
+from popmq.broker.local import LocalBrokerPort
 from popmq.proxy.server import ProxyServer
 
 from popmq.config import load_config
@@ -291,7 +291,7 @@ class ServerThread:
 
 
 def _stored_message(n: int) -> Any:
-    from popmq.broker.api.types import Message
+    from popmq.broker.contract.types import Message
 
     return Message(TOPIC, f"seed-{n}".encode())
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from support.official_clients import SERVER_SETTINGS, PopmqProcess, cluster_proxy, unique
 
 from popmq.client.aio import AsyncClient

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from cli_support import popmq
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from support.official_clients import Deployment, unique
 
 from popmq.client import Client

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from cli_support import popmq
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from prometheus_client.parser import text_string_to_metric_families
 from support.official_clients import REPO, Deployment, unique
 

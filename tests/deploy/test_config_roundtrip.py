@@ -16,8 +16,8 @@ import grpc
 import pytest
 from deploykit import REPO, cli_commands, pod_env, render
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from popmq.broker.api.errors import Code
-from popmq.broker.api.types import Message
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import Message
 
 from popmq.client import Client, ProxyError
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 from deploykit import CHART_DIR, REPO, parse_cli
-from popmq.broker.api.errors import Code
-from popmq.broker.api.types import Message, PopRequest
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import Message, PopRequest
 from popmq.proxy.metrics import ProxyMetrics
 from pydantic import BaseModel
 from support.brokers import fast_broker_config, running_broker

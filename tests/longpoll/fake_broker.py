@@ -12,8 +12,8 @@ import itertools
 import time
 from collections.abc import Callable
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import (
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import (
     ChangeInvisibleResult,
     NotifyRequest,
     NotifyResult,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from popmq.broker.api.types import PopRequest
+from popmq.broker.contract.types import PopRequest
 from popmq.proxy.longpoll.base import LongPollRequest
 from popmq.proxy.metrics import ProxyMetrics
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from popmq.broker.api.types import PoppedMessage
+from popmq.broker.contract.types import PoppedMessage
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.longpoll.rate import SlidingRate
 

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.notify import NotifyStrategy
 from popmq.proxy.metrics import ProxyMetrics

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from popmq.broker.api.types import PopRequest, PopResult
+from popmq.broker.contract.types import PopRequest, PopResult
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.hub import NotificationHub, Subscription
 from popmq.proxy.longpoll.notify import NotifyStrategy

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from popmq.broker.api.local import LocalBrokerPort
-from popmq.broker.api.remote import RemoteBrokerPort
-from popmq.broker.api.types import Message
-from popmq.broker.api.watch import WatchState
-from popmq.broker.server import BrokerGrpcServer
+from popmq.broker.contract.types import Message
+from popmq.broker.contract.watch import WatchState
+from popmq.broker.local import LocalBrokerPort
+from popmq.broker.wire.remote import RemoteBrokerPort
+from popmq.broker.wire.server import BrokerGrpcServer
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.notify import NotifyStrategy
 from popmq.proxy.metrics import ProxyMetrics

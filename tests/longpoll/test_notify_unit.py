@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import PopResult
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import PopResult
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.notify import NotifyStrategy
 from popmq.proxy.metrics import ProxyMetrics

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from popmq.broker.api.types import (
+from popmq.broker.contract.types import (
     ChangeInvisibleResult,
     PoppedMessage,
     PopRequest,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from popmq.broker.api.types import PopRequest
-from popmq.broker.api.watch import VisibilityWatch, WatchKey, WatchState
+from popmq.broker.contract.types import PopRequest
+from popmq.broker.contract.watch import VisibilityWatch, WatchKey, WatchState
 from popmq.proxy.longpoll.watches import WatchRegistry
 
 # Virtual time (looptime): sleeps and deadlines take no real time, timing asserts are exact.
@@ -87,7 +87,7 @@ async def test_a_link_that_cannot_open_leaves_no_watch_armed() -> None:
     UNKNOWN, so long polls pop the broker (and see its error) instead of trusting it."""
     import asyncio
 
-    from popmq.broker.api.link import BrokerLink
+    from popmq.broker.wire.link import BrokerLink
 
     def broken_stub() -> object:
         raise ValueError("cannot read the cluster token file")

@@ -9,8 +9,8 @@ from typing import Any
 
 import grpc
 import pytest
-from popmq.broker.api.local import LocalBrokerPort
 from popmq.broker.core import Broker
+from popmq.broker.local import LocalBrokerPort
 from popmq.proxy.server import ProxyServer
 from proxy_support import Cluster, make_config
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from popmq.broker.api.errors import Code
+from popmq.broker.contract.errors import Code
 from popmq.proxy.grpc.access import access_guard
 from popmq.proxy.metrics import ProxyMetrics
 from proxy_support import Cluster, message, unique

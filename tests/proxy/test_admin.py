@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from popmq.broker.api.errors import Code
+from popmq.broker.contract.errors import Code
 from proxy_support import Cluster, unique
 
 from popmq.pb.admin.v1 import admin_pb2 as a

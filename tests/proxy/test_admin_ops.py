@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import Any
 
-from popmq.broker.api.errors import Code
+from popmq.broker.contract.errors import Code
 from proxy_support import Cluster, unique
 
 from popmq.pb.admin.v1 import admin_pb2 as a

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 from popmq.proxy.admission import SUSTAINED_TICKS, LongPollAdmission, poll_owner
 from popmq.proxy.metrics import ProxyMetrics
 from proxy_support import Cluster, eventually, message, unique

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import grpc
 import pytest
-from popmq.broker.api.errors import Code
+from popmq.broker.contract.errors import Code
 from popmq.broker.pop.handle import HandleCodec, peek_broker_name
 from popmq.broker.pop.handle_keys import HandleKeyring, keyring_path
 from proxy_support import Cluster, message, unique

@@ -6,10 +6,10 @@ import socket
 from pathlib import Path
 
 import grpc
-from popmq.broker.api.errors import Code
-from popmq.broker.api.local import LocalBrokerPort
-from popmq.broker.api.remote import RemoteBrokerPort
+from popmq.broker.contract.errors import Code
 from popmq.broker.core import Broker
+from popmq.broker.local import LocalBrokerPort
+from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.proxy.server import ProxyServer
 from proxy_support import Cluster, make_config, unique
 

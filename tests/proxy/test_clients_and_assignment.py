@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from popmq.broker.api.errors import Code
-from popmq.broker.api.types import ConsumeMode, GroupConfig
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import ConsumeMode, GroupConfig
 from proxy_support import Cluster, unique
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from popmq.broker.api.errors import BrokerUnavailableError
-from popmq.broker.api.types import GroupConfig
+from popmq.broker.contract.errors import BrokerUnavailableError
+from popmq.broker.contract.types import GroupConfig
 from popmq.proxy import cluster as cluster_module
 from popmq.proxy.cluster import BrokerCluster
 

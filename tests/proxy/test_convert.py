@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import (
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_TOPIC,
     PoppedMessage,

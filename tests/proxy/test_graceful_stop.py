@@ -9,8 +9,8 @@ import time
 
 import grpc
 import pytest
-from popmq.broker.api.local import LocalBrokerPort
-from popmq.broker.api.types import Message, PopRequest
+from popmq.broker.contract.types import Message, PopRequest
+from popmq.broker.local import LocalBrokerPort
 from popmq.proxy.longpoll import LongPollRequest
 from proxy_support import Cluster, eventually, unique
 

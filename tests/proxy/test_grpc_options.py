@@ -44,7 +44,7 @@ async def test_a_request_past_the_operators_bound_is_refused_by_the_transport(
 ) -> None:
     # A request is decoded before it is authenticated: proxy.max_request_bytes bounds what one
     # call can make the proxy allocate (the default, RocketMQ's 130 MiB, grew its RSS ~340 MiB).
-    from popmq.broker.api.errors import Code
+    from popmq.broker.contract.errors import Code
     from proxy_support import unique
 
     from popmq.pb.rocketmq.v2 import definition_pb2 as pb

@@ -6,7 +6,7 @@ import asyncio
 import time
 
 import pytest
-from popmq.broker.api.errors import Code
+from popmq.broker.contract.errors import Code
 from popmq.proxy.grpc.convert import md5_hex
 from proxy_support import Cluster, unique
 
@@ -153,7 +153,7 @@ async def test_delay_message_waits_for_its_delivery_time(cluster: Cluster) -> No
 async def test_two_proxies_receive_on_one_ack_on_the_other(make_cluster) -> None:
     first: Cluster = await make_cluster(brokers=2)
     # a second proxy over the same brokers
-    from popmq.broker.api.local import LocalBrokerPort
+    from popmq.broker.local import LocalBrokerPort
     from popmq.proxy.server import ProxyServer
 
     second = ProxyServer(first.config, [LocalBrokerPort(b) for b in first.brokers])

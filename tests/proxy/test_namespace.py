@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 from popmq.proxy.grpc.namespace import qualify, unqualify
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from popmq.broker.api.errors import Code
+from popmq.broker.contract.errors import Code
 from proxy_support import Cluster, unique
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb

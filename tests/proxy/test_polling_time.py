@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 from popmq.proxy.activity.receive import DEFAULT_REQUEST_TIMEOUT_MS, polling_time_ms
 
 from popmq.config import ProxyConfig

@@ -13,9 +13,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
-from popmq.broker.api.local import LocalBrokerPort
-from popmq.broker.server import SERVICE_NAME as BROKER_SERVICE
-from popmq.broker.server import BrokerGrpcServer
+from popmq.broker.local import LocalBrokerPort
+from popmq.broker.wire.server import SERVICE_NAME as BROKER_SERVICE
+from popmq.broker.wire.server import BrokerGrpcServer
 from support.brokers import fast_broker_config, running_broker
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb

@@ -6,8 +6,8 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import ChangeInvisibleResult
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import ChangeInvisibleResult
 from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.registry import ClientRegistry
 from popmq.proxy.renewal import RELEASE_INVISIBLE_MS, HandleRenewer

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from popmq.broker.api.errors import BrokerError, Code
+from popmq.broker.contract.errors import BrokerError, Code
 from popmq.proxy.grpc.times import duration_ms, timestamp_ms
 from proxy_support import Cluster, message, unique
 

@@ -18,10 +18,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
-from popmq.broker.api.local import LocalBrokerPort
-from popmq.broker.api.remote import RemoteBrokerPort
 from popmq.broker.core import Broker
-from popmq.broker.server import BrokerGrpcServer
+from popmq.broker.local import LocalBrokerPort
+from popmq.broker.wire.remote import RemoteBrokerPort
+from popmq.broker.wire.server import BrokerGrpcServer
 from popmq.proxy.server import ProxyServer
 from proxy_support import Cluster, make_config, unique
 

@@ -8,8 +8,8 @@ import logging
 
 import grpc
 import pytest
-from popmq.broker.api.local import LocalBrokerPort
-from popmq.broker.server import BrokerGrpcServer
+from popmq.broker.local import LocalBrokerPort
+from popmq.broker.wire.server import BrokerGrpcServer
 from proxy_support import Cluster
 
 GARBAGE = b"\xff\xff\xff\xff not protobuf"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from popmq.broker.api.errors import Code
-from popmq.broker.api.types import Message
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import Message
 from support.fake_proxy import FakeProxy
 
 from popmq.client import AsyncClient, OffsetPolicy, ProxyError, ProxyUnavailable

@@ -6,8 +6,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from popmq.broker.api.errors import Code
-from popmq.broker.api.types import Message
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import Message
 
 from popmq.client import AsyncClient, Client, OffsetPolicy, ProxyError
 from popmq.client.local_server import LocalServer

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 import yaml
-from popmq.broker.api.errors import Code
-from popmq.broker.api.local import LocalBrokerPort
-from popmq.broker.api.types import Message
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import Message
 from popmq.broker.core import Broker
+from popmq.broker.local import LocalBrokerPort
 from popmq.proxy.server import ProxyServer
 from support.brokers import fast_broker_config
 from support.tls_certs import make_pki

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from support.official_clients import PopmqProcess, serve
 
 from popmq.client.security import ClientSecurity

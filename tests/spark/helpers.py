@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 
 from popmq.client import Client, OffsetPolicy, ReceivedMessage
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from popmq.broker.api.types import Message
+from popmq.broker.contract.types import Message
 from support.fake_proxy import FakeProxy
 
 from popmq.client import Client

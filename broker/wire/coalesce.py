@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from popmq.broker.api.errors import BrokerAuthError, BrokerError, BrokerUnavailableError, Code
+from popmq.broker.contract.errors import BrokerAuthError, BrokerError, BrokerUnavailableError, Code
 
 from popmq.errors import RefusedError, TransportError
 

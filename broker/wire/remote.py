@@ -8,7 +8,7 @@ call has a deadline: rpc_timeout_s, plus the poll time for long polls. Cancellin
 task cancels the RPC, and the broker then drops the held request.
 
 Hot-path calls (send, pop, ack, change_invisible_time, notify, forward_to_dlq, pull) go over the
-request link (popmq.broker.api.request_link: a few multiplexed Call streams, acks and sends
+request link (popmq.broker.wire.request_link: a few multiplexed Call streams, acks and sends
 coalesced) unless ``broker_link.requests`` is "unary"; administration stays unary. A broker that
 does not know the Call method gets unary calls from then on.
 """
@@ -23,18 +23,14 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import grpc
-from popmq.broker.api import convert
-from popmq.broker.api.coalesce import Coalescer
-from popmq.broker.api.errors import (
+from popmq.broker.contract.errors import (
     BrokerAuthError,
     BrokerError,
     BrokerTimeoutError,
     BrokerUnavailableError,
     Code,
 )
-from popmq.broker.api.link import BrokerLink
-from popmq.broker.api.request_link import LinkUnsupportedError, RequestLink
-from popmq.broker.api.types import (
+from popmq.broker.contract.types import (
     AckEntry,
     AckEntryResult,
     ChangeInvisibleResult,
@@ -52,6 +48,10 @@ from popmq.broker.api.types import (
     SendResult,
     TopicInfo,
 )
+from popmq.broker.wire import convert
+from popmq.broker.wire.coalesce import Coalescer
+from popmq.broker.wire.link import BrokerLink
+from popmq.broker.wire.request_link import LinkUnsupportedError, RequestLink
 
 from popmq.config import BrokerLinkConfig
 from popmq.lifecycle import TaskOwner

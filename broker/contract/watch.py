@@ -17,7 +17,7 @@ waits for a wake), so no event is missed between an empty pop and the re-arm. Se
 docs/longpolling.md for the whole argument.
 
 Both transports share this: ``LocalWatchBackend`` runs the broker-side wait in process,
-``popmq.broker.api.link.BrokerLink`` multiplexes the arms of one proxy over one gRPC stream.
+``popmq.broker.wire.link.BrokerLink`` multiplexes the arms of one proxy over one gRPC stream.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from popmq.broker.api.errors import BrokerError
-from popmq.broker.api.port import BrokerPort
-from popmq.broker.api.types import FilterExpression, NotifyRequest
+from popmq.broker.contract.errors import BrokerError
+from popmq.broker.contract.port import BrokerPort
+from popmq.broker.contract.types import FilterExpression, NotifyRequest
 
 from popmq.lifecycle import AsyncClosing, Job, TaskOwner
 

@@ -4,11 +4,11 @@ ConsumePort (pop, notify, change invisible time) is what the long-poll strategie
 MessagingPort adds send, ack, DLQ and offsets; AdminPort is topics and groups. BrokerPort is
 both, plus close(). Take the narrowest one a component needs.
 
-Two implementations share it: ``broker.api.local.LocalBrokerPort`` calls a ``Broker`` in the
-same process, ``broker.api.remote.RemoteBrokerPort`` calls a broker's gRPC server. Code above
+Two implementations share it: ``broker.local.LocalBrokerPort`` calls a ``Broker`` in the
+same process, ``broker.wire.remote.RemoteBrokerPort`` calls a broker's gRPC server. Code above
 this line does not know which it holds.
 
-Every method raises ``broker.api.errors.BrokerError`` with a RocketMQ ``Code`` when it refuses
+Every method raises ``broker.contract.errors.BrokerError`` with a RocketMQ ``Code`` when it refuses
 a request, and a remote port a TransportError (BrokerUnavailableError, BrokerTimeoutError) when
 the broker gives no answer (see popmq.errors). Long-polling calls (pop, pull, notify with
 ``poll_time_ms > 0``) return at their timeout with an empty result, and stop holding anything
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from popmq.broker.api.types import (
+from popmq.broker.contract.types import (
     AckEntry,
     AckEntryResult,
     ChangeInvisibleResult,

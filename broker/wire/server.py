@@ -18,12 +18,12 @@ import grpc
 from google.protobuf.message import Message as ProtoMessage
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from popmq.broker.api import convert
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.port import BrokerPort
-from popmq.broker.api.request_link import LINK_HEADROOM_BYTES, frames
-from popmq.broker.api.undecodable import add_tolerant
-from popmq.broker.api.watch import WatchKey, wait_visible
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.port import BrokerPort
+from popmq.broker.contract.watch import WatchKey, wait_visible
+from popmq.broker.wire import convert
+from popmq.broker.wire.request_link import LINK_HEADROOM_BYTES, frames
+from popmq.broker.wire.undecodable import add_tolerant
 
 from popmq.config import BrokerConfig
 from popmq.lifecycle import Job, TaskOwner

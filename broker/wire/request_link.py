@@ -36,7 +36,7 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 from opentelemetry import propagate, trace
-from popmq.broker.api.errors import (
+from popmq.broker.contract.errors import (
     BrokerAuthError,
     BrokerError,
     BrokerTimeoutError,

@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from popmq.broker.api import convert
-from popmq.broker.api.watch import VisibilityWatch
+from popmq.broker.contract.watch import VisibilityWatch
+from popmq.broker.wire import convert
 
 from popmq.lifecycle import AsyncClosing, Job, TaskOwner
 from popmq.pb.broker.v1 import broker_pb2 as pb

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-from popmq.broker.api.watch import LocalWatchBackend
+from popmq.broker.contract.watch import LocalWatchBackend
 from popmq.broker.core import Broker
 
 if TYPE_CHECKING:
-    from popmq.broker.api.port import BrokerPort
+    from popmq.broker.contract.port import BrokerPort
 
 P = ParamSpec("P")
 R = TypeVar("R")

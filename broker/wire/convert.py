@@ -1,6 +1,6 @@
 """Conversions between the broker port's dataclasses and protos/popmq/pb/broker/v1/broker.proto.
 
-The proto mirrors broker/api/types.py field for field (same names), so flat dataclasses are
+The proto mirrors broker/contract/types.py field for field (same names), so flat dataclasses are
 copied by their field list; nested values, enums and the error status are handled explicitly.
 A dataclass field the proto lacks fails loudly here (and in tests/broker/test_grpc_convert.py)
 instead of being dropped on the wire.
@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any, TypeVar, cast
 
 from google.protobuf.message import Message as ProtoMessage
-from popmq.broker.api.errors import BrokerError, Code
-from popmq.broker.api.types import (
+from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.types import (
     AckEntry,
     AckEntryResult,
     ChangeInvisibleResult,

@@ -1,1 +1,0 @@
-"""The broker port: the one interface the proxy uses to reach a broker, in-process or over gRPC."""
