@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 
 _NOT_FOUND = {"topic": Code.TOPIC_NOT_FOUND, "group": Code.CONSUMER_GROUP_NOT_FOUND}
 _SETTING = {"topic": "broker.topics", "group": "broker.groups"}
@@ -40,7 +40,7 @@ class AutoCreateGate:
 
     def admit(self, name: str, existing: int) -> None:
         """Allow creating ``name`` when ``existing`` are already there, or raise the
-        not-found BrokerError that tells the client why it was not created."""
+        not-found RefusedError that tells the client why it was not created."""
         setting = _SETTING[self._kind]
         if not self._enabled:
             self._refuse(name, "disabled", f"auto-creation is off ({setting}.auto_create)")
@@ -59,4 +59,4 @@ class AutoCreateGate:
         if self._on_refused is not None:
             self._on_refused(self._kind, reason)
         text = f"{self._kind} {name!r} does not exist and was not created: {why}"
-        raise BrokerError(_NOT_FOUND[self._kind], text)
+        raise RefusedError(_NOT_FOUND[self._kind], text)

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from popmq.broker.auto_create import AutoCreateGate
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import (
     SYSTEM_PREFIX,
     AckEntry,
@@ -136,19 +136,19 @@ class Broker:
     @property
     def engine(self) -> PopEngine:
         if self._engine is None:
-            raise BrokerError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
+            raise RefusedError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
         return self._engine
 
     @property
     def ledger(self) -> CheckpointLedger:
         if self._ledger is None:
-            raise BrokerError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
+            raise RefusedError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
         return self._ledger
 
     @property
     def revive_service(self) -> ReviveService:
         if self._revive is None:
-            raise BrokerError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
+            raise RefusedError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
         return self._revive
 
     @property
@@ -319,13 +319,13 @@ class Broker:
             committed = self._store.get_consumer_offset(group, topic, queue_id)
             low = self._store.min_offset(topic, queue_id)
             high = self._store.max_offset(topic, queue_id)
-        except BrokerError:  # the topic or queue is gone (deleted while messages were out)
+        except RefusedError:  # the topic or queue is gone (deleted while messages were out)
             return 0
         # An offset past the end means the store lost its tail (machine crash, async flush).
         return low if committed < 0 else min(max(committed, low), high)
 
     def _commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        with contextlib.suppress(BrokerError):  # the topic may have been deleted meanwhile
+        with contextlib.suppress(RefusedError):  # the topic may have been deleted meanwhile
             self._store.set_consumer_offset(group, topic, queue_id, offset)
 
     def _failure_tracker(self) -> FailureTracker[int]:
@@ -352,7 +352,7 @@ class Broker:
 
     def _require_started(self) -> None:
         if not self._started:
-            raise BrokerError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
+            raise RefusedError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
 
     # -- produce --------------------------------------------------------------------------
     def _topic_for_send(self, topic: str) -> TopicMeta:
@@ -372,20 +372,20 @@ class Broker:
     def _check_message(self, message: Message) -> None:
         check_topic(message.topic)
         if not message.body:
-            raise BrokerError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
+            raise RefusedError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
         limit = self._config.store.max_body_bytes
         if len(message.body) > limit:
-            raise BrokerError(
+            raise RefusedError(
                 Code.MESSAGE_BODY_TOO_LARGE,
                 f"message body is {len(message.body)} bytes; the limit is {limit}",
             )
         if "|" in message.tag or (message.tag and not message.tag.strip()):
-            raise BrokerError(Code.ILLEGAL_MESSAGE_TAG, f"illegal tag {message.tag!r}")
+            raise RefusedError(Code.ILLEGAL_MESSAGE_TAG, f"illegal tag {message.tag!r}")
 
     async def send(self, messages: list[Message], queue_id: int = -1) -> list[SendResult]:
         self._require_started()
         if not messages:
-            raise BrokerError(Code.BAD_REQUEST, "nothing to send")
+            raise RefusedError(Code.BAD_REQUEST, "nothing to send")
         now = self._clock()
         immediate: dict[tuple[str, int], list[tuple[int, Message]]] = defaultdict(list)
         delayed: list[tuple[int, Message, str, int]] = []
@@ -396,7 +396,7 @@ class Broker:
             meta = self._topic_for_send(message.topic)
             if queue_id >= 0:
                 if queue_id >= meta.queue_count:
-                    raise BrokerError(
+                    raise RefusedError(
                         Code.BAD_REQUEST,
                         f"queue {queue_id} is not a queue of {meta.name!r} "
                         f"(0..{meta.queue_count - 1})",
@@ -472,13 +472,13 @@ class Broker:
         check_topic(topic, user=False)
         meta = self._store.get_topic(topic)
         if meta is None:
-            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+            raise RefusedError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
         return meta
 
     def _existing_queue(self, topic: str, queue_id: int) -> TopicMeta:
         meta = self._existing_topic(topic)
         if not 0 <= queue_id < meta.queue_count:
-            raise BrokerError(
+            raise RefusedError(
                 Code.BAD_REQUEST,
                 f"queue {queue_id} is not a queue of {topic!r} (0..{meta.queue_count - 1})",
             )
@@ -489,9 +489,11 @@ class Broker:
         topic, queue_id = request.topic, request.queue_id
         self._existing_queue(topic, queue_id)
         if not 1 <= request.max_messages <= _MAX_PULL_BATCH:
-            raise BrokerError(Code.BAD_REQUEST, f"pull batch must be within [1, {_MAX_PULL_BATCH}]")
+            raise RefusedError(
+                Code.BAD_REQUEST, f"pull batch must be within [1, {_MAX_PULL_BATCH}]"
+            )
         if request.poll_time_ms < 0:
-            raise BrokerError(Code.ILLEGAL_POLLING_TIME, "poll time must not be negative")
+            raise RefusedError(Code.ILLEGAL_POLLING_TIME, "poll time must not be negative")
         tags = request.filter.tags()
         deadline = self._clock() + request.poll_time_ms
         offset = request.offset
@@ -535,7 +537,7 @@ class Broker:
         self._existing_queue(topic, queue_id)
         high = self._store.max_offset(topic, queue_id)
         if not 0 <= offset <= high:
-            raise BrokerError(
+            raise RefusedError(
                 Code.ILLEGAL_OFFSET, f"offset {offset} is outside 0..{high} of {topic}/{queue_id}"
             )
         self._store.set_consumer_offset(group, topic, queue_id, offset)
@@ -561,7 +563,7 @@ class Broker:
         self._require_started()
         check_topic(topic)
         if not 1 <= queue_count <= 1024:
-            raise BrokerError(Code.BAD_REQUEST, "queue count must be within [1, 1024]")
+            raise RefusedError(Code.BAD_REQUEST, "queue count must be within [1, 1024]")
         return self._topic_info(self._store.create_topic(topic, queue_count))
 
     async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
@@ -570,7 +572,7 @@ class Broker:
         meta = self._store.get_topic(topic)
         if meta is None:
             if not auto_create or is_system_topic(topic):
-                raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+                raise RefusedError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
             meta = self._auto_create_topic(topic)
         return self._topic_info(meta)
 
@@ -618,7 +620,7 @@ class Broker:
         check_group(group)
         inflight = self.ledger.group_inflight(group)
         if inflight and not force:
-            raise BrokerError(
+            raise RefusedError(
                 Code.PRECONDITION_FAILED,
                 f"group {group!r} has {inflight} messages in flight on broker {self.name}; "
                 "ack them, wait for their invisible time, or delete with force",

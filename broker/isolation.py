@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 
 K = TypeVar("K")
 
@@ -34,7 +34,7 @@ PERMANENT_CODES = frozenset(
 
 
 def is_permanent(exc: BaseException) -> bool:
-    if isinstance(exc, BrokerError):
+    if isinstance(exc, RefusedError):
         return exc.code in PERMANENT_CODES
     return isinstance(exc, (ValueError, KeyError, TypeError))
 

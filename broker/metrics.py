@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, PopStatus
 from popmq.broker.names import parse_retry_topic
 from popmq.broker.store.damage import DamageEvent, MetadataFallback
@@ -282,7 +282,7 @@ def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
     for group, topic in pairs[:MAX_GROUP_SERIES]:
         try:
             stats = broker.group_stats_now(group, topic)
-        except BrokerError:  # the topic was deleted
+        except RefusedError:  # the topic was deleted
             continue
         row = GroupRow(group, topic, 0, 0, 0)
         now_ms = int(time.time() * 1000)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
@@ -109,12 +109,12 @@ def check_topic(topic: str, *, user: bool = True, allow_dlq: bool = False) -> st
     """ILLEGAL_TOPIC unless ``topic`` is acceptable (see ``topic_problem``)."""
     problem = topic_problem(topic, user=user, allow_dlq=allow_dlq)
     if problem is not None:
-        raise BrokerError(Code.ILLEGAL_TOPIC, problem)
+        raise RefusedError(Code.ILLEGAL_TOPIC, problem)
     return topic
 
 
 def check_group(group: str) -> str:
     problem = group_problem(group)
     if problem is not None:
-        raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP, problem)
+        raise RefusedError(Code.ILLEGAL_CONSUMER_GROUP, problem)
     return group

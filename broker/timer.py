@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from popmq.broker.contract.errors import BrokerError
+from popmq.broker.contract.errors import RefusedError
 from popmq.broker.contract.types import Message, StoredMessage
 from popmq.broker.isolation import FailureTracker, describe
 from popmq.broker.pop.queue_state import QueueState
@@ -273,7 +273,7 @@ class TimerService:
     def _load(self, offset: int) -> Message | None:
         try:
             result = self._store.read(TIMER_TOPIC, TIMER_QUEUE, offset, 1)
-        except BrokerError:
+        except RefusedError:
             return None  # removed by retention: nothing left to deliver
         if not result.messages or result.messages[0].queue_offset != offset:
             return None

@@ -102,7 +102,7 @@ def verify(data_dir: Path) -> Report:
 def _check_format(data_dir: Path, report: Report) -> None:
     try:
         version = data_format.read_version(data_dir)
-    except Exception as exc:  # BrokerError: an unreadable marker
+    except Exception as exc:  # RefusedError: an unreadable marker
         report.add("format", data_format.MARKER, DAMAGED, str(exc))
         return
     if version is None:

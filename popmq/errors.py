@@ -1,7 +1,7 @@
 """popmq's one error tree: every error popmq raises on purpose is a PopmqError.
 
     PopmqError                      .code: the RocketMQ Code a client sees if this ends a request
-    ├── RefusedError (BrokerError)  a request refused, with the protocol Code saying why
+    ├── RefusedError (RefusedError)  a request refused, with the protocol Code saying why
     │   └── (store, client ProxyError, ...)
     └── TransportError              no answer at all: the same request may succeed elsewhere
         ├── UnavailableError        the peer could not be reached (refused, lost, shutting down)

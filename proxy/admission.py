@@ -22,7 +22,7 @@ import asyncio
 import re
 from collections import Counter, deque
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.config import ProxyConfig
@@ -125,10 +125,10 @@ class LongPollAdmission(AsyncClosing):
 
     def _refuse(self, reason: str, why: str) -> None:
         self._metrics.admission_refusals.labels(reason).inc()
-        raise BrokerError(Code.TOO_MANY_REQUESTS, f"polling full: {why}; retry later")
+        raise RefusedError(Code.TOO_MANY_REQUESTS, f"polling full: {why}; retry later")
 
 
-def refuse(metrics: ProxyMetrics, reason: str, code: Code, message: str) -> BrokerError:
+def refuse(metrics: ProxyMetrics, reason: str, code: Code, message: str) -> RefusedError:
     """A counted refusal of an oversized request (batch, body, messages per send)."""
     metrics.admission_refusals.labels(reason).inc()
-    return BrokerError(code, message)
+    return RefusedError(code, message)

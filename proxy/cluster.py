@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from popmq.broker.contract.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import GroupConfig, TopicInfo
 from popmq.broker.pop.handle import peek_broker_name
@@ -106,18 +106,18 @@ class BrokerCluster:
     def port(self, name: str) -> BrokerPort:
         port = self._ports.get(name)
         if port is None:
-            raise BrokerError(Code.NOT_FOUND, f"no broker named {name!r} behind this proxy")
+            raise RefusedError(Code.NOT_FOUND, f"no broker named {name!r} behind this proxy")
         return port
 
     def port_for_handle(self, receipt_handle: str) -> BrokerPort:
         """The broker that issued a receipt handle (read from the handle, not verified here:
         the broker verifies its signature)."""
         if not receipt_handle:
-            raise BrokerError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is empty")
+            raise RefusedError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is empty")
         name = peek_broker_name(receipt_handle)
         port = self._ports.get(name)
         if port is None:
-            raise BrokerError(
+            raise RefusedError(
                 Code.INVALID_RECEIPT_HANDLE, f"receipt handle names unknown broker {name!r}"
             )
         return port
@@ -135,7 +135,7 @@ class BrokerCluster:
         auto_create = self.auto_create_topics if create is None else create
 
         unavailable: list[BrokerUnavailableError] = []
-        not_found: list[BrokerError] = []  # a broker's refusal says why (auto-create limits)
+        not_found: list[RefusedError] = []  # a broker's refusal says why (auto-create limits)
 
         async def lookup(port: BrokerPort) -> TopicInfo | None:
             try:
@@ -147,7 +147,7 @@ class BrokerCluster:
                 self._down_until[port.name] = time.monotonic() + CACHE_TTL_S
                 unavailable.append(exc)
                 return None
-            except BrokerError as exc:
+            except RefusedError as exc:
                 if exc.code == Code.TOPIC_NOT_FOUND:
                     not_found.append(exc)
                     return None
@@ -165,8 +165,8 @@ class BrokerCluster:
             if unavailable:
                 raise unavailable[0]
             if not_found:
-                raise BrokerError(Code.TOPIC_NOT_FOUND, not_found[0].message)
-            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+                raise RefusedError(Code.TOPIC_NOT_FOUND, not_found[0].message)
+            raise RefusedError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
         route = TopicRoute(topic, brokers)
         self._routes.put(topic, route)
         return route
@@ -179,7 +179,7 @@ class BrokerCluster:
         async def lookup(port: BrokerPort) -> TopicInfo | None:
             try:
                 return await port.get_topic(topic)
-            except BrokerError as exc:
+            except RefusedError as exc:
                 if exc.code == Code.TOPIC_NOT_FOUND:
                     return None
                 raise
@@ -189,7 +189,7 @@ class BrokerCluster:
             name: info for name, info in zip(self.names, infos, strict=True) if info is not None
         }
         if not found:
-            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+            raise RefusedError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
         return found
 
     def forget_topic(self, topic: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 
 from popmq.pb.rocketmq.v2 import definition_pb2
 
@@ -22,6 +22,6 @@ def test_every_protocol_code_exists_in_errors() -> None:
 
 
 def test_broker_error_keeps_code_and_message() -> None:
-    error = BrokerError(Code.INVALID_RECEIPT_HANDLE, "handle expired")
+    error = RefusedError(Code.INVALID_RECEIPT_HANDLE, "handle expired")
     assert error.code == 40013 and error.message == "handle expired"
     assert "INVALID_RECEIPT_HANDLE" in str(error)

@@ -6,7 +6,6 @@ import grpc
 import pytest
 from popmq.broker.contract.errors import (
     BrokerAuthError,
-    BrokerError,
     BrokerTimeoutError,
     BrokerUnavailableError,
 )
@@ -40,7 +39,7 @@ class FakeRpcError(grpc.RpcError):
 
 def test_every_error_has_the_one_root() -> None:
     for kind in (
-        BrokerError,
+        RefusedError,
         BrokerUnavailableError,
         BrokerTimeoutError,
         BrokerAuthError,
@@ -56,7 +55,6 @@ def test_every_error_has_the_one_root() -> None:
 
 
 def test_refused_and_unreachable_are_different_types() -> None:
-    assert BrokerError is RefusedError
     for transport in (BrokerUnavailableError, BrokerTimeoutError, ProxyUnavailable, ProxyTimeout):
         assert issubclass(transport, TransportError)
         assert not issubclass(transport, RefusedError), transport
@@ -95,7 +93,7 @@ def test_broker_port_maps_grpc_errors_in_one_place(
 def test_only_transport_errors_mean_broker_down() -> None:
     assert is_broker_down(BrokerUnavailableError("b", "gone"))
     assert is_broker_down(BrokerTimeoutError("b", "slow"))
-    assert not is_broker_down(BrokerError(Code.PROXY_TIMEOUT, "a refusal, whatever its code"))
+    assert not is_broker_down(RefusedError(Code.PROXY_TIMEOUT, "a refusal, whatever its code"))
     assert not is_broker_down(BrokerAuthError("b", "UNAUTHENTICATED"))
 
 

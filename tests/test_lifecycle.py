@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 
 from popmq.lifecycle import TaskOwner, fan_out
 
@@ -36,7 +36,7 @@ async def test_failure_is_kept_and_siblings_run_on() -> None:
     owner = TaskOwner("t")
 
     async def boom() -> None:
-        raise BrokerError(Code.BAD_REQUEST, "x")
+        raise RefusedError(Code.BAD_REQUEST, "x")
 
     async def fine() -> int:
         await asyncio.sleep(0.1)
@@ -46,7 +46,7 @@ async def test_failure_is_kept_and_siblings_run_on() -> None:
     good = owner.spawn(fine(), "fine")
     assert good is not None and bad is not None
     assert await good.result() == 7
-    with pytest.raises(BrokerError):
+    with pytest.raises(RefusedError):
         await bad.result()
     await owner.aclose()
 
@@ -94,15 +94,15 @@ async def test_fan_out_keeps_order_and_raises_the_first_error_itself() -> None:
             raise
 
     async def fail() -> None:
-        raise BrokerError(Code.TOPIC_NOT_FOUND, "gone")
+        raise RefusedError(Code.TOPIC_NOT_FOUND, "gone")
 
-    with pytest.raises(BrokerError) as caught:
+    with pytest.raises(RefusedError) as caught:
         await fan_out([slow(), fail()])
     assert caught.value.code is Code.TOPIC_NOT_FOUND
     assert cancelled == [True]  # the sibling does not run on (gather left it running)
 
     answers = await fan_out([value(1, 0), fail()], return_exceptions=True)
-    assert answers[0] == 1 and isinstance(answers[1], BrokerError)
+    assert answers[0] == 1 and isinstance(answers[1], RefusedError)
 
 
 async def test_follow_up_work_of_a_draining_task_is_accepted() -> None:
@@ -158,9 +158,9 @@ async def test_start_returns_when_the_task_is_ready() -> None:
     assert steps == ["ready"] and len(owner) == 1  # still running, owned
 
     async def broken(*, task_status: Any) -> None:
-        raise BrokerError(Code.BAD_REQUEST, "cannot bind")
+        raise RefusedError(Code.BAD_REQUEST, "cannot bind")
 
-    with pytest.raises(BrokerError):
+    with pytest.raises(RefusedError):
         await owner.start(broken, name="broken")
     await owner.aclose()
     assert len(owner) == 0

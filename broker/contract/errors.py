@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from popmq.errors import Code, DeadlineError, PopmqError, RefusedError, UnavailableError
 
-# A request the broker refuses, with the RocketMQ code the client should see.
-BrokerError = RefusedError
-
 
 class BrokerUnavailableError(UnavailableError):
     """A broker could not be reached (connection refused or lost, server shutting down).
@@ -49,7 +46,6 @@ class BrokerAuthError(RefusedError):
 
 __all__ = [
     "BrokerAuthError",
-    "BrokerError",
     "BrokerTimeoutError",
     "BrokerUnavailableError",
     "Code",

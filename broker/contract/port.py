@@ -8,7 +8,7 @@ Two implementations share it: ``broker.local.LocalBrokerPort`` calls a ``Broker`
 same process, ``broker.wire.remote.RemoteBrokerPort`` calls a broker's gRPC server. Code above
 this line does not know which it holds.
 
-Every method raises ``broker.contract.errors.BrokerError`` with a RocketMQ ``Code`` when it refuses
+Every method raises ``broker.contract.errors.RefusedError`` with a RocketMQ ``Code`` when it refuses
 a request, and a remote port a TransportError (BrokerUnavailableError, BrokerTimeoutError) when
 the broker gives no answer (see popmq.errors). Long-polling calls (pop, pull, notify with
 ``poll_time_ms > 0``) return at their timeout with an empty result, and stop holding anything

@@ -29,7 +29,7 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from popmq.broker.contract.errors import BrokerError
+from popmq.broker.contract.errors import RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import FilterExpression, NotifyRequest
 
@@ -170,7 +170,7 @@ class LocalWatchBackend(AsyncClosing):
     async def _wait(self, watch: VisibilityWatch, seq: int) -> None:
         try:
             await wait_visible(self._port, watch.key)
-        except BrokerError as exc:
+        except RefusedError as exc:
             log.debug("watch %s on %s ends: %s", watch.key, self._port.name, exc)
         except Exception:  # an event too many costs a pop; one too few a message
             log.exception("watch %s on %s failed", watch.key, self._port.name)

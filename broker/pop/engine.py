@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import (
     PROP_ORIGIN_TOPIC,
     AckEntry,
@@ -85,12 +85,12 @@ class PopEngine:
     def _queue_count(self, topic: str) -> int:
         meta = self._store.get_topic(topic)
         if meta is None:
-            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+            raise RefusedError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
         return meta.queue_count
 
     def _check_queue(self, queue_id: int, count: int, topic: str) -> None:
         if queue_id != -1 and not 0 <= queue_id < count:
-            raise BrokerError(
+            raise RefusedError(
                 Code.BAD_REQUEST, f"queue {queue_id} is not a queue of {topic!r} (0..{count - 1})"
             )
 
@@ -99,7 +99,7 @@ class PopEngine:
         pop = self._config.pop
         low = pop.min_invisible_ms if minimum_ms is None else minimum_ms
         if not low <= invisible_time_ms <= pop.max_invisible_ms:
-            raise BrokerError(
+            raise RefusedError(
                 Code.ILLEGAL_INVISIBLE_TIME,
                 f"invisible time {invisible_time_ms} ms is outside "
                 f"[{low}, {pop.max_invisible_ms}] ms",
@@ -108,7 +108,7 @@ class PopEngine:
     @staticmethod
     def _check_poll(poll_time_ms: int) -> None:
         if poll_time_ms < 0:
-            raise BrokerError(Code.ILLEGAL_POLLING_TIME, "poll time must not be negative")
+            raise RefusedError(Code.ILLEGAL_POLLING_TIME, "poll time must not be negative")
 
     # -- pop ------------------------------------------------------------------------------
     async def pop(self, request: PopRequest) -> PopResult:
@@ -117,7 +117,7 @@ class PopEngine:
         count = self._queue_count(request.topic)
         self._check_queue(request.queue_id, count, request.topic)
         if not 1 <= request.max_messages <= self._config.pop.max_batch:
-            raise BrokerError(
+            raise RefusedError(
                 Code.BAD_REQUEST,
                 f"batch size {request.max_messages} is outside [1, {self._config.pop.max_batch}]",
             )
@@ -231,7 +231,7 @@ class PopEngine:
             while len(picked) < room and cursor < max_offset:
                 try:
                     result = self._store.read(topic, queue_id, cursor, room - len(picked), tags)
-                except BrokerError as err:
+                except RefusedError as err:
                     if err.code != Code.ILLEGAL_OFFSET:
                         raise
                     low = self._store.min_offset(topic, queue_id)
@@ -275,7 +275,7 @@ class PopEngine:
     def _read_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
         try:
             result = self._store.read(topic, queue_id, offset, 1)
-        except BrokerError:
+        except RefusedError:
             return None
         if result.messages and result.messages[0].queue_offset == offset:
             return result.messages[0]
@@ -370,7 +370,7 @@ class PopEngine:
                     if ck.fifo:
                         self._wake_if_unblocked(ck)
                 results.append(AckEntryResult(entry.receipt_handle, entry.message_id, Code.OK))
-            except BrokerError as err:
+            except RefusedError as err:
                 results.append(
                     AckEntryResult(entry.receipt_handle, entry.message_id, err.code, err.message)
                 )
@@ -480,7 +480,7 @@ class PopEngine:
                 return False
             try:
                 offsets, next_offset = self._store.peek_offsets(topic, queue_id, cursor, 32, tags)
-            except BrokerError:
+            except RefusedError:
                 return False
             if any(not state.is_known(offset) for offset in offsets):
                 return True
@@ -490,12 +490,12 @@ class PopEngine:
         return False
 
 
-def _invalid(reason: str) -> BrokerError:
-    return BrokerError(Code.INVALID_RECEIPT_HANDLE, f"invalid receipt handle: {reason}")
+def _invalid(reason: str) -> RefusedError:
+    return RefusedError(Code.INVALID_RECEIPT_HANDLE, f"invalid receipt handle: {reason}")
 
 
-def _expired(visible_at_ms: int) -> BrokerError:
-    return BrokerError(
+def _expired(visible_at_ms: int) -> RefusedError:
+    return RefusedError(
         Code.INVALID_RECEIPT_HANDLE,
         f"receipt handle expired: the message became visible again at "
         f"{visible_at_ms} ms (it is or will be redelivered)",

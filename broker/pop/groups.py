@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from popmq.broker.auto_create import AutoCreateGate
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import ConsumeMode, GroupConfig
 from popmq.broker.pop.names import check_group
 from popmq.broker.store.damage import DAMAGED, TORN_TAIL, DamageEvent, MetadataFallback, Quarantine
@@ -190,7 +190,7 @@ class GroupRegistry:
 
     def _append(self, config: GroupConfig, fsync: bool) -> None:
         if self._log is None:
-            raise BrokerError(Code.INTERNAL_ERROR, "the group registry is not loaded")
+            raise RefusedError(Code.INTERNAL_ERROR, "the group registry is not loaded")
         self._log.append(_record(config))
         self._log.flush(fsync=fsync)
 
@@ -227,9 +227,9 @@ class GroupRegistry:
         allows); CONSUMER_GROUP_NOT_FOUND when it is not registered."""
         check_group(name)
         if name not in self._groups:
-            raise BrokerError(Code.CONSUMER_GROUP_NOT_FOUND, f"group {name!r} does not exist")
+            raise RefusedError(Code.CONSUMER_GROUP_NOT_FOUND, f"group {name!r} does not exist")
         if self._log is None:
-            raise BrokerError(Code.INTERNAL_ERROR, "the group registry is not loaded")
+            raise RefusedError(Code.INTERNAL_ERROR, "the group registry is not loaded")
         self._log.append(_tombstone(name))
         self._log.flush(fsync=True)
         del self._groups[name]
@@ -238,12 +238,12 @@ class GroupRegistry:
     def update(self, config: GroupConfig) -> GroupConfig:
         check_group(config.name)
         if config.max_attempts < 1:
-            raise BrokerError(Code.BAD_REQUEST, "max_attempts must be at least 1")
+            raise RefusedError(Code.BAD_REQUEST, "max_attempts must be at least 1")
         for level in config.retry_levels:
             try:
                 parse_duration_ms(level)
             except ValueError as err:
-                raise BrokerError(Code.BAD_REQUEST, f"bad retry level: {err}") from None
+                raise RefusedError(Code.BAD_REQUEST, f"bad retry level: {err}") from None
         stored = GroupConfig(
             name=config.name,
             consume_mode=config.consume_mode,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from cryptography.exceptions import InvalidTag
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.pop.handle_keys import HandleKeyring
 
 HANDLE_VERSION = 2
@@ -62,8 +62,8 @@ def _b64decode(text: str) -> bytes:
     return binascii.a2b_base64(raw.translate(_FROM_URL) + b"=" * (-len(raw) % 4), strict_mode=True)
 
 
-def _malformed(detail: str) -> BrokerError:
-    return BrokerError(Code.INVALID_RECEIPT_HANDLE, f"malformed receipt handle: {detail}")
+def _malformed(detail: str) -> RefusedError:
+    return RefusedError(Code.INVALID_RECEIPT_HANDLE, f"malformed receipt handle: {detail}")
 
 
 @lru_cache(maxsize=256)
@@ -120,7 +120,7 @@ class HandleCodec:
         broker, key_id, sealed = _split(text)
         cipher = self.keyring.cipher(key_id)
         if cipher is None:
-            raise BrokerError(
+            raise RefusedError(
                 Code.INVALID_RECEIPT_HANDLE,
                 "receipt handle key unknown here (another broker's handle, or a retired key)",
             )
@@ -134,7 +134,7 @@ class HandleCodec:
         try:
             plain = cipher.decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], aad)
         except InvalidTag:
-            raise BrokerError(
+            raise RefusedError(
                 Code.INVALID_RECEIPT_HANDLE,
                 "receipt handle does not open (forged, altered, or from another broker)",
             ) from None

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from popmq.broker.contract.errors import BrokerError
+from popmq.broker.contract.errors import RefusedError
 from popmq.broker.contract.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_OFFSET,
@@ -166,7 +166,7 @@ class ReviveService:
         offset = ck.offsets[index]
         try:
             result = self._store.read(ck.topic, ck.queue_id, offset, 1)
-        except BrokerError:
+        except RefusedError:
             return None
         if result.messages and result.messages[0].queue_offset == offset:
             return result.messages[0]

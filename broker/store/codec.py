@@ -13,7 +13,7 @@ import struct
 import zlib
 from typing import NamedTuple
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message, StoredMessage
 
 RECORD_VERSION = 1
@@ -118,7 +118,7 @@ def encode_record(
             len(body),
         )
     except struct.error as exc:
-        raise BrokerError(
+        raise RefusedError(
             Code.BAD_REQUEST,
             f"message field out of range (topic, tag, id, group and host are limited to "
             f"65535 bytes, numbers must be non-negative where unsigned): {exc}",

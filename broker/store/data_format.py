@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.store.framing import fsync_dir
 
 MARKER = "FORMAT"
@@ -23,7 +23,7 @@ def marker_text(version: int = CURRENT_VERSION) -> str:
 
 
 def read_version(data_dir: Path) -> int | None:
-    """The format version of ``data_dir``, None when it has no marker; BrokerError when the
+    """The format version of ``data_dir``, None when it has no marker; RefusedError when the
     marker is unreadable."""
     path = data_dir / MARKER
     try:
@@ -32,7 +32,7 @@ def read_version(data_dir: Path) -> int | None:
         return None
     parts = text.split()
     if len(parts) != 2 or parts[0] != MAGIC or not parts[1].isdigit():
-        raise BrokerError(
+        raise RefusedError(
             Code.INTERNAL_ERROR,
             f"{path} is damaged ({text[:40]!r}); if this is a popmq data directory of this "
             f"version, repair it with: echo '{marker_text().strip()}' > {path}",
@@ -46,7 +46,7 @@ def check_and_mark(data_dir: Path) -> str:
     version = read_version(data_dir)
     if version is not None:
         if version > CURRENT_VERSION:
-            raise BrokerError(
+            raise RefusedError(
                 Code.INTERNAL_ERROR,
                 f"{data_dir} holds store format {version}, newer than this popmq understands "
                 f"({CURRENT_VERSION}); run the popmq version that wrote it",

@@ -1,11 +1,11 @@
-"""Errors the store raises besides plain BrokerError."""
+"""Errors the store raises besides plain RefusedError."""
 
 from __future__ import annotations
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 
 
-class OffsetPurgedError(BrokerError):
+class OffsetPurgedError(RefusedError):
     """The offset lies below the queue's min offset: retention deleted the message."""
 
     def __init__(self, topic: str, queue_id: int, offset: int, min_offset: int) -> None:
@@ -17,7 +17,7 @@ class OffsetPurgedError(BrokerError):
         self.min_offset = min_offset
 
 
-class OffsetOutOfRangeError(BrokerError):
+class OffsetOutOfRangeError(RefusedError):
     """The offset lies beyond the queue's max offset (or is negative)."""
 
     def __init__(self, topic: str, queue_id: int, offset: int, max_offset: int) -> None:

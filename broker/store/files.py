@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.store.framing import fsync_dir
 
 
@@ -50,7 +50,7 @@ class DirLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise BrokerError(
+            raise RefusedError(
                 Code.INTERNAL_ERROR, f"data directory {self._path.parent} is used by another store"
             ) from None
         self._fd = fd

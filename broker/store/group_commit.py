@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.store.commitlog import CommitLog
 
 
@@ -52,7 +52,7 @@ class GroupCommit:
             await asyncio.to_thread(self._log.sync_fds, fds, dir_dirty)
         except OSError as exc:
             self._log.flush_failed(dir_dirty)
-            raise BrokerError(Code.INTERNAL_ERROR, f"commitlog fsync failed: {exc}") from exc
+            raise RefusedError(Code.INTERNAL_ERROR, f"commitlog fsync failed: {exc}") from exc
         except BaseException:
             self._log.flush_failed(dir_dirty)
             raise

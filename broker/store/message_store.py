@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message, StoredMessage
 from popmq.broker.store import data_format, metafile
 from popmq.broker.store.codec import decode_header, encode_record, tag_hash
@@ -370,7 +370,7 @@ class MessageStore:
             try:
                 check_topic_name(name)
                 check_queue_count(queue_count)
-            except BrokerError:
+            except RefusedError:
                 log.error("store: found data of an invalid topic %r (%d queues); left as is",
                           name, queue_count)  # fmt: skip
                 continue
@@ -402,7 +402,7 @@ class MessageStore:
     async def start(self) -> None:
         """Start the flush task (fsyncs, checkpoints, retention); close() stops it."""
         if not self._open:
-            raise BrokerError(Code.INTERNAL_ERROR, "open() the store before start()")
+            raise RefusedError(Code.INTERNAL_ERROR, "open() the store before start()")
         if self._task is None:
             self._task = self._tasks.spawn(self._flush_loop(), "store-flush")
 
@@ -546,7 +546,7 @@ class MessageStore:
         existing = self._topics.get(name)
         if existing is not None:
             if queue_count < existing.queue_count:
-                raise BrokerError(
+                raise RefusedError(
                     Code.BAD_REQUEST,
                     f"topic {name} has {existing.queue_count} queues; they cannot be reduced "
                     f"to {queue_count}",
@@ -580,7 +580,7 @@ class MessageStore:
             else:
                 existing.queue_count = first_new
             log.error("store: cannot create topic %s (%d queues): %s", name, queue_count, exc)
-            raise BrokerError(
+            raise RefusedError(
                 Code.INTERNAL_ERROR, f"cannot create topic {name}: store write failed: {exc}"
             ) from exc
         return record.meta
@@ -609,14 +609,14 @@ class MessageStore:
     def _topic(self, name: str) -> TopicRecord:
         record = self._topics.get(name)
         if record is None:
-            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+            raise RefusedError(Code.TOPIC_NOT_FOUND, f"topic {name} does not exist")
         return record
 
     def _queue(self, topic: str, queue_id: int) -> QueueIndex:
         index = self._indexes.get((topic, queue_id))
         if index is None:
             record = self._topic(topic)
-            raise BrokerError(
+            raise RefusedError(
                 Code.BAD_REQUEST,
                 f"queue {queue_id!r} does not exist: topic {topic} has queues "
                 f"0..{record.queue_count - 1}",
@@ -625,7 +625,7 @@ class MessageStore:
 
     def _check_open(self) -> None:
         if not self._open:
-            raise BrokerError(Code.INTERNAL_ERROR, "the store is not open")
+            raise RefusedError(Code.INTERNAL_ERROR, "the store is not open")
 
     # -- write -------------------------------------------------------------------------------
     async def _wait_durable(self, position: int) -> None:
@@ -633,8 +633,8 @@ class MessageStore:
         acknowledgement of data the disk did not take)."""
         try:
             await self._group.wait_durable(position)
-        except BrokerError as exc:
-            raise BrokerError(
+        except RefusedError as exc:
+            raise RefusedError(
                 Code.MASTER_PERSISTENCE_TIMEOUT, f"the message could not be made durable: {exc}"
             ) from exc
 
@@ -676,7 +676,7 @@ class MessageStore:
             index.append(b"".join(entries))
         except OSError as exc:
             self._count_write_failure(exc)
-            raise BrokerError(
+            raise RefusedError(
                 Code.MASTER_PERSISTENCE_TIMEOUT,
                 f"store write failed, the message was not stored: {exc}",
             ) from exc
@@ -860,7 +860,7 @@ class MessageStore:
     def set_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         self._queue(topic, queue_id)
         if not isinstance(offset, int) or offset < 0:
-            raise BrokerError(Code.BAD_REQUEST, f"consumer offset must be >= 0, got {offset!r}")
+            raise RefusedError(Code.BAD_REQUEST, f"consumer offset must be >= 0, got {offset!r}")
         key = (group, topic, queue_id)
         if self._offsets.get(key) != offset:
             self._offsets[key] = offset
@@ -878,7 +878,7 @@ class MessageStore:
     # -- small documents ---------------------------------------------------------------------
     def _state_path(self, name: str) -> Path:
         if not isinstance(name, str) or not _STATE_NAME.match(name):
-            raise BrokerError(Code.BAD_REQUEST, f"illegal state document name {name!r}")
+            raise RefusedError(Code.BAD_REQUEST, f"illegal state document name {name!r}")
         return self._dir / "state" / f"{name}.json"
 
     def load_state(self, name: str) -> Any | None:

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.names import check_topic
 from popmq.broker.store.framing import DamagedRun, FramedLog, Resync, fsync_dir
 
@@ -46,7 +46,7 @@ def check_topic_name(name: str) -> None:
 
 def check_queue_count(queue_count: int) -> None:
     if not isinstance(queue_count, int) or not 1 <= queue_count <= MAX_QUEUES:
-        raise BrokerError(
+        raise RefusedError(
             Code.BAD_REQUEST, f"queue count must be 1..{MAX_QUEUES}, got {queue_count!r}"
         )
 

@@ -24,9 +24,9 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from popmq.broker.contract.errors import BrokerAuthError, BrokerError, BrokerUnavailableError, Code
+from popmq.broker.contract.errors import BrokerAuthError, BrokerUnavailableError, Code, RefusedError
 
-from popmq.errors import RefusedError, TransportError
+from popmq.errors import TransportError
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class Coalescer(Generic[K, I, R]):
             # repeated per caller (that would send a send's messages twice).
             log.error("broker answered %d results to %d items for %s",
                       len(results), len(batch.items), key)  # fmt: skip
-            _fail(batch.callers, BrokerError(
+            _fail(batch.callers, RefusedError(
                 Code.INTERNAL_ERROR,
                 f"the broker answered {len(results)} results to {len(batch.items)} items",
             ))  # fmt: skip

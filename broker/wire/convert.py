@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar, cast
 
 from google.protobuf.message import Message as ProtoMessage
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import (
     AckEntry,
     AckEntryResult,
@@ -77,28 +77,28 @@ def _from_proto(msg: ProtoMessage, cls: type[T], **special: Any) -> T:
     return cls(**values)
 
 
-# -- status: how BrokerError crosses the wire ----------------------------------------------------
+# -- status: how RefusedError crosses the wire ----------------------------------------------------
 
 
 def ok_status() -> pb.Status:
     return pb.Status(code=Code.OK.value)
 
 
-def error_status(error: BrokerError) -> pb.Status:
+def error_status(error: RefusedError) -> pb.Status:
     return pb.Status(code=int(error.code), message=error.message)
 
 
 def raise_for_status(status: pb.Status) -> None:
-    """Re-raise the broker's BrokerError on the caller's side, code unchanged."""
+    """Re-raise the broker's RefusedError on the caller's side, code unchanged."""
     if status.code == Code.OK:
         return
     try:
         code = Code(status.code)
     except ValueError:
-        raise BrokerError(
+        raise RefusedError(
             Code.INTERNAL_ERROR, f"broker answered unknown code {status.code}: {status.message}"
         ) from None
-    raise BrokerError(code, status.message)
+    raise RefusedError(code, status.message)
 
 
 # -- enums ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """RemoteBrokerPort: the BrokerPort of a broker reached over gRPC (popmq.broker.v1).
 
-Refusals come back as the response status and are re-raised as the same BrokerError. gRPC
+Refusals come back as the response status and are re-raised as the same RefusedError. gRPC
 errors are mapped in one place, map_rpc_errors: BrokerUnavailableError (unreachable),
 BrokerTimeoutError (deadline passed), BrokerAuthError (the broker refused this proxy's cluster
 token), else a RefusedError. Every
@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 import grpc
 from popmq.broker.contract.errors import (
     BrokerAuthError,
-    BrokerError,
     BrokerTimeoutError,
     BrokerUnavailableError,
     Code,
+    RefusedError,
 )
 from popmq.broker.contract.types import (
     AckEntry,
@@ -100,7 +100,7 @@ def map_rpc_errors(broker: str) -> Iterator[None]:
             raise BrokerUnavailableError(broker, detail) from error
         if code == grpc.StatusCode.UNAUTHENTICATED:
             raise BrokerAuthError(broker, detail) from error
-        raise BrokerError(Code.INTERNAL_ERROR, f"broker {broker}: {detail}") from error
+        raise RefusedError(Code.INTERNAL_ERROR, f"broker {broker}: {detail}") from error
 
 
 class RemoteBrokerPort:

@@ -38,10 +38,10 @@ import grpc
 from opentelemetry import propagate, trace
 from popmq.broker.contract.errors import (
     BrokerAuthError,
-    BrokerError,
     BrokerTimeoutError,
     BrokerUnavailableError,
     Code,
+    RefusedError,
 )
 
 from popmq.pb.broker.v1 import broker_pb2 as pb
@@ -233,7 +233,7 @@ class RequestLink:
         size = message.ByteSize()
         # Alone, not with the stream's other requests (room kept for the link's own fields).
         if size > self._max_request_bytes - LINK_HEADROOM_BYTES:
-            raise BrokerError(
+            raise RefusedError(
                 Code.PAYLOAD_TOO_LARGE,
                 f"{kind} request to broker {self._broker} is {size} bytes, more than the "
                 f"link's message limit of {self._max_request_bytes}",
@@ -260,7 +260,7 @@ class RequestLink:
             if stream.pending.pop(request_id, None) is not None:
                 stream.cancel(request_id)  # gave up (deadline, caller gone): free the broker
         if answer.WhichOneof("result") != kind:
-            raise BrokerError(
+            raise RefusedError(
                 Code.INTERNAL_ERROR,
                 f"broker {self._broker} answered {answer.WhichOneof('result')} to {kind}",
             )

@@ -1,6 +1,6 @@
 """BrokerGrpcServer: serves any BrokerPort as popmq.broker.v1.BrokerService over gRPC.
 
-The servicer only converts: protos in, port call, protos out. A BrokerError becomes the
+The servicer only converts: protos in, port call, protos out. A RefusedError becomes the
 response's Status (code and message); anything unexpected becomes INTERNAL_ERROR, so callers
 always get a typed answer. When a caller goes away (cancels, deadline, disconnect) gRPC cancels
 the handler task, and with it the awaited port call: a held long poll is released at once.
@@ -18,7 +18,7 @@ import grpc
 from google.protobuf.message import Message as ProtoMessage
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.watch import WatchKey, wait_visible
 from popmq.broker.wire import convert
@@ -56,7 +56,7 @@ async def _answer(response_cls: type[R], work: Awaitable[R]) -> R:
     """Await the port call; turn a refusal into the response's status."""
     try:
         return await work
-    except BrokerError as error:
+    except RefusedError as error:
         return response_cls(status=convert.error_status(error))
     except Exception as error:  # the caller still deserves a typed answer
         log.exception("broker call failed")
@@ -147,7 +147,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             status = convert.ok_status()
             try:
                 await wait_visible(self._port, key)
-            except BrokerError as error:
+            except RefusedError as error:
                 status = convert.error_status(error)
             except Exception as error:  # the proxy pops and sees for itself
                 log.exception("watch of %s/%s failed", arm.group, arm.topic)

@@ -226,7 +226,7 @@ def _enter_namespace(args: argparse.Namespace) -> None:
     namespace = getattr(args, "namespace", "")
     if not namespace:
         return
-    from popmq.broker.contract.errors import BrokerError
+    from popmq.broker.contract.errors import RefusedError
     from popmq.proxy.grpc.namespace import check_namespace, qualify
 
     try:
@@ -235,7 +235,7 @@ def _enter_namespace(args: argparse.Namespace) -> None:
             args.name = qualify(namespace, args.name, group=args.admin_command != "topics")
         if getattr(args, "group", None):
             args.group = qualify(namespace, args.group, group=True)
-    except BrokerError as exc:
+    except RefusedError as exc:
         raise AdminError(exc.message) from None
 
 

@@ -20,7 +20,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from popmq.broker.contract.errors import BrokerError
+from popmq.broker.contract.errors import RefusedError
 from popmq.cli.common import config_from_args, start_tracing_for
 from popmq.config import BrokerConfig
 from popmq.security.files import owner_only_new_files, warn_if_data_exposed
@@ -121,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
     stop_tracing = start_tracing_for(config, "popmq-broker")
     try:
         asyncio.run(serve_broker(config.broker, announce=_announce))
-    except (OSError, BrokerError, ValueError) as error:  # port taken, data dir locked, bad keys
-        print(f"popmq broker: {error.message if isinstance(error, BrokerError) else error}",
+    except (OSError, RefusedError, ValueError) as error:  # port taken, data dir locked, bad keys
+        print(f"popmq broker: {error.message if isinstance(error, RefusedError) else error}",
               file=sys.stderr)  # fmt: skip
         return 2  # a user's error: one line, exit 2
     finally:

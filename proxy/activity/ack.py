@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import AckEntry, AckEntryResult
 from popmq.proxy.activity import validate
 from popmq.proxy.grpc import status as st
@@ -25,9 +25,9 @@ async def ack_message(
     group = validate.group_name(request.group.name)
     topic = validate.topic_name(request.topic.name, allow_dlq=True)
     if not request.entries:
-        raise BrokerError(Code.BAD_REQUEST, "AckMessage needs at least one entry")
+        raise RefusedError(Code.BAD_REQUEST, "AckMessage needs at least one entry")
     if len(request.entries) > MAX_ACK_ENTRIES:
-        raise BrokerError(Code.BAD_REQUEST, f"at most {MAX_ACK_ENTRIES} entries per ack")
+        raise RefusedError(Code.BAD_REQUEST, f"at most {MAX_ACK_ENTRIES} entries per ack")
 
     results: list[AckEntryResult | None] = [None] * len(request.entries)
     by_broker: dict[str, list[int]] = defaultdict(list)
@@ -36,7 +36,7 @@ async def ack_message(
     for index, entry in enumerate(request.entries):
         try:
             port = services.cluster.port_for_handle(entry.receipt_handle)
-        except BrokerError as exc:
+        except RefusedError as exc:
             results[index] = AckEntryResult(
                 entry.receipt_handle, entry.message_id, int(exc.code), exc.message
             )

@@ -9,7 +9,7 @@ pull by offset. The group members are the consumers this proxy has heard from.
 
 from __future__ import annotations
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import ConsumeMode
 from popmq.proxy.activity import validate
 from popmq.proxy.activity.route import ACCEPTED_TYPES, MASTER_BROKER_ID, proxy_endpoints
@@ -67,7 +67,7 @@ async def query_assignment(
     topic = validate.topic_name(request.topic.name, allow_dlq=True)
     group = validate.group_name(request.group.name)
     if not ctx.client_id:
-        raise BrokerError(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is required")
+        raise RefusedError(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is required")
     route = await services.cluster.route(topic, create=ctx.create_topic(topic))
     config = await services.cluster.group(group)
     info = services.registry.get(ctx.client_id, ctx.access_key)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import GroupConfig
 from popmq.proxy.activity import validate
 from popmq.proxy.grpc import status as st
@@ -47,7 +47,7 @@ def language_name(value: int) -> str:
 
 def require_client_id(ctx: RequestContext) -> str:
     if not ctx.client_id:
-        raise BrokerError(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is required")
+        raise RefusedError(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is required")
     return ctx.client_id
 
 
@@ -116,7 +116,7 @@ async def answer_settings(
             )
         reply.backoff_policy.CopyFrom(consumer_backoff(config))
     else:
-        raise BrokerError(Code.UNRECOGNIZED_CLIENT_TYPE, "settings carry neither pub nor sub")
+        raise RefusedError(Code.UNRECOGNIZED_CLIENT_TYPE, "settings carry neither pub nor sub")
     services.registry.touch(
         client_id,
         client_type=client_type_name(kind),
@@ -138,7 +138,7 @@ async def heartbeat(
     if request.HasField("group") and request.group.name:
         group = validate.group_name(request.group.name)
     elif request.client_type in CONSUMER_TYPES:
-        raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP, "a consumer heartbeat needs its group")
+        raise RefusedError(Code.ILLEGAL_CONSUMER_GROUP, "a consumer heartbeat needs its group")
     services.registry.touch(
         client_id,
         client_type=client_type_name(request.client_type) if request.client_type else None,

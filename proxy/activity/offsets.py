@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import PullRequest, PullResult, PullStatus, QueueInfo, TopicInfo
 from popmq.proxy.activity import validate
@@ -40,11 +40,11 @@ class QueueTarget:
 async def _queue(services: ProxyServices, queue: pb.MessageQueue) -> tuple[QueueTarget, TopicInfo]:
     topic = validate.topic_name(queue.topic.name, allow_dlq=True)
     if not queue.broker.name:
-        raise BrokerError(Code.BAD_REQUEST, "message_queue.broker.name is required")
+        raise RefusedError(Code.BAD_REQUEST, "message_queue.broker.name is required")
     port = services.cluster.port(queue.broker.name)
     info = await port.get_topic(topic)
     if not 0 <= queue.id < info.queue_count:
-        raise BrokerError(
+        raise RefusedError(
             Code.BAD_REQUEST,
             f"topic {topic!r} has queues 0..{info.queue_count - 1} on {port.name}, not {queue.id}",
         )
@@ -55,7 +55,7 @@ def _queue_info(info: TopicInfo, queue_id: int) -> QueueInfo:
     for queue in info.queues:
         if queue.queue_id == queue_id:
             return queue
-    raise BrokerError(Code.INTERNAL_ERROR, f"broker sent no offsets for queue {queue_id}")
+    raise RefusedError(Code.INTERNAL_ERROR, f"broker sent no offsets for queue {queue_id}")
 
 
 def pull_poll_ms(requested_ms: int, remaining_ms: int | None, services: ProxyServices) -> int:
@@ -72,10 +72,10 @@ async def pull_message(
         validate.group_name(request.group.name)
     target, _ = await _queue(services, request.message_queue)
     if request.offset < 0:
-        raise BrokerError(Code.ILLEGAL_OFFSET, f"offset {request.offset} is negative")
+        raise RefusedError(Code.ILLEGAL_OFFSET, f"offset {request.offset} is negative")
     batch = request.batch_size or services.proxy.max_batch
     if batch < 0 or batch > services.proxy.max_batch:
-        raise BrokerError(
+        raise RefusedError(
             Code.BAD_REQUEST, f"batch size must be in 1..{services.proxy.max_batch}, not {batch}"
         )
     poll_ms = pull_poll_ms(
@@ -107,14 +107,14 @@ async def query_offset(
         offset = queue.max_offset
     elif policy == pb.TIMESTAMP:
         if not request.HasField("timestamp"):
-            raise BrokerError(Code.BAD_REQUEST, "the TIMESTAMP policy needs a timestamp")
+            raise RefusedError(Code.BAD_REQUEST, "the TIMESTAMP policy needs a timestamp")
         offset = await target.port.offset_for_timestamp(
             target.topic,
             target.queue_id,
             timestamp_ms(request.timestamp, Code.BAD_REQUEST, "offset timestamp"),
         )
     else:
-        raise BrokerError(Code.BAD_REQUEST, f"unknown query offset policy {policy}")
+        raise RefusedError(Code.BAD_REQUEST, f"unknown query offset policy {policy}")
     return s.QueryOffsetResponse(status=st.ok(), offset=offset)
 
 
@@ -135,7 +135,7 @@ async def update_offset(
     target, info = await _queue(services, request.message_queue)
     queue = _queue_info(info, target.queue_id)
     if not 0 <= request.offset <= queue.max_offset:
-        raise BrokerError(
+        raise RefusedError(
             Code.ILLEGAL_OFFSET,
             f"offset {request.offset} is outside 0..{queue.max_offset} of that queue",
         )

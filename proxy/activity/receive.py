@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import FilterExpression, PoppedMessage, PopRequest
 from popmq.proxy.activity import validate
@@ -49,9 +49,9 @@ def polling_time_ms(
         else:
             poll = remaining_ms - DEFAULT_REQUEST_TIMEOUT_MS // 2
     elif requested_ms < 0:
-        raise BrokerError(Code.ILLEGAL_POLLING_TIME, "long polling timeout is negative")
+        raise RefusedError(Code.ILLEGAL_POLLING_TIME, "long polling timeout is negative")
     elif 0 < requested_ms < low:
-        raise BrokerError(
+        raise RefusedError(
             Code.ILLEGAL_POLLING_TIME,
             f"long polling timeout {requested_ms} ms is below the minimum {low} ms",
         )
@@ -62,7 +62,7 @@ def polling_time_ms(
         budget = remaining_ms - config.long_polling_reserve_ms
         if poll > budget:
             if budget < low:
-                raise BrokerError(
+                raise RefusedError(
                     Code.ILLEGAL_POLLING_TIME,
                     f"the call's deadline leaves {max(remaining_ms, 0)} ms, not enough for a "
                     f"long poll of at least {low} ms",
@@ -81,10 +81,10 @@ def load_reserve_ms(services: ProxyServices) -> int:
 
 def filter_of(expression: pb.FilterExpression) -> FilterExpression:
     if expression.type == pb.SQL:
-        raise BrokerError(Code.UNSUPPORTED, "SQL92 filter expressions are not supported")
+        raise RefusedError(Code.UNSUPPORTED, "SQL92 filter expressions are not supported")
     text = expression.expression.strip() or "*"
     if text != "*" and not FilterExpression(text).tags():
-        raise BrokerError(Code.ILLEGAL_FILTER_EXPRESSION, f"bad tag expression {text!r}")
+        raise RefusedError(Code.ILLEGAL_FILTER_EXPRESSION, f"bad tag expression {text!r}")
     return FilterExpression(text)
 
 
@@ -184,7 +184,7 @@ def release_unsent(services: ProxyServices, plan: ReceivePlan, unsent: list[Popp
     for message in unsent:
         try:
             port = services.cluster.port_for_handle(message.receipt_handle)
-        except BrokerError as exc:  # best effort: the invisible time is the safety net
+        except RefusedError as exc:  # best effort: the invisible time is the safety net
             log.info("could not release an undelivered message: %s", exc)
             services.metrics.released_messages.labels("kept").inc()
             continue

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections import defaultdict
 
-from popmq.broker.contract.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
 from popmq.broker.contract.types import PROP_TRACE_CONTEXT, Message, SendResult
 from popmq.proxy.activity import validate
 from popmq.proxy.admission import refuse
@@ -43,11 +43,11 @@ def _checked(services: ProxyServices, msg: pb.Message, ctx: RequestContext) -> M
         )  # fmt: skip
     validate.body(msg.body, limit)
     if props.body_encoding == pb.GZIP:
-        raise BrokerError(Code.UNSUPPORTED, "gzip-encoded message bodies are not supported")
+        raise RefusedError(Code.UNSUPPORTED, "gzip-encoded message bodies are not supported")
     if props.message_type == pb.TRANSACTION:
-        raise BrokerError(Code.UNSUPPORTED, "transactional messages are not supported")
+        raise RefusedError(Code.UNSUPPORTED, "transactional messages are not supported")
     if props.HasField("lite_topic") or props.message_type in (pb.LITE, pb.PRIORITY):
-        raise BrokerError(Code.UNSUPPORTED, "lite and priority messages are not supported")
+        raise RefusedError(Code.UNSUPPORTED, "lite and priority messages are not supported")
     validate.tag(props.tag)
     if props.keys:
         validate.keys(list(props.keys))
@@ -55,19 +55,19 @@ def _checked(services: ProxyServices, msg: pb.Message, ctx: RequestContext) -> M
     if msg.user_properties:
         validate.properties(dict(msg.user_properties))
     if props.HasField("message_group") and props.HasField("delivery_timestamp"):
-        raise BrokerError(
+        raise RefusedError(
             Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
             "a message cannot have both a message group (FIFO) and a delivery time (delay)",
         )
     if props.message_type == pb.FIFO and not props.message_group:
-        raise BrokerError(
+        raise RefusedError(
             Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a FIFO message needs a message group"
         )
     if props.HasField("delivery_timestamp"):
         due_ms = timestamp_ms(props.delivery_timestamp, Code.ILLEGAL_DELIVERY_TIME, "delivery time")
         delay = due_ms - int(time.time() * 1000)
         if delay > validate.MAX_DELAY_MS:
-            raise BrokerError(
+            raise RefusedError(
                 Code.ILLEGAL_DELIVERY_TIME,
                 f"delivery time is more than {validate.MAX_DELAY_MS // 3_600_000} h ahead",
             )
@@ -81,7 +81,7 @@ async def send_message(
     services: ProxyServices, request: s.SendMessageRequest, ctx: RequestContext
 ) -> s.SendMessageResponse:
     if not request.messages:
-        raise BrokerError(Code.BAD_REQUEST, "SendMessage needs at least one message")
+        raise RefusedError(Code.BAD_REQUEST, "SendMessage needs at least one message")
     if len(request.messages) > services.proxy.max_send_messages:
         raise refuse(
             services.metrics, "send_messages", Code.PAYLOAD_TOO_LARGE,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from popmq.broker import names
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 
 # Names: the one set of rules shared with the broker and the store (derived names included).
 TOPIC_MAX_LENGTH = names.TOPIC_MAX_LENGTH
@@ -31,7 +31,7 @@ def _has_control_chars(text: str) -> bool:
 
 def tag(value: str) -> str:
     if value and (not value.strip() or "|" in value or _has_control_chars(value)):
-        raise BrokerError(
+        raise RefusedError(
             Code.ILLEGAL_MESSAGE_TAG, "tag must not be blank or contain '|' or control characters"
         )
     return value
@@ -40,7 +40,7 @@ def tag(value: str) -> str:
 def keys(values: list[str]) -> list[str]:
     for key in values:
         if not key.strip() or _has_control_chars(key):
-            raise BrokerError(
+            raise RefusedError(
                 Code.ILLEGAL_MESSAGE_KEY, "message keys must not be blank or contain control chars"
             )
     return values
@@ -48,7 +48,7 @@ def keys(values: list[str]) -> list[str]:
 
 def message_group(value: str) -> str:
     if value and (len(value) > MESSAGE_GROUP_MAX_LENGTH or _has_control_chars(value)):
-        raise BrokerError(
+        raise RefusedError(
             Code.ILLEGAL_MESSAGE_GROUP,
             f"message group must be at most {MESSAGE_GROUP_MAX_LENGTH} printable characters",
         )
@@ -59,12 +59,12 @@ def properties(values: dict[str, str]) -> dict[str, str]:
     size = 0
     for key, value in values.items():
         if not key or key.startswith(RESERVED_PROPERTY_PREFIX) or _has_control_chars(key):
-            raise BrokerError(
+            raise RefusedError(
                 Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"property key {key!r} is empty or reserved"
             )
         size += len(key.encode()) + len(value.encode())
     if size > MAX_PROPERTIES_BYTES:
-        raise BrokerError(
+        raise RefusedError(
             Code.PAYLOAD_TOO_LARGE,
             f"user properties take {size} bytes, more than {MAX_PROPERTIES_BYTES}",
         )
@@ -73,9 +73,9 @@ def properties(values: dict[str, str]) -> dict[str, str]:
 
 def body(data: bytes, max_bytes: int) -> bytes:
     if not data:
-        raise BrokerError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
+        raise RefusedError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
     if len(data) > max_bytes:
-        raise BrokerError(
+        raise RefusedError(
             Code.MESSAGE_BODY_TOO_LARGE,
             f"message body is {len(data)} bytes, more than the limit of {max_bytes}",
         )
@@ -84,11 +84,11 @@ def body(data: bytes, max_bytes: int) -> bytes:
 
 def invisible_time(ms: int, min_ms: int, max_ms: int) -> int:
     if ms < min_ms:
-        raise BrokerError(
+        raise RefusedError(
             Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration {ms} ms is below the minimum {min_ms}"
         )
     if ms > max_ms:
-        raise BrokerError(
+        raise RefusedError(
             Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration {ms} ms is above the maximum {max_ms}"
         )
     return ms
@@ -96,5 +96,5 @@ def invisible_time(ms: int, min_ms: int, max_ms: int) -> int:
 
 def receipt_handle(handle: str) -> str:
     if not handle:
-        raise BrokerError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is empty")
+        raise RefusedError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is empty")
     return handle

@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import (
     DLQ_PREFIX,
@@ -149,9 +149,9 @@ class OperationsMixin:
             topic = validate.topic_name(request.topic)
             target = request.WhichOneof("to")
             if target is None:
-                raise BrokerError(Code.BAD_REQUEST, "say where to: a time, earliest or latest")
+                raise RefusedError(Code.BAD_REQUEST, "say where to: a time, earliest or latest")
             if target == "timestamp_ms" and request.timestamp_ms < 0:
-                raise BrokerError(Code.BAD_REQUEST, "the time must not be before 1970")
+                raise RefusedError(Code.BAD_REQUEST, "the time must not be before 1970")
             response = a.ResetOffsetResponse(status=st.ok())
             for broker, port, info in await self._topic_on_brokers(topic):
                 for queue in info.queues:
@@ -197,9 +197,9 @@ class OperationsMixin:
     ) -> a.QueryMessagesResponse:
         async def work() -> a.QueryMessagesResponse:
             if not request.message_id and not request.key:
-                raise BrokerError(Code.BAD_REQUEST, "give a message id or a key")
+                raise RefusedError(Code.BAD_REQUEST, "give a message id or a key")
             if request.max_scan < 0 or request.limit < 0:
-                raise BrokerError(Code.BAD_REQUEST, "max_scan and limit must not be negative")
+                raise RefusedError(Code.BAD_REQUEST, "max_scan and limit must not be negative")
             topic = request.topic
             if topic:
                 topic = validate.topic_name(topic, allow_dlq=True)
@@ -225,7 +225,7 @@ class OperationsMixin:
         dlq = f"{DLQ_PREFIX}{group}"
         try:
             on_brokers = await self._topic_on_brokers(dlq)
-        except BrokerError as exc:
+        except RefusedError as exc:
             if exc.code == Code.TOPIC_NOT_FOUND:  # nothing was ever dead-lettered
                 return [], 0
             raise
@@ -237,7 +237,7 @@ class OperationsMixin:
         async def work() -> a.ListDlqResponse:
             group = validate.group_name(request.group)
             if request.limit < 0:
-                raise BrokerError(Code.BAD_REQUEST, "limit must not be negative")
+                raise RefusedError(Code.BAD_REQUEST, "limit must not be negative")
             limit = request.limit or DEFAULT_DLQ_LIMIT
             found, total = await self._dlq(group, limit)
             return a.ListDlqResponse(
@@ -251,7 +251,7 @@ class OperationsMixin:
         async def work() -> a.ResendDlqResponse:
             group = validate.group_name(request.group)
             if request.all == bool(request.message_ids):
-                raise BrokerError(Code.BAD_REQUEST, "give message ids or --all (not both)")
+                raise RefusedError(Code.BAD_REQUEST, "give message ids or --all (not both)")
             found, _ = await self._dlq(group, DLQ_SCAN)
             wanted = set(request.message_ids)
             chosen = [
@@ -264,14 +264,14 @@ class OperationsMixin:
                 for i in (m.message_id, m.properties.get(PROP_ORIGIN_MESSAGE_ID))
             }
             if missing:
-                raise BrokerError(
+                raise RefusedError(
                     Code.MESSAGE_NOT_FOUND, f"not in {DLQ_PREFIX}{group}: {sorted(missing)}"
                 )
             response = a.ResendDlqResponse(status=st.ok())
             for broker, m in reversed(chosen):  # oldest first, in their original order
                 origin = m.properties.get(PROP_ORIGIN_TOPIC)
                 if not origin:
-                    raise BrokerError(
+                    raise RefusedError(
                         Code.BAD_REQUEST, f"message {m.message_id} does not name its topic"
                     )
                 # the producer's trace context stays; the DLQ bookkeeping goes

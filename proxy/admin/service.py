@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import DLQ_PREFIX, RETRY_PREFIX, ConsumeMode, TopicInfo
 from popmq.proxy.activity import validate
 from popmq.proxy.admin.operations import OperationsMixin
@@ -66,7 +66,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
         async def work() -> a.TopicResponse:
             name = validate.topic_name(request.name)
             if request.queue_count < 1:
-                raise BrokerError(Code.BAD_REQUEST, "queue count must be at least 1")
+                raise RefusedError(Code.BAD_REQUEST, "queue count must be at least 1")
             cluster = self.services.cluster
             brokers = list(request.brokers) or cluster.names
             infos = await fan_out(
@@ -160,11 +160,11 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
             if request.HasField("consume_mode"):
                 mode = request.consume_mode.upper()
                 if mode not in ConsumeMode.__members__:
-                    raise BrokerError(Code.BAD_REQUEST, "consume mode must be POP or PULL")
+                    raise RefusedError(Code.BAD_REQUEST, "consume mode must be POP or PULL")
                 changes["consume_mode"] = ConsumeMode[mode]
             if request.HasField("max_attempts"):
                 if request.max_attempts < 1:
-                    raise BrokerError(Code.BAD_REQUEST, "max attempts must be at least 1")
+                    raise RefusedError(Code.BAD_REQUEST, "max attempts must be at least 1")
                 changes["max_attempts"] = request.max_attempts
             if request.reset_retry_levels:
                 changes["retry_levels"] = []
@@ -173,7 +173,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
                     try:
                         parse_duration_ms(level)
                     except ValueError as exc:
-                        raise BrokerError(Code.BAD_REQUEST, str(exc)) from None
+                        raise RefusedError(Code.BAD_REQUEST, str(exc)) from None
                 changes["retry_levels"] = list(request.retry_levels)
             if request.HasField("fifo"):
                 changes["fifo"] = request.fifo
@@ -218,10 +218,10 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
                 if summary.config.name == name
             ]
             if not holders:
-                raise BrokerError(Code.CONSUMER_GROUP_NOT_FOUND, f"group {name!r} does not exist")
+                raise RefusedError(Code.CONSUMER_GROUP_NOT_FOUND, f"group {name!r} does not exist")
             inflight = sum(s.inflight for _, _, s in holders)
             if inflight and not request.force:  # checked before any broker changes
-                raise BrokerError(
+                raise RefusedError(
                     Code.PRECONDITION_FAILED,
                     f"group {name!r} has {inflight} messages in flight; ack them or wait for "
                     "their invisible time, or delete with force (they then revive as usual)",

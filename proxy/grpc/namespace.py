@@ -21,7 +21,7 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import DLQ_PREFIX, RETRY_PREFIX
 from popmq.proxy.grpc import status as st
 
@@ -45,7 +45,7 @@ def qualify(namespace: str, name: str, *, group: bool = False) -> str:
             return prefix + qualify(namespace, name[len(prefix) :], group=True)
     if SEPARATOR in name:
         code = Code.ILLEGAL_CONSUMER_GROUP if group else Code.ILLEGAL_TOPIC
-        raise BrokerError(code, f"{name!r}: names in a namespace cannot contain '{SEPARATOR}'")
+        raise RefusedError(code, f"{name!r}: names in a namespace cannot contain '{SEPARATOR}'")
     return f"{namespace}{SEPARATOR}{name}"
 
 
@@ -60,7 +60,7 @@ def unqualify(namespace: str, name: str) -> str:
 
 def check_namespace(namespace: str) -> str:
     if namespace and not _NAMESPACE.fullmatch(namespace):
-        raise BrokerError(
+        raise RefusedError(
             Code.BAD_REQUEST,
             f"namespace {namespace!r} must be 1..64 characters of [a-zA-Z0-9_-]",
         )
@@ -147,7 +147,7 @@ class _Context:
         return getattr(self._context, name)
 
 
-def _status_frame(method: str, error: BrokerError) -> Message:
+def _status_frame(method: str, error: RefusedError) -> Message:
     """The method's response carrying the refusal as a RocketMQ Status (never a gRPC error)."""
     service = s.DESCRIPTOR.services_by_name["MessagingService"]
     output = service.methods_by_name[method.rsplit("/", 1)[-1]].output_type
@@ -194,7 +194,7 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
             if namespace:
                 try:
                     qualify_request(request, header)
-                except BrokerError as error:
+                except RefusedError as error:
                     return _status_frame(method, error)
             response = await behavior(request, context)
             if namespace:
@@ -217,7 +217,7 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
                 return
             try:
                 qualify_request(request, header)
-            except BrokerError as error:
+            except RefusedError as error:
                 await context.write(_status_frame(method, error))
                 return
             await behavior(request, _Context(context, namespace))
@@ -236,7 +236,7 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
             if namespace:
                 try:
                     qualify_request(request, header)
-                except BrokerError as error:
+                except RefusedError as error:
                     yield _status_frame(method, error)
                     return
             async for frame in behavior(request, context):
@@ -259,7 +259,7 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
                     seen["namespace"] = self._namespace_of(request, seen["namespace"])
                     try:
                         qualify_request(request, header)
-                    except BrokerError as error:  # a name no namespace may hold: end the stream
+                    except RefusedError as error:  # a name no namespace may hold: end the stream
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
                     yield request
 

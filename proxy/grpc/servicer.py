@@ -1,6 +1,6 @@
 """MessagingServiceServicer: apache.rocketmq.v2.MessagingService over the activities.
 
-Every RPC answers with a RocketMQ Status, never a gRPC error: activities raise BrokerError for
+Every RPC answers with a RocketMQ Status, never a gRPC error: activities raise RefusedError for
 bad requests, and any other exception becomes INTERNAL_ERROR. Streams (ReceiveMessage,
 PullMessage) always end with their trailing frame.
 """

@@ -10,7 +10,7 @@ unambiguous.
 
 from __future__ import annotations
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 
 from popmq.pb.pool import Duration, Timestamp
 
@@ -26,12 +26,12 @@ def timestamp_ms(value: Timestamp, code: Code, what: str) -> int:
     """Milliseconds since the epoch of a client's Timestamp; ``code`` if it is invalid."""
     seconds, nanos = value.seconds, value.nanos
     if not 0 <= nanos < _NANOS:
-        raise BrokerError(code, f"{what} has nanos {nanos}, outside [0, 999999999]")
+        raise RefusedError(code, f"{what} has nanos {nanos}, outside [0, 999999999]")
     if TIMESTAMP_MIN_S <= seconds <= TIMESTAMP_MAX_S:
         return seconds * 1000 + nanos // 1_000_000
     if TIMESTAMP_MAX_S < seconds <= TIMESTAMP_MAX_S * 1000 and nanos == 0:
         return seconds  # milliseconds in the seconds field (see the module docstring)
-    raise BrokerError(
+    raise RefusedError(
         code,
         f"{what} {seconds} s is outside the Timestamp range (years 1 to 9999); send seconds "
         "since the epoch in Timestamp.seconds",
@@ -43,9 +43,9 @@ def duration_ms(value: Duration, code: Code, what: str) -> int:
     ``code`` if it is not a valid Duration (out of range, or nanos with the wrong sign)."""
     seconds, nanos = value.seconds, value.nanos
     if not -DURATION_MAX_S <= seconds <= DURATION_MAX_S:
-        raise BrokerError(code, f"{what} of {seconds} s is outside the Duration range")
+        raise RefusedError(code, f"{what} of {seconds} s is outside the Duration range")
     if not -_NANOS < nanos < _NANOS or (seconds > 0 > nanos) or (seconds < 0 < nanos):
-        raise BrokerError(
+        raise RefusedError(
             code,
             f"{what} has nanos {nanos}: they must be within +-999999999 and have the sign of "
             "the seconds",

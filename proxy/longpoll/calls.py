@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import ConsumePort
 from popmq.broker.contract.types import (
     NotifyRequest,
@@ -99,7 +99,7 @@ class BrokerCalls(AsyncClosing):
                 self._pop_into(port, request, custody), f"pop:{port.name}", log_errors=False
             )
             if job is None:  # closing: no new broker work
-                raise BrokerError(Code.PROXY_TIMEOUT, "the proxy is shutting down")
+                raise RefusedError(Code.PROXY_TIMEOUT, "the proxy is shutting down")
             if request.poll_time_ms > 0:
                 try:
                     result = await job.result()

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import AckEntry, Message, PopRequest, PopStatus
 from popmq.broker.wire.remote import RemoteBrokerPort
 from support.broker_process import REPO_ROOT, STARTUP_TIMEOUT_S, BrokerProcess
@@ -71,7 +71,7 @@ async def test_serves_grpc_and_stops_cleanly_on_sigterm(tmp_path: Path, spawn) -
         held = asyncio.create_task(remote.pop(PopRequest("g2", "t", poll_time_ms=30_000)))
         await asyncio.sleep(0.2)
         assert await broker.terminate() == 0
-        with contextlib.suppress(BrokerError):
+        with contextlib.suppress(RefusedError):
             await asyncio.wait_for(held, 5)
     finally:
         await remote.close()

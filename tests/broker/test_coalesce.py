@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from popmq.broker.contract.errors import BrokerAuthError, BrokerError, BrokerUnavailableError, Code
+from popmq.broker.contract.errors import BrokerAuthError, BrokerUnavailableError, Code, RefusedError
 from popmq.broker.wire.coalesce import Coalescer
 
 
@@ -49,7 +49,7 @@ class Broker:
         if self.down:
             raise BrokerUnavailableError("b0", "connection refused")
         if self.refuse & set(items):
-            raise BrokerError(Code.BAD_REQUEST, f"refused {sorted(self.refuse & set(items))}")
+            raise RefusedError(Code.BAD_REQUEST, f"refused {sorted(self.refuse & set(items))}")
         return [(key, item) for item in items]
 
 
@@ -127,7 +127,7 @@ async def test_a_refused_batch_answers_each_caller_on_its_own(setup) -> None:  #
     done = await asyncio.wait_for(asyncio.shield(asyncio.wait(tasks)), 5)
     assert done
     assert tasks[0].result() == [("k", 1)]
-    with pytest.raises(BrokerError) as refused:
+    with pytest.raises(RefusedError) as refused:
         tasks[1].result()
     assert refused.value.code == Code.BAD_REQUEST
     assert tasks[2].result() == [("k", 3)]
@@ -183,7 +183,7 @@ async def test_a_wrong_result_count_is_reported_not_repeated(setup) -> None:  # 
     tasks = await _callers(coalescer, ("k", [1]), ("k", [2]))
     await window.close_window()
     for task in tasks:
-        with pytest.raises(BrokerError) as failed:
+        with pytest.raises(RefusedError) as failed:
             await task
         assert failed.value.code == Code.INTERNAL_ERROR
     assert broker.batches == [("k", [1, 2])]  # sent once
@@ -209,7 +209,7 @@ async def test_per_caller_retries_do_not_wait_for_each_other(setup) -> None:  # 
     assert not tasks[0].done()
     slow.set()
     assert await tasks[0] == [("k", 1)]
-    with pytest.raises(BrokerError):
+    with pytest.raises(RefusedError):
         await tasks[1]
 
 

@@ -2,7 +2,7 @@ import asyncio
 import time
 
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import (
     AckEntry,
     ConsumeMode,
@@ -15,8 +15,8 @@ from popmq.broker.contract.types import (
 from support.brokers import fast_broker_config, running_broker
 
 
-async def _raises(call, code: Code) -> BrokerError:
-    with pytest.raises(BrokerError) as err:
+async def _raises(call, code: Code) -> RefusedError:
+    with pytest.raises(RefusedError) as err:
         await call
     assert err.value.code == code, err.value
     return err.value

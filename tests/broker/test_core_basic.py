@@ -1,5 +1,5 @@
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import AdminPort, BrokerPort, MessagingPort
 from popmq.broker.contract.types import AckEntry, Message, PopRequest, PopStatus
 from popmq.broker.core import Broker
@@ -55,7 +55,7 @@ async def test_validation_errors(tmp_path) -> None:
             (broker.pop(PopRequest("g", "missing")), Code.TOPIC_NOT_FOUND),
         ]
         for call, code in cases:
-            with pytest.raises(BrokerError) as err:
+            with pytest.raises(RefusedError) as err:
                 await call
             assert err.value.code == code
         await broker.send([Message("t", b"x")])
@@ -72,6 +72,6 @@ async def test_validation_errors(tmp_path) -> None:
             ),
         ]
         for request, code in bad_pops:
-            with pytest.raises(BrokerError) as err:
+            with pytest.raises(RefusedError) as err:
                 await broker.pop(request)
             assert err.value.code == code, request

@@ -9,7 +9,7 @@ import logging
 import os
 
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message
 from popmq.broker.store.file_budget import FileBudget
 
@@ -85,7 +85,7 @@ async def test_a_failing_flush_makes_sends_wait_for_their_own_fsync(
     assert store.commitlog_fsyncs > before
     # And a send whose fsync fails is refused, never acknowledged.
     monkeypatch.setattr(store._commitlog, "sync_fds", emfile)
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         await store.append("t", 0, [Message(topic="t", body=b"not durable")])
     assert err.value.code == Code.MASTER_PERSISTENCE_TIMEOUT
     monkeypatch.undo()

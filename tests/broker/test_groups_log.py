@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 from popmq.broker.auto_create import AutoCreateGate
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import GroupConfig
 from popmq.broker.pop.groups import GroupRegistry
 from popmq.broker.store.damage import StoreFaults
@@ -103,7 +103,7 @@ def test_group_auto_creation_limits(tmp_path) -> None:
     reg.load()
     for name in ("a", "b", "c"):
         reg.get(name)
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         reg.get("d")
     assert err.value.code == Code.CONSUMER_GROUP_NOT_FOUND
     assert "max_auto_created" in err.value.message
@@ -112,7 +112,7 @@ def test_group_auto_creation_limits(tmp_path) -> None:
     reg.update(GroupConfig(name="d"))  # explicit creation is not auto-creation
     assert reg.settings("zzz").name == "zzz"  # revive's lookup never registers nor refuses
     off = registry(tmp_path / "off", auto_create=False)
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         off.get("x")
     assert err.value.code == Code.CONSUMER_GROUP_NOT_FOUND and "auto_create" in err.value.message
 
@@ -122,7 +122,7 @@ def test_rate_gate_refills_with_time() -> None:
     gate = AutoCreateGate("topic", True, 1_000, 2.0, clock=lambda: now[0])
     gate.admit("a", 0)
     gate.admit("b", 1)
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         gate.admit("c", 2)
     assert err.value.code == Code.TOPIC_NOT_FOUND and "per second" in err.value.message
     now[0] += 0.5
@@ -137,7 +137,7 @@ def test_delete_is_a_tombstone_that_survives_restart_and_compaction(tmp_path) ->
     reg.delete("gone")
     assert os.path.getsize(tmp_path / "state" / "groups.log") > size  # appended, no rewrite
     assert [c.name for c in reg.configs()] == ["kept"]
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         reg.delete("gone")
     assert err.value.code == Code.CONSUMER_GROUP_NOT_FOUND
     reg.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import (
     AckEntry,
     AckEntryResult,
@@ -165,8 +165,8 @@ def test_empty_filter_means_everything() -> None:
 
 
 def test_status_carries_the_broker_error() -> None:
-    status = convert.error_status(BrokerError(Code.TOPIC_NOT_FOUND, "no topic x"))
-    with pytest.raises(BrokerError) as caught:
+    status = convert.error_status(RefusedError(Code.TOPIC_NOT_FOUND, "no topic x"))
+    with pytest.raises(RefusedError) as caught:
         convert.raise_for_status(pb.Status.FromString(status.SerializeToString()))
     assert caught.value.code is Code.TOPIC_NOT_FOUND
     assert caught.value.message == "no topic x"
@@ -174,7 +174,7 @@ def test_status_carries_the_broker_error() -> None:
 
 
 def test_unknown_status_code_becomes_internal_error() -> None:
-    with pytest.raises(BrokerError) as caught:
+    with pytest.raises(RefusedError) as caught:
         convert.raise_for_status(pb.Status(code=12345, message="odd"))
     assert caught.value.code is Code.INTERNAL_ERROR
     assert "12345" in caught.value.message

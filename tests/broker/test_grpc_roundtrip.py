@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import (
     AckEntry,
     ConsumeMode,
@@ -93,7 +93,7 @@ async def test_change_invisible_time_and_redelivery(served: Served) -> None:
 
     stale = await remote.ack("g", "jobs", [AckEntry(first.receipt_handle, "")])
     assert stale[0].code == Code.INVALID_RECEIPT_HANDLE
-    with pytest.raises(BrokerError) as caught:
+    with pytest.raises(RefusedError) as caught:
         await remote.change_invisible_time("g", "jobs", "not-a-handle", 1_000)
     assert caught.value.code is Code.INVALID_RECEIPT_HANDLE
 
@@ -187,7 +187,7 @@ async def test_pull_and_offsets(served: Served) -> None:
     assert await remote.get_consumer_offset("pg", "log", 0) == -1
     await remote.update_consumer_offset("pg", "log", 0, 2)
     assert await remote.get_consumer_offset("pg", "log", 0) == 2
-    with pytest.raises(BrokerError) as caught:
+    with pytest.raises(RefusedError) as caught:
         await remote.update_consumer_offset("pg", "log", 0, 99)
     assert caught.value.code is Code.ILLEGAL_OFFSET
     assert await remote.offset_for_timestamp("log", 0, before) == 0
@@ -220,7 +220,7 @@ async def test_admin_operations(served: Served) -> None:
 
     groups = {g.config.name: g for g in await remote.list_groups()}
     assert groups["gx"].config == group and groups["gs"].inflight == 2
-    with pytest.raises(BrokerError) as refused:
+    with pytest.raises(RefusedError) as refused:
         await remote.delete_group("gs")
     assert refused.value.code is Code.PRECONDITION_FAILED
     deleted = await remote.delete_group("gs", clean_offsets=True, force=True)
@@ -229,20 +229,20 @@ async def test_admin_operations(served: Served) -> None:
     assert {g.config.name for g in await remote.list_groups()} == set()
 
     await remote.delete_topic("admin-t")
-    with pytest.raises(BrokerError) as caught:
+    with pytest.raises(RefusedError) as caught:
         await remote.get_topic("admin-t")
     assert caught.value.code is Code.TOPIC_NOT_FOUND
 
 
 async def test_refusals_keep_their_codes(served: Served) -> None:
     remote = served.remote
-    with pytest.raises(BrokerError) as caught:
+    with pytest.raises(RefusedError) as caught:
         await remote.pop(PopRequest("g", "missing-topic"))
     assert caught.value.code is Code.TOPIC_NOT_FOUND
-    with pytest.raises(BrokerError) as caught:
+    with pytest.raises(RefusedError) as caught:
         await remote.send([Message("t", b"")])
     assert caught.value.code is Code.MESSAGE_BODY_EMPTY
-    with pytest.raises(BrokerError) as caught:
+    with pytest.raises(RefusedError) as caught:
         await remote.pop(PopRequest("g", "missing-topic", poll_time_ms=-1))
     assert caught.value.code in (Code.ILLEGAL_POLLING_TIME, Code.TOPIC_NOT_FOUND)
     bad = await remote.ack("g", "t", [AckEntry("garbage", "m")])

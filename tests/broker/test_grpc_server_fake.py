@@ -11,10 +11,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from popmq.broker.contract.errors import (
-    BrokerError,
     BrokerTimeoutError,
     BrokerUnavailableError,
     Code,
+    RefusedError,
 )
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import (
@@ -59,7 +59,7 @@ class FakePort:
         if any(m.topic == "boom" for m in messages):
             raise RuntimeError("disk on fire")
         if any(not m.body for m in messages):
-            raise BrokerError(Code.MESSAGE_BODY_EMPTY, "empty body")
+            raise RefusedError(Code.MESSAGE_BODY_EMPTY, "empty body")
         self.sent.extend(messages)
         return [
             SendResult(m.message_id or f"gen-{i}", m.topic, max(queue_id, 0), i, self.name)
@@ -88,7 +88,7 @@ class FakePort:
     async def change_invisible_time(
         self, group: str, topic: str, receipt_handle: str, invisible_time_ms: int
     ) -> ChangeInvisibleResult:
-        raise BrokerError(Code.INVALID_RECEIPT_HANDLE, f"stale handle {receipt_handle}")
+        raise RefusedError(Code.INVALID_RECEIPT_HANDLE, f"stale handle {receipt_handle}")
 
     async def notify(self, request: NotifyRequest) -> NotifyResult:
         return NotifyResult(has_message=request.topic == "busy")
@@ -114,7 +114,7 @@ class FakePort:
         return TopicInfo(topic, queue_count)
 
     async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
-        raise BrokerError(Code.TOPIC_NOT_FOUND, f"no topic {topic}")
+        raise RefusedError(Code.TOPIC_NOT_FOUND, f"no topic {topic}")
 
     async def list_topics(self) -> list[TopicInfo]:
         return []
@@ -200,21 +200,21 @@ async def test_calls_round_trip(served) -> None:
 
 async def test_broker_errors_keep_their_code(served) -> None:
     _, _, remote = served
-    with pytest.raises(BrokerError) as caught:
+    with pytest.raises(RefusedError) as caught:
         await remote.change_invisible_time("g", "t", "rh-9", 1000)
     assert caught.value.code is Code.INVALID_RECEIPT_HANDLE
     assert caught.value.message == "stale handle rh-9"
-    with pytest.raises(BrokerError) as caught:
+    with pytest.raises(RefusedError) as caught:
         await remote.get_topic("nope")
     assert caught.value.code is Code.TOPIC_NOT_FOUND
-    with pytest.raises(BrokerError) as caught:
+    with pytest.raises(RefusedError) as caught:
         await remote.send([Message("t", b"")])
     assert caught.value.code is Code.MESSAGE_BODY_EMPTY
 
 
 async def test_unexpected_failure_becomes_internal_error(served) -> None:
     _, _, remote = served
-    with pytest.raises(BrokerError) as caught:
+    with pytest.raises(RefusedError) as caught:
         await remote.send([Message("boom", b"x")])
     assert caught.value.code is Code.INTERNAL_ERROR
     assert "disk on fire" in caught.value.message
@@ -241,7 +241,7 @@ async def test_long_poll_deadline_is_poll_time_plus_margin(served) -> None:
             await remote.pop(PopRequest("g", "t", poll_time_ms=300))
         elapsed = loop.time() - started
         assert caught.value.code is Code.PROXY_TIMEOUT
-        assert not isinstance(caught.value, BrokerError)  # no answer is not a refusal
+        assert not isinstance(caught.value, RefusedError)  # no answer is not a refusal
         assert 0.45 <= elapsed < 2.0
         await asyncio.wait_for(fake.released.wait(), 2)  # the broker let go too
     finally:
@@ -268,6 +268,6 @@ async def test_unreachable_broker_is_unavailable() -> None:
             await remote.send([Message("t", b"x")])
         assert caught.value.broker == "gone"
         assert caught.value.code is Code.INTERNAL_SERVER_ERROR
-        assert not isinstance(caught.value, BrokerError)  # unreachable is not a refusal
+        assert not isinstance(caught.value, RefusedError)  # unreachable is not a refusal
     finally:
         await remote.close()

@@ -7,7 +7,7 @@ import stat
 from dataclasses import replace
 
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.pop import handle_keys
 from popmq.broker.pop.handle import HandleCodec, ReceiptHandle, group_hash, peek_broker_name
 from popmq.broker.pop.handle_keys import HandleKeyring, KeyringError
@@ -55,7 +55,7 @@ def test_round_trip_url_safe_and_opaque() -> None:
 
 def test_other_broker_key_rejected_but_routable() -> None:
     text = _codec().encode(_handle())
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         _codec().decode(text)
     assert err.value.code == Code.INVALID_RECEIPT_HANDLE
     assert "key unknown" in err.value.message
@@ -66,7 +66,7 @@ def test_same_key_id_other_secret_rejected() -> None:
     key = handle_keys.new_key()
     forger = HandleKeyring(None, [replace(key, secret=os.urandom(32))])
     text = HandleCodec(forger).encode(_handle())
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         HandleCodec(HandleKeyring(None, [key])).decode(text)
     assert err.value.code == Code.INVALID_RECEIPT_HANDLE
     assert "does not open" in err.value.message
@@ -81,7 +81,7 @@ def test_altered_handle_rejected() -> None:
     flipped = base64.urlsafe_b64encode(bytes(raw)).rstrip(b"=").decode()
     other_broker = base64.urlsafe_b64encode(b"broker-b").rstrip(b"=").decode()
     for forged in (f"{version}.{broker}.{key_id}.{flipped}", f"2.{other_broker}.{key_id}.{sealed}"):
-        with pytest.raises(BrokerError) as err:
+        with pytest.raises(RefusedError) as err:
             codec.decode(forged)
         assert err.value.code == Code.INVALID_RECEIPT_HANDLE
         assert "does not open" in err.value.message
@@ -99,7 +99,7 @@ def test_any_broker_name() -> None:
     ["", "abc", "a.b.c", "2.a.b", "2..k.s", "2.!!.k.s", "1.YQ.k.s", "2.YQ.k.s.t", "!!!.???"],
 )
 def test_malformed(text: str) -> None:
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         _codec().decode(text)
     assert err.value.code == Code.INVALID_RECEIPT_HANDLE
 
@@ -107,7 +107,7 @@ def test_malformed(text: str) -> None:
 def test_old_version_one_handles_are_refused() -> None:
     payload = base64.urlsafe_b64encode(b"1~abc~t~0~5~1~2~3~0~broker-a").rstrip(b"=").decode()
     for read in (peek_broker_name, _codec().decode):
-        with pytest.raises(BrokerError) as err:
+        with pytest.raises(RefusedError) as err:
             read(f"{payload}.c2ln")
         assert err.value.code == Code.INVALID_RECEIPT_HANDLE
 
@@ -161,7 +161,7 @@ def test_rotation_keeps_old_handles_until_retired(tmp_path, monkeypatch) -> None
         handle_keys.retire(path, new.key_id)  # never the active key
     handle_keys.retire(path, old_key)
     os.utime(path, ns=(2, 2))
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         codec.decode(before)
     assert err.value.code == Code.INVALID_RECEIPT_HANDLE and "retired" in err.value.message
     assert codec.decode(after) == _handle()

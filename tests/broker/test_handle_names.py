@@ -1,5 +1,5 @@
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.pop.names import check_group, check_topic
 
 
@@ -10,7 +10,7 @@ def test_valid_topics(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["", "x" * 128, "a b", "a/b", "t.opic", "%RETRY%g_t", "%DLQ%g"])
 def test_illegal_user_topics(name: str) -> None:
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         check_topic(name)
     assert err.value.code == Code.ILLEGAL_TOPIC
 
@@ -21,7 +21,7 @@ def test_system_topic_allowed_for_internal_use() -> None:
 
 @pytest.mark.parametrize("name", ["", "g" * 128, "g 1", "%SYS%x", "g$"])
 def test_illegal_groups(name: str) -> None:
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         check_group(name)
     assert err.value.code == Code.ILLEGAL_CONSUMER_GROUP
 
@@ -38,10 +38,10 @@ def test_longest_accepted_names_make_valid_derived_names() -> None:
     check_topic(retry_topic(group, topic), user=False)  # the store accepts it (255 chars)
     check_topic(dlq_topic(group), allow_dlq=True)  # consumers may subscribe to it
     for too_long in ("g" * (GROUP_MAX_LENGTH + 1), "g" * 255):
-        with pytest.raises(BrokerError) as err:
+        with pytest.raises(RefusedError) as err:
             validate.group_name(too_long)  # the proxy and the broker agree
         assert err.value.code == Code.ILLEGAL_CONSUMER_GROUP
-        with pytest.raises(BrokerError):
+        with pytest.raises(RefusedError):
             check_group(too_long)
 
 

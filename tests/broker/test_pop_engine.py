@@ -2,7 +2,7 @@ import asyncio
 from dataclasses import replace
 
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import (
     AckEntry,
     FilterExpression,
@@ -104,7 +104,7 @@ async def test_change_invisible_time(tmp_path) -> None:
         # the old handle stops working
         (old,) = await broker.ack("g", "t", [AckEntry(popped.receipt_handle)])
         assert old.code == Code.INVALID_RECEIPT_HANDLE and "superseded" in old.message
-        with pytest.raises(BrokerError) as err:
+        with pytest.raises(RefusedError) as err:
             await broker.change_invisible_time("g", "t", popped.receipt_handle, 100)
         assert err.value.code == Code.INVALID_RECEIPT_HANDLE
         await asyncio.sleep(0.2)  # past the first invisible time: still invisible
@@ -118,7 +118,7 @@ async def test_change_invisible_time_range_checked(tmp_path) -> None:
     async with running_broker(fast_broker_config(tmp_path, max_invisible_ms=1000)) as broker:
         await _send(broker, 1, 0)
         (popped,) = (await broker.pop(_pop(invisible_time_ms=500))).messages
-        with pytest.raises(BrokerError) as err:
+        with pytest.raises(RefusedError) as err:
             await broker.change_invisible_time("g", "t", popped.receipt_handle, 1001)
         assert err.value.code == Code.ILLEGAL_INVISIBLE_TIME
 

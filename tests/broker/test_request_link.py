@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from popmq.broker.contract.errors import BrokerError, BrokerUnavailableError, Code
+from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
 from popmq.broker.contract.types import (
     AckEntry,
     AckEntryResult,
@@ -247,7 +247,9 @@ async def test_one_bad_item_in_a_coalesced_batch_fails_only_its_caller(tmp_path:
         bad_send = asyncio.create_task(remote.send([Message(topic=TOPIC, body=b"x", tag="a|b")], 0))
         outcomes = await asyncio.gather(*sends, bad_send, return_exceptions=True)
         assert all(isinstance(o, list) and o[0].message_id for o in outcomes[:3]), outcomes
-        assert isinstance(outcomes[3], BrokerError) and outcomes[3].code == Code.ILLEGAL_MESSAGE_TAG
+        assert (
+            isinstance(outcomes[3], RefusedError) and outcomes[3].code == Code.ILLEGAL_MESSAGE_TAG
+        )
         sends_coalescer = remote.coalescers[1]
         # One batch: refused for the bad tag, then retried per caller.
         assert sends_coalescer is not None and sends_coalescer.batches == 1

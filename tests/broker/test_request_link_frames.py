@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message, PopRequest
 from popmq.broker.local import LocalBrokerPort
 from popmq.broker.wire import remote as remote_module
@@ -82,7 +82,7 @@ async def test_a_request_past_the_limit_is_refused_alone(tmp_path: Path) -> None
         big, small = _send(remote, LIMIT + 1024), _send(remote, 10)
         async with asyncio.timeout(30):
             refused, sent = await asyncio.gather(big, small, return_exceptions=True)
-        assert isinstance(refused, BrokerError) and refused.code == Code.PAYLOAD_TOO_LARGE
+        assert isinstance(refused, RefusedError) and refused.code == Code.PAYLOAD_TOO_LARGE
         assert isinstance(sent, list) and sent[0].message_id  # its sibling went through
         link = remote.request_link
         assert link is not None and link.streams[0].losses == 0
@@ -123,7 +123,7 @@ async def test_an_answer_past_the_limit_fails_alone(
             if remote.request_link and remote.request_link.in_flight:
                 break
             await asyncio.sleep(0.01)
-        with pytest.raises(BrokerError) as refused:
+        with pytest.raises(RefusedError) as refused:
             await remote.pop(_pop("g"))
         assert refused.value.code == Code.PAYLOAD_TOO_LARGE
         assert "max_batch" in refused.value.message

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message
 from popmq.broker.store import OffsetOutOfRangeError, TopicMeta
 from popmq.broker.store.framing import HEADER_SIZE, iter_frames
@@ -20,15 +20,15 @@ async def test_topics_are_durable_and_validated(store_factory) -> None:
     assert store.create_topic("orders", 4) == TopicMeta("orders", 4)
     assert store.create_topic("orders", 4) == TopicMeta("orders", 4)  # idempotent
     assert store.create_topic("orders", 6) == TopicMeta("orders", 6)  # grows
-    with pytest.raises(BrokerError) as shrink:
+    with pytest.raises(RefusedError) as shrink:
         store.create_topic("orders", 2)
     assert shrink.value.code == Code.BAD_REQUEST
     store.create_topic("%RETRY%g_orders", 1)
     for bad in ("", "a/b", "..", "x" * 256, "sp ace"):
-        with pytest.raises(BrokerError) as err:
+        with pytest.raises(RefusedError) as err:
             store.create_topic(bad, 1)
         assert err.value.code == Code.ILLEGAL_TOPIC
-    with pytest.raises(BrokerError) as zero:
+    with pytest.raises(RefusedError) as zero:
         store.create_topic("zero", 0)
     assert zero.value.code == Code.BAD_REQUEST
     await store.close()
@@ -38,7 +38,7 @@ async def test_topics_are_durable_and_validated(store_factory) -> None:
     assert reopened.get_topic("missing") is None
     reopened.delete_topic("orders")
     assert reopened.get_topic("orders") is None
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         reopened.delete_topic("orders")
     assert err.value.code == Code.TOPIC_NOT_FOUND
 
@@ -93,19 +93,19 @@ async def test_bad_offsets_queues_and_topics(store_factory) -> None:
     assert "max offset" in beyond.value.message
     with pytest.raises(OffsetOutOfRangeError):
         store.read("T", 0, -1, 1)
-    with pytest.raises(BrokerError) as no_topic:
+    with pytest.raises(RefusedError) as no_topic:
         await store.append("nope", 0, [msg(b"x")])
     assert no_topic.value.code == Code.TOPIC_NOT_FOUND
-    with pytest.raises(BrokerError) as no_topic_read:
+    with pytest.raises(RefusedError) as no_topic_read:
         store.read("nope", 0, 0, 1)
     assert no_topic_read.value.code == Code.TOPIC_NOT_FOUND
     for bad_queue in (2, -1):
-        with pytest.raises(BrokerError) as bad:
+        with pytest.raises(RefusedError) as bad:
             await store.append("T", bad_queue, [msg(b"x")])
         assert bad.value.code == Code.BAD_REQUEST
-        with pytest.raises(BrokerError):
+        with pytest.raises(RefusedError):
             store.max_offset("T", bad_queue)
-    with pytest.raises(BrokerError) as too_long_tag:
+    with pytest.raises(RefusedError) as too_long_tag:
         await store.append("T", 0, [msg(b"x", tag="t" * 70_000)])
     assert too_long_tag.value.code == Code.BAD_REQUEST
     assert store.max_offset("T", 0) == 2  # the refused batch left nothing behind
@@ -184,15 +184,15 @@ async def test_consumer_offsets_and_state_survive_restart(store_factory) -> None
     assert store.get_consumer_offset("g", "T", 1) == -1
     store.set_consumer_offset("g", "T", 1, 42)
     store.set_consumer_offset("h", "T", 0, 7)
-    with pytest.raises(BrokerError) as negative:
+    with pytest.raises(RefusedError) as negative:
         store.set_consumer_offset("g", "T", 1, -5)
     assert negative.value.code == Code.BAD_REQUEST
-    with pytest.raises(BrokerError) as missing:
+    with pytest.raises(RefusedError) as missing:
         store.set_consumer_offset("g", "nope", 0, 1)
     assert missing.value.code == Code.TOPIC_NOT_FOUND
     store.save_state("pop-groups", {"g": {"fifo": True}, "n": [1, 2]})
     assert store.load_state("never-saved") is None
-    with pytest.raises(BrokerError):
+    with pytest.raises(RefusedError):
         store.save_state("../escape", 1)
     await store.close()
     reopened = store_factory()
@@ -293,7 +293,7 @@ async def test_cancelled_sync_append_does_not_break_group_commit(store_factory) 
 
 async def test_second_store_on_same_directory_is_refused(store_factory) -> None:
     store_factory()
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         store_factory()
     assert "another store" in err.value.message
 

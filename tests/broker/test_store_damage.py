@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from popmq.broker.contract.errors import BrokerError
+from popmq.broker.contract.errors import RefusedError
 from popmq.broker.contract.types import Message
 from popmq.broker.metrics import BrokerMetrics
 from popmq.broker.pop.checkpoint import Checkpoint
@@ -310,7 +310,7 @@ async def test_unknown_future_format_is_refused(store_factory) -> None:
     store = store_factory()
     await store.close()
     (store.data_dir / "FORMAT").write_text("popmq-store-format 99\n")
-    with pytest.raises(BrokerError, match="format 99"):
+    with pytest.raises(RefusedError, match="format 99"):
         store_factory()
 
 
@@ -519,7 +519,7 @@ async def test_a_full_disk_refuses_sends_loudly_but_not_once_per_send(
     monkeypatch.setattr(store._commitlog, "append", no_space)
     with caplog.at_level(logging.ERROR):
         for i in range(20):
-            with pytest.raises(BrokerError, match="store write failed"):
+            with pytest.raises(RefusedError, match="store write failed"):
                 await store.append("T", 0, [Message("T", body(i))])
     assert store.write_failures == 20  # exported as popmq_broker_store_write_failures
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
@@ -566,10 +566,10 @@ async def test_a_topic_whose_creation_failed_to_persist_takes_no_sends(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(topics_module.TopicTable, "put", disk_full_once)
-    with pytest.raises(BrokerError, match="cannot create topic X"):
+    with pytest.raises(RefusedError, match="cannot create topic X"):
         store.create_topic("X", 2)
     assert store.get_topic("X") is None
-    with pytest.raises(BrokerError):
+    with pytest.raises(RefusedError):
         await store.append("X", 0, [Message("X", b"never acknowledged")])
     store.create_topic("X", 2)  # space again: created for real
     await store.append("X", 0, [Message("X", b"acknowledged")])

@@ -12,7 +12,7 @@ import itertools
 import time
 from collections.abc import Callable
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import (
     ChangeInvisibleResult,
     NotifyRequest,
@@ -44,8 +44,8 @@ class FakeBroker:
         # Cues a test can set:
         self.steal_next_pops = 0  # pops that find the message gone (someone else got it)
         self.polling_full = 0  # held requests answered POLLING_FULL
-        self.fail_notify: BrokerError | None = None
-        self.fail_pop: BrokerError | None = None
+        self.fail_notify: RefusedError | None = None
+        self.fail_pop: RefusedError | None = None
         self.on_pop_answer: Callable[[PopResult], None] | None = None
         self._arrived = asyncio.Event()
         self._pops = 0
@@ -152,10 +152,10 @@ class FakeBroker:
         self.changes.append(invisible_time_ms)
         await asyncio.sleep(0)
         if invisible_time_ms < self.min_invisible_ms:
-            raise BrokerError(Code.ILLEGAL_INVISIBLE_TIME, "below the minimum invisible time")
+            raise RefusedError(Code.ILLEGAL_INVISIBLE_TIME, "below the minimum invisible time")
         message = self.inflight.pop(receipt_handle, None)
         if message is None:
-            raise BrokerError(Code.INVALID_RECEIPT_HANDLE, "unknown handle")
+            raise RefusedError(Code.INVALID_RECEIPT_HANDLE, "unknown handle")
         if invisible_time_ms == 0:
             self.visible.append(message)
             self._wake()

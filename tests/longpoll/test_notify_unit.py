@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import PopResult
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.notify import NotifyStrategy
@@ -82,10 +82,10 @@ async def test_a_refused_consume_pop_ends_the_receive_with_the_refusal(
     request = make_request(5_000, preferred="b0")  # the first pop goes to b0
     receive = asyncio.create_task(_strategy(metrics).receive(fakes, request))
     await wait_until(lambda: all(b.held == 1 for b in fakes))
-    fakes[1].fail_pop = BrokerError(Code.ILLEGAL_TOPIC, "not served here")
+    fakes[1].fail_pop = RefusedError(Code.ILLEGAL_TOPIC, "not served here")
     sent = loop.time()
     fakes[1].put(1)
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         await receive
     assert err.value.code == Code.ILLEGAL_TOPIC
     assert loop.time() - sent < 0.05
@@ -102,7 +102,7 @@ async def test_a_broker_that_has_not_made_the_group_yet_does_not_end_the_receive
     request = make_request(5_000, preferred="b0")
     receive = asyncio.create_task(_strategy(metrics).receive(fakes, request))
     await wait_until(lambda: all(b.held == 1 for b in fakes))
-    fakes[1].fail_pop = BrokerError(
+    fakes[1].fail_pop = RefusedError(
         Code.CONSUMER_GROUP_NOT_FOUND, "group 'g' does not exist and was not created: retry later"
     )
     fakes[1].put(1)
@@ -198,7 +198,7 @@ async def test_one_consume_at_a_time_returns_one_batch(
 async def test_a_failing_broker_does_not_stop_the_others(
     metrics: ProxyMetrics, fakes: list[FakeBroker]
 ) -> None:
-    fakes[0].fail_notify = BrokerError(Code.INTERNAL_ERROR, "disk on fire")
+    fakes[0].fail_notify = RefusedError(Code.INTERNAL_ERROR, "disk on fire")
     receive = asyncio.create_task(_strategy(metrics).receive(fakes, make_request(5_000)))
     await wait_until(lambda: all(b.held == 1 for b in fakes[1:]))
     fakes[3].put(1)

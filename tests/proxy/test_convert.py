@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_TOPIC,
@@ -107,6 +107,6 @@ def test_producer_times_read_like_protobuf_and_invalid_ones_are_refused() -> Non
         assert converted.delivery_timestamp_ms == ms + 5
     broken = pb.Message(body=b"x")
     broken.system_properties.born_timestamp.seconds = 10**16  # past year 9999, even as ms
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         message_from_pb(broken, "orders")
     assert err.value.code == Code.BAD_REQUEST and "ValueError" not in str(err.value)

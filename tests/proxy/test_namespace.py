@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.proxy.grpc.namespace import qualify, unqualify
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -18,10 +18,10 @@ def test_names_map_into_and_out_of_a_namespace() -> None:
     assert unqualify("ns", "%DLQ%ns%billing") == "%DLQ%billing"
     assert unqualify("ns", "other%orders") == "other%orders"  # never another namespace's
     assert unqualify("", "ns%orders") == "ns%orders"
-    with pytest.raises(BrokerError) as topic_error:
+    with pytest.raises(RefusedError) as topic_error:
         qualify("ns", "other%orders")
     assert topic_error.value.code == Code.ILLEGAL_TOPIC
-    with pytest.raises(BrokerError) as group_error:
+    with pytest.raises(RefusedError) as group_error:
         qualify("ns", "x%g", group=True)
     assert group_error.value.code == Code.ILLEGAL_CONSUMER_GROUP
 

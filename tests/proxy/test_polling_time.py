@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.proxy.activity.receive import DEFAULT_REQUEST_TIMEOUT_MS, polling_time_ms
 
 from popmq.config import ProxyConfig
@@ -21,7 +21,7 @@ def test_above_max_is_clamped() -> None:
 
 
 def test_positive_below_min_is_illegal() -> None:
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         polling_time_ms(1_000, 60_000, CONFIG)
     assert err.value.code == Code.ILLEGAL_POLLING_TIME
 
@@ -31,7 +31,7 @@ def test_zero_means_minimum() -> None:
 
 
 def test_negative_is_illegal() -> None:
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         polling_time_ms(-1, 60_000, CONFIG)
     assert err.value.code == Code.ILLEGAL_POLLING_TIME
 
@@ -53,7 +53,7 @@ def test_never_past_deadline_minus_reserve() -> None:
 
 
 def test_deadline_shorter_than_min_is_illegal() -> None:
-    with pytest.raises(BrokerError) as err:
+    with pytest.raises(RefusedError) as err:
         polling_time_ms(6_000, 3_000, CONFIG)
     assert err.value.code == Code.ILLEGAL_POLLING_TIME
 

@@ -6,7 +6,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import ChangeInvisibleResult
 from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.registry import ClientRegistry
@@ -23,7 +23,7 @@ class FakePort:
         self.calls: list[tuple[str, int]] = []
         self.gate = asyncio.Event()
         self.entered = asyncio.Event()
-        self.fail_with: BrokerError | None = None
+        self.fail_with: RefusedError | None = None
 
     async def change_invisible_time(
         self, group: str, topic: str, handle: str, invisible_ms: int
@@ -88,7 +88,7 @@ async def test_a_vanished_client_gets_its_messages_back_soon() -> None:
 async def test_failures_are_retried_then_given_up_and_gone_handles_dropped() -> None:
     port = FakePort()
     port.gate.set()
-    port.fail_with = BrokerError(Code.INTERNAL_SERVER_ERROR, "broker down")
+    port.fail_with = RefusedError(Code.INTERNAL_SERVER_ERROR, "broker down")
     services = _services(port, max_renew_retries=2)
     renewer = HandleRenewer()
     renewer.track(services, "push-1", "g", "t", [SimpleNamespace(receipt_handle="h1")])
@@ -97,7 +97,7 @@ async def test_failures_are_retried_then_given_up_and_gone_handles_dropped() -> 
     await renewer.renew_due(services)
     assert len(renewer) == 0 and _metric(services, "gave_up") == 1
 
-    port.fail_with = BrokerError(Code.INVALID_RECEIPT_HANDLE, "acked elsewhere")
+    port.fail_with = RefusedError(Code.INVALID_RECEIPT_HANDLE, "acked elsewhere")
     renewer.track(services, "push-1", "g", "t", [SimpleNamespace(receipt_handle="h2")])
     await renewer.renew_due(services)
     assert len(renewer) == 0 and _metric(services, "handle_gone") == 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.proxy.grpc.times import duration_ms, timestamp_ms
 from proxy_support import Cluster, message, unique
 
@@ -30,7 +30,7 @@ def test_timestamp_rules() -> None:
         Timestamp(seconds=1, nanos=1_000_000_000),
         Timestamp(seconds=1_800_000_000_123, nanos=1),  # not a plain ms value
     ):
-        with pytest.raises(BrokerError) as err:
+        with pytest.raises(RefusedError) as err:
             timestamp_ms(bad, code, "delivery time")
         assert err.value.code == code
         assert "delivery time" in str(err.value) and "ValueError" not in str(err.value)
@@ -46,7 +46,7 @@ def test_duration_rules() -> None:
         Duration(seconds=-1, nanos=1),
         Duration(seconds=0, nanos=1_000_000_000),
     ):
-        with pytest.raises(BrokerError) as err:
+        with pytest.raises(RefusedError) as err:
             duration_ms(bad, code, "invisible duration")
         assert err.value.code == code
 

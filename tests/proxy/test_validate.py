@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from popmq.broker.contract.errors import BrokerError, Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.proxy.activity import validate
 
 
 def code_of(fn, *args, **kwargs) -> Code | None:
     try:
         fn(*args, **kwargs)
-    except BrokerError as exc:
+    except RefusedError as exc:
         return exc.code
     return None
 
