@@ -162,10 +162,6 @@ class Broker:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def aclose(self) -> None:
-        """Stop: held pops answer, the background loops end, state is made durable."""
-        await self.stop()
-
     async def start(self) -> None:
         if self._started:
             return
@@ -242,7 +238,8 @@ class Broker:
         )
         self._revive.failures = self._failure_tracker()
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
+        """Stop: held pops answer, the background loops end, state is made durable."""
         if not self._started:
             return
         self._started = False

@@ -40,8 +40,8 @@ async def guarded_broker(config: BrokerConfig) -> AsyncIterator[tuple[Broker, st
         await server.start()
         yield broker, server.address
     finally:
-        await server.stop(0.2)
-        await broker.stop()
+        await server.aclose(0.2)
+        await broker.aclose()
 
 
 async def _stranger_tries_everything(channel: grpc.aio.Channel) -> list[grpc.StatusCode]:

@@ -46,7 +46,7 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
             yield Served(broker, remote)
         finally:
             await remote.close()
-            await server.stop(0)
+            await server.aclose(0)
 
 
 async def eventually(condition: Callable[[], bool], timeout_s: float = 3.0) -> None:

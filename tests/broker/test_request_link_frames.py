@@ -55,7 +55,7 @@ async def _remote(tmp_path: Path, coalesce_ms: float = 0) -> AsyncIterator[Remot
             yield remote
         finally:
             await remote.close()
-            await server.stop(0)
+            await server.aclose(0)
 
 
 def _send(remote: RemoteBrokerPort, size: int) -> asyncio.Task[object]:

@@ -42,7 +42,7 @@ async def _cluster(
             if remote:
                 server = BrokerGrpcServer(local)
                 await server.start()
-                stack.push_async_callback(server.stop, 0)
+                stack.push_async_callback(server.aclose, 0)
                 port: BrokerPort = RemoteBrokerPort(f"b{index}", server.address)
                 stack.push_async_callback(port.close)
             else:

@@ -113,7 +113,7 @@ async def test_broker_reflection_and_health(tmp_path: Path) -> None:
             found = await asyncio.to_thread(_reflect, server.address, BROKER_SERVICE)
             answers = await asyncio.to_thread(_health, server.address, ["", BROKER_SERVICE])
         finally:
-            await server.stop(0)
+            await server.aclose(0)
     assert {BROKER_SERVICE, HEALTH, REFLECTION} <= found["services"]
     assert found["methods"]["Pop"] == ("popmq.broker.v1.PopRequest", "popmq.broker.v1.PopResponse")
     serving = health_pb2.HealthCheckResponse.SERVING
