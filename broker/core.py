@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from popmq.broker.auto_create import AutoCreateGate
 from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.contract.queues import queue_for_group
 from popmq.broker.contract.types import (
     SYSTEM_PREFIX,
     AckEntry,
@@ -59,7 +60,7 @@ from popmq.broker.pop.journal import PopJournal
 from popmq.broker.pop.ledger import CheckpointLedger
 from popmq.broker.pop.names import check_group, check_topic, is_system_topic
 from popmq.broker.pop.revive import ReviveService
-from popmq.broker.pop.selection import RoundRobin, queue_for_group
+from popmq.broker.pop.selection import RoundRobin
 from popmq.broker.store import MessageStore, TopicMeta
 from popmq.broker.store.damage import MetadataFallback, Quarantine
 from popmq.broker.timer import TimerService
