@@ -26,9 +26,11 @@ from popmq.broker.contract.types import (
     StoredMessage,
     TopicInfo,
 )
+from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core import validate
+from popmq.proxy.core.address import ProxyAddress
 from popmq.proxy.grpc import status as st
-from popmq.proxy.services import ProxyServices
+from popmq.proxy.registry import ClientRegistry
 
 from popmq.errors import PopmqError
 from popmq.lifecycle import fan_out
@@ -86,17 +88,19 @@ async def _store_time_ms(port: BrokerPort, topic: str, queue_id: int, offset: in
 
 
 class OperationsMixin:
-    """Mixed into AdminServicer (which provides ``services`` and ``_answer``)."""
+    """Mixed into AdminServicer (which provides its dependencies and ``_answer``)."""
 
-    services: ProxyServices
+    cluster: BrokerCluster
+    registry: ClientRegistry
+    address: ProxyAddress
     _answer: Callable[[type, Callable[[], Awaitable[Any]]], Awaitable[Any]]
 
     def _brokers(self) -> list[tuple[str, BrokerPort]]:
-        cluster = self.services.cluster
+        cluster = self.cluster
         return list(zip(cluster.names, cluster.ports, strict=True))
 
     async def _topic_on_brokers(self, topic: str) -> list[tuple[str, BrokerPort, TopicInfo]]:
-        cluster = self.services.cluster
+        cluster = self.cluster
         infos = await cluster.topic_infos(topic)
         return [(name, cluster.port(name), info) for name, info in infos.items()]
 
@@ -285,7 +289,7 @@ class OperationsMixin:
                     properties=properties, message_group=m.message_group,
                     born_timestamp_ms=m.born_timestamp_ms, born_host=m.born_host,
                 )  # fmt: skip
-                sent = await self.services.cluster.port(broker).send([copy])
+                sent = await self.cluster.port(broker).send([copy])
                 view = _view(broker, m, include_body=False)
                 view.topic, view.queue_id = origin, sent[0].queue_id
                 view.queue_offset, view.message_id = sent[0].queue_offset, sent[0].message_id
@@ -300,10 +304,9 @@ class OperationsMixin:
     ) -> a.TopicRouteResponse:
         async def work() -> a.TopicRouteResponse:
             topic = validate.topic_name(request.topic, allow_dlq=True)
-            services = self.services
             return a.TopicRouteResponse(
                 status=st.ok(), topic=topic,
-                proxy=f"{services.advertised_host}:{services.advertised_port}",
+                proxy=str(self.address.bound),
                 brokers=[
                     a.RouteBroker(broker=b, address=_address(p), queue_count=i.queue_count)
                     for b, p, i in await self._topic_on_brokers(topic)
@@ -329,9 +332,8 @@ class OperationsMixin:
             status.topics = sum(1 for t in topics if not t.name.startswith("%"))
             return status
 
-        services = self.services
         brokers = await fan_out(probe(n, p) for n, p in self._brokers())
         return a.ClusterStatusResponse(
-            status=st.ok(), proxy=f"{services.advertised_host}:{services.advertised_port}",
-            version=build_version(), brokers=brokers, clients=len(services.registry.clients()),
+            status=st.ok(), proxy=str(self.address.bound),
+            version=build_version(), brokers=brokers, clients=len(self.registry.clients()),
         )  # fmt: skip

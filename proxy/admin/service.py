@@ -14,9 +14,12 @@ import grpc
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import DLQ_PREFIX, RETRY_PREFIX, ConsumeMode, TopicInfo
 from popmq.proxy.admin.operations import OperationsMixin
+from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core import validate
+from popmq.proxy.core.address import ProxyAddress
 from popmq.proxy.grpc import status as st
-from popmq.proxy.services import ProxyServices
+from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.registry import ClientRegistry
 from prometheus_client import generate_latest
 
 from popmq.config import parse_duration_ms
@@ -49,8 +52,17 @@ def _group_pb(config: Any) -> a.Group:
 class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
     """gRPC method names are the API's (CamelCase)."""
 
-    def __init__(self, services: ProxyServices) -> None:
-        self.services = services
+    def __init__(
+        self,
+        cluster: BrokerCluster,
+        registry: ClientRegistry,
+        metrics: ProxyMetrics,
+        address: ProxyAddress,
+    ) -> None:
+        self.cluster = cluster
+        self.registry = registry
+        self.metrics = metrics
+        self.address = address
 
     async def _answer(self, response_type: type, work: Callable[[], Awaitable[Any]]) -> Any:
         try:
@@ -59,7 +71,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
             return response_type(status=st.status_of(exc))
 
     async def _topic(self, name: str) -> a.Topic:
-        infos = await self.services.cluster.topic_infos(name)
+        infos = await self.cluster.topic_infos(name)
         return a.Topic(name=name, brokers=[_broker_topic(b, i) for b, i in infos.items()])
 
     async def CreateTopic(self, request: a.CreateTopicRequest, context: object) -> a.TopicResponse:
@@ -67,7 +79,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
             name = validate.topic_name(request.name)
             if request.queue_count < 1:
                 raise RefusedError(Code.BAD_REQUEST, "queue count must be at least 1")
-            cluster = self.services.cluster
+            cluster = self.cluster
             brokers = list(request.brokers) or cluster.names
             infos = await fan_out(
                 cluster.port(b).create_topic(name, request.queue_count) for b in brokers
@@ -85,7 +97,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
         self, request: a.ListTopicsRequest, context: object
     ) -> a.ListTopicsResponse:
         async def work() -> a.ListTopicsResponse:
-            cluster = self.services.cluster
+            cluster = self.cluster
             per_broker = await fan_out(p.list_topics() for p in cluster.ports)
             topics: dict[str, a.Topic] = {}
             for broker, infos in zip(cluster.names, per_broker, strict=True):
@@ -109,7 +121,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
             response = a.DescribeTopicResponse(status=st.ok(), topic=topic)
             if request.group:
                 group = validate.group_name(request.group)
-                cluster = self.services.cluster
+                cluster = self.cluster
                 brokers = [b.broker for b in topic.brokers]
                 stats = await fan_out(cluster.port(b).group_stats(group, name) for b in brokers)
                 for broker, rows in zip(brokers, stats, strict=True):
@@ -135,7 +147,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
         async def work() -> a.DeleteTopicResponse:
             name = validate.topic_name(request.name, allow_dlq=True)
             topic = await self._topic(name)
-            cluster = self.services.cluster
+            cluster = self.cluster
             ports = [cluster.port(b.broker) for b in topic.brokers]
             await fan_out(port.delete_topic(name) for port in ports)
             cluster.forget_topic(name)
@@ -146,7 +158,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
     async def GetGroup(self, request: a.GetGroupRequest, context: object) -> a.GroupResponse:
         async def work() -> a.GroupResponse:
             name = validate.group_name(request.name)
-            config = await self.services.cluster.ports[0].get_group(name)
+            config = await self.cluster.ports[0].get_group(name)
             return a.GroupResponse(status=st.ok(), group=_group_pb(config))
 
         return await self._answer(a.GroupResponse, work)
@@ -154,7 +166,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
     async def UpdateGroup(self, request: a.UpdateGroupRequest, context: object) -> a.GroupResponse:
         async def work() -> a.GroupResponse:
             name = validate.group_name(request.name)
-            cluster = self.services.cluster
+            cluster = self.cluster
             current = await cluster.ports[0].get_group(name)
             changes: dict[str, Any] = {}
             if request.HasField("consume_mode"):
@@ -186,7 +198,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
         self, request: a.ListGroupsRequest, context: object
     ) -> a.ListGroupsResponse:
         async def work() -> a.ListGroupsResponse:
-            cluster = self.services.cluster
+            cluster = self.cluster
             per_broker = await fan_out(p.list_groups() for p in cluster.ports)
             groups: dict[str, a.GroupSummary] = {}
             for broker, summaries in zip(cluster.names, per_broker, strict=True):
@@ -207,7 +219,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
     ) -> a.DeleteGroupResponse:
         async def work() -> a.DeleteGroupResponse:
             name = validate.group_name(request.name)
-            cluster = self.services.cluster
+            cluster = self.cluster
             per_broker = await fan_out(p.list_groups() for p in cluster.ports)
             holders = [
                 (broker, port, summary)
@@ -243,7 +255,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
     async def ListClients(
         self, request: a.ListClientsRequest, context: object
     ) -> a.ListClientsResponse:
-        registry = self.services.registry
+        registry = self.registry
         clients = [
             a.Client(
                 client_id=c.client_id,
@@ -259,13 +271,13 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
             )
             for c in registry.clients(request.group or None)
         ]
-        proxy = f"{self.services.advertised_host}:{self.services.advertised_port}"
+        proxy = str(self.address.bound)
         return a.ListClientsResponse(status=st.ok(), clients=clients, proxy=proxy)
 
     async def Stats(self, request: a.StatsRequest, context: object) -> a.StatsResponse:
-        text = generate_latest(self.services.metrics.registry).decode()
+        text = generate_latest(self.metrics.registry).decode()
         return a.StatsResponse(status=st.ok(), prometheus_text=text)
 
 
-def add_admin_service(server: grpc.aio.Server, services: ProxyServices) -> None:
-    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(services), server)
+def add_admin_service(server: grpc.aio.Server, servicer: AdminServicer) -> None:
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
