@@ -202,10 +202,9 @@ class ProxyServer:
         return self.port
 
     def _add_admin(self, server: grpc.aio.Server) -> None:
-        from popmq.proxy.admin.service import AdminServicer, add_admin_service  # optional
+        from popmq.proxy.admin.service import add_admin_service  # the admin API is optional
 
-        servicer = AdminServicer(self.cluster, self.registry, self.metrics, self.proxy_address)
-        add_admin_service(server, servicer)
+        add_admin_service(server, self.core.admin)
 
     async def __aenter__(self) -> ProxyServer:
         await self.start()  # returns once the server is bound and serving

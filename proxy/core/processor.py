@@ -10,6 +10,7 @@ from __future__ import annotations
 from popmq.proxy.admission import LongPollAdmission
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core.address import ProxyAddress
+from popmq.proxy.core.admin import Admin
 from popmq.proxy.core.clients import Clients
 from popmq.proxy.core.handles import Handles
 from popmq.proxy.core.offsets import Offsets
@@ -45,3 +46,4 @@ class ProxyCore:
         self.receiver = Receiver(proxy, cluster, strategy, admission, registry, renewer, metrics)
         self.handles = Handles(proxy, cluster, renewer)
         self.offsets = Offsets(proxy, cluster)
+        self.admin = Admin(cluster, registry, metrics, address)
