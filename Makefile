@@ -54,7 +54,7 @@ run: $(VENV)/.runnable
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	rm -rf build/layers
+	rm -rf build/layers build/lib build/bdist.*  # a stale in-tree build brings back moved modules
 	$(PY) -m pip install -q --no-deps --no-build-isolation --target build/layers . > /dev/null
 	cd build/layers && ../../$(VENV)/bin/lint-imports --config ../../pyproject.toml
 	cd build/layers && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml --cache-dir ../../.mypy_cache -p popmq
