@@ -12,7 +12,7 @@ from popmq.broker.contract.types import (
     PullRequest,
     PullStatus,
 )
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 
 async def _raises(call, code: Code) -> RefusedError:

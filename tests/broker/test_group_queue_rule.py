@@ -4,13 +4,10 @@ already on disk keep their order only while new sends of the group reach the sam
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from popmq.broker.contract.queues import queue_for_group
 from popmq.broker.contract.types import Message
-from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import local_broker
 from popmq.proxy.cluster import BrokerCluster, TopicRoute
-from support.brokers import fast_broker_config, running_broker
 
 
 def test_the_rule_is_pinned() -> None:
@@ -19,9 +16,8 @@ def test_the_rule_is_pinned() -> None:
     assert [queue_for_group(g, 5) for g in ("order-1", "order-2")] == [4, 1]
 
 
-async def test_the_proxy_and_a_broker_follow_the_rule(tmp_path: Path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
-        port = LocalBrokerPort(broker)
+async def test_the_proxy_and_a_broker_follow_the_rule() -> None:
+    async with local_broker() as port:
         # The proxy: over the route's queues, across brokers, in the cluster's broker order.
         cluster = BrokerCluster([port], auto_create_topics=False)
         route = TopicRoute("t", {"a": 4, "b": 4})

@@ -20,9 +20,9 @@ from popmq.broker.contract.types import (
 )
 from popmq.broker.contract.watch import VisibilityWatch, WatchKey, WatchState
 from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.broker.wire.server import BrokerGrpcServer, BrokerServicer
-from support.brokers import fast_broker_config, running_broker
 
 from popmq.config import BrokerLinkConfig
 from popmq.pb.broker.v1 import broker_pb2_grpc

@@ -13,12 +13,12 @@ import pytest
 from popmq.broker.contract.types import Message
 from popmq.broker.contract.watch import WatchState
 from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.broker.wire.server import BrokerGrpcServer
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.notify import NotifyStrategy
 from popmq.proxy.metrics import ProxyMetrics
-from support.brokers import fast_broker_config, running_broker
 
 from .helpers import make_request, sample, wait_until
 

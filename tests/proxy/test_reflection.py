@@ -14,9 +14,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.broker.wire.server import SERVICE_NAME as BROKER_SERVICE
 from popmq.broker.wire.server import BrokerGrpcServer
-from support.brokers import fast_broker_config, running_broker
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s

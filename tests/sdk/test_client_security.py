@@ -12,8 +12,8 @@ from popmq.broker.contract.errors import Code
 from popmq.broker.contract.types import Message
 from popmq.broker.core import Broker
 from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config
 from popmq.proxy.server import ProxyServer
-from support.brokers import fast_broker_config
 from support.tls_certs import make_pki
 
 from popmq.client import AsyncClient, ProxyError, ProxyUnavailable
