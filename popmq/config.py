@@ -192,6 +192,12 @@ class BrokerConfig(Section):
     tls: TlsConfig = Field(default_factory=TlsConfig)
     # A file holding the shared cluster token proxies must present (x-popmq-cluster-token).
     cluster_token_file: Path | None = None
+    # Bytes of one gRPC message on the broker port, either way: a proxy's batch send in, a
+    # full pop batch out (32 bodies of 4 MiB plus headroom). The broker holds about
+    # BROKER_COPIES_PER_REQUEST copies of a request while it serves it: keep this times that
+    # well under the pod's memory (docs/operations.md, sizing). Callers without the cluster
+    # token are refused from their headers, before any of their request is read.
+    max_message_bytes: int = Field(256 * 1024 * 1024, ge=1 << 20, le=2**31 - 1)
     # Serve Prometheus /metrics on this port of `host` (None: not at all; 0: any free port).
     # `popmq serve` ignores it: embedded brokers' metrics are on the proxy's endpoint.
     metrics_port: int | None = Field(None, ge=0, le=65535)

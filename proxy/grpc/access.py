@@ -159,6 +159,13 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
         path: str = details.method
+        if path.startswith((MESSAGING, ADMIN)) and _method_descriptor(path) is not None:
+            # Who is calling is in the headers: a stranger is refused before grpc reads (and
+            # buffers, up to the receive limit) one byte of the request.
+            try:
+                self._authn.authenticate(_text_headers(details.invocation_metadata))
+            except AccessDenied as exc:
+                return _unread_refusal(self, path, exc)
         cached = self._wrapped.get(path)
         if cached is not None:
             return cached
@@ -172,12 +179,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
     # -- the check -------------------------------------------------------------------------
     def check(self, path: str, request: Any, context: grpc.aio.ServicerContext) -> User:
         """The caller, if signed in and allowed; AccessDenied otherwise. Never touches data."""
-        headers = {
-            key.lower(): value
-            for key, value in context.invocation_metadata() or ()
-            if isinstance(value, str)
-        }
-        user = self._authn.authenticate(headers)
+        user = self._authn.authenticate(_text_headers(context.invocation_metadata()))
         method = path.rsplit("/", 1)[1]
         allowed, needs = (
             ((lambda u: u.admin), "admin") if path.startswith(ADMIN) else _rule(method, request)
@@ -289,6 +291,47 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         return handler  # no such method in the guarded services
 
 
+def _serialize(message: Any) -> bytes:
+    return bytes(message.SerializeToString())
+
+
+def _text_headers(metadata: Any) -> dict[str, str]:
+    return {key.lower(): value for key, value in metadata or () if isinstance(value, str)}
+
+
+def _unread_refusal(guard: AccessGuard, path: str, exc: AccessDenied) -> grpc.RpcMethodHandler:
+    """UNAUTHORIZED, answered as the protocol answers it, without reading the request.
+
+    grpc.aio receives a unary request whole (and decodes it) before it calls the handler, so
+    the refusal is registered as request-streaming with no deserializer and never reads: the
+    answer goes out and grpc resets the stream. A SendMessage refused so has no entries (its
+    messages are not read); clients check the top-level status first."""
+    method = path.rsplit("/", 1)[1]
+    response_class = _response_class(path)
+    streaming = _method_descriptor(path).server_streaming
+
+    def frames(context: grpc.aio.ServicerContext) -> list[Any]:
+        answer = [response_class(status=guard._refused(path, exc, context))]
+        if method == "ReceiveMessage":  # the stream ends with its delivery timestamp
+            trailer = response_class()
+            trailer.delivery_timestamp.GetCurrentTime()
+            answer.append(trailer)
+        return answer
+
+    if streaming:
+
+        async def stream(_requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            for frame in frames(context):
+                yield frame
+
+        return grpc.stream_stream_rpc_method_handler(stream, response_serializer=_serialize)
+
+    async def unary(_requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        return frames(context)[0]
+
+    return grpc.stream_unary_rpc_method_handler(unary, response_serializer=_serialize)
+
+
 def _caller(user: User) -> Caller:
     """What the activities may know of the caller: its key, and that lookups by someone who
     may not publish on a topic never auto-create it (RocketMQ creates topics on send)."""
@@ -303,11 +346,16 @@ def _rebuild(make: Any, behavior: Any, handler: grpc.RpcMethodHandler) -> grpc.R
     )
 
 
-def _response_class(path: str) -> type:
-    service, method = path.strip("/").split("/")
+def _method_descriptor(path: str) -> Any:
+    """The method's descriptor; None for a path no guarded service has."""
+    service, _, method = path.strip("/").rpartition("/")
     pool_file = admin_pb2.DESCRIPTOR if path.startswith(ADMIN) else s.DESCRIPTOR
-    descriptor = pool_file.services_by_name[service.rsplit(".", 1)[1]].methods_by_name[method]
-    return message_factory.GetMessageClass(descriptor.output_type)
+    found = pool_file.services_by_name.get(service.rsplit(".", 1)[-1])
+    return None if found is None else found.methods_by_name.get(method)
+
+
+def _response_class(path: str) -> type:
+    return message_factory.GetMessageClass(_method_descriptor(path).output_type)
 
 
 def access_guard(config: ProxyConfig, metrics: ProxyMetrics) -> AccessGuard | None:
