@@ -274,6 +274,9 @@ class ProxyConfig(Section):
     # grpcMaxInboundMessageSize, 32 maximal bodies plus 2 MiB. Each request is decoded (into
     # memory) before it is authenticated: lower it where batch sends are small and memory is.
     max_request_bytes: int | None = Field(None, ge=1024)
+    # A ReceiveMessage or PullMessage stream whose client takes no frame for this long is
+    # ended: its unsent messages are released (visible again at once), its long-poll slot freed.
+    write_stall_timeout_ms: int = Field(30_000, ge=100)
     # Admission control: receives held at once, past which TOO_MANY_REQUESTS answers at once.
     max_long_polls: int = Field(10_000, ge=1)
     max_long_polls_per_client: int = Field(1_000, ge=1)  # per client id (or peer address)

@@ -30,6 +30,7 @@ from popmq.proxy.admission import poll_owner
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import popped_into, stored_into, timestamp
 from popmq.proxy.grpc.headers import RequestContext, request_context
+from popmq.proxy.grpc.stall import WriterStalled, write_within
 from popmq.proxy.services import ProxyServices
 
 from popmq.pb.rocketmq.v2 import service_pb2 as s
@@ -61,6 +62,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # Metric children by label values: labels() is a lookup with locking on every RPC.
         self._counters: dict[tuple[str, str], Any] = {}
         self._timers: dict[str, Any] = {}
+        self._stall_s = services.config.proxy.write_stall_timeout_ms / 1000
 
     # -- plumbing ----------------------------------------------------------------------------
     def _record(self, method: str, code: int | str, started: float) -> None:
@@ -175,6 +177,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return
         try:
             await self._receive(request, context, ctx, started)
+        except WriterStalled:
+            self._stalled("ReceiveMessage", started)
         finally:
             services.admission.leave(client, group)
             if ctx.deadline is not None and time.monotonic() > ctx.deadline:
@@ -202,22 +206,34 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             self._record("ReceiveMessage", Code.MESSAGE_NOT_FOUND, started)
             return
         sent = 0
+        stall_s = self._stall_s
         try:
-            await context.write(s.ReceiveMessageResponse(status=st.ok()))
+            await write_within(context, s.ReceiveMessageResponse(status=st.ok()), stall_s)
             now = _now_ms()
             namespace = request.message_queue.topic.resource_namespace
             for message in popped:
                 frame = s.ReceiveMessageResponse()
                 popped_into(frame.message, message, now, namespace)
-                await context.write(frame)
+                await write_within(context, frame, stall_s)
                 sent += 1
-            await context.write(s.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms())))
-        except BaseException:
-            # The client is gone: whatever it did not get becomes visible again soon.
+            trailer = s.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms()))
+            await write_within(context, trailer, stall_s)
+        except BaseException as exc:
+            # The client is gone or stopped reading: whatever it did not take becomes
+            # visible again at once.
             receive.release_unsent(services, plan, popped[sent:])
-            self._record("ReceiveMessage", "CLIENT_GONE", started)
+            if not isinstance(exc, WriterStalled):
+                self._record("ReceiveMessage", "CLIENT_GONE", started)
             raise
         self._record("ReceiveMessage", Code.OK, started)
+
+    def _stalled(self, method: str, started: float) -> None:
+        """End a stream whose client stopped reading (popmq.proxy.grpc.stall): counted, then
+        ended as cancelled, the one way grpc.aio ends a call whose write is still queued
+        (no status can pass it, and no traceback is logged for it)."""
+        self.metrics.stalled_streams.labels(method).inc()
+        self._record(method, "WRITE_STALLED", started)
+        raise asyncio.CancelledError
 
     async def _finish_receive(self, context: grpc.aio.ServicerContext, status: Any) -> None:
         try:
@@ -268,6 +284,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return
         try:
             await self._pull(request, context, ctx, started)
+        except WriterStalled:
+            self._stalled("PullMessage", started)
         finally:
             if held:
                 self.services.admission.leave(client, group)
@@ -289,13 +307,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         code, text = offsets.PULL_STATUS[result.status]
         if result.status == PullStatus.FOUND and not result.messages:
             code, text = Code.MESSAGE_NOT_FOUND, "no matching message"
-        await context.write(s.PullMessageResponse(status=st.status(code, text)))
+        stall_s = self._stall_s
+        await write_within(context, s.PullMessageResponse(status=st.status(code, text)), stall_s)
         namespace = request.message_queue.topic.resource_namespace
         for message in result.messages:
             frame = s.PullMessageResponse()
             stored_into(frame.message, message, namespace)
-            await context.write(frame)
-        await context.write(s.PullMessageResponse(next_offset=result.next_offset))
+            await write_within(context, frame, stall_s)
+        await write_within(context, s.PullMessageResponse(next_offset=result.next_offset), stall_s)
         self._record("PullMessage", code, started)
 
     async def _write_quietly(self, context: grpc.aio.ServicerContext, frame: Any) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -24,7 +25,7 @@ import pytest
 import yaml
 from popmq.broker.contract.errors import Code
 
-from chaos.processes import PopmqProcess, broker_args, free_port, proxy_args
+from chaos.processes import PopmqProcess, broker_args, free_port, proxy_args, sample, scrape
 from popmq.pb.broker.v1 import broker_pb2 as bpb
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
@@ -97,6 +98,7 @@ async def test_a_stranger_cannot_grow_the_broker_through_its_port(tmp_path: Path
             await asyncio.sleep(0.5)
     codes = {r.code() for r in results if isinstance(r, grpc.aio.AioRpcError)}
     assert codes == {grpc.StatusCode.UNAUTHENTICATED}, results
+    print(f"\nbroker: {rss.base / MB:.0f} -> peak {rss.peak / MB:.0f} MB")
     assert rss.growth_mb <= 128, f"the broker grew {rss.growth_mb:.0f} MB"
 
 
@@ -142,4 +144,72 @@ async def test_a_stranger_cannot_grow_a_proxy_with_an_acl(tmp_path: Path) -> Non
                 answers = await asyncio.gather(*(send(raw, timeout=60) for _ in range(4)))
             await asyncio.sleep(0.5)
     assert {a.status.code for a in answers} == {Code.UNAUTHORIZED}
+    print(f"\nproxy: {rss.base / MB:.0f} -> peak {rss.peak / MB:.0f} MB")
     assert rss.growth_mb <= 128, f"the proxy grew {rss.growth_mb:.0f} MB"
+
+
+READERS = 20
+
+
+async def test_receivers_that_stop_reading_are_ended_and_their_polls_released(
+    tmp_path: Path,
+) -> None:
+    """20 receives of 8 x 512 KiB whose clients never read: each is ended within 40 s (the stall
+    timeout is 5 s here), every long-poll slot is free, and the proxy stays small."""
+    sets = ("proxy.write_stall_timeout_ms=5000", "proxy.strategy=pop")
+    async with cluster(tmp_path, *sets) as (proxy, metrics):
+        assert proxy.proc is not None
+        rss = PeakRss(proxy.proc.pid)
+        meta = (("x-mq-client-id", "stalled@1"), ("x-mq-language", "PYTHON"))
+        async with grpc.aio.insecure_channel(proxy.address, options=BIG) as channel:
+            send = channel.unary_unary(
+                "/apache.rocketmq.v2.MessagingService/SendMessage",
+                request_serializer=s.SendMessageRequest.SerializeToString,
+                response_deserializer=s.SendMessageResponse.FromString,
+            )
+            for i in range(READERS):
+                request = s.SendMessageRequest()
+                for j in range(8):
+                    one = _send_request("t", bytes([65 + j]) * (512 << 10)).messages[0]
+                    request.messages.append(one)
+                answer = await send(request, metadata=meta, timeout=60)
+                assert answer.status.code == Code.OK, answer.status
+        with rss.watching():
+            started = time.monotonic()
+            # One connection per reader, none of which reads: as a crowd of stuck clients.
+            channels = [grpc.aio.insecure_channel(proxy.address, options=BIG) for _ in range(20)]
+            receive = s.ReceiveMessageRequest(
+                group=pb.Resource(name="g"),
+                message_queue=pb.MessageQueue(topic=pb.Resource(name="t")),
+                filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+                batch_size=8,
+            )
+            receive.invisible_duration.FromSeconds(600)
+            receive.long_polling_timeout.FromSeconds(5)
+            calls = [
+                ch.unary_stream(
+                    "/apache.rocketmq.v2.MessagingService/ReceiveMessage",
+                    request_serializer=s.ReceiveMessageRequest.SerializeToString,
+                    response_deserializer=s.ReceiveMessageResponse.FromString,
+                )(receive, metadata=(("x-mq-client-id", f"stuck@{i}"),))
+                for i, ch in enumerate(channels)
+            ]
+            ended = held = 0.0
+            while time.monotonic() - started < 40:
+                page = await asyncio.to_thread(scrape, metrics)
+                ended = sample(page, "popmq_proxy_stalled_streams_total")
+                held = sample(page, "popmq_proxy_active_long_polls")
+                if ended >= READERS and held == 0:
+                    break
+                await asyncio.sleep(0.5)
+            elapsed = time.monotonic() - started
+            for call in calls:
+                call.cancel()
+            for ch in channels:
+                await ch.close()
+    print(
+        f"\nstalled readers: {ended:.0f} ended in {elapsed:.1f} s, proxy peak {rss.peak / MB:.0f} MB"
+    )
+    assert held == 0, f"{held} long polls still held after 40 s"
+    assert ended >= READERS, f"{ended} of {READERS} stalled streams ended in 40 s"
+    assert rss.peak / MB < 600
