@@ -167,7 +167,7 @@ async def test_receivers_that_stop_reading_are_ended_and_their_polls_released(
                 request_serializer=s.SendMessageRequest.SerializeToString,
                 response_deserializer=s.SendMessageResponse.FromString,
             )
-            for i in range(READERS):
+            for _ in range(READERS):
                 request = s.SendMessageRequest()
                 for j in range(8):
                     one = _send_request("t", bytes([65 + j]) * (512 << 10)).messages[0]
@@ -208,7 +208,8 @@ async def test_receivers_that_stop_reading_are_ended_and_their_polls_released(
             for ch in channels:
                 await ch.close()
     print(
-        f"\nstalled readers: {ended:.0f} ended in {elapsed:.1f} s, proxy peak {rss.peak / MB:.0f} MB"
+        f"\nstalled readers: {ended:.0f} ended in {elapsed:.1f} s, "
+        f"proxy peak {rss.peak / MB:.0f} MB"
     )
     assert held == 0, f"{held} long polls still held after 40 s"
     assert ended >= READERS, f"{ended} of {READERS} stalled streams ended in 40 s"
