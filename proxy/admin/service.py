@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import DLQ_PREFIX, RETRY_PREFIX, ConsumeMode, TopicInfo
+from popmq.broker.wire.undecodable import add_tolerant
 from popmq.proxy.admin.operations import OperationsMixin
 from popmq.proxy.core import validate
 from popmq.proxy.grpc import status as st
@@ -268,4 +269,11 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
 
 
 def add_admin_service(server: grpc.aio.Server, services: ProxyServices) -> None:
-    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(services), server)
+    # Undecodable bodies answer INVALID_ARGUMENT (counted, logged at a bounded rate), as on
+    # the MessagingService: never UNKNOWN with a traceback.
+    add_tolerant(
+        admin_pb2_grpc.add_AdminServiceServicer_to_server,
+        AdminServicer(services),
+        server,
+        lambda method: services.metrics.rpc_requests.labels(method, "INVALID_ARGUMENT").inc(),
+    )

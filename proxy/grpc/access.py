@@ -116,6 +116,8 @@ def _rule(method: str, request: Any) -> tuple[Callable[[User], bool], str]:
 def _check_settings(user: User, command: Any) -> None:
     """FORBIDDEN unless the user may subscribe as the group a Telemetry settings names, on
     each topic it names."""
+    if isinstance(command, Undecodable):  # the servicer answers it INVALID_ARGUMENT
+        return
     if command.WhichOneof("command") != "settings":
         return
     settings = command.settings
