@@ -25,6 +25,7 @@ from popmq.broker.wire import convert
 from popmq.broker.wire.request_link import LINK_HEADROOM_BYTES, frames
 from popmq.broker.wire.undecodable import add_tolerant
 
+from popmq.budget import MemoryBudget
 from popmq.config import BrokerConfig
 from popmq.lifecycle import Job, TaskOwner
 from popmq.pb.broker.v1 import broker_pb2 as pb
@@ -75,9 +76,16 @@ async def _answer(response_cls: type[R], work: Awaitable[R]) -> R:
 class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     """popmq.broker.v1.BrokerService on top of one BrokerPort."""
 
-    def __init__(self, port: BrokerPort, max_message_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        port: BrokerPort,
+        max_message_bytes: int | None = None,
+        max_inflight_bytes: int = BrokerConfig.model_fields["max_inflight_bytes"].default,
+    ) -> None:
         self._port = port
         self._max_message_bytes = max_message_bytes
+        # Sends in flight (popmq.budget): a crowd of large ones is refused, not OOM-killed.
+        self._budget = MemoryBudget(max_inflight_bytes, f"broker {port.name}")
 
     async def Describe(self, request: pb.DescribeRequest, context: object) -> pb.DescribeResponse:
         return pb.DescribeResponse(status=convert.ok_status(), name=self._port.name)
@@ -86,8 +94,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     async def Send(self, request: pb.SendRequest, context: object) -> pb.SendResponse:
         async def work() -> pb.SendResponse:
-            messages = [convert.message_from_proto(m) for m in request.messages]
-            results = await self._port.send(messages, request.queue_id)
+            async with self._budget.hold(request.ByteSize()):
+                messages = [convert.message_from_proto(m) for m in request.messages]
+                results = await self._port.send(messages, request.queue_id)
             return pb.SendResponse(
                 status=convert.ok_status(),
                 results=[convert.send_result_to_proto(r) for r in results],
@@ -438,7 +447,11 @@ class BrokerGrpcServer:
         # Undecodable bodies answer INVALID_ARGUMENT with a rate-limited log line.
         add_tolerant(
             broker_pb2_grpc.add_BrokerServiceServicer_to_server,
-            BrokerServicer(self._port, config.max_message_bytes if config else None),
+            BrokerServicer(
+                self._port,
+                config.max_message_bytes if config else None,
+                *([config.max_inflight_bytes] if config else []),
+            ),
             server,
         )
         health = health_aio.HealthServicer()

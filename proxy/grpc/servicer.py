@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from popmq.broker.contract.errors import Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import PullStatus
 from popmq.proxy.activity import (
     ack,
@@ -33,6 +33,7 @@ from popmq.proxy.grpc.headers import RequestContext, request_context
 from popmq.proxy.grpc.stall import WriterStalled, write_within
 from popmq.proxy.services import ProxyServices
 
+from popmq.budget import MemoryBudget
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
 
@@ -63,6 +64,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self._counters: dict[tuple[str, str], Any] = {}
         self._timers: dict[str, Any] = {}
         self._stall_s = services.config.proxy.write_stall_timeout_ms / 1000
+        self._budget = MemoryBudget(
+            services.config.proxy.max_inflight_bytes,
+            "this proxy",
+            self.metrics.budget_refusals.inc,
+        )
 
     # -- plumbing ----------------------------------------------------------------------------
     def _record(self, method: str, code: int | str, started: float) -> None:
@@ -156,8 +162,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     status=response.status, message_id=msg.system_properties.message_id
                 )
 
+        async def within_budget(services: ProxyServices, req: Any, ctx: RequestContext) -> Any:
+            async with self._budget.hold(req.ByteSize()):
+                return await send.send_message(services, req, ctx)
+
         return await self._unary(
-            "SendMessage", send.send_message, request, context, s.SendMessageResponse,
+            "SendMessage", within_budget, request, context, s.SendMessageResponse,
             one_entry_each,
         )  # fmt: skip
 
@@ -205,6 +215,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await self._finish_receive(context, st.status(Code.MESSAGE_NOT_FOUND, "no new message"))
             self._record("ReceiveMessage", Code.MESSAGE_NOT_FOUND, started)
             return
+        size = sum(len(m.message.body) for m in popped)
+        try:
+            await self._budget.acquire(size)
+        except RefusedError as exc:  # over the memory budget: give them back at once
+            receive.release_unsent(services, plan, popped)
+            await self._finish_receive(context, st.status_of(exc))
+            self._record("ReceiveMessage", exc.code, started)
+            return
         sent = 0
         stall_s = self._stall_s
         try:
@@ -225,6 +243,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             if not isinstance(exc, WriterStalled):
                 self._record("ReceiveMessage", "CLIENT_GONE", started)
             raise
+        finally:
+            self._budget.release(size)
         self._record("ReceiveMessage", Code.OK, started)
 
     def _stalled(self, method: str, started: float) -> None:

@@ -99,3 +99,31 @@ async def test_a_puller_that_stops_reading_is_ended(make_cluster: Any) -> None:
     await eventually(lambda: _stalled(cluster, "PullMessage") == 1, within_s=10)
     stalled.cancel()
     assert isinstance(stalled, grpc.aio.Call)
+
+
+async def test_a_send_past_the_memory_budget_is_too_many_requests(make_cluster: Any) -> None:
+    """Issue 20, defect 2: bytes in flight draw from proxy.max_inflight_bytes. Here a stalled
+    receive holds 8 MiB of answers; a 1 MiB send waits briefly, then is refused with
+    TOO_MANY_REQUESTS (clients back off), and passes once the stalled stream is given up."""
+    cluster = await make_cluster(
+        brokers=1,
+        **{"proxy.write_stall_timeout_ms": 3_000, "proxy.max_inflight_bytes": COUNT * BODY},
+    )
+    topic, group = unique("t-budget"), unique("g-budget")
+    await cluster.route(topic)
+    await cluster.send(topic, *(bytes([65 + i]) * BODY for i in range(COUNT)))
+    stalled = cluster.stub.ReceiveMessage(
+        _receive_request(group, topic), metadata=cluster.metadata(), timeout=60
+    )
+    refused = await cluster.send(topic, b"x" * BODY)
+    for _ in range(50):  # until the receive has popped and holds its bytes
+        if refused.status.code == pb.TOO_MANY_REQUESTS:
+            break
+        await asyncio.sleep(0.1)
+        refused = await cluster.send(topic, b"x" * BODY)
+    assert refused.status.code == pb.TOO_MANY_REQUESTS
+    assert [e.status.code for e in refused.entries] == [pb.TOO_MANY_REQUESTS]
+    await eventually(lambda: _stalled(cluster, "ReceiveMessage") == 1, within_s=10)
+    accepted = await cluster.send(topic, b"x" * BODY)
+    assert accepted.status.code == pb.OK
+    stalled.cancel()
