@@ -54,7 +54,7 @@ async def test_a_receiver_that_stops_reading_is_ended_and_its_messages_come_back
     stalled = cluster.stub.ReceiveMessage(
         _receive_request(group, topic), metadata=cluster.metadata(), timeout=60
     )
-    admission = cluster.server.services.admission
+    admission = cluster.server.admission
     await eventually(lambda: admission.active == 1, within_s=5)
     await eventually(lambda: _stalled(cluster, "ReceiveMessage") == 1, within_s=10)
     assert admission.active == 0  # the slot is free
