@@ -27,6 +27,7 @@ key and a wrong signature answer the same message; only the log and the reason l
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -56,6 +57,7 @@ log = logging.getLogger(__name__)
 MESSAGING = "/apache.rocketmq.v2.MessagingService/"
 ADMIN = "/popmq.admin.v1.AdminService/"
 _LOG_EVERY_S = 60.0
+REVOCATION_CHECK_S = 0.25  # how often an open Telemetry stream checks its user is still in
 
 
 def _name(resource: pb.Resource) -> str:
@@ -190,6 +192,26 @@ class AccessGuard(grpc.aio.ServerInterceptor):
             raise forbidden(f"access key {user.access_key!r} may not {method}: needs {needs}")
         return user
 
+    async def _end_when_revoked(
+        self, user: User, context: grpc.aio.ServicerContext, revoked: list[bool]
+    ) -> None:
+        """Abort the stream once the ACL no longer holds this user with this secret (the ACL
+        file is re-read at most once a second)."""
+        while True:
+            await asyncio.sleep(REVOCATION_CHECK_S)
+            now = self._authn.acl.user(user.access_key)
+            if now is None or now.secret_key != user.secret_key:
+                break
+        revoked.append(True)
+        self._refusals.labels("revoked").inc()
+        log.info(
+            "ending the Telemetry stream of access key %r: removed from the ACL", user.access_key
+        )
+        try:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the access key was revoked")
+        except Exception:  # abort ends the call by raising: the stream is over, nothing to add
+            pass
+
     def _refused(
         self, path: str, exc: AccessDenied, context: grpc.aio.ServicerContext
     ) -> pb.Status:
@@ -266,7 +288,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
                 try:
                     user = guard.check(path, None, context)
                 except AccessDenied as exc:
-                    yield response_class(status=guard._refused(path, exc, context))
+                    yield response_class(status=guard._refused(path, first, context))
                     return
                 # Each RPC runs in its own task: set for the whole stream, never reset across
                 # yields (a generator may resume in another context).
@@ -284,10 +306,23 @@ class AccessGuard(grpc.aio.ServerInterceptor):
                             return
                         yield command
 
-                async for answer in inner(allowed_commands(), context):
-                    yield answer
-                if refused:
-                    yield response_class(status=guard._refused(path, refused[0], context))
+                # A user removed from the ACL (or given a new secret) loses the open stream too.
+                revoked: list[bool] = []
+                try:
+                    async with asyncio.TaskGroup() as watch:
+                        watcher = watch.create_task(guard._end_when_revoked(user, context, revoked))
+                        try:
+                            async for answer in inner(allowed_commands(), context):
+                                yield answer
+                            if refused:
+                                first = refused[0]
+                                yield response_class(status=guard._refused(path, first, context))
+                        finally:
+                            watcher.cancel()
+                except Exception:
+                    if not revoked:
+                        raise
+                    # Aborted for the revocation: the reads that failed with it say nothing new.
 
             return _rebuild(grpc.stream_stream_rpc_method_handler, bidi, handler)
         return handler  # no such method in the guarded services

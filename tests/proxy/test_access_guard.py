@@ -6,6 +6,7 @@ nothing was sent."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -446,3 +447,31 @@ async def test_strangers_are_refused_before_their_request_is_read(guarded: Clust
     huge = s.SendMessageRequest(messages=[message("t-x", b"x" * (200 << 20))])
     answer = await guarded.stub.SendMessage(huge, metadata=guarded.metadata(), timeout=30)
     assert answer.status.code == Code.UNAUTHORIZED
+
+
+async def test_a_revoked_users_telemetry_stream_ends_soon_after_the_reload(
+    guarded: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 20, defect 12: removing a user from the ACL ended none of its open streams."""
+    caplog.set_level(logging.WARNING)
+    acl = guarded.config.proxy.acl
+    assert acl is not None
+    call = guarded.stub.Telemetry(metadata=guarded.metadata("revoked-1"))
+    settings = pb.Settings(
+        client_type=pb.PRODUCER,
+        publishing=pb.Publishing(topics=[pb.Resource(name="t-orders")]),
+    )
+    await call.write(s.TelemetryCommand(settings=settings))
+    answer = await call.read()
+    assert answer.status.code == Code.OK
+    users = yaml.safe_load(acl.read_text())
+    users["users"] = [u for u in users["users"] if u["access_key"] != OWNER[0]]
+    acl.write_text(yaml.safe_dump(users))
+    loop = asyncio.get_running_loop()
+    changed = loop.time()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await asyncio.wait_for(call.read(), 5)
+    # The file is re-read at most once a second; the stream ends within a second after.
+    assert loop.time() - changed < 2.5
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
