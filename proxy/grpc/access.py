@@ -288,7 +288,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
                 try:
                     user = guard.check(path, None, context)
                 except AccessDenied as exc:
-                    yield response_class(status=guard._refused(path, first, context))
+                    yield response_class(status=guard._refused(path, exc, context))
                     return
                 # Each RPC runs in its own task: set for the whole stream, never reset across
                 # yields (a generator may resume in another context).
