@@ -25,6 +25,12 @@ from dataclasses import replace
 
 from popmq.broker.auto_create import AutoCreateGate
 from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.contract.message_types import (
+    MessageType,
+    check_fits,
+    message_kind,
+    parse_message_type,
+)
 from popmq.broker.contract.types import (
     SYSTEM_PREFIX,
     AckEntry,
@@ -355,19 +361,31 @@ class Broker:
             raise RefusedError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
 
     # -- produce --------------------------------------------------------------------------
-    def _topic_for_send(self, topic: str) -> TopicMeta:
-        meta = self._store.get_topic(topic)
-        if meta is not None:
-            return meta
-        return self._auto_create_topic(topic)
+    def _topic_for_send(self, message: Message) -> TopicMeta:
+        """The message's topic (created on first use), refusing a message whose type does not
+        fit it (MESSAGE_PROPERTY_CONFLICT_WITH_TYPE). A topic still without a type (made by a
+        route lookup) takes this first message's type."""
+        kind = message_kind(message.message_group, message.delivery_timestamp_ms)
+        meta = self._store.get_topic(message.topic)
+        if meta is None:
+            return self._auto_create_topic(message.topic, kind)
+        if meta.message_type is MessageType.UNSPECIFIED:
+            meta = self._store.set_topic_type(message.topic, kind)
+            log.info("topic %s takes %s messages (its first message's type)", meta.name, kind.value)
+        check_fits(meta.name, meta.message_type, kind)
+        return meta
 
-    def _auto_create_topic(self, topic: str) -> TopicMeta:
-        """Create a topic on first use, within broker.topics' auto-creation limits."""
+    def _auto_create_topic(self, topic: str, first: MessageType | None = None) -> TopicMeta:
+        """Create a topic on first use, within broker.topics' auto-creation limits. Its type
+        is its first message's (UNSPECIFIED until one comes), or MIXED if so configured."""
         check_topic(topic)
         user_topics = sum(1 for meta in self._store.list_topics()
                           if not meta.name.startswith(SYSTEM_PREFIX))  # fmt: skip
         self._topic_gate.admit(topic, user_topics)
-        return self._store.create_topic(topic, self._config.topics.queue_count)
+        kind = first or MessageType.UNSPECIFIED
+        if self._config.topics.auto_create_message_type == "MIXED":
+            kind = MessageType.MIXED
+        return self._store.create_topic(topic, self._config.topics.queue_count, kind)
 
     def _check_message(self, message: Message) -> None:
         check_topic(message.topic)
@@ -393,7 +411,7 @@ class Broker:
         for message in messages:
             self._check_message(message)
         for position, message in enumerate(messages):
-            meta = self._topic_for_send(message.topic)
+            meta = self._topic_for_send(message)
             if queue_id >= 0:
                 if queue_id >= meta.queue_count:
                     raise RefusedError(
@@ -557,14 +575,22 @@ class Broker:
             QueueInfo(q, self._store.min_offset(meta.name, q), self._store.max_offset(meta.name, q))
             for q in range(meta.queue_count)
         ]
-        return TopicInfo(meta.name, meta.queue_count, queues)
+        return TopicInfo(meta.name, meta.queue_count, queues, meta.message_type.value)
 
-    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo:
+    async def create_topic(self, topic: str, queue_count: int, message_type: str = "") -> TopicInfo:
+        """Create a topic (MIXED unless ``message_type`` says otherwise), or grow it; a
+        ``message_type`` given for an existing topic changes its type (mqadmin updateTopic)."""
         self._require_started()
         check_topic(topic)
         if not 1 <= queue_count <= 1024:
             raise RefusedError(Code.BAD_REQUEST, "queue count must be within [1, 1024]")
-        return self._topic_info(self._store.create_topic(topic, queue_count))
+        kind = parse_message_type(message_type) if message_type else None
+        if kind is MessageType.UNSPECIFIED:
+            raise RefusedError(Code.BAD_REQUEST, "a topic cannot be created as UNSPECIFIED")
+        meta = self._store.create_topic(topic, queue_count, kind)
+        if kind is not None and meta.message_type is not kind:
+            meta = self._store.set_topic_type(topic, kind)
+        return self._topic_info(meta)
 
     async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
         self._require_started()

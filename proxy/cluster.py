@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
+from popmq.broker.contract.message_types import CREATABLE, accepted_types, parse_message_type
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import GroupConfig, TopicInfo
 from popmq.broker.pop.handle import peek_broker_name
@@ -43,11 +44,21 @@ class TopicRoute:
     topic: str
     # broker name -> queue count, in the cluster's broker order; only brokers with the topic.
     brokers: dict[str, int]
+    # The message types the topic takes on any of its brokers (MessageType names, in
+    # message_types.CREATABLE order); each broker enforces its own on send.
+    accepts: tuple[str, ...] = ("NORMAL", "FIFO", "DELAY")
     # Every queue, built once: routes are cached and read on every send.
     queues: list[QueueRef] = field(init=False)
 
     def __post_init__(self) -> None:
         self.queues = [QueueRef(b, q) for b, count in self.brokers.items() for q in range(count)]
+
+
+def accepted_by(infos: Sequence[TopicInfo]) -> tuple[str, ...]:
+    """The union of what each broker's copy of a topic takes (they may differ when each auto-
+    created it from a different first message)."""
+    taken = {t for info in infos for t in accepted_types(parse_message_type(info.message_type))}
+    return tuple(t.value for t in CREATABLE if t in taken)
 
 
 K = TypeVar("K")
@@ -167,7 +178,8 @@ class BrokerCluster:
             if not_found:
                 raise RefusedError(Code.TOPIC_NOT_FOUND, not_found[0].message)
             raise RefusedError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
-        route = TopicRoute(topic, brokers)
+        found = [info for info in infos if info is not None and info.queue_count > 0]
+        route = TopicRoute(topic, brokers, accepted_by(found))
         self._routes.put(topic, route)
         return route
 

@@ -99,7 +99,10 @@ class AdminPort(_Named, Protocol):
     """Topics, groups and their figures: what admin and routing ask of a broker."""
 
     # -- administration ----------------------------------------------------------------------
-    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo: ...
+    async def create_topic(self, topic: str, queue_count: int, message_type: str = "") -> TopicInfo:
+        """Create or grow a topic; ``message_type`` (a MessageType name) sets its type, empty
+        keeps it (MIXED for a new topic)."""
+        ...
 
     async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
         """TopicInfo with per-queue min/max offsets; TOPIC_NOT_FOUND unless auto-created."""

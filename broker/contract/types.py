@@ -207,6 +207,7 @@ class TopicInfo:
     name: str
     queue_count: int
     queues: list[QueueInfo] = field(default_factory=list)
+    message_type: str = "MIXED"  # message_types.MessageType's value
 
 
 class ConsumeMode(Enum):

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.contract.message_types import MessageType
 from popmq.broker.contract.types import Message, StoredMessage
 from popmq.broker.store import data_format, metafile
 from popmq.broker.store.codec import decode_header, encode_record, tag_hash
@@ -538,8 +539,11 @@ class MessageStore:
         return [[g, t, q, o] for (g, t, q), o in self._offsets.items()]
 
     # -- topics ------------------------------------------------------------------------------
-    def create_topic(self, name: str, queue_count: int) -> TopicMeta:
-        """Create a topic, or grow its queue count. Shrinking is refused (BAD_REQUEST)."""
+    def create_topic(
+        self, name: str, queue_count: int, message_type: MessageType | None = None
+    ) -> TopicMeta:
+        """Create a topic, or grow its queue count. Shrinking is refused (BAD_REQUEST).
+        ``message_type`` (None: MIXED) is set at creation only; see set_topic_type."""
         self._check_open()
         check_topic_name(name)
         check_queue_count(queue_count)
@@ -558,7 +562,8 @@ class MessageStore:
             record = existing
         else:
             shutil.rmtree(self._dir / "index" / name, ignore_errors=True)
-            record = TopicRecord(name, queue_count, self._commitlog.write_position)
+            record = TopicRecord(name, queue_count, self._commitlog.write_position,
+                                 message_type or MessageType.MIXED)  # fmt: skip
             self._topics[name] = record
             self._topic_bytes[name] = name.encode()
             first_new = 0
@@ -583,6 +588,21 @@ class MessageStore:
             raise RefusedError(
                 Code.INTERNAL_ERROR, f"cannot create topic {name}: store write failed: {exc}"
             ) from exc
+        return record.meta
+
+    def set_topic_type(self, name: str, message_type: MessageType) -> TopicMeta:
+        """Give a topic its message type (durable before it returns, like creation)."""
+        self._check_open()
+        record = self._topic(name)
+        if record.message_type != message_type:
+            previous, record.message_type = record.message_type, message_type
+            try:
+                self._topic_table.put(record)
+            except OSError as exc:
+                record.message_type = previous
+                raise RefusedError(
+                    Code.INTERNAL_ERROR, f"cannot type topic {name}: store write failed: {exc}"
+                ) from exc
         return record.meta
 
     def get_topic(self, name: str) -> TopicMeta | None:

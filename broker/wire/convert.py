@@ -282,7 +282,12 @@ def topic_to_proto(topic: TopicInfo) -> pb.TopicInfo:
 
 
 def topic_from_proto(msg: pb.TopicInfo) -> TopicInfo:
-    return _from_proto(msg, TopicInfo, queues=[_from_proto(q, QueueInfo) for q in msg.queues])
+    return _from_proto(
+        msg,
+        TopicInfo,
+        queues=[_from_proto(q, QueueInfo) for q in msg.queues],
+        message_type=msg.message_type or "MIXED",  # a broker from before message types
+    )
 
 
 def group_to_proto(group: GroupConfig) -> pb.GroupConfig:

@@ -348,9 +348,11 @@ class RemoteBrokerPort:
 
     # -- administration ------------------------------------------------------------------------
 
-    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo:
+    async def create_topic(self, topic: str, queue_count: int, message_type: str = "") -> TopicInfo:
         stub = self._get_stub()
-        request = pb.CreateTopicRequest(topic=topic, queue_count=queue_count)
+        request = pb.CreateTopicRequest(
+            topic=topic, queue_count=queue_count, message_type=message_type
+        )
         response = await self._call(stub.CreateTopic, request, self._deadline())
         return convert.topic_from_proto(response.topic)
 

@@ -283,7 +283,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self, request: pb.CreateTopicRequest, context: object
     ) -> pb.TopicResponse:
         async def work() -> pb.TopicResponse:
-            topic = await self._port.create_topic(request.topic, request.queue_count)
+            topic = await self._port.create_topic(
+                request.topic, request.queue_count, request.message_type
+            )
             return pb.TopicResponse(status=convert.ok_status(), topic=convert.topic_to_proto(topic))
 
         return await _answer(pb.TopicResponse, work())

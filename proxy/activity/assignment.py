@@ -12,7 +12,7 @@ from __future__ import annotations
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import ConsumeMode
 from popmq.proxy.activity import validate
-from popmq.proxy.activity.route import ACCEPTED_TYPES, MASTER_BROKER_ID, proxy_endpoints
+from popmq.proxy.activity.route import MASTER_BROKER_ID, accepted_types, proxy_endpoints
 from popmq.proxy.cluster import QueueRef
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.headers import RequestContext
@@ -93,7 +93,7 @@ async def query_assignment(
                 id=queue.queue_id,
                 permission=pb.READ_WRITE,
                 broker=pb.Broker(name=queue.broker, id=MASTER_BROKER_ID, endpoints=endpoints),
-                accept_message_types=ACCEPTED_TYPES,
+                accept_message_types=accepted_types(route),
             )
         )
         for queue in chosen

@@ -13,8 +13,6 @@ from popmq.proxy.services import ProxyServices
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
-# Transactions are not supported: leaving TRANSACTION out makes clients refuse them up front.
-ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY)
 MASTER_BROKER_ID = 0
 
 
@@ -43,17 +41,23 @@ def proxy_endpoints(services: ProxyServices, asked: pb.Endpoints | None = None) 
     return pb.Endpoints(scheme=_scheme(host), addresses=[pb.Address(host=host, port=port)])
 
 
+def accepted_types(route: TopicRoute) -> list[pb.MessageType.ValueType]:
+    """What the topic's type lets in (official clients refuse other sends before sending)."""
+    return [pb.MessageType.Value(name) for name in route.accepts]
+
+
 def route_queues(
     route: TopicRoute, endpoints: pb.Endpoints, namespace: str = ""
 ) -> list[pb.MessageQueue]:
     topic = pb.Resource(name=route.topic, resource_namespace=namespace)
+    accepts = accepted_types(route)
     return [
         pb.MessageQueue(
             topic=topic,
             id=queue.queue_id,
             permission=pb.READ_WRITE,
             broker=pb.Broker(name=queue.broker, id=MASTER_BROKER_ID, endpoints=endpoints),
-            accept_message_types=ACCEPTED_TYPES,
+            accept_message_types=accepts,
         )
         for queue in route.queues
     ]

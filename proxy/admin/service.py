@@ -29,6 +29,7 @@ def _broker_topic(broker: str, info: TopicInfo) -> a.BrokerTopic:
     return a.BrokerTopic(
         broker=broker,
         queue_count=info.queue_count,
+        message_type=info.message_type,
         queues=[
             a.QueueOffsets(queue_id=q.queue_id, min_offset=q.min_offset, max_offset=q.max_offset)
             for q in info.queues
@@ -70,7 +71,8 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
             cluster = self.services.cluster
             brokers = list(request.brokers) or cluster.names
             infos = await fan_out(
-                cluster.port(b).create_topic(name, request.queue_count) for b in brokers
+                cluster.port(b).create_topic(name, request.queue_count, request.message_type)
+                for b in brokers
             )
             cluster.forget_topic(name)
             topic = a.Topic(

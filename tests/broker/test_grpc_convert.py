@@ -98,7 +98,7 @@ ROUND_TRIPS = [
         convert.pull_result_to_proto, convert.pull_result_from_proto,
     ),
     (
-        TopicInfo("t", 2, [QueueInfo(0, 1, 5), QueueInfo(1, 0, 9)]),
+        TopicInfo("t", 2, [QueueInfo(0, 1, 5), QueueInfo(1, 0, 9)], "FIFO"),
         convert.topic_to_proto, convert.topic_from_proto,
     ),
     (

@@ -110,8 +110,8 @@ class FakePort:
     async def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         return timestamp_ms // 1000
 
-    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo:
-        return TopicInfo(topic, queue_count)
+    async def create_topic(self, topic: str, queue_count: int, message_type: str = "") -> TopicInfo:
+        return TopicInfo(topic, queue_count, message_type=message_type or "MIXED")
 
     async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
         raise RefusedError(Code.TOPIC_NOT_FOUND, f"no topic {topic}")

@@ -51,10 +51,12 @@ class Status(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class FilterExpression(_message.Message):
-    __slots__ = ("expression",)
+    __slots__ = ("expression", "type")
     EXPRESSION_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
     expression: str
-    def __init__(self, expression: _Optional[str] = ...) -> None: ...
+    type: str
+    def __init__(self, expression: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
 
 class Message(_message.Message):
     __slots__ = ("topic", "body", "tag", "keys", "properties", "message_id", "message_group", "delivery_timestamp_ms", "born_timestamp_ms", "born_host", "reconsume_times")
@@ -413,22 +415,26 @@ class QueueInfo(_message.Message):
     def __init__(self, queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
 
 class TopicInfo(_message.Message):
-    __slots__ = ("name", "queue_count", "queues")
+    __slots__ = ("name", "queue_count", "queues", "message_type")
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue_count: int
     queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
-    def __init__(self, name: _Optional[str] = ..., queue_count: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ...) -> None: ...
+    message_type: str
+    def __init__(self, name: _Optional[str] = ..., queue_count: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., message_type: _Optional[str] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
-    __slots__ = ("topic", "queue_count")
+    __slots__ = ("topic", "queue_count", "message_type")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_count: int
-    def __init__(self, topic: _Optional[str] = ..., queue_count: _Optional[int] = ...) -> None: ...
+    message_type: str
+    def __init__(self, topic: _Optional[str] = ..., queue_count: _Optional[int] = ..., message_type: _Optional[str] = ...) -> None: ...
 
 class GetTopicRequest(_message.Message):
     __slots__ = ("topic", "auto_create")
