@@ -512,7 +512,9 @@ class Broker:
             )
         if request.poll_time_ms < 0:
             raise RefusedError(Code.ILLEGAL_POLLING_TIME, "poll time must not be negative")
+        request.filter.check()
         tags = request.filter.tags()
+        select = request.filter.selects()  # SQL92: applied to what the read returns
         deadline = self._clock() + request.poll_time_ms
         offset = request.offset
         while True:
@@ -524,11 +526,16 @@ class Broker:
                 return PullResult(PullStatus.OFFSET_ILLEGAL, [], high, low, high)
             if offset < high:
                 result = self._store.read(topic, queue_id, offset, request.max_messages, tags)
-                if result.messages:
-                    return PullResult(PullStatus.FOUND, result.messages, result.next_offset,
+                messages = result.messages
+                if select is not None:
+                    messages = [m for m in messages if select(m)]
+                if messages:
+                    return PullResult(PullStatus.FOUND, messages, result.next_offset,
                                       low, high)  # fmt: skip
                 if result.next_offset > offset:
                     offset = result.next_offset  # only filtered-out messages so far
+                    if select is not None:
+                        await asyncio.sleep(0)  # decoding a long unmatched run: let others in
                     continue
             remaining = deadline - self._clock()
             if remaining <= 0:

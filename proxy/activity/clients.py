@@ -11,6 +11,7 @@ import ipaddress
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import GroupConfig
 from popmq.proxy.activity import validate
+from popmq.proxy.activity.receive import filter_of
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import duration
 from popmq.proxy.grpc.headers import RequestContext
@@ -106,6 +107,8 @@ async def answer_settings(
         subscription = settings.subscription
         group = validate.group_name(subscription.group.name)
         topics = {entry.topic.name for entry in subscription.subscriptions}
+        for entry in subscription.subscriptions:  # a malformed filter is refused up front
+            filter_of(entry.expression)
         config = await services.cluster.group(group)
         reply.subscription.fifo = config.fifo
         reply.subscription.receive_batch_size = services.proxy.max_batch

@@ -11,7 +11,12 @@ from dataclasses import dataclass
 
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
-from popmq.broker.contract.types import FilterExpression, PoppedMessage, PopRequest
+from popmq.broker.contract.types import (
+    FILTER_SQL92,
+    FilterExpression,
+    PoppedMessage,
+    PopRequest,
+)
 from popmq.proxy.activity import validate
 from popmq.proxy.admission import refuse
 from popmq.proxy.grpc.headers import RequestContext
@@ -80,8 +85,11 @@ def load_reserve_ms(services: ProxyServices) -> int:
 
 
 def filter_of(expression: pb.FilterExpression) -> FilterExpression:
+    """The broker's filter for a client's expression; ILLEGAL_FILTER_EXPRESSION if malformed."""
     if expression.type == pb.SQL:
-        raise RefusedError(Code.UNSUPPORTED, "SQL92 filter expressions are not supported")
+        sql = FilterExpression(expression.expression, FILTER_SQL92)
+        sql.check()  # parsed once here, cached; the broker evaluates it per message
+        return sql
     text = expression.expression.strip() or "*"
     if text != "*" and not FilterExpression(text).tags():
         raise RefusedError(Code.ILLEGAL_FILTER_EXPRESSION, f"bad tag expression {text!r}")

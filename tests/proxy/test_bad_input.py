@@ -181,16 +181,18 @@ async def test_batch_size_out_of_range(cluster: Cluster, batch: int) -> None:
     assert status.code == Code.BAD_REQUEST
 
 
-async def test_sql_filter_is_unsupported(cluster: Cluster) -> None:
+@pytest.mark.parametrize("expression", ["a >", "a = 1 AND", "a IN ()", "a == 1", "", "(a = 1"])
+async def test_malformed_sql_filter_is_refused(cluster: Cluster, expression: str) -> None:
     request = s.ReceiveMessageRequest(
         group=pb.Resource(name="g"),
         message_queue=pb.MessageQueue(topic=pb.Resource(name=unique("t"))),
-        filter_expression=pb.FilterExpression(type=pb.SQL, expression="a > 1"),
+        filter_expression=pb.FilterExpression(type=pb.SQL, expression=expression),
         batch_size=1,
     )
     request.invisible_duration.FromMilliseconds(5_000)
     frames = [f async for f in cluster.stub.ReceiveMessage(request, metadata=cluster.metadata())]
-    assert frames[0].status.code == Code.UNSUPPORTED
+    assert frames[0].status.code == Code.ILLEGAL_FILTER_EXPRESSION
+    assert "SQL92" in frames[0].status.message
 
 
 async def test_ack_without_entries(cluster: Cluster) -> None:
