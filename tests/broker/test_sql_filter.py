@@ -164,15 +164,17 @@ async def test_notify_is_not_woken_by_messages_the_filter_leaves_out(tmp_path) -
     async with running_broker(fast_broker_config(tmp_path)) as broker:
         await broker.create_topic("n", 1)
         answers: list[bool] = []
+        answered = anyio.Event()
 
         async def wait_for_match() -> None:
             request = NotifyRequest("g", "n", poll_time_ms=10_000, filter=_sql("a > 5"))
             answers.append((await broker.notify(request)).has_message)
+            answered.set()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait_for_match)
             await anyio.sleep(0.2)
-            for batch in range(11):  # more than one scan's worth (1024) of non-matching ones
+            for _ in range(11):  # more than one scan's worth (1024) of non-matching ones
                 await broker.send(
                     [Message("n", b"no", properties={"a": str(i % 5)}) for i in range(100)]
                 )
@@ -180,8 +182,7 @@ async def test_notify_is_not_woken_by_messages_the_filter_leaves_out(tmp_path) -
             assert answers == []  # still held: nothing it wants arrived
             await broker.send([Message("n", b"yes", properties={"a": "6"})])
             with anyio.fail_after(5):
-                while not answers:
-                    await anyio.sleep(0.01)
+                await answered.wait()
         assert answers == [True]
         popped = await _pop_all(broker, "g", "n", "a > 5")
         assert popped == [b"yes"]
