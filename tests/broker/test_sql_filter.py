@@ -84,7 +84,7 @@ CASES = [
         lambda t, p: (
             (_n(p, "a", lambda v: v > 5) and "b" not in p) or _n(p, "price", lambda v: v >= 90)
         ),
-    ),  # noqa: E501
+    ),
     ("FALSE OR a = 0", lambda t, p: _n(p, "a", lambda v: v == 0)),
 ]
 
