@@ -47,6 +47,8 @@ class TopicRoute:
     # The message types the topic takes on any of its brokers (MessageType names, in
     # message_types.CREATABLE order); each broker enforces its own on send.
     accepts: tuple[str, ...] = ("NORMAL", "FIFO", "DELAY")
+    # broker name -> the topic's MessageType name there (UNSPECIFIED: no message yet).
+    types: dict[str, str] = field(default_factory=dict)
     # Every queue, built once: routes are cached and read on every send.
     queues: list[QueueRef] = field(init=False)
 
@@ -179,7 +181,12 @@ class BrokerCluster:
                 raise RefusedError(Code.TOPIC_NOT_FOUND, not_found[0].message)
             raise RefusedError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
         found = [info for info in infos if info is not None and info.queue_count > 0]
-        route = TopicRoute(topic, brokers, accepted_by(found))
+        types = {
+            port.name: info.message_type
+            for port, info in zip(ports, infos, strict=True)
+            if info is not None and info.queue_count > 0
+        }
+        route = TopicRoute(topic, brokers, accepted_by(found), types)
         self._routes.put(topic, route)
         return route
 

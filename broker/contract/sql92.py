@@ -62,6 +62,7 @@ _GRAMMAR = r"""
     | NUMBER -> number
     | "-" NUMBER -> negative
     | "+" NUMBER -> number
+    | _NULL -> null
 COMPARATOR: "=" | "<>" | ">=" | "<=" | ">" | "<"
 TEXT_OP.2: /(CONTAINS|STARTSWITH|ENDSWITH)(?![A-Za-z0-9_$.])/i
 _OR.2: /OR(?![A-Za-z0-9_$.])/i
@@ -80,7 +81,9 @@ NUMBER: /(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?[lLdDfF]?/
 %ignore WS
 """
 
-_PARSER = Lark(_GRAMMAR, parser="lalr", lexer="contextual")
+# The basic lexer keeps keywords reserved everywhere (a contextual one would read "a > AND"
+# as a comparison with a property named AND).
+_PARSER = Lark(_GRAMMAR, parser="lalr", lexer="basic")
 
 
 def _number(text: str) -> int | float:
@@ -190,6 +193,9 @@ class _Compile(Transformer[Token, Any]):
 
     def negative(self, token: Token) -> Getter:
         return _constant(-_number(str(token)))
+
+    def null(self) -> Getter:
+        return _constant(None)
 
     def true(self) -> Predicate:
         return lambda tag, props: True

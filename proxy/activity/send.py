@@ -12,6 +12,12 @@ import uuid
 from collections import defaultdict
 
 from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
+from popmq.broker.contract.message_types import (
+    MessageType,
+    check_fits,
+    message_kind,
+    parse_message_type,
+)
 from popmq.broker.contract.types import PROP_TRACE_CONTEXT, Message, SendResult
 from popmq.proxy.activity import validate
 from popmq.proxy.admission import refuse
@@ -106,10 +112,13 @@ async def _send(services: ProxyServices, messages: list[Message]) -> s.SendMessa
     batches: dict[QueueRef, list[int]] = defaultdict(list)
     shared: dict[str, QueueRef] = {}
     routes: dict[str, TopicRoute] = {}  # a request's messages nearly always share one topic
+    unsettled: set[str] = set()  # topics still without a type on some broker
     for index, message in enumerate(messages):
         route = routes.get(message.topic)
         if route is None:
             route = routes[message.topic] = await cluster.route(message.topic)
+        if _check_type(route, message):
+            unsettled.add(message.topic)
         if message.message_group:
             target = cluster.pick_queue(route, message.message_group)
         else:
@@ -164,7 +173,19 @@ async def _send(services: ProxyServices, messages: list[Message]) -> s.SendMessa
             entries[i] = s.SendResultEntry(
                 status=ok, message_id=result.message_id, offset=result.queue_offset
             )
+    for topic in unsettled:  # this send may have settled the topic's type: read it afresh
+        cluster.forget_topic(topic)
     done = [entry for entry in entries if entry is not None]
     code = st.combined_code(list(codes))
     summary = done[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
     return s.SendMessageResponse(status=st.status(code, summary), entries=done)
+
+
+def _check_type(route: TopicRoute, message: Message) -> bool:
+    """Refuse a message whose type a broker's copy of the topic does not take (each broker
+    enforces its own; checking all here keeps copies that are still untyped from taking
+    another type). True if some copy is still untyped."""
+    kind = message_kind(message.message_group, message.delivery_timestamp_ms)
+    for topic_type in route.types.values():
+        check_fits(route.topic, parse_message_type(topic_type), kind)
+    return MessageType.UNSPECIFIED.value in route.types.values()

@@ -208,7 +208,9 @@ async def test_held_pop_gets_only_the_matching_message(tmp_path) -> None:
         assert [p.message.body for p in result[0].messages] == [b"wanted"]
 
 
-@pytest.mark.parametrize("expression", ["a >", "a = = 1", "TAGS IN ()", "", "region"])
+@pytest.mark.parametrize(
+    "expression", ["a >", "a = = 1", "TAGS IN ()", "", "region", "a > AND", "NOT"]
+)
 async def test_malformed_expressions_are_refused_at_the_broker(tmp_path, expression) -> None:
     async with running_broker(fast_broker_config(tmp_path)) as broker:
         await broker.create_topic("bad", 1)
