@@ -66,6 +66,7 @@ from popmq.broker.pop.ledger import CheckpointLedger
 from popmq.broker.pop.names import check_group, check_topic, is_system_topic
 from popmq.broker.pop.revive import ReviveService
 from popmq.broker.pop.selection import RoundRobin, queue_for_group
+from popmq.broker.recall_handle import RecallTicket, open_recall, seal_recall
 from popmq.broker.store import MessageStore, TopicMeta
 from popmq.broker.store.damage import MetadataFallback, Quarantine
 from popmq.broker.timer import TimerService
@@ -450,8 +451,29 @@ class Broker:
                 self._metrics.stored(topic, count)
             for (position, _, topic, target), record in zip(delayed, records, strict=True):
                 # The queue offset is only known once the message is delivered.
-                results[position] = SendResult(record.message_id, topic, target, -1, self.name)
+                ticket = RecallTicket(self.name, topic, record.queue_offset, record.message_id,
+                                      record.delivery_timestamp_ms)  # fmt: skip
+                handle = seal_recall(self.engine.keyring, ticket)
+                results[position] = SendResult(
+                    record.message_id, topic, target, -1, self.name, handle
+                )
         return [result for result in results if result is not None]
+
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        """Cancel a delay message that has not been delivered yet (RecallMessage); returns
+        its message id. BAD_REQUEST for a handle that is forged, another broker's, or for
+        another topic; NOT_FOUND once the message was delivered."""
+        self._require_started()
+        check_topic(topic)
+        ticket = open_recall(self.engine.keyring, recall_handle)
+        if ticket.broker != self.name or ticket.topic != topic:
+            raise RefusedError(
+                Code.BAD_REQUEST, f"invalid recall handle: it is not for topic {topic!r} here"
+            )
+        await self._timer.recall(ticket.timer_offset, ticket.message_id)
+        log.info("recalled delay message %s of %s (due at %d)", ticket.message_id, topic,
+                 ticket.due_ms)  # fmt: skip
+        return ticket.message_id
 
     # -- POP consumption ------------------------------------------------------------------
     async def pop(self, request: PopRequest) -> PopResult:

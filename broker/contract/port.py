@@ -74,6 +74,10 @@ class MessagingPort(ConsumePort, Protocol):
         """Ack each entry on its own; a bad handle fails only its entry."""
         ...
 
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        """Cancel a delay message not delivered yet; its message id (RecallMessage)."""
+        ...
+
     async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
         """Move a popped message to %DLQ%group now and ack it (client-requested)."""
         ...

@@ -123,6 +123,7 @@ class SendResult:
     queue_id: int
     queue_offset: int
     broker_name: str
+    recall_handle: str = ""  # delay messages: cancels the delivery until it happens (recall)
 
 
 @dataclass(slots=True)

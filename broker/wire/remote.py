@@ -310,6 +310,12 @@ class RemoteBrokerPort:
         request = pb.ForwardToDlqRequest(group=group, topic=topic, receipt_handle=receipt_handle)
         await self._linked("forward_to_dlq", stub.ForwardToDlq, request, self._deadline())
 
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        stub = self._get_stub()
+        request = pb.RecallRequest(topic=topic, recall_handle=recall_handle)
+        response = await self._call(stub.Recall, request, self._deadline())
+        return str(response.message_id)
+
     # -- pull and offsets ----------------------------------------------------------------------
 
     async def pull(self, request: PullRequest) -> PullResult:

@@ -171,8 +171,9 @@ async def _send(services: ProxyServices, messages: list[Message]) -> s.SendMessa
         codes.add(Code.OK)
         for i, result in zip(indexes, outcome, strict=True):
             entries[i] = s.SendResultEntry(
-                status=ok, message_id=result.message_id, offset=result.queue_offset
-            )
+                status=ok, message_id=result.message_id, offset=result.queue_offset,
+                recall_handle=result.recall_handle,
+            )  # fmt: skip
     for topic in unsettled:  # this send may have settled the topic's type: read it afresh
         cluster.forget_topic(topic)
     done = [entry for entry in entries if entry is not None]

@@ -22,6 +22,7 @@ from popmq.proxy.activity import (
     dlq,
     invisible,
     offsets,
+    recall,
     receive,
     route,
     send,
@@ -333,8 +334,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
 
     async def RecallMessage(self, request, context):
-        return await self._not_implemented(
-            "RecallMessage", s.RecallMessageResponse, "recalling delay messages"
+        return await self._unary(
+            "RecallMessage", recall.recall_message, request, context, s.RecallMessageResponse
         )
 
     async def SyncLiteSubscription(self, request, context):

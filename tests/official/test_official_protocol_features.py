@@ -97,3 +97,23 @@ def test_a_topic_takes_only_its_message_type(
     ]
     assert not local["ok"], local
     assert _ok(other.call("send", topic=topic, messages=[{"body": "n2"}]))["results"][0]["ok"]
+
+
+def test_recall_a_delay_message_before_and_after_its_delivery(
+    deployment: Deployment, open_client: OpenClient
+) -> None:
+    topic, group = unique("recall"), unique("g")
+    producer = open_client(deployment.endpoint, "producer", topics=[topic])
+    consumer = open_client(deployment.endpoint, "simple", topics=[topic], group=group, await_s=2)
+    specs = [{"body": "keep", "delay_s": 3}, {"body": "drop", "delay_s": 3}]
+    keep, drop = _ok(producer.call("send", topic=topic, messages=specs))["results"]
+    assert keep["ok"] and drop["ok"] and drop["recall_handle"], (keep, drop)
+    recalled = _ok(producer.call("recall", topic=topic, recall_handle=drop["recall_handle"]))
+    assert recalled["message_id"] == drop["message_id"]
+    got = _ok(consumer.call("receive_until", count=2, timeout_s=10))
+    assert [m["body"] for m in got["messages"]] == ["keep"]
+    # Delivered: nothing is left to recall, and the client hears why.
+    late = producer.call("recall", topic=topic, recall_handle=keep["recall_handle"])
+    assert not late["ok"] and late["code"] == 40400, late
+    forged = producer.call("recall", topic=topic, recall_handle=keep["recall_handle"][:-3] + "AAA")
+    assert not forged["ok"] and forged["code"] == 40000, forged
