@@ -53,9 +53,7 @@ async def test_a_recall_survives_a_restart(tmp_path) -> None:
     config = fast_broker_config(tmp_path)
     async with running_broker(config) as broker:
         await broker.create_topic("d", 1, "DELAY")
-        _, drop = await broker.send(
-            [_delayed("d", b"keep", 1_500), _delayed("d", b"drop", 1_500)]
-        )
+        _, drop = await broker.send([_delayed("d", b"keep", 1_500), _delayed("d", b"drop", 1_500)])
         await broker.recall("d", drop.recall_handle)
     async with running_broker(config) as broker:
         assert await _bodies(broker, "d", 4_000) == [b"keep"]
