@@ -46,7 +46,7 @@ def queues_pb(
     """``accepts``: the MessageType names the topic's type lets in (TopicRoute.accepts); the
     official clients refuse other sends before sending."""
     resource = pb.Resource(name=topic, resource_namespace=namespace)
-    accept_message_types = [pb.MessageType.Value(name) for name in accepts]
+    accept_message_types = list(accepts)  # enum value names
     return [
         pb.MessageQueue(
             topic=resource,
