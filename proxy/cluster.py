@@ -18,7 +18,12 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
-from popmq.broker.contract.message_types import CREATABLE, accepted_types, parse_message_type
+from popmq.broker.contract.message_types import (
+    CREATABLE,
+    MessageType,
+    accepted_types,
+    parse_message_type,
+)
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import GroupConfig, TopicInfo
 from popmq.broker.pop.handle import peek_broker_name
@@ -57,9 +62,14 @@ class TopicRoute:
 
 
 def accepted_by(infos: Sequence[TopicInfo]) -> tuple[str, ...]:
-    """The union of what each broker's copy of a topic takes (they may differ when each auto-
-    created it from a different first message)."""
-    taken = {t for info in infos for t in accepted_types(parse_message_type(info.message_type))}
+    """What the topic takes: what every typed copy of it takes (copies no message has typed
+    yet take anything). Should typed copies disagree (two first messages of different types
+    through different proxies at once), what any of them takes, so sends go on."""
+    typed = [parse_message_type(i.message_type) for i in infos]
+    sets = [set(accepted_types(t)) for t in typed if t is not MessageType.UNSPECIFIED]
+    if not sets:
+        sets = [set(accepted_types(MessageType.UNSPECIFIED))]
+    taken = set.intersection(*sets) or set.union(*sets)
     return tuple(t.value for t in CREATABLE if t in taken)
 
 

@@ -13,12 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
-from popmq.broker.contract.message_types import (
-    MessageType,
-    check_fits,
-    message_kind,
-    parse_message_type,
-)
+from popmq.broker.contract.message_types import MessageType, message_kind
 from popmq.broker.contract.types import PROP_TRACE_CONTEXT, Message, SendResult
 from popmq.broker.recall_handle import peek_recall_broker
 from popmq.proxy.admission import refuse
@@ -245,10 +240,14 @@ class Sender:
 
 
 def _check_type(route: TopicRoute, message: Message) -> bool:
-    """Refuse a message whose type a broker's copy of the topic does not take (each broker
-    enforces its own; checking all here keeps copies that are still untyped from taking
-    another type). True if some copy is still untyped."""
+    """Refuse a message whose type the topic does not take, as its route says (each broker
+    checks its own copy again; checking here too keeps copies that are still untyped from
+    taking another type). True if some copy is still untyped."""
     kind = message_kind(message.message_group, message.delivery_timestamp_ms)
-    for topic_type in route.types.values():
-        check_fits(route.topic, parse_message_type(topic_type), kind)
+    if kind.value not in route.accepts:
+        raise RefusedError(
+            Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            f"topic {route.topic!r} takes {'/'.join(route.accepts)} messages; this is a "
+            f"{kind.value} message (send it to a topic of its type, or create the topic as MIXED)",
+        )
     return MessageType.UNSPECIFIED.value in route.types.values()
