@@ -470,7 +470,10 @@ class Broker:
             raise RefusedError(
                 Code.BAD_REQUEST, f"invalid recall handle: it is not for topic {topic!r} here"
             )
+        recalls = self._timer.recalls
         await self._timer.recall(ticket.timer_offset, ticket.message_id)
+        if self._timer.recalls > recalls:  # not a repeated recall of the same message
+            self._metrics.recalled()
         log.info("recalled delay message %s of %s (due at %d)", ticket.message_id, topic,
                  ticket.due_ms)  # fmt: skip
         return ticket.message_id

@@ -40,6 +40,10 @@ async def test_recall_before_delivery_cancels_it(tmp_path) -> None:
         )
         assert await broker.recall("d", drop.recall_handle) == drop.message_id
         assert await broker.recall("d", drop.recall_handle) == drop.message_id  # idempotent
+        recalled = broker.metrics.registry.get_sample_value(
+            "popmq_broker_messages_recalled_total", {"broker": broker.name}
+        )
+        assert recalled == 1
         assert await _bodies(broker, "d", 0) == []  # not due yet
         assert await _bodies(broker, "d", 3_000) == [b"keep"]
         await anyio.sleep(0.3)
