@@ -22,5 +22,9 @@ for prefix, folder in MAPPED.items():
 setup(
     packages=packages,
     package_dir=MAPPED,
-    package_data={"popmq": ["py.typed"], "popmq.pb": ["**/*.pyi"]},
+    package_data={
+        "popmq": ["py.typed"],
+        "popmq.pb": ["**/*.pyi"],
+        "popmq.console": ["templates/*.html", "static/*.css", "static/*.js"],
+    },
 )

@@ -14,6 +14,7 @@ import grpc
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import DLQ_PREFIX, RETRY_PREFIX, ConsumeMode, TopicInfo
 from popmq.proxy.activity import validate
+from popmq.proxy.admin.console_ops import ConsoleOpsMixin
 from popmq.proxy.admin.operations import OperationsMixin
 from popmq.proxy.grpc import status as st
 from popmq.proxy.services import ProxyServices
@@ -46,7 +47,7 @@ def _group_pb(config: Any) -> a.Group:
     )
 
 
-class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
+class AdminServicer(OperationsMixin, ConsoleOpsMixin, admin_pb2_grpc.AdminServiceServicer):
     """gRPC method names are the API's (CamelCase)."""
 
     def __init__(self, services: ProxyServices) -> None:

@@ -491,3 +491,62 @@ class ClusterStatusResponse(_message.Message):
     brokers: _containers.RepeatedCompositeFieldContainer[BrokerStatus]
     clients: int
     def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., proxy: _Optional[str] = ..., version: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerStatus, _Mapping]]] = ..., clients: _Optional[int] = ...) -> None: ...
+
+class WhoAmIRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Grant(_message.Message):
+    __slots__ = ("publish", "subscribe_group", "subscribe_topics", "any_topic")
+    PUBLISH_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBE_GROUP_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBE_TOPICS_FIELD_NUMBER: _ClassVar[int]
+    ANY_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    publish: str
+    subscribe_group: str
+    subscribe_topics: _containers.RepeatedScalarFieldContainer[str]
+    any_topic: bool
+    def __init__(self, publish: _Optional[str] = ..., subscribe_group: _Optional[str] = ..., subscribe_topics: _Optional[_Iterable[str]] = ..., any_topic: _Optional[bool] = ...) -> None: ...
+
+class WhoAmIResponse(_message.Message):
+    __slots__ = ("status", "acl", "access_key", "admin", "grants")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ACL_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_KEY_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_FIELD_NUMBER: _ClassVar[int]
+    GRANTS_FIELD_NUMBER: _ClassVar[int]
+    status: _definition_pb2.Status
+    acl: bool
+    access_key: str
+    admin: bool
+    grants: _containers.RepeatedCompositeFieldContainer[Grant]
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., acl: _Optional[bool] = ..., access_key: _Optional[str] = ..., admin: _Optional[bool] = ..., grants: _Optional[_Iterable[_Union[Grant, _Mapping]]] = ...) -> None: ...
+
+class SendMessageRequest(_message.Message):
+    __slots__ = ("topic", "body", "tag", "keys", "properties")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    body: bytes
+    tag: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    properties: _containers.ScalarMap[str, str]
+    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SendMessageResponse(_message.Message):
+    __slots__ = ("status", "message")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: _definition_pb2.Status
+    message: StoredMessageView
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., message: _Optional[_Union[StoredMessageView, _Mapping]] = ...) -> None: ...

@@ -119,6 +119,16 @@ class AdminServiceStub:
                 request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusResponse.FromString,
                 _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/WhoAmI',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIResponse.FromString,
+                _registered_method=True)
+        self.SendMessage = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/SendMessage',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendMessageRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendMessageResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -226,6 +236,18 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhoAmI(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SendMessage(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -313,6 +335,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ClusterStatus,
                     request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusRequest.FromString,
                     response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusResponse.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIResponse.SerializeToString,
+            ),
+            'SendMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendMessage,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendMessageRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendMessageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -774,6 +806,60 @@ class AdminService:
             '/popmq.admin.v1.AdminService/ClusterStatus',
             popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusRequest.SerializeToString,
             popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.admin.v1.AdminService/WhoAmI',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.admin.v1.AdminService/SendMessage',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendMessageRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,
