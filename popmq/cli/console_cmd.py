@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -69,15 +70,14 @@ def run(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     reader = Credentials(args.access_key, args.secret_key) if args.access_key else None
-    state = ConsoleState(AdminTarget(args.endpoint, args.tls, args.tls_ca), reader)
 
     async def main() -> None:
         from popmq.console.server import serve_console
 
+        # made in the loop: its gRPC channel belongs to it
+        state = ConsoleState(AdminTarget(args.endpoint, args.tls, args.tls_ca), reader)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        import signal
-
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         await serve_console(state, args.host, args.port, _announce, stop)
