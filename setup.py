@@ -18,6 +18,8 @@ def mapped(prefix: str, folder: str) -> list[str]:
 packages = find_packages(include=["popmq", "popmq.*", "pyspark_popmq", "pyspark_popmq.*"])
 for prefix, folder in MAPPED.items():
     packages += mapped(prefix, folder)
+# The console's templates and assets: data folders, listed so setuptools ships them as such.
+packages += ["popmq.console.templates", "popmq.console.static"]
 
 setup(
     packages=packages,
@@ -25,6 +27,7 @@ setup(
     package_data={
         "popmq": ["py.typed"],
         "popmq.pb": ["**/*.pyi"],
-        "popmq.console": ["templates/*.html", "static/*.css", "static/*.js"],
+        "popmq.console.templates": ["*.html"],
+        "popmq.console.static": ["*.css", "*.js"],
     },
 )

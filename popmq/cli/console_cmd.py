@@ -48,7 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--secret-key", default=os.environ.get("POPMQ_SECRET_KEY"),
         help="its secret key (env POPMQ_SECRET_KEY; prefer the env to the command line)",
     )  # fmt: skip
-    console.add_argument("--tls-ca", metavar="FILE", help="connect with TLS, trusting this CA (PEM)")
+    console.add_argument(
+        "--tls-ca", metavar="FILE", help="connect with TLS, trusting this CA (PEM)"
+    )
     console.add_argument(
         "--tls", action="store_true", help="connect with TLS, trusting the system's CAs"
     )

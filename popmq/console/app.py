@@ -50,7 +50,9 @@ def build_app(state: ConsoleState) -> Starlette:
         routes=[
             *pages.routes,
             *api.routes,
-            Mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), "static"),
+            Mount(
+                "/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static"
+            ),
         ],
         middleware=[
             Middleware(BaseHTTPMiddleware, dispatch=_security_headers),
@@ -58,9 +60,12 @@ def build_app(state: ConsoleState) -> Starlette:
             # (no built-in secret; sessions end when the console restarts). SameSite=Strict:
             # another site's form cannot post with it.
             Middleware(
-                SessionMiddleware, secret_key=secrets.token_urlsafe(32),
-                session_cookie="popmq_console", same_site="strict", max_age=8 * 3600,
-            ),  # fmt: skip
+                SessionMiddleware,
+                secret_key=secrets.token_urlsafe(32),
+                session_cookie="popmq_console",
+                same_site="strict",
+                max_age=8 * 3600,
+            ),
         ],
         lifespan=lifespan,
     )

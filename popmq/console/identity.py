@@ -75,7 +75,7 @@ async def who_is(client: AdminClient, credentials: Credentials | None) -> Identi
     )
     user = User(
         access_key=response.access_key,
-        secret_key=credentials.secret_key,  # type: ignore[arg-type]  # pydantic makes a SecretStr
+        secret_key=credentials.secret_key,  # pydantic makes it a SecretStr
         admin=response.admin,
         allow=grants,
     )

@@ -30,9 +30,14 @@ templates.env.filters["jsonbody"] = lambda b64: views.render_body(_b64(b64), "js
 templates.env.filters["textbody"] = lambda b64: views.render_body(_b64(b64), "text")
 
 NAV = (
-    ("/cluster", "Cluster"), ("/topics", "Topics"), ("/groups", "Groups"),
-    ("/messages", "Messages"), ("/dlq", "DLQ"), ("/clients", "Clients"), ("/longpoll", "Long polling"),
-)  # fmt: skip
+    ("/cluster", "Cluster"),
+    ("/topics", "Topics"),
+    ("/groups", "Groups"),
+    ("/messages", "Messages"),
+    ("/dlq", "DLQ"),
+    ("/clients", "Clients"),
+    ("/longpoll", "Long polling"),
+)
 
 
 def _b64(text: str) -> bytes:
@@ -44,7 +49,9 @@ def _b64(text: str) -> bytes:
 Page = Callable[[Asker, Request], Awaitable[tuple[str, dict[str, Any]]]]
 
 
-def _render(request: Request, template: str, context: dict[str, Any], status: int = 200) -> Response:
+def _render(
+    request: Request, template: str, context: dict[str, Any], status: int = 200
+) -> Response:
     context = {"nav": NAV, "path": request.url.path, **context}
     return templates.TemplateResponse(request, template, context, status_code=status)
 
@@ -106,7 +113,9 @@ async def _groups(ask: Asker, request: Request) -> tuple[str, dict[str, Any]]:
     name = request.query_params.get("name", "")
     detail = await views.group(ask, name) if name else None
     return "groups.html", {
-        "data": await views.groups(ask), "detail": detail, "note": request.query_params
+        "data": await views.groups(ask),
+        "detail": detail,
+        "note": request.query_params,
     }
 
 

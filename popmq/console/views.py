@@ -9,6 +9,7 @@ write.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import time
 from collections import deque
@@ -105,7 +106,7 @@ class Rates:
     def series(self) -> dict[str, list[list[float]]]:
         points: dict[str, list[list[float]]] = {"in": [], "out": []}
         samples = list(self._samples)
-        for (t0, s0, d0), (t1, s1, d1) in zip(samples, samples[1:], strict=False):
+        for (t0, s0, d0), (t1, s1, d1) in itertools.pairwise(samples):
             if t1 - t0 <= 0:
                 continue
             points["in"].append([round(t1, 3), round(max(s1 - s0, 0) / (t1 - t0), 3)])
@@ -348,9 +349,7 @@ LONGPOLL_METRICS = (
 
 async def longpoll(ask: Asker) -> dict[str, Any]:
     stats = metric_samples((await ask.read("Stats", a.StatsRequest())).prometheus_text)
-    rows = [
-        {"metric": n, "labels": ls, "value": v} for n, ls, v in stats if n in LONGPOLL_METRICS
-    ]
+    rows = [{"metric": n, "labels": ls, "value": v} for n, ls, v in stats if n in LONGPOLL_METRICS]
     modes = [ls.get("mode", "") for n, ls, v in stats if n == "popmq_proxy_adaptive_mode" and v]
     strategies = sorted(
         {ls["strategy"] for n, ls, _ in stats if n == "popmq_proxy_long_polls_total"}

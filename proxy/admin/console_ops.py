@@ -76,4 +76,3 @@ class ConsoleOpsMixin:
             return a.SendMessageResponse(status=st.ok(), message=view)
 
         return await self._answer(a.SendMessageResponse, work)
-

@@ -42,7 +42,9 @@ def console_url(process: PopmqProcess, timeout: float = 30) -> str:
         raise RuntimeError(f"{exc}\n--- log ---\n{process.log_path.read_text()[-3000:]}") from None
 
 
-def serve_with_console(root: Path, extra_args: list[str] | None = None) -> tuple[PopmqProcess, str, str]:
+def serve_with_console(
+    root: Path, extra_args: list[str] | None = None
+) -> tuple[PopmqProcess, str, str]:
     """`popmq serve` with its console on a free port: (process, proxy endpoint, console URL)."""
     root.mkdir(parents=True, exist_ok=True)
     process = serve(root / "data", brokers=2, extra=[f"serve.console_port={free_port()}"],
@@ -63,7 +65,9 @@ def start_console(endpoint: str, log_dir: Path, *args: str) -> tuple[PopmqProces
         raise
 
 
-def admin_call(endpoint: str, method: str, request: Any, keys: tuple[str, str] | None = None) -> Any:
+def admin_call(
+    endpoint: str, method: str, request: Any, keys: tuple[str, str] | None = None
+) -> Any:
     metadata = signed_metadata(*keys) if keys else None
     with grpc.insecure_channel(endpoint) as channel:
         response = getattr(admin_pb2_grpc.AdminServiceStub(channel), method)(
@@ -74,12 +78,16 @@ def admin_call(endpoint: str, method: str, request: Any, keys: tuple[str, str] |
 
 
 def dead_letter(
-    endpoint: str, topic: str, group: str, keys: tuple[str, str] | None = None,
+    endpoint: str,
+    topic: str,
+    group: str,
+    keys: tuple[str, str] | None = None,
     timeout: float = 60,
 ) -> str:
     """Send one message to `topic` and let `group` fail it once with max attempts 1, so it
     lands in %DLQ%group; returns its message id."""
     from popmq.broker.contract.types import Message
+
     from popmq.client import Client
     from popmq.client.security import ClientSecurity
 

@@ -41,8 +41,8 @@ def test_json_api_round_trip(served: Any) -> None:
         listed = http.get("/api/v1/topics").json()["topics"]
         assert [t["messages"] for t in listed if t["name"] == topic] == [0]
 
-        sent = http.post("/api/v1/messages",
-                         json={"topic": topic, "body": '{"n": 1}', "keys": ["k1"], "tag": "t"})  # fmt: skip
+        message = {"topic": topic, "body": '{"n": 1}', "keys": ["k1"], "tag": "t"}
+        sent = http.post("/api/v1/messages", json=message)
         assert sent.status_code == 200, sent.text
         message_id = sent.json()["message_id"]
         by_id = http.get("/api/v1/messages", params={"id": message_id}).json()["messages"]
