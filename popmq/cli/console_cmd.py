@@ -119,13 +119,6 @@ async def serve_with_console(
                 endpoints[prefix] = f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
                 listening.set()
 
-    async def proxy() -> None:
-        try:
-            await serve(tap, stop)
-        finally:
-            stop.set()
-            listening.set()  # a proxy that failed to start: no console either
-
     async def console() -> None:
         await listening.wait()
         await asyncio.sleep(0)  # the admin line follows the proxy line in the same step
@@ -149,6 +142,17 @@ async def serve_with_console(
         except OSError as exc:
             log.warning("console not started: %s (choose another with --console-port)", exc)
 
-    async with anyio.create_task_group() as group:
-        group.start_soon(proxy)
-        group.start_soon(console)
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(console)
+            try:
+                await serve(tap, stop)
+            finally:
+                stop.set()
+                listening.set()  # a proxy that failed to start: no console either
+    except BaseExceptionGroup as failed:
+        # The proxy's own error (a taken port, a bad ACL file) reaches the CLI as it is, to be
+        # told in one line, as without the console.
+        if len(failed.exceptions) == 1:
+            raise failed.exceptions[0] from None
+        raise
