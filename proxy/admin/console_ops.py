@@ -13,9 +13,9 @@ from typing import Any
 
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message
-from popmq.proxy.activity import validate
+from popmq.proxy.core import validate
+from popmq.proxy.core.caller import CALLER
 from popmq.proxy.grpc import status as st
-from popmq.proxy.grpc.caller import CALLER
 from popmq.proxy.services import ProxyServices
 
 from popmq.pb.admin.v1 import admin_pb2 as a
