@@ -131,7 +131,7 @@ def _total(samples: list[tuple[str, dict[str, str], float]], name: str, **labels
 async def cluster(ask: Asker, rates: Rates) -> dict[str, Any]:
     status = await ask.read("ClusterStatus", a.ClusterStatusRequest())
     stats = metric_samples((await ask.read("Stats", a.StatsRequest())).prometheus_text)
-    sent = _total(stats, "popmq_proxy_rpc_requests_total", method="SendMessage", code="OK")
+    sent = _total(stats, "popmq_proxy_rpc_requests_total", method="SendTestMessage", code="OK")
     delivered = _total(stats, "popmq_proxy_messages_delivered_total")
     rates.add(time.time(), sent, delivered)
     out = plain(status)
@@ -290,8 +290,8 @@ async def find_messages(
 async def send_message(
     ask: Asker, topic: str, body: bytes, tag: str = "", keys: list[str] | None = None
 ) -> dict[str, Any]:
-    request = a.SendMessageRequest(topic=topic, body=body, tag=tag, keys=keys or [])
-    response = await ask.write("SendMessage", request)
+    request = a.SendTestMessageRequest(topic=topic, body=body, tag=tag, keys=keys or [])
+    response = await ask.write("SendTestMessage", request)
     return plain(response.message)
 
 

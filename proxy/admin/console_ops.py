@@ -52,10 +52,10 @@ class ConsoleOpsMixin:
                 )
         return response
 
-    async def SendMessage(
-        self, request: a.SendMessageRequest, context: object
-    ) -> a.SendMessageResponse:
-        async def work() -> a.SendMessageResponse:
+    async def SendTestMessage(
+        self, request: a.SendTestMessageRequest, context: object
+    ) -> a.SendTestMessageResponse:
+        async def work() -> a.SendTestMessageResponse:
             topic = validate.topic_name(request.topic)
             if len(request.body) > MAX_TEST_BODY_BYTES:
                 raise RefusedError(Code.MESSAGE_BODY_TOO_LARGE, "the body is over 4 MiB")
@@ -73,6 +73,6 @@ class ConsoleOpsMixin:
                 tag=request.tag, keys=list(request.keys), body_size=len(request.body),
                 born_timestamp_ms=message.born_timestamp_ms,
             )  # fmt: skip
-            return a.SendMessageResponse(status=st.ok(), message=view)
+            return a.SendTestMessageResponse(status=st.ok(), message=view)
 
-        return await self._answer(a.SendMessageResponse, work)
+        return await self._answer(a.SendTestMessageResponse, work)

@@ -155,3 +155,27 @@ def test_login_form_and_session_in_a_browser(
     assert page.locator(f"#topics >> text={secured['mine']}").count() == 1
     assert page.locator(f"#topics >> text={secured['other']}").count() == 0
     context.close()
+
+
+def test_proxy_lets_any_user_ask_who_it_is_and_only_admins_send_test_messages(
+    secured: dict[str, Any],
+) -> None:
+    import grpc
+
+    from popmq.pb.admin.v1 import admin_pb2_grpc
+    from popmq.security.signature import signed_metadata
+
+    me = admin_call(secured["endpoint"], "WhoAmI", a.WhoAmIRequest(), APP)
+    assert (me.acl, me.admin, me.access_key) == (True, False, "app1")
+    assert [g.publish for g in me.grants if g.publish] == ["mine-*"]
+    [subscribe] = [g for g in me.grants if g.subscribe_group]
+    assert subscribe.subscribe_topics == ["mine-*"] and not subscribe.any_topic
+    with grpc.insecure_channel(secured["endpoint"]) as channel:
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        refused = stub.SendTestMessage(
+            a.SendTestMessageRequest(topic=secured["mine"], body=b"x"),
+            timeout=10, metadata=signed_metadata(*APP),
+        )  # fmt: skip
+        anonymous = stub.WhoAmI(a.WhoAmIRequest(), timeout=10)
+    assert refused.status.code == 40300  # FORBIDDEN: the admin API's writes need admin
+    assert anonymous.status.code == 40100  # UNAUTHORIZED

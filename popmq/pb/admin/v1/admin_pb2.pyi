@@ -522,7 +522,7 @@ class WhoAmIResponse(_message.Message):
     grants: _containers.RepeatedCompositeFieldContainer[Grant]
     def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., acl: _Optional[bool] = ..., access_key: _Optional[str] = ..., admin: _Optional[bool] = ..., grants: _Optional[_Iterable[_Union[Grant, _Mapping]]] = ...) -> None: ...
 
-class SendMessageRequest(_message.Message):
+class SendTestMessageRequest(_message.Message):
     __slots__ = ("topic", "body", "tag", "keys", "properties")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
@@ -543,7 +543,7 @@ class SendMessageRequest(_message.Message):
     properties: _containers.ScalarMap[str, str]
     def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
-class SendMessageResponse(_message.Message):
+class SendTestMessageResponse(_message.Message):
     __slots__ = ("status", "message")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]

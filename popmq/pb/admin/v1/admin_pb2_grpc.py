@@ -124,10 +124,10 @@ class AdminServiceStub:
                 request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIRequest.SerializeToString,
                 response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIResponse.FromString,
                 _registered_method=True)
-        self.SendMessage = channel.unary_unary(
-                '/popmq.admin.v1.AdminService/SendMessage',
-                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendMessageRequest.SerializeToString,
-                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendMessageResponse.FromString,
+        self.SendTestMessage = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/SendTestMessage',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendTestMessageRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendTestMessageResponse.FromString,
                 _registered_method=True)
 
 
@@ -242,7 +242,7 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def SendMessage(self, request, context):
+    def SendTestMessage(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -341,10 +341,10 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIRequest.FromString,
                     response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIResponse.SerializeToString,
             ),
-            'SendMessage': grpc.unary_unary_rpc_method_handler(
-                    servicer.SendMessage,
-                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendMessageRequest.FromString,
-                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendMessageResponse.SerializeToString,
+            'SendTestMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendTestMessage,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendTestMessageRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendTestMessageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -844,7 +844,7 @@ class AdminService:
             _registered_method=True)
 
     @staticmethod
-    def SendMessage(request,
+    def SendTestMessage(request,
             target,
             options=(),
             channel_credentials=None,
@@ -857,9 +857,9 @@ class AdminService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/popmq.admin.v1.AdminService/SendMessage',
-            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendMessageRequest.SerializeToString,
-            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendMessageResponse.FromString,
+            '/popmq.admin.v1.AdminService/SendTestMessage',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendTestMessageRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendTestMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,
