@@ -112,7 +112,7 @@ async def _messages(ask: Asker, request: Request) -> dict[str, Any]:
     q = request.query_params
     return await views.find_messages(
         ask, topic=q.get("topic", ""), message_id=q.get("id", ""), key=q.get("key", ""),
-        limit=_int_param(request, "limit", 32),
+        since=q.get("since", ""), until=q.get("until", ""), limit=_int_param(request, "limit", 32),
     )  # fmt: skip
 
 

@@ -131,10 +131,11 @@ async def _reset(ask: Asker, request: Request) -> tuple[str, dict[str, Any]]:
 async def _messages(ask: Asker, request: Request) -> tuple[str, dict[str, Any]]:
     q = request.query_params
     found = None
-    if q.get("id") or q.get("key"):
+    if q.get("id") or q.get("key") or q.get("since") or q.get("until"):
         found = await views.find_messages(
-            ask, topic=q.get("topic", ""), message_id=q.get("id", ""), key=q.get("key", "")
-        )
+            ask, topic=q.get("topic", ""), message_id=q.get("id", ""), key=q.get("key", ""),
+            since=q.get("since", ""), until=q.get("until", ""),
+        )  # fmt: skip
     form = q.get("format", "text")
     return "messages.html", {"found": found, "q": q, "format": form}
 

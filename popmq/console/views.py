@@ -273,15 +273,25 @@ def _message(view: Any) -> dict[str, Any]:
 
 
 async def find_messages(
-    ask: Asker, *, topic: str = "", message_id: str = "", key: str = "", limit: int = 32
+    ask: Asker,
+    *,
+    topic: str = "",
+    message_id: str = "",
+    key: str = "",
+    since: str = "",
+    until: str = "",
+    limit: int = 32,
 ) -> dict[str, Any]:
-    if not message_id and not key:
-        raise ConsoleError(400, "BAD_REQUEST", "give a message id or a key")
+    """By id, key or store-time range (`since`/`until`: ISO 8601; no zone: UTC)."""
+    if not (message_id or key or since or until):
+        raise ConsoleError(400, "BAD_REQUEST", "give a message id, a key or a time range")
     if topic:
         ask.need_topic(topic)
     request = a.QueryMessagesRequest(
-        topic=topic, message_id=message_id, key=key, limit=limit, include_body=True
-    )
+        topic=topic, message_id=message_id, key=key, limit=limit, include_body=True,
+        start_ms=parse_time_ms(since) if since else 0,
+        end_ms=parse_time_ms(until) if until else 0,
+    )  # fmt: skip
     response = await ask.read("QueryMessages", request)
     found = [_message(m) for m in response.messages if ask.identity.can_read_topic(m.topic)]
     return {"messages": found, "truncated": response.truncated}

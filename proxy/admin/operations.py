@@ -196,8 +196,10 @@ class OperationsMixin:
         self, request: a.QueryMessagesRequest, context: object
     ) -> a.QueryMessagesResponse:
         async def work() -> a.QueryMessagesResponse:
-            if not request.message_id and not request.key:
-                raise RefusedError(Code.BAD_REQUEST, "give a message id or a key")
+            if not (request.message_id or request.key or request.start_ms or request.end_ms):
+                raise RefusedError(Code.BAD_REQUEST, "give a message id, a key or a time range")
+            if request.start_ms < 0 or request.end_ms < 0:
+                raise RefusedError(Code.BAD_REQUEST, "times must not be before 1970")
             if request.max_scan < 0 or request.limit < 0:
                 raise RefusedError(Code.BAD_REQUEST, "max_scan and limit must not be negative")
             topic = request.topic
@@ -212,6 +214,10 @@ class OperationsMixin:
                 if request.message_id and request.message_id not in ids:
                     continue
                 if request.key and request.key not in m.keys:
+                    continue
+                if m.store_timestamp_ms < request.start_ms or (
+                    request.end_ms and m.store_timestamp_ms >= request.end_ms
+                ):
                     continue
                 response.messages.append(_view(broker, m, request.include_body))
                 if len(response.messages) >= limit:

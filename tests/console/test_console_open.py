@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,10 @@ from console_support import api, dead_letter, screenshot, serve_with_console
 from support.official_clients import ClientSession, PopmqProcess, unique
 
 pytestmark = [pytest.mark.slow, pytest.mark.wallclock]
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +56,12 @@ def test_json_api_round_trip(served: Any) -> None:
         ]
         by_key = http.get("/api/v1/messages", params={"key": "k1", "topic": topic}).json()
         assert [m["message_id"] for m in by_key["messages"]] == [message_id]
+        stored = by_id[0]["store_timestamp_ms"]
+        window = {"topic": topic, "since": _iso(stored), "until": _iso(stored + 1)}
+        in_range = http.get("/api/v1/messages", params=window).json()["messages"]
+        assert [m["message_id"] for m in in_range] == [message_id]
+        later = http.get("/api/v1/messages", params={"topic": topic, "since": _iso(stored + 1)})
+        assert later.json()["messages"] == []
         described = http.get(f"/api/v1/topics/{topic}").json()
         assert described["messages"] == 1 and described["route"]["proxy"] == endpoint
 

@@ -369,20 +369,24 @@ class StoredMessageView(_message.Message):
     def __init__(self, broker: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., message_id: _Optional[str] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., born_timestamp_ms: _Optional[int] = ..., store_timestamp_ms: _Optional[int] = ..., reconsume_times: _Optional[int] = ..., body_size: _Optional[int] = ..., body: _Optional[bytes] = ..., origin_topic: _Optional[str] = ..., origin_message_id: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class QueryMessagesRequest(_message.Message):
-    __slots__ = ("topic", "message_id", "key", "max_scan", "limit", "include_body")
+    __slots__ = ("topic", "message_id", "key", "max_scan", "limit", "include_body", "start_ms", "end_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     MAX_SCAN_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_BODY_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     message_id: str
     key: str
     max_scan: int
     limit: int
     include_body: bool
-    def __init__(self, topic: _Optional[str] = ..., message_id: _Optional[str] = ..., key: _Optional[str] = ..., max_scan: _Optional[int] = ..., limit: _Optional[int] = ..., include_body: _Optional[bool] = ...) -> None: ...
+    start_ms: int
+    end_ms: int
+    def __init__(self, topic: _Optional[str] = ..., message_id: _Optional[str] = ..., key: _Optional[str] = ..., max_scan: _Optional[int] = ..., limit: _Optional[int] = ..., include_body: _Optional[bool] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ...) -> None: ...
 
 class QueryMessagesResponse(_message.Message):
     __slots__ = ("status", "messages", "truncated")
