@@ -14,9 +14,9 @@ from typing import Any
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message
 from popmq.proxy.core import validate
+from popmq.proxy.core.admin import Admin
 from popmq.proxy.core.caller import CALLER
 from popmq.proxy.grpc import status as st
-from popmq.proxy.services import ProxyServices
 
 from popmq.pb.admin.v1 import admin_pb2 as a
 
@@ -24,9 +24,9 @@ MAX_TEST_BODY_BYTES = 4 * 1024 * 1024  # RocketMQ's default max message size
 
 
 class ConsoleOpsMixin:
-    """Mixed into AdminServicer (which provides ``services`` and ``_answer``)."""
+    """Mixed into AdminServicer (which provides ``admin`` and ``_answer``)."""
 
-    services: ProxyServices
+    admin: Admin
     _answer: Callable[[type, Callable[[], Awaitable[Any]]], Awaitable[Any]]
 
     async def WhoAmI(self, request: a.WhoAmIRequest, context: object) -> a.WhoAmIResponse:
@@ -59,14 +59,14 @@ class ConsoleOpsMixin:
             topic = validate.topic_name(request.topic)
             if len(request.body) > MAX_TEST_BODY_BYTES:
                 raise RefusedError(Code.MESSAGE_BODY_TOO_LARGE, "the body is over 4 MiB")
-            infos = await self.services.cluster.topic_infos(topic)
+            infos = await self.admin.cluster.topic_infos(topic)
             broker = random.choice(list(infos))  # as a producer spreads its sends
             message = Message(
                 topic=topic, body=request.body, tag=request.tag, keys=list(request.keys),
                 properties=dict(request.properties), born_timestamp_ms=int(time.time() * 1000),
                 born_host="popmq-console",
             )  # fmt: skip
-            sent = await self.services.cluster.port(broker).send([message])
+            sent = await self.admin.cluster.port(broker).send([message])
             view = a.StoredMessageView(
                 broker=broker, topic=topic, queue_id=sent[0].queue_id,
                 queue_offset=sent[0].queue_offset, message_id=sent[0].message_id,
