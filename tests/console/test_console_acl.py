@@ -15,7 +15,7 @@ from support.official_clients import PopmqProcess, serve, unique
 
 from popmq.pb.admin.v1 import admin_pb2 as a
 
-pytestmark = [pytest.mark.slow, pytest.mark.wallclock]
+pytestmark = [pytest.mark.slow, pytest.mark.wallclock, pytest.mark.subprocess]
 
 ADMIN = ("ops", "ops-secret")
 APP = ("app1", "app1-secret")

@@ -15,7 +15,7 @@ import pytest
 from console_support import api, dead_letter, screenshot, serve_with_console
 from support.official_clients import ClientSession, PopmqProcess, unique
 
-pytestmark = [pytest.mark.slow, pytest.mark.wallclock]
+pytestmark = [pytest.mark.slow, pytest.mark.wallclock, pytest.mark.subprocess]
 
 
 def _iso(ms: int) -> str:
