@@ -56,16 +56,28 @@ async def serve_console(
     async with anyio.create_task_group() as group:
         group.start_soon(run)
         with anyio.fail_after(STARTUP_TIMEOUT_S):
-            while not server.started:
-                if failed.is_set():
-                    raise OSError(f"the console could not listen on {host}:{port}")
+            # uvicorn says it listens by a flag only (no event to wait on)
+            while not server.started and not failed.is_set():  # noqa: ASYNC110
                 await anyio.sleep(0.05)
-        bound = server.servers[0].sockets[0].getsockname()[1]
-        announce(f"popmq console on http://{host}:{bound}/")
-        if await _acl_is_off(state):
-            announce(f"popmq console: the proxy has no ACL, so the console is {_open_note(host)}")
-        await stop.wait()
-        server.should_exit = True
+        if not failed.is_set():
+            await _serving(server, host, state, announce, stop)
+    if failed.is_set():  # raised here, outside the group: one plain error for the CLI
+        raise OSError(f"the console could not listen on {host}:{port}")
+
+
+async def _serving(
+    server: uvicorn.Server,
+    host: str,
+    state: ConsoleState,
+    announce: Callable[[str], None],
+    stop: asyncio.Event,
+) -> None:
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    announce(f"popmq console on http://{host}:{bound}/")
+    if await _acl_is_off(state):
+        announce(f"popmq console: the proxy has no ACL, so the console is {_open_note(host)}")
+    await stop.wait()
+    server.should_exit = True
 
 
 async def _acl_is_off(state: ConsoleState) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -171,3 +172,43 @@ def test_pages_in_a_browser(served: Any, browser: Any, tmp_path: Path) -> None:
     assert page.locator("#held-polls").count() == 1
     screenshot(page, "longpoll", tmp_path)
     page.close()
+
+
+def test_console_port_0_turns_it_off_and_a_taken_port_is_one_line(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    from support.official_clients import REPO
+
+    off = PopmqProcess(["serve", "--port", "0", "--brokers", "1", "--console-port", "0",
+                        "--data-dir", str(tmp_path / "data")], tmp_path / "off.log")  # fmt: skip
+    try:
+        off.wait_listening()
+    finally:
+        assert off.stop() == 0
+    assert not any("console" in line for line in off.reader.seen)
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        taken = subprocess.run(
+            [sys.executable, "-m", "popmq", "console", "--endpoint", "127.0.0.1:1",
+             "--port", str(port)],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        # `popmq serve` whose console port is taken: one warning, and the proxy serves on
+        busy = PopmqProcess(["serve", "--port", "0", "--brokers", "1", "--data-dir",
+                             str(tmp_path / "busy"), "--console-port", str(port)],
+                            tmp_path / "busy.log")  # fmt: skip
+        try:
+            busy.wait_listening()
+            time.sleep(1)
+            assert busy.process.poll() is None
+        finally:
+            assert busy.stop() == 0
+    assert taken.returncode == 2 and "Traceback" not in taken.stderr
+    assert f"could not listen on 127.0.0.1:{port}" in taken.stdout
+    log = (tmp_path / "busy.log").read_text()
+    assert "console not started" in log and "Traceback" not in log
