@@ -72,7 +72,7 @@ class AdminClient:
             self._channel = grpc.aio.secure_channel(target.endpoint, credentials)
         else:
             self._channel = grpc.aio.insecure_channel(target.endpoint)
-        self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)  # type: ignore[no-untyped-call]
 
     async def close(self) -> None:
         await self._channel.close()
