@@ -49,8 +49,12 @@ def serve_with_console(
     root.mkdir(parents=True, exist_ok=True)
     process = serve(root / "data", brokers=2, extra=[f"serve.console_port={free_port()}"],
                     extra_args=extra_args)  # fmt: skip
-    port = process.wait_listening()
-    return process, f"127.0.0.1:{port}", console_url(process)
+    try:
+        port = process.wait_listening()
+        return process, f"127.0.0.1:{port}", console_url(process)
+    except BaseException:
+        process.stop()  # never left running when the console cannot start
+        raise
 
 
 def start_console(endpoint: str, log_dir: Path, *args: str) -> tuple[PopmqProcess, str]:

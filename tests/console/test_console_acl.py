@@ -39,9 +39,13 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     acl.write_text(ACL)
     os.chmod(acl, 0o600)
     proxy: PopmqProcess = serve(root / "data", brokers=1, extra_args=["--acl", str(acl)])
-    endpoint = f"127.0.0.1:{proxy.wait_listening()}"
-    console, url = start_console(endpoint, root, "--access-key", ADMIN[0],
-                                 "--secret-key", ADMIN[1])  # fmt: skip
+    try:
+        endpoint = f"127.0.0.1:{proxy.wait_listening()}"
+        console, url = start_console(endpoint, root, "--access-key", ADMIN[0],
+                                     "--secret-key", ADMIN[1])  # fmt: skip
+    except BaseException:
+        proxy.stop()  # never left running when the console cannot start
+        raise
     names = {"mine": unique("mine"), "other": unique("other"),
              "mygroup": unique("mygroup"), "theirs": unique("theirs")}  # fmt: skip
     for key in ("mine", "other"):
