@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -393,8 +393,11 @@ class BrokerGrpcServer:
         port_number: int = 0,
         *,
         config: BrokerConfig | None = None,
+        services: Sequence[Callable[[grpc.aio.Server], object]] = (),
     ) -> None:
         self._port = port
+        # More services on the same port and credentials (replication between brokers).
+        self._services = tuple(services)
         # TLS and the cluster token (popmq.security.link); None: plaintext, open (tests).
         self._config = config
         self._host = host
@@ -428,6 +431,8 @@ class BrokerGrpcServer:
         add_tolerant(
             broker_pb2_grpc.add_BrokerServiceServicer_to_server, BrokerServicer(self._port), server
         )
+        for add_service in self._services:
+            add_service(server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         enable_reflection(server, [SERVICE_NAME, "grpc.health.v1.Health"])

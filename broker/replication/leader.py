@@ -1,0 +1,265 @@
+"""The leader's side: one sender per connected follower, the in-sync set, the sync barrier.
+
+Each follower's stream is stop-and-wait: take a snapshot of what changed (files.py), send it
+as one batch, wait for the follower's acknowledgement (it fsynced the batch), repeat. A sender
+takes its next snapshot at once when a write waits on the barrier, else every ``poll_s``; an
+idle follower still gets an (empty) batch then, which keeps its catch-up time fresh.
+
+The sync barrier (``replicated``): a write that returned locally waits until every follower of
+the in-sync set (and at least ``min_in_sync - 1`` of them) acknowledged a complete snapshot
+taken after the write, as RocketMQ's allAckInSyncStateSet. Before a send is written at all,
+``check_available`` refuses it (HA_NOT_AVAILABLE) when fewer than ``min_in_sync`` nodes are in
+sync, so nothing is written that could be acknowledged and then lost.
+
+In-sync changes are reported through the role source before a member stops being waited for
+(a shrink), and after a new member is waited for (a growth): the recorded set never lacks a
+node that acknowledged writes the others may not have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import grpc
+from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.replication import epochs
+from popmq.broker.replication.files import DataSnapshotter, list_segments, log_end
+from popmq.broker.replication.in_sync import Change, InSyncSet
+from popmq.broker.replication.role import GroupRole, RoleSource
+
+from popmq.clock import SYSTEM, Clock
+from popmq.config import ReplicationConfig
+from popmq.lifecycle import TaskOwner
+from popmq.pb.replication.v1 import replication_pb2 as pb
+from popmq.pb.replication.v1 import replication_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+_EVALUATE_EVERY_S = 0.5
+
+
+class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
+    def __init__(
+        self,
+        data_dir: Path,
+        node: str,
+        role: GroupRole,
+        roles: RoleSource,
+        config: ReplicationConfig,
+        history: epochs.EpochHistory,
+        *,
+        clock: Clock = SYSTEM,
+        copy_keyring: bool = True,
+    ) -> None:
+        self._dir = Path(data_dir)
+        self._node = node
+        self._role = role
+        self._roles = roles
+        self._config = config
+        self._history = history
+        self._clock = clock
+        self._copy_keyring = copy_keyring
+        self.in_sync = InSyncSet(node, config.max_lag_s, clock.monotonic)
+        self._progress = asyncio.Condition()
+        self._kicks: set[asyncio.Event] = set()  # one per sender
+        self._batch_ids = 0
+        self._sessions: dict[str, int] = {}  # node -> stream generation
+        self._tasks = TaskOwner(f"replication-leader:{node}", grace_s=0)
+        self._closed = False
+        self._reported: frozenset[str] | None = None
+
+    async def __aenter__(self) -> ReplicationLeader:
+        self._tasks.spawn(self._watch_in_sync(), "in-sync")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        await self._tasks.aclose()
+        async with self._progress:
+            self._progress.notify_all()
+
+    # -- the barrier -------------------------------------------------------------------------
+    @property
+    def min_in_sync(self) -> int:
+        return self._config.min_in_sync
+
+    def check_available(self) -> None:
+        """Refuse a write now when fewer than min_in_sync nodes are in sync."""
+        if self.in_sync.size < self.min_in_sync:
+            raise RefusedError(
+                Code.HA_NOT_AVAILABLE,
+                f"only {self.in_sync.size} of the {self.min_in_sync} nodes replication needs "
+                f"are in sync ({', '.join(sorted(self.members))}); nothing was written",
+            )
+
+    @property
+    def members(self) -> frozenset[str]:
+        """The in-sync set, this leader included."""
+        return self.in_sync.with_change(Change(frozenset(), frozenset()))
+
+    async def replicated(self) -> None:
+        """Return once what was written before this call is durable on the in-sync set."""
+        if self._config.mode != "sync":
+            return
+        target = self._batch_ids + 1
+        for kick in self._kicks:
+            kick.set()
+        try:
+            with anyio.fail_after(self._config.sync_timeout_ms / 1000):
+                async with self._progress:
+                    await self._progress.wait_for(lambda: self._done(target))
+        except TimeoutError:
+            raise RefusedError(
+                Code.SLAVE_PERSISTENCE_TIMEOUT,
+                f"the in-sync followers did not confirm within {self._config.sync_timeout_ms} "
+                "ms; the write may be applied: retry it",
+            ) from None
+        if self._closed or not self._roles.current().is_leader:
+            raise RefusedError(Code.HA_NOT_AVAILABLE, "this node stopped leading during the write")
+
+    def _done(self, target: int) -> bool:
+        if self._closed:
+            return True
+        members = self.in_sync.members
+        if 1 + len(members) < self.min_in_sync:
+            raise RefusedError(
+                Code.HA_NOT_AVAILABLE,
+                f"the in-sync set shrank below {self.min_in_sync} nodes during the write; "
+                "it may be applied on this node only: retry it",
+            )
+        followers = self.in_sync.followers
+        return all(followers[m].acked_id >= target for m in members)
+
+    # -- in-sync set -------------------------------------------------------------------------
+    async def _watch_in_sync(self) -> None:
+        while True:
+            await self.reevaluate()
+            await self._clock.sleep(_EVALUATE_EVERY_S)
+
+    async def reevaluate(self) -> None:
+        change = self.in_sync.evaluate()
+        if not change and self._reported is not None:
+            return
+        members = self.in_sync.with_change(change)
+        if change.left:  # shrink: recorded first, then no longer waited for
+            await self._report(members)
+            self.in_sync.apply(change)
+        else:
+            self.in_sync.apply(change)
+            await self._report(members)
+        if change:
+            log.info("replication: in-sync set of epoch %d is now %s (joined %s, left %s)",
+                     self._role.epoch, sorted(members), sorted(change.joined),
+                     sorted(change.left))  # fmt: skip
+        async with self._progress:
+            self._progress.notify_all()
+
+    async def _report(self, members: frozenset[str]) -> None:
+        if members == self._reported:
+            return
+        await self._roles.report_in_sync(self._role.epoch, members)
+        self._reported = members
+
+    # -- the stream --------------------------------------------------------------------------
+    async def Replicate(
+        self, request_iterator: AsyncIterator[pb.ReplicaReport], context: Any
+    ) -> AsyncIterator[pb.ReplicaBatch]:
+        reports = request_iterator.__aiter__()
+        first = await reports.__anext__()
+        if first.WhichOneof("kind") != "hello":
+            await context.abort(_INVALID, "the first report must be a hello")
+        hello = first.hello
+        node = hello.node
+        if hello.known_epoch > self._role.epoch:
+            log.warning("replication: %s knows epoch %d, newer than this leader's %d: refused",
+                        node, hello.known_epoch, self._role.epoch)  # fmt: skip
+            await context.abort(_FAILED, f"this leader's epoch {self._role.epoch} is stale")
+        start, truncate, reset = self._start_point(hello)
+        generation = self._sessions.get(node, 0) + 1
+        self._sessions[node] = generation
+        self.in_sync.connected(node)
+        log.info("replication: %s follows from %d (truncate %d, reset %s)",
+                 node, start, truncate, reset)  # fmt: skip
+        snapshotter = DataSnapshotter(self._dir, start, copy_keyring=self._copy_keyring)
+        sequence = 0
+        kick = asyncio.Event()
+        self._kicks.add(kick)
+        try:
+            while not self._closed:
+                snapshot = snapshotter.take(self._history.entries, self._clock.monotonic())
+                self._batch_ids += 1
+                batch_id = self._batch_ids
+                sequence += 1
+                yield pb.ReplicaBatch(
+                    sequence=sequence,
+                    epoch=self._role.epoch,
+                    truncate_to=truncate if sequence == 1 else -1,
+                    reset=reset and sequence == 1,
+                    epochs=[
+                        pb.EpochEntry(epoch=e, start_offset=s) for e, s in self._history.entries
+                    ],
+                    commitlog_min=_min_position(self._dir),
+                    commitlog_segment=snapshot.commitlog_segment,
+                    commitlog_offset=snapshot.commitlog_offset,
+                    commitlog_data=snapshot.commitlog_data,
+                    files=snapshot.files,
+                    complete=snapshot.complete,
+                )
+                with anyio.fail_after(self._config.max_lag_s):
+                    report = await reports.__anext__()
+                if report.WhichOneof("kind") != "ack" or report.ack.sequence != sequence:
+                    await context.abort(_INVALID, "expected the acknowledgement of the batch")
+                self.in_sync.acked(node, batch_id, snapshot.taken_at, snapshot.complete,
+                                   report.ack.commitlog_end)  # fmt: skip
+                if snapshot.complete and node not in self.in_sync.members:
+                    await self.reevaluate()
+                async with self._progress:
+                    self._progress.notify_all()
+                if snapshot.complete:
+                    await _wait_for_work(kick, self._config.poll_ms / 1000)
+        finally:
+            self._kicks.discard(kick)
+            if self._sessions.get(node) == generation:
+                self.in_sync.disconnected(node)
+                if not self._closed:
+                    self._tasks.spawn(self.reevaluate(), "in-sync")
+
+    def _start_point(self, hello: pb.Hello) -> tuple[int, int, bool]:
+        """(first position to send, position to cut the follower back to or -1, reset)."""
+        segments = list_segments(self._dir)
+        leader_min = segments[0][0] if segments else 0
+        leader_end = log_end(segments)
+        follower = [(e.epoch, e.start_offset) for e in hello.epochs]
+        if hello.commitlog_end == 0 and not follower:
+            return leader_min, -1, True  # empty: bootstrap (reset clears stray files)
+        point = epochs.consistent_point(self._history.entries, leader_end, follower,
+                                        hello.commitlog_end)  # fmt: skip
+        if point < 0 or point < leader_min:
+            return leader_min, -1, True
+        truncate = point if point < hello.commitlog_end else -1
+        return point, truncate, False
+
+
+async def _wait_for_work(kick: asyncio.Event, poll_s: float) -> None:
+    """Until a write waits on the barrier (kick), or poll_s passed."""
+    if not kick.is_set():
+        with anyio.move_on_after(poll_s):
+            await kick.wait()
+    kick.clear()
+
+
+def _min_position(data_dir: Path) -> int:
+    segments = list_segments(data_dir)
+    return segments[0][0] if segments else 0
+
+
+_INVALID = grpc.StatusCode.INVALID_ARGUMENT
+_FAILED = grpc.StatusCode.FAILED_PRECONDITION
