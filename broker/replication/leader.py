@@ -28,7 +28,7 @@ import anyio
 import grpc
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.replication import epochs
-from popmq.broker.replication.files import DataSnapshotter, list_segments, log_end
+from popmq.broker.replication.files import DataSnapshotter, Snapshot, list_segments, log_end
 from popmq.broker.replication.in_sync import Change, InSyncSet
 from popmq.broker.replication.role import GroupRole, RoleSource
 
@@ -168,6 +168,21 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
         await self._roles.report_in_sync(self._role.epoch, members)
         self._reported = members
 
+    def next_batch_id(self) -> int:
+        """The id of a snapshot being taken now (ids grow over every follower's batches)."""
+        self._batch_ids += 1
+        return self._batch_ids
+
+    async def acknowledged(
+        self, node: str, batch_id: int, taken_at: float, complete: bool, end: int
+    ) -> None:
+        """``node`` made batch ``batch_id`` (taken at ``taken_at``) durable."""
+        self.in_sync.acked(node, batch_id, taken_at, complete, end)
+        if complete and node not in self.in_sync.members:
+            await self.reevaluate()
+        async with self._progress:
+            self._progress.notify_all()
+
     # -- the stream --------------------------------------------------------------------------
     async def Replicate(
         self, request_iterator: AsyncIterator[pb.ReplicaReport], context: Any
@@ -195,34 +210,19 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
         try:
             while not self._closed:
                 snapshot = snapshotter.take(self._history.entries, self._clock.monotonic())
-                self._batch_ids += 1
-                batch_id = self._batch_ids
+                batch_id = self.next_batch_id()
                 sequence += 1
-                yield pb.ReplicaBatch(
-                    sequence=sequence,
-                    epoch=self._role.epoch,
-                    truncate_to=truncate if sequence == 1 else -1,
-                    reset=reset and sequence == 1,
-                    epochs=[
-                        pb.EpochEntry(epoch=e, start_offset=s) for e, s in self._history.entries
-                    ],
-                    commitlog_min=_min_position(self._dir),
-                    commitlog_segment=snapshot.commitlog_segment,
-                    commitlog_offset=snapshot.commitlog_offset,
-                    commitlog_data=snapshot.commitlog_data,
-                    files=snapshot.files,
-                    complete=snapshot.complete,
-                )
+                yield make_batch(
+                    self._dir, snapshot, sequence, self._role.epoch, self._history.entries,
+                    truncate=truncate if sequence == 1 else -1, reset=reset and sequence == 1,
+                )  # fmt: skip
                 with anyio.fail_after(self._config.max_lag_s):
                     report = await reports.__anext__()
                 if report.WhichOneof("kind") != "ack" or report.ack.sequence != sequence:
                     await context.abort(_INVALID, "expected the acknowledgement of the batch")
-                self.in_sync.acked(node, batch_id, snapshot.taken_at, snapshot.complete,
-                                   report.ack.commitlog_end)  # fmt: skip
-                if snapshot.complete and node not in self.in_sync.members:
-                    await self.reevaluate()
-                async with self._progress:
-                    self._progress.notify_all()
+                await self.acknowledged(
+                    node, batch_id, snapshot.taken_at, snapshot.complete, report.ack.commitlog_end
+                )
                 if snapshot.complete:
                     await _wait_for_work(kick, self._config.poll_ms / 1000)
         finally:
@@ -246,6 +246,31 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
             return leader_min, -1, True
         truncate = point if point < hello.commitlog_end else -1
         return point, truncate, False
+
+
+def make_batch(
+    data_dir: Path,
+    snapshot: Snapshot,
+    sequence: int,
+    epoch: int,
+    history: list[epochs.Entry],
+    *,
+    truncate: int = -1,
+    reset: bool = False,
+) -> pb.ReplicaBatch:
+    return pb.ReplicaBatch(
+        sequence=sequence,
+        epoch=epoch,
+        truncate_to=truncate,
+        reset=reset,
+        epochs=[pb.EpochEntry(epoch=e, start_offset=s) for e, s in history],
+        commitlog_min=_min_position(data_dir),
+        commitlog_segment=snapshot.commitlog_segment,
+        commitlog_offset=snapshot.commitlog_offset,
+        commitlog_data=snapshot.commitlog_data,
+        files=snapshot.files,
+        complete=snapshot.complete,
+    )
 
 
 async def _wait_for_work(kick: asyncio.Event, poll_s: float) -> None:
