@@ -5,8 +5,9 @@ broker (recovery rebuilds what is derived). So replication copies files, not ope
 
 - ``commitlog/`` by position: bytes at the same global positions in the same segment files
   (whole frames; a batch never crosses a segment or an epoch start);
-- append-only logs (``topics.log``, ``pop/journal.log``) by appended bytes, and in full when
-  the file was rewritten (compaction): a changed inode or first bytes tell;
+- append-only logs (``topics.log``, ``pop/journal.log``, ``state/groups.log``) by appended
+  bytes, and in full when the file was rewritten (compaction): a changed inode or first bytes
+  tell;
 - small documents (``FORMAT``, ``consumer_offsets.json``, ``state/*.json``, the receipt-handle
   keyring) in full when they changed.
 
@@ -31,7 +32,7 @@ from popmq.broker.replication import epochs
 
 from popmq.pb.replication.v1 import replication_pb2 as pb
 
-APPEND_LOGS = ("topics.log", "pop/journal.log")
+APPEND_LOGS = ("topics.log", "pop/journal.log", "state/groups.log")
 DOCUMENTS = ("FORMAT", "consumer_offsets.json", "handle-keys.json")
 DOCUMENT_DIRS = ("state",)
 SEGMENT_DIGITS = 20

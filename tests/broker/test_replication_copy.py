@@ -12,7 +12,7 @@ from popmq.broker.core import Broker
 from popmq.broker.replication import epochs
 from popmq.broker.replication.files import DataSnapshotter, list_segments, log_end
 from popmq.broker.replication.leader import make_batch
-from popmq.broker.replication.replica import ReplicaWriter, ReplicationError, check_path
+from popmq.broker.replication.replica import ReplicationError, ReplicaWriter, check_path
 
 from popmq.config import BrokerConfig, StoreConfig
 from popmq.pb.replication.v1 import replication_pb2 as pb
@@ -177,3 +177,47 @@ def test_the_consistent_point_of_two_histories(
     follower_end: int, expected: int,
 ) -> None:  # fmt: skip
     assert epochs.consistent_point(leader, leader_end, follower, follower_end) == expected
+
+
+# Files a broker writes that a follower does not need: derived from the commitlog, or local.
+NOT_REPLICATED = ("LOCK", "index/", "checkpoint.json", "quarantine/", "replication/")
+
+
+async def test_every_file_a_broker_writes_travels_unless_it_is_derived(tmp_path: Path) -> None:
+    """The RocketMQ users who lost topics after a switch lost the one file nobody copied: any
+    file a broker writes (topics, groups, offsets, journal, timer, keys...) must travel."""
+    from popmq.broker.contract.types import GroupConfig
+
+    leader = broker_at(tmp_path / "leader")
+    await leader.start()
+    try:
+        await leader.create_topic("T", 2)
+        await leader.update_group(GroupConfig("G", max_attempts=3))
+        await leader.send([Message(topic="T", body=b"now"), Message(topic="T", body=b"later",
+                           delivery_timestamp_ms=2**42)], 0)  # fmt: skip
+        popped = await leader.pop(PopRequest("G", "T", 0, max_messages=1))
+        leader.journal_in_flight()
+        await leader.ack("G", "T", [AckEntry(popped.messages[0].receipt_handle)])
+        await leader.update_consumer_offset("G2", "T", 1, 0)
+        await leader.store.checkpoint()
+        writer = ReplicaWriter(tmp_path / "follower")
+        writer.open()
+        copy(tmp_path / "leader", writer, DataSnapshotter(tmp_path / "leader", 0))
+        writer.close()
+    finally:
+        await leader.stop()
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {
+            str(p.relative_to(root)): p.read_bytes()
+            for p in root.rglob("*")
+            if p.is_file()
+            and not str(p.relative_to(root)).startswith(NOT_REPLICATED)
+            and not p.name.endswith(".prev")
+        }
+
+    written, copied = files(tmp_path / "leader"), files(tmp_path / "follower")
+    assert "state/groups.log" in written and "pop/journal.log" in written
+    assert sorted(written) == sorted(copied)
+    stopped_late = {"consumer_offsets.json", "pop/journal.log"}  # rewritten by stop()
+    assert {n for n in written if written[n] != copied[n]} <= stopped_late

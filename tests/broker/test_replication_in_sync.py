@@ -121,7 +121,7 @@ async def test_the_barrier_waits_for_a_batch_taken_after_the_write(tmp_path: Pat
         old = leader.next_batch_id()  # a batch in flight when the write happens
         await leader.acknowledged("a1", old, loop.time(), True, 0)
         leader.check_available()
-        waiter = asyncio.ensure_future(leader.replicated())  # noqa: RUF006 (awaited below)
+        waiter = asyncio.ensure_future(leader.replicated())
         await asyncio.sleep(1.0)
         assert not waiter.done()  # the batch it acknowledged was taken before the write
         await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
