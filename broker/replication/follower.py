@@ -7,6 +7,7 @@ refused: the stream ends and nothing of it is written.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -51,9 +52,12 @@ class ReplicaFollower:
             try:
                 await self._follow_once()
                 failures = 0
-            except (grpc.aio.AioRpcError, ReplicationError, OSError) as error:
+            except (grpc.aio.AioRpcError, ReplicationError, OSError, asyncio.InvalidStateError,
+                    grpc.RpcError) as error:  # fmt: skip
+                # InvalidStateError: the leader ended the stream while an ack was being written
                 text = (error.details() or error.code().name
-                        if isinstance(error, grpc.aio.AioRpcError) else str(error))  # fmt: skip
+                        if isinstance(error, grpc.aio.AioRpcError)
+                        else str(error) or type(error).__name__)  # fmt: skip
                 if text != self.last_error:
                     log.warning("replication: following %s (epoch %d): %s",
                                 self._role.leader_address, self._role.epoch, text)  # fmt: skip

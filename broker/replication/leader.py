@@ -216,8 +216,12 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
                     self._dir, snapshot, sequence, self._role.epoch, self._history.entries,
                     truncate=truncate if sequence == 1 else -1, reset=reset and sequence == 1,
                 )  # fmt: skip
-                with anyio.fail_after(self._config.max_lag_s):
+                with anyio.move_on_after(self._config.max_lag_s) as waited:
                     report = await reports.__anext__()
+                if waited.cancelled_caught:
+                    log.warning("replication: %s acknowledged nothing for %.1f s; its stream is "
+                                "closed", node, self._config.max_lag_s)  # fmt: skip
+                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no acknowledgement")
                 if report.WhichOneof("kind") != "ack" or report.ack.sequence != sequence:
                     await context.abort(_INVALID, "expected the acknowledgement of the batch")
                 await self.acknowledged(

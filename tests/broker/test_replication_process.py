@@ -10,7 +10,9 @@ from its leader; a leader of an older epoch gets no follower (its sends are refu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
+import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -162,3 +164,32 @@ async def test_a_wiped_follower_bootstraps_and_a_stale_leader_gets_no_follower(
         assert refused.value.code == Code.HA_NOT_AVAILABLE
         assert "stale" in a2.log_text()
         assert not (tmp_path / "a2" / "commitlog").exists()  # nothing copied from it
+
+
+async def test_a_stopped_follower_leaves_the_in_sync_set_and_rejoins(tmp_path: Path) -> None:
+    lag = ("--set", "broker.replication.max_lag_s=2")
+    a0 = node(tmp_path, "a0", "--role", "leader", "--epoch", "1", "--min-in-sync", "1", *lag)
+    await a0.start()
+    a1 = follower(tmp_path, "a1", 1, a0.address)
+    await a1.start()
+    async with running(a0, a1), port(a0) as remote:
+        await wait_in_sync(remote, "T")
+        await asyncio.sleep(1.0)  # a1 joins the set with its first complete batch
+        assert "in-sync set of epoch 1 is now ['a0', 'a1']" in a0.log_text()
+        assert a1.proc is not None
+        a1.proc.send_signal(signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            # Held while a1 is still in the set (it may have the write), then a1 leaves after
+            # max_lag_s and the leader answers without it: refused or late, never lost.
+            with contextlib.suppress(RefusedError):
+                await send_all(remote, "T", [b"while-stopped"])
+            await send_all(remote, "T", [b"after-it-left"])
+            assert time.monotonic() - start >= 1.5
+            assert "left ['a1']" in a0.log_text()
+        finally:
+            a1.proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + IN_SYNC_TIMEOUT_S
+        while a0.log_text().count("joined ['a1']") < 2:
+            assert time.monotonic() < deadline, "a1 never rejoined"
+            await asyncio.sleep(0.2)
