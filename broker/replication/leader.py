@@ -138,6 +138,21 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
         followers = self.in_sync.followers
         return all(followers[m].acked_id >= target for m in members)
 
+    def status(self) -> list[dict[str, object]]:
+        """Each follower seen in this epoch: connected, in sync, lag in bytes and seconds
+        (for `admin cluster status` and metrics)."""
+        end = log_end(list_segments(self._dir))
+        return [
+            {
+                "name": node,
+                "connected": progress.connected,
+                "in_sync": node in self.in_sync.members,
+                "lag_bytes": max(0, end - progress.commitlog_end),
+                "lag_s": self.in_sync.lag_s(node),
+            }
+            for node, progress in sorted(self.in_sync.followers.items())
+        ]
+
     # -- in-sync set -------------------------------------------------------------------------
     async def _watch_in_sync(self) -> None:
         while True:

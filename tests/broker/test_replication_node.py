@@ -49,6 +49,9 @@ async def test_a_switchover_both_ways_keeps_every_message(tmp_path: Path) -> Non
             await eventually(lambda: a.leader is not None and a.leader.in_sync.size == 2,
                              "s1 never came in sync")  # fmt: skip
             assert roles_a.reports[-1] == (1, frozenset({"s0", "s1"}))
+            assert a.leader is not None
+            [s1] = a.leader.status()
+            assert s1["name"] == "s1" and s1["in_sync"] and s1["lag_bytes"] == 0
             await a.port.create_topic("T", 1)
             await a.port.send([Message(topic="T", body=f"e1-{i}".encode()) for i in range(5)])
             with pytest.raises(RefusedError) as refused:
