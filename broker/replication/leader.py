@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -201,7 +202,7 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
     # -- the stream --------------------------------------------------------------------------
     async def Replicate(
         self, request_iterator: AsyncIterator[pb.ReplicaReport], context: Any
-    ) -> AsyncIterator[pb.ReplicaBatch]:
+    ) -> None:
         reports = request_iterator.__aiter__()
         first = await reports.__anext__()
         if first.WhichOneof("kind") != "hello":
@@ -219,37 +220,18 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
         log.info("replication: %s follows from %d (truncate %d, reset %s)",
                  node, start, truncate, reset)  # fmt: skip
         snapshotter = DataSnapshotter(self._dir, start, copy_keyring=self._copy_keyring)
-        sequence = 0
-        kick = asyncio.Event()
-        self._kicks.add(kick)
+        session = _Session(self, node, snapshotter)
+        self._kicks.add(session.kick)
         try:
-            while not self._closed:
-                snapshot = snapshotter.take(self._history.entries, self._clock.monotonic())
-                batch_id = self.next_batch_id()
-                sequence += 1
-                yield make_batch(
-                    self._dir, snapshot, sequence, self._role.epoch, self._history.entries,
-                    truncate=truncate if sequence == 1 else -1, reset=reset and sequence == 1,
-                )  # fmt: skip
-                with anyio.move_on_after(self._config.max_lag_s) as waited:
-                    report = await reports.__anext__()
-                if waited.cancelled_caught:
-                    log.warning("replication: %s acknowledged nothing for %.1f s; its stream is "
-                                "closed", node, self._config.max_lag_s)  # fmt: skip
-                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no acknowledgement")
-                if report.WhichOneof("kind") != "ack" or report.ack.sequence != sequence:
-                    await context.abort(_INVALID, "expected the acknowledgement of the batch")
-                await self.acknowledged(
-                    node, batch_id, snapshot.taken_at, snapshot.complete, report.ack.commitlog_end
-                )
-                if snapshot.complete:
-                    await _wait_for_work(kick, self._config.poll_ms / 1000)
+            failure = await session.run(reports, context, truncate, reset)
         finally:
-            self._kicks.discard(kick)
+            self._kicks.discard(session.kick)
             if self._sessions.get(node) == generation:
                 self.in_sync.disconnected(node)
                 if not self._closed:
                     self._tasks.spawn(self.reevaluate(), "in-sync")
+        if failure is not None:
+            await context.abort(*failure)
 
     def _start_point(self, hello: pb.Hello) -> tuple[int, int, bool]:
         """(first position to send, position to cut the follower back to or -1, reset)."""
@@ -265,6 +247,84 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
             return leader_min, -1, True
         truncate = point if point < hello.commitlog_end else -1
         return point, truncate, False
+
+
+class _Session:
+    """One follower's stream: up to WINDOW batches in flight (the follower applies them in
+    order while the next ones travel), acknowledged in order."""
+
+    WINDOW = 4
+
+    def __init__(self, leader: ReplicationLeader, node: str, snapshotter: DataSnapshotter) -> None:
+        self.leader = leader
+        self.node = node
+        self.snapshotter = snapshotter
+        self.kick = asyncio.Event()
+        # (sequence, batch id, taken at, complete) of each batch sent and not yet acknowledged
+        self.in_flight: deque[tuple[int, int, float, bool]] = deque()
+        self.space = asyncio.Condition()
+        self.failure: tuple[grpc.StatusCode, str] | None = None
+
+    async def run(
+        self, reports: AsyncIterator[pb.ReplicaReport], context: Any, truncate: int, reset: bool
+    ) -> tuple[grpc.StatusCode, str] | None:
+        async with anyio.create_task_group() as group:
+
+            async def until_one_ends(work: Any) -> None:
+                try:
+                    await work
+                except Exception as error:  # the follower went away: the stream is over
+                    log.debug("replication: %s: stream ended: %r", self.node, error)
+                finally:
+                    group.cancel_scope.cancel()
+
+            group.start_soon(until_one_ends, self._read_acks(reports))
+            group.start_soon(until_one_ends, self._send(context, truncate, reset))
+        return self.failure
+
+    async def _read_acks(self, reports: AsyncIterator[pb.ReplicaReport]) -> None:
+        leader, max_lag = self.leader, self.leader._config.max_lag_s
+        while True:
+            with anyio.move_on_after(max_lag) as waited:
+                report = await reports.__anext__()
+            if waited.cancelled_caught:
+                log.warning("replication: %s acknowledged nothing for %.1f s; its stream is "
+                            "closed", self.node, max_lag)  # fmt: skip
+                self.failure = (grpc.StatusCode.DEADLINE_EXCEEDED, "no acknowledgement")
+                return
+            if (
+                report.WhichOneof("kind") != "ack"
+                or not self.in_flight
+                or report.ack.sequence != self.in_flight[0][0]
+            ):
+                self.failure = (_INVALID, "expected the acknowledgement of the oldest batch")
+                return
+            _, batch_id, taken_at, complete = self.in_flight.popleft()
+            await leader.acknowledged(self.node, batch_id, taken_at, complete,
+                                      report.ack.commitlog_end)  # fmt: skip
+            async with self.space:
+                self.space.notify_all()
+
+    async def _send(self, context: Any, truncate: int, reset: bool) -> None:
+        leader = self.leader
+        poll_s = leader._config.poll_ms / 1000
+        sequence = 0
+        caught_up = False
+        while not leader._closed:
+            async with self.space:
+                await self.space.wait_for(lambda: len(self.in_flight) < self.WINDOW)
+            if caught_up:  # everything was sent: wait for a write, or send a heartbeat
+                await _wait_for_work(self.kick, poll_s)
+            snapshot = self.snapshotter.take(leader._history.entries, leader._clock.monotonic())
+            batch_id = leader.next_batch_id()
+            sequence += 1
+            self.in_flight.append((sequence, batch_id, snapshot.taken_at, snapshot.complete))
+            batch = make_batch(
+                leader._dir, snapshot, sequence, leader._role.epoch, leader._history.entries,
+                truncate=truncate if sequence == 1 else -1, reset=reset and sequence == 1,
+            )  # fmt: skip
+            await context.write(batch)
+            caught_up = snapshot.complete
 
 
 def make_batch(

@@ -46,13 +46,12 @@ class ReplicationGate(replication_pb2_grpc.ReplicationServiceServicer):
 
     async def Replicate(
         self, request_iterator: AsyncIterator[pb.ReplicaReport], context: Any
-    ) -> AsyncIterator[pb.ReplicaBatch]:
+    ) -> None:
         leader = self.leader
         if leader is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "this node is not the leader")
             return
-        async for batch in leader.Replicate(request_iterator, context):
-            yield batch
+        await leader.Replicate(request_iterator, context)
 
 
 def role_from_config(config: BrokerConfig) -> GroupRole:
