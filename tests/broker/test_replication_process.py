@@ -193,3 +193,19 @@ async def test_a_stopped_follower_leaves_the_in_sync_set_and_rejoins(tmp_path: P
         while a0.log_text().count("joined ['a1']") < 2:
             assert time.monotonic() < deadline, "a1 never rejoined"
             await asyncio.sleep(0.2)
+
+
+def test_a_follower_without_a_leader_is_a_one_line_config_error(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "popmq", "broker", "--port", "0", "--data-dir", str(tmp_path),
+         "--replication", "sync", "--role", "follower"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "popmq broker: bad config: broker.replication: Value error, replication.role follower "
+        "needs replication.leader (host:port)"
+    ]
