@@ -24,7 +24,7 @@ from popmq.broker.contract.types import AckEntry, Message, PopRequest
 from popmq.broker.wire.remote import RemoteBrokerPort
 from support.broker_process import BrokerProcess
 
-pytestmark = [pytest.mark.wallclock, pytest.mark.slow]
+pytestmark = [pytest.mark.wallclock, pytest.mark.slow, pytest.mark.subprocess]
 
 NAME = "broker-r"
 IN_SYNC_TIMEOUT_S = 60.0
