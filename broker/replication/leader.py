@@ -22,6 +22,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,15 @@ from popmq.pb.replication.v1 import replication_pb2_grpc
 log = logging.getLogger(__name__)
 
 _EVALUATE_EVERY_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerStatus:
+    name: str
+    connected: bool
+    in_sync: bool
+    lag_bytes: int  # commitlog bytes it has not acknowledged
+    lag_s: float | None  # seconds since it last caught up (None: never)
 
 
 class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
@@ -139,18 +149,17 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
         followers = self.in_sync.followers
         return all(followers[m].acked_id >= target for m in members)
 
-    def status(self) -> list[dict[str, object]]:
-        """Each follower seen in this epoch: connected, in sync, lag in bytes and seconds
-        (for `admin cluster status` and metrics)."""
+    def status(self) -> list[FollowerStatus]:
+        """Each follower seen in this epoch (for `admin cluster status` and metrics)."""
         end = log_end(list_segments(self._dir))
         return [
-            {
-                "name": node,
-                "connected": progress.connected,
-                "in_sync": node in self.in_sync.members,
-                "lag_bytes": max(0, end - progress.commitlog_end),
-                "lag_s": self.in_sync.lag_s(node),
-            }
+            FollowerStatus(
+                name=node,
+                connected=progress.connected,
+                in_sync=node in self.in_sync.members,
+                lag_bytes=max(0, end - progress.commitlog_end),
+                lag_s=self.in_sync.lag_s(node),
+            )
             for node, progress in sorted(self.in_sync.followers.items())
         ]
 

@@ -24,10 +24,12 @@ from popmq.broker.replication.epochs import EpochHistory, StaleEpochError
 from popmq.broker.replication.files import list_segments, log_end
 from popmq.broker.replication.follower import MAX_MESSAGE_BYTES, ReplicaFollower
 from popmq.broker.replication.leader import ReplicationLeader
+from popmq.broker.replication.metrics import NodeCollector, node_registry
 from popmq.broker.replication.port import Leading, NodePort
 from popmq.broker.replication.replica import ReplicaWriter
 from popmq.broker.replication.role import GroupRole, RoleSource
 from popmq.broker.wire.server import BrokerGrpcServer
+from prometheus_client import CollectorRegistry
 
 from popmq.clock import SYSTEM, Clock
 from popmq.config import BrokerConfig, BrokerLinkConfig
@@ -88,6 +90,16 @@ class ReplicatedNode:
     @property
     def leader(self) -> ReplicationLeader | None:
         return self._gate.leader
+
+    def metrics_registry(self) -> CollectorRegistry:
+        """The node's /metrics: the running broker's metrics and popmq_broker_replication_*."""
+        collector = NodeCollector(self._config.name, lambda: self.node, lambda: self.role,
+                                  self._running_broker, lambda: self._gate.leader)  # fmt: skip
+        return node_registry(collector)
+
+    def _running_broker(self) -> Broker | None:
+        leading = self.port.leading
+        return leading.broker if leading is not None else None
 
     async def start(self) -> None:
         await self._server.start()

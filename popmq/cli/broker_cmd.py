@@ -165,19 +165,23 @@ async def _serve_node(
 
     from popmq.broker.replication.node import ReplicatedNode, role_from_config
     from popmq.broker.replication.role import StaticRoleSource
+    from popmq.metrics_http import metrics_endpoint
 
     node = ReplicatedNode(config, StaticRoleSource(role_from_config(config)))
     await node.start()
     try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(node.run)
-            log.info("node %s of broker %s, %s (static role)", node.node, config.name,
-                     config.replication.role)  # fmt: skip
-            announce(f"popmq broker {config.name} listening on {config.host}:{node.bound_port}")
-            await stop.wait()
-            log.info("stopping broker %s (node %s)", config.name, node.node)
-            await node.stop(STOP_GRACE_S)
-            group.cancel_scope.cancel()
+        with metrics_endpoint(config.metrics_port, node.metrics_registry(), config.host) as http:
+            if http is not None:  # stderr only: stdout's first line is the contract
+                log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)
+            async with anyio.create_task_group() as group:
+                group.start_soon(node.run)
+                log.info("node %s of broker %s, %s (static role)", node.node, config.name,
+                         config.replication.role)  # fmt: skip
+                announce(f"popmq broker {config.name} listening on {config.host}:{node.bound_port}")
+                await stop.wait()
+                log.info("stopping broker %s (node %s)", config.name, node.node)
+                await node.stop(STOP_GRACE_S)
+                group.cancel_scope.cancel()
     finally:
         await node.stop(STOP_GRACE_S)
 

@@ -13,6 +13,7 @@ from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message, PopRequest
 from popmq.broker.replication.node import ReplicatedNode
 from popmq.broker.replication.role import GroupRole, StaticRoleSource
+from prometheus_client import generate_latest
 
 from popmq.config import BrokerConfig, ReplicationConfig, StoreConfig
 
@@ -51,7 +52,15 @@ async def test_a_switchover_both_ways_keeps_every_message(tmp_path: Path) -> Non
             assert roles_a.reports[-1] == (1, frozenset({"s0", "s1"}))
             assert a.leader is not None
             [s1] = a.leader.status()
-            assert s1["name"] == "s1" and s1["in_sync"] and s1["lag_bytes"] == 0
+            assert s1.name == "s1" and s1.in_sync and s1.lag_bytes == 0
+            scraped = generate_latest(a.metrics_registry()).decode()
+            assert (
+                'popmq_broker_replication_in_sync_nodes{broker="broker-s",node="s0"} 2.0' in scraped
+            )
+            assert (
+                'popmq_broker_replication_lag_bytes{broker="broker-s",follower="s1"} 0.0' in scraped
+            )
+            assert "rocketmq_messages_in_total" in scraped or "popmq_broker_" in scraped
             await a.port.create_topic("T", 1)
             await a.port.send([Message(topic="T", body=f"e1-{i}".encode()) for i in range(5)])
             with pytest.raises(RefusedError) as refused:
