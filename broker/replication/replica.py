@@ -9,8 +9,10 @@ since its commitlog may be cut and rewritten: a promoted follower rebuilds them 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import shutil
+import time
 from pathlib import Path, PurePosixPath
 
 from popmq.broker.replication import epochs
@@ -27,6 +29,8 @@ from popmq.broker.store.files import DirLock
 from popmq.broker.store.framing import fsync_dir
 
 from popmq.pb.replication.v1 import replication_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 # Removed when following (derived, or describing a log that may be cut).
 _DERIVED = ("index", "checkpoint.json", "checkpoint.json.prev")
@@ -115,26 +119,56 @@ class ReplicaWriter:
         return end
 
     def _reset(self) -> None:
+        """Start over: what this node held is moved aside (never deleted: a leader started by
+        mistake on an empty directory must not cost the data), then copied afresh."""
+        aside = self._aside("replaced")
+        moved = []
         for name in _REPLICATED:
             path = self.data_dir / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
+            if path.exists():
+                target = aside / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                path.replace(target)
+                moved.append(name)
+        if moved:
+            log.warning("replication: this node shares no history with its leader; its data (%s) "
+                        "was moved to %s and is copied afresh from the leader",
+                        ", ".join(moved), aside)  # fmt: skip
         assert self.history is not None
         self.history.clear()
         fsync_dir(self.data_dir)
 
+    def _aside(self, kind: str) -> Path:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        path = self.data_dir / "quarantine" / f"replication-{kind}-{stamp}-{os.getpid()}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     def _truncate(self, position: int) -> None:
-        for start, size in list_segments(self.data_dir):
+        """Cut the commitlog back to ``position`` (where this node's history leaves the
+        leader's). What is cut was never acknowledged by a sync group; it is kept aside."""
+        segments = [(start, size) for start, size in list_segments(self.data_dir)
+                    if start + size > position or (start == position and start > 0)]  # fmt: skip
+        if not segments:
+            return
+        aside = self._aside("truncated")
+        cut = 0
+        for start, size in segments:
             path = segment_path(self.data_dir, start)
-            if start > position or (start == position and start > 0):
-                path.unlink()
-            elif start + size > position:
-                with open(path, "r+b") as file:
-                    file.truncate(position - start)
+            keep = max(0, position - start)
+            with open(path, "r+b") as file:
+                file.seek(keep)
+                (aside / path.name).write_bytes(file.read())
+                cut += size - keep
+                if keep or start == 0:
+                    file.truncate(keep)
                     os.fsync(file.fileno())
+            if not keep and start > 0:
+                path.unlink()
         fsync_dir(self.data_dir / "commitlog")
+        log.warning("replication: cut %d commitlog bytes written after position %d (after the "
+                    "epoch this node shares with its leader); kept in %s", cut, position,
+                    aside)  # fmt: skip
 
     def _drop_below(self, minimum: int) -> None:
         segments = list_segments(self.data_dir)

@@ -133,6 +133,8 @@ async def test_a_former_leader_cuts_what_it_wrote_after_the_new_epoch(tmp_path: 
         p.read_bytes() for p in sorted((a1 / "commitlog").iterdir())
     ]
     assert epochs.EpochHistory(a0).entries == history
+    kept = list((a0 / "quarantine").glob("replication-truncated-*/*"))
+    assert sum(p.stat().st_size for p in kept) == old_end - point  # cut, but kept aside
     promoted = broker_at(a0)
     await promoted.start()
     try:
@@ -140,6 +142,24 @@ async def test_a_former_leader_cuts_what_it_wrote_after_the_new_epoch(tmp_path: 
         assert [m.message.body for m in popped.messages] == [b"e1-0", b"e1-1", b"e1-2", b"e2-0"]
     finally:
         await promoted.stop()
+
+
+async def test_a_reset_moves_the_old_data_aside(tmp_path: Path) -> None:
+    old = broker_at(tmp_path / "node")
+    await old.start()
+    await old.create_topic("T", 1)
+    await old.send([Message(topic="T", body=b"precious")], 0)
+    await old.stop()
+    writer = ReplicaWriter(tmp_path / "node")
+    writer.open()
+    try:
+        writer.apply(pb.ReplicaBatch(sequence=1, epoch=1, truncate_to=-1, reset=True), 0)
+        assert writer.commitlog_end == 0
+    finally:
+        writer.close()
+    [aside] = (tmp_path / "node" / "quarantine").glob("replication-replaced-*")
+    segment = next((aside / "commitlog").iterdir())
+    assert b"precious" in segment.read_bytes()
 
 
 async def test_a_follower_refuses_a_batch_of_an_older_epoch(tmp_path: Path) -> None:
