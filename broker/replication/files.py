@@ -78,6 +78,10 @@ def whole_frames(data: bytes) -> int:
     return offset
 
 
+class FollowerBehindRetention(Exception):
+    """The next bytes a follower needs are gone from the leader's commitlog."""
+
+
 @dataclass(slots=True)
 class _LogState:
     ino: int = -1
@@ -129,6 +133,11 @@ class DataSnapshotter:
     def _commitlog(self, history: list[epochs.Entry]) -> tuple[int, bytes, bool]:
         segments = list_segments(self.data_dir)
         end = log_end(segments)
+        if segments and self.position < segments[0][0]:
+            raise FollowerBehindRetention(
+                f"position {self.position} was deleted by retention (the log starts at "
+                f"{segments[0][0]}): the follower must start over"
+            )
         holder = next(((s, z) for s, z in reversed(segments) if s <= self.position), None)
         if holder is None or self.position >= end:
             return (holder[0] if holder else self.position), b"", True

@@ -30,7 +30,13 @@ import anyio
 import grpc
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.replication import epochs
-from popmq.broker.replication.files import DataSnapshotter, Snapshot, list_segments, log_end
+from popmq.broker.replication.files import (
+    DataSnapshotter,
+    FollowerBehindRetention,
+    Snapshot,
+    list_segments,
+    log_end,
+)
 from popmq.broker.replication.in_sync import Change, InSyncSet
 from popmq.broker.replication.role import GroupRole, RoleSource
 
@@ -324,7 +330,12 @@ class _Session:
                 await self.space.wait_for(lambda: len(self.in_flight) < self.WINDOW)
             if caught_up:  # everything was sent: wait for a write, or send a heartbeat
                 await _wait_for_work(self.kick, poll_s)
-            snapshot = self.snapshotter.take(leader._history.entries, leader._clock.monotonic())
+            try:
+                snapshot = self.snapshotter.take(leader._history.entries, leader._clock.monotonic())
+            except FollowerBehindRetention as behind:
+                log.warning("replication: %s: %s", self.node, behind)
+                self.failure = (_FAILED, str(behind))  # it reconnects and starts over
+                return
             batch_id = leader.next_batch_id()
             sequence += 1
             self.in_flight.append((sequence, batch_id, snapshot.taken_at, snapshot.complete))

@@ -241,3 +241,23 @@ async def test_every_file_a_broker_writes_travels_unless_it_is_derived(tmp_path:
     assert sorted(written) == sorted(copied)
     stopped_late = {"consumer_offsets.json", "pop/journal.log"}  # rewritten by stop()
     assert {n for n in written if written[n] != copied[n]} <= stopped_late
+
+
+async def test_a_follower_behind_retention_is_told_to_start_over(tmp_path: Path) -> None:
+    from popmq.broker.replication.files import FollowerBehindRetention
+
+    config = BrokerConfig(name="broker-a", data_dir=tmp_path / "leader",
+                          store=StoreConfig(flush="async", segment_bytes=4096))  # fmt: skip
+    leader = Broker(config)
+    await leader.start()
+    try:
+        await leader.create_topic("T", 1)
+        await leader.send([Message(topic="T", body=b"x" * 1000) for _ in range(12)], 0)
+        snapshotter = DataSnapshotter(tmp_path / "leader", 0)
+        segments = list_segments(tmp_path / "leader")
+        assert len(segments) > 2
+        (tmp_path / "leader" / "commitlog" / f"{0:020d}").unlink()  # as retention would
+        with pytest.raises(FollowerBehindRetention):
+            snapshotter.take([(1, 0)], 0.0)  # never "complete" with nothing sent
+    finally:
+        await leader.stop()
