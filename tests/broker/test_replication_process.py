@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 import pytest
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import AckEntry, Message, PopRequest
@@ -209,3 +210,42 @@ def test_a_follower_without_a_leader_is_a_one_line_config_error(tmp_path: Path) 
         "popmq broker: bad config: broker.replication: Value error, replication.role follower "
         "needs replication.leader (host:port)"
     ]
+
+
+async def test_a_leader_killed_under_load_loses_no_acknowledged_send(tmp_path: Path) -> None:
+    """Producers keep sending while the leader is killed with SIGKILL: every send that was
+    answered OK is on the promoted follower (sends in flight may fail, never vanish)."""
+    a0 = leader(tmp_path, "a0", epoch=1, min_in_sync=2)
+    await a0.start()
+    a1 = follower(tmp_path, "a1", 1, a0.address)
+    await a1.start()
+    acknowledged: set[bytes] = set()
+    failed = 0
+    async with running(a0, a1):
+        async with port(a0) as remote:
+            await wait_in_sync(remote, "T")
+
+            async def produce(worker: int) -> None:
+                nonlocal failed
+                for i in range(10_000):
+                    body = f"w{worker}-{i}".encode()
+                    try:
+                        await remote.send([Message(topic="T", body=body)])
+                    except Exception:  # the leader died under it: not acknowledged
+                        failed += 1
+                        return
+                    acknowledged.add(body)
+
+            async with anyio.create_task_group() as group:
+                for worker in range(4):
+                    group.start_soon(produce, worker)
+                await asyncio.sleep(2.0)
+                await a0.kill()
+        await a1.terminate()
+        promoted = leader(tmp_path, "a1", epoch=2, min_in_sync=1)
+        await promoted.start()
+        async with running(promoted), port(promoted) as remote:
+            stored = set(await pop_all(remote, "G", "T"))
+    assert len(acknowledged) > 20, "too few sends to mean anything"
+    assert acknowledged - stored == set(), f"lost {len(acknowledged - stored)} acknowledged"
+    assert failed == 4  # every producer saw its send fail once the leader was gone
