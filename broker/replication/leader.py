@@ -89,6 +89,7 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
         self._tasks = TaskOwner(f"replication-leader:{node}", grace_s=0)
         self._closed = False
         self._reported: frozenset[str] | None = None
+        self._evaluating = asyncio.Lock()  # one evaluation (and its reports) at a time
 
     async def __aenter__(self) -> ReplicationLeader:
         self._tasks.spawn(self._watch_in_sync(), "in-sync")
@@ -176,28 +177,42 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
             await self._clock.sleep(_EVALUATE_EVERY_S)
 
     async def reevaluate(self) -> None:
-        change = self.in_sync.evaluate()
-        if not change and self._reported is not None:
-            return
-        members = self.in_sync.with_change(change)
-        if change.left:  # shrink: recorded first, then no longer waited for
-            await self._report(members)
-            self.in_sync.apply(change)
-        else:
-            self.in_sync.apply(change)
-            await self._report(members)
-        if change:
-            log.info("replication: in-sync set of epoch %d is now %s (joined %s, left %s)",
-                     self._role.epoch, sorted(members), sorted(change.joined),
-                     sorted(change.left))  # fmt: skip
-        async with self._progress:
-            self._progress.notify_all()
+        """Apply what the in-sync bookkeeping says now, reporting each change through the role
+        source: a shrink before the member stops being waited for, a growth after it starts
+        being waited for. A report that fails is retried at the next evaluation; until a
+        shrink is recorded, the member is still waited for (writes time out, never lie)."""
+        async with self._evaluating:
+            change = self.in_sync.evaluate()
+            if change.left:
+                shrink = Change(frozenset(), change.left)
+                if await self._report(self.in_sync.with_change(shrink)):
+                    self.in_sync.apply(shrink)
+                    self._log_change(shrink)
+            if change.joined:
+                grow = Change(change.joined, frozenset())
+                self.in_sync.apply(grow)
+                self._log_change(grow)
+            if self._reported != self.members:  # the first report, or one that failed
+                await self._report(self.members)
+            async with self._progress:
+                self._progress.notify_all()
 
-    async def _report(self, members: frozenset[str]) -> None:
+    def _log_change(self, change: Change) -> None:
+        log.info("replication: in-sync set of epoch %d is now %s (joined %s, left %s)",
+                 self._role.epoch, sorted(self.members), sorted(change.joined),
+                 sorted(change.left))  # fmt: skip
+
+    async def _report(self, members: frozenset[str]) -> bool:
         if members == self._reported:
-            return
-        await self._roles.report_in_sync(self._role.epoch, members)
+            return True
+        try:
+            await self._roles.report_in_sync(self._role.epoch, members)
+        except Exception as error:
+            log.warning("replication: could not record the in-sync set %s of epoch %d: %s",
+                        sorted(members), self._role.epoch, error)  # fmt: skip
+            return False
         self._reported = members
+        return True
 
     def next_batch_id(self) -> int:
         """The id of a snapshot being taken now (ids grow over every follower's batches)."""

@@ -158,3 +158,35 @@ async def test_a_write_is_not_acknowledged_once_the_node_stopped_leading(tmp_pat
         with pytest.raises(RefusedError) as refused:
             await leader.replicated()
         assert refused.value.code == Code.HA_NOT_AVAILABLE
+
+
+class FlakyRoles(StaticRoleSource):
+    """An election store that refuses in-sync changes until ``ok`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(ROLE)
+        self.ok = True
+
+    async def report_in_sync(self, epoch: int, members: frozenset[str]) -> None:
+        if not self.ok:
+            raise ConnectionError("etcd unreachable")
+        await super().report_in_sync(epoch, members)
+
+
+async def test_a_shrink_that_cannot_be_recorded_keeps_the_member_waited_for(
+    tmp_path: Path,
+) -> None:
+    roles = FlakyRoles()
+    leader = make_leader(tmp_path, roles, min_in_sync=1)
+    loop = asyncio.get_running_loop()
+    async with leader:
+        leader.in_sync.connected("a1")
+        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        assert leader.in_sync.members == {"a1"}
+        roles.ok = False
+        await asyncio.sleep(20.0)  # a1 is behind, but its leaving cannot be recorded
+        assert leader.in_sync.members == {"a1"}  # so writes still wait for it
+        roles.ok = True
+        await asyncio.sleep(1.0)  # retried at the next evaluation
+        assert leader.in_sync.members == set()
+        assert roles.reports[-1] == (3, frozenset({"a0"}))
