@@ -122,10 +122,15 @@ class ReplicatedNode:
 
     async def _play(self, role: GroupRole) -> None:
         self.role = role
-        if role.is_leader:
-            await self._lead(role)
-        else:
-            await self._follow(role)
+        try:
+            if role.is_leader:
+                await self._lead(role)
+            else:
+                await self._follow(role)
+        except Exception as error:  # e.g. the data directory cannot be opened
+            self.port.refusal = f"{self.node} cannot play its role (epoch {role.epoch}): {error}"
+            log.error("replication: %s", self.port.refusal, exc_info=True)
+            await anyio.sleep_forever()  # refuses every call until the role changes
 
     # -- leading -----------------------------------------------------------------------------
     async def _lead(self, role: GroupRole) -> None:
