@@ -1,9 +1,10 @@
 """The leader's side: one sender per connected follower, the in-sync set, the sync barrier.
 
-Each follower's stream is stop-and-wait: take a snapshot of what changed (files.py), send it
-as one batch, wait for the follower's acknowledgement (it fsynced the batch), repeat. A sender
-takes its next snapshot at once when a write waits on the barrier, else every ``poll_s``; an
-idle follower still gets an (empty) batch then, which keeps its catch-up time fresh.
+Each follower's stream: take a snapshot of what changed (files.py), send it as one batch,
+and again, with up to ``_Session.WINDOW`` batches not yet acknowledged (the follower fsyncs
+each batch, in order, before it acknowledges it). Once caught up, a sender takes its next
+snapshot when a write waits on the barrier, else every ``poll_ms``; an idle follower still gets
+an (empty) batch then, which keeps its catch-up time fresh.
 
 The sync barrier (``replicated``): a write that returned locally waits until every follower of
 the in-sync set (and at least ``min_in_sync - 1`` of them) acknowledged a complete snapshot
