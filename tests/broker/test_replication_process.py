@@ -4,7 +4,10 @@ A leader and a follower with static roles (--role, --epoch, --leader): a sync se
 on both; after kill -9 of the leader the follower is promoted (restarted as the leader of the
 next epoch) and every acknowledged message is there, acked ones are not delivered again and a
 handle from the old leader still acks; a follower whose data directory was wiped bootstraps
-from its leader; a leader of an older epoch gets no follower (its sends are refused).
+from its leader; a leader of an older epoch gets no follower (its sends are refused); a
+former leader that comes back cuts what it wrote after the new epoch began (kept aside) and
+catches up; a stopped follower leaves the in-sync set and rejoins; a leader killed under load
+loses no acknowledged send.
 """
 
 from __future__ import annotations
@@ -249,3 +252,40 @@ async def test_a_leader_killed_under_load_loses_no_acknowledged_send(tmp_path: P
     assert len(acknowledged) > 20, "too few sends to mean anything"
     assert acknowledged - stored == set(), f"lost {len(acknowledged - stored)} acknowledged"
     assert failed == 4  # every producer saw its send fail once the leader was gone
+
+
+async def test_a_former_leader_cuts_its_unacknowledged_tail_and_catches_up(
+    tmp_path: Path,
+) -> None:
+    a0 = leader(tmp_path, "a0", epoch=1, min_in_sync=2)
+    await a0.start()
+    a1 = follower(tmp_path, "a1", 1, a0.address)
+    await a1.start()
+    async with running(a0, a1):
+        async with port(a0) as remote:
+            await wait_in_sync(remote, "T")
+            await send_all(remote, "T", [b"kept-1", b"kept-2"])
+            assert a1.proc is not None
+            a1.proc.send_signal(signal.SIGSTOP)  # a1 stops copying
+            with pytest.raises(RefusedError):  # written on a0 only: never acknowledged
+                await send_all(remote, "T", [b"orphan"])
+            await a0.kill()
+        await a1.kill()  # still stopped: what waits in its socket is never applied
+        a1 = leader(tmp_path, "a1", epoch=2, min_in_sync=1)
+        await a1.start()
+        async with running(a1), port(a1) as remote:
+            await send_all(remote, "T", [b"epoch-2"])
+            a0 = follower(tmp_path, "a0", 2, a1.address)  # the former leader comes back
+            await a0.start()
+            async with running(a0):
+                deadline = time.monotonic() + IN_SYNC_TIMEOUT_S
+                while "joined ['a0']" not in a1.log_text():
+                    assert time.monotonic() < deadline, "a0 never caught up"
+                    await asyncio.sleep(0.2)
+                assert "cut " in a0.log_text()
+    kept = list((tmp_path / "a0" / "quarantine").glob("replication-truncated-*/*"))
+    assert any(b"orphan" in path.read_bytes() for path in kept)  # cut, and kept aside
+    a0 = leader(tmp_path, "a0", epoch=3, min_in_sync=1)
+    await a0.start()
+    async with running(a0), port(a0) as remote:
+        assert sorted(await pop_all(remote, "G", "T")) == [b"epoch-2", b"kept-1", b"kept-2"]
