@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from popmq.broker.auto_create import AutoCreateGate
 from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.contract.queues import queue_for_group
 from popmq.broker.contract.types import (
     SYSTEM_PREFIX,
     AckEntry,
@@ -59,7 +60,7 @@ from popmq.broker.pop.journal import PopJournal
 from popmq.broker.pop.ledger import CheckpointLedger
 from popmq.broker.pop.names import check_group, check_topic, is_system_topic
 from popmq.broker.pop.revive import ReviveService
-from popmq.broker.pop.selection import RoundRobin, queue_for_group
+from popmq.broker.pop.selection import RoundRobin
 from popmq.broker.store import MessageStore, TopicMeta
 from popmq.broker.store.damage import MetadataFallback, Quarantine
 from popmq.broker.timer import TimerService
@@ -162,10 +163,6 @@ class Broker:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def aclose(self) -> None:
-        """Stop: held pops answer, the background loops end, state is made durable."""
-        await self.stop()
-
     async def start(self) -> None:
         if self._started:
             return
@@ -250,7 +247,8 @@ class Broker:
             self._ledger.spill(self._clock(), buffer_ms=-(1 << 62))
             self._journal.flush()
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
+        """Stop: held pops answer, the background loops end, state is made durable."""
         if not self._started:
             return
         self._started = False

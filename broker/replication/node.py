@@ -106,8 +106,9 @@ class ReplicatedNode:
         if not self.node:
             self.node = f"{self._config.name}@{self._config.host}:{self._server.bound_port}"
 
-    async def stop(self, grace_s: float = 1.0) -> None:
-        await self._server.stop(grace_s)
+    async def aclose(self, grace_s: float = 1.0) -> None:
+        """Stop serving (calls in flight get ``grace_s``); ``run`` is cancelled by its owner."""
+        await self._server.aclose(grace_s)
 
     async def run(self) -> None:
         """Play the role the source gives, and the next one, until cancelled."""
@@ -172,7 +173,7 @@ class ReplicatedNode:
                     self._gate.leader = None
         finally:
             with anyio.CancelScope(shield=True):
-                await broker.stop()
+                await broker.aclose()
 
     # -- following ---------------------------------------------------------------------------
     async def _follow(self, role: GroupRole) -> None:

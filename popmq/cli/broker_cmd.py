@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -180,10 +181,10 @@ async def _serve_node(
                 announce(f"popmq broker {config.name} listening on {config.host}:{node.bound_port}")
                 await stop.wait()
                 log.info("stopping broker %s (node %s)", config.name, node.node)
-                await node.stop(STOP_GRACE_S)
+                await node.aclose(STOP_GRACE_S)
                 group.cancel_scope.cancel()
     finally:
-        await node.stop(STOP_GRACE_S)
+        await node.aclose(STOP_GRACE_S)
 
 
 def _announce(line: str) -> None:
@@ -212,28 +213,22 @@ async def serve_broker(
         if config.replication.mode != "off":
             await _serve_node(config, announce, stop)
             return
-        broker = Broker(config)
-        await broker.start()
-        try:
+        # Started in order, closed in reverse: the metrics endpoint, the server, the broker.
+        async with contextlib.AsyncExitStack() as stack:
+            broker = await stack.enter_async_context(Broker(config))
             server = BrokerGrpcServer(
                 LocalBrokerPort(broker), config.host, config.port, config=config
             )
             await server.start()
-            try:
-                with metrics_endpoint(
-                    config.metrics_port, broker.metrics.registry, config.host
-                ) as http:
-                    if http is not None:  # stderr only: stdout's first line is the contract
-                        log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)
-                    announce(
-                        f"popmq broker {config.name} listening on {config.host}:{server.bound_port}"
-                    )
-                    await stop.wait()
-                    log.info("stopping broker %s", config.name)
-            finally:
-                await server.stop(STOP_GRACE_S)
-        finally:
-            await broker.stop()
+            stack.push_async_callback(server.aclose, STOP_GRACE_S)
+            http = stack.enter_context(
+                metrics_endpoint(config.metrics_port, broker.metrics.registry, config.host)
+            )
+            if http is not None:  # stderr only: stdout's first line is the contract
+                log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)
+            announce(f"popmq broker {config.name} listening on {config.host}:{server.bound_port}")
+            await stop.wait()
+            log.info("stopping broker %s", config.name)
     finally:
         for signum in signals:
             loop.remove_signal_handler(signum)

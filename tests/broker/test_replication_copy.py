@@ -53,7 +53,7 @@ async def test_a_promoted_copy_has_the_messages_the_acks_and_the_handles(tmp_pat
         copy(tmp_path / "leader", writer, DataSnapshotter(tmp_path / "leader", 0))
         writer.close()
     finally:
-        await leader.stop()
+        await leader.aclose()
     follower = broker_at(tmp_path / "follower")
     await follower.start()
     try:
@@ -66,7 +66,7 @@ async def test_a_promoted_copy_has_the_messages_the_acks_and_the_handles(tmp_pat
         results = await follower.ack("G", "T", [AckEntry(in_flight.receipt_handle)])
         assert results[0].code == Code.OK, results[0].message  # the old leader's handle
     finally:
-        await follower.stop()
+        await follower.aclose()
 
 
 async def test_appends_travel_in_later_batches_and_a_large_log_in_several(
@@ -88,7 +88,7 @@ async def test_appends_travel_in_later_batches_and_a_large_log_in_several(
         assert writer.commitlog_end == leader_end
     finally:
         writer.close()
-        await leader.stop()
+        await leader.aclose()
     follower = broker_at(tmp_path / "follower")
     await follower.start()
     try:
@@ -97,7 +97,7 @@ async def test_appends_travel_in_later_batches_and_a_large_log_in_several(
         popped = await follower.pop(PopRequest("G", "T", 0, max_messages=32))
         assert [m.message.body for m in popped.messages] == [body] * 20 + [b"late"]
     finally:
-        await follower.stop()
+        await follower.aclose()
 
 
 async def test_a_former_leader_cuts_what_it_wrote_after_the_new_epoch(tmp_path: Path) -> None:
@@ -113,7 +113,7 @@ async def test_a_former_leader_cuts_what_it_wrote_after_the_new_epoch(tmp_path: 
     copy(a0, writer, DataSnapshotter(a0, 0))
     writer.close()
     await old.send([Message(topic="T", body=b"lost-1"), Message(topic="T", body=b"lost-2")], 0)
-    await old.stop()
+    await old.aclose()
     old_end = log_end(list_segments(a0))
     new = broker_at(a1)
     await new.start()
@@ -127,7 +127,7 @@ async def test_a_former_leader_cuts_what_it_wrote_after_the_new_epoch(tmp_path: 
     back.open()
     copy(a1, back, DataSnapshotter(a1, point), epoch=2, history=history, truncate=point)
     back.close()
-    await new.stop()
+    await new.aclose()
     assert (a0 / "commitlog").is_dir()
     assert [p.read_bytes() for p in sorted((a0 / "commitlog").iterdir())] == [
         p.read_bytes() for p in sorted((a1 / "commitlog").iterdir())
@@ -141,7 +141,7 @@ async def test_a_former_leader_cuts_what_it_wrote_after_the_new_epoch(tmp_path: 
         popped = await promoted.pop(PopRequest("G", "T", 0, max_messages=32))
         assert [m.message.body for m in popped.messages] == [b"e1-0", b"e1-1", b"e1-2", b"e2-0"]
     finally:
-        await promoted.stop()
+        await promoted.aclose()
 
 
 async def test_a_reset_moves_the_old_data_aside(tmp_path: Path) -> None:
@@ -149,7 +149,7 @@ async def test_a_reset_moves_the_old_data_aside(tmp_path: Path) -> None:
     await old.start()
     await old.create_topic("T", 1)
     await old.send([Message(topic="T", body=b"precious")], 0)
-    await old.stop()
+    await old.aclose()
     writer = ReplicaWriter(tmp_path / "node")
     writer.open()
     try:
@@ -225,7 +225,7 @@ async def test_every_file_a_broker_writes_travels_unless_it_is_derived(tmp_path:
         copy(tmp_path / "leader", writer, DataSnapshotter(tmp_path / "leader", 0))
         writer.close()
     finally:
-        await leader.stop()
+        await leader.aclose()
 
     def files(root: Path) -> dict[str, bytes]:
         return {
@@ -260,4 +260,4 @@ async def test_a_follower_behind_retention_is_told_to_start_over(tmp_path: Path)
         with pytest.raises(FollowerBehindRetention):
             snapshotter.take([(1, 0)], 0.0)  # never "complete" with nothing sent
     finally:
-        await leader.stop()
+        await leader.aclose()

@@ -81,5 +81,5 @@ async def test_a_switchover_both_ways_keeps_every_message(tmp_path: Path) -> Non
             assert roles_b.reports[-1] == (2, frozenset({"s0", "s1"}))
             group.cancel_scope.cancel()
     finally:
-        await a.stop()
-        await b.stop()
+        await a.aclose()
+        await b.aclose()
