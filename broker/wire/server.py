@@ -152,6 +152,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
         return await _answer(pb.ForwardToDlqResponse, work())
 
+    async def Recall(self, request: pb.RecallRequest, context: object) -> pb.RecallResponse:
+        async def work() -> pb.RecallResponse:
+            message_id = await self._port.recall(request.topic, request.recall_handle)
+            return pb.RecallResponse(status=convert.ok_status(), message_id=message_id)
+
+        return await _answer(pb.RecallResponse, work())
+
     async def Watch(
         self, request_iterator: AsyncIterator[pb.WatchRequest], context: object
     ) -> AsyncIterator[pb.WatchEvent]:
@@ -308,7 +315,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self, request: pb.CreateTopicRequest, context: object
     ) -> pb.TopicResponse:
         async def work() -> pb.TopicResponse:
-            topic = await self._port.create_topic(request.topic, request.queue_count)
+            topic = await self._port.create_topic(
+                request.topic, request.queue_count, request.message_type
+            )
             return pb.TopicResponse(status=convert.ok_status(), topic=convert.topic_to_proto(topic))
 
         return await _answer(pb.TopicResponse, work())
