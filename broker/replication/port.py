@@ -107,6 +107,12 @@ class NodePort:
         await self._replicated(leading, journal=True)
         return result
 
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        leading = self._writer()
+        message_id = await leading.port.recall(topic, recall_handle)
+        await self._replicated(leading)
+        return message_id
+
     async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
         leading = self._writer()
         leading.broker.journal_in_flight()
@@ -121,9 +127,9 @@ class NodePort:
         await leading.broker.store.checkpoint()  # the offsets document is what travels
         await self._replicated(leading)
 
-    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo:
+    async def create_topic(self, topic: str, queue_count: int, message_type: str = "") -> TopicInfo:
         leading = self._writer()
-        info = await leading.port.create_topic(topic, queue_count)
+        info = await leading.port.create_topic(topic, queue_count, message_type)
         await self._replicated(leading)
         return info
 
