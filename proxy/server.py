@@ -101,7 +101,11 @@ class ProxyServer:
     ) -> None:
         self.config = config
         self.metrics = metrics or ProxyMetrics()
-        cluster = BrokerCluster(ports, auto_create_topics=config.broker.topics.auto_create)
+        cluster = BrokerCluster(
+            ports,
+            auto_create_topics=config.broker.topics.auto_create,
+            dynamic=bool(config.proxy.etcd.endpoints),  # groups followed in etcd
+        )
         self.metrics.watch_links(cluster.ports)
         self.services = ProxyServices(
             config=config,

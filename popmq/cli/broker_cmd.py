@@ -19,11 +19,17 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from popmq.broker.contract.errors import RefusedError
+from popmq.broker.contract.port import BrokerPort
 from popmq.cli.common import config_from_args, start_tracing_for
 from popmq.config import BrokerConfig
 from popmq.security.files import owner_only_new_files, warn_if_data_exposed
+
+if TYPE_CHECKING:
+    from popmq.broker.core import Broker
+    from popmq.broker.leader_gate import LeaderGatedPort
 
 log = logging.getLogger("popmq.broker")
 
@@ -61,6 +67,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--handle-keys-file", metavar="FILE",
         help="receipt-handle keyring to use (default DATA_DIR/handle-keys.json, made on start)",
+    )  # fmt: skip
+    ha = parser.add_argument_group(
+        "broker groups (high availability; see docs/operations.md)",
+        "With --etcd the broker registers in etcd and serves proxies only while it leads its "
+        "group; without it nothing changes (a group of one).",
+    )
+    ha.add_argument("--etcd", metavar="URL[,URL...]", help="etcd client URLs (http://HOST:PORT)")
+    ha.add_argument("--group", help="the broker group this node belongs to (the name proxies see)")
+    ha.add_argument(
+        "--replication", choices=("sync", "async"),
+        help="sync: a write is answered once --min-in-sync nodes have it (default sync)",
+    )  # fmt: skip
+    ha.add_argument(
+        "--min-in-sync", type=int, metavar="N",
+        help="refuse sends (HA_NOT_AVAILABLE) while fewer nodes are in sync (default 1)",
+    )  # fmt: skip
+    ha.add_argument(
+        "--unclean-election", action="store_true", default=None,
+        help="let a node outside the in-sync set become leader (may lose acknowledged writes)",
+    )  # fmt: skip
+    ha.add_argument(
+        "--advertise", metavar="HOST:PORT",
+        help="address proxies reach this node at (default: --host and the bound port)",
     )  # fmt: skip
     # Also accepted after the subcommand; SUPPRESS keeps the top-level values when absent.
     parser.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -110,6 +139,12 @@ def run(args: argparse.Namespace) -> int:
             "broker.tls.client_ca": args.tls_client_ca,
             "broker.cluster_token_file": args.cluster_token_file,
             "broker.handle_keys_file": args.handle_keys_file,
+            "broker.etcd.endpoints": args.etcd,
+            "broker.group.name": args.group,
+            "broker.group.replication": args.replication,
+            "broker.group.min_in_sync": args.min_in_sync,
+            "broker.group.unclean_election": args.unclean_election,
+            "broker.group.advertise": args.advertise,
         },
     )
     if not logging.getLogger().handlers:
@@ -144,6 +179,7 @@ async def serve_broker(
     """Serve until `stop` is set (default: until SIGTERM/SIGINT)."""
     # Imported here so `popmq --help` works while a broker module fails to import.
     from popmq.broker.core import Broker
+    from popmq.broker.leader_gate import LeaderGatedPort
     from popmq.broker.local import LocalBrokerPort
     from popmq.broker.wire.server import BrokerGrpcServer
     from popmq.metrics_http import metrics_endpoint
@@ -153,13 +189,17 @@ async def serve_broker(
     signals = (signal.SIGTERM, signal.SIGINT)
     for signum in signals:
         loop.add_signal_handler(signum, stop.set)
+    grouped = bool(config.etcd.endpoints)
+    # In a group every node stores under the group's name: it is what receipt handles and
+    # proxies call the broker, whichever node leads.
+    core_config = config.model_copy(update={"name": config.group.name or config.name})
     try:
-        broker = Broker(config)
+        broker = Broker(core_config if grouped else config)
         await broker.start()
         try:
-            server = BrokerGrpcServer(
-                LocalBrokerPort(broker), config.host, config.port, config=config
-            )
+            port: BrokerPort = LocalBrokerPort(broker)
+            gate = LeaderGatedPort(port, config.group) if grouped else None
+            server = BrokerGrpcServer(gate or port, config.host, config.port, config=config)
             await server.start()
             try:
                 with metrics_endpoint(
@@ -167,10 +207,12 @@ async def serve_broker(
                 ) as http:
                     if http is not None:  # stderr only: stdout's first line is the contract
                         log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)
-                    announce(
-                        f"popmq broker {config.name} listening on {config.host}:{server.bound_port}"
-                    )
-                    await stop.wait()
+                    address = f"{config.host}:{server.bound_port}"
+                    if gate is None:
+                        announce(f"popmq broker {config.name} listening on {address}")
+                        await stop.wait()
+                    else:
+                        await _serve_in_group(config, gate, broker, address, announce, stop)
                     log.info("stopping broker %s", config.name)
             finally:
                 await server.stop(STOP_GRACE_S)
@@ -179,3 +221,42 @@ async def serve_broker(
     finally:
         for signum in signals:
             loop.remove_signal_handler(signum)
+
+
+async def _serve_in_group(
+    config: BrokerConfig,
+    gate: LeaderGatedPort,
+    broker: Broker,
+    address: str,
+    announce: Callable[[str], None],
+    stop: asyncio.Event,
+) -> None:
+    """Be a member of the group (elections, fencing) until `stop`; the lease is revoked on
+    the way out so another node takes over at once."""
+    from popmq.broker.leader_gate import GroupCollector
+    from popmq.coord.etcd import EtcdStore
+    from popmq.coord.group import MemberSettings, join_group
+
+    group = config.group.name or config.name
+    settings = MemberSettings(
+        group=group,
+        name=config.name,
+        address=config.group.advertise or address,
+        prefix=config.etcd.prefix,
+        lease_ttl_s=config.etcd.lease_ttl_s,
+        unclean_election=config.group.unclean_election,
+    )
+    store = EtcdStore(config.etcd.endpoints, timeout_s=config.etcd.request_timeout_s)
+    try:
+        async with join_group(store, settings) as member:
+            gate.member = member
+            collector = GroupCollector(member)
+            broker.metrics.registry.register(collector)
+            announce(f"popmq broker {config.name} listening on {address}")
+            log.info("node %s of group %s registered in etcd", config.name, group)
+            try:
+                await stop.wait()
+            finally:
+                broker.metrics.registry.unregister(collector)
+    finally:
+        await store.aclose()

@@ -198,8 +198,11 @@ class EtcdStore:
                     if result.get("canceled") or result.get("compact_revision"):
                         raise CoordUnavailableError(f"etcd ended the watch: {result}")
                     for event in result.get("events") or []:
-                        kind = "delete" if event.get("type") == "DELETE" else "put"
-                        yield WatchEvent(kind, _kv(event.get("kv", {})))
+                        kv = _kv(event.get("kv", {}))
+                        if event.get("type") == "DELETE":
+                            yield WatchEvent("delete", kv)
+                        else:
+                            yield WatchEvent("put", kv)
         except httpx.HTTPError as exc:
             self._demote(endpoint)
             raise CoordUnavailableError(f"etcd watch on {endpoint} broke: {exc}") from exc

@@ -1,0 +1,130 @@
+"""Broker groups end to end: real etcd, `popmq broker --etcd --group` nodes and a
+`popmq proxy --etcd` with no broker list, as separate processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+from chaos.processes import PopmqProcess
+from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.contract.types import Message
+from popmq.broker.wire.remote import RemoteBrokerPort
+from support.etcd import EtcdCluster
+
+from popmq.client.aio import AsyncClient
+from popmq.coord.etcd import EtcdStore
+from popmq.coord.keys import GroupKeys, decode
+from popmq.errors import PopmqError
+
+pytestmark = [pytest.mark.wallclock, pytest.mark.slow]
+
+FAST = ["--set", "broker.etcd.lease_ttl_s=2", "--set", "broker.topics.queue_count=2"]
+
+
+def node_args(etcd: EtcdCluster, group: str, name: str, data: Path, *extra: str) -> list[str]:
+    return ["broker", "--name", name, "--group", group, "--etcd", etcd.endpoint_arg,
+            "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data / name),
+            *FAST, *extra]  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def running(*processes: PopmqProcess) -> AsyncIterator[list[PopmqProcess]]:
+    try:
+        for process in processes:
+            await process.start()
+        yield list(processes)
+    finally:
+        for process in processes:
+            await process.kill()
+
+
+async def leader_of(etcd: EtcdCluster, group: str) -> tuple[str, int] | None:
+    store = EtcdStore(etcd.endpoints)
+    try:
+        kv = await store.get(GroupKeys("/popmq/", group).leader)
+    finally:
+        await store.aclose()
+    return (str(decode(kv.value)["name"]), kv.create_revision) if kv else None
+
+
+async def wait_leader(etcd: EtcdCluster, group: str, within_s: float) -> tuple[str, int]:
+    with anyio.fail_after(within_s):
+        while True:  # polled: etcd is read the way an operator would
+            found = await leader_of(etcd, group)
+            if found is not None:
+                return found
+            await anyio.sleep(0.1)
+
+
+async def send_until_ok(client: AsyncClient, topic: str, within_s: float) -> float:
+    """Seconds until a send through the proxy is acknowledged."""
+    started = time.monotonic()
+    last: object = None
+    while time.monotonic() - started < within_s:
+        try:
+            receipts = await client.send([Message(topic, b"x")])
+            if receipts[0].code == Code.OK:
+                return time.monotonic() - started
+            last = receipts[0]
+        except PopmqError as exc:
+            last = exc
+        await anyio.sleep(0.1)
+    raise AssertionError(f"no send acknowledged within {within_s}s; last: {last}")
+
+
+async def test_proxy_follows_the_leader_and_new_groups(tmp_path: Path) -> None:
+    async with EtcdCluster.started(tmp_path) as etcd:
+        nodes = {
+            name: PopmqProcess(node_args(etcd, "ga", name, tmp_path, "--unclean-election"),
+                               tmp_path / f"{name}.log")
+            for name in ("ga-0", "ga-1")
+        }  # fmt: skip
+        proxy = PopmqProcess(["proxy", "--host", "127.0.0.1", "--port", "0", "--etcd",
+                              etcd.endpoint_arg], tmp_path / "proxy.log")  # fmt: skip
+        async with running(*nodes.values(), proxy):
+            first, epoch = await wait_leader(etcd, "ga", 10)
+            follower = "ga-1" if first == "ga-0" else "ga-0"
+            topic = f"t{uuid.uuid4().hex[:8]}"
+            async with AsyncClient(proxy.address) as client:
+                await send_until_ok(client, topic, 15)
+                route = await client.query_route(topic)
+                assert {q.broker for q in route} == {"ga"}  # the group's name, not a node's
+
+                # The follower refuses proxies' calls with HA_NOT_AVAILABLE.
+                port = RemoteBrokerPort("ga", nodes[follower].address)
+                try:
+                    with pytest.raises(RefusedError) as refused:
+                        await port.send([Message(topic, b"to the follower")])
+                    assert refused.value.code == Code.HA_NOT_AVAILABLE
+                    assert "follower" in refused.value.message
+                finally:
+                    await port.close()
+
+                # kill -9 the leader: the other node is elected and the proxy moves to it.
+                killed_at = time.monotonic()
+                await nodes[first].kill()
+                await send_until_ok(client, topic, 20)
+                recovered_s = time.monotonic() - killed_at
+                new_leader, new_epoch = await wait_leader(etcd, "ga", 1)
+                assert new_leader == follower and new_epoch > epoch
+                assert recovered_s < 15, f"serving again after {recovered_s:.1f}s"
+                print(f"kill -9 of the leader: sends acknowledged again after {recovered_s:.2f}s")
+
+                # A group started now is routed within seconds, with no proxy restart.
+                async with running(PopmqProcess(node_args(etcd, "gb", "gb-0", tmp_path),
+                                                tmp_path / "gb-0.log")):  # fmt: skip
+                    await wait_leader(etcd, "gb", 10)
+                    fresh = f"t{uuid.uuid4().hex[:8]}"
+                    with anyio.fail_after(10):
+                        while True:
+                            await send_until_ok(client, fresh, 10)
+                            if {q.broker for q in await client.query_route(fresh)} == {"ga", "gb"}:
+                                break
+                            await anyio.sleep(0.3)
+        assert "ga" in proxy.log()
