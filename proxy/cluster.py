@@ -198,15 +198,17 @@ class BrokerCluster:
         # Brokers known to be down are left out until they are tried again (see is_down).
         ports = self.live_ports()
         infos = await fan_out(lookup(port) for port in ports)
+        found = {port.name: info for port, info in zip(ports, infos, strict=True)}
         brokers: dict[str, int] = {}
-        for port, info in zip(ports, infos, strict=True):
+        for name in self._ports:  # cluster order
+            info = found.get(name)
             if info is not None and info.queue_count > 0:
-                brokers[port.name] = info.queue_count
-                self._known_queues[topic, port.name] = info.queue_count
-            elif info is None and self.is_down(port.name):
-                known = self._known_queues.get((topic, port.name))
+                brokers[name] = info.queue_count
+                self._known_queues[topic, name] = info.queue_count
+            elif info is None and self.is_down(name):
+                known = self._known_queues.get((topic, name))
                 if known:  # down, but its queues stay (FIFO groups wait for them)
-                    brokers[port.name] = known
+                    brokers[name] = known
         if not any(not self.is_down(name) for name in brokers):
             brokers = {}  # only known-but-down brokers: as unavailable as before
         if not brokers:
