@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -128,3 +131,79 @@ async def test_proxy_follows_the_leader_and_new_groups(tmp_path: Path) -> None:
                                 break
                             await anyio.sleep(0.3)
         assert "ga" in proxy.log()
+
+
+def admin(etcd: EtcdCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "popmq", "admin", *args, "--etcd", etcd.endpoint_arg],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+async def broker_max_offsets(address: str, group: str, topic: str) -> int:
+    port = RemoteBrokerPort(group, address)
+    try:
+        info = await port.get_topic(topic)
+    finally:
+        await port.close()
+    return sum(q.max_offset for q in info.queues)
+
+
+async def test_cluster_status_drain_and_remove(tmp_path: Path) -> None:
+    async with EtcdCluster.started(tmp_path) as etcd:
+        ga = PopmqProcess(node_args(etcd, "ga", "ga-0", tmp_path), tmp_path / "ga-0.log")
+        gb = PopmqProcess(node_args(etcd, "gb", "gb-0", tmp_path), tmp_path / "gb-0.log")
+        proxy = PopmqProcess(["proxy", "--host", "127.0.0.1", "--port", "0", "--etcd",
+                              etcd.endpoint_arg], tmp_path / "proxy.log")  # fmt: skip
+        async with running(ga, gb, proxy):
+            await wait_leader(etcd, "ga", 10)
+            await wait_leader(etcd, "gb", 10)
+            status = await anyio.to_thread.run_sync(admin, etcd, "cluster", "status", "--json")
+            assert status.returncode == 0, status.stderr
+            groups = {g["name"]: g for g in json.loads(status.stdout)["groups"]}
+            assert set(groups) == {"ga", "gb"}
+            assert groups["ga"]["leader"] == "ga-0" and groups["ga"]["epoch"] > 0
+            assert groups["ga"]["in_sync"] == ["ga-0"]
+            assert groups["ga"]["nodes"] == [
+                {"name": "ga-0", "role": "leader", "lag_bytes": 0, "lag_s": 0.0}
+            ]
+
+            topic = f"t{uuid.uuid4().hex[:8]}"
+            async with AsyncClient(proxy.address) as client:
+                with anyio.fail_after(15):  # both groups routed
+                    while True:
+                        await send_until_ok(client, topic, 10)
+                        if {q.broker for q in await client.query_route(topic)} == {"ga", "gb"}:
+                            break
+                        await anyio.sleep(0.3)
+                drained = await anyio.to_thread.run_sync(
+                    admin, etcd, "brokers", "drain", "gb", "--wait", "10"
+                )
+                assert drained.returncode == 0, drained.stdout + drained.stderr
+                assert "is empty" in drained.stdout
+                await anyio.sleep(1.5)  # the proxy follows the drain mark
+                before = await broker_max_offsets(gb.address, "gb", topic)
+                for _ in range(20):
+                    assert (await client.send([Message(topic, b"d")]))[0].code == Code.OK
+                assert await broker_max_offsets(gb.address, "gb", topic) == before
+
+                refused = await anyio.to_thread.run_sync(admin, etcd, "brokers", "remove", "gb")
+                assert refused.returncode == 2 and "still has running nodes" in refused.stderr
+                await gb.kill()
+                with anyio.fail_after(10):  # its member key goes with its lease
+                    while True:
+                        removed = await anyio.to_thread.run_sync(
+                            admin, etcd, "brokers", "remove", "gb"
+                        )
+                        if removed.returncode == 0:
+                            break
+                        await anyio.sleep(0.5)
+                status = await anyio.to_thread.run_sync(admin, etcd, "cluster", "status", "--json")
+                assert [g["name"] for g in json.loads(status.stdout)["groups"]] == ["ga"]
+                fresh = f"t{uuid.uuid4().hex[:8]}"
+                with anyio.fail_after(10):
+                    while True:
+                        await send_until_ok(client, fresh, 10)
+                        if {q.broker for q in await client.query_route(fresh)} == {"ga"}:
+                            break
+                        await anyio.sleep(0.3)
