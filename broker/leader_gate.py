@@ -174,7 +174,7 @@ class LeaderGatedPort:
 
 
 class GroupCollector(Collector):
-    """popmq_broker_group_* series of this node, read at scrape time from its GroupMember."""
+    """popmq_ha_* series of this node, read at scrape time from its GroupMember."""
 
     def __init__(self, member: GroupMember) -> None:
         self._member = member
@@ -185,20 +185,20 @@ class GroupCollector(Collector):
         values = [member.settings.group, member.settings.name]
         role = member.role
         for name, text, value in (
-            ("popmq_broker_group_epoch", "the group's epoch as this node sees it (0: no leader)",
+            ("popmq_ha_epoch", "the group's epoch as this node sees it (0: no leader)",
              role.epoch),
-            ("popmq_broker_group_is_leader", "1 while this node is the fenced leader",
+            ("popmq_ha_is_leader", "1 while this node is the fenced leader",
              1 if member.may_write() else 0),
-            ("popmq_broker_group_has_leader", "1 while this node knows a leader of its group",
+            ("popmq_ha_has_leader", "1 while this node knows a leader of its group",
              1 if role.has_leader else 0),
-            ("popmq_broker_group_in_sync_size", "nodes in the group's in-sync set",
+            ("popmq_ha_in_sync_size", "nodes in the group's in-sync set",
              len(member.in_sync)),
         ):  # fmt: skip
             gauge = GaugeMetricFamily(name, text, labels=labels)
             gauge.add_metric(values, value)
             yield gauge
         won = CounterMetricFamily(
-            "popmq_broker_group_elections_won", "elections this node won", labels=labels
+            "popmq_ha_elections_won", "elections this node won", labels=labels
         )
         won.add_metric(values, member.elections_won)
         yield won
