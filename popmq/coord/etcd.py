@@ -28,6 +28,8 @@ from popmq.coord.store import (
 )
 
 log = logging.getLogger(__name__)
+# httpx logs every request at INFO: a keepalive each second would flood the broker's log.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 REQUEST_TIMEOUT_S = 2.0
 _TARGETS = {"create": "CREATE", "mod": "MOD", "value": "VALUE"}

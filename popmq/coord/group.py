@@ -117,7 +117,10 @@ class GroupMember:
 
     def may_write(self) -> bool:
         """True while this node is the leader and its lease surely holds (the fence)."""
-        return self._role.is_leader and anyio.current_time() < self._lease_deadline
+        return self._role.is_leader and self._lease_holds()
+
+    def _lease_holds(self) -> bool:
+        return anyio.current_time() < self._lease_deadline
 
     def lease_remaining_s(self) -> float:
         return max(0.0, self._lease_deadline - anyio.current_time())
@@ -248,7 +251,7 @@ class GroupMember:
         if in_sync_kv is not None:
             self._in_sync = [str(m) for m in decode(in_sync_kv.value).get("members", [])]
         role = leader_role(leader, self._lease, self.settings.name)
-        if role.is_leader and not self.may_write():
+        if role.is_leader and not self._lease_holds():
             role = NO_LEADER  # our key, but the lease may already be gone at etcd
         self._publish(role)
 

@@ -106,9 +106,15 @@ async def test_a_deposed_leader_cannot_change_the_in_sync_set(etcd: EtcdCluster)
 async def test_leader_fences_itself_when_etcd_is_gone(etcd: EtcdCluster) -> None:
     async with node(etcd, "n0") as n0:
         await until(n0, lambda r: r.is_leader, 5)
+        epoch = n0.role.epoch
         etcd.stop_all()
         remaining = n0.lease_remaining_s()
         assert 0 < remaining <= TTL_S  # never later than etcd could expire the lease
         await anyio.sleep(remaining + 0.05)
         assert not n0.may_write()
         await until(n0, lambda r: not r.is_leader, 2)
+        # etcd comes back with the lease (a new etcd leader refreshes every lease): n0 leads
+        # again at the same epoch, since its leader key never went away.
+        await etcd.restart(0)
+        await until(n0, lambda r: r.is_leader, 10)
+        assert n0.may_write() and n0.role.epoch == epoch

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -207,3 +208,73 @@ async def test_cluster_status_drain_and_remove(tmp_path: Path) -> None:
                         if {q.broker for q in await client.query_route(fresh)} == {"ga"}:
                             break
                         await anyio.sleep(0.3)
+
+
+async def test_a_paused_leader_acknowledges_nothing_once_replaced(tmp_path: Path) -> None:
+    """SIGSTOP the leader for longer than its lease; another node is elected; after SIGCONT
+    the old leader refuses writes (it fenced itself by its own clock)."""
+    async with EtcdCluster.started(tmp_path) as etcd:
+        nodes = {
+            name: PopmqProcess(node_args(etcd, "ga", name, tmp_path, "--unclean-election"),
+                               tmp_path / f"{name}.log")
+            for name in ("ga-0", "ga-1")
+        }  # fmt: skip
+        async with running(*nodes.values()):
+            first, epoch = await wait_leader(etcd, "ga", 10)
+            other = "ga-1" if first == "ga-0" else "ga-0"
+            zombie = nodes[first]
+            assert zombie.proc is not None
+            port = RemoteBrokerPort("ga", zombie.address, rpc_timeout_s=5)
+            try:
+                await port.send([Message("z", b"before")])  # it leads and acknowledges
+                zombie.proc.send_signal(signal.SIGSTOP)
+                try:
+                    with anyio.fail_after(15):
+                        while True:
+                            found = await leader_of(etcd, "ga")
+                            if found is not None and found[0] == other:
+                                break
+                            await anyio.sleep(0.2)
+                finally:
+                    zombie.proc.send_signal(signal.SIGCONT)
+                with pytest.raises(RefusedError) as refused:
+                    await port.send([Message("z", b"from the zombie")])
+                assert refused.value.code == Code.HA_NOT_AVAILABLE
+            finally:
+                await port.close()
+            new_leader, new_epoch = await wait_leader(etcd, "ga", 1)
+            assert (new_leader, new_epoch > epoch) == (other, True)
+
+
+async def test_no_etcd_quorum_refuses_writes_until_it_returns(tmp_path: Path) -> None:
+    """Three etcd members: losing one changes nothing visible; losing two of three
+    (no quorum) makes the group refuse sends with HA_NOT_AVAILABLE within its lease, and it
+    serves again once quorum is back."""
+    async with EtcdCluster.started(tmp_path, members=3) as etcd:
+        # The default lease (3 s): it must outlast etcd's own election (election timeout 1 s).
+        args = [*node_args(etcd, "ga", "ga-0", tmp_path), "--set", "broker.etcd.lease_ttl_s=3"]
+        node = PopmqProcess(args, tmp_path / "ga-0.log")
+        proxy = PopmqProcess(["proxy", "--host", "127.0.0.1", "--port", "0", "--etcd",
+                              etcd.endpoint_arg], tmp_path / "proxy.log")  # fmt: skip
+        async with running(node, proxy), AsyncClient(proxy.address) as client:
+            await wait_leader(etcd, "ga", 10)
+            await send_until_ok(client, "q", 15)
+            etcd.kill(0)  # maybe etcd's leader: etcd elects another within about a second
+            await anyio.sleep(4)  # longer than the lease: renewed through the other members
+            await send_until_ok(client, "q", 10)
+            etcd.kill(1)
+            refused_after = time.monotonic()
+            with anyio.fail_after(10):  # the lease TTL (2 s) plus the keepalive period
+                while True:
+                    try:
+                        receipt = (await client.send([Message("q", b"no quorum")]))[0]
+                    except PopmqError as exc:  # the whole request failed with this code
+                        assert exc.code == Code.HA_NOT_AVAILABLE, exc
+                        break
+                    assert receipt.code == Code.OK, receipt
+                    await anyio.sleep(0.2)
+            print(f"no quorum: sends refused after {time.monotonic() - refused_after:.2f}s")
+            await etcd.restart(0)
+            await etcd.restart(1)
+            recovered = await send_until_ok(client, "q", 30)
+            print(f"quorum back: sends acknowledged again after {recovered:.2f}s")
