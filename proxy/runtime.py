@@ -130,7 +130,7 @@ async def _follow_etcd_first(
     from popmq.proxy.discovery import GroupFollower
 
     link = config.proxy.broker_link
-    cluster = server.services.cluster
+    cluster = server.cluster
     follower = GroupFollower(
         cluster,
         lambda group, address: RemoteBrokerPort(group, address, link=link),

@@ -13,6 +13,8 @@ from support.etcd import EtcdCluster
 from popmq.coord import Compare, CoordUnavailableError, Delete, LeaseLostError, Put, WatchEvent
 from popmq.coord.etcd import EtcdStore, prefix_end
 
+pytestmark = pytest.mark.subprocess  # a real etcd
+
 
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[EtcdStore]:

@@ -14,7 +14,7 @@ from popmq.coord.etcd import EtcdStore
 from popmq.coord.group import GroupMember, GroupRole, MemberSettings, join_group
 from popmq.coord.keys import GroupKeys, decode
 
-pytestmark = pytest.mark.wallclock
+pytestmark = [pytest.mark.wallclock, pytest.mark.subprocess]  # a real etcd
 TTL_S = 2  # etcd's smallest lease with a 1 s election timeout
 
 

@@ -26,7 +26,7 @@ from popmq.coord.etcd import EtcdStore
 from popmq.coord.keys import GroupKeys, decode
 from popmq.errors import PopmqError
 
-pytestmark = [pytest.mark.wallclock, pytest.mark.slow]
+pytestmark = [pytest.mark.wallclock, pytest.mark.slow, pytest.mark.subprocess]
 
 FAST = ["--set", "broker.etcd.lease_ttl_s=2", "--set", "broker.topics.queue_count=2"]
 
