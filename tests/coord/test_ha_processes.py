@@ -15,7 +15,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from chaos.processes import PopmqProcess
+from chaos.processes import PopmqProcess, free_port, scrape
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message
 from popmq.broker.wire.remote import RemoteBrokerPort
@@ -84,8 +84,10 @@ async def send_until_ok(client: AsyncClient, topic: str, within_s: float) -> flo
 
 async def test_proxy_follows_the_leader_and_new_groups(tmp_path: Path) -> None:
     async with EtcdCluster.started(tmp_path) as etcd:
+        metrics = {name: free_port() for name in ("ga-0", "ga-1")}
         nodes = {
-            name: PopmqProcess(node_args(etcd, "ga", name, tmp_path, "--unclean-election"),
+            name: PopmqProcess(node_args(etcd, "ga", name, tmp_path, "--unclean-election",
+                                         "--set", f"broker.metrics_port={metrics[name]}"),
                                tmp_path / f"{name}.log")
             for name in ("ga-0", "ga-1")
         }  # fmt: skip
@@ -94,6 +96,12 @@ async def test_proxy_follows_the_leader_and_new_groups(tmp_path: Path) -> None:
         async with running(*nodes.values(), proxy):
             first, epoch = await wait_leader(etcd, "ga", 10)
             follower = "ga-1" if first == "ga-0" else "ga-0"
+            page = await anyio.to_thread.run_sync(scrape, metrics[first])
+            labels = f'group="ga",node="{first}"'
+            assert f"popmq_ha_epoch{{{labels}}} {float(epoch)}" in page
+            assert f"popmq_ha_is_leader{{{labels}}} 1.0" in page
+            assert f"popmq_ha_in_sync_size{{{labels}}} 1.0" in page
+            assert f"popmq_ha_elections_won_total{{{labels}}} 1.0" in page
             topic = f"t{uuid.uuid4().hex[:8]}"
             async with AsyncClient(proxy.address) as client:
                 await send_until_ok(client, topic, 15)
@@ -118,6 +126,17 @@ async def test_proxy_follows_the_leader_and_new_groups(tmp_path: Path) -> None:
                 new_leader, new_epoch = await wait_leader(etcd, "ga", 1)
                 assert new_leader == follower and new_epoch > epoch
                 assert recovered_s < 15, f"serving again after {recovered_s:.1f}s"
+                # Receives and acks go to the new leader too (through the proxy's new port).
+                await client.send([Message(topic, b"after failover")])
+                queues = await client.query_route(topic)
+                got = []
+                with anyio.fail_after(40):
+                    while not any(m.body == b"after failover" for m in got):
+                        for queue in queues:
+                            got += await client.receive("cg", queue, long_polling_ms=5000)
+                entries = [(m.message_id, m.receipt_handle) for m in got]
+                outcomes = await client.ack("cg", topic, entries)
+                assert outcomes and all(o.ok for o in outcomes), outcomes
                 print(f"kill -9 of the leader: sends acknowledged again after {recovered_s:.2f}s")
 
                 # A group started now is routed within seconds, with no proxy restart.
