@@ -196,6 +196,31 @@ async def test_cluster_status_drain_and_remove(tmp_path: Path) -> None:
                         if {q.broker for q in await client.query_route(topic)} == {"ga", "gb"}:
                             break
                         await anyio.sleep(0.3)
+                for _ in range(10):  # round robin: some land on gb
+                    assert (await client.send([Message(topic, b"m")]))[0].code == Code.OK
+                assert await broker_max_offsets(gb.address, "gb", topic) > 0
+                # A consumer group holds one of gb's messages in flight: not empty yet.
+                gb_queues = [q for q in await client.query_route(topic) if q.broker == "gb"]
+                held = []
+                with anyio.fail_after(30):
+                    while not any(m.broker == "gb" for m in held):
+                        for queue in gb_queues:
+                            held += await client.receive("cg", queue, long_polling_ms=5000)
+                busy = await anyio.to_thread.run_sync(
+                    admin, etcd, "brokers", "drain", "gb", "--wait", "1"
+                )
+                assert busy.returncode == 1 and "not empty yet" in busy.stdout, busy.stdout
+                assert "cg on " in busy.stdout
+                # Consume the rest, ack everything: now it is empty.
+                with anyio.fail_after(30):
+                    while True:
+                        entries = [(m.message_id, m.receipt_handle) for m in held]
+                        assert all(o.ok for o in await client.ack("cg", topic, entries))
+                        held = []
+                        for queue in gb_queues:
+                            held += await client.receive("cg", queue, long_polling_ms=5000)
+                        if not held:
+                            break
                 drained = await anyio.to_thread.run_sync(
                     admin, etcd, "brokers", "drain", "gb", "--wait", "10"
                 )
