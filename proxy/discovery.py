@@ -79,10 +79,13 @@ class GroupFollower:
         cluster: BrokerCluster,
         make_port: Callable[[str, str], BrokerPort],
         on_change: Callable[[], None] = lambda: None,
+        on_leader: Callable[[str, bool | None], None] = lambda group, up: None,
     ) -> None:
         self.cluster = cluster
         self._make_port = make_port  # (group, address) -> a port to that node
         self._on_change = on_change
+        # (group, has a leader; None: gone): popmq_proxy_broker_up for followed groups.
+        self._on_leader = on_leader
         self._addresses: dict[str, str] = {}  # group -> leader address routed to ("" none)
         self._retired: list[tuple[float, BrokerPort]] = []
 
@@ -104,11 +107,13 @@ class GroupFollower:
                 continue  # never led yet: not routable
             self._retire(self.cluster.put_port(port))
             self._addresses[name] = address
+            self._on_leader(name, view.leader is not None)
             changed = True
         for name in [n for n in self._addresses if n not in groups]:
             log.info("group %s is gone from etcd: removed", name)
             self._retire(self.cluster.remove_port(name))
             del self._addresses[name]
+            self._on_leader(name, None)
             changed = True
         if changed:
             self._on_change()

@@ -135,6 +135,7 @@ async def _follow_etcd_first(
         cluster,
         lambda group, address: RemoteBrokerPort(group, address, link=link),
         lambda: server.metrics.watch_links(cluster.ports),
+        lambda group, up: _broker_up(server.metrics, group, up),
     )
     with anyio.move_on_after(INITIAL_SYNC_S):
         try:
@@ -143,6 +144,16 @@ async def _follow_etcd_first(
             log.warning("etcd unreachable at start (following once it answers): %s",
                         exc.message)  # fmt: skip
     return follower
+
+
+def _broker_up(metrics: ProxyMetrics, group: str, up: bool | None) -> None:
+    """popmq_proxy_broker_up of a followed group: 1 with a leader, 0 without, gone when the
+    group is removed."""
+    if up is None:
+        with contextlib.suppress(KeyError):
+            metrics.broker_up.remove(group)
+    else:
+        metrics.broker_up.labels(group).set(1 if up else 0)
 
 
 @contextlib.contextmanager

@@ -60,8 +60,11 @@ async def test_groups_come_move_and_go() -> None:
 
 async def test_a_group_without_leader_refuses_with_ha_not_available() -> None:
     cluster, groups, _ = follower()
+    seen: list[tuple[str, bool | None]] = []
+    groups._on_leader = lambda group, up: seen.append((group, up))
     groups.apply({"a": view("a", "h:1")})
     groups.apply({"a": view("a", None)})
+    assert seen == [("a", True), ("a", False)]
     port = cluster.port("a")
     assert isinstance(port, LeaderlessPort)
     with pytest.raises(NoLeaderError) as refused:
