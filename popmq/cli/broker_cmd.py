@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("popmq.broker")
 
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", ""})
 # How long in-flight calls may finish after a stop signal before they are cancelled.
 STOP_GRACE_S = 1.0
 
@@ -238,6 +240,9 @@ async def _serve_in_group(
     from popmq.coord.group import MemberSettings, join_group
 
     group = config.group.name or config.name
+    if config.host in WILDCARD_HOSTS and not config.group.advertise:
+        # Listening everywhere: proxies need a name that reaches this host (a pod's FQDN).
+        address = f"{socket.getfqdn()}:{address.rsplit(':', 1)[1]}"
     settings = MemberSettings(
         group=group,
         name=config.name,
