@@ -53,7 +53,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "serving its messages (receives, acks). With --wait, ask the group's leader every "
         "few seconds until every consumer group has consumed and acked everything on it.",
     )  # fmt: skip
-    drain.add_argument("group")
+    drain.add_argument("group", help="the broker group (its name in etcd)")
     drain.add_argument(
         "--wait", type=float, metavar="SECONDS", default=0.0,
         help="wait up to this long for the group to be empty (exit 1 if not)",
@@ -64,7 +64,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     drain.set_defaults(func=_drain)
     undrain = verbs.add_parser("undrain", help="let a drained group take sends again")
-    undrain.add_argument("group")
+    undrain.add_argument("group", help="the broker group")
     undrain.set_defaults(func=_undrain)
     remove = verbs.add_parser(
         "remove", help="take a group out of the cluster (its keys in etcd)",
@@ -72,7 +72,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "a node of the group is still registered (stop them first) and, unless --force, "
         "while the group is not draining.",
     )  # fmt: skip
-    remove.add_argument("group")
+    remove.add_argument("group", help="the broker group")
     remove.add_argument("--force", action="store_true", help="remove even if not drained")
     remove.set_defaults(func=_remove)
     for parser in (drain, undrain, remove):
