@@ -109,6 +109,10 @@ class LeaderGatedPort:
         self._check()
         return results
 
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        self._check()
+        return await self._port.recall(topic, recall_handle)
+
     async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
         self._check()
         await self._port.forward_to_dlq(group, topic, receipt_handle)
@@ -131,9 +135,9 @@ class LeaderGatedPort:
         self._check()
         return await self._port.offset_for_timestamp(topic, queue_id, timestamp_ms)
 
-    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo:
+    async def create_topic(self, topic: str, queue_count: int, message_type: str = "") -> TopicInfo:
         self._check()
-        return await self._port.create_topic(topic, queue_count)
+        return await self._port.create_topic(topic, queue_count, message_type)
 
     async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
         self._check()

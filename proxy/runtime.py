@@ -40,22 +40,25 @@ async def embedded_brokers(config: PopmqConfig) -> AsyncIterator[list[BrokerPort
     from popmq.broker.core import Broker
     from popmq.broker.local import LocalBrokerPort
 
-    started: list[Any] = []
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        started: list[Broker] = []
         for name in embedded_broker_names(config.serve.brokers):
             broker_config = config.broker.model_copy(
                 update={"name": name, "data_dir": config.serve.data_dir / name}
             )
             broker = Broker(broker_config)
             await broker.start()
+            stack.push_async_callback(_close_logged, broker)  # closed in reverse order
             started.append(broker)
         yield [LocalBrokerPort(broker) for broker in started]
-    finally:
-        for broker in reversed(started):
-            try:
-                await broker.stop()
-            except Exception:
-                log.exception("broker %s did not stop cleanly", broker)
+
+
+async def _close_logged(broker: Any) -> None:
+    """One broker failing to close must not keep the others open."""
+    try:
+        await broker.aclose()
+    except Exception:
+        log.exception("broker %s did not stop cleanly", broker)
 
 
 def remote_brokers(config: PopmqConfig) -> list[BrokerPort]:
@@ -86,39 +89,38 @@ async def serve_proxy(
     # `popmq serve`: the embedded brokers' metrics are served on the proxy's endpoint too.
     brokers = embedded_registries(ports)
     registry = merged_registry([metrics.registry, *brokers]) if brokers else metrics.registry
-    with metrics_endpoint(proxy.metrics_port, registry, proxy.host) as http:
+    # Closed in reverse: the broker watch, the server, the metrics endpoint.
+    async with contextlib.AsyncExitStack() as stack:
+        http = stack.enter_context(metrics_endpoint(proxy.metrics_port, registry, proxy.host))
         server = ProxyServer(config, ports, metrics=metrics)
         # `popmq proxy --etcd`: brokers are the groups registered in etcd, followed live.
         store = follower = None
         if proxy.etcd.endpoints:
             store = EtcdStore(proxy.etcd.endpoints, timeout_s=proxy.etcd.request_timeout_s)
+            stack.push_async_callback(store.aclose)
             follower = await _follow_etcd_first(config, server, store)
+            # Old leaders' ports, closed after the server (which closes the current ones).
+            stack.push_async_callback(follower.close_retired, all_now=True)
         await server.start()
-        try:
-            # The runtime's own task group: the broker watch ends with it, before the server.
-            async with anyio.create_task_group() as group:
-                if follower is not None and store is not None:
-                    group.start_soon(follower.follow, store, proxy.etcd.prefix)
-                if proxy.brokers and not brokers:  # cluster mode: say when one is unreachable
-                    group.start_soon(watch_brokers, proxy.brokers, metrics, proxy.broker_link)
-                else:
-                    for port in ports:
-                        metrics.broker_up.labels(port.name).set(1)
-                if http is not None:
-                    log.info("metrics on http://%s:%d/metrics", proxy.host, http.server_port)
-                    announce(f"popmq metrics on {proxy.host}:{http.server_port}")
-                announce(f"popmq proxy listening on {proxy.host}:{server.port}")
-                if server.admin_port is not None:
-                    announce(f"popmq admin listening on {proxy.host}:{server.admin_port}")
-                await stop.wait()
-                log.info("stopping proxy")
-                group.cancel_scope.cancel()
-        finally:
-            await server.stop(STOP_GRACE_S)
-            if follower is not None:
-                await follower.close_retired(all_now=True)
-            if store is not None:
-                await store.aclose()
+        stack.push_async_callback(server.aclose, STOP_GRACE_S)
+        # The runtime's own task group: the broker watch ends with it, before the server.
+        async with anyio.create_task_group() as group:
+            if follower is not None and store is not None:
+                group.start_soon(follower.follow, store, proxy.etcd.prefix)
+            if proxy.brokers and not brokers:  # cluster mode: say when one is unreachable
+                group.start_soon(watch_brokers, proxy.brokers, metrics, proxy.broker_link)
+            else:
+                for port in ports:
+                    metrics.broker_up.labels(port.name).set(1)
+            if http is not None:
+                log.info("metrics on http://%s:%d/metrics", proxy.host, http.server_port)
+                announce(f"popmq metrics on {proxy.host}:{http.server_port}")
+            announce(f"popmq proxy listening on {proxy.host}:{server.port}")
+            if server.admin_port is not None:
+                announce(f"popmq admin listening on {proxy.host}:{server.admin_port}")
+            await stop.wait()
+            log.info("stopping proxy")
+            group.cancel_scope.cancel()
 
 
 async def _follow_etcd_first(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -196,30 +197,26 @@ async def serve_broker(
     # proxies call the broker, whichever node leads.
     core_config = config.model_copy(update={"name": config.group.name or config.name})
     try:
-        broker = Broker(core_config if grouped else config)
-        await broker.start()
-        try:
+        # Started in order, closed in reverse: the metrics endpoint, the server, the broker.
+        async with contextlib.AsyncExitStack() as stack:
+            broker = await stack.enter_async_context(Broker(core_config if grouped else config))
             port: BrokerPort = LocalBrokerPort(broker)
             gate = LeaderGatedPort(port, config.group) if grouped else None
             server = BrokerGrpcServer(gate or port, config.host, config.port, config=config)
             await server.start()
-            try:
-                with metrics_endpoint(
-                    config.metrics_port, broker.metrics.registry, config.host
-                ) as http:
-                    if http is not None:  # stderr only: stdout's first line is the contract
-                        log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)
-                    address = f"{config.host}:{server.bound_port}"
-                    if gate is None:
-                        announce(f"popmq broker {config.name} listening on {address}")
-                        await stop.wait()
-                    else:
-                        await _serve_in_group(config, gate, broker, address, announce, stop)
-                    log.info("stopping broker %s", config.name)
-            finally:
-                await server.stop(STOP_GRACE_S)
-        finally:
-            await broker.stop()
+            stack.push_async_callback(server.aclose, STOP_GRACE_S)
+            http = stack.enter_context(
+                metrics_endpoint(config.metrics_port, broker.metrics.registry, config.host)
+            )
+            if http is not None:  # stderr only: stdout's first line is the contract
+                log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)
+            address = f"{config.host}:{server.bound_port}"
+            if gate is None:
+                announce(f"popmq broker {config.name} listening on {address}")
+                await stop.wait()
+            else:
+                await _serve_in_group(config, gate, broker, address, announce, stop)
+            log.info("stopping broker %s", config.name)
     finally:
         for signum in signals:
             loop.remove_signal_handler(signum)
