@@ -221,10 +221,10 @@ class BrokerCluster:
         # Brokers known to be down are left out until they are tried again (see is_down).
         ports = self.live_ports()
         infos = await fan_out(lookup(port) for port in ports)
-        found = {port.name: info for port, info in zip(ports, infos, strict=True)}
+        by_name = {port.name: info for port, info in zip(ports, infos, strict=True)}
         brokers: dict[str, int] = {}
         for name in self._ports:  # cluster order
-            info = found.get(name)
+            info = by_name.get(name)
             if info is not None and info.queue_count > 0:
                 brokers[name] = info.queue_count
                 self._known_queues[topic, name] = info.queue_count
