@@ -218,6 +218,56 @@ class ReplicationConfig(Section):
         return self
 
 
+class EtcdConfig(Section):
+    """Where broker groups elect leaders and register members (popmq.coord). No endpoints: no
+    etcd (a broker is a group of one; a proxy needs a --broker list)."""
+
+    # Client URLs of the etcd members, e.g. ["http://etcd-0:2379", "http://etcd-1:2379"].
+    endpoints: list[str] = Field(default_factory=list)
+    # Every key popmq writes lives under this prefix (several clusters can share one etcd).
+    prefix: str = "/popmq/"
+    # A node's lease: a leader that cannot renew it stops acknowledging after this long.
+    lease_ttl_s: int = Field(3, ge=2, le=60)
+    # Each etcd request's deadline (a dead member costs at most this before the next is tried).
+    request_timeout_s: float = Field(2.0, gt=0)
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):  # --etcd URL[,URL...] and POPMQ_*__ENDPOINTS
+            return [url.strip() for url in value.split(",") if url.strip()]
+        return value
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"etcd endpoint {url!r} must be a URL (http://HOST:PORT)")
+        return value
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not value.startswith("/") or not value.endswith("/"):
+            raise ValueError(f"etcd prefix {value!r} must start and end with '/'")
+        return value
+
+
+class BrokerGroupConfig(Section):
+    """A broker group (RocketMQ's master and slaves): nodes sharing one name towards proxies,
+    one of them the elected leader. Needs broker.etcd.endpoints."""
+
+    # The group's name (what proxies and receipt handles call the broker); broker.name is
+    # then this node's name in the group. None: no group. Copies: broker.replication.
+    name: str | None = None
+    # RocketMQ's enableElectUncleanMaster: let a node outside the in-sync set become leader
+    # (it may lack acknowledged writes: an explicit opt-in to lose them for availability).
+    unclean_election: bool = False
+    # host:port other nodes and proxies reach this node at (default: broker.host and the port).
+    advertise: str | None = None
+
+
 class BrokerConfig(Section):
     name: str = "broker-a"
     # brokerClusterName: the `cluster` label of the rocketmq_* metrics.
@@ -251,6 +301,26 @@ class BrokerConfig(Section):
     pop: PopConfig = Field(default_factory=PopConfig)
     polling: PollingConfig = Field(default_factory=PollingConfig)
     replication: ReplicationConfig = Field(default_factory=ReplicationConfig)
+    group: BrokerGroupConfig = Field(default_factory=BrokerGroupConfig)
+    etcd: EtcdConfig = Field(default_factory=EtcdConfig)
+
+    @model_validator(mode="after")
+    def _group_needs_etcd(self) -> BrokerConfig:
+        if self.group.name is not None and not self.etcd.endpoints:
+            raise ValueError("broker.group.name needs broker.etcd.endpoints (--etcd URL)")
+        return self
+
+    def as_group_node(self) -> BrokerConfig:
+        """The settings a node of ``group.name`` runs with: the broker (its store, receipt
+        handles, what proxies call it) is named after the group, and the node's own name
+        (``--name``) is its name in the in-sync set and in etcd. Unchanged without a group."""
+        if self.group.name is None:
+            return self
+        node = self.replication.node or self.name
+        return self.model_copy(update={
+            "name": self.group.name,
+            "replication": self.replication.model_copy(update={"node": node}),
+        })  # fmt: skip
 
 
 class BrokerAddress(Section):
@@ -275,6 +345,9 @@ class ProxyConfig(Section):
     advertise_port: int | None = None
     metrics_port: int | None = Field(None, ge=0, le=65535)
     brokers: list[BrokerAddress] = Field(default_factory=list)
+    # With endpoints, the brokers are the groups registered in etcd (their leaders), followed
+    # live; `brokers` may stay empty.
+    etcd: EtcdConfig = Field(default_factory=EtcdConfig)
 
     min_long_polling_ms: int = Field(5_000, ge=0)
     max_long_polling_ms: int = Field(20_000, ge=1)

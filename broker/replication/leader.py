@@ -111,7 +111,11 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
         return self._config.min_in_sync
 
     def check_available(self) -> None:
-        """Refuse a write now when fewer than min_in_sync nodes are in sync."""
+        """Refuse a write now when this node may no longer lead (its role source fenced it)
+        or fewer than min_in_sync nodes are in sync."""
+        if not self._roles.current().is_leader:
+            raise RefusedError(Code.HA_NOT_AVAILABLE, "this node no longer leads; nothing was "
+                               "written")  # fmt: skip
         if self.in_sync.size < self.min_in_sync:
             raise RefusedError(
                 Code.HA_NOT_AVAILABLE,
@@ -126,8 +130,13 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
 
     async def replicated(self) -> None:
         """Return once what was written before this call is durable on the in-sync set."""
-        if self._config.mode != "sync":
-            return
+        if self._config.mode == "sync":
+            await self._in_sync_durable()
+        # The fence: a leader whose lease ran out meanwhile answers nothing.
+        if self._closed or not self._roles.current().is_leader:
+            raise RefusedError(Code.HA_NOT_AVAILABLE, "this node stopped leading during the write")
+
+    async def _in_sync_durable(self) -> None:
         target = self._batch_ids + 1
         for kick in self._kicks:
             kick.set()
@@ -141,8 +150,6 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
                 f"the in-sync followers did not confirm within {self._config.sync_timeout_ms} "
                 "ms; the write may be applied: retry it",
             ) from None
-        if self._closed or not self._roles.current().is_leader:
-            raise RefusedError(Code.HA_NOT_AVAILABLE, "this node stopped leading during the write")
 
     def _done(self, target: int) -> bool:
         if self._closed:

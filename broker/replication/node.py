@@ -68,9 +68,11 @@ def role_from_config(config: BrokerConfig) -> GroupRole:
 
 
 class ReplicatedNode:
-    def __init__(self, config: BrokerConfig, roles: RoleSource, *, clock: Clock = SYSTEM) -> None:
+    def __init__(
+        self, config: BrokerConfig, roles: RoleSource | None = None, *, clock: Clock = SYSTEM
+    ) -> None:
         self._config = config
-        self._roles = roles
+        self._roles: RoleSource | None = roles
         self._clock = clock
         self.port = NodePort(config.name)
         self._gate = ReplicationGate()
@@ -110,8 +112,13 @@ class ReplicatedNode:
         """Stop serving (calls in flight get ``grace_s``); ``run`` is cancelled by its owner."""
         await self._server.aclose(grace_s)
 
-    async def run(self) -> None:
-        """Play the role the source gives, and the next one, until cancelled."""
+    async def run(self, roles: RoleSource | None = None) -> None:
+        """Play the role the source gives, and the next one, until cancelled. ``roles`` is
+        given here when it needs the started server (an election registers the bound
+        address)."""
+        self._roles = roles or self._roles
+        if self._roles is None:
+            raise ValueError("a replicated node needs a role source")
         role = self._roles.current()
         while True:
             async with anyio.create_task_group() as group:
@@ -135,7 +142,8 @@ class ReplicatedNode:
 
     # -- leading -----------------------------------------------------------------------------
     async def _lead(self, role: GroupRole) -> None:
-        config = self._config
+        config, roles = self._config, self._roles
+        assert roles is not None  # run() has one
         history = EpochHistory(config.data_dir)
         if role.epoch < history.last_epoch:
             self.port.refusal = (
@@ -154,7 +162,7 @@ class ReplicatedNode:
                 await anyio.sleep_forever()
             own_keyring = keyring_path(config).parent == Path(config.data_dir)
             leader = ReplicationLeader(
-                Path(config.data_dir), self.node, role, self._roles, config.replication, history,
+                Path(config.data_dir), self.node, role, roles, config.replication, history,
                 clock=self._clock, copy_keyring=own_keyring,
             )  # fmt: skip
             async with leader:
@@ -177,6 +185,9 @@ class ReplicatedNode:
 
     # -- following ---------------------------------------------------------------------------
     async def _follow(self, role: GroupRole) -> None:
+        if not role.leader_address:  # an election is under way: wait for its result
+            self.port.refusal = f"{self.node}: the group has no leader now"
+            await anyio.sleep_forever()
         self.port.refusal = (f"{self.node} is a follower (epoch {role.epoch}); the leader is "
                              f"{role.leader_name or '?'} at {role.leader_address}")  # fmt: skip
         writer = ReplicaWriter(Path(self._config.data_dir))

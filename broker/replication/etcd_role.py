@@ -1,0 +1,54 @@
+"""The role of a node from its group's election in etcd (popmq.coord.group).
+
+``ElectedRoleSource`` adapts a ``GroupMember`` to ``RoleSource``: the role is the member's view
+of the leader key (its create_revision is the epoch, the fencing token), a change of it is
+awaited on the member, and the in-sync set is written with the member's epoch-compared
+transaction, so a deposed leader's report fails and it learns at once that it lost.
+
+Fencing: ``current()`` says "leader" only while the member may write, i.e. until the lease
+deadline measured from the last keepalive sent. Replication checks the role before a write
+and again after its barrier, so a leader that was paused or cut off from etcd past that
+deadline answers nothing, even before it has heard of its successor.
+"""
+
+from __future__ import annotations
+
+from popmq.broker.replication.role import GroupRole
+
+from popmq.coord.group import GroupMember
+from popmq.coord.group import GroupRole as ElectedRole
+
+
+class DeposedError(Exception):
+    """An in-sync report from a node that no longer leads that epoch."""
+
+
+class ElectedRoleSource:
+    def __init__(self, member: GroupMember) -> None:
+        self._member = member
+
+    def current(self) -> GroupRole:
+        return self._mapped(self._member.role)
+
+    def _mapped(self, role: ElectedRole) -> GroupRole:
+        leads = role.is_leader and self._member.may_write()
+        return GroupRole(
+            epoch=role.epoch,
+            leader_name=role.leader_name,
+            leader_address=role.leader_address,
+            is_leader=leads,
+        )
+
+    async def wait_changed(self, seen: GroupRole) -> GroupRole:
+        while True:
+            role = self.current()
+            if role != seen:
+                return role
+            await self._member.role_changed()
+
+    async def report_in_sync(self, epoch: int, members: frozenset[str]) -> None:
+        role = self._member.role
+        if not role.is_leader or role.epoch != epoch:
+            raise DeposedError(f"this node no longer leads epoch {epoch} (now {role.epoch})")
+        if not await self._member.set_in_sync(sorted(members)):
+            raise DeposedError(f"the leader key is no longer epoch {epoch}'s: not recorded")

@@ -1,0 +1,263 @@
+"""Failover of a replicated broker group under load (issue 19's chaos suite).
+
+Real etcd (one member) and three `popmq broker --etcd --group ga --replication sync
+--min-in-sync 2` nodes, elected and replicating by themselves, behind a `popmq proxy --etcd`
+with no broker list. A producer and a consumer run through the proxy throughout. Measured and
+printed: the time from the fault until a send is acknowledged again (issue 19's target is 5 s;
+the bound asserted is generous, CI is a loaded 2-core VM), duplicates. Asserted: no
+acknowledged send is lost, and a zombie leader acknowledges nothing once it was replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import signal
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import pytest
+from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.contract.types import Message
+from popmq.broker.wire.remote import RemoteBrokerPort
+from support.etcd import EtcdCluster
+
+from chaos.processes import PopmqProcess
+from popmq.client.aio import AsyncClient
+from popmq.client.model import QueueRef
+from popmq.coord.etcd import EtcdStore
+from popmq.coord.keys import GroupKeys, decode
+from popmq.errors import PopmqError
+
+pytestmark = [pytest.mark.wallclock, pytest.mark.slow, pytest.mark.subprocess]
+
+GROUP = "ga"
+NODES = ("ga-0", "ga-1", "ga-2")
+LEASE_TTL_S = 2
+RECOVERY_BOUND_S = 20.0  # generous; the figure printed is what matters (target <= 5 s)
+INVISIBLE_MS = 10_000  # the minimum
+
+
+def node(etcd: EtcdCluster, name: str, root: Path) -> PopmqProcess:
+    args = ["broker", "--name", name, "--group", GROUP, "--etcd", etcd.endpoint_arg,
+            "--replication", "sync", "--min-in-sync", "2",
+            "--host", "127.0.0.1", "--port", "0", "--data-dir", str(root / name),
+            "--set", f"broker.etcd.lease_ttl_s={LEASE_TTL_S}",
+            "--set", "broker.topics.queue_count=2"]  # fmt: skip
+    return PopmqProcess(args, root / f"{name}.log")
+
+
+Running = tuple[EtcdCluster, dict[str, PopmqProcess], PopmqProcess]
+
+
+@contextlib.asynccontextmanager
+async def group_behind_proxy(root: Path) -> AsyncIterator[Running]:
+    async with EtcdCluster.started(root) as etcd:
+        nodes = {name: node(etcd, name, root) for name in NODES}
+        proxy = PopmqProcess(["proxy", "--host", "127.0.0.1", "--port", "0", "--etcd",
+                              etcd.endpoint_arg], root / "proxy.log")  # fmt: skip
+        started: list[PopmqProcess] = []
+        try:
+            for process in (*nodes.values(), proxy):
+                started.append(await process.start())
+            yield etcd, nodes, proxy
+        finally:
+            for process in started:
+                await process.kill()
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    """Return once ``predicate()`` holds (the caller bounds the wait)."""
+    while True:
+        if predicate():
+            return
+        await anyio.sleep(0.05)
+
+
+async def leader_of(etcd: EtcdCluster) -> tuple[str, int] | None:
+    store = EtcdStore(etcd.endpoints)
+    try:
+        kv = await store.get(GroupKeys("/popmq/", GROUP).leader)
+    finally:
+        await store.aclose()
+    return (str(decode(kv.value)["name"]), kv.create_revision) if kv else None
+
+
+async def wait_leader(etcd: EtcdCluster, within_s: float, not_: str = "") -> tuple[str, int]:
+    with anyio.fail_after(within_s):
+        while True:
+            found = await leader_of(etcd)
+            if found is not None and found[0] != not_:
+                return found
+            await anyio.sleep(0.1)
+
+
+@dataclass
+class Traffic:
+    """A producer and a consumer through the proxy; what each saw."""
+
+    client: AsyncClient
+    topic: str
+    # (monotonic time the send started, when it was acknowledged, body)
+    acked: list[tuple[float, float, bytes]] = field(default_factory=list)
+    send_failures: int = 0
+    received: Counter[bytes] = field(default_factory=Counter)  # acked by the consumer
+    delivered: Counter[bytes] = field(default_factory=Counter)  # received, acked or not
+    receive_errors: int = 0
+    last_receive_error = ""
+    producing: bool = True
+
+    async def produce(self) -> None:
+        sequence = 0
+        while self.producing:
+            body = f"m-{sequence}".encode()
+            sequence += 1
+            started = time.monotonic()
+            try:
+                receipt = (await self.client.send([Message(self.topic, body)]))[0]
+            except PopmqError:
+                receipt = None
+            if receipt is not None and receipt.code == Code.OK:
+                self.acked.append((started, time.monotonic(), body))
+            else:
+                self.send_failures += 1
+                await anyio.sleep(0.05)
+
+    async def consume(self, queue: QueueRef) -> None:
+        while True:
+            try:
+                messages = await self.client.receive("cg", queue, batch_size=16,
+                                                     invisible_ms=INVISIBLE_MS,
+                                                     long_polling_ms=5_000)  # fmt: skip
+                self.delivered.update(m.body for m in messages)
+                if messages:
+                    outcomes = await self.client.ack(
+                        "cg", self.topic, [(m.message_id, m.receipt_handle) for m in messages]
+                    )
+                    for message, outcome in zip(messages, outcomes, strict=True):
+                        if outcome.ok:  # an unacked one comes back: counted then
+                            self.received[message.body] += 1
+            except PopmqError as error:
+                self.receive_errors += 1
+                self.last_receive_error = str(error)
+                await anyio.sleep(0.1)
+
+    def sent_since(self, instant: float) -> bool:
+        """Whether a send started after ``instant`` was acknowledged."""
+        return any(started > instant for started, _, _ in self.acked)
+
+    def outage_after(self, instant: float) -> float:
+        """The longest time without an acknowledged send from ``instant`` on (a send in
+        flight at the fault may still be answered by the old leader: the gap after it)."""
+        times = [at for _, at, _ in self.acked]
+        return max(
+            (later - max(earlier, instant)
+             for earlier, later in itertools.pairwise(times) if later > instant),
+            default=0.0,
+        )  # fmt: skip
+
+    def lost(self) -> list[bytes]:
+        """Acknowledged sends never delivered."""
+        return [body for _, _, body in self.acked if body not in self.delivered]
+
+    def unconsumed(self) -> list[bytes]:
+        """Acknowledged sends not yet consumed (delivered, and that delivery acked)."""
+        return [body for _, _, body in self.acked if body not in self.received]
+
+
+async def test_kill_9_of_the_leader_loses_no_acknowledged_send(tmp_path: Path) -> None:
+    async with group_behind_proxy(tmp_path) as (etcd, nodes, proxy):
+        first, epoch = await wait_leader(etcd, 15)
+        topic = f"t{uuid.uuid4().hex[:8]}"
+        async with AsyncClient(proxy.address, timeout_s=10) as client:
+            traffic = Traffic(client, topic)
+            with anyio.fail_after(30):  # a follower must be in sync before sends are taken
+                while not traffic.acked:
+                    try:
+                        receipt = (await client.send([Message(topic, b"m-first")]))[0]
+                        if receipt.code == Code.OK:
+                            traffic.acked.append((0.0, time.monotonic(), b"m-first"))
+                    except PopmqError:
+                        pass
+                    await anyio.sleep(0.2)
+            queues = await client.query_route(topic)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(traffic.produce)
+                for queue in queues:
+                    tasks.start_soon(traffic.consume, queue)
+                await anyio.sleep(2)
+                killed_at = time.monotonic()
+                await nodes[first].kill()
+                second, new_epoch = await wait_leader(etcd, RECOVERY_BOUND_S, not_=first)
+                elected_s = time.monotonic() - killed_at
+                with anyio.fail_after(RECOVERY_BOUND_S):
+                    await until(lambda: traffic.sent_since(killed_at))
+                await anyio.sleep(2)  # traffic on the new leader
+                traffic.producing = False
+                with anyio.move_on_after(40):  # drain: redeliveries come after INVISIBLE_MS
+                    await until(lambda: not traffic.unconsumed())
+                tasks.cancel_scope.cancel()
+        recovered_s = traffic.outage_after(killed_at)
+        duplicates = sum(count - 1 for count in traffic.received.values() if count > 1)
+        print(f"\nkill -9 of leader {first} (epoch {epoch}): {second} elected (epoch "
+              f"{new_epoch}) after {elected_s:.2f}s; sends acknowledged again after "
+              f"{recovered_s:.2f}s (longest gap); {len(traffic.acked)} acknowledged, "
+              f"{traffic.send_failures} send failures, {duplicates} duplicates, "
+              f"{traffic.receive_errors} receive errors "
+              f"(last: {traffic.last_receive_error or '-'})")  # fmt: skip
+        assert new_epoch > epoch
+        assert traffic.lost() == [], f"acknowledged sends lost: {traffic.lost()[:10]}"
+        assert traffic.unconsumed() == [], f"never redelivered: {traffic.unconsumed()[:10]}"
+        assert recovered_s < RECOVERY_BOUND_S
+
+
+async def test_a_paused_leader_acknowledges_nothing_once_replaced(tmp_path: Path) -> None:
+    """SIGSTOP the leader past its lease; a follower in sync is elected; after SIGCONT the old
+    leader refuses every send (fenced by its own clock, then by the new epoch)."""
+    async with group_behind_proxy(tmp_path) as (etcd, nodes, proxy):
+        first, epoch = await wait_leader(etcd, 15)
+        zombie = nodes[first]
+        assert zombie.proc is not None
+        direct = RemoteBrokerPort(GROUP, zombie.address, rpc_timeout_s=10)
+        try:
+            with anyio.fail_after(30):  # until a follower is in sync
+                while True:
+                    try:
+                        await direct.send([Message("z", b"before")])
+                        break
+                    except RefusedError:
+                        await anyio.sleep(0.2)
+            zombie.proc.send_signal(signal.SIGSTOP)
+            paused_at = time.monotonic()
+            try:
+                second, new_epoch = await wait_leader(etcd, RECOVERY_BOUND_S, not_=first)
+                elected_s = time.monotonic() - paused_at
+            finally:
+                zombie.proc.send_signal(signal.SIGCONT)
+            refused = 0
+            for attempt in range(5):  # at once after SIGCONT, and for a while after
+                with pytest.raises(RefusedError) as error:
+                    await direct.send([Message("z", f"zombie-{attempt}".encode())])
+                assert error.value.code in (Code.HA_NOT_AVAILABLE, Code.SLAVE_PERSISTENCE_TIMEOUT)
+                refused += 1
+                await anyio.sleep(0.2)
+        finally:
+            await direct.close()
+        async with AsyncClient(proxy.address, timeout_s=10) as client:
+            with anyio.fail_after(RECOVERY_BOUND_S):
+                while True:
+                    try:
+                        if (await client.send([Message("z", b"after")]))[0].code == Code.OK:
+                            break
+                    except PopmqError:
+                        pass
+                    await anyio.sleep(0.1)
+        print(f"\nSIGSTOP of leader {first} (epoch {epoch}): {second} elected (epoch "
+              f"{new_epoch}) after {elected_s:.2f}s; the zombie refused {refused} of "
+              f"{refused} sends after SIGCONT")  # fmt: skip
+        assert new_epoch > epoch
