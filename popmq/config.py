@@ -225,19 +225,47 @@ class EtcdConfig(Section):
 
 class BrokerGroupConfig(Section):
     """A broker group (RocketMQ's master and slaves): nodes sharing one name towards proxies,
-    one of them the elected leader. Needs broker.etcd.endpoints."""
+    one of them the elected leader. Needs broker.etcd.endpoints; what is copied to the
+    followers and how many must hold a write is broker.replication's."""
 
     # The group's name (what proxies and receipt handles call the broker). None: no group.
     name: str | None = None
-    # sync: a write is answered once min_in_sync nodes (the leader counted) have it.
-    replication: Literal["sync", "async"] = "sync"
-    # RocketMQ's minInSyncReplicas: below it a send is refused (HA_NOT_AVAILABLE).
-    min_in_sync: int = Field(1, ge=1)
     # RocketMQ's enableElectUncleanMaster: let a node outside the in-sync set become leader
     # (it may lack acknowledged writes: an explicit opt-in to lose them for availability).
     unclean_election: bool = False
     # host:port other nodes and proxies reach this node at (default: broker.host and the port).
     advertise: str | None = None
+
+
+class ReplicationConfig(Section):
+    """Copies of this broker on other nodes of its group (broker/replication). Off by default:
+    a broker is then a group of one, exactly as without the section."""
+
+    # sync: a send, ack or invisible-time change is answered once min_in_sync nodes (this one
+    # counted) made it durable; async: answered at once, copied right after (a leader crash
+    # loses what was not copied yet); off: no replication.
+    mode: Literal["off", "sync", "async"] = "off"
+    # This node's name in the in-sync set (default: NAME@HOST:PORT). The broker name
+    # (broker.name) is the group's: every node of a group has the same one.
+    node: str | None = None
+    # RocketMQ's minInSyncReplicas; below it sends are refused (HA_NOT_AVAILABLE).
+    min_in_sync: int = Field(1, ge=1, le=16)
+    # RocketMQ's haMaxTimeSlaveNotCatchup: a follower behind for longer leaves the in-sync set.
+    max_lag_s: float = Field(15.0, gt=0)
+    # How long a write waits for the in-sync followers (then SLAVE_PERSISTENCE_TIMEOUT).
+    sync_timeout_ms: int = Field(3_000, ge=1)
+    # How often a leader looks for changes to send when no write waits for them.
+    poll_ms: int = Field(100, ge=1, le=10_000)
+    # The role when no election decides it (static): leader or follower of `leader` (host:port).
+    role: Literal["leader", "follower"] = "leader"
+    epoch: int = Field(1, ge=1)
+    leader: str | None = None
+
+    @model_validator(mode="after")
+    def _follower_needs_leader(self) -> ReplicationConfig:
+        if self.mode != "off" and self.role == "follower" and not self.leader:
+            raise ValueError("replication.role follower needs replication.leader (host:port)")
+        return self
 
 
 class BrokerConfig(Section):
@@ -280,6 +308,8 @@ class BrokerConfig(Section):
         if self.group.name is not None and not self.etcd.endpoints:
             raise ValueError("broker.group.name needs broker.etcd.endpoints (--etcd URL)")
         return self
+
+    replication: ReplicationConfig = Field(default_factory=ReplicationConfig)
 
 
 class BrokerAddress(Section):
@@ -396,6 +426,8 @@ class ServeConfig(Section):
 
     brokers: int = Field(3, ge=1, le=64)
     data_dir: Path = Path("./data")
+    # The web console beside the proxy, on 127.0.0.1 (0: no console). Needs popmq[console].
+    console_port: int = Field(8080, ge=0, le=65535)
 
 
 class TracingConfig(Section):

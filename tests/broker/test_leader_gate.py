@@ -10,7 +10,7 @@ from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message, PopRequest, PopResult, PopStatus, SendResult
 from popmq.broker.leader_gate import LeaderGatedPort
 
-from popmq.config import BrokerGroupConfig
+from popmq.config import ReplicationConfig
 from popmq.coord.group import NO_LEADER, GroupRole, MemberSettings
 
 
@@ -46,7 +46,7 @@ class FakePort:
 def gate(min_in_sync: int = 1, replication: str = "sync") -> tuple[LeaderGatedPort, Any, Any]:
     member = FakeMember()
     port = FakePort(member)
-    config = BrokerGroupConfig(min_in_sync=min_in_sync, replication=replication)  # type: ignore[arg-type]
+    config = ReplicationConfig(min_in_sync=min_in_sync, mode=replication)  # type: ignore[arg-type]
     gated = LeaderGatedPort(port, config)  # type: ignore[arg-type]
     gated.member = member  # type: ignore[assignment]
     return gated, member, port
