@@ -35,17 +35,18 @@ from popmq.broker.contract.types import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from popmq.config import ReplicationConfig
 from popmq.coord.group import GroupMember
 
 
 class LeaderGatedPort:
     """The node's port, open only while it is its group's fenced leader."""
 
-    def __init__(self, port: BrokerPort, min_in_sync: int = 1) -> None:
+    def __init__(self, port: BrokerPort, replication: ReplicationConfig) -> None:
         self._port = port
         # Set once the node has joined its group (it needs its bound address first).
         self.member: GroupMember | None = None
-        self._min_in_sync = min_in_sync
+        self._min_in_sync = replication.min_in_sync if replication.mode == "sync" else 1
 
     @property
     def name(self) -> str:

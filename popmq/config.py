@@ -187,37 +187,6 @@ class BrokerLinkConfig(Section):
         return self
 
 
-class ReplicationConfig(Section):
-    """Copies of this broker on other nodes of its group (broker/replication). Off by default:
-    a broker is then a group of one, exactly as without the section."""
-
-    # sync: a send, ack or invisible-time change is answered once min_in_sync nodes (this one
-    # counted) made it durable; async: answered at once, copied right after (a leader crash
-    # loses what was not copied yet); off: no replication.
-    mode: Literal["off", "sync", "async"] = "off"
-    # This node's name in the in-sync set (default: NAME@HOST:PORT). The broker name
-    # (broker.name) is the group's: every node of a group has the same one.
-    node: str | None = None
-    # RocketMQ's minInSyncReplicas; below it sends are refused (HA_NOT_AVAILABLE).
-    min_in_sync: int = Field(1, ge=1, le=16)
-    # RocketMQ's haMaxTimeSlaveNotCatchup: a follower behind for longer leaves the in-sync set.
-    max_lag_s: float = Field(15.0, gt=0)
-    # How long a write waits for the in-sync followers (then SLAVE_PERSISTENCE_TIMEOUT).
-    sync_timeout_ms: int = Field(3_000, ge=1)
-    # How often a leader looks for changes to send when no write waits for them.
-    poll_ms: int = Field(100, ge=1, le=10_000)
-    # The role when no election decides it (static): leader or follower of `leader` (host:port).
-    role: Literal["leader", "follower"] = "leader"
-    epoch: int = Field(1, ge=1)
-    leader: str | None = None
-
-    @model_validator(mode="after")
-    def _follower_needs_leader(self) -> ReplicationConfig:
-        if self.mode != "off" and self.role == "follower" and not self.leader:
-            raise ValueError("replication.role follower needs replication.leader (host:port)")
-        return self
-
-
 class EtcdConfig(Section):
     """Where broker groups elect leaders and register members (popmq.coord). No endpoints: no
     etcd (a broker is a group of one; a proxy needs a --broker list)."""
@@ -256,7 +225,8 @@ class EtcdConfig(Section):
 
 class BrokerGroupConfig(Section):
     """A broker group (RocketMQ's master and slaves): nodes sharing one name towards proxies,
-    one of them the elected leader. Needs broker.etcd.endpoints."""
+    one of them the elected leader. Needs broker.etcd.endpoints; what is copied to the
+    followers and how many must hold a write is broker.replication's."""
 
     # The group's name (what proxies and receipt handles call the broker); broker.name is
     # then this node's name in the group. None: no group. Copies: broker.replication.
@@ -266,6 +236,37 @@ class BrokerGroupConfig(Section):
     unclean_election: bool = False
     # host:port other nodes and proxies reach this node at (default: broker.host and the port).
     advertise: str | None = None
+
+
+class ReplicationConfig(Section):
+    """Copies of this broker on other nodes of its group (broker/replication). Off by default:
+    a broker is then a group of one, exactly as without the section."""
+
+    # sync: a send, ack or invisible-time change is answered once min_in_sync nodes (this one
+    # counted) made it durable; async: answered at once, copied right after (a leader crash
+    # loses what was not copied yet); off: no replication.
+    mode: Literal["off", "sync", "async"] = "off"
+    # This node's name in the in-sync set (default: NAME@HOST:PORT). The broker name
+    # (broker.name) is the group's: every node of a group has the same one.
+    node: str | None = None
+    # RocketMQ's minInSyncReplicas; below it sends are refused (HA_NOT_AVAILABLE).
+    min_in_sync: int = Field(1, ge=1, le=16)
+    # RocketMQ's haMaxTimeSlaveNotCatchup: a follower behind for longer leaves the in-sync set.
+    max_lag_s: float = Field(15.0, gt=0)
+    # How long a write waits for the in-sync followers (then SLAVE_PERSISTENCE_TIMEOUT).
+    sync_timeout_ms: int = Field(3_000, ge=1)
+    # How often a leader looks for changes to send when no write waits for them.
+    poll_ms: int = Field(100, ge=1, le=10_000)
+    # The role when no election decides it (static): leader or follower of `leader` (host:port).
+    role: Literal["leader", "follower"] = "leader"
+    epoch: int = Field(1, ge=1)
+    leader: str | None = None
+
+    @model_validator(mode="after")
+    def _follower_needs_leader(self) -> ReplicationConfig:
+        if self.mode != "off" and self.role == "follower" and not self.leader:
+            raise ValueError("replication.role follower needs replication.leader (host:port)")
+        return self
 
 
 class BrokerConfig(Section):

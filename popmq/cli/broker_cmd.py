@@ -91,25 +91,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     replication.add_argument(
         "--node-name", help="this node's name in the in-sync set (default NAME@HOST:PORT)"
     )
-    ha = parser.add_argument_group(
-        "broker groups (high availability; see docs/operations.md)",
-        "With --etcd the broker registers in etcd and serves proxies only while it leads its "
-        "group; without it nothing changes (a group of one).",
-    )
-    ha.add_argument("--etcd", metavar="URL[,URL...]", help="etcd client URLs (http://HOST:PORT)")
-    ha.add_argument(
-        "--group",
-        help="the broker group this node belongs to (the name proxies see); --name is then "
-        "the node's name in it",
-    )
-    ha.add_argument(
-        "--unclean-election", action="store_true", default=None,
-        help="let a node outside the in-sync set become leader (may lose acknowledged writes)",
-    )  # fmt: skip
-    ha.add_argument(
-        "--advertise", metavar="HOST:PORT",
-        help="address proxies reach this node at (default: --host and the bound port)",
-    )  # fmt: skip
     # Also accepted after the subcommand; SUPPRESS keeps the top-level values when absent.
     parser.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -164,10 +145,6 @@ def run(args: argparse.Namespace) -> int:
             "broker.replication.epoch": args.epoch,
             "broker.replication.leader": args.leader,
             "broker.replication.node": args.node_name,
-            "broker.etcd.endpoints": args.etcd,
-            "broker.group.name": args.group,
-            "broker.group.unclean_election": args.unclean_election,
-            "broker.group.advertise": args.advertise,
         },
     )
     if not logging.getLogger().handlers:
@@ -313,7 +290,7 @@ async def serve_broker(
         async with contextlib.AsyncExitStack() as stack:
             broker = await stack.enter_async_context(Broker(core_config if grouped else config))
             port: BrokerPort = LocalBrokerPort(broker)
-            gate = LeaderGatedPort(port) if grouped else None
+            gate = LeaderGatedPort(port, config.replication) if grouped else None
             server = BrokerGrpcServer(gate or port, config.host, config.port, config=config)
             await server.start()
             stack.push_async_callback(server.aclose, STOP_GRACE_S)

@@ -10,6 +10,7 @@ from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message, PopRequest, PopResult, PopStatus, SendResult
 from popmq.broker.leader_gate import LeaderGatedPort
 
+from popmq.config import ReplicationConfig
 from popmq.coord.group import NO_LEADER, GroupRole, MemberSettings
 
 
@@ -42,10 +43,11 @@ class FakePort:
         return PopResult(PopStatus.NO_MESSAGE)
 
 
-def gate(min_in_sync: int = 1) -> tuple[LeaderGatedPort, Any, Any]:
+def gate(min_in_sync: int = 1, replication: str = "sync") -> tuple[LeaderGatedPort, Any, Any]:
     member = FakeMember()
     port = FakePort(member)
-    gated = LeaderGatedPort(port, min_in_sync)
+    config = ReplicationConfig(min_in_sync=min_in_sync, mode=replication)  # type: ignore[arg-type]
+    gated = LeaderGatedPort(port, config)  # type: ignore[arg-type]
     gated.member = member  # type: ignore[assignment]
     return gated, member, port
 
@@ -95,3 +97,5 @@ async def test_sync_sends_need_min_in_sync_nodes() -> None:
     await gated.pop(PopRequest("g", "t"))  # consuming is not a send
     member.in_sync = ["ga-0", "ga-1"]
     assert len(await gated.send([Message("t", b"x")])) == 1
+    relaxed, _, _ = gate(min_in_sync=2, replication="async")
+    assert len(await relaxed.send([Message("t", b"x")])) == 1
