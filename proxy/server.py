@@ -161,7 +161,7 @@ class ProxyServer:
         # Undecodable bodies answer INVALID_ARGUMENT (counted, logged at a bounded rate).
         add_tolerant(
             service_pb2_grpc.add_MessagingServiceServicer_to_server,
-            MessagingServicer(self.core, self.metrics),
+            MessagingServicer(self.core, self.metrics, proxy),
             server,
             lambda method: self.metrics.rpc_requests.labels(method, "INVALID_ARGUMENT").inc(),
         )
@@ -204,7 +204,11 @@ class ProxyServer:
     def _add_admin(self, server: grpc.aio.Server) -> None:
         from popmq.proxy.admin.service import add_admin_service  # the admin API is optional
 
-        add_admin_service(server, self.core.admin)
+        add_admin_service(
+            server,
+            self.core.admin,
+            lambda method: self.metrics.rpc_requests.labels(method, "INVALID_ARGUMENT").inc(),
+        )
 
     async def __aenter__(self) -> ProxyServer:
         await self.start()  # returns once the server is bound and serving

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.contract.message_types import MessageType
 from popmq.broker.contract.types import Message, StoredMessage
 from popmq.broker.store import data_format, retention, startup, state_docs
 from popmq.broker.store.commitlog import CommitLog
@@ -265,10 +266,18 @@ class MessageStore:
         )
 
     # -- topics (topic_queues.py) ----------------------------------------------------------
-    def create_topic(self, name: str, queue_count: int) -> TopicMeta:
-        """Create a topic, or grow its queue count. Shrinking is refused (BAD_REQUEST)."""
+    def create_topic(
+        self, name: str, queue_count: int, message_type: MessageType | None = None
+    ) -> TopicMeta:
+        """Create a topic, or grow its queue count. Shrinking is refused (BAD_REQUEST).
+        ``message_type`` (None: MIXED) is set at creation only; see set_topic_type."""
         self._check_open()
-        return self._queues.create(name, queue_count)
+        return self._queues.create(name, queue_count, message_type)
+
+    def set_topic_type(self, name: str, message_type: MessageType) -> TopicMeta:
+        """Give a topic its message type (durable before it returns, like creation)."""
+        self._check_open()
+        return self._queues.set_type(name, message_type)
 
     def get_topic(self, name: str) -> TopicMeta | None:
         return self._queues.get(name)

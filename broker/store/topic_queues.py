@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.contract.message_types import MessageType
 from popmq.broker.store.commitlog import CommitLog
 from popmq.broker.store.file_budget import FileBudget
 from popmq.broker.store.queue_index import IndexDamaged, QueueIndex
@@ -69,8 +70,11 @@ class TopicQueues:
         self.indexes[(topic, queue_id)] = index
         return index
 
-    def create(self, name: str, queue_count: int) -> TopicMeta:
-        """Create a topic, or grow its queue count. Shrinking is refused (BAD_REQUEST)."""
+    def create(
+        self, name: str, queue_count: int, message_type: MessageType | None = None
+    ) -> TopicMeta:
+        """Create a topic, or grow its queue count. Shrinking is refused (BAD_REQUEST).
+        ``message_type`` (None: MIXED) is set at creation only; see set_type."""
         check_topic_name(name)
         check_queue_count(queue_count)
         topics = self.topics
@@ -89,7 +93,8 @@ class TopicQueues:
             record = existing
         else:
             shutil.rmtree(self._dir / "index" / name, ignore_errors=True)
-            record = TopicRecord(name, queue_count, self._commitlog.write_position)
+            record = TopicRecord(name, queue_count, self._commitlog.write_position,
+                                 message_type or MessageType.MIXED)  # fmt: skip
             topics[name] = record
             self.topic_bytes[name] = name.encode()
             first_new = 0
@@ -114,6 +119,22 @@ class TopicQueues:
             raise RefusedError(
                 Code.INTERNAL_ERROR, f"cannot create topic {name}: store write failed: {exc}"
             ) from exc
+        return record.meta
+
+    def set_type(self, name: str, message_type: MessageType) -> TopicMeta:
+        """Give a topic its message type (durable before it returns, like creation)."""
+        record = self.topics.get(name)
+        if record is None:
+            raise RefusedError(Code.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+        if record.message_type != message_type:
+            previous, record.message_type = record.message_type, message_type
+            try:
+                self.table.put(record)
+            except OSError as exc:
+                record.message_type = previous
+                raise RefusedError(
+                    Code.INTERNAL_ERROR, f"cannot type topic {name}: store write failed: {exc}"
+                ) from exc
         return record.meta
 
     def get(self, name: str) -> TopicMeta | None:

@@ -310,6 +310,12 @@ class RemoteBrokerPort:
         request = pb.ForwardToDlqRequest(group=group, topic=topic, receipt_handle=receipt_handle)
         await self._linked("forward_to_dlq", stub.ForwardToDlq, request, self._deadline())
 
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        stub = self._get_stub()
+        request = pb.RecallRequest(topic=topic, recall_handle=recall_handle)
+        response = await self._call(stub.Recall, request, self._deadline())
+        return str(response.message_id)
+
     # -- pull and offsets ----------------------------------------------------------------------
 
     async def pull(self, request: PullRequest) -> PullResult:
@@ -348,9 +354,11 @@ class RemoteBrokerPort:
 
     # -- administration ------------------------------------------------------------------------
 
-    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo:
+    async def create_topic(self, topic: str, queue_count: int, message_type: str = "") -> TopicInfo:
         stub = self._get_stub()
-        request = pb.CreateTopicRequest(topic=topic, queue_count=queue_count)
+        request = pb.CreateTopicRequest(
+            topic=topic, queue_count=queue_count, message_type=message_type
+        )
         response = await self._call(stub.CreateTopic, request, self._deadline())
         return convert.topic_from_proto(response.topic)
 

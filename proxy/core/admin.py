@@ -195,14 +195,19 @@ class Admin:
         return sorted({i.name for infos in per_broker for i in infos if not i.name.startswith("%")})
 
     # -- topics ------------------------------------------------------------------------------
-    async def create_topic(self, name: str, queue_count: int, brokers: list[str]) -> TopicBrokers:
-        """On ``brokers`` ([]: every broker)."""
+    async def create_topic(
+        self, name: str, queue_count: int, brokers: list[str], message_type: str = ""
+    ) -> TopicBrokers:
+        """On ``brokers`` ([]: every broker); ``message_type`` a MessageType name ("": keep
+        an existing topic's, MIXED for a new one)."""
         name = validate.topic_name(name)
         if queue_count < 1:
             raise RefusedError(Code.BAD_REQUEST, "queue count must be at least 1")
         cluster = self.cluster
         brokers = brokers or cluster.names
-        infos = await fan_out(cluster.port(b).create_topic(name, queue_count) for b in brokers)
+        infos = await fan_out(
+            cluster.port(b).create_topic(name, queue_count, message_type) for b in brokers
+        )
         cluster.forget_topic(name)
         return list(zip(brokers, infos, strict=True))
 
@@ -389,12 +394,23 @@ class Admin:
         return found, truncated
 
     async def query_messages(
-        self, message_id: str, key: str, topic: str = "", max_scan: int = 0, limit: int = 0
+        self,
+        message_id: str,
+        key: str,
+        topic: str = "",
+        max_scan: int = 0,
+        limit: int = 0,
+        *,
+        start_ms: int = 0,
+        end_ms: int = 0,
     ) -> tuple[list[Found], bool]:
-        """Messages by id (theirs or their origin's) or key, newest first; and whether the
-        scan stopped short of some queue's oldest message."""
-        if not message_id and not key:
-            raise RefusedError(Code.BAD_REQUEST, "give a message id or a key")
+        """Messages by id (theirs or their origin's), key or store time in [start_ms, end_ms)
+        (0: unbounded), newest first; and whether the scan stopped short of some queue's
+        oldest message."""
+        if not (message_id or key or start_ms or end_ms):
+            raise RefusedError(Code.BAD_REQUEST, "give a message id, a key or a time range")
+        if start_ms < 0 or end_ms < 0:
+            raise RefusedError(Code.BAD_REQUEST, "times must not be before 1970")
         if max_scan < 0 or limit < 0:
             raise RefusedError(Code.BAD_REQUEST, "max_scan and limit must not be negative")
         if topic:
@@ -408,6 +424,8 @@ class Admin:
             if message_id and message_id not in ids:
                 continue
             if key and key not in m.keys:
+                continue
+            if m.store_timestamp_ms < start_ms or (end_ms and m.store_timestamp_ms >= end_ms):
                 continue
             matches.append((broker, m))
             if len(matches) >= limit:
