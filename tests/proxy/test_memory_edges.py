@@ -1,6 +1,7 @@
-"""Receivers that stop reading (issue 20, defect 3): a ReceiveMessage or PullMessage stream
-whose client takes no frame for proxy.write_stall_timeout_ms is ended; its long-poll slot is
-freed and what it did not take is visible again at once (not after its invisible time)."""
+"""Memory at the proxy's edges (issue 20), in process: receivers that stop reading (defect 3)
+are ended within proxy.write_stall_timeout_ms, their long-poll slot freed and what they did not
+take visible again at once; bytes in flight draw from proxy.max_inflight_bytes (defect 2);
+keys and receipt handles are bounded (defects 5 and 10)."""
 
 from __future__ import annotations
 
@@ -127,3 +128,20 @@ async def test_a_send_past_the_memory_budget_is_too_many_requests(make_cluster: 
     accepted = await cluster.send(topic, b"x" * BODY)
     assert accepted.status.code == pb.OK
     stalled.cancel()
+
+
+async def test_oversized_keys_and_receipt_handles_are_refused_on_the_wire(
+    make_cluster: Any,
+) -> None:
+    """Issue 20, defects 5 and 10, end to end: a 1-byte body with 1 MiB of keys is refused
+    (ILLEGAL_MESSAGE_KEY), and an ack of 64 KB handles answers INVALID_RECEIPT_HANDLE per
+    entry without echoing the handles back."""
+    cluster = await make_cluster(brokers=1)
+    topic, group = unique("t-limits"), unique("g-limits")
+    await cluster.route(topic)
+    sent = await cluster.send(topic, b"x", keys=["k" * (1 << 20)])
+    assert sent.status.code == pb.ILLEGAL_MESSAGE_KEY
+    entries = [s.AckMessageEntry(message_id="m", receipt_handle="h" * 65_536) for _ in range(64)]
+    answer = await cluster.ack_handles(group, topic, entries)
+    assert {e.status.code for e in answer.entries} == {pb.INVALID_RECEIPT_HANDLE}
+    assert answer.ByteSize() < 64 * 1024
