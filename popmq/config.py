@@ -81,6 +81,8 @@ class TopicDefaults(Section):
     queue_count: int = Field(8, ge=1, le=1024)
     max_auto_created: int = Field(10_000, ge=0)
     auto_create_per_second: float = Field(100.0, gt=0)
+    # An auto-created topic's message type: that of its first message, or MIXED (any type).
+    auto_create_message_type: Literal["first_message", "MIXED"] = "first_message"
 
 
 class GroupDefaults(Section):

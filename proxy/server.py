@@ -3,7 +3,7 @@
     server = ProxyServer(config, ports)     # ports: BrokerPort, in-process or remote
     port = await server.start()             # bound port (config.proxy.port 0 picks one)
     ...
-    await server.stop()
+    await server.aclose()           # or: async with ProxyServer(config, ports) as server
 
 The server does not own the brokers behind the ports (embedded mode closes them itself), but
 it closes the ports (remote ports close their channels).
@@ -218,9 +218,6 @@ class ProxyServer:
         await self.aclose()
 
     async def aclose(self, grace_s: float = 1.0) -> None:
-        await self.stop(grace_s)
-
-    async def stop(self, grace_s: float = 1.0) -> None:
         """Stop taking calls, let running ones end for grace_s, then release everything.
 
         Held receives do not wait for the grace to run out: they are answered at once with

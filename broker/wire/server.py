@@ -14,6 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
+import anyio
 import grpc
 from google.protobuf.message import Message as ProtoMessage
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -151,6 +152,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
         return await _answer(pb.ForwardToDlqResponse, work())
 
+    async def Recall(self, request: pb.RecallRequest, context: object) -> pb.RecallResponse:
+        async def work() -> pb.RecallResponse:
+            message_id = await self._port.recall(request.topic, request.recall_handle)
+            return pb.RecallResponse(status=convert.ok_status(), message_id=message_id)
+
+        return await _answer(pb.RecallResponse, work())
+
     async def Watch(
         self, request_iterator: AsyncIterator[pb.WatchRequest], context: object
     ) -> AsyncIterator[pb.WatchEvent]:
@@ -206,9 +214,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         concurrently, and answered by id in completion order. Ends once the proxy closed its
         side and every request it sent was answered; the proxy's going away cancels them all."""
         answers: asyncio.Queue[pb.LinkResponse | None] = asyncio.Queue()
-        held: dict[int, asyncio.Task[None]] = {}
+        held: dict[int, anyio.CancelScope] = {}
 
-        async def serve(request: pb.LinkRequest, kind: str) -> None:
+        async def serve(request: pb.LinkRequest, kind: str, scope: anyio.CancelScope) -> None:
+            with scope:  # the proxy's cancel for this id ends it, unanswered
+                await reply(request, kind)
+
+        async def reply(request: pb.LinkRequest, kind: str) -> None:
             try:
                 method = getattr(self, _LINKED[kind])
                 if request.trace_context:  # the proxy traces this request: continue it
@@ -236,19 +248,20 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             async for batch in frames(answers):
                 await context.write(pb.LinkResponses(responses=batch))
 
-        async with asyncio.TaskGroup() as stream:
-            stream.create_task(write())
+        async with anyio.create_task_group() as stream:
+            stream.start_soon(write)
             try:
-                async with asyncio.TaskGroup() as calls:
+                async with anyio.create_task_group() as calls:
                     async for batch in request_iterator:
                         for request in batch.requests:
                             kind = request.WhichOneof("call")
                             if kind == "cancel":
-                                task = held.pop(request.id, None)
-                                if task is not None:
-                                    task.cancel()
+                                scope = held.pop(request.id, None)
+                                if scope is not None:
+                                    scope.cancel()
                             elif kind in _LINKED:
-                                held[request.id] = calls.create_task(serve(request, kind))
+                                scope = held[request.id] = anyio.CancelScope()
+                                calls.start_soon(serve, request, kind, scope)
                             else:  # an empty call: answered empty, the proxy reports it
                                 answers.put_nowait(pb.LinkResponse(id=request.id))
             finally:
@@ -302,7 +315,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         self, request: pb.CreateTopicRequest, context: object
     ) -> pb.TopicResponse:
         async def work() -> pb.TopicResponse:
-            topic = await self._port.create_topic(request.topic, request.queue_count)
+            topic = await self._port.create_topic(
+                request.topic, request.queue_count, request.message_type
+            )
             return pb.TopicResponse(status=convert.ok_status(), topic=convert.topic_to_proto(topic))
 
         return await _answer(pb.TopicResponse, work())
@@ -433,6 +448,13 @@ class BrokerGrpcServer:
         """host:port to give a RemoteBrokerPort."""
         return f"{self._host}:{self.bound_port}"
 
+    async def __aenter__(self) -> BrokerGrpcServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("BrokerGrpcServer already started")
@@ -473,7 +495,7 @@ class BrokerGrpcServer:
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         self._server, self._health, self._bound_port = server, health, bound
 
-    async def stop(self, grace_s: float | None = 1.0) -> None:
+    async def aclose(self, grace_s: float | None = 1.0) -> None:
         """Stop accepting calls; in-flight calls get grace_s to finish, then are cancelled
         (which cancels the port calls they hold)."""
         server, health = self._server, self._health

@@ -26,6 +26,7 @@ def _broker_topic(broker: str, info: TopicInfo) -> a.BrokerTopic:
     return a.BrokerTopic(
         broker=broker,
         queue_count=info.queue_count,
+        message_type=info.message_type,
         queues=[
             a.QueueOffsets(queue_id=q.queue_id, min_offset=q.min_offset, max_offset=q.max_offset)
             for q in info.queues
@@ -62,7 +63,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
     async def CreateTopic(self, request: a.CreateTopicRequest, context: object) -> a.TopicResponse:
         async def work() -> a.TopicResponse:
             brokers = await self.admin.create_topic(
-                request.name, request.queue_count, list(request.brokers)
+                request.name, request.queue_count, list(request.brokers), request.message_type
             )
             return a.TopicResponse(status=st.ok(), topic=_topic_pb(request.name, brokers))
 

@@ -367,8 +367,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
 
     async def RecallMessage(self, request, context):
-        return await self._not_implemented(
-            "RecallMessage", s.RecallMessageResponse, "recalling delay messages"
+        return await self._unary(
+            "RecallMessage", send.recall_message, request, context, s.RecallMessageResponse
         )
 
     async def SyncLiteSubscription(self, request, context):

@@ -18,12 +18,12 @@ import pytest
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message, PopRequest
 from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.broker.wire import remote as remote_module
 from popmq.broker.wire import request_link
 from popmq.broker.wire import server as broker_server
 from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.broker.wire.server import BrokerGrpcServer
-from support.brokers import fast_broker_config, running_broker
 
 from popmq.config import BrokerLinkConfig
 from popmq.pb.broker.v1 import broker_pb2 as pb
@@ -53,7 +53,7 @@ async def _remote(tmp_path: Path, coalesce_ms: float = 0) -> AsyncIterator[Remot
             yield remote
         finally:
             await remote.close()
-            await server.stop(0)
+            await server.aclose(0)
 
 
 def _send(remote: RemoteBrokerPort, size: int) -> asyncio.Task[object]:

@@ -63,7 +63,7 @@ async def test_undecodable_bodies_on_the_broker_port(cluster: Cluster) -> None:
                 code = await _unary(channel, f"/popmq.broker.v1.BrokerService/{method}")
                 assert code == grpc.StatusCode.INVALID_ARGUMENT, method
     finally:
-        await server.stop(0.2)
+        await server.aclose(0.2)
 
 
 async def test_undecodable_admin_bodies_answer_invalid_argument(
