@@ -20,6 +20,9 @@ MAX_KEYS_BYTES = 16 * 1024
 # popmq's receipt handles are a few hundred characters; anything far longer is not one of
 # ours (and would be echoed back, or kept, at the caller's size).
 MAX_RECEIPT_HANDLE_LENGTH = 4096
+# Topics one client may name (its settings, the topics it asks assignments for): the
+# registry keeps them for every client, so they are bounded and must be topic names.
+MAX_CLIENT_TOPICS = 1024
 # RocketMQ rejects timers further ahead than this (timerMaxDelaySec: 3 days).
 MAX_DELAY_MS = 3 * 24 * 3_600_000
 
@@ -59,6 +62,15 @@ def keys(values: list[str]) -> list[str]:
                 f"message keys take more than {MAX_KEYS_BYTES} bytes ({len(values)} keys)",
             )
     return values
+
+
+def client_topics(topics: set[str] | list[str]) -> set[str]:
+    if len(topics) > MAX_CLIENT_TOPICS:
+        raise RefusedError(
+            Code.BAD_REQUEST,
+            f"a client may name at most {MAX_CLIENT_TOPICS} topics; this one names {len(topics)}",
+        )
+    return {topic_name(topic, allow_dlq=True) for topic in topics}
 
 
 def message_group(value: str) -> str:
