@@ -9,6 +9,7 @@ import asyncio
 from typing import Any
 
 import grpc
+import pytest
 from proxy_support import Cluster, eventually, unique
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -145,3 +146,23 @@ async def test_oversized_keys_and_receipt_handles_are_refused_on_the_wire(
     answer = await cluster.ack_handles(group, topic, entries)
     assert {e.status.code for e in answer.entries} == {pb.INVALID_RECEIPT_HANDLE}
     assert answer.ByteSize() < 64 * 1024
+
+
+async def test_one_connection_holds_a_bounded_number_of_streams(make_cluster: Any) -> None:
+    """Issue 20, defect 11: one connection opened thousands of health watches. Past
+    proxy.max_streams_per_connection the client's own gRPC queues new calls."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    cluster = await make_cluster(brokers=1, **{"proxy.max_streams_per_connection": 16})
+    health = health_pb2_grpc.HealthStub(cluster.channel)
+    watches = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(16)]
+    for watch in watches:
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # a 17th stream waits for a free one
+        await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    watches[0].cancel()
+    answer = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    for watch in watches[1:]:
+        watch.cancel()
