@@ -336,6 +336,8 @@ class ServeConfig(Section):
 
     brokers: int = Field(3, ge=1, le=64)
     data_dir: Path = Path("./data")
+    # The web console beside the proxy, on 127.0.0.1 (0: no console). Needs popmq[console].
+    console_port: int = Field(8080, ge=0, le=65535)
 
 
 class TracingConfig(Section):
