@@ -106,12 +106,21 @@ class OperationsMixin:
         per_broker = await fan_out(p.list_topics() for _, p in self._brokers())
         return sorted({i.name for infos in per_broker for i in infos if not i.name.startswith("%")})
 
+    async def _require_group(self, group: str) -> None:
+        """CONSUMER_GROUP_NOT_FOUND unless some broker has the group registered. Asked of
+        list_groups: a broker's get_group registers a group it does not know (a client's
+        first use), and a read must not create what it reads."""
+        per_broker = await fan_out(p.list_groups() for _, p in self._brokers())
+        if not any(s.config.name == group for summaries in per_broker for s in summaries):
+            raise RefusedError(Code.CONSUMER_GROUP_NOT_FOUND, f"group {group!r} does not exist")
+
     # -- consumer progress ---------------------------------------------------------------
     async def ConsumerProgress(
         self, request: a.ConsumerProgressRequest, context: object
     ) -> a.ConsumerProgressResponse:
         async def work() -> a.ConsumerProgressResponse:
             group = validate.group_name(request.group)
+            await self._require_group(group)
             response = a.ConsumerProgressResponse(status=st.ok())
             for topic in await self._user_topics(request.topic):
                 for broker, port, _ in await self._topic_on_brokers(topic):

@@ -146,6 +146,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
     async def GetGroup(self, request: a.GetGroupRequest, context: object) -> a.GroupResponse:
         async def work() -> a.GroupResponse:
             name = validate.group_name(request.name)
+            await self._require_group(name)
             config = await self.services.cluster.ports[0].get_group(name)
             return a.GroupResponse(status=st.ok(), group=_group_pb(config))
 
