@@ -63,7 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="receipt-handle keyring to use (default DATA_DIR/handle-keys.json, made on start)",
     )  # fmt: skip
     # Also accepted after the subcommand; SUPPRESS keeps the top-level values when absent.
-    parser.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--config", default=argparse.SUPPRESS, metavar="FILE",
+        help="YAML/JSON config file (see docs/operations.md); flags and --set override it",
+    )  # fmt: skip
     parser.add_argument(
         "--set", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
         help="override a config field, e.g. --set broker.pop.time_scale=0.01",

@@ -33,7 +33,7 @@ def message_dict(message: Message) -> dict[str, Any]:
     return out
 
 
-def _single(field: FieldDescriptor, value: Any) -> Any:
+def _single(field: Any, value: Any) -> Any:  # a FieldDescriptor (python or upb)
     if field.type == FieldDescriptor.TYPE_MESSAGE:
         return message_dict(value)
     if field.type == FieldDescriptor.TYPE_ENUM:

@@ -52,7 +52,7 @@ def _path(args: argparse.Namespace) -> Path:
         return Path(args.file)
     if args.data_dir:
         return Path(args.data_dir) / DEFAULT_NAME
-    args.keys_parser.error("one of the arguments --data-dir --file is required")
+    return args.keys_parser.error("one of the arguments --data-dir --file is required")
 
 
 def _guarded(work: Callable[[], object]) -> int:

@@ -8,9 +8,9 @@ import json
 from typing import Any
 
 from cli_support import popmq
+from popmq.broker.contract.types import Message
 from support.official_clients import Deployment, unique
 
-from popmq.broker.contract.types import Message
 from popmq.client import Client
 
 
