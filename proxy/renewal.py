@@ -17,18 +17,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import anyio
 from popmq.broker.contract.errors import Code
 from popmq.broker.contract.types import PoppedMessage
+from popmq.proxy.cluster import BrokerCluster
+from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.registry import ClientRegistry
 
+from popmq.config import ProxyConfig
 from popmq.errors import PopmqError
-from popmq.lifecycle import Job
-
-if TYPE_CHECKING:
-    from popmq.proxy.services import ProxyServices
+from popmq.lifecycle import Job, TaskOwner
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +54,33 @@ class _Held:
     access_key: str = ""  # the client's, with client_id its registry entry
 
 
-@dataclass(slots=True)
 class HandleRenewer:
-    """In-flight PushConsumer handles, keyed by the handle the client received."""
+    """In-flight PushConsumer handles, keyed by the handle the client received.
 
-    _held: dict[str, _Held] = field(default_factory=dict)
-    _loop_task: Job[None] | None = None
+    The renewal loop runs under ``tasks`` (the proxy's owner of work that outlives a request)
+    and asks ``registry`` whether the client is still there."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        cluster: BrokerCluster,
+        registry: ClientRegistry,
+        metrics: ProxyMetrics,
+        tasks: TaskOwner,
+    ) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.registry = registry
+        self.metrics = metrics
+        self.tasks = tasks
+        self._held: dict[str, _Held] = {}
+        self._loop_task: Job[None] | None = None
 
     def __len__(self) -> int:
         return len(self._held)
 
     def track(
         self,
-        services: ProxyServices,
         client_id: str,
         group: str,
         topic: str,
@@ -75,45 +89,45 @@ class HandleRenewer:
         access_key: str = "",
     ) -> None:
         now = time.monotonic()
-        slice_s = services.proxy.renew_slice_ms / 1000
+        slice_s = self.config.renew_slice_ms / 1000
         for message in messages:
             self._held[message.receipt_handle] = _Held(
                 client_id, group, topic, message.receipt_handle, now, now + slice_s,
                 access_key=access_key,
             )  # fmt: skip
-        services.metrics.renewing_handles.set(len(self._held))
+        self.metrics.renewing_handles.set(len(self._held))
         if self._held and (self._loop_task is None or self._loop_task.done()):
             # Owned by the proxy's task owner: its aclose() ends the loop on shutdown.
-            self._loop_task = services.tasks.spawn(self._run(services), name="auto-renew")
+            self._loop_task = self.tasks.spawn(self._run(), name="auto-renew")
 
-    def forget(self, services: ProxyServices, handles: Iterable[str]) -> None:
+    def forget(self, handles: Iterable[str]) -> None:
         for handle in handles:
             self._held.pop(handle, None)
-        services.metrics.renewing_handles.set(len(self._held))
+        self.metrics.renewing_handles.set(len(self._held))
 
-    async def take(self, services: ProxyServices, handle: str) -> str:
+    async def take(self, handle: str) -> str:
         """The client is done with this handle (ack, nack, DLQ): stop renewing it and return
         the handle that is valid now (the one given, if it was never renewed here)."""
         held = self._held.pop(handle, None)
         if held is None:
             return handle
-        services.metrics.renewing_handles.set(len(self._held))
+        self.metrics.renewing_handles.set(len(self._held))
         if held.renewing is not None:  # a renewal is changing the handle right now
             await asyncio.shield(held.renewing)
         return held.current
 
     # -- the renewal loop --------------------------------------------------------------------
 
-    async def _run(self, services: ProxyServices) -> None:
-        period_s = services.proxy.renew_schedule_period_ms / 1000
+    async def _run(self) -> None:
+        period_s = self.config.renew_schedule_period_ms / 1000
         while self._held:
             await asyncio.sleep(period_s)
-            await self.renew_due(services)
+            await self.renew_due()
         self._loop_task = None
 
-    async def renew_due(self, services: ProxyServices) -> None:
+    async def renew_due(self) -> None:
         """One pass: renew every handle whose slice ends within renew_ahead_ms."""
-        config = services.proxy
+        config = self.config
         now = time.monotonic()
         due = [
             (handle, held)
@@ -127,33 +141,33 @@ class HandleRenewer:
         async def one(handle: str, held: _Held) -> None:
             async with limit:
                 try:
-                    await self._renew(services, handle, held)
+                    await self._renew(handle, held)
                 except Exception as exc:  # one bad renewal must not stop the others
-                    services.metrics.auto_renewals.labels("failed").inc()
+                    self.metrics.auto_renewals.labels("failed").inc()
                     log.warning("auto-renew of a %s handle failed: %r", held.group, exc)
 
         # Structured: this pass owns its renewals and ends with them.
         async with anyio.create_task_group() as group:
             for handle, held in due:
                 group.start_soon(one, handle, held)
-        services.metrics.renewing_handles.set(len(self._held))
+        self.metrics.renewing_handles.set(len(self._held))
 
-    async def _renew(self, services: ProxyServices, handle: str, held: _Held) -> None:
-        config = services.proxy
-        if services.registry.get(held.client_id, held.access_key) is None:
+    async def _renew(self, handle: str, held: _Held) -> None:
+        config = self.config
+        if self.registry.get(held.client_id, held.access_key) is None:
             # The client terminated or went silent: give its messages back soon.
             self._held.pop(handle, None)
-            await self._change(services, held, RELEASE_INVISIBLE_MS, "client_gone")
+            await self._change(held, RELEASE_INVISIBLE_MS, "client_gone")
             return
         if time.monotonic() - held.received_at >= config.renew_max_ms / 1000:
             # Held too long: stop; the message comes back when its current slice ends.
             self._held.pop(handle, None)
-            services.metrics.auto_renewals.labels("max_time").inc()
+            self.metrics.auto_renewals.labels("max_time").inc()
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         held.renewing = done
         try:
-            new_handle = await self._change(services, held, config.renew_slice_ms, "renewed")
+            new_handle = await self._change(held, config.renew_slice_ms, "renewed")
             if new_handle is not None:
                 held.current = new_handle
                 held.visible_at = time.monotonic() + config.renew_slice_ms / 1000
@@ -167,33 +181,31 @@ class HandleRenewer:
                         "failures; it comes back when its invisible time ends",
                         held.group, held.topic, held.failures,
                     )  # fmt: skip
-                    services.metrics.auto_renewals.labels("gave_up").inc()
+                    self.metrics.auto_renewals.labels("gave_up").inc()
         finally:
             held.renewing = None
             done.set_result(None)
 
-    async def _change(
-        self, services: ProxyServices, held: _Held, invisible_ms: int, outcome: str
-    ) -> str | None:
+    async def _change(self, held: _Held, invisible_ms: int, outcome: str) -> str | None:
         try:
-            port = services.cluster.port_for_handle(held.current)
-            services.metrics.broker_rpcs.labels("change_invisible").inc()
+            port = self.cluster.port_for_handle(held.current)
+            self.metrics.broker_rpcs.labels("change_invisible").inc()
             result = await port.change_invisible_time(
                 held.group, held.topic, held.current, invisible_ms
             )
         except PopmqError as exc:  # refused, or the broker unreachable: retried later
             if exc.code in _FINAL_CODES:
                 self._drop(held)
-                services.metrics.auto_renewals.labels("handle_gone").inc()
+                self.metrics.auto_renewals.labels("handle_gone").inc()
             else:
-                services.metrics.auto_renewals.labels("failed").inc()
+                self.metrics.auto_renewals.labels("failed").inc()
                 log.info("auto-renew of a %s handle failed: %s", held.group, exc.message)
             return None
         except (ConnectionError, TimeoutError, OSError) as exc:
-            services.metrics.auto_renewals.labels("failed").inc()
+            self.metrics.auto_renewals.labels("failed").inc()
             log.info("auto-renew of a %s handle failed: %s", held.group, exc)
             return None
-        services.metrics.auto_renewals.labels(outcome).inc()
+        self.metrics.auto_renewals.labels(outcome).inc()
         return result.receipt_handle
 
     def _drop(self, held: _Held) -> None:

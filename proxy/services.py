@@ -24,14 +24,17 @@ class ProxyServices:
     registry: ClientRegistry = field(default_factory=ClientRegistry)
     # Work that outlives its request (releases, the renewal loop); drained 2 s on shutdown.
     tasks: TaskOwner = field(default_factory=lambda: TaskOwner("proxy", grace_s=2.0))
-    renewer: HandleRenewer = field(default_factory=HandleRenewer)
     # The address clients reach this proxy at (set once the server is bound).
     advertised_host: str = "127.0.0.1"
     advertised_port: int = 0
     admission: LongPollAdmission = field(init=False)
+    renewer: HandleRenewer = field(init=False)
 
     def __post_init__(self) -> None:
         self.admission = LongPollAdmission(self.config.proxy, self.metrics)
+        self.renewer = HandleRenewer(
+            self.config.proxy, self.cluster, self.registry, self.metrics, self.tasks
+        )
 
     @property
     def proxy(self) -> ProxyConfig:

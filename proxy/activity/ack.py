@@ -7,9 +7,9 @@ from collections import defaultdict
 
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import AckEntry, AckEntryResult
-from popmq.proxy.activity import validate
+from popmq.proxy.core import validate
+from popmq.proxy.core.context import RequestContext
 from popmq.proxy.grpc import status as st
-from popmq.proxy.grpc.headers import RequestContext
 from popmq.proxy.services import ProxyServices
 
 from popmq.errors import PopmqError
@@ -32,7 +32,7 @@ async def ack_message(
     results: list[AckEntryResult | None] = [None] * len(request.entries)
     by_broker: dict[str, list[int]] = defaultdict(list)
     for entry in request.entries:  # a PushConsumer acks with the handle it got: use the latest
-        entry.receipt_handle = await services.renewer.take(services, entry.receipt_handle)
+        entry.receipt_handle = await services.renewer.take(entry.receipt_handle)
     for index, entry in enumerate(request.entries):
         try:
             port = services.cluster.port_for_handle(entry.receipt_handle)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import ConsumeMode
-from popmq.proxy.activity import validate
 from popmq.proxy.activity.route import ACCEPTED_TYPES, MASTER_BROKER_ID, proxy_endpoints
 from popmq.proxy.cluster import QueueRef
+from popmq.proxy.core import validate
+from popmq.proxy.core.context import RequestContext
 from popmq.proxy.grpc import status as st
-from popmq.proxy.grpc.headers import RequestContext
 from popmq.proxy.registry import member_id
 from popmq.proxy.services import ProxyServices
 

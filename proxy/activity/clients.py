@@ -10,10 +10,10 @@ import ipaddress
 
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import GroupConfig
-from popmq.proxy.activity import validate
+from popmq.proxy.core import validate
+from popmq.proxy.core.context import RequestContext
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import duration
-from popmq.proxy.grpc.headers import RequestContext
 from popmq.proxy.services import ProxyServices
 
 from popmq.config import DEFAULT_RETRY_LEVELS, parse_duration_ms

@@ -4,10 +4,10 @@ a failure answers with the handle they sent (still their best one)."""
 
 from __future__ import annotations
 
-from popmq.proxy.activity import validate
+from popmq.proxy.core import validate
+from popmq.proxy.core.context import RequestContext
+from popmq.proxy.core.times import invisible_duration_ms
 from popmq.proxy.grpc import status as st
-from popmq.proxy.grpc.headers import RequestContext
-from popmq.proxy.grpc.times import invisible_duration_ms
 from popmq.proxy.services import ProxyServices
 
 from popmq.pb.rocketmq.v2 import service_pb2 as s
@@ -25,7 +25,7 @@ async def change_invisible_duration(
         0,
         services.proxy.max_invisible_ms,
     )
-    handle = await services.renewer.take(services, handle)  # a PushConsumer nack: stop renewing
+    handle = await services.renewer.take(handle)  # a PushConsumer nack: stop renewing
     port = services.cluster.port_for_handle(handle)
     result = await port.change_invisible_time(group, topic, handle, invisible_ms)
     return s.ChangeInvisibleDurationResponse(status=st.ok(), receipt_handle=result.receipt_handle)

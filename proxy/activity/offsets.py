@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import PullRequest, PullResult, PullStatus, QueueInfo, TopicInfo
-from popmq.proxy.activity import validate
 from popmq.proxy.activity.receive import filter_of
+from popmq.proxy.core import validate
+from popmq.proxy.core.context import RequestContext
+from popmq.proxy.core.times import polling_duration_ms, timestamp_ms
 from popmq.proxy.grpc import status as st
-from popmq.proxy.grpc.headers import RequestContext
-from popmq.proxy.grpc.times import polling_duration_ms, timestamp_ms
 from popmq.proxy.services import ProxyServices
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import FilterExpression, PoppedMessage, PopRequest
-from popmq.proxy.activity import validate
 from popmq.proxy.admission import refuse
-from popmq.proxy.grpc.headers import RequestContext
-from popmq.proxy.grpc.times import invisible_duration_ms, polling_duration_ms
+from popmq.proxy.core import validate
+from popmq.proxy.core.context import RequestContext
+from popmq.proxy.core.times import invisible_duration_ms, polling_duration_ms
 from popmq.proxy.longpoll.base import LongPollRequest
 from popmq.proxy.services import ProxyServices
 
@@ -168,7 +168,7 @@ async def receive(services: ProxyServices, plan: ReceivePlan) -> list[PoppedMess
     popped = await services.strategy.receive(plan.brokers, plan.long_poll)
     if plan.auto_renew and popped:
         services.renewer.track(
-            services, plan.client_id, plan.group, plan.topic, popped, access_key=plan.access_key
+            plan.client_id, plan.group, plan.topic, popped, access_key=plan.access_key
         )
     return popped
 
@@ -179,7 +179,7 @@ def release_unsent(services: ProxyServices, plan: ReceivePlan, unsent: list[Popp
     (BrokerCalls.release). If this fails they still come back when their invisible time ends."""
     if not unsent:
         return
-    services.renewer.forget(services, (m.receipt_handle for m in unsent))
+    services.renewer.forget(m.receipt_handle for m in unsent)
     by_port: dict[BrokerPort, list[PoppedMessage]] = {}
     for message in unsent:
         try:

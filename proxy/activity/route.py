@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 
-from popmq.proxy.activity import validate
 from popmq.proxy.cluster import TopicRoute
+from popmq.proxy.core import validate
+from popmq.proxy.core.context import RequestContext
 from popmq.proxy.grpc import status as st
-from popmq.proxy.grpc.headers import RequestContext
 from popmq.proxy.services import ProxyServices
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb

@@ -13,13 +13,13 @@ from collections import defaultdict
 
 from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
 from popmq.broker.contract.types import PROP_TRACE_CONTEXT, Message, SendResult
-from popmq.proxy.activity import validate
 from popmq.proxy.admission import refuse
 from popmq.proxy.cluster import QueueRef, TopicRoute
+from popmq.proxy.core import validate
+from popmq.proxy.core.context import RequestContext
+from popmq.proxy.core.times import timestamp_ms
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import message_from_pb
-from popmq.proxy.grpc.headers import RequestContext
-from popmq.proxy.grpc.times import timestamp_ms
 from popmq.proxy.services import ProxyServices
 
 from popmq.lifecycle import fan_out

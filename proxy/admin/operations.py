@@ -26,7 +26,7 @@ from popmq.broker.contract.types import (
     StoredMessage,
     TopicInfo,
 )
-from popmq.proxy.activity import validate
+from popmq.proxy.core import validate
 from popmq.proxy.grpc import status as st
 from popmq.proxy.services import ProxyServices
 

@@ -13,8 +13,8 @@ from typing import Any
 import grpc
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import DLQ_PREFIX, RETRY_PREFIX, ConsumeMode, TopicInfo
-from popmq.proxy.activity import validate
 from popmq.proxy.admin.operations import OperationsMixin
+from popmq.proxy.core import validate
 from popmq.proxy.grpc import status as st
 from popmq.proxy.services import ProxyServices
 from prometheus_client import generate_latest

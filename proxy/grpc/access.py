@@ -17,7 +17,7 @@ nothing:
 
 A group's derived topics (%RETRY%group+topic, %DLQ%group) are that group's own: no wildcard
 grant reaches another group's (popmq.security.acl). The activities learn who was let in through
-popmq.proxy.grpc.caller: a route lookup creates a missing topic only for who may publish on it.
+popmq.proxy.core.caller: a route lookup creates a missing topic only for who may publish on it.
 
 A refusal is answered as the protocol answers any refusal, with a Status of UNAUTHORIZED or
 FORBIDDEN, counted in popmq_proxy_rpc_requests{code=...} and popmq_proxy_access_refusals{reason=...}
@@ -36,8 +36,8 @@ from typing import Any
 import grpc
 from google.protobuf import message_factory
 from popmq.broker.wire.undecodable import Undecodable
+from popmq.proxy.core.caller import CALLER, Caller
 from popmq.proxy.grpc import status as st
-from popmq.proxy.grpc.caller import CALLER, Caller
 from popmq.proxy.metrics import ProxyMetrics
 from prometheus_client import Counter
 

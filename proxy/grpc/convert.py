@@ -14,7 +14,7 @@ from popmq.broker.contract.types import (
     PoppedMessage,
     StoredMessage,
 )
-from popmq.proxy.grpc.times import timestamp_ms
+from popmq.proxy.core.times import timestamp_ms
 
 from popmq.pb.pool import Duration, Timestamp
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -148,5 +148,5 @@ def _set_ms(value: Timestamp | Duration, ms: int) -> None:
 
 
 def _ms_of(value: Timestamp, code: Code = Code.BAD_REQUEST, what: str = "born time") -> int:
-    """A client's Timestamp in ms (the ms-in-seconds leniency included; see grpc.times)."""
+    """A client's Timestamp in ms (the ms-in-seconds leniency included; see core.times)."""
     return timestamp_ms(value, code, what)

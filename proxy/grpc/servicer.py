@@ -29,7 +29,7 @@ from popmq.proxy.activity import (
 from popmq.proxy.admission import poll_owner
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import popped_into, stored_into, timestamp
-from popmq.proxy.grpc.headers import RequestContext
+from popmq.proxy.grpc.headers import RequestContext, request_context
 from popmq.proxy.services import ProxyServices
 
 from popmq.pb.rocketmq.v2 import service_pb2 as s
@@ -92,7 +92,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         on_error: Callable[[Resp, Any], None] | None = None,
     ) -> Resp:
         started = time.perf_counter()
-        ctx = RequestContext.from_grpc(context)
+        ctx = request_context(context)
         try:
             response = await activity(self.services, request, ctx)
         except Exception as exc:
@@ -128,7 +128,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def Telemetry(
         self, request_iterator: AsyncIterator[s.TelemetryCommand], context
     ) -> AsyncIterator[s.TelemetryCommand]:
-        ctx = RequestContext.from_grpc(context)
+        ctx = request_context(context)
         registry = self.services.registry
         try:
             async for command in request_iterator:
@@ -162,7 +162,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     # -- POP consumption ---------------------------------------------------------------------
     async def ReceiveMessage(self, request, context):
         started = time.perf_counter()
-        ctx = RequestContext.from_grpc(context)
+        ctx = request_context(context)
         services = self.services
         # Admission first: a refused receive costs no broker call and answers at once.
         client, group = _poll_owner(ctx, context), request.group.name
@@ -254,7 +254,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     # -- offsets -----------------------------------------------------------------------------
     async def PullMessage(self, request, context):
         started = time.perf_counter()
-        ctx = RequestContext.from_grpc(context)
+        ctx = request_context(context)
         # A pull that may wait is a long poll like a receive: held under the same bounds.
         held = request.long_polling_timeout.ToMilliseconds() > 0
         client, group = _poll_owner(ctx, context), request.group.name

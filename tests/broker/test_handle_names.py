@@ -29,7 +29,7 @@ def test_illegal_groups(name: str) -> None:
 def test_longest_accepted_names_make_valid_derived_names() -> None:
     """Issue 9, defect 1: every accepted (group, topic) has a valid retry and DLQ topic."""
     from popmq.broker.names import GROUP_MAX_LENGTH, TOPIC_MAX_LENGTH, dlq_topic, retry_topic
-    from popmq.proxy.activity import validate
+    from popmq.proxy.core import validate
 
     group, topic = "g" * GROUP_MAX_LENGTH, "t" * TOPIC_MAX_LENGTH
     check_group(group)

@@ -260,7 +260,7 @@ async def test_undelivered_messages_are_released_quickly(cluster: Cluster) -> No
     )
     request.invisible_duration.FromMilliseconds(60_000)
     request.long_polling_timeout.FromMilliseconds(300)
-    from popmq.proxy.grpc.headers import RequestContext
+    from popmq.proxy.core.context import RequestContext
 
     services = cluster.server.services
     plan = await receive.plan_receive(services, request, RequestContext(client_id="x"))

@@ -49,6 +49,12 @@ def _services(port: FakePort, **config: Any) -> Any:
     )
 
 
+def _renewer(services: Any) -> HandleRenewer:
+    return HandleRenewer(
+        services.proxy, services.cluster, services.registry, services.metrics, services.tasks
+    )
+
+
 def _metric(services: Any, outcome: str) -> float:
     return services.metrics.auto_renewals.labels(outcome)._value.get()
 
@@ -56,19 +62,19 @@ def _metric(services: Any, outcome: str) -> float:
 async def test_an_ack_during_a_renewal_gets_the_renewed_handle() -> None:
     port = FakePort()
     services = _services(port)
-    renewer = HandleRenewer()
-    renewer.track(services, "push-1", "g", "t", [SimpleNamespace(receipt_handle="h1")])
-    renewing = asyncio.create_task(renewer.renew_due(services))  # slice ends within "ahead"
+    renewer = _renewer(services)
+    renewer.track("push-1", "g", "t", [SimpleNamespace(receipt_handle="h1")])
+    renewing = asyncio.create_task(renewer.renew_due())  # slice ends within "ahead"
     await asyncio.wait_for(port.entered.wait(), 10)
     assert port.calls == [("h1", 1_000)]
-    taken = asyncio.create_task(renewer.take(services, "h1"))
+    taken = asyncio.create_task(renewer.take("h1"))
     await asyncio.sleep(0.01)
     assert not taken.done()  # it waits for the renewal that is changing the handle
     port.gate.set()
     assert await taken == "h1+"
     await renewing
     assert len(renewer) == 0 and _metric(services, "renewed") == 1
-    assert await renewer.take(services, "unknown") == "unknown"  # never renewed: unchanged
+    assert await renewer.take("unknown") == "unknown"  # never renewed: unchanged
     await services.tasks.aclose(grace_s=0.01)
 
 
@@ -76,10 +82,10 @@ async def test_a_vanished_client_gets_its_messages_back_soon() -> None:
     port = FakePort()
     port.gate.set()
     services = _services(port)
-    renewer = HandleRenewer()
-    renewer.track(services, "push-1", "g", "t", [SimpleNamespace(receipt_handle="h1")])
+    renewer = _renewer(services)
+    renewer.track("push-1", "g", "t", [SimpleNamespace(receipt_handle="h1")])
     services.registry.remove("push-1")
-    await renewer.renew_due(services)
+    await renewer.renew_due()
     assert port.calls == [("h1", RELEASE_INVISIBLE_MS)]
     assert len(renewer) == 0 and _metric(services, "client_gone") == 1
     await services.tasks.aclose(grace_s=0.01)
@@ -90,16 +96,16 @@ async def test_failures_are_retried_then_given_up_and_gone_handles_dropped() -> 
     port.gate.set()
     port.fail_with = RefusedError(Code.INTERNAL_SERVER_ERROR, "broker down")
     services = _services(port, max_renew_retries=2)
-    renewer = HandleRenewer()
-    renewer.track(services, "push-1", "g", "t", [SimpleNamespace(receipt_handle="h1")])
-    await renewer.renew_due(services)
+    renewer = _renewer(services)
+    renewer.track("push-1", "g", "t", [SimpleNamespace(receipt_handle="h1")])
+    await renewer.renew_due()
     assert len(renewer) == 1  # kept for another try
-    await renewer.renew_due(services)
+    await renewer.renew_due()
     assert len(renewer) == 0 and _metric(services, "gave_up") == 1
 
     port.fail_with = RefusedError(Code.INVALID_RECEIPT_HANDLE, "acked elsewhere")
-    renewer.track(services, "push-1", "g", "t", [SimpleNamespace(receipt_handle="h2")])
-    await renewer.renew_due(services)
+    renewer.track("push-1", "g", "t", [SimpleNamespace(receipt_handle="h2")])
+    await renewer.renew_due()
     assert len(renewer) == 0 and _metric(services, "handle_gone") == 1
     await services.tasks.aclose(grace_s=0.01)
 
@@ -107,8 +113,8 @@ async def test_failures_are_retried_then_given_up_and_gone_handles_dropped() -> 
 async def test_the_renewal_loop_belongs_to_the_proxys_task_owner() -> None:
     port = FakePort()
     services = _services(port)
-    renewer = HandleRenewer()
-    renewer.track(services, "push-1", "g", "t", [SimpleNamespace(receipt_handle="h1")])
+    renewer = _renewer(services)
+    renewer.track("push-1", "g", "t", [SimpleNamespace(receipt_handle="h1")])
     assert len(services.tasks) == 1  # started on the first handle, owned there
     await services.tasks.aclose(grace_s=0.01)  # proxy shutdown cancels it
     assert len(services.tasks) == 0

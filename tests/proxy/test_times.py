@@ -8,7 +8,7 @@ import time
 
 import pytest
 from popmq.broker.contract.errors import Code, RefusedError
-from popmq.proxy.grpc.times import duration_ms, timestamp_ms
+from popmq.proxy.core.times import duration_ms, timestamp_ms
 from proxy_support import Cluster, message, unique
 
 from popmq.pb.pool import Duration, Timestamp

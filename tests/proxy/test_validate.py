@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from popmq.broker.contract.errors import Code, RefusedError
-from popmq.proxy.activity import validate
+from popmq.proxy.core import validate
 
 
 def code_of(fn, *args, **kwargs) -> Code | None:

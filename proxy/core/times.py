@@ -1,5 +1,8 @@
-"""Reading protobuf Timestamps and Durations from clients: refused with a protocol code and a
-helpful message when invalid, never normalised, never a ValueError.
+"""Reading a client's times (protobuf Timestamps and Durations: seconds plus nanos): refused
+with a RocketMQ code and a helpful message when invalid, never normalised, never a ValueError.
+
+The core reads them through the ``SecondsNanos`` shape, so it needs no protobuf import: the
+gRPC edge hands the messages' own Timestamp and Duration objects through unchanged.
 
 One leniency: a Timestamp whose ``seconds`` lies beyond the Timestamp range (after year 9999)
 but would be a valid time in milliseconds is read as milliseconds. The official Python client
@@ -10,9 +13,9 @@ unambiguous.
 
 from __future__ import annotations
 
-from popmq.broker.contract.errors import Code, RefusedError
+from typing import Protocol
 
-from popmq.pb.pool import Duration, Timestamp
+from popmq.broker.contract.errors import Code, RefusedError
 
 # Timestamp's valid range (0001-01-01T00:00:00Z .. 9999-12-31T23:59:59Z), as protobuf defines it.
 TIMESTAMP_MIN_S = -62_135_596_800
@@ -22,7 +25,17 @@ DURATION_MAX_S = 315_576_000_000
 _NANOS = 1_000_000_000
 
 
-def timestamp_ms(value: Timestamp, code: Code, what: str) -> int:
+class SecondsNanos(Protocol):
+    """A time as protobuf spells it (google.protobuf.Timestamp and Duration both fit)."""
+
+    @property
+    def seconds(self) -> int: ...
+
+    @property
+    def nanos(self) -> int: ...
+
+
+def timestamp_ms(value: SecondsNanos, code: Code, what: str) -> int:
     """Milliseconds since the epoch of a client's Timestamp; ``code`` if it is invalid."""
     seconds, nanos = value.seconds, value.nanos
     if not 0 <= nanos < _NANOS:
@@ -38,7 +51,7 @@ def timestamp_ms(value: Timestamp, code: Code, what: str) -> int:
     )
 
 
-def duration_ms(value: Duration, code: Code, what: str) -> int:
+def duration_ms(value: SecondsNanos, code: Code, what: str) -> int:
     """Milliseconds of a client's Duration (may be negative: callers check their bounds);
     ``code`` if it is not a valid Duration (out of range, or nanos with the wrong sign)."""
     seconds, nanos = value.seconds, value.nanos
@@ -53,9 +66,9 @@ def duration_ms(value: Duration, code: Code, what: str) -> int:
     return seconds * 1000 + int(nanos / 1_000_000)
 
 
-def polling_duration_ms(value: Duration) -> int:
+def polling_duration_ms(value: SecondsNanos) -> int:
     return duration_ms(value, Code.ILLEGAL_POLLING_TIME, "long polling timeout")
 
 
-def invisible_duration_ms(value: Duration) -> int:
+def invisible_duration_ms(value: SecondsNanos) -> int:
     return duration_ms(value, Code.ILLEGAL_INVISIBLE_TIME, "invisible duration")

@@ -1,8 +1,8 @@
-"""Who the access guard let in, for the activities behind it (a context variable: the guard
+"""Who the access guard let in, for the core behind it (a context variable: the guard
 and the servicer run in the same task for every RPC).
 
 Unset (no ACL: authentication off) means nobody is known and nothing is restricted beyond the
-configuration, so the activities behave exactly as before.
+configuration, so the core behaves exactly as before.
 """
 
 from __future__ import annotations
