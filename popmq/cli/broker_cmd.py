@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--name", help="broker name, unique in the cluster (default broker-a)")
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on; 0 picks a free one")
-    parser.add_argument("--data-dir", help="directory of the broker's store")
+    parser.add_argument("--data-dir", help="directory of the broker's store (default ./data/NAME)")
     parser.add_argument(
         "--flush", choices=("sync", "async"), help="sync: a send returns after fsync"
     )
