@@ -18,16 +18,21 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.wire.undecodable import add_tolerant
+from popmq.proxy.admission import LongPollAdmission
 from popmq.proxy.cluster import BrokerCluster
+from popmq.proxy.core.address import ProxyAddress
+from popmq.proxy.core.processor import ProxyCore
 from popmq.proxy.grpc.access import access_guard
 from popmq.proxy.grpc.namespace import NamespaceInterceptor
 from popmq.proxy.grpc.servicer import MessagingServicer
 from popmq.proxy.longpoll import make_strategy
 from popmq.proxy.longpoll.base import LongPollStrategy
 from popmq.proxy.metrics import ProxyMetrics
-from popmq.proxy.services import ProxyServices
+from popmq.proxy.registry import ClientRegistry
+from popmq.proxy.renewal import HandleRenewer
 
 from popmq.config import PopmqConfig
+from popmq.lifecycle import TaskOwner
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
 from popmq.reflection import enable_reflection
 from popmq.security.tls import server_credentials
@@ -99,15 +104,27 @@ class ProxyServer:
         metrics: ProxyMetrics | None = None,
         strategy: LongPollStrategy | None = None,
     ) -> None:
+        # The composition root: the proxy's services, then the core over them.
         self.config = config
-        self.metrics = metrics or ProxyMetrics()
-        cluster = BrokerCluster(ports, auto_create_topics=config.broker.topics.auto_create)
-        self.metrics.watch_links(cluster.ports)
-        self.services = ProxyServices(
-            config=config,
-            cluster=cluster,
-            strategy=strategy or make_strategy(config.proxy, self.metrics),
-            metrics=self.metrics,
+        self.metrics = metrics = metrics or ProxyMetrics()
+        self.cluster = BrokerCluster(ports, auto_create_topics=config.broker.topics.auto_create)
+        metrics.watch_links(self.cluster.ports)
+        self.strategy = strategy or make_strategy(config.proxy, metrics)
+        self.registry = ClientRegistry()
+        # Work that outlives its request (releases, the renewal loop); drained 2 s on shutdown.
+        self.tasks = TaskOwner("proxy", grace_s=2.0)
+        self.admission = LongPollAdmission(config.proxy, metrics)
+        self.renewer = HandleRenewer(config.proxy, self.cluster, self.registry, metrics, self.tasks)
+        self.proxy_address = ProxyAddress(config.proxy)
+        self.core = ProxyCore(
+            config,
+            cluster=self.cluster,
+            strategy=self.strategy,
+            registry=self.registry,
+            admission=self.admission,
+            renewer=self.renewer,
+            metrics=metrics,
+            address=self.proxy_address,
         )
         self._server: grpc.aio.Server | None = None
         self._admin_server: grpc.aio.Server | None = None
@@ -117,7 +134,7 @@ class ProxyServer:
 
     @property
     def address(self) -> str:
-        return f"{self.services.advertised_host}:{self.port}"
+        return f"{self.proxy_address.bound.host}:{self.port}"
 
     async def start(self) -> int:
         proxy = self.config.proxy
@@ -144,7 +161,7 @@ class ProxyServer:
         # Undecodable bodies answer INVALID_ARGUMENT (counted, logged at a bounded rate).
         add_tolerant(
             service_pb2_grpc.add_MessagingServiceServicer_to_server,
-            MessagingServicer(self.services),
+            MessagingServicer(self.core, self.metrics),
             server,
             lambda method: self.metrics.rpc_requests.labels(method, "INVALID_ARGUMENT").inc(),
         )
@@ -154,10 +171,7 @@ class ProxyServer:
         client_port_services = SERVED_SERVICES if proxy.admin_port is None else (MESSAGING_SERVICE,)
         enable_reflection(server, [*client_port_services, HEALTH_SERVICE])
         self.port = _bind(server, proxy.host, proxy.port, credentials)
-        self.services.advertised_host = (
-            "127.0.0.1" if proxy.host in ("0.0.0.0", "::", "") else proxy.host
-        )
-        self.services.advertised_port = self.port
+        self.proxy_address.bind(proxy.host, self.port)
         if proxy.admin_port is not None:
             # Traced like the client port (tracing first, then the access guard).
             admin = grpc.aio.server(
@@ -173,7 +187,7 @@ class ProxyServer:
             await admin.start()
             self._admin_server = admin
             log.info("admin API listening on %s:%d", proxy.host, self.admin_port)
-        self.services.admission.start()
+        self.admission.start()
         await server.start()
         # Health per service (each one served here), plus "" for the server as a whole.
         for name in ("", *SERVED_SERVICES):
@@ -190,7 +204,7 @@ class ProxyServer:
     def _add_admin(self, server: grpc.aio.Server) -> None:
         from popmq.proxy.admin.service import add_admin_service  # the admin API is optional
 
-        add_admin_service(server, self.services)
+        add_admin_service(server, self.core.admin)
 
     async def __aenter__(self) -> ProxyServer:
         await self.start()  # returns once the server is bound and serving
@@ -211,13 +225,13 @@ class ProxyServer:
         if self._server is None:
             return
         await self._health.enter_graceful_shutdown()
-        self.services.strategy.drain()
+        self.strategy.drain()
         await self._server.stop(grace_s)
         self._server = None
         if self._admin_server is not None:
             await self._admin_server.stop(grace_s)
             self._admin_server = None
-        await self.services.tasks.aclose()
-        await self.services.admission.aclose()
-        await self.services.strategy.aclose()
-        await self.services.cluster.close()
+        await self.tasks.aclose()
+        await self.admission.aclose()
+        await self.strategy.aclose()
+        await self.cluster.close()

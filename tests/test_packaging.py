@@ -12,6 +12,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.subprocess  # starts popmq or another process
+
 REPO = Path(__file__).resolve().parent.parent
 ALLOWED_TOP_LEVEL = {"popmq", "pyspark_popmq"}
 

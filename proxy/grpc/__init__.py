@@ -1,5 +1,6 @@
-"""The thin gRPC layer: the MessagingService servicer, request headers, status building.
+"""The gRPC edge of the proxy: the MessagingService servicer, request headers, the translators
+(protobuf -> the core's domain objects -> protobuf) and status building.
 
-Nothing here knows about brokers; it parses requests, calls an activity, and turns results and
-exceptions into RocketMQ responses.
+Nothing here decides anything about messages or brokers: it reads requests, calls the core
+(popmq.proxy.core), and turns its answers and exceptions into RocketMQ responses.
 """

@@ -16,7 +16,7 @@ nothing:
 - the AdminService: admin. Anything else: admin (deny by default).
 
 A group's derived topics (%RETRY%group+topic, %DLQ%group) are that group's own: no wildcard
-grant reaches another group's (popmq.security.acl). The activities learn who was let in through
+grant reaches another group's (popmq.security.acl). The core learns who was let in through
 popmq.proxy.core.caller: a route lookup creates a missing topic only for who may publish on it.
 
 A refusal is answered as the protocol answers any refusal, with a Status of UNAUTHORIZED or
@@ -290,7 +290,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
 
 def _caller(user: User) -> Caller:
-    """What the activities may know of the caller: its key, and that lookups by someone who
+    """What the core may know of the caller: its key, and that lookups by someone who
     may not publish on a topic never auto-create it (RocketMQ creates topics on send)."""
     return Caller(access_key=user.access_key, may_create_topic=user.can_publish)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 
-from popmq.broker.contract.errors import Code
 from popmq.broker.contract.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_TOPIC,
@@ -14,7 +13,7 @@ from popmq.broker.contract.types import (
     PoppedMessage,
     StoredMessage,
 )
-from popmq.proxy.core.times import timestamp_ms
+from popmq.proxy.core.send import OutgoingMessage, to_message
 
 from popmq.pb.pool import Duration, Timestamp
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -41,27 +40,34 @@ def md5_hex(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest().upper()
 
 
+def outgoing_from_pb(msg: pb.Message) -> OutgoingMessage:
+    """A producer's message as the core checks it (each field read once)."""
+    props = msg.system_properties
+    try:
+        kind = pb.MessageType.Name(props.message_type)
+    except ValueError:
+        kind = f"UNKNOWN({props.message_type})"
+    return OutgoingMessage(
+        topic=msg.topic.name,
+        body=msg.body,
+        kind=kind,
+        gzip=props.body_encoding == pb.GZIP,
+        lite_topic=props.HasField("lite_topic"),
+        tag=props.tag,
+        keys=list(props.keys) if props.keys else None,
+        message_group=props.message_group if props.HasField("message_group") else None,
+        properties=dict(msg.user_properties) if msg.user_properties else None,
+        trace_context=props.trace_context if props.HasField("trace_context") else None,
+        message_id=props.message_id,
+        delivery_time=props.delivery_timestamp if props.HasField("delivery_timestamp") else None,
+        born_time=props.born_timestamp,
+        born_host=props.born_host,
+    )
+
+
 def message_from_pb(msg: pb.Message, topic: str, peer: str = "") -> Message:
     """A producer's message as the broker stores it (fields already validated)."""
-    props = msg.system_properties
-    delivery_ms = 0
-    if props.HasField("delivery_timestamp"):
-        delivery_ms = _ms_of(props.delivery_timestamp, Code.ILLEGAL_DELIVERY_TIME, "delivery time")
-    properties = dict(msg.user_properties)
-    if props.HasField("trace_context"):
-        properties[PROP_TRACE_CONTEXT] = props.trace_context
-    return Message(
-        topic=topic,
-        body=msg.body,
-        tag=props.tag if props.HasField("tag") else "",
-        keys=list(props.keys),
-        properties=properties,
-        message_id=props.message_id,
-        message_group=props.message_group if props.HasField("message_group") else "",
-        delivery_timestamp_ms=delivery_ms,
-        born_timestamp_ms=_ms_of(props.born_timestamp),
-        born_host=props.born_host or peer,
-    )
+    return to_message(outgoing_from_pb(msg), topic, peer)
 
 
 def stored_to_pb(stored: StoredMessage, namespace: str = "") -> pb.Message:
@@ -145,8 +151,3 @@ def _set_ms(value: Timestamp | Duration, ms: int) -> None:
         value.nanos = millis * 1_000_000
     else:
         value.FromMilliseconds(ms)
-
-
-def _ms_of(value: Timestamp, code: Code = Code.BAD_REQUEST, what: str = "born time") -> int:
-    """A client's Timestamp in ms (the ms-in-seconds leniency included; see core.times)."""
-    return timestamp_ms(value, code, what)

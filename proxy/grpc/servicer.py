@@ -1,7 +1,9 @@
-"""MessagingServiceServicer: apache.rocketmq.v2.MessagingService over the activities.
+"""MessagingServiceServicer: apache.rocketmq.v2.MessagingService over the proxy core.
 
-Every RPC answers with a RocketMQ Status, never a gRPC error: activities raise RefusedError for
-bad requests, and any other exception becomes INTERNAL_ERROR. Streams (ReceiveMessage,
+Each RPC is translated (proxy/grpc/{routes,clients,send,handles,offsets,receive}.py: protobuf
+to the core's domain objects and back) and served by the core (popmq.proxy.core). Every RPC
+answers with a RocketMQ Status, never a gRPC error: the core raises RefusedError for bad
+requests, and any other exception becomes INTERNAL_ERROR. Streams (ReceiveMessage,
 PullMessage) always end with their trailing frame.
 """
 
@@ -14,30 +16,21 @@ from typing import Any, TypeVar
 
 import grpc
 from popmq.broker.contract.errors import Code
-from popmq.broker.contract.types import PullStatus
-from popmq.proxy.activity import (
-    ack,
-    assignment,
-    clients,
-    dlq,
-    invisible,
-    offsets,
-    receive,
-    route,
-    send,
-)
 from popmq.proxy.admission import poll_owner
+from popmq.proxy.core.processor import ProxyCore
+from popmq.proxy.grpc import clients, handles, offsets, routes, send
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import popped_into, stored_into, timestamp
 from popmq.proxy.grpc.headers import RequestContext, request_context
-from popmq.proxy.services import ProxyServices
+from popmq.proxy.grpc.receive import receive_request
+from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
-Activity = Callable[[ProxyServices, Any, RequestContext], Awaitable[Any]]
+Translator = Callable[[ProxyCore, Any, RequestContext], Awaitable[Any]]
 
 
 def _poll_owner(ctx: RequestContext, context: grpc.aio.ServicerContext) -> str:
@@ -55,9 +48,9 @@ def _now_ms() -> int:
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     """gRPC method names are the protocol's (CamelCase)."""
 
-    def __init__(self, services: ProxyServices) -> None:
-        self.services = services
-        self.metrics = services.metrics
+    def __init__(self, core: ProxyCore, metrics: ProxyMetrics) -> None:
+        self.core = core
+        self.metrics = metrics
         # Metric children by label values: labels() is a lookup with locking on every RPC.
         self._counters: dict[tuple[str, str], Any] = {}
         self._timers: dict[str, Any] = {}
@@ -85,7 +78,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def _unary(
         self,
         method: str,
-        activity: Activity,
+        translator: Translator,
         request: Any,
         context: grpc.aio.ServicerContext,
         response_type: type[Resp],
@@ -94,7 +87,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         started = time.perf_counter()
         ctx = request_context(context)
         try:
-            response = await activity(self.services, request, ctx)
+            response = await translator(self.core, request, ctx)
         except Exception as exc:
             response = response_type(status=st.status_of(exc))  # type: ignore[call-arg]
             if on_error is not None:
@@ -105,7 +98,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     # -- route and clients -------------------------------------------------------------------
     async def QueryRoute(self, request, context):
         return await self._unary(
-            "QueryRoute", route.query_route, request, context, s.QueryRouteResponse
+            "QueryRoute", routes.query_route, request, context, s.QueryRouteResponse
         )
 
     async def Heartbeat(self, request, context):
@@ -121,7 +114,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def QueryAssignment(self, request, context):
         return await self._unary(
-            "QueryAssignment", assignment.query_assignment, request, context,
+            "QueryAssignment", routes.query_assignment, request, context,
             s.QueryAssignmentResponse,
         )  # fmt: skip
 
@@ -129,22 +122,22 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self, request_iterator: AsyncIterator[s.TelemetryCommand], context
     ) -> AsyncIterator[s.TelemetryCommand]:
         ctx = request_context(context)
-        registry = self.services.registry
+        core = self.core
         try:
             async for command in request_iterator:
                 if command.WhichOneof("command") != "settings":
                     continue  # stack traces, verify results: nothing asked them of us
                 started = time.perf_counter()
                 try:
-                    reply = await clients.answer_settings(self.services, command.settings, ctx)
+                    reply = await clients.answer_settings(core, command.settings, ctx)
                     answer = s.TelemetryCommand(status=st.ok(), settings=reply)
-                    registry.set_telemetry(ctx.client_id, True, ctx.access_key)
+                    core.clients.telemetry(ctx, True)
                 except Exception as exc:
                     answer = s.TelemetryCommand(status=st.status_of(exc))
                 self._record("Telemetry", answer.status.code, started)
                 yield answer
         finally:
-            registry.set_telemetry(ctx.client_id, False, ctx.access_key)
+            core.clients.telemetry(ctx, False)
 
     # -- produce -----------------------------------------------------------------------------
     async def SendMessage(self, request, context):
@@ -163,11 +156,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def ReceiveMessage(self, request, context):
         started = time.perf_counter()
         ctx = request_context(context)
-        services = self.services
+        receiver = self.core.receiver
         # Admission first: a refused receive costs no broker call and answers at once.
         client, group = _poll_owner(ctx, context), request.group.name
         try:
-            services.admission.enter(client, group)
+            receiver.admit(client, group)
         except Exception as exc:
             failed = st.status_of(exc)
             await self._finish_receive(context, failed)
@@ -176,7 +169,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             await self._receive(request, context, ctx, started)
         finally:
-            services.admission.leave(client, group)
+            receiver.leave(client, group)
             if ctx.deadline is not None and time.monotonic() > ctx.deadline:
                 # Our answer left after the client's deadline: it saw DEADLINE_EXCEEDED.
                 self.metrics.late_answers.inc()
@@ -188,10 +181,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         ctx: RequestContext,
         started: float,
     ) -> None:
-        services = self.services
+        receiver = self.core.receiver
         try:
-            plan = await receive.plan_receive(services, request, ctx)
-            popped = await receive.receive(services, plan)
+            plan = await receiver.plan(receive_request(request), ctx)
+            popped = await receiver.receive(plan)
         except Exception as exc:
             failed = st.status_of(exc)
             await self._finish_receive(context, failed)
@@ -214,7 +207,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await context.write(s.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms())))
         except BaseException:
             # The client is gone: whatever it did not get becomes visible again soon.
-            receive.release_unsent(services, plan, popped[sent:])
+            receiver.release_unsent(plan, popped[sent:])
             self._record("ReceiveMessage", "CLIENT_GONE", started)
             raise
         self._record("ReceiveMessage", Code.OK, started)
@@ -230,7 +223,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def AckMessage(self, request, context):
         return await self._unary(
-            "AckMessage", ack.ack_message, request, context, s.AckMessageResponse
+            "AckMessage", handles.ack_message, request, context, s.AckMessageResponse
         )
 
     async def ChangeInvisibleDuration(self, request, context):
@@ -241,13 +234,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             response.receipt_handle = req.receipt_handle
 
         return await self._unary(
-            "ChangeInvisibleDuration", invisible.change_invisible_duration, request, context,
+            "ChangeInvisibleDuration", handles.change_invisible_duration, request, context,
             s.ChangeInvisibleDurationResponse, keep_handle,
         )  # fmt: skip
 
     async def ForwardMessageToDeadLetterQueue(self, request, context):
         return await self._unary(
-            "ForwardMessageToDeadLetterQueue", dlq.forward_to_dlq, request, context,
+            "ForwardMessageToDeadLetterQueue", handles.forward_to_dlq, request, context,
             s.ForwardMessageToDeadLetterQueueResponse,
         )  # fmt: skip
 
@@ -260,7 +253,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         client, group = _poll_owner(ctx, context), request.group.name
         try:
             if held:
-                self.services.admission.enter(client, group)
+                self.core.receiver.admit(client, group)
         except Exception as exc:
             failed = st.status_of(exc)
             await self._write_quietly(context, s.PullMessageResponse(status=failed))
@@ -270,7 +263,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await self._pull(request, context, ctx, started)
         finally:
             if held:
-                self.services.admission.leave(client, group)
+                self.core.receiver.leave(client, group)
 
     async def _pull(
         self,
@@ -280,15 +273,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         started: float,
     ) -> None:
         try:
-            result = await offsets.pull_message(self.services, request, ctx)
+            result = await offsets.pull_message(self.core, request, ctx)
         except Exception as exc:
             failed = st.status_of(exc)
             await self._write_quietly(context, s.PullMessageResponse(status=failed))
             self._record("PullMessage", failed.code, started)
             return
-        code, text = offsets.PULL_STATUS[result.status]
-        if result.status == PullStatus.FOUND and not result.messages:
-            code, text = Code.MESSAGE_NOT_FOUND, "no matching message"
+        code, text = offsets.pull_status(result)
         await context.write(s.PullMessageResponse(status=st.status(code, text)))
         namespace = request.message_queue.topic.resource_namespace
         for message in result.messages:

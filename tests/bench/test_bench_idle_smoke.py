@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from popmq.bench.idle import bench_idle, format_table
+
+pytestmark = pytest.mark.subprocess  # starts popmq or another process
 
 
 async def test_bench_idle_small_run() -> None:

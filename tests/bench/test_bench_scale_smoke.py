@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from popmq.bench.scale import bench_scale, format_table
+
+pytestmark = pytest.mark.subprocess  # starts popmq or another process
 
 QUEUES = 2  # 2 brokers x 1 queue
 PROCESS_MS = 5.0

@@ -12,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from popmq.broker.contract.types import (
     AckEntry,
     GroupConfig,
@@ -159,6 +160,7 @@ async def test_embedded_brokers_merge_into_one_family_per_name(tmp_path: Path) -
         assert 'popmq_broker_messages_stored_total{broker="b-1",topic="t"} 2.0' in text
 
 
+@pytest.mark.subprocess
 async def test_broker_process_serves_metrics(tmp_path: Path) -> None:
     log_path = tmp_path / "broker.log"
     with log_path.open("wb") as log:

@@ -21,6 +21,8 @@ from support.broker_process import REPO_ROOT, STARTUP_TIMEOUT_S, BrokerProcess
 
 from popmq.errors import PopmqError
 
+pytestmark = pytest.mark.subprocess  # starts popmq or another process
+
 # Fast POP timings: retry level 1s -> 1 ms, revive scans every 20 ms, checkpoints journaled
 # after 50 ms, consumer offsets flushed every 50 ms.
 FAST = [

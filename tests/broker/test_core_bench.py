@@ -1,4 +1,8 @@
+import pytest
+
 from popmq.bench.broker_throughput import bench_broker
+
+pytestmark = pytest.mark.subprocess  # starts popmq or another process
 
 
 async def test_bench_drains_everything_over_both_transports(tmp_path) -> None:

@@ -8,6 +8,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from popmq.broker.contract.errors import Code
 from popmq.broker.contract.types import AckEntry, GroupConfig, Message, PopRequest
 from support.brokers import fast_broker_config, running_broker
@@ -100,6 +101,7 @@ _CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.subprocess
 async def test_kill_9_redelivers_unjournaled_and_keeps_journaled(tmp_path) -> None:
     data = tmp_path / "broker"
     child = await asyncio.create_subprocess_exec(

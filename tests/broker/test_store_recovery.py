@@ -274,6 +274,7 @@ def body_for_writer(writer: int, seq: int) -> bytes:
     return f"w{writer}-s{seq}|".encode() * (1 + seq % 40)
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(60)
 async def test_kill_9_loses_nothing_acknowledged_under_sync_flush(tmp_path: Path) -> None:
     data_dir = tmp_path / "crash"

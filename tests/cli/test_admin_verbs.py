@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from cli_support import popmq
 from popmq.broker.contract.types import Message
 from support.official_clients import Deployment, unique
 
 from popmq.client import Client
+
+pytestmark = pytest.mark.subprocess  # starts popmq or another process
 
 
 def admin(served: Deployment, *args: str, ok: bool = True) -> str:

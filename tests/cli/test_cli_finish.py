@@ -18,6 +18,8 @@ from support.official_clients import REPO, Deployment
 from popmq.cli import build_parser
 from popmq.cli.parser_kit import subparsers_of
 
+pytestmark = pytest.mark.subprocess  # starts popmq or another process
+
 
 def _one_line_error(result: subprocess.CompletedProcess[str], needle: str) -> None:
     assert result.returncode == 2, (result.stdout, result.stderr)

@@ -10,12 +10,15 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from cli_support import popmq
 from popmq.broker.contract.types import Message
 from prometheus_client.parser import text_string_to_metric_families
 from support.official_clients import REPO, Deployment, unique
 
 from popmq.client import Client
+
+pytestmark = pytest.mark.subprocess  # starts popmq or another process
 
 
 def _scrape(port: int) -> dict[str, list]:

@@ -11,7 +11,10 @@ import subprocess
 import sys
 import time
 
+import pytest
 from support.official_clients import REPO, Deployment
+
+pytestmark = pytest.mark.subprocess  # starts popmq or another process
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
 

@@ -21,6 +21,8 @@ from popmq.broker.contract.types import Message
 
 from popmq.client import Client, ProxyError
 
+pytestmark = pytest.mark.subprocess  # starts popmq or another process
+
 if "serve" not in cli_commands():
     pytest.skip("`popmq serve` is not registered in popmq.cli yet", allow_module_level=True)
 

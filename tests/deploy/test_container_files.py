@@ -215,6 +215,7 @@ def health_server() -> Any:
     server.stop(None)
 
 
+@pytest.mark.subprocess
 def test_compose_health_checks_work_against_a_grpc_health_server(health_server: Any) -> None:
     """The `popmq health` checks, run for real against grpc.health.v1."""
     servicer, port = health_server

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from support import official_clients
 
-pytestmark = pytest.mark.client
+pytestmark = [pytest.mark.subprocess, pytest.mark.client]
 
 ROUNDS = 6
 SETTLE_S = 0.7  # the consumer's receive is on the proxy by then

@@ -170,7 +170,7 @@ async def test_telemetry_settings_cannot_join_another_group(guarded: Cluster) ->
     """Settings register the client as a member of its group (queue assignment counts it) and
     answer the group's retry policy: a user may only name a group it may subscribe as."""
     victim = unique("g-other")  # OWNER may not subscribe as g-other-*
-    registry = guarded.server.services.registry
+    registry = guarded.server.registry
     call = guarded.stub.Telemetry(metadata=guarded.metadata("intruder-1"))
     settings = pb.Settings(
         client_type=pb.PUSH_CONSUMER,
@@ -338,7 +338,7 @@ async def test_a_client_id_belongs_to_the_access_key_that_registered_it(guarded:
     client's id could rewrite its registry entry (heartbeat: another group; telemetry), remove
     it (NotifyClientTermination: its queue assignment and auto-renewal stop) or join queue
     assignment under it. Under another access key the same id is now another entry."""
-    registry = guarded.server.services.registry
+    registry = guarded.server.registry
     victim_id, own = "victim-1", unique("g-own")
     beat = s.HeartbeatRequest(group=pb.Resource(name=own), client_type=pb.SIMPLE_CONSUMER)
     answer = await guarded.stub.Heartbeat(beat, metadata=guarded.metadata(victim_id))

@@ -29,7 +29,7 @@ def refusals(cluster: Cluster, reason: str) -> float:
 
 async def _held(cluster: Cluster, count: int) -> None:
     """Wait until ``count`` receives are held by the proxy."""
-    await eventually(lambda: cluster.server.services.admission.active >= count)
+    await eventually(lambda: cluster.server.admission.active >= count)
 
 
 async def test_long_polls_past_the_group_bound_are_shed_at_once(make_cluster) -> None:
@@ -53,7 +53,7 @@ async def test_long_polls_past_the_group_bound_are_shed_at_once(make_cluster) ->
         assert (await task)[0].code == Code.MESSAGE_NOT_FOUND  # answered at their poll time
     assert shed_first
     assert refusals(cluster, "long_polls_per_group") == 1
-    assert cluster.server.services.admission.active == 0
+    assert cluster.server.admission.active == 0
 
 
 async def test_client_and_proxy_bounds(make_cluster) -> None:
@@ -182,7 +182,7 @@ async def test_long_polling_pulls_are_held_under_the_same_bounds(make_cluster) -
     assert not first.done()  # refused while the first one still held
     assert (await pull(0)).code == Code.MESSAGE_NOT_FOUND  # a pull that does not wait is not held
     assert (await first).code == Code.MESSAGE_NOT_FOUND
-    assert cluster.server.services.admission.active == 0
+    assert cluster.server.admission.active == 0
     assert refusals(cluster, "long_polls_per_client") == 1
 
 
@@ -237,7 +237,7 @@ async def test_a_client_that_goes_away_or_errs_frees_its_slots(make_cluster) -> 
     )
     topic, group = unique("t"), unique("g")
     await cluster.route(topic)
-    admission = cluster.server.services.admission
+    admission = cluster.server.admission
     gone = asyncio.create_task(cluster.receive(group, topic, poll_ms=10_000, deadline_s=20))
     await _held(cluster, 1)
     gone.cancel()  # the client hangs up

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from popmq.proxy.activity.assignment import ALL_QUEUES, allocate_averagely, allocate_for_pop
 from popmq.proxy.cluster import QueueRef
+from popmq.proxy.core.assignment import ALL_QUEUES, allocate_averagely, allocate_for_pop
 
 QUEUES = [QueueRef(b, q) for b in ("broker-0", "broker-1") for q in range(4)]  # 8 queues
 

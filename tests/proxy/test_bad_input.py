@@ -243,13 +243,13 @@ async def test_client_disconnect_mid_long_poll(cluster: Cluster) -> None:
     strategy = ("pop:", "notify:", "consume:", "release", "owner:longpoll", "owner:notification")
     assert not [name for name in left if name.startswith(strategy)], left
     assert len([name for name in left if name.startswith("Task-")]) <= 2, left
-    assert len(cluster.server.services.tasks) == 0
+    assert len(cluster.server.tasks) == 0
 
 
 @pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
 async def test_undelivered_messages_are_released_quickly(cluster: Cluster) -> None:
     """The release path the servicer takes when writing to a vanished client fails."""
-    from popmq.proxy.activity import receive
+    from popmq.proxy.grpc.receive import receive_request
 
     topic, group = unique("t"), unique("g")
     await cluster.send(topic, b"orphan")
@@ -262,18 +262,18 @@ async def test_undelivered_messages_are_released_quickly(cluster: Cluster) -> No
     request.long_polling_timeout.FromMilliseconds(300)
     from popmq.proxy.core.context import RequestContext
 
-    services = cluster.server.services
-    plan = await receive.plan_receive(services, request, RequestContext(client_id="x"))
-    popped = await receive.receive(services, plan)
+    receiver = cluster.server.core.receiver
+    plan = await receiver.plan(receive_request(request), RequestContext(client_id="x"))
+    popped = await receiver.receive(plan)
     assert len(popped) == 1
-    receive.release_unsent(services, plan, popped)  # as if the client vanished
+    receiver.release_unsent(plan, popped)  # as if the client vanished
     started = time.monotonic()
     got: list[pb.Message] = []
     while not got and time.monotonic() - started < 5:
         _, got, _ = await cluster.receive(group, topic, poll_ms=1_000)
     assert [m.body for m in got] == [b"orphan"]
     assert time.monotonic() - started < 3  # well before the 60 s invisible time
-    released = services.metrics.released_messages.labels("visible_now")._value.get()
+    released = cluster.server.metrics.released_messages.labels("visible_now")._value.get()
     assert released >= 1
 
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from popmq.bench.e2e import bench_e2e, format_table
+
+pytestmark = pytest.mark.subprocess  # starts popmq or another process
 
 
 async def test_bench_e2e_direct_proxy_and_floor() -> None:

@@ -34,13 +34,13 @@ async def test_producer_settings(cluster: Cluster) -> None:
     assert reply.backoff_policy.WhichOneof("strategy") == "exponential_backoff"
     assert reply.backoff_policy.max_attempts == 3
     assert reply.backoff_policy.exponential_backoff.initial.ToMilliseconds() > 0
-    info = cluster.server.services.registry.get("producer@1")
+    info = cluster.server.registry.get("producer@1")
     assert info is not None and info.client_type == "PRODUCER" and info.topics == {"t1"}
 
 
 async def test_consumer_settings_follow_the_group(cluster: Cluster) -> None:
     group = unique("g")
-    await cluster.server.services.cluster.update_group(
+    await cluster.server.cluster.update_group(
         GroupConfig(name=group, max_attempts=5, retry_levels=["1s", "2s"], fifo=True)
     )
     settings = pb.Settings(
@@ -57,7 +57,7 @@ async def test_consumer_settings_follow_the_group(cluster: Cluster) -> None:
     assert reply.backoff_policy.max_attempts == 5
     delays = [d.ToMilliseconds() for d in reply.backoff_policy.customized_backoff.next]
     assert delays == [1_000, 2_000]
-    assert cluster.server.services.registry.group_members(group) == ["push@1"]
+    assert cluster.server.registry.group_members(group) == ["push@1"]
 
 
 async def test_bad_consumer_settings_get_an_error_status(cluster: Cluster) -> None:
@@ -79,7 +79,7 @@ async def test_heartbeat_and_termination(cluster: Cluster) -> None:
         metadata=cluster.metadata("simple@1"),
     )
     assert beat.status.code == Code.OK
-    registry = cluster.server.services.registry
+    registry = cluster.server.registry
     assert [c.client_id for c in registry.clients(group)] == ["simple@1"]
     done = await cluster.stub.NotifyClientTermination(
         s.NotifyClientTerminationRequest(group=pb.Resource(name=group)),
@@ -130,7 +130,7 @@ async def test_pop_assignment_with_many_consumers_shares_each_queue_twice(
 async def test_pull_assignment_is_exclusive(cluster: Cluster) -> None:
     topic, group = unique("t"), unique("g")
     await cluster.route(topic)
-    await cluster.server.services.cluster.update_group(
+    await cluster.server.cluster.update_group(
         GroupConfig(name=group, consume_mode=ConsumeMode.PULL)
     )
     await _assign(cluster, topic, group, "a")

@@ -61,9 +61,9 @@ async def test_a_receive_arriving_while_draining_is_answered_empty_without_broke
 ) -> None:
     topic, group = unique("drain"), unique("g")
     await cluster.send(topic, b"waiting")
-    strategy = cluster.server.services.strategy
+    strategy = cluster.server.strategy
     strategy.drain()
-    calls = cluster.server.services.metrics.broker_rpcs
+    calls = cluster.server.metrics.broker_rpcs
     before = {kind: calls.labels(kind)._value.get() for kind in ("pop", "notify")}
     ports = [LocalBrokerPort(b) for b in cluster.brokers]
     request = LongPollRequest(PopRequest(group, topic, invisible_time_ms=60_000), poll_ms=5_000)

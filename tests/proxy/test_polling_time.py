@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from popmq.broker.contract.errors import Code, RefusedError
-from popmq.proxy.activity.receive import DEFAULT_REQUEST_TIMEOUT_MS, polling_time_ms
+from popmq.proxy.core.receive import DEFAULT_REQUEST_TIMEOUT_MS, polling_time_ms
 
 from popmq.config import ProxyConfig
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
+import pytest
 from support.official_clients import PopmqProcess, broker
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
+
+pytestmark = pytest.mark.subprocess  # starts popmq or another process
 
 METADATA = (("x-mq-client-id", "workers-test"), ("x-mq-language", "PYTHON"),
             ("x-mq-protocol", "GRPC_V2"))  # fmt: skip

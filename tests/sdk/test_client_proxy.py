@@ -12,6 +12,8 @@ from popmq.broker.contract.types import Message
 from popmq.client import AsyncClient, Client, OffsetPolicy, ProxyError
 from popmq.client.local_server import LocalServer
 
+pytestmark = pytest.mark.subprocess  # starts popmq or another process
+
 SETTINGS = {
     "broker.topics.auto_create": "false",
     "proxy.min_long_polling_ms": 100,

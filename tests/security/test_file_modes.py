@@ -19,6 +19,8 @@ from popmq.client.security import ClientSecurity
 from popmq.client.sync import Client
 from popmq.security.files import exposure, warn_if_exposed
 
+pytestmark = pytest.mark.subprocess  # starts popmq or another process
+
 KEYS = ("app1", "app1-secret-0001")
 ACL = f"""users:
   - access_key: {KEYS[0]}

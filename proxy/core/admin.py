@@ -1,0 +1,508 @@
+"""The admin operations (topics, groups, clients, stats; consumer progress, offset reset,
+message query, DLQ list and resend, topic route and cluster status), applied across every
+broker, domain in and domain out. The admin gRPC service (popmq.proxy.admin) translates.
+
+Everything goes through the brokers' ports (the same BrokerService a proxy uses for clients),
+so it works the same for `popmq serve` and a cluster of `popmq broker` processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.contract.port import BrokerPort
+from popmq.broker.contract.types import (
+    DLQ_PREFIX,
+    PROP_ORIGIN_MESSAGE_ID,
+    PROP_ORIGIN_TOPIC,
+    PROP_TRACE_CONTEXT,
+    RETRY_PREFIX,
+    ConsumeMode,
+    GroupConfig,
+    GroupQueueStats,
+    Message,
+    PullRequest,
+    PullStatus,
+    SendResult,
+    StoredMessage,
+    TopicInfo,
+)
+from popmq.proxy.cluster import BrokerCluster
+from popmq.proxy.core import validate
+from popmq.proxy.core.address import ProxyAddress
+from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.registry import ClientInfo, ClientRegistry
+from prometheus_client import generate_latest
+
+from popmq.config import parse_duration_ms
+from popmq.errors import PopmqError
+from popmq.lifecycle import fan_out
+from popmq.metrics_http import build_version
+
+DEFAULT_MAX_SCAN = 10_000
+DEFAULT_QUERY_LIMIT = 32
+DEFAULT_DLQ_LIMIT = 100
+# How many DLQ messages one resend may look through (newest first) per queue.
+DLQ_SCAN = 100_000
+PULL_BATCH = 256
+
+# A topic on each broker that has it, in the cluster's broker order.
+TopicBrokers = list[tuple[str, TopicInfo]]
+# A message and the broker it was read from.
+Found = tuple[str, StoredMessage]
+
+
+@dataclass(slots=True)
+class GroupChanges:
+    """What UpdateGroup changes (None: keep)."""
+
+    consume_mode: str | None = None  # POP or PULL, any case
+    max_attempts: int | None = None
+    retry_levels: list[str] | None = None  # [] with reset: the broker's default levels
+    reset_retry_levels: bool = False
+    fifo: bool | None = None
+
+
+@dataclass(slots=True)
+class GroupRow:
+    config: GroupConfig
+    brokers: list[str] = field(default_factory=list)
+    inflight: int = 0
+    offset_queues: int = 0
+
+
+@dataclass(slots=True)
+class DeletedGroup:
+    brokers: list[str]
+    inflight: int
+    offsets_removed: int
+
+
+@dataclass(slots=True)
+class QueueProgress:
+    broker: str
+    stats: GroupQueueStats
+    lag_latency_ms: int
+
+
+@dataclass(slots=True)
+class OffsetReset:
+    broker: str
+    queue_id: int
+    old_offset: int
+    new_offset: int
+
+
+@dataclass(slots=True)
+class Resent:
+    broker: str
+    original: StoredMessage  # as it was in the DLQ
+    topic: str  # where it went again
+    sent: SendResult
+
+
+@dataclass(slots=True)
+class RouteBroker:
+    broker: str
+    address: str
+    queue_count: int
+
+
+@dataclass(slots=True)
+class BrokerStatus:
+    broker: str
+    address: str
+    reachable: bool = False
+    rtt_ms: float = 0.0
+    topics: int = 0
+    error: str = ""
+
+
+@dataclass(slots=True)
+class ClusterStatus:
+    proxy: str
+    version: str
+    brokers: list[BrokerStatus]
+    clients: int
+
+
+def broker_address(port: BrokerPort) -> str:
+    return getattr(port, "address", None) or "in-process"
+
+
+async def _scan(
+    port: BrokerPort, topic: str, queue_id: int, low: int, high: int
+) -> list[StoredMessage]:
+    """Messages of one queue in [low, high), oldest first."""
+    out: list[StoredMessage] = []
+    offset = low
+    while offset < high:
+        result = await port.pull(
+            PullRequest(topic, queue_id, offset, max_messages=min(PULL_BATCH, high - offset))
+        )
+        if result.status != PullStatus.FOUND or not result.messages:
+            if result.next_offset <= offset:
+                break
+            offset = result.next_offset
+            continue
+        out += [m for m in result.messages if m.queue_offset < high]
+        offset = result.next_offset
+    return out
+
+
+async def _store_time_ms(port: BrokerPort, topic: str, queue_id: int, offset: int) -> int:
+    result = await port.pull(PullRequest(topic, queue_id, offset, max_messages=1))
+    return result.messages[0].store_timestamp_ms if result.messages else 0
+
+
+class Admin:
+    def __init__(
+        self,
+        cluster: BrokerCluster,
+        registry: ClientRegistry,
+        metrics: ProxyMetrics,
+        address: ProxyAddress,
+    ) -> None:
+        self.cluster = cluster
+        self.registry = registry
+        self.metrics = metrics
+        self.address = address
+
+    @property
+    def proxy(self) -> str:
+        """This proxy's address, as admin answers name it."""
+        return str(self.address.bound)
+
+    def _brokers(self) -> list[tuple[str, BrokerPort]]:
+        cluster = self.cluster
+        return list(zip(cluster.names, cluster.ports, strict=True))
+
+    async def _topic_on_brokers(self, topic: str) -> list[tuple[str, BrokerPort, TopicInfo]]:
+        cluster = self.cluster
+        infos = await cluster.topic_infos(topic)
+        return [(name, cluster.port(name), info) for name, info in infos.items()]
+
+    async def _user_topics(self, topic: str) -> list[str]:
+        if topic:
+            return [validate.topic_name(topic)]
+        per_broker = await fan_out(p.list_topics() for _, p in self._brokers())
+        return sorted({i.name for infos in per_broker for i in infos if not i.name.startswith("%")})
+
+    # -- topics ------------------------------------------------------------------------------
+    async def create_topic(self, name: str, queue_count: int, brokers: list[str]) -> TopicBrokers:
+        """On ``brokers`` ([]: every broker)."""
+        name = validate.topic_name(name)
+        if queue_count < 1:
+            raise RefusedError(Code.BAD_REQUEST, "queue count must be at least 1")
+        cluster = self.cluster
+        brokers = brokers or cluster.names
+        infos = await fan_out(cluster.port(b).create_topic(name, queue_count) for b in brokers)
+        cluster.forget_topic(name)
+        return list(zip(brokers, infos, strict=True))
+
+    async def list_topics(self, include_system: bool) -> list[tuple[str, TopicBrokers]]:
+        """Every topic by name, with the brokers that have it."""
+        cluster = self.cluster
+        per_broker = await fan_out(p.list_topics() for p in cluster.ports)
+        topics: dict[str, TopicBrokers] = {}
+        for broker, infos in zip(cluster.names, per_broker, strict=True):
+            for info in infos:
+                system = info.name.startswith((RETRY_PREFIX, DLQ_PREFIX, "%"))
+                if system and not include_system:
+                    continue
+                topics.setdefault(info.name, []).append((broker, info))
+        return [(name, topics[name]) for name in sorted(topics)]
+
+    async def describe_topic(
+        self, name: str, group: str = ""
+    ) -> tuple[TopicBrokers, list[tuple[str, GroupQueueStats]]]:
+        """The topic on each broker and, with ``group``, the group's progress on each queue."""
+        name = validate.topic_name(name, allow_dlq=True)
+        infos = list((await self.cluster.topic_infos(name)).items())
+        rows: list[tuple[str, GroupQueueStats]] = []
+        if group:
+            group = validate.group_name(group)
+            brokers = [b for b, _ in infos]
+            stats = await fan_out(self.cluster.port(b).group_stats(group, name) for b in brokers)
+            for broker, broker_rows in zip(brokers, stats, strict=True):
+                rows += [(broker, row) for row in broker_rows]
+        return infos, rows
+
+    async def delete_topic(self, name: str) -> None:
+        name = validate.topic_name(name, allow_dlq=True)
+        cluster = self.cluster
+        infos = await cluster.topic_infos(name)
+        await fan_out(cluster.port(b).delete_topic(name) for b in infos)
+        cluster.forget_topic(name)
+
+    # -- groups ------------------------------------------------------------------------------
+    async def get_group(self, name: str) -> GroupConfig:
+        name = validate.group_name(name)
+        return await self.cluster.ports[0].get_group(name)
+
+    async def update_group(self, name: str, changes: GroupChanges) -> GroupConfig:
+        name = validate.group_name(name)
+        cluster = self.cluster
+        current = await cluster.ports[0].get_group(name)
+        updates: dict[str, Any] = {}
+        if changes.consume_mode is not None:
+            mode = changes.consume_mode.upper()
+            if mode not in ConsumeMode.__members__:
+                raise RefusedError(Code.BAD_REQUEST, "consume mode must be POP or PULL")
+            updates["consume_mode"] = ConsumeMode[mode]
+        if changes.max_attempts is not None:
+            if changes.max_attempts < 1:
+                raise RefusedError(Code.BAD_REQUEST, "max attempts must be at least 1")
+            updates["max_attempts"] = changes.max_attempts
+        if changes.reset_retry_levels:
+            updates["retry_levels"] = []
+        elif changes.retry_levels:
+            for level in changes.retry_levels:
+                try:
+                    parse_duration_ms(level)
+                except ValueError as exc:
+                    raise RefusedError(Code.BAD_REQUEST, str(exc)) from None
+            updates["retry_levels"] = list(changes.retry_levels)
+        if changes.fifo is not None:
+            updates["fifo"] = changes.fifo
+        return await cluster.update_group(dataclasses.replace(current, **updates))
+
+    async def list_groups(self) -> list[GroupRow]:
+        cluster = self.cluster
+        per_broker = await fan_out(p.list_groups() for p in cluster.ports)
+        groups: dict[str, GroupRow] = {}
+        for broker, summaries in zip(cluster.names, per_broker, strict=True):
+            for s in summaries:
+                row = groups.setdefault(s.config.name, GroupRow(s.config))
+                row.brokers.append(broker)
+                row.inflight += s.inflight
+                row.offset_queues += s.offset_queues
+        return [groups[name] for name in sorted(groups)]
+
+    async def delete_group(self, name: str, clean_offsets: bool, force: bool) -> DeletedGroup:
+        name = validate.group_name(name)
+        cluster = self.cluster
+        per_broker = await fan_out(p.list_groups() for p in cluster.ports)
+        holders = [
+            (broker, port, summary)
+            for broker, port, summaries in zip(
+                cluster.names, cluster.ports, per_broker, strict=True
+            )
+            for summary in summaries
+            if summary.config.name == name
+        ]
+        if not holders:
+            raise RefusedError(Code.CONSUMER_GROUP_NOT_FOUND, f"group {name!r} does not exist")
+        inflight = sum(s.inflight for _, _, s in holders)
+        if inflight and not force:  # checked before any broker changes
+            raise RefusedError(
+                Code.PRECONDITION_FAILED,
+                f"group {name!r} has {inflight} messages in flight; ack them or wait for "
+                "their invisible time, or delete with force (they then revive as usual)",
+            )
+        done = await fan_out(
+            port.delete_group(name, clean_offsets, force) for _, port, _ in holders
+        )
+        cluster.forget_group(name)
+        return DeletedGroup(
+            brokers=[broker for broker, _, _ in holders],
+            inflight=sum(d.inflight for d in done),
+            offsets_removed=sum(d.offsets_removed for d in done),
+        )
+
+    # -- clients and stats -------------------------------------------------------------------
+    def clients(self, group: str = "") -> list[ClientInfo]:
+        return self.registry.clients(group or None)
+
+    def stats_text(self) -> str:
+        """The proxy's metrics in Prometheus' text format."""
+        return generate_latest(self.metrics.registry).decode()
+
+    # -- consumer progress and offsets -------------------------------------------------------
+    async def consumer_progress(self, group: str, topic: str = "") -> list[QueueProgress]:
+        """The group's progress on each queue of ``topic`` (""; every topic it consumed)."""
+        group = validate.group_name(group)
+        found: list[QueueProgress] = []
+        for name in await self._user_topics(topic):
+            for broker, port, _ in await self._topic_on_brokers(name):
+                rows = await port.group_stats(group, name)
+                # Without a topic, only topics the group has consumed from.
+                if not topic and not any(
+                    r.consumer_offset > 0 or r.inflight or r.topic.startswith(RETRY_PREFIX)
+                    for r in rows
+                ):
+                    continue
+                now_ms = int(time.time() * 1000)
+                for row in rows:
+                    latency = 0
+                    if row.backlog:
+                        stored = await _store_time_ms(
+                            port, row.topic, row.queue_id, row.consumer_offset
+                        )
+                        latency = max(now_ms - stored, 0) if stored else 0
+                    found.append(QueueProgress(broker, row, latency))
+        return found
+
+    async def reset_offset(
+        self, group: str, topic: str, to: str | None, timestamp_ms: int = 0
+    ) -> list[OffsetReset]:
+        """``to``: "earliest", "latest" or "timestamp_ms" (then ``timestamp_ms``)."""
+        group = validate.group_name(group)
+        topic = validate.topic_name(topic)
+        if to is None:
+            raise RefusedError(Code.BAD_REQUEST, "say where to: a time, earliest or latest")
+        if to == "timestamp_ms" and timestamp_ms < 0:
+            raise RefusedError(Code.BAD_REQUEST, "the time must not be before 1970")
+        done: list[OffsetReset] = []
+        for broker, port, info in await self._topic_on_brokers(topic):
+            for queue in info.queues:
+                if to == "earliest":
+                    new = queue.min_offset
+                elif to == "latest":
+                    new = queue.max_offset
+                else:
+                    new = await port.offset_for_timestamp(topic, queue.queue_id, timestamp_ms)
+                old = await port.get_consumer_offset(group, topic, queue.queue_id)
+                await port.update_consumer_offset(group, topic, queue.queue_id, new)
+                done.append(OffsetReset(broker, queue.queue_id, old, new))
+        return done
+
+    # -- messages ----------------------------------------------------------------------------
+    async def _newest(self, topics: Iterable[str], max_scan: int) -> tuple[list[Found], bool]:
+        """Up to max_scan newest messages of every queue of `topics` (newest first)."""
+        found: list[Found] = []
+        truncated = False
+        for topic in topics:
+            for broker, port, info in await self._topic_on_brokers(topic):
+                for queue in info.queues:
+                    low = max(queue.min_offset, queue.max_offset - max_scan)
+                    truncated |= low > queue.min_offset
+                    for m in await _scan(port, topic, queue.queue_id, low, queue.max_offset):
+                        found.append((broker, m))
+        found.sort(key=lambda item: item[1].store_timestamp_ms, reverse=True)
+        return found, truncated
+
+    async def query_messages(
+        self, message_id: str, key: str, topic: str = "", max_scan: int = 0, limit: int = 0
+    ) -> tuple[list[Found], bool]:
+        """Messages by id (theirs or their origin's) or key, newest first; and whether the
+        scan stopped short of some queue's oldest message."""
+        if not message_id and not key:
+            raise RefusedError(Code.BAD_REQUEST, "give a message id or a key")
+        if max_scan < 0 or limit < 0:
+            raise RefusedError(Code.BAD_REQUEST, "max_scan and limit must not be negative")
+        if topic:
+            topic = validate.topic_name(topic, allow_dlq=True)
+        topics = await self._user_topics("") if not topic else [topic]
+        found, truncated = await self._newest(topics, max_scan or DEFAULT_MAX_SCAN)
+        limit = limit or DEFAULT_QUERY_LIMIT
+        matches: list[Found] = []
+        for broker, m in found:
+            ids = (m.message_id, m.properties.get(PROP_ORIGIN_MESSAGE_ID, ""))
+            if message_id and message_id not in ids:
+                continue
+            if key and key not in m.keys:
+                continue
+            matches.append((broker, m))
+            if len(matches) >= limit:
+                break
+        return matches, truncated
+
+    # -- dead-letter queues ------------------------------------------------------------------
+    async def _dlq(self, group: str, scan: int) -> tuple[list[Found], int]:
+        dlq = f"{DLQ_PREFIX}{group}"
+        try:
+            on_brokers = await self._topic_on_brokers(dlq)
+        except RefusedError as exc:
+            if exc.code == Code.TOPIC_NOT_FOUND:  # nothing was ever dead-lettered
+                return [], 0
+            raise
+        total = sum(q.max_offset - q.min_offset for _, _, i in on_brokers for q in i.queues)
+        found, _ = await self._newest([dlq], scan)
+        return found, total
+
+    async def list_dlq(self, group: str, limit: int = 0) -> tuple[list[Found], int]:
+        """The group's newest dead letters (up to ``limit``) and how many there are."""
+        group = validate.group_name(group)
+        if limit < 0:
+            raise RefusedError(Code.BAD_REQUEST, "limit must not be negative")
+        limit = limit or DEFAULT_DLQ_LIMIT
+        found, total = await self._dlq(group, limit)
+        return found[:limit], total
+
+    async def resend_dlq(self, group: str, message_ids: list[str], all_: bool) -> list[Resent]:
+        """Send dead letters again to their original topic, oldest first."""
+        group = validate.group_name(group)
+        if all_ == bool(message_ids):
+            raise RefusedError(Code.BAD_REQUEST, "give message ids or --all (not both)")
+        found, _ = await self._dlq(group, DLQ_SCAN)
+        wanted = set(message_ids)
+        chosen = [
+            (b, m) for b, m in found
+            if all_ or wanted & {m.message_id, m.properties.get(PROP_ORIGIN_MESSAGE_ID)}
+        ]  # fmt: skip
+        missing = wanted - {
+            i for _, m in chosen for i in (m.message_id, m.properties.get(PROP_ORIGIN_MESSAGE_ID))
+        }
+        if missing:
+            raise RefusedError(
+                Code.MESSAGE_NOT_FOUND, f"not in {DLQ_PREFIX}{group}: {sorted(missing)}"
+            )
+        resent: list[Resent] = []
+        for broker, m in reversed(chosen):  # oldest first, in their original order
+            origin = m.properties.get(PROP_ORIGIN_TOPIC)
+            if not origin:
+                raise RefusedError(
+                    Code.BAD_REQUEST, f"message {m.message_id} does not name its topic"
+                )
+            # the producer's trace context stays; the DLQ bookkeeping goes
+            properties = {
+                k: v
+                for k, v in m.properties.items()
+                if k == PROP_TRACE_CONTEXT or not k.startswith("__popmq.")
+            }
+            copy = Message(
+                topic=origin, body=m.body, tag=m.tag, keys=list(m.keys),
+                properties=properties, message_group=m.message_group,
+                born_timestamp_ms=m.born_timestamp_ms, born_host=m.born_host,
+            )  # fmt: skip
+            sent = await self.cluster.port(broker).send([copy])
+            resent.append(Resent(broker, m, origin, sent[0]))
+        return resent
+
+    # -- cluster -----------------------------------------------------------------------------
+    async def topic_route(self, topic: str) -> list[RouteBroker]:
+        topic = validate.topic_name(topic, allow_dlq=True)
+        return [
+            RouteBroker(b, broker_address(p), i.queue_count)
+            for b, p, i in await self._topic_on_brokers(topic)
+        ]
+
+    async def cluster_status(self) -> ClusterStatus:
+        async def probe(name: str, port: BrokerPort) -> BrokerStatus:
+            status = BrokerStatus(broker=name, address=broker_address(port))
+            started = time.perf_counter()
+            try:
+                async with asyncio.timeout(5):
+                    topics = await port.list_topics()
+            except (PopmqError, TimeoutError, OSError) as exc:
+                status.error = str(exc) or type(exc).__name__
+                return status
+            status.reachable = True
+            status.rtt_ms = round((time.perf_counter() - started) * 1000, 2)
+            status.topics = sum(1 for t in topics if not t.name.startswith("%"))
+            return status
+
+        brokers = await fan_out(probe(n, p) for n, p in self._brokers())
+        return ClusterStatus(
+            proxy=self.proxy,
+            version=build_version(),
+            brokers=list(brokers),
+            clients=len(self.registry.clients()),
+        )

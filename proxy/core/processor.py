@@ -1,0 +1,49 @@
+"""ProxyCore: every operation of the proxy, domain in and domain out (RocketMQ's
+MessagingProcessor). Edges (the gRPC servicers, and any other) hold one and call its parts.
+
+Each part gets what it needs through its constructor; ProxyCore only builds them from the
+proxy's services (cluster, long-poll strategy, registry, admission, renewer, metrics).
+"""
+
+from __future__ import annotations
+
+from popmq.proxy.admission import LongPollAdmission
+from popmq.proxy.cluster import BrokerCluster
+from popmq.proxy.core.address import ProxyAddress
+from popmq.proxy.core.admin import Admin
+from popmq.proxy.core.clients import Clients
+from popmq.proxy.core.handles import Handles
+from popmq.proxy.core.offsets import Offsets
+from popmq.proxy.core.receive import Receiver
+from popmq.proxy.core.routes import Routes
+from popmq.proxy.core.send import Sender
+from popmq.proxy.longpoll.base import LongPollStrategy
+from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.registry import ClientRegistry
+from popmq.proxy.renewal import HandleRenewer
+
+from popmq.config import PopmqConfig
+
+
+class ProxyCore:
+    def __init__(
+        self,
+        config: PopmqConfig,
+        *,
+        cluster: BrokerCluster,
+        strategy: LongPollStrategy,
+        registry: ClientRegistry,
+        admission: LongPollAdmission,
+        renewer: HandleRenewer,
+        metrics: ProxyMetrics,
+        address: ProxyAddress,
+    ) -> None:
+        proxy = config.proxy
+        self.address = address
+        self.routes = Routes(cluster, registry, config.broker.pop.share_queue_num)
+        self.clients = Clients(proxy, cluster, registry)
+        self.sender = Sender(proxy, cluster, metrics)
+        self.receiver = Receiver(proxy, cluster, strategy, admission, registry, renewer, metrics)
+        self.handles = Handles(proxy, cluster, renewer)
+        self.offsets = Offsets(proxy, cluster)
+        self.admin = Admin(cluster, registry, metrics, address)

@@ -1,0 +1,215 @@
+"""Sending: check each message, pick its queue, store it; one outcome per message.
+
+A request's messages go to one queue per message group (FIFO) or one round-robin queue for the
+rest, as RocketMQ sends a batch to one queue.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+
+from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
+from popmq.broker.contract.types import PROP_TRACE_CONTEXT, Message, SendResult
+from popmq.proxy.admission import refuse
+from popmq.proxy.cluster import BrokerCluster, QueueRef, TopicRoute
+from popmq.proxy.core import validate
+from popmq.proxy.core.context import RequestContext
+from popmq.proxy.core.times import SecondsNanos, timestamp_ms
+from popmq.proxy.metrics import ProxyMetrics
+
+from popmq.config import ProxyConfig
+from popmq.lifecycle import fan_out
+from popmq.tracing import link_to, tracer
+
+# Spreads batches moved off a broker that is down over the live ones.
+_spread = itertools.count()
+
+
+@dataclass(slots=True)
+class OutgoingMessage:
+    """A producer's message as it came (nothing checked yet)."""
+
+    topic: str
+    body: bytes
+    kind: str = "NORMAL"  # a MessageType name: NORMAL, FIFO, DELAY, TRANSACTION, LITE, ...
+    gzip: bool = False  # the body is gzip-encoded
+    lite_topic: bool = False  # it names a lite topic
+    tag: str = ""
+    keys: list[str] | None = None
+    message_group: str | None = None  # None: not set (FIFO needs one; a delay forbids one)
+    properties: dict[str, str] | None = None
+    trace_context: str | None = None
+    message_id: str = ""
+    delivery_time: SecondsNanos | None = None  # None: not set
+    born_time: SecondsNanos | None = None
+    born_host: str = ""
+
+
+@dataclass(slots=True)
+class SendOutcome:
+    """One message's fate: stored (``result``) or not (``error``: its batch failed)."""
+
+    message_id: str
+    result: SendResult | None = None
+    error: Exception | None = None
+
+
+def to_message(msg: OutgoingMessage, topic: str, peer: str = "") -> Message:
+    """A producer's message as the broker stores it (fields already checked)."""
+    delivery_ms = 0
+    if msg.delivery_time is not None:
+        delivery_ms = timestamp_ms(msg.delivery_time, Code.ILLEGAL_DELIVERY_TIME, "delivery time")
+    born_ms = 0
+    if msg.born_time is not None:
+        born_ms = timestamp_ms(msg.born_time, Code.BAD_REQUEST, "born time")
+    properties = dict(msg.properties) if msg.properties else {}
+    if msg.trace_context is not None:
+        properties[PROP_TRACE_CONTEXT] = msg.trace_context
+    return Message(
+        topic=topic,
+        body=msg.body,
+        tag=msg.tag,
+        keys=list(msg.keys) if msg.keys else [],
+        properties=properties,
+        message_id=msg.message_id,
+        message_group=msg.message_group or "",
+        delivery_timestamp_ms=delivery_ms,
+        born_timestamp_ms=born_ms,
+        born_host=msg.born_host or peer,
+    )
+
+
+class Sender:
+    def __init__(self, config: ProxyConfig, cluster: BrokerCluster, metrics: ProxyMetrics) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.metrics = metrics
+
+    def _checked(self, msg: OutgoingMessage, ctx: RequestContext) -> Message:
+        topic = validate.topic_name(msg.topic)
+        limit = self.config.max_body_bytes
+        if len(msg.body) > limit:
+            raise refuse(
+                self.metrics, "body_size", Code.MESSAGE_BODY_TOO_LARGE,
+                f"message body is {len(msg.body)} bytes, more than the limit of {limit} "
+                "(proxy.max_body_bytes)",
+            )  # fmt: skip
+        validate.body(msg.body, limit)
+        if msg.gzip:
+            raise RefusedError(Code.UNSUPPORTED, "gzip-encoded message bodies are not supported")
+        if msg.kind == "TRANSACTION":
+            raise RefusedError(Code.UNSUPPORTED, "transactional messages are not supported")
+        if msg.lite_topic or msg.kind in ("LITE", "PRIORITY"):
+            raise RefusedError(Code.UNSUPPORTED, "lite and priority messages are not supported")
+        validate.tag(msg.tag)
+        if msg.keys:
+            validate.keys(msg.keys)
+        validate.message_group(msg.message_group or "")
+        if msg.properties:
+            validate.properties(msg.properties)
+        if msg.message_group is not None and msg.delivery_time is not None:
+            raise RefusedError(
+                Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                "a message cannot have both a message group (FIFO) and a delivery time (delay)",
+            )
+        if msg.kind == "FIFO" and not msg.message_group:
+            raise RefusedError(
+                Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a FIFO message needs a message group"
+            )
+        if msg.delivery_time is not None:
+            due_ms = timestamp_ms(msg.delivery_time, Code.ILLEGAL_DELIVERY_TIME, "delivery time")
+            delay = due_ms - int(time.time() * 1000)
+            if delay > validate.MAX_DELAY_MS:
+                raise RefusedError(
+                    Code.ILLEGAL_DELIVERY_TIME,
+                    f"delivery time is more than {validate.MAX_DELAY_MS // 3_600_000} h ahead",
+                )
+        message = to_message(msg, topic, ctx.peer)
+        if not message.message_id:
+            message.message_id = uuid.uuid4().hex.upper()
+        return message
+
+    async def send(self, outgoing: list[OutgoingMessage], ctx: RequestContext) -> list[SendOutcome]:
+        """Check every message (the first bad one refuses the request), then store them:
+        one outcome per message, in order."""
+        if not outgoing:
+            raise RefusedError(Code.BAD_REQUEST, "SendMessage needs at least one message")
+        if len(outgoing) > self.config.max_send_messages:
+            raise refuse(
+                self.metrics, "send_messages", Code.PAYLOAD_TOO_LARGE,
+                f"{len(outgoing)} messages in one send; the limit is "
+                f"{self.config.max_send_messages} (proxy.max_send_messages)",
+            )  # fmt: skip
+        messages = [self._checked(msg, ctx) for msg in outgoing]
+        with tracer().start_as_current_span("popmq.send") as span:
+            if span.is_recording():  # link each message to its producer's span
+                span.set_attribute("messaging.batch.message_count", len(messages))
+                for message in messages:
+                    link = link_to(message.properties.get(PROP_TRACE_CONTEXT, ""))
+                    if link is not None:
+                        span.add_link(link.context)
+            return await self._send(messages)
+
+    async def _send(self, messages: list[Message]) -> list[SendOutcome]:
+        cluster = self.cluster
+
+        # Batch by target queue: each FIFO message group has its queue, the rest share one.
+        batches: dict[QueueRef, list[int]] = defaultdict(list)
+        shared: dict[str, QueueRef] = {}
+        routes: dict[str, TopicRoute] = {}  # a request's messages nearly always share one topic
+        for index, message in enumerate(messages):
+            route = routes.get(message.topic)
+            if route is None:
+                route = routes[message.topic] = await cluster.route(message.topic)
+            if message.message_group:
+                target = cluster.pick_queue(route, message.message_group)
+            else:
+                target = shared.get(message.topic) or cluster.pick_queue(route)
+                shared[message.topic] = target
+            batches[target].append(index)
+
+        async def store(target: QueueRef, indexes: list[int]) -> list[SendResult]:
+            batch = [messages[i] for i in indexes]
+            tried: set[str] = set()
+            while True:
+                try:
+                    return await cluster.port(target.broker).send(batch, target.queue_id)
+                except BrokerUnavailableError:
+                    # The broker is down: an unordered batch goes to a live one instead (a FIFO
+                    # group keeps its queue, so its order holds; the client retries it).
+                    cluster.note_unavailable(target.broker)
+                    tried.add(target.broker)
+                    if batch[0].message_group:
+                        raise
+                    route = await cluster.route(batch[0].topic)
+                    others = [q for q in route.queues if q.broker not in tried]
+                    if not others:
+                        raise
+                    target = others[next(_spread) % len(others)]
+
+        targets = list(batches.items())
+        outcomes: list[list[SendResult] | BaseException]
+        if len(targets) == 1:  # the usual case: one batch needs no task of its own
+            try:
+                outcomes = [await store(*targets[0])]
+            except Exception as exc:
+                outcomes = [exc]
+        else:
+            outcomes = await fan_out(
+                [store(target, indexes) for target, indexes in targets], return_exceptions=True
+            )
+        outcomes_by_message: list[SendOutcome | None] = [None] * len(messages)
+        for (_, indexes), outcome in zip(targets, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, Exception):
+                    raise outcome  # cancellation and the like
+                for i in indexes:
+                    outcomes_by_message[i] = SendOutcome(messages[i].message_id, error=outcome)
+                continue
+            for i, result in zip(indexes, outcome, strict=True):
+                outcomes_by_message[i] = SendOutcome(result.message_id, result=result)
+        return [o for o in outcomes_by_message if o is not None]

@@ -1,0 +1,42 @@
+"""SendMessage on the wire: protobuf messages to the core's, outcomes to entries and statuses."""
+
+from __future__ import annotations
+
+from popmq.broker.contract.errors import Code
+from popmq.proxy.core.context import RequestContext
+from popmq.proxy.core.processor import ProxyCore
+from popmq.proxy.grpc import status as st
+from popmq.proxy.grpc.convert import outgoing_from_pb
+
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+
+async def send_message(
+    core: ProxyCore, request: s.SendMessageRequest, ctx: RequestContext
+) -> s.SendMessageResponse:
+    outcomes = await core.sender.send([outgoing_from_pb(m) for m in request.messages], ctx)
+    ok = st.ok()
+    failed: dict[int, pb.Status] = {}  # a failed batch: one status for all its messages
+    codes = set()
+    entries = []
+    for outcome in outcomes:
+        if outcome.error is None:
+            assert outcome.result is not None
+            codes.add(Code.OK)
+            entries.append(
+                s.SendResultEntry(
+                    status=ok,
+                    message_id=outcome.result.message_id,
+                    offset=outcome.result.queue_offset,
+                )
+            )
+            continue
+        status = failed.get(id(outcome.error))
+        if status is None:
+            status = failed[id(outcome.error)] = st.status_of(outcome.error)
+            codes.add(Code(status.code))
+        entries.append(s.SendResultEntry(status=status, message_id=outcome.message_id))
+    code = st.combined_code(list(codes))
+    summary = entries[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
+    return s.SendMessageResponse(status=st.status(code, summary), entries=entries)

@@ -1,0 +1,44 @@
+"""Suite-wide rules. ``make check`` runs ``-m "not subprocess"``: the tests that start no other
+process (popmq servers, official clients, Spark's JVM, the CLI). So that selection stays honest,
+a test not marked ``subprocess`` that starts one (in the test or in any fixture it sets up)
+fails at once and names the marker."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_HERE = Path(__file__).parent
+# Whole suites whose every test drives real processes.
+_SUBPROCESS_SUITES = tuple(_HERE / name for name in ("official", "chaos", "spark"))
+_REAL_EXECUTE_CHILD = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath))
+        if any(suite in path.parents for suite in _SUBPROCESS_SUITES):
+            item.add_marker(pytest.mark.subprocess)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None]:
+    if item.get_closest_marker("subprocess") is not None:
+        yield
+        return
+
+    def refuse(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+        raise AssertionError(
+            f"{item.nodeid} starts a process ({args!r}) but is not marked "
+            "@pytest.mark.subprocess (make check leaves those out)"
+        )
+
+    subprocess.Popen._execute_child = refuse  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        subprocess.Popen._execute_child = _REAL_EXECUTE_CHILD  # type: ignore[attr-defined]
