@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from cli_support import popmq
 from popmq.broker.contract.types import Message
 from support.official_clients import Deployment, unique
 
 from popmq.client import Client
+
+pytestmark = pytest.mark.subprocess  # starts popmq
 
 
 def shape(value: Any) -> Any:

@@ -161,6 +161,7 @@ def _runnable_admin_commands(tmp_path: Path) -> list[list[str]]:
     return seen
 
 
+@pytest.mark.subprocess
 def test_admin_commands_run(served: Deployment, tmp_path: Path) -> None:
     commands = _runnable_admin_commands(tmp_path)
     assert len(commands) > 20
@@ -177,6 +178,7 @@ def test_admin_commands_run(served: Deployment, tmp_path: Path) -> None:
     assert failures == []
 
 
+@pytest.mark.subprocess
 def test_handle_keys_commands_run(tmp_path: Path) -> None:
     from popmq.broker.pop.handle_keys import HandleKeyring
 
