@@ -8,11 +8,14 @@ from dataclasses import dataclass
 import pytest
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import AckEntry
+from popmq.proxy.core.address import HostPort, ProxyAddress
 from popmq.proxy.core.context import RequestContext
 from popmq.proxy.core.offsets import QueueAddress
 from popmq.proxy.core.receive import ReceiveRequest
 from popmq.proxy.core.send import OutgoingMessage
 from proxy_support import Cluster, unique
+
+from popmq.config import ProxyConfig
 
 
 @dataclass(frozen=True)
@@ -70,3 +73,13 @@ async def test_the_core_refuses_with_rocketmq_codes(cluster: Cluster) -> None:
     with pytest.raises(RefusedError) as anonymous:
         await core.routes.assignment(topic, unique("g"), RequestContext())
     assert anonymous.value.code == Code.CLIENT_ID_REQUIRED
+
+
+def test_the_address_clients_are_told_advertised_then_theirs_then_bound() -> None:
+    bound = ProxyAddress(ProxyConfig())
+    bound.bind("0.0.0.0", 8081)  # a wildcard bind is reached on loopback
+    assert bound.for_client(client_used_one=False) == HostPort("127.0.0.1", 8081)
+    assert bound.for_client(client_used_one=True) is None  # echo the client's own
+    advertised = ProxyAddress(ProxyConfig(advertise_host="mq.example.com"))
+    advertised.bind("127.0.0.1", 8081)
+    assert advertised.for_client(client_used_one=True) == HostPort("mq.example.com", 8081)
