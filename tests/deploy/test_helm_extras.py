@@ -1,0 +1,93 @@
+"""Chart values operators reach for first: image registry/tag/digest, update strategies,
+per-component security contexts, extra volumes and sidecars (rendered by Helm's own engine and
+checked against the Kubernetes schemas)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deploykit import render
+from kubernetes_validate import validate
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def _pod(workload: dict[str, Any]) -> dict[str, Any]:
+    return workload["spec"]["template"]["spec"]
+
+
+def _validate_all(out: Any) -> None:
+    for manifest in out.manifests:
+        if manifest["apiVersion"].startswith("monitoring.coreos.com"):
+            continue
+        validate(manifest, "1.30", strict=True)
+
+
+def test_image_registry_tag_and_digest() -> None:
+    def images(values: dict[str, Any]) -> set[str]:
+        out = render(values)
+        return {c["image"] for w in (out.one("StatefulSet"), out.one("Deployment"))
+                for c in _pod(w)["containers"]}  # fmt: skip
+
+    assert images({"image": {"tag": "1.2.3"}}) == {"popmq:1.2.3"}
+    assert images({"image": {"registry": "ghcr.io/acme", "tag": "1.2.3"}}) == {
+        "ghcr.io/acme/popmq:1.2.3"
+    }
+    # a digest pins the image and wins over the tag
+    assert images({"image": {"registry": "r.example:5000", "tag": "1.2.3", "digest": DIGEST}}) == {
+        f"r.example:5000/popmq@{DIGEST}"
+    }
+
+
+def test_update_strategies() -> None:
+    out = render()
+    assert out.one("StatefulSet")["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+    assert out.one("Deployment")["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }  # fmt: skip
+    recreate = {"type": "Recreate", "rollingUpdate": None}  # null drops the default's key
+    out = render({"broker": {"updateStrategy": {"type": "OnDelete"}},
+                  "proxy": {"updateStrategy": recreate}})  # fmt: skip
+    assert out.one("StatefulSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert out.one("Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    _validate_all(out)
+
+
+def test_component_security_contexts_merge_over_the_shared_ones() -> None:
+    out = render({
+        "broker": {"podSecurityContext": {"runAsUser": 20002, "supplementalGroups": [5]},
+                   "securityContext": {"readOnlyRootFilesystem": False}},
+        "proxy": {"securityContext": {"capabilities": {"drop": ["ALL"],
+                                                       "add": ["NET_BIND_SERVICE"]}}},
+    })  # fmt: skip
+    broker, proxy = _pod(out.one("StatefulSet")), _pod(out.one("Deployment"))
+    assert broker["securityContext"]["runAsUser"] == 20002
+    assert broker["securityContext"]["supplementalGroups"] == [5]
+    assert broker["securityContext"]["runAsNonRoot"] is True  # the shared one still applies
+    assert proxy["securityContext"]["runAsUser"] == 10001  # not the broker's
+    assert broker["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is False
+    assert broker["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
+    assert proxy["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    assert proxy["containers"][0]["securityContext"]["capabilities"]["add"] == ["NET_BIND_SERVICE"]
+    _validate_all(out)
+    # and the defaults are untouched by an empty component section
+    default = render()
+    assert _pod(default.one("StatefulSet"))["securityContext"]["runAsUser"] == 10001
+
+
+def test_extra_volumes_mounts_and_sidecars() -> None:
+    sidecar = {"name": "log-shipper", "image": "busybox:1.36", "args": ["sleep", "infinity"],
+               "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}  # fmt: skip
+    extra = {
+        "extraVolumes": [{"name": "shared", "emptyDir": {}}],
+        "extraVolumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+        "sidecars": [sidecar],
+    }
+    out = render({"broker": extra, "proxy": extra})
+    for workload, main in ((out.one("StatefulSet"), "broker"), (out.one("Deployment"), "proxy")):
+        pod = _pod(workload)
+        assert [c["name"] for c in pod["containers"]] == [main, "log-shipper"]
+        assert {"name": "shared", "mountPath": "/shared"} in pod["containers"][0]["volumeMounts"]
+        assert {"name": "shared", "emptyDir": {}} in pod["volumes"]
+        assert any(v["name"] == "config" for v in pod["volumes"])  # the chart's own stay
+    _validate_all(out)
