@@ -25,6 +25,13 @@ from dataclasses import replace
 
 from popmq.broker.auto_create import AutoCreateGate
 from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.contract.message_types import (
+    MessageType,
+    check_fits,
+    message_kind,
+    parse_message_type,
+)
+from popmq.broker.contract.queues import queue_for_group
 from popmq.broker.contract.types import (
     SYSTEM_PREFIX,
     AckEntry,
@@ -59,7 +66,8 @@ from popmq.broker.pop.journal import PopJournal
 from popmq.broker.pop.ledger import CheckpointLedger
 from popmq.broker.pop.names import check_group, check_topic, is_system_topic
 from popmq.broker.pop.revive import ReviveService
-from popmq.broker.pop.selection import RoundRobin, queue_for_group
+from popmq.broker.pop.selection import RoundRobin
+from popmq.broker.recall_handle import RecallTicket, open_recall, seal_recall
 from popmq.broker.store import MessageStore, TopicMeta
 from popmq.broker.store.damage import MetadataFallback, Quarantine
 from popmq.broker.timer import TimerService
@@ -162,10 +170,6 @@ class Broker:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def aclose(self) -> None:
-        """Stop: held pops answer, the background loops end, state is made durable."""
-        await self.stop()
-
     async def start(self) -> None:
         if self._started:
             return
@@ -242,7 +246,8 @@ class Broker:
         )
         self._revive.failures = self._failure_tracker()
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
+        """Stop: held pops answer, the background loops end, state is made durable."""
         if not self._started:
             return
         self._started = False
@@ -355,19 +360,31 @@ class Broker:
             raise RefusedError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
 
     # -- produce --------------------------------------------------------------------------
-    def _topic_for_send(self, topic: str) -> TopicMeta:
-        meta = self._store.get_topic(topic)
-        if meta is not None:
-            return meta
-        return self._auto_create_topic(topic)
+    def _topic_for_send(self, message: Message) -> TopicMeta:
+        """The message's topic (created on first use), refusing a message whose type does not
+        fit it (MESSAGE_PROPERTY_CONFLICT_WITH_TYPE). A topic still without a type (made by a
+        route lookup) takes this first message's type."""
+        kind = message_kind(message.message_group, message.delivery_timestamp_ms)
+        meta = self._store.get_topic(message.topic)
+        if meta is None:
+            return self._auto_create_topic(message.topic, kind)
+        if meta.message_type is MessageType.UNSPECIFIED:
+            meta = self._store.set_topic_type(message.topic, kind)
+            log.info("topic %s takes %s messages (its first message's type)", meta.name, kind.value)
+        check_fits(meta.name, meta.message_type, kind)
+        return meta
 
-    def _auto_create_topic(self, topic: str) -> TopicMeta:
-        """Create a topic on first use, within broker.topics' auto-creation limits."""
+    def _auto_create_topic(self, topic: str, first: MessageType | None = None) -> TopicMeta:
+        """Create a topic on first use, within broker.topics' auto-creation limits. Its type
+        is its first message's (UNSPECIFIED until one comes), or MIXED if so configured."""
         check_topic(topic)
         user_topics = sum(1 for meta in self._store.list_topics()
                           if not meta.name.startswith(SYSTEM_PREFIX))  # fmt: skip
         self._topic_gate.admit(topic, user_topics)
-        return self._store.create_topic(topic, self._config.topics.queue_count)
+        kind = first or MessageType.UNSPECIFIED
+        if self._config.topics.auto_create_message_type == "MIXED":
+            kind = MessageType.MIXED
+        return self._store.create_topic(topic, self._config.topics.queue_count, kind)
 
     def _check_message(self, message: Message) -> None:
         check_topic(message.topic)
@@ -393,7 +410,7 @@ class Broker:
         for message in messages:
             self._check_message(message)
         for position, message in enumerate(messages):
-            meta = self._topic_for_send(message.topic)
+            meta = self._topic_for_send(message)
             if queue_id >= 0:
                 if queue_id >= meta.queue_count:
                     raise RefusedError(
@@ -432,8 +449,32 @@ class Broker:
                 self._metrics.stored(topic, count)
             for (position, _, topic, target), record in zip(delayed, records, strict=True):
                 # The queue offset is only known once the message is delivered.
-                results[position] = SendResult(record.message_id, topic, target, -1, self.name)
+                ticket = RecallTicket(self.name, topic, record.queue_offset, record.message_id,
+                                      record.delivery_timestamp_ms)  # fmt: skip
+                handle = seal_recall(self.engine.keyring, ticket)
+                results[position] = SendResult(
+                    record.message_id, topic, target, -1, self.name, handle
+                )
         return [result for result in results if result is not None]
+
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        """Cancel a delay message that has not been delivered yet (RecallMessage); returns
+        its message id. BAD_REQUEST for a handle that is forged, another broker's, or for
+        another topic; NOT_FOUND once the message was delivered."""
+        self._require_started()
+        check_topic(topic)
+        ticket = open_recall(self.engine.keyring, recall_handle)
+        if ticket.broker != self.name or ticket.topic != topic:
+            raise RefusedError(
+                Code.BAD_REQUEST, f"invalid recall handle: it is not for topic {topic!r} here"
+            )
+        recalls = self._timer.recalls
+        await self._timer.recall(ticket.timer_offset, ticket.message_id)
+        if self._timer.recalls > recalls:  # not a repeated recall of the same message
+            self._metrics.recalled()
+        log.info("recalled delay message %s of %s (due at %d)", ticket.message_id, topic,
+                 ticket.due_ms)  # fmt: skip
+        return ticket.message_id
 
     # -- POP consumption ------------------------------------------------------------------
     async def pop(self, request: PopRequest) -> PopResult:
@@ -494,7 +535,9 @@ class Broker:
             )
         if request.poll_time_ms < 0:
             raise RefusedError(Code.ILLEGAL_POLLING_TIME, "poll time must not be negative")
+        request.filter.check()
         tags = request.filter.tags()
+        select = request.filter.selects()  # SQL92: applied to what the read returns
         deadline = self._clock() + request.poll_time_ms
         offset = request.offset
         while True:
@@ -506,11 +549,16 @@ class Broker:
                 return PullResult(PullStatus.OFFSET_ILLEGAL, [], high, low, high)
             if offset < high:
                 result = self._store.read(topic, queue_id, offset, request.max_messages, tags)
-                if result.messages:
-                    return PullResult(PullStatus.FOUND, result.messages, result.next_offset,
+                messages = result.messages
+                if select is not None:
+                    messages = [m for m in messages if select(m)]
+                if messages:
+                    return PullResult(PullStatus.FOUND, messages, result.next_offset,
                                       low, high)  # fmt: skip
                 if result.next_offset > offset:
                     offset = result.next_offset  # only filtered-out messages so far
+                    if select is not None:
+                        await asyncio.sleep(0)  # decoding a long unmatched run: let others in
                     continue
             remaining = deadline - self._clock()
             if remaining <= 0:
@@ -557,14 +605,22 @@ class Broker:
             QueueInfo(q, self._store.min_offset(meta.name, q), self._store.max_offset(meta.name, q))
             for q in range(meta.queue_count)
         ]
-        return TopicInfo(meta.name, meta.queue_count, queues)
+        return TopicInfo(meta.name, meta.queue_count, queues, meta.message_type.value)
 
-    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo:
+    async def create_topic(self, topic: str, queue_count: int, message_type: str = "") -> TopicInfo:
+        """Create a topic (MIXED unless ``message_type`` says otherwise), or grow it; a
+        ``message_type`` given for an existing topic changes its type (mqadmin updateTopic)."""
         self._require_started()
         check_topic(topic)
         if not 1 <= queue_count <= 1024:
             raise RefusedError(Code.BAD_REQUEST, "queue count must be within [1, 1024]")
-        return self._topic_info(self._store.create_topic(topic, queue_count))
+        kind = parse_message_type(message_type) if message_type else None
+        if kind is MessageType.UNSPECIFIED:
+            raise RefusedError(Code.BAD_REQUEST, "a topic cannot be created as UNSPECIFIED")
+        meta = self._store.create_topic(topic, queue_count, kind)
+        if kind is not None and meta.message_type is not kind:
+            meta = self._store.set_topic_type(topic, kind)
+        return self._topic_info(meta)
 
     async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
         self._require_started()

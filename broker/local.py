@@ -64,6 +64,7 @@ class LocalBrokerPort:
         return self._broker.name
 
     send = forward(Broker.send)
+    recall = forward(Broker.recall)
     pop = forward(Broker.pop)
     ack = forward(Broker.ack)
     change_invisible_time = forward(Broker.change_invisible_time)

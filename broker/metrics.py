@@ -102,6 +102,10 @@ class BrokerMetrics:
             "Messages the timer moved to their topic (delay messages and retry backoffs)",
             b, registry=r,
         ).labels(broker)  # fmt: skip
+        self._recalled = Counter(
+            "popmq_broker_messages_recalled",
+            "Delay messages recalled (RecallMessage) before their delivery time", b, registry=r,
+        ).labels(broker)  # fmt: skip
         self._spilled = Counter(
             "popmq_broker_checkpoints_spilled",
             "Checkpoints written to the pop journal because they were not acked within "
@@ -188,6 +192,9 @@ class BrokerMetrics:
     def timer_delivered(self, count: int) -> None:
         if count:
             self._timer.inc(count)
+
+    def recalled(self) -> None:
+        self._recalled.inc()
 
     def auto_create_refused(self, kind: str, reason: str) -> None:
         self._auto_create_refused_by[kind, reason].inc()

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from popmq.broker.contract.errors import RefusedError
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message, StoredMessage
 from popmq.broker.isolation import FailureTracker, describe
 from popmq.broker.pop.queue_state import QueueState
@@ -37,6 +37,9 @@ PARKED_TOPIC = "%SYS%TIMER_PARKED"
 PROP_PARKED_REASON = "__popmq.parked_reason"
 PROP_TIMER_TOPIC = "__popmq.timer_topic"
 PROP_TIMER_QUEUE = "__popmq.timer_queue"
+# A recall marker: a timer-topic record naming the entry (by timer offset) it cancels. It makes
+# the recall durable: a restart that rescans the entry also finds the marker after it.
+PROP_RECALL_OF = "__popmq.recall_of"
 _SCAN_BATCH = 512
 
 
@@ -81,6 +84,10 @@ class TimerService:
         self._heap: list[tuple[int, int]] = []  # (due ms, timer offset)
         self.failures: FailureTracker[int] = FailureTracker()  # by timer offset
         self._progress = QueueState(0)
+        # Recalled entries still on the heap: skipped (not delivered) when they come due.
+        self._recalled: set[int] = set()
+        self._delivering: set[int] = set()  # taken off the heap by deliver_due, not settled
+        self.recalls = 0
 
     @property
     def pending(self) -> int:
@@ -94,17 +101,57 @@ class TimerService:
             self._store.min_offset(TIMER_TOPIC, TIMER_QUEUE),
         )
         self._progress = QueueState(start)
+        self._recalled = set()
         end = self._store.max_offset(TIMER_TOPIC, TIMER_QUEUE)
         offset = start
+        recalled: set[int] = set()
         while offset < end:
             result = self._store.read(TIMER_TOPIC, TIMER_QUEUE, offset, _SCAN_BATCH)
             for stored in result.messages:
-                self._track(stored.delivery_timestamp_ms, stored.queue_offset)
+                marker = stored.properties.get(PROP_RECALL_OF)
+                if marker is not None:
+                    recalled.add(int(marker))
+                else:
+                    self._track(stored.delivery_timestamp_ms, stored.queue_offset)
             if result.next_offset <= offset:
                 break
             offset = result.next_offset
         self._progress.advance_cursor(end)
+        for entry in recalled:
+            if entry in self._progress.inflight:
+                self._recalled.add(entry)
+                self._settle(entry)
         return self.pending
+
+    async def recall(self, timer_offset: int, message_id: str) -> None:
+        """Cancel a waiting entry: a marker is stored (durable), then the entry counts as done
+        and is skipped when it comes due. Recalling it again before then is a no-op;
+        NOT_FOUND once it was delivered (or recalled and its time passed)."""
+        if timer_offset in self._recalled:
+            return
+        if timer_offset not in self._progress.inflight or timer_offset in self._delivering:
+            raise RefusedError(
+                Code.NOT_FOUND,
+                f"message {message_id} is no longer waiting: it was delivered already (or "
+                "recalled); nothing to recall",
+            )
+        entry = self._load(timer_offset)
+        if entry is None or entry.message_id != message_id:
+            raise RefusedError(Code.BAD_REQUEST, "invalid recall handle: no such delay message")
+        marker = Message(
+            TIMER_TOPIC, b"recall", message_id=message_id,
+            properties={PROP_RECALL_OF: str(timer_offset)},
+        )  # fmt: skip
+        (stored,) = await self._store.append(TIMER_TOPIC, TIMER_QUEUE, [marker])
+        self._progress.advance_cursor(stored.queue_offset + 1)
+        if timer_offset not in self._progress.inflight or timer_offset in self._delivering:
+            # Delivered (or being delivered) while the marker was written: too late.
+            raise RefusedError(
+                Code.NOT_FOUND, f"message {message_id} was delivered already; nothing to recall"
+            )
+        self._recalled.add(timer_offset)
+        self._settle(timer_offset)
+        self.recalls += 1
 
     def _track(self, due_ms: int, offset: int) -> None:
         self._progress.add_inflight(offset, due_ms)
@@ -144,9 +191,14 @@ class TimerService:
             return 0
         unsettled = set(due)  # taken off the heap, not yet delivered, parked or rescheduled
         moved = 0
+        self._delivering.update(due)
         try:
             batches: dict[tuple[str, int], list[tuple[int, Message]]] = defaultdict(list)
             for offset in due:
+                if offset in self._recalled:  # recalled: settled already, nothing to move
+                    self._recalled.discard(offset)
+                    unsettled.discard(offset)
+                    continue
                 try:
                     loaded = self._prepare(offset)
                 except _EntryError as err:
@@ -165,6 +217,7 @@ class TimerService:
             for (topic, queue_id), items in batches.items():
                 moved += await self._deliver_batch(topic, queue_id, items, now, unsettled)
         finally:
+            self._delivering.difference_update(due)
             for offset in unsettled:  # interrupted (cancelled): try again later
                 if offset in self._progress.inflight:
                     heapq.heappush(self._heap, (now + 1000, offset))

@@ -25,6 +25,14 @@ from pydantic_settings import (
 
 ENV_PREFIX = "POPMQ_"
 
+# Copies of one request's bytes a process holds while serving it, measured with psutil on
+# real processes (docs/operations.md, sizing): grpc's buffer, the decoded protobuf, the
+# conversions, the broker link's frame and grpc's send buffer. The Helm chart's memory limits
+# are checked against these (tests/deploy/test_memory_sizing.py).
+BROKER_COPIES_PER_REQUEST = 4  # a 100 MiB send: +419 MB
+PROXY_COPIES_PER_REQUEST = 10  # a 32 x 4 MiB send (134 MB): +1,226 MB
+PROCESS_BASELINE_BYTES = 128 << 20  # an idle broker or proxy: ~80 MB, with room
+
 # RocketMQ's messageDelayLevel, the backoff between POP redeliveries.
 DEFAULT_RETRY_LEVELS = [
     "1s", "5s", "10s", "30s", "1m", "2m", "3m", "4m", "5m", "6m",
@@ -73,6 +81,8 @@ class TopicDefaults(Section):
     queue_count: int = Field(8, ge=1, le=1024)
     max_auto_created: int = Field(10_000, ge=0)
     auto_create_per_second: float = Field(100.0, gt=0)
+    # An auto-created topic's message type: that of its first message, or MIXED (any type).
+    auto_create_message_type: Literal["first_message", "MIXED"] = "first_message"
 
 
 class GroupDefaults(Section):
@@ -193,6 +203,15 @@ class BrokerConfig(Section):
     tls: TlsConfig = Field(default_factory=TlsConfig)
     # A file holding the shared cluster token proxies must present (x-popmq-cluster-token).
     cluster_token_file: Path | None = None
+    # Bytes of one gRPC message on the broker port, either way: a proxy's batch send in, a
+    # full pop batch out (32 bodies of 4 MiB plus headroom). The broker holds about
+    # BROKER_COPIES_PER_REQUEST copies of a request while it serves it: keep this times that
+    # well under the pod's memory (docs/operations.md, sizing). Callers without the cluster
+    # token are refused from their headers, before any of their request is read.
+    max_message_bytes: int = Field(256 * 1024 * 1024, ge=1 << 20, le=2**31 - 1)
+    # Bytes of sends in flight at once (popmq.budget); past it a send waits 200 ms for room,
+    # then is refused with TOO_MANY_REQUESTS. One send larger than this passes alone.
+    max_inflight_bytes: int = Field(256 * 1024 * 1024, ge=1 << 20)
     # Serve Prometheus /metrics on this port of `host` (None: not at all; 0: any free port).
     # `popmq serve` ignores it: embedded brokers' metrics are on the proxy's endpoint.
     metrics_port: int | None = Field(None, ge=0, le=65535)
@@ -276,6 +295,14 @@ class ProxyConfig(Section):
     # grpcMaxInboundMessageSize, 32 maximal bodies plus 2 MiB. Each request is decoded (into
     # memory) before it is authenticated: lower it where batch sends are small and memory is.
     max_request_bytes: int | None = Field(None, ge=1024)
+    # A ReceiveMessage or PullMessage stream whose client takes no frame for this long is
+    # ended: its unsent messages are released (visible again at once), its long-poll slot freed.
+    write_stall_timeout_ms: int = Field(30_000, ge=100)
+    # Bytes of sends and of receive answers in flight at once (popmq.budget): past it a call
+    # waits 200 ms for room, then is refused with TOO_MANY_REQUESTS (a refused receive's
+    # messages are released at once). The proxy holds about PROXY_COPIES_PER_REQUEST copies
+    # of what is in flight: see docs/operations.md, sizing.
+    max_inflight_bytes: int = Field(160 * 1024 * 1024, ge=1 << 20)
     # Admission control: receives held at once, past which TOO_MANY_REQUESTS answers at once.
     max_long_polls: int = Field(10_000, ge=1)
     max_long_polls_per_client: int = Field(1_000, ge=1)  # per client id (or peer address)

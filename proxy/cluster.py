@@ -9,7 +9,6 @@ within CACHE_TTL_S.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import time
@@ -18,7 +17,14 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
+from popmq.broker.contract.message_types import (
+    CREATABLE,
+    MessageType,
+    accepted_types,
+    parse_message_type,
+)
 from popmq.broker.contract.port import BrokerPort
+from popmq.broker.contract.queues import queue_for_group
 from popmq.broker.contract.types import GroupConfig, TopicInfo
 from popmq.broker.pop.handle import peek_broker_name
 
@@ -43,11 +49,28 @@ class TopicRoute:
     topic: str
     # broker name -> queue count, in the cluster's broker order; only brokers with the topic.
     brokers: dict[str, int]
+    # The message types the topic takes on any of its brokers (MessageType names, in
+    # message_types.CREATABLE order); each broker enforces its own on send.
+    accepts: tuple[str, ...] = ("NORMAL", "FIFO", "DELAY")
+    # broker name -> the topic's MessageType name there (UNSPECIFIED: no message yet).
+    types: dict[str, str] = field(default_factory=dict)
     # Every queue, built once: routes are cached and read on every send.
     queues: list[QueueRef] = field(init=False)
 
     def __post_init__(self) -> None:
         self.queues = [QueueRef(b, q) for b, count in self.brokers.items() for q in range(count)]
+
+
+def accepted_by(infos: Sequence[TopicInfo]) -> tuple[str, ...]:
+    """What the topic takes: what every typed copy of it takes (copies no message has typed
+    yet take anything). Should typed copies disagree (two first messages of different types
+    through different proxies at once), what any of them takes, so sends go on."""
+    typed = [parse_message_type(i.message_type) for i in infos]
+    sets = [set(accepted_types(t)) for t in typed if t is not MessageType.UNSPECIFIED]
+    if not sets:
+        sets = [set(accepted_types(MessageType.UNSPECIFIED))]
+    taken = set.intersection(*sets) or set.union(*sets)
+    return tuple(t.value for t in CREATABLE if t in taken)
 
 
 K = TypeVar("K")
@@ -167,7 +190,13 @@ class BrokerCluster:
             if not_found:
                 raise RefusedError(Code.TOPIC_NOT_FOUND, not_found[0].message)
             raise RefusedError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
-        route = TopicRoute(topic, brokers)
+        found = [info for info in infos if info is not None and info.queue_count > 0]
+        types = {
+            port.name: info.message_type
+            for port, info in zip(ports, infos, strict=True)
+            if info is not None and info.queue_count > 0
+        }
+        route = TopicRoute(topic, brokers, accepted_by(found), types)
         self._routes.put(topic, route)
         return route
 
@@ -199,8 +228,7 @@ class BrokerCluster:
         """Round robin over the topic's queues; a FIFO message group always maps to one queue."""
         queues = route.queues
         if message_group:
-            digest = hashlib.blake2b(message_group.encode(), digest_size=8).digest()
-            return queues[int.from_bytes(digest, "big") % len(queues)]
+            return queues[queue_for_group(message_group, len(queues))]
         return queues[next(self._round_robin) % len(queues)]
 
     # -- broker health ----------------------------------------------------------------------

@@ -74,6 +74,10 @@ class MessagingPort(ConsumePort, Protocol):
         """Ack each entry on its own; a bad handle fails only its entry."""
         ...
 
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        """Cancel a delay message not delivered yet; its message id (RecallMessage)."""
+        ...
+
     async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
         """Move a popped message to %DLQ%group now and ack it (client-requested)."""
         ...
@@ -99,7 +103,10 @@ class AdminPort(_Named, Protocol):
     """Topics, groups and their figures: what admin and routing ask of a broker."""
 
     # -- administration ----------------------------------------------------------------------
-    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo: ...
+    async def create_topic(self, topic: str, queue_count: int, message_type: str = "") -> TopicInfo:
+        """Create or grow a topic; ``message_type`` (a MessageType name) sets its type, empty
+        keeps it (MIXED for a new topic)."""
+        ...
 
     async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
         """TopicInfo with per-queue min/max offsets; TOPIC_NOT_FOUND unless auto-created."""

@@ -7,8 +7,12 @@ All times are milliseconds since the epoch (``*_ms``) or durations in millisecon
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+
+from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.contract.sql92 import compile_sql92
 
 # System topic prefixes and derived names: one set of rules, in popmq.broker.names.
 from popmq.broker.names import (  # noqa: F401  (re-exported for the port's users)
@@ -67,20 +71,47 @@ class StoredMessage:
     reconsume_times: int
 
 
+FILTER_TAG = "TAG"
+FILTER_SQL92 = "SQL92"
+
+
 @dataclass(slots=True, frozen=True)
 class FilterExpression:
-    """A tag filter: '*' (or empty) matches all; 'TagA || TagB' matches either tag."""
+    """A tag filter ('*' or empty matches all; 'TagA || TagB' matches either tag), or, with
+    kind SQL92, a condition on the message's properties and tag (sql92.py)."""
 
     expression: str = "*"
+    kind: str = FILTER_TAG  # FILTER_TAG or FILTER_SQL92
+
+    @property
+    def is_sql(self) -> bool:
+        return self.kind == FILTER_SQL92
 
     def tags(self) -> frozenset[str] | None:
-        """The accepted tags, or None for 'everything'."""
+        """The accepted tags, or None for 'every tag' (and for SQL92: see ``selects``)."""
         text = self.expression.strip()
-        if text in ("", "*"):
+        if self.is_sql or text in ("", "*"):
             return None
         return frozenset(part.strip() for part in text.split("||") if part.strip())
 
-    def matches(self, tag: str) -> bool:
+    def check(self) -> None:
+        """ILLEGAL_FILTER_EXPRESSION for a malformed SQL92 expression (compiled and cached)."""
+        if self.is_sql:
+            compile_sql92(self.expression)
+        elif self.kind != FILTER_TAG:
+            raise RefusedError(Code.ILLEGAL_FILTER_EXPRESSION, f"unknown filter type {self.kind!r}")
+
+    def selects(self) -> Callable[[StoredMessage], bool] | None:
+        """For SQL92, whether a stored message matches (what the tag hash in the queue index
+        cannot tell); None for tag filters, which the store applies itself."""
+        if not self.is_sql:
+            return None
+        matches = compile_sql92(self.expression)
+        return lambda message: matches(message.tag, message.properties)
+
+    def matches(self, tag: str, properties: Mapping[str, str] | None = None) -> bool:
+        if self.is_sql:
+            return compile_sql92(self.expression)(tag, properties or {})
         accepted = self.tags()
         return accepted is None or tag in accepted
 
@@ -92,6 +123,7 @@ class SendResult:
     queue_id: int
     queue_offset: int
     broker_name: str
+    recall_handle: str = ""  # delay messages: cancels the delivery until it happens (recall)
 
 
 @dataclass(slots=True)
@@ -207,6 +239,7 @@ class TopicInfo:
     name: str
     queue_count: int
     queues: list[QueueInfo] = field(default_factory=list)
+    message_type: str = "MIXED"  # message_types.MessageType's value
 
 
 class ConsumeMode(Enum):

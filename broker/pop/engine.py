@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 # How far notify scans past in-flight messages looking for a visible one, per queue (in
 # index reads of 32 entries).
 _NOTIFY_SCAN_READS = 4
+# A SQL92 visibility check decodes messages: at most this many reads of this many each.
+_SQL_SCAN_READS = 8
+_SQL_SCAN_BATCH = 128
 
 
 class PopEngine:
@@ -123,6 +126,7 @@ class PopEngine:
             )
         self._check_invisible(request.invisible_time_ms)
         self._check_poll(request.poll_time_ms)
+        request.filter.check()
         fifo = request.fifo or self._groups.get(request.group).fifo
         tags = request.filter.tags()
         deadline = self._clock() + request.poll_time_ms
@@ -203,6 +207,7 @@ class PopEngine:
         """Pop what fits from one queue into ``out``; returns the backlog left there."""
         group = request.group
         key = (group, topic, queue_id)
+        select = request.filter.selects()  # SQL92: on properties, after the read
         max_offset = self._store.max_offset(topic, queue_id)
         idle = self._ledger.existing_queue(group, topic, queue_id)
         if idle is not None and idle.pop_offset == max_offset and not idle.released:
@@ -223,7 +228,11 @@ class PopEngine:
             picked: list[StoredMessage] = []
             for offset in state.take_released(room):
                 message = self._read_at(topic, queue_id, offset)
-                if message is None or (tags is not None and message.tag not in tags):
+                if (
+                    message is None
+                    or (tags is not None and message.tag not in tags)
+                    or (select is not None and not select(message))
+                ):
                     self._ledger.finish_offset(group, topic, queue_id, offset)
                 else:
                     picked.append(message)
@@ -239,10 +248,14 @@ class PopEngine:
                         break  # beyond the end: nothing to read
                     cursor = low  # retention removed what was below
                     continue
+                # What the filter leaves out is passed over like tag-filtered messages: the
+                # cursor moves beyond it, so it counts as consumed for this group.
                 picked.extend(
                     m
                     for m in result.messages
-                    if not state.is_known(m.queue_offset) and self._owns(request, topic, m)
+                    if not state.is_known(m.queue_offset)
+                    and self._owns(request, topic, m)
+                    and (select is None or select(m))
                 )
                 if result.next_offset <= cursor:
                     break
@@ -419,11 +432,15 @@ class PopEngine:
         count = self._queue_count(request.topic)
         self._check_queue(request.queue_id, count, request.topic)
         self._check_poll(request.poll_time_ms)
+        request.filter.check()
         fifo = request.fifo or self._groups.get(request.group).fifo
         tags = request.filter.tags()
+        select = request.filter.selects()
         deadline = self._clock() + request.poll_time_ms
         while True:
-            if self.has_visible(request.group, request.topic, request.queue_id, count, fifo, tags):
+            if self.has_visible(
+                request.group, request.topic, request.queue_id, count, fifo, tags, select
+            ):
                 return NotifyResult(True)
             remaining = deadline - self._clock()
             if remaining <= 0:
@@ -439,7 +456,7 @@ class PopEngine:
             if outcome is HoldOutcome.TIMEOUT:
                 return NotifyResult(
                     self.has_visible(
-                        request.group, request.topic, request.queue_id, count, fifo, tags
+                        request.group, request.topic, request.queue_id, count, fifo, tags, select
                     )
                 )
 
@@ -451,14 +468,23 @@ class PopEngine:
         count: int,
         fifo: bool,
         tags: frozenset[str] | None,
+        select: Callable[[StoredMessage], bool] | None = None,
     ) -> bool:
+        """Is a message visible to the group (one the filter takes: tags from the index, a
+        SQL92 ``select`` on the messages read)? Non-matching arrivals do not count."""
         queues = [(topic, q) for q in range(count)] if queue_id == -1 else [(topic, queue_id)]
         if not fifo:
             queues += self._retry_queues(group, topic)
-        return any(self._queue_has_visible(group, t, q, fifo, tags) for t, q in queues)
+        return any(self._queue_has_visible(group, t, q, fifo, tags, select) for t, q in queues)
 
     def _queue_has_visible(
-        self, group: str, topic: str, queue_id: int, fifo: bool, tags: frozenset[str] | None
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        fifo: bool,
+        tags: frozenset[str] | None,
+        select: Callable[[StoredMessage], bool] | None = None,
     ) -> bool:
         state = self._ledger.queue(group, topic, queue_id)
         if fifo and state.inflight:
@@ -470,6 +496,8 @@ class PopEngine:
         cursor = max(state.pop_offset, self._store.min_offset(topic, queue_id))
         if cursor >= max_offset:
             return False
+        if select is not None:
+            return self._selected_visible(group, topic, queue_id, cursor, max_offset, select)
         if tags is None:
             # Every offset from the cursor on is a candidate: no need to look at the store.
             end = min(max_offset, cursor + _NOTIFY_SCAN_READS * 32)
@@ -488,6 +516,47 @@ class PopEngine:
                 return False
             cursor = next_offset
         return False
+
+    def _selected_visible(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        cursor: int,
+        max_offset: int,
+        select: Callable[[StoredMessage], bool],
+    ) -> bool:
+        """SQL92: read from the cursor until a message the filter takes. What it passes over
+        a pop would pass over too, so the group's cursor moves beyond it (when the queue is
+        free): later checks, woken by later arrivals, start after it instead of rescanning
+        (and a long run of non-matching messages cannot hide a match behind the scan limit)."""
+        state = self._ledger.queue(group, topic, queue_id)
+        key = (group, topic, queue_id)
+        locked = self.locks.try_lock(key)
+        found = False
+        try:
+            for _ in range(_SQL_SCAN_READS):
+                if cursor >= max_offset:
+                    break
+                try:
+                    result = self._store.read(topic, queue_id, cursor, _SQL_SCAN_BATCH)
+                except RefusedError:
+                    break
+                for message in result.messages:
+                    if not state.is_known(message.queue_offset) and select(message):
+                        found = True
+                        cursor = message.queue_offset
+                        break
+                if found or result.next_offset <= cursor:
+                    break
+                cursor = result.next_offset
+            if locked and cursor > state.pop_offset:
+                self._ledger.advance_cursor(group, topic, queue_id, cursor)
+                self._ledger.flush_commits()
+        finally:
+            if locked:
+                self.locks.unlock(key)
+        return found
 
 
 def _invalid(reason: str) -> RefusedError:

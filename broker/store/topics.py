@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.contract.message_types import MessageType
 from popmq.broker.names import check_topic
 from popmq.broker.store.framing import DamagedRun, FramedLog, Resync, fsync_dir
+
+log = logging.getLogger(__name__)
 
 MAX_QUEUES = 1024
 LOG_NAME = "topics.log"
@@ -22,6 +26,7 @@ _COMPACT_SLACK = 1_000
 class TopicMeta:
     name: str
     queue_count: int
+    message_type: MessageType = MessageType.MIXED
 
 
 @dataclass(slots=True)
@@ -32,10 +37,12 @@ class TopicRecord:
     name: str
     queue_count: int
     since: int
+    # Records from before message types have none: such topics load as MIXED (took anything).
+    message_type: MessageType = MessageType.MIXED
 
     @property
     def meta(self) -> TopicMeta:
-        return TopicMeta(self.name, self.queue_count)
+        return TopicMeta(self.name, self.queue_count, self.message_type)
 
 
 def check_topic_name(name: str) -> None:
@@ -52,7 +59,12 @@ def check_queue_count(queue_count: int) -> None:
 
 
 def _put_record(topic: TopicRecord) -> dict:
-    return {"name": topic.name, "queue_count": topic.queue_count, "since": topic.since}
+    return {
+        "name": topic.name,
+        "queue_count": topic.queue_count,
+        "since": topic.since,
+        "message_type": topic.message_type.value,
+    }
 
 
 def _encode(record: dict) -> bytes:
@@ -98,6 +110,8 @@ class TopicTable:
         self.topics: dict[str, TopicRecord] = {}
         self._log: FramedLog | None = None
         self._records = 0
+        # Topics read from records without a message type (an upgraded data directory).
+        self.untyped: set[str] = set()
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -110,22 +124,46 @@ class TopicTable:
         self._log = FramedLog(self.path, TOPICS_RESYNC)
         result.damage = list(self._log.damage)
         self.topics, self._records = {}, 0
+        self.untyped = set()
         for position, payload in self._log.iter_from(0):
             self._records += 1
             try:
                 self._apply(json.loads(payload))
             except (ValueError, KeyError, TypeError, AttributeError):
                 result.unreadable.append((position, payload))
-        if result.trusted and self._records > len(self.topics) + _COMPACT_SLACK:
+        if result.trusted and self.untyped:
+            self._upgrade_untyped()
+        elif result.trusted and self._records > len(self.topics) + _COMPACT_SLACK:
             self.rewrite()
         return result
+
+    def _upgrade_untyped(self) -> None:
+        """Topics written before message types took every kind of message: they become MIXED,
+        said once in the log and written down so (the rewrite gives every record its type)."""
+        names = sorted(self.untyped)
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        log.warning("store: %d topics from before topic message types are now MIXED (they "
+                    "accept every message type, as before): %s; `popmq admin topics create NAME "
+                    "--message-type TYPE` on a new topic gives it one type", len(names),
+                    shown)  # fmt: skip
+        self.rewrite()
+        self.untyped = set()
 
     def _apply(self, record: dict) -> None:
         name = str(record["name"])
         if record.get("deleted") is True:
             self.topics.pop(name, None)
+            self.untyped.discard(name)
             return
-        self.topics[name] = TopicRecord(name, int(record["queue_count"]), int(record["since"]))
+        typed = "message_type" in record
+        kind = MessageType(record["message_type"]) if typed else MessageType.MIXED
+        if typed:
+            self.untyped.discard(name)
+        else:
+            self.untyped.add(name)
+        self.topics[name] = TopicRecord(
+            name, int(record["queue_count"]), int(record["since"]), kind
+        )
 
     def load_doc(self, doc: dict) -> None:
         """Take the table from an old topics.json document (migration)."""
@@ -133,6 +171,9 @@ class TopicTable:
             name: TopicRecord(name, int(entry["queue_count"]), int(entry["since"]))
             for name, entry in doc.get("topics", {}).items()
         }
+        self.untyped = set(self.topics)
+        if self.untyped:
+            self._upgrade_untyped()
 
     def _append(self, record: dict) -> None:
         if self._log is None:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar, cast
 from google.protobuf.message import Message as ProtoMessage
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import (
+    FILTER_TAG,
     AckEntry,
     AckEntryResult,
     ChangeInvisibleResult,
@@ -134,11 +135,11 @@ def consume_mode_from_proto(value: int) -> ConsumeMode:
 
 
 def filter_to_proto(expression: FilterExpression) -> pb.FilterExpression:
-    return pb.FilterExpression(expression=expression.expression)
+    return pb.FilterExpression(expression=expression.expression, type=expression.kind)
 
 
 def filter_from_proto(msg: pb.FilterExpression) -> FilterExpression:
-    return FilterExpression(expression=msg.expression or "*")
+    return FilterExpression(expression=msg.expression or "*", kind=msg.type or FILTER_TAG)
 
 
 def message_to_proto(message: Message) -> pb.Message:
@@ -282,7 +283,12 @@ def topic_to_proto(topic: TopicInfo) -> pb.TopicInfo:
 
 
 def topic_from_proto(msg: pb.TopicInfo) -> TopicInfo:
-    return _from_proto(msg, TopicInfo, queues=[_from_proto(q, QueueInfo) for q in msg.queues])
+    return _from_proto(
+        msg,
+        TopicInfo,
+        queues=[_from_proto(q, QueueInfo) for q in msg.queues],
+        message_type=msg.message_type or "MIXED",  # a broker from before message types
+    )
 
 
 def group_to_proto(group: GroupConfig) -> pb.GroupConfig:

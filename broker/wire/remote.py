@@ -15,13 +15,13 @@ does not know the Call method gets unary calls from then on.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import anyio
 import grpc
 from popmq.broker.contract.errors import (
     BrokerAuthError,
@@ -188,11 +188,11 @@ class RemoteBrokerPort:
     async def _run_link(self) -> None:
         requests = self._requests
         assert requests is not None
-        async with asyncio.TaskGroup() as group:
-            group.create_task(requests.run())
+        async with anyio.create_task_group() as group:
+            group.start_soon(requests.run)
             for coalescer in (self._acks, self._sends):
                 if coalescer is not None:
-                    group.create_task(coalescer.run())
+                    group.start_soon(coalescer.run)
 
     async def _linked(
         self,
@@ -310,6 +310,12 @@ class RemoteBrokerPort:
         request = pb.ForwardToDlqRequest(group=group, topic=topic, receipt_handle=receipt_handle)
         await self._linked("forward_to_dlq", stub.ForwardToDlq, request, self._deadline())
 
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        stub = self._get_stub()
+        request = pb.RecallRequest(topic=topic, recall_handle=recall_handle)
+        response = await self._call(stub.Recall, request, self._deadline())
+        return str(response.message_id)
+
     # -- pull and offsets ----------------------------------------------------------------------
 
     async def pull(self, request: PullRequest) -> PullResult:
@@ -348,9 +354,11 @@ class RemoteBrokerPort:
 
     # -- administration ------------------------------------------------------------------------
 
-    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo:
+    async def create_topic(self, topic: str, queue_count: int, message_type: str = "") -> TopicInfo:
         stub = self._get_stub()
-        request = pb.CreateTopicRequest(topic=topic, queue_count=queue_count)
+        request = pb.CreateTopicRequest(
+            topic=topic, queue_count=queue_count, message_type=message_type
+        )
         response = await self._call(stub.CreateTopic, request, self._deadline())
         return convert.topic_from_proto(response.topic)
 

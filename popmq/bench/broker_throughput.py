@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from popmq.bench import progress as live
 from popmq.bench.brokers import local_broker, remote_broker
 from popmq.broker.contract.port import BrokerPort
@@ -52,9 +54,9 @@ async def _send_all(
 
     live.measure()
     started = time.perf_counter()
-    async with asyncio.TaskGroup() as group:
+    async with anyio.create_task_group() as group:
         for _ in range(producers):
-            group.create_task(produce())
+            group.start_soon(produce)
     elapsed = time.perf_counter() - started
     live.measured()
     return per_task * producers / elapsed
@@ -82,9 +84,9 @@ async def _pop_ack_all(
 
     live.measure()
     started = time.perf_counter()
-    async with asyncio.TaskGroup() as group:
+    async with anyio.create_task_group() as group:
         for _ in range(consumers):
-            group.create_task(consume())
+            group.start_soon(consume)
     elapsed = time.perf_counter() - started
     live.measured()
     return done / elapsed, done

@@ -66,6 +66,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     create.add_argument("name")
     create.add_argument("--queues", type=int, default=8, help="queues per broker (default 8)")
     create.add_argument("--broker", action="append", default=[], help="only on these brokers")
+    create.add_argument(
+        "--message-type", default="NORMAL", type=str.upper,
+        choices=("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED"),
+        help="the one message type the topic takes, or MIXED for any (default NORMAL, as "
+        "RocketMQ); a send of another type is refused (MESSAGE_PROPERTY_CONFLICT_WITH_TYPE)",
+    )  # fmt: skip
     create.set_defaults(func=_topics_create)
     listing = topic_commands.add_parser("list", help="list topics")
     listing.add_argument("--all", action="store_true", help="include %%RETRY%% and %%DLQ%% topics")
@@ -260,7 +266,9 @@ def _print_topic(args: argparse.Namespace, response: Any) -> None:
         for b in topic.brokers
         for q in b.queues
     ]
-    print(f"topic {_shown(args, topic.name)}: {sum(b.queue_count for b in topic.brokers)} queues")
+    types = "/".join(dict.fromkeys(b.message_type for b in topic.brokers if b.message_type))
+    print(f"topic {_shown(args, topic.name)}: {sum(b.queue_count for b in topic.brokers)} queues"
+          + (f", {types} messages" if types else ""))  # fmt: skip
     _table(("broker", "queue", "min_offset", "max_offset", "messages"), rows)
     group_rows = getattr(response, "group_queues", None)
     if group_rows:
@@ -288,7 +296,8 @@ def _print_topic(args: argparse.Namespace, response: Any) -> None:
 def _topics_create(args: argparse.Namespace) -> None:
     from popmq.pb.admin.v1 import admin_pb2 as a
 
-    request = a.CreateTopicRequest(name=args.name, queue_count=args.queues, brokers=args.broker)
+    request = a.CreateTopicRequest(name=args.name, queue_count=args.queues, brokers=args.broker,
+                                   message_type=args.message_type)  # fmt: skip
     _print_topic(args, _call(args, "CreateTopic", request))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -157,28 +158,22 @@ async def serve_broker(
     for signum in signals:
         loop.add_signal_handler(signum, stop.set)
     try:
-        broker = Broker(config)
-        await broker.start()
-        try:
+        # Started in order, closed in reverse: the metrics endpoint, the server, the broker.
+        async with contextlib.AsyncExitStack() as stack:
+            broker = await stack.enter_async_context(Broker(config))
             server = BrokerGrpcServer(
                 LocalBrokerPort(broker), config.host, config.port, config=config
             )
             await server.start()
-            try:
-                with metrics_endpoint(
-                    config.metrics_port, broker.metrics.registry, config.host
-                ) as http:
-                    if http is not None:  # stderr only: stdout's first line is the contract
-                        log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)
-                    announce(
-                        f"popmq broker {config.name} listening on {config.host}:{server.bound_port}"
-                    )
-                    await stop.wait()
-                    log.info("stopping broker %s", config.name)
-            finally:
-                await server.stop(STOP_GRACE_S)
-        finally:
-            await broker.stop()
+            stack.push_async_callback(server.aclose, STOP_GRACE_S)
+            http = stack.enter_context(
+                metrics_endpoint(config.metrics_port, broker.metrics.registry, config.host)
+            )
+            if http is not None:  # stderr only: stdout's first line is the contract
+                log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)
+            announce(f"popmq broker {config.name} listening on {config.host}:{server.bound_port}")
+            await stop.wait()
+            log.info("stopping broker %s", config.name)
     finally:
         for signum in signals:
             loop.remove_signal_handler(signum)

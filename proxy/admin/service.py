@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 from popmq.broker.contract.types import GroupConfig, TopicInfo
+from popmq.broker.wire.undecodable import add_tolerant
 from popmq.proxy.admin.operations import OperationsMixin
 from popmq.proxy.core.admin import Admin, GroupChanges, TopicBrokers
 from popmq.proxy.grpc import status as st
@@ -25,6 +26,7 @@ def _broker_topic(broker: str, info: TopicInfo) -> a.BrokerTopic:
     return a.BrokerTopic(
         broker=broker,
         queue_count=info.queue_count,
+        message_type=info.message_type,
         queues=[
             a.QueueOffsets(queue_id=q.queue_id, min_offset=q.min_offset, max_offset=q.max_offset)
             for q in info.queues
@@ -61,7 +63,7 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
     async def CreateTopic(self, request: a.CreateTopicRequest, context: object) -> a.TopicResponse:
         async def work() -> a.TopicResponse:
             brokers = await self.admin.create_topic(
-                request.name, request.queue_count, list(request.brokers)
+                request.name, request.queue_count, list(request.brokers), request.message_type
             )
             return a.TopicResponse(status=st.ok(), topic=_topic_pb(request.name, brokers))
 
@@ -182,5 +184,14 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
         return a.StatsResponse(status=st.ok(), prometheus_text=self.admin.stats_text())
 
 
-def add_admin_service(server: grpc.aio.Server, admin: Admin) -> None:
-    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(admin), server)
+def add_admin_service(
+    server: grpc.aio.Server, admin: Admin, count_undecodable: Callable[[str], None] | None = None
+) -> None:
+    # Undecodable bodies answer INVALID_ARGUMENT (counted, logged at a bounded rate), as on
+    # the MessagingService: never UNKNOWN with a traceback.
+    add_tolerant(
+        admin_pb2_grpc.add_AdminServiceServicer_to_server,
+        AdminServicer(admin),
+        server,
+        count_undecodable,
+    )

@@ -195,14 +195,19 @@ class Admin:
         return sorted({i.name for infos in per_broker for i in infos if not i.name.startswith("%")})
 
     # -- topics ------------------------------------------------------------------------------
-    async def create_topic(self, name: str, queue_count: int, brokers: list[str]) -> TopicBrokers:
-        """On ``brokers`` ([]: every broker)."""
+    async def create_topic(
+        self, name: str, queue_count: int, brokers: list[str], message_type: str = ""
+    ) -> TopicBrokers:
+        """On ``brokers`` ([]: every broker); ``message_type`` a MessageType name ("": keep
+        an existing topic's, MIXED for a new one)."""
         name = validate.topic_name(name)
         if queue_count < 1:
             raise RefusedError(Code.BAD_REQUEST, "queue count must be at least 1")
         cluster = self.cluster
         brokers = brokers or cluster.names
-        infos = await fan_out(cluster.port(b).create_topic(name, queue_count) for b in brokers)
+        infos = await fan_out(
+            cluster.port(b).create_topic(name, queue_count, message_type) for b in brokers
+        )
         cluster.forget_topic(name)
         return list(zip(brokers, infos, strict=True))
 

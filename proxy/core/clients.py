@@ -13,6 +13,7 @@ from popmq.broker.contract.types import GroupConfig
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core import validate
 from popmq.proxy.core.context import RequestContext
+from popmq.proxy.core.receive import filter_of
 from popmq.proxy.registry import ClientRegistry
 
 from popmq.config import DEFAULT_RETRY_LEVELS, ProxyConfig, parse_duration_ms
@@ -42,6 +43,8 @@ class ClientSettings:
     subscribed: set[str] = field(default_factory=set)  # topics in its subscription settings
     group: str = ""  # a subscriber's group, as sent
     has_poll_time: bool = False  # a subscriber set its own long polling timeout
+    # A subscriber's filters: (FilterType name, expression) per subscribed topic.
+    filters: list[tuple[str, str]] = field(default_factory=list)
     language: str = ""
     version: str = ""
 
@@ -104,6 +107,8 @@ class Clients:
         elif settings.role == "subscription" or kind in CONSUMER_TYPES:
             topics = settings.subscribed
             group = validate.group_name(settings.group)
+            for kind_name, expression in settings.filters:  # a malformed one is refused now
+                filter_of(kind_name, expression)
             config = await self.cluster.group(group)
             answer = SettingsAnswer(
                 consumer_retry(config), fifo=config.fifo, batch_size=self.config.max_batch

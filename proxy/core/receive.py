@@ -15,7 +15,12 @@ from dataclasses import dataclass
 
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
-from popmq.broker.contract.types import FilterExpression, PoppedMessage, PopRequest
+from popmq.broker.contract.types import (
+    FILTER_SQL92,
+    FilterExpression,
+    PoppedMessage,
+    PopRequest,
+)
 from popmq.proxy.admission import LongPollAdmission, refuse
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core import validate
@@ -80,7 +85,9 @@ def polling_time_ms(
 def filter_of(kind: str, expression: str) -> FilterExpression:
     """A client's filter: ``kind`` is its FilterType name (TAG, SQL, or unspecified)."""
     if kind == "SQL":
-        raise RefusedError(Code.UNSUPPORTED, "SQL92 filter expressions are not supported")
+        sql = FilterExpression(expression, FILTER_SQL92)
+        sql.check()  # ILLEGAL_FILTER_EXPRESSION if malformed; compiled once, cached
+        return sql
     text = expression.strip() or "*"
     if text != "*" and not FilterExpression(text).tags():
         raise RefusedError(Code.ILLEGAL_FILTER_EXPRESSION, f"bad tag expression {text!r}")

@@ -13,7 +13,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
+from popmq.broker.contract.message_types import MessageType, message_kind
 from popmq.broker.contract.types import PROP_TRACE_CONTEXT, Message, SendResult
+from popmq.broker.recall_handle import peek_recall_broker
 from popmq.proxy.admission import refuse
 from popmq.proxy.cluster import BrokerCluster, QueueRef, TopicRoute
 from popmq.proxy.core import validate
@@ -25,6 +27,7 @@ from popmq.config import ProxyConfig
 from popmq.lifecycle import fan_out
 from popmq.tracing import link_to, tracer
 
+MAX_RECALL_HANDLE_CHARS = 1024
 # Spreads batches moved off a broker that is down over the live ones.
 _spread = itertools.count()
 
@@ -88,6 +91,22 @@ class Sender:
         self.config = config
         self.cluster = cluster
         self.metrics = metrics
+
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        """RecallMessage: cancel a delay message before its delivery time; its message id.
+        The handle names its broker in clear (routing); that broker opens the sealed rest and
+        refuses forged, altered, foreign or other-topic handles (BAD_REQUEST)."""
+        topic = validate.topic_name(topic)
+        if not recall_handle:
+            raise RefusedError(Code.BAD_REQUEST, "the recall handle is empty")
+        if len(recall_handle) > MAX_RECALL_HANDLE_CHARS:
+            raise RefusedError(Code.BAD_REQUEST, "invalid recall handle: too long")
+        broker = peek_recall_broker(recall_handle)
+        if broker not in self.cluster.names:
+            raise RefusedError(
+                Code.BAD_REQUEST, f"invalid recall handle: no broker {broker!r} here"
+            )
+        return await self.cluster.port(broker).recall(topic, recall_handle)
 
     def _checked(self, msg: OutgoingMessage, ctx: RequestContext) -> Message:
         topic = validate.topic_name(msg.topic)
@@ -161,10 +180,13 @@ class Sender:
         batches: dict[QueueRef, list[int]] = defaultdict(list)
         shared: dict[str, QueueRef] = {}
         routes: dict[str, TopicRoute] = {}  # a request's messages nearly always share one topic
+        unsettled: set[str] = set()  # topics still without a type on some broker
         for index, message in enumerate(messages):
             route = routes.get(message.topic)
             if route is None:
                 route = routes[message.topic] = await cluster.route(message.topic)
+            if _check_type(route, message):
+                unsettled.add(message.topic)
             if message.message_group:
                 target = cluster.pick_queue(route, message.message_group)
             else:
@@ -212,4 +234,20 @@ class Sender:
                 continue
             for i, result in zip(indexes, outcome, strict=True):
                 outcomes_by_message[i] = SendOutcome(result.message_id, result=result)
+        for topic in unsettled:  # this send may have settled the topic's type: read it afresh
+            cluster.forget_topic(topic)
         return [o for o in outcomes_by_message if o is not None]
+
+
+def _check_type(route: TopicRoute, message: Message) -> bool:
+    """Refuse a message whose type the topic does not take, as its route says (each broker
+    checks its own copy again; checking here too keeps copies that are still untyped from
+    taking another type). True if some copy is still untyped."""
+    kind = message_kind(message.message_group, message.delivery_timestamp_ms)
+    if kind.value not in route.accepts:
+        raise RefusedError(
+            Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            f"topic {route.topic!r} takes {'/'.join(route.accepts)} messages; this is a "
+            f"{kind.value} message (send it to a topic of its type, or create the topic as MIXED)",
+        )
+    return MessageType.UNSPECIFIED.value in route.types.values()

@@ -9,6 +9,7 @@ from popmq.proxy.core.context import RequestContext
 from popmq.proxy.core.processor import ProxyCore
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import duration
+from popmq.proxy.grpc.receive import filter_kind
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
@@ -64,6 +65,10 @@ def client_settings(settings: pb.Settings) -> ClientSettings:
         subscribed={entry.topic.name for entry in settings.subscription.subscriptions},
         group=settings.subscription.group.name,
         has_poll_time=settings.subscription.HasField("long_polling_timeout"),
+        filters=[
+            (filter_kind(entry.expression.type), entry.expression.expression)
+            for entry in settings.subscription.subscriptions
+        ],
         language=language_name(settings.user_agent.language),
         version=settings.user_agent.version,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 
 from popmq.proxy.cluster import QueueRef
 from popmq.proxy.core.address import ProxyAddress
@@ -13,8 +14,6 @@ from popmq.proxy.grpc import status as st
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
-# Transactions are not supported: leaving TRANSACTION out makes clients refuse them up front.
-ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY)
 MASTER_BROKER_ID = 0
 
 
@@ -38,16 +37,23 @@ def proxy_endpoints(address: ProxyAddress, asked: pb.Endpoints | None = None) ->
 
 
 def queues_pb(
-    topic: str, queues: list[QueueRef], endpoints: pb.Endpoints, namespace: str = ""
+    topic: str,
+    queues: list[QueueRef],
+    endpoints: pb.Endpoints,
+    namespace: str = "",
+    accepts: Sequence[str] = ("NORMAL", "FIFO", "DELAY"),
 ) -> list[pb.MessageQueue]:
+    """``accepts``: the MessageType names the topic's type lets in (TopicRoute.accepts); the
+    official clients refuse other sends before sending."""
     resource = pb.Resource(name=topic, resource_namespace=namespace)
+    accept_message_types = list(accepts)  # enum value names
     return [
         pb.MessageQueue(
             topic=resource,
             id=queue.queue_id,
             permission=pb.READ_WRITE,
             broker=pb.Broker(name=queue.broker, id=MASTER_BROKER_ID, endpoints=endpoints),
-            accept_message_types=ACCEPTED_TYPES,
+            accept_message_types=accept_message_types,
         )
         for queue in queues
     ]
@@ -60,18 +66,19 @@ async def query_route(
     asked = request.endpoints if request.HasField("endpoints") else None
     endpoints = proxy_endpoints(core.address, asked)
     namespace = request.topic.resource_namespace
-    return s.QueryRouteResponse(
-        status=st.ok(), message_queues=queues_pb(route.topic, route.queues, endpoints, namespace)
-    )
+    queues = queues_pb(route.topic, route.queues, endpoints, namespace, route.accepts)
+    return s.QueryRouteResponse(status=st.ok(), message_queues=queues)
 
 
 async def query_assignment(
     core: ProxyCore, request: s.QueryAssignmentRequest, ctx: RequestContext
 ) -> s.QueryAssignmentResponse:
     chosen = await core.routes.assignment(request.topic.name, request.group.name, ctx)
+    accepts = (await core.routes.route(request.topic.name, ctx)).accepts  # cached
     asked = request.endpoints if request.HasField("endpoints") else None
     endpoints = proxy_endpoints(core.address, asked)
-    queues = queues_pb(request.topic.name, chosen, endpoints, request.topic.resource_namespace)
+    namespace = request.topic.resource_namespace
+    queues = queues_pb(request.topic.name, chosen, endpoints, namespace, accepts)
     return s.QueryAssignmentResponse(
         status=st.ok(), assignments=[pb.Assignment(message_queue=q) for q in queues]
     )

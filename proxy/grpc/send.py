@@ -29,6 +29,7 @@ async def send_message(
                     status=ok,
                     message_id=outcome.result.message_id,
                     offset=outcome.result.queue_offset,
+                    recall_handle=outcome.result.recall_handle,
                 )
             )
             continue
@@ -40,3 +41,10 @@ async def send_message(
     code = st.combined_code(list(codes))
     summary = entries[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
     return s.SendMessageResponse(status=st.status(code, summary), entries=entries)
+
+
+async def recall_message(
+    core: ProxyCore, request: s.RecallMessageRequest, ctx: RequestContext
+) -> s.RecallMessageResponse:
+    message_id = await core.sender.recall(request.topic.name, request.recall_handle)
+    return s.RecallMessageResponse(status=st.ok(), message_id=message_id)

@@ -230,7 +230,7 @@ class BrokerCalls(AsyncClosing):
         """After an empty answer, ask every broker at once (no hold) whether a message is
         visible for the group; if one is, the answer was a false empty. Empty answers of the
         same group within PROBE_SHARE_S of a probe share its result instead of probing again."""
-        key = (pop.group, pop.topic, pop.filter.expression, pop.fifo, label,
+        key = (pop.group, pop.topic, pop.filter, pop.fifo, label,
                tuple(port.name for port in brokers))  # fmt: skip
         now = self._clock.monotonic()
         if now >= self._next_sweep:  # a sweep per sharing time, not a scan per empty answer

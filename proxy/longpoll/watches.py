@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from popmq.broker.contract.port import ConsumePort
-from popmq.broker.contract.types import PopRequest
+from popmq.broker.contract.types import FilterExpression, PopRequest
 from popmq.broker.contract.watch import VisibilityWatch, WatchKey
 
 # A watch nobody used for this long is cancelled (it costs one held waiter on the broker).
@@ -24,9 +24,9 @@ LINGER_S = 120.0
 MAX_WATCHES = 100_000
 _SWEEP_EVERY_S = 5.0
 
-# (port, group, topic, filter expression, fifo): plain tuples hash fast, and every long poll
-# looks up one per broker.
-WatchId = tuple[ConsumePort, str, str, str, bool]
+# (port, group, topic, filter, fifo): plain tuples hash fast, and every long poll looks up one
+# per broker. The filter is whole (a tag and a SQL92 expression may have the same text).
+WatchId = tuple[ConsumePort, str, str, FilterExpression, bool]
 
 
 def watch_key(pop: PopRequest) -> WatchKey:
@@ -49,7 +49,7 @@ class WatchRegistry:
 
     def get(self, port: ConsumePort, pop: PopRequest) -> VisibilityWatch | None:
         """The watch of this broker and group (made and armed on first use)."""
-        ident = (port, pop.group, pop.topic, pop.filter.expression, pop.fifo)
+        ident = (port, pop.group, pop.topic, pop.filter, pop.fifo)
         now = time.monotonic()
         if now >= self._next_sweep:
             self.sweep(now)
@@ -124,4 +124,4 @@ class WatchRegistry:
 
 def _ident(port: ConsumePort, watch: VisibilityWatch) -> WatchId:
     key = watch.key
-    return (port, key.group, key.topic, key.filter.expression, key.fifo)
+    return (port, key.group, key.topic, key.filter, key.fifo)

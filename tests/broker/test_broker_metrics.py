@@ -24,9 +24,9 @@ from popmq.broker.contract.types import (
 )
 from popmq.broker.core import Broker
 from popmq.broker.metrics import MergedCollector
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.broker.wire.remote import RemoteBrokerPort
 from prometheus_client import CollectorRegistry, generate_latest
-from support.brokers import fast_broker_config, running_broker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +45,7 @@ async def eventually(check, within_s: float = 3.0) -> None:  # type: ignore[no-u
 
 async def test_counters_follow_send_pop_ack_and_change(tmp_path: Path) -> None:
     async with running_broker(fast_broker_config(tmp_path, checkpoint_buffer_ms=30)) as broker:
+        await broker.create_topic("t", 4, "MIXED")  # normal and delay messages
         await broker.send([Message("t", f"m{i}".encode()) for i in range(5)], 1)
         later = int(time.time() * 1000) + 50
         await broker.send([Message("t", b"d", delivery_timestamp_ms=later)] * 2)

@@ -12,7 +12,7 @@ from popmq.broker.contract.types import (
     PullRequest,
     PullStatus,
 )
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 
 async def _raises(call, code: Code) -> RefusedError:
@@ -24,6 +24,7 @@ async def _raises(call, code: Code) -> RefusedError:
 
 async def test_send_queue_choice(tmp_path) -> None:
     async with running_broker(fast_broker_config(tmp_path)) as broker:
+        await broker.create_topic("t", 4, "MIXED")  # FIFO and normal messages
         fifo = await broker.send([Message("t", b"x", message_group="order-7") for _ in range(5)])
         assert len({r.queue_id for r in fifo}) == 1
         assert [r.queue_offset for r in fifo] == [0, 1, 2, 3, 4]
@@ -52,6 +53,7 @@ async def test_no_auto_create(tmp_path) -> None:
 
 async def test_delay_message(tmp_path) -> None:
     async with running_broker(fast_broker_config(tmp_path)) as broker:
+        await broker.create_topic("t", 4, "MIXED")  # FIFO+delay, then delay messages
         due = int(time.time() * 1000) + 200
         (result,) = await broker.send(
             [Message("t", b"later", delivery_timestamp_ms=due, message_group="k")]
@@ -179,7 +181,7 @@ async def test_not_started(tmp_path) -> None:
 
     broker = Broker(fast_broker_config(tmp_path))
     await _raises(broker.send([Message("t", b"x")]), Code.INTERNAL_ERROR)
-    await broker.stop()  # harmless
+    await broker.aclose()  # harmless
 
 
 async def test_delete_topic_with_messages_in_flight(tmp_path) -> None:

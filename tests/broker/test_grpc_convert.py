@@ -56,7 +56,7 @@ ROUND_TRIPS = [
     ),
     (stored(7), convert.stored_to_proto, convert.stored_from_proto),
     (
-        SendResult("m", "t", 2, 99, "broker-b"),
+        SendResult("m", "t", 2, 99, "broker-b", "r1.handle"),
         convert.send_result_to_proto, convert.send_result_from_proto,
     ),
     (
@@ -98,7 +98,7 @@ ROUND_TRIPS = [
         convert.pull_result_to_proto, convert.pull_result_from_proto,
     ),
     (
-        TopicInfo("t", 2, [QueueInfo(0, 1, 5), QueueInfo(1, 0, 9)]),
+        TopicInfo("t", 2, [QueueInfo(0, 1, 5), QueueInfo(1, 0, 9)], "FIFO"),
         convert.topic_to_proto, convert.topic_from_proto,
     ),
     (

@@ -96,6 +96,11 @@ class FakePort:
     async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
         return None
 
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        if recall_handle != "r1.good":
+            raise RefusedError(Code.BAD_REQUEST, "invalid recall handle: made up")
+        return f"id-of-{topic}"
+
     async def pull(self, request: PullRequest) -> PullResult:
         return PullResult(PullStatus.NO_NEW_MESSAGE, [], request.offset, 0, request.offset)
 
@@ -110,8 +115,8 @@ class FakePort:
     async def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         return timestamp_ms // 1000
 
-    async def create_topic(self, topic: str, queue_count: int) -> TopicInfo:
-        return TopicInfo(topic, queue_count)
+    async def create_topic(self, topic: str, queue_count: int, message_type: str = "") -> TopicInfo:
+        return TopicInfo(topic, queue_count, message_type=message_type or "MIXED")
 
     async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
         raise RefusedError(Code.TOPIC_NOT_FOUND, f"no topic {topic}")
@@ -154,7 +159,7 @@ async def served() -> AsyncIterator[tuple[FakePort, BrokerGrpcServer, RemoteBrok
         yield fake, server, remote
     finally:
         await remote.close()
-        await server.stop(0)
+        await server.aclose(0)
 
 
 async def test_remote_port_is_a_broker_port(served) -> None:
@@ -196,6 +201,10 @@ async def test_calls_round_trip(served) -> None:
     assert (await remote.group_stats("g", "t"))[0].backlog == 4
     await remote.forward_to_dlq("g", "t", "rh")
     await remote.update_consumer_offset("g", "t", 0, 3)
+    assert await remote.recall("t", "r1.good") == "id-of-t"
+    with pytest.raises(RefusedError) as err:
+        await remote.recall("t", "r1.bad")
+    assert err.value.code == Code.BAD_REQUEST and "made up" in err.value.message
 
 
 async def test_broker_errors_keep_their_code(served) -> None:
@@ -252,7 +261,7 @@ async def test_server_stop_cancels_held_calls(served) -> None:
     fake, server, remote = served
     task = asyncio.create_task(remote.pop(PopRequest("g", "t", poll_time_ms=60_000)))
     await asyncio.wait_for(fake.held.wait(), 2)
-    await server.stop(0.1)
+    await server.aclose(0.1)
     await asyncio.wait_for(fake.released.wait(), 2)
     with pytest.raises(BrokerUnavailableError):
         await task

@@ -38,7 +38,7 @@ from rocketmq import (  # noqa: E402
     PushConsumer,
     SimpleConsumer,
 )
-from rocketmq.grpc_protocol import definition_pb2  # noqa: E402
+from rocketmq.grpc_protocol import FilterType, definition_pb2  # noqa: E402
 
 
 def emit(payload: dict[str, Any]) -> None:
@@ -146,7 +146,11 @@ class Session:
             config.get("request_timeout", 3),
         )
         self.client_config = client_config
-        subscription = {topic: FilterExpression(config.get("filter", "*")) for topic in self.topics}
+        # "filter_type": "SQL" subscribes with a SQL92 expression instead of a tag one.
+        kind = FilterType.SQL if config.get("filter_type") == "SQL" else FilterType.TAG
+        subscription = {
+            topic: FilterExpression(config.get("filter", "*"), kind) for topic in self.topics
+        }
         self.listener: Listener | None = None
         tls = bool(config.get("tls", False))  # roots: GRPC_DEFAULT_SSL_ROOTS_FILE_PATH
         if self.role == "producer":
@@ -183,6 +187,7 @@ class Session:
                     "ok": True,
                     "message_id": receipt.message_id,
                     "offset": receipt.offset,
+                    "recall_handle": receipt.recall_handle,
                     "queue": str(queue) if queue is not None else None,
                     "elapsed_s": time.monotonic() - started,
                 })  # fmt: skip
@@ -228,6 +233,11 @@ class Session:
                         errors.append(error_payload(exc))
             got.extend(self._remember(messages))
         return {"ok": True, "messages": got, "calls": calls, "empties": empties, "errors": errors}
+
+    def op_recall(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Producer.recall_message(topic, recall_handle): the recalled message's id."""
+        message_id = self.client.recall_message(cmd["topic"], cmd["recall_handle"])
+        return {"ok": True, "message_id": message_id}
 
     def op_ack(self, cmd: dict[str, Any]) -> dict[str, Any]:
         self.client.ack(self.received[cmd["id"]])

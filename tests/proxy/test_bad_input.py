@@ -181,16 +181,18 @@ async def test_batch_size_out_of_range(cluster: Cluster, batch: int) -> None:
     assert status.code == Code.BAD_REQUEST
 
 
-async def test_sql_filter_is_unsupported(cluster: Cluster) -> None:
+@pytest.mark.parametrize("expression", ["a >", "a = 1 AND", "a IN ()", "a == 1", "", "(a = 1"])
+async def test_malformed_sql_filter_is_refused(cluster: Cluster, expression: str) -> None:
     request = s.ReceiveMessageRequest(
         group=pb.Resource(name="g"),
         message_queue=pb.MessageQueue(topic=pb.Resource(name=unique("t"))),
-        filter_expression=pb.FilterExpression(type=pb.SQL, expression="a > 1"),
+        filter_expression=pb.FilterExpression(type=pb.SQL, expression=expression),
         batch_size=1,
     )
     request.invisible_duration.FromMilliseconds(5_000)
     frames = [f async for f in cluster.stub.ReceiveMessage(request, metadata=cluster.metadata())]
-    assert frames[0].status.code == Code.UNSUPPORTED
+    assert frames[0].status.code == Code.ILLEGAL_FILTER_EXPRESSION
+    assert "SQL92" in frames[0].status.message
 
 
 async def test_ack_without_entries(cluster: Cluster) -> None:
@@ -200,8 +202,15 @@ async def test_ack_without_entries(cluster: Cluster) -> None:
 async def test_not_implemented_rpcs_answer_at_once(cluster: Cluster) -> None:
     md = cluster.metadata()
     end = await cluster.stub.EndTransaction(s.EndTransactionRequest(), metadata=md, timeout=2)
-    recall = await cluster.stub.RecallMessage(s.RecallMessageRequest(), metadata=md, timeout=2)
-    assert end.status.code == recall.status.code == Code.NOT_IMPLEMENTED
+    assert end.status.code == Code.NOT_IMPLEMENTED
+
+
+@pytest.mark.parametrize("handle", ["", "h", "r1.x.y.z", "r1.YnJva2VyLXo.k.AAAA", "x" * 5000])
+async def test_bad_recall_handles_are_refused(cluster: Cluster, handle: str) -> None:
+    request = s.RecallMessageRequest(topic=pb.Resource(name=unique("t")), recall_handle=handle)
+    recall = await cluster.stub.RecallMessage(request, metadata=cluster.metadata(), timeout=5)
+    assert recall.status.code == Code.BAD_REQUEST, recall.status
+    assert "recall handle" in recall.status.message
 
 
 async def test_missing_client_id(cluster: Cluster) -> None:

@@ -18,14 +18,16 @@ class QueueOffsets(_message.Message):
     def __init__(self, queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
 
 class BrokerTopic(_message.Message):
-    __slots__ = ("broker", "queue_count", "queues")
+    __slots__ = ("broker", "queue_count", "queues", "message_type")
     BROKER_FIELD_NUMBER: _ClassVar[int]
     QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
     broker: str
     queue_count: int
     queues: _containers.RepeatedCompositeFieldContainer[QueueOffsets]
-    def __init__(self, broker: _Optional[str] = ..., queue_count: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueOffsets, _Mapping]]] = ...) -> None: ...
+    message_type: str
+    def __init__(self, broker: _Optional[str] = ..., queue_count: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueOffsets, _Mapping]]] = ..., message_type: _Optional[str] = ...) -> None: ...
 
 class Topic(_message.Message):
     __slots__ = ("name", "brokers")
@@ -36,14 +38,16 @@ class Topic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerTopic, _Mapping]]] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
-    __slots__ = ("name", "queue_count", "brokers")
+    __slots__ = ("name", "queue_count", "brokers", "message_type")
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
     BROKERS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue_count: int
     brokers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., queue_count: _Optional[int] = ..., brokers: _Optional[_Iterable[str]] = ...) -> None: ...
+    message_type: str
+    def __init__(self, name: _Optional[str] = ..., queue_count: _Optional[int] = ..., brokers: _Optional[_Iterable[str]] = ..., message_type: _Optional[str] = ...) -> None: ...
 
 class TopicResponse(_message.Message):
     __slots__ = ("status", "topic")

@@ -51,10 +51,12 @@ class Status(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class FilterExpression(_message.Message):
-    __slots__ = ("expression",)
+    __slots__ = ("expression", "type")
     EXPRESSION_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
     expression: str
-    def __init__(self, expression: _Optional[str] = ...) -> None: ...
+    type: str
+    def __init__(self, expression: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
 
 class Message(_message.Message):
     __slots__ = ("topic", "body", "tag", "keys", "properties", "message_id", "message_group", "delivery_timestamp_ms", "born_timestamp_ms", "born_host", "reconsume_times")
@@ -151,18 +153,20 @@ class SendRequest(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., queue_id: _Optional[int] = ...) -> None: ...
 
 class SendResult(_message.Message):
-    __slots__ = ("message_id", "topic", "queue_id", "queue_offset", "broker_name")
+    __slots__ = ("message_id", "topic", "queue_id", "queue_offset", "broker_name", "recall_handle")
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    RECALL_HANDLE_FIELD_NUMBER: _ClassVar[int]
     message_id: str
     topic: str
     queue_id: int
     queue_offset: int
     broker_name: str
-    def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., broker_name: _Optional[str] = ...) -> None: ...
+    recall_handle: str
+    def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., broker_name: _Optional[str] = ..., recall_handle: _Optional[str] = ...) -> None: ...
 
 class SendResponse(_message.Message):
     __slots__ = ("status", "results")
@@ -316,6 +320,22 @@ class ForwardToDlqResponse(_message.Message):
     status: Status
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
 
+class RecallRequest(_message.Message):
+    __slots__ = ("topic", "recall_handle")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    RECALL_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    recall_handle: str
+    def __init__(self, topic: _Optional[str] = ..., recall_handle: _Optional[str] = ...) -> None: ...
+
+class RecallResponse(_message.Message):
+    __slots__ = ("status", "message_id")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    message_id: str
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., message_id: _Optional[str] = ...) -> None: ...
+
 class PullRequest(_message.Message):
     __slots__ = ("topic", "queue_id", "offset", "max_messages", "poll_time_ms", "filter")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
@@ -413,22 +433,26 @@ class QueueInfo(_message.Message):
     def __init__(self, queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
 
 class TopicInfo(_message.Message):
-    __slots__ = ("name", "queue_count", "queues")
+    __slots__ = ("name", "queue_count", "queues", "message_type")
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue_count: int
     queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
-    def __init__(self, name: _Optional[str] = ..., queue_count: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ...) -> None: ...
+    message_type: str
+    def __init__(self, name: _Optional[str] = ..., queue_count: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., message_type: _Optional[str] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
-    __slots__ = ("topic", "queue_count")
+    __slots__ = ("topic", "queue_count", "message_type")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_count: int
-    def __init__(self, topic: _Optional[str] = ..., queue_count: _Optional[int] = ...) -> None: ...
+    message_type: str
+    def __init__(self, topic: _Optional[str] = ..., queue_count: _Optional[int] = ..., message_type: _Optional[str] = ...) -> None: ...
 
 class GetTopicRequest(_message.Message):
     __slots__ = ("topic", "auto_create")

@@ -71,6 +71,11 @@ class BrokerServiceStub:
                 request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ForwardToDlqRequest.SerializeToString,
                 response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ForwardToDlqResponse.FromString,
                 _registered_method=True)
+        self.Recall = channel.unary_unary(
+                '/popmq.broker.v1.BrokerService/Recall',
+                request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.RecallRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.RecallResponse.FromString,
+                _registered_method=True)
         self.Watch = channel.stream_stream(
                 '/popmq.broker.v1.BrokerService/Watch',
                 request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.WatchRequest.SerializeToString,
@@ -191,6 +196,12 @@ class BrokerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ForwardToDlq(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Recall(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -325,6 +336,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.ForwardToDlq,
                     request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ForwardToDlqRequest.FromString,
                     response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ForwardToDlqResponse.SerializeToString,
+            ),
+            'Recall': grpc.unary_unary_rpc_method_handler(
+                    servicer.Recall,
+                    request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.RecallRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.RecallResponse.SerializeToString,
             ),
             'Watch': grpc.stream_stream_rpc_method_handler(
                     servicer.Watch,
@@ -593,6 +609,33 @@ class BrokerService:
             '/popmq.broker.v1.BrokerService/ForwardToDlq',
             popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ForwardToDlqRequest.SerializeToString,
             popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ForwardToDlqResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Recall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.broker.v1.BrokerService/Recall',
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.RecallRequest.SerializeToString,
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.RecallResponse.FromString,
             options,
             channel_credentials,
             insecure,
