@@ -91,3 +91,22 @@ def test_extra_volumes_mounts_and_sidecars() -> None:
         assert {"name": "shared", "emptyDir": {}} in pod["volumes"]
         assert any(v["name"] == "config" for v in pod["volumes"])  # the chart's own stay
     _validate_all(out)
+
+
+def test_top_level_comments_sit_above_their_keys() -> None:
+    """Each top-level block's comment is directly above it (the config file's comment once
+    sat above `monitoring:`)."""
+    from deploykit import CHART_DIR
+
+    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
+
+    def comment_above(key: str) -> str:
+        at = lines.index(f"{key}:")
+        block = []
+        while at > 0 and lines[at - 1].startswith("#"):
+            at -= 1
+            block.insert(0, lines[at])
+        return " ".join(block)
+
+    assert "The popmq config file" in comment_above("config")
+    assert comment_above("monitoring").startswith("# Alerts and a dashboard")
