@@ -110,3 +110,31 @@ def test_top_level_comments_sit_above_their_keys() -> None:
 
     assert "The popmq config file" in comment_above("config")
     assert comment_above("monitoring").startswith("# Alerts and a dashboard")
+
+
+def test_network_policies() -> None:
+    assert render().all("NetworkPolicy") == []  # off by default
+    monitoring = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+    shop = [{"namespaceSelector": {"matchLabels": {"team": "shop"}}}]
+    out = render({"networkPolicy": {"enabled": True, "clients": shop, "metrics": monitoring}})
+    _validate_all(out)
+    proxy_labels = out.one("Deployment")["spec"]["selector"]["matchLabels"]
+    broker_labels = out.one("StatefulSet")["spec"]["selector"]["matchLabels"]
+    policies = {p["spec"]["podSelector"]["matchLabels"] == proxy_labels: p
+                for p in out.all("NetworkPolicy")}  # fmt: skip
+    proxy, broker = policies[True]["spec"], policies[False]["spec"]
+    assert broker["podSelector"]["matchLabels"] == broker_labels
+
+    def rules(spec: dict[str, Any]) -> dict[tuple[int, ...], Any]:
+        return {tuple(p["port"] for p in r["ports"]): r.get("from") for r in spec["ingress"]}
+
+    assert rules(proxy) == {(8081, 8082): shop, (9090,): monitoring}
+    assert rules(broker) == {
+        (10911,): [{"podSelector": {"matchLabels": proxy_labels}},
+                   {"podSelector": {"matchLabels": broker_labels}}],  # replication
+        (9090,): monitoring,
+    }  # fmt: skip
+    # no peers given: the port is open to any source (no `from`)
+    anyone = render({"networkPolicy": {"enabled": True}})
+    assert all("from" not in r for p in anyone.all("NetworkPolicy") for r in p["spec"]["ingress"]
+               if r["ports"][0]["port"] != 10911)  # fmt: skip
