@@ -4,8 +4,10 @@ checked against the Kubernetes schemas)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 from deploykit import render
 from kubernetes_validate import validate
 
@@ -128,7 +130,9 @@ def test_network_policies() -> None:
     def rules(spec: dict[str, Any]) -> dict[tuple[int, ...], Any]:
         return {tuple(p["port"] for p in r["ports"]): r.get("from") for r in spec["ingress"]}
 
-    assert rules(proxy) == {(8081, 8082): shop, (9090,): monitoring}
+    test_pod = {"podSelector": {"matchLabels": {**proxy_labels, "app.kubernetes.io/component":
+                                                "test"}}}  # fmt: skip
+    assert rules(proxy) == {(8081, 8082): [*shop, test_pod], (9090,): monitoring}
     assert rules(broker) == {
         (10911,): [{"podSelector": {"matchLabels": proxy_labels}},
                    {"podSelector": {"matchLabels": broker_labels}}],  # replication
@@ -138,3 +142,38 @@ def test_network_policies() -> None:
     anyone = render({"networkPolicy": {"enabled": True}})
     assert all("from" not in r for p in anyone.all("NetworkPolicy") for r in p["spec"]["ingress"]
                if r["ports"][0]["port"] != 10911)  # fmt: skip
+
+
+@pytest.mark.subprocess
+def test_helm_test_pod_sends_receives_and_acks(tmp_path: Path) -> None:
+    """The `helm test` hook pod renders valid, reaches the proxy Service as an admin user, and
+    its script really does a round trip (run here against a real `popmq serve`)."""
+    import os
+    import subprocess
+    import sys
+
+    from support.official_clients import start_serve
+
+    out = render()
+    (pod,) = [
+        p for p in out.all("Pod") if p["metadata"]["annotations"].get("helm.sh/hook") == "test"
+    ]
+    _validate_all(out)
+    spec = pod["spec"]
+    (c,) = spec["containers"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["ENDPOINT"] == "popmq-proxy.mq.svc.cluster.local:8081"
+    assert any(v["name"] == "acl" for v in spec["volumes"])  # auth is on by default
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert render({"tests": {"enabled": False}}).all("Pod") == []
+    deployment = start_serve(tmp_path / "serve")
+    try:
+        absent = str(tmp_path / "none")  # no ACL, no TLS: as with auth and tls off
+        script_env = {**os.environ, "ENDPOINT": deployment.endpoint,
+                      "ACL_FILE": absent, "CA_FILE": absent}  # fmt: skip
+        done = subprocess.run([sys.executable, "-c", c["args"][0]], env=script_env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    finally:
+        assert deployment.stop() == [0]
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "ack accepted" in done.stdout
