@@ -246,6 +246,14 @@ class Broker:
         )
         self._revive.failures = self._failure_tracker()
 
+    def journal_in_flight(self) -> None:
+        """Journal every checkpoint in flight now, not after ``checkpoint_buffer_ms``: with
+        replication a pop's handle and its acks must reach the followers (the journal is
+        what they copy)."""
+        if self._ledger is not None and self._journal is not None:
+            self._ledger.spill(self._clock(), buffer_ms=-(1 << 62))
+            self._journal.flush()
+
     async def aclose(self) -> None:
         """Stop: held pops answer, the background loops end, state is made durable."""
         if not self._started:

@@ -187,6 +187,37 @@ class BrokerLinkConfig(Section):
         return self
 
 
+class ReplicationConfig(Section):
+    """Copies of this broker on other nodes of its group (broker/replication). Off by default:
+    a broker is then a group of one, exactly as without the section."""
+
+    # sync: a send, ack or invisible-time change is answered once min_in_sync nodes (this one
+    # counted) made it durable; async: answered at once, copied right after (a leader crash
+    # loses what was not copied yet); off: no replication.
+    mode: Literal["off", "sync", "async"] = "off"
+    # This node's name in the in-sync set (default: NAME@HOST:PORT). The broker name
+    # (broker.name) is the group's: every node of a group has the same one.
+    node: str | None = None
+    # RocketMQ's minInSyncReplicas; below it sends are refused (HA_NOT_AVAILABLE).
+    min_in_sync: int = Field(1, ge=1, le=16)
+    # RocketMQ's haMaxTimeSlaveNotCatchup: a follower behind for longer leaves the in-sync set.
+    max_lag_s: float = Field(15.0, gt=0)
+    # How long a write waits for the in-sync followers (then SLAVE_PERSISTENCE_TIMEOUT).
+    sync_timeout_ms: int = Field(3_000, ge=1)
+    # How often a leader looks for changes to send when no write waits for them.
+    poll_ms: int = Field(100, ge=1, le=10_000)
+    # The role when no election decides it (static): leader or follower of `leader` (host:port).
+    role: Literal["leader", "follower"] = "leader"
+    epoch: int = Field(1, ge=1)
+    leader: str | None = None
+
+    @model_validator(mode="after")
+    def _follower_needs_leader(self) -> ReplicationConfig:
+        if self.mode != "off" and self.role == "follower" and not self.leader:
+            raise ValueError("replication.role follower needs replication.leader (host:port)")
+        return self
+
+
 class BrokerConfig(Section):
     name: str = "broker-a"
     # brokerClusterName: the `cluster` label of the rocketmq_* metrics.
@@ -220,6 +251,7 @@ class BrokerConfig(Section):
     groups: GroupDefaults = Field(default_factory=GroupDefaults)
     pop: PopConfig = Field(default_factory=PopConfig)
     polling: PollingConfig = Field(default_factory=PollingConfig)
+    replication: ReplicationConfig = Field(default_factory=ReplicationConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -343,6 +375,8 @@ class ServeConfig(Section):
     # Prometheus /metrics of `popmq serve` when proxy.metrics_port is not set (null: none).
     # Taken by another process: a free port instead, announced at start like this one.
     metrics_port: int | None = Field(9090, ge=0, le=65535)
+    # The web console beside the proxy, on 127.0.0.1 (0: no console). Needs popmq[console].
+    console_port: int = Field(8080, ge=0, le=65535)
 
 
 class TracingConfig(Section):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -427,8 +427,11 @@ class BrokerGrpcServer:
         port_number: int = 0,
         *,
         config: BrokerConfig | None = None,
+        services: Sequence[Callable[[grpc.aio.Server], object]] = (),
     ) -> None:
         self._port = port
+        # More services on the same port and credentials (replication between brokers).
+        self._services = tuple(services)
         # TLS and the cluster token (popmq.security.link); None: plaintext, open (tests).
         self._config = config
         self._host = host
@@ -476,6 +479,8 @@ class BrokerGrpcServer:
             ),
             server,
         )
+        for add_service in self._services:
+            add_service(server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         enable_reflection(server, [SERVICE_NAME, "grpc.health.v1.Health"])

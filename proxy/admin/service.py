@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 from popmq.broker.contract.types import GroupConfig, TopicInfo
 from popmq.broker.wire.undecodable import add_tolerant
+from popmq.proxy.admin.console_ops import ConsoleOpsMixin
 from popmq.proxy.admin.operations import OperationsMixin
 from popmq.proxy.core.admin import Admin, GroupChanges, TopicBrokers
 from popmq.proxy.grpc import status as st
@@ -48,7 +49,7 @@ def _group_pb(config: GroupConfig) -> a.Group:
     )
 
 
-class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
+class AdminServicer(OperationsMixin, ConsoleOpsMixin, admin_pb2_grpc.AdminServiceServicer):
     """gRPC method names are the API's (CamelCase)."""
 
     def __init__(self, admin: Admin) -> None:

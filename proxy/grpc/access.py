@@ -13,7 +13,8 @@ nothing:
   a consumer's settings need subscribe as their group on their topics; NotifyClientTermination:
   signed in only; the unsupported EndTransaction and RecallMessage: publish on the topic,
   SyncLiteSubscription: subscribe (so implementing them later opens no hole);
-- the AdminService: admin. Anything else: admin (deny by default).
+- the AdminService: admin, except WhoAmI: signed in only (the console asks it to learn what a
+  user may see). Anything else: admin (deny by default).
 
 A group's derived topics (%RETRY%group+topic, %DLQ%group) are that group's own: no wildcard
 grant reaches another group's (popmq.security.acl). The core learns who was let in through
@@ -185,9 +186,12 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         """The caller, if signed in and allowed; AccessDenied otherwise. Never touches data."""
         user = self._authn.authenticate(_text_headers(context.invocation_metadata()))
         method = path.rsplit("/", 1)[1]
-        allowed, needs = (
-            ((lambda u: u.admin), "admin") if path.startswith(ADMIN) else _rule(method, request)
-        )
+        if path == ADMIN + "WhoAmI":  # anyone signed in may ask who they are
+            allowed, needs = (lambda u: True), ""
+        elif path.startswith(ADMIN):
+            allowed, needs = (lambda u: u.admin), "admin"
+        else:
+            allowed, needs = _rule(method, request)
         if not allowed(user):
             raise forbidden(f"access key {user.access_key!r} may not {method}: needs {needs}")
         return user
@@ -372,7 +376,7 @@ def _unread_refusal(guard: AccessGuard, path: str, exc: AccessDenied) -> grpc.Rp
 def _caller(user: User) -> Caller:
     """What the core may know of the caller: its key, and that lookups by someone who
     may not publish on a topic never auto-create it (RocketMQ creates topics on send)."""
-    return Caller(access_key=user.access_key, may_create_topic=user.can_publish)
+    return Caller(access_key=user.access_key, may_create_topic=user.can_publish, user=user)
 
 
 def _rebuild(make: Any, behavior: Any, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
