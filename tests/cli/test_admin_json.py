@@ -37,7 +37,9 @@ def admin_json(served: Deployment, *args: str) -> Any:
 
 
 QUEUE_OFFSETS = {"queue_id": "int", "min_offset": "int", "max_offset": "int"}
-BROKER_TOPIC = {"broker": "str", "queue_count": "int", "queues": [QUEUE_OFFSETS]}
+BROKER_TOPIC = {
+    "broker": "str", "queue_count": "int", "queues": [QUEUE_OFFSETS], "message_type": "str",
+}  # fmt: skip
 TOPIC = {"name": "str", "brokers": [BROKER_TOPIC]}
 GROUP = {
     "name": "str", "consume_mode": "str", "max_attempts": "int", "retry_levels": [],
