@@ -275,6 +275,7 @@ class BrokerConfig(Section):
     cluster: str = "DefaultCluster"
     host: str = "127.0.0.1"
     port: int = Field(10911, ge=0, le=65535)
+    # Default: ./data/<name> (so `popmq broker --name broker-b` does not open broker-a's store).
     data_dir: Path = Path("./data/broker-a")
     # Receipt handle keys (a JSON keyring, 0600). None: <data_dir>/handle-keys.json, made with
     # a random key on first start. Point it at a mounted Secret to supply the keys yourself.
@@ -322,6 +323,13 @@ class BrokerConfig(Section):
             "name": self.group.name,
             "replication": self.replication.model_copy(update={"node": node}),
         })  # fmt: skip
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_dir_follows_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("data_dir") is None and data.get("name"):
+            return {**data, "data_dir": Path("./data") / str(data["name"])}
+        return data
 
 
 class BrokerAddress(Section):
@@ -396,6 +404,10 @@ class ProxyConfig(Section):
     # A ReceiveMessage or PullMessage stream whose client takes no frame for this long is
     # ended: its unsent messages are released (visible again at once), its long-poll slot freed.
     write_stall_timeout_ms: int = Field(30_000, ge=100)
+    # Concurrent calls on one client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): past
+    # it the client's own gRPC queues new calls. Above max_long_polls_per_client, so admission
+    # control still sheds long polls first, with TOO_MANY_REQUESTS.
+    max_streams_per_connection: int = Field(2_000, ge=16)
     # Bytes of sends and of receive answers in flight at once (popmq.budget): past it a call
     # waits 200 ms for room, then is refused with TOO_MANY_REQUESTS (a refused receive's
     # messages are released at once). The proxy holds about PROXY_COPIES_PER_REQUEST copies
@@ -438,6 +450,9 @@ class ServeConfig(Section):
 
     brokers: int = Field(3, ge=1, le=64)
     data_dir: Path = Path("./data")
+    # Prometheus /metrics of `popmq serve` when proxy.metrics_port is not set (null: none).
+    # Taken by another process: a free port instead, announced at start like this one.
+    metrics_port: int | None = Field(9090, ge=0, le=65535)
     # The web console beside the proxy, on 127.0.0.1 (0: no console). Needs popmq[console].
     console_port: int = Field(8080, ge=0, le=65535)
 
