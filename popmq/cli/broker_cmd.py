@@ -71,6 +71,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--handle-keys-file", metavar="FILE",
         help="receipt-handle keyring to use (default DATA_DIR/handle-keys.json, made on start)",
     )  # fmt: skip
+    ha = parser.add_argument_group(
+        "broker groups (high availability; see docs/operations.md)",
+        "With --etcd the broker registers in etcd and elects its group's leader there; with "
+        "--replication the nodes copy the leader and fail over by themselves. Without --etcd "
+        "nothing changes (a group of one).",
+    )
+    ha.add_argument("--etcd", metavar="URL[,URL...]", help="etcd client URLs (http://HOST:PORT)")
+    ha.add_argument(
+        "--group",
+        help="the broker group this node belongs to (the name proxies see); --name is then "
+        "the node's name in it",
+    )
+    ha.add_argument(
+        "--unclean-election", action="store_true", default=None,
+        help="let a node outside the in-sync set become leader (may lose acknowledged writes)",
+    )  # fmt: skip
+    ha.add_argument(
+        "--advertise", metavar="HOST:PORT",
+        help="address proxies reach this node at (default: --host and the bound port)",
+    )  # fmt: skip
     replication = parser.add_argument_group("replication (a broker group of several nodes)")
     replication.add_argument(
         "--replication", choices=("off", "sync", "async"),
@@ -142,6 +162,10 @@ def run(args: argparse.Namespace) -> int:
             "broker.tls.client_ca": args.tls_client_ca,
             "broker.cluster_token_file": args.cluster_token_file,
             "broker.handle_keys_file": args.handle_keys_file,
+            "broker.etcd.endpoints": args.etcd,
+            "broker.group.name": args.group,
+            "broker.group.unclean_election": args.unclean_election,
+            "broker.group.advertise": args.advertise,
             "broker.replication.mode": args.replication,
             "broker.replication.min_in_sync": args.min_in_sync,
             "broker.replication.role": args.role,
