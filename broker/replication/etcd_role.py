@@ -13,8 +13,13 @@ deadline answers nothing, even before it has heard of its successor.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import anyio
+from popmq.broker.replication.leader import ReplicationLeader
 from popmq.broker.replication.role import GroupRole
 
+from popmq.coord import CoordUnavailableError, LeaseLostError
 from popmq.coord.group import GroupMember
 from popmq.coord.group import GroupRole as ElectedRole
 
@@ -52,3 +57,22 @@ class ElectedRoleSource:
             raise DeposedError(f"this node no longer leads epoch {epoch} (now {role.epoch})")
         if not await self._member.set_in_sync(sorted(members)):
             raise DeposedError(f"the leader key is no longer epoch {epoch}'s: not recorded")
+
+
+async def publish_lag(
+    member: GroupMember, leader: Callable[[], ReplicationLeader | None], every_s: float = 1.0
+) -> None:
+    """While this node leads, publish each follower's lag in etcd (what `popmq admin cluster
+    status` shows). A follower that never caught up is left out: its lag shows as unknown."""
+    while True:
+        await anyio.sleep(every_s)
+        replication = leader()
+        if replication is None or not member.may_write():
+            continue
+        for follower in replication.status():
+            if follower.lag_s is None:
+                continue
+            try:
+                await member.report_lag(follower.name, follower.lag_bytes, follower.lag_s)
+            except (CoordUnavailableError, LeaseLostError):
+                break  # etcd is away: the election side notices and fences

@@ -240,7 +240,7 @@ async def _serve_elected_node(
     import anyio
 
     from popmq.broker.leader_gate import GroupCollector
-    from popmq.broker.replication.etcd_role import ElectedRoleSource
+    from popmq.broker.replication.etcd_role import ElectedRoleSource, publish_lag
     from popmq.broker.replication.node import ReplicatedNode
     from popmq.coord.etcd import EtcdStore
     from popmq.coord.group import MemberSettings, join_group
@@ -266,6 +266,7 @@ async def _serve_elected_node(
             async with join_group(store, settings) as member, anyio.create_task_group() as group:
                 registry.register(GroupCollector(member))
                 group.start_soon(node.run, ElectedRoleSource(member))
+                group.start_soon(publish_lag, member, lambda: node.leader)
                 log.info("node %s of group %s joined the election in etcd (%s, min in sync "
                          "%d)", node.node, config.name, config.replication.mode,
                          config.replication.min_in_sync)  # fmt: skip

@@ -88,6 +88,16 @@ async def leader_of(etcd: EtcdCluster) -> tuple[str, int] | None:
     return (str(decode(kv.value)["name"]), kv.create_revision) if kv else None
 
 
+async def reported_lags(etcd: EtcdCluster) -> dict[str, dict[str, object]]:
+    """The followers' lag the leader published (what `popmq admin cluster status` shows)."""
+    store = EtcdStore(etcd.endpoints)
+    try:
+        kvs, _ = await store.get_prefix(GroupKeys("/popmq/", GROUP).root + b"lag/")
+    finally:
+        await store.aclose()
+    return {kv.key.rsplit(b"/", 1)[1].decode(): decode(kv.value) for kv in kvs}
+
+
 async def wait_leader(etcd: EtcdCluster, within_s: float, not_: str = "") -> tuple[str, int]:
     with anyio.fail_after(within_s):
         while True:
@@ -191,6 +201,7 @@ async def test_kill_9_of_the_leader_loses_no_acknowledged_send(tmp_path: Path) -
                 for queue in queues:
                     tasks.start_soon(traffic.consume, queue)
                 await anyio.sleep(2)
+                lags = await reported_lags(etcd)
                 killed_at = time.monotonic()
                 await nodes[first].kill()
                 second, new_epoch = await wait_leader(etcd, RECOVERY_BOUND_S, not_=first)
@@ -214,6 +225,9 @@ async def test_kill_9_of_the_leader_loses_no_acknowledged_send(tmp_path: Path) -
               f"{len(traffic.unconsumed())} delivered with an unconfirmed ack and not again, "
               f"{traffic.receive_errors} receive errors "
               f"(last: {traffic.last_receive_error or '-'})")  # fmt: skip
+        print(f"lag reported before the kill: {lags}")
+        assert set(lags) == set(NODES) - {first}  # both followers, as numbers
+        assert all(isinstance(lag["lag_bytes"], int) for lag in lags.values())
         assert new_epoch > epoch
         assert traffic.lost() == [], f"acknowledged sends lost: {traffic.lost()[:10]}"
         assert recovered_s < RECOVERY_BOUND_S
