@@ -16,7 +16,7 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,6 +86,14 @@ async def leader_of(etcd: EtcdCluster) -> tuple[str, int] | None:
     finally:
         await store.aclose()
     return (str(decode(kv.value)["name"]), kv.create_revision) if kv else None
+
+
+async def retried(attempt: Callable[[], Awaitable[bool]]) -> None:
+    """Try until ``attempt()`` succeeds (the caller bounds the wait)."""
+    while True:
+        if await attempt():
+            return
+        await anyio.sleep(0.1)
 
 
 async def reported_lags(etcd: EtcdCluster) -> dict[str, dict[str, object]]:
@@ -278,3 +286,57 @@ async def test_a_paused_leader_acknowledges_nothing_once_replaced(tmp_path: Path
               f"{new_epoch}) after {elected_s:.2f}s; the zombie refused {refused} of "
               f"{refused} sends after SIGCONT")  # fmt: skip
         assert new_epoch > epoch
+
+
+async def test_etcd_down_the_leader_fences_itself_and_serves_again(tmp_path: Path) -> None:
+    """etcd (its only member) killed: nothing can be decided, so the leader stops
+    acknowledging within its lease and no other node leads; once etcd is back the group
+    serves again, and everything acknowledged is still there."""
+    async with group_behind_proxy(tmp_path) as (etcd, nodes, proxy):
+        first, _ = await wait_leader(etcd, 15)
+        leader = RemoteBrokerPort(GROUP, nodes[first].address, rpc_timeout_s=10)
+        acknowledged: list[bytes] = []
+        try:
+            async with AsyncClient(proxy.address, timeout_s=10) as client:
+
+                async def send(body: bytes) -> bool:
+                    try:
+                        ok = (await client.send([Message("e", body)]))[0].code == Code.OK
+                    except PopmqError:
+                        ok = False
+                    if ok:
+                        acknowledged.append(body)
+                    return ok
+
+                with anyio.fail_after(30):  # until a follower is in sync
+                    await retried(lambda: send(b"before"))
+                etcd.kill(0)
+                down_at = time.monotonic()
+                with anyio.fail_after(LEASE_TTL_S + 5):  # the fence: at most one lease
+                    while True:
+                        try:
+                            await leader.send([Message("e", b"direct")])
+                            acknowledged.append(b"direct")
+                        except RefusedError as error:
+                            if error.code == Code.HA_NOT_AVAILABLE:
+                                break
+                        await anyio.sleep(0.1)
+                fenced_s = time.monotonic() - down_at
+                assert not await send(b"while etcd is down")  # no node leads
+                await etcd.restart(0)
+                back_at = time.monotonic()
+                with anyio.fail_after(RECOVERY_BOUND_S):
+                    await retried(lambda: send(b"after"))
+                served_s = time.monotonic() - back_at
+                queues = await client.query_route("e")
+                seen: set[bytes] = set()
+                with anyio.fail_after(30):
+                    while not set(acknowledged) <= seen:
+                        for queue in queues:
+                            got = await client.receive("ce", queue, long_polling_ms=5_000)
+                            seen.update(m.body for m in got)
+        finally:
+            await leader.close()
+        print(f"\netcd killed: leader {first} refused writes after {fenced_s:.2f}s (lease "
+              f"{LEASE_TTL_S} s); etcd back: sends acknowledged after {served_s:.2f}s; "
+              f"{len(acknowledged)} acknowledged, all received")  # fmt: skip
