@@ -123,6 +123,18 @@ class PopConfig(Section):
         return int(parse_duration_ms(self.retry_levels[index]) * self.time_scale)
 
 
+class TransactionConfig(Section):
+    """Transactional messages' check-back (RocketMQ's transactionTimeOut,
+    transactionCheckInterval and transactionCheckMax)."""
+
+    # A half message is not checked before this (its CHECK_IMMUNITY_TIME_IN_SECONDS property
+    # may lengthen it).
+    check_immunity_ms: int = Field(6_000, ge=0)
+    check_interval_ms: int = Field(30_000, ge=10)
+    # Checks without an answer before the half message is parked for an operator.
+    max_checks: int = Field(15, ge=1)
+
+
 class PollingConfig(Section):
     """Broker-side hold table for pop, pull and notification long polls."""
 
@@ -202,6 +214,7 @@ class BrokerConfig(Section):
     groups: GroupDefaults = Field(default_factory=GroupDefaults)
     pop: PopConfig = Field(default_factory=PopConfig)
     polling: PollingConfig = Field(default_factory=PollingConfig)
+    transaction: TransactionConfig = Field(default_factory=TransactionConfig)
 
 
 class BrokerAddress(Section):
