@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from popmq.broker.contract.errors import Code, RefusedError
-from popmq.broker.contract.types import Message, StoredMessage
+from popmq.broker.contract.types import PROP_CHECK_IMMUNITY, Message, StoredMessage
 from popmq.broker.pop.queue_state import QueueState
 from popmq.broker.timer import stored_to_message
 
@@ -39,8 +39,6 @@ PROGRESS_GROUP = "%SYS%TRANS_PROGRESS"
 PROP_REAL_TOPIC = "__popmq.tx_topic"
 PROP_REAL_QUEUE = "__popmq.tx_queue"
 PROP_OP = "__popmq.tx_op"
-# RocketMQ's property: a half message is not checked before this many seconds.
-PROP_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 COMMIT, ROLLBACK, CHECK, PARK = "COMMIT", "ROLLBACK", "CHECK", "PARK"
 _ENDED_REMEMBERED = 100_000  # decisions kept for idempotent repeats (older: "ended")
 _SCAN_BATCH = 512
@@ -237,7 +235,12 @@ class TransactionService:
         return True
 
     async def _decide(self, half: HalfMessage, decision: str) -> None:
-        offset, message_id, topic, commit = half.offset, half.message_id, half.topic, decision == COMMIT
+        offset, message_id, topic, commit = (
+            half.offset,
+            half.message_id,
+            half.topic,
+            decision == COMMIT,
+        )
         if commit:
             stored = self.load(offset)
             if stored is None:

@@ -305,6 +305,9 @@ class ProxyConfig(Section):
     # The admin API on its own listener (same host and TLS); None = on the client port.
     admin_port: int | None = Field(None, ge=0, le=65535)
     broker_link: BrokerLinkConfig = Field(default_factory=BrokerLinkConfig)
+    # How often the proxy asks brokers for transactional half messages due for a check-back
+    # (the brokers' transaction.check_interval_ms spaces the checks of one message).
+    transaction_check_poll_ms: int = Field(1_000, ge=10)
 
     @model_validator(mode="after")
     def _ordered(self) -> ProxyConfig:

@@ -7,8 +7,13 @@ parks them. Virtual time (looptime, the broker on a LoopClock)."""
 import anyio
 import pytest
 from popmq.broker.contract.errors import Code, RefusedError
-from popmq.broker.contract.types import PROP_TRANSACTION, AckEntry, Message, PopRequest
-from popmq.broker.transactions import PROP_CHECK_IMMUNITY
+from popmq.broker.contract.types import (
+    PROP_CHECK_IMMUNITY,
+    PROP_TRANSACTION,
+    AckEntry,
+    Message,
+    PopRequest,
+)
 from support.brokers import fast_broker_config, running_broker
 
 from popmq.clock import LoopClock
