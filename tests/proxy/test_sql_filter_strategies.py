@@ -62,3 +62,25 @@ async def test_held_sql_receive_in_every_strategy(make_cluster, strategy: str) -
             await done.wait()
     status, bodies = answers[0]
     assert status.code == Code.OK and bodies == [b"yes"], (status, bodies)
+
+
+@pytest.mark.parametrize(
+    ("expression", "code"),
+    [("a > AND", Code.ILLEGAL_FILTER_EXPRESSION), ("a > 1 AND region IN ('eu')", Code.OK)],
+)
+async def test_telemetry_settings_check_sql_filters(cluster: Cluster, expression, code) -> None:
+    call = cluster.stub.Telemetry(metadata=cluster.metadata())
+    sql = pb.FilterExpression(type=pb.SQL, expression=expression)
+    settings = pb.Settings(
+        client_type=pb.SIMPLE_CONSUMER,
+        subscription=pb.Subscription(
+            group=pb.Resource(name=unique("g")),
+            subscriptions=[pb.SubscriptionEntry(topic=pb.Resource(name="t"), expression=sql)],
+        ),
+    )
+    await call.write(s.TelemetryCommand(settings=settings))
+    answer = await call.read()
+    call.cancel()
+    assert answer.status.code == code, answer.status
+    if code != Code.OK:
+        assert "SQL92" in answer.status.message
