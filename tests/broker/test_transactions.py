@@ -24,7 +24,10 @@ pytestmark = pytest.mark.looptime
 
 def _config(tmp_path, **tx) -> BrokerConfig:
     # Slow background scans: the virtual minutes here would cost thousands of 10 ms loops.
-    config = fast_broker_config(tmp_path, revive_scan_interval_ms=1_000)
+    config = fast_broker_config(tmp_path, revive_scan_interval_ms=1_000, checkpoint_buffer_ms=1_000)
+    config = config.model_copy(
+        update={"store": config.store.model_copy(update={"flush_interval_ms": 1_000})}
+    )
     settings = {"check_immunity_ms": 6_000, "check_interval_ms": 30_000, "max_checks": 3}
     settings.update(tx)
     return config.model_copy(update={"transaction": type(config.transaction)(**settings)})

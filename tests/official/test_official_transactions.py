@@ -38,8 +38,8 @@ def test_commit_delivers_and_rollback_discards(
     topic, group = unique("tx"), unique("g")
     consumer = open_client(deployment.endpoint, "simple", topics=[topic], group=group, await_s=2)
     producer = open_client(deployment.endpoint, "producer", topics=[topic], transactional=True)
-    committed = _ok(producer.call("tx_send", topic=topic, message={"body": "c1", "tag": "T",
-                                  "keys": ["k1"], "properties": {"p": "v"}}, end="commit"))  # fmt: skip
+    spec = {"body": "c1", "tag": "T", "keys": ["k1"], "properties": {"p": "v"}}
+    committed = _ok(producer.call("tx_send", topic=topic, message=spec, end="commit"))
     assert committed["transaction_id"]
     _ok(producer.call("tx_send", topic=topic, message={"body": "r1"}, end="rollback"))
     got = _ok(consumer.call("receive_until", count=1, timeout_s=30))
@@ -50,9 +50,7 @@ def test_commit_delivers_and_rollback_discards(
     assert _bodies(consumer, 1, 4) == []  # the rolled-back one never comes
 
 
-def test_check_back_commits_and_rolls_back(
-    deployment: Deployment, open_client: OpenClient
-) -> None:
+def test_check_back_commits_and_rolls_back(deployment: Deployment, open_client: OpenClient) -> None:
     topic, group = unique("txcheck"), unique("g")
     consumer = open_client(deployment.endpoint, "simple", topics=[topic], group=group, await_s=2)
     producer = open_client(deployment.endpoint, "producer", topics=[topic], transactional=True)
