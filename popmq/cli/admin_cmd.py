@@ -129,7 +129,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         resolve = tx_commands.add_parser(
             verb, help=f"{verb} an undecided transactional message (by its message id)"
         )
-        resolve.add_argument("message_id")
+        resolve.add_argument("message_id", help="its message id (as `transactions list` shows it)")
         resolve.set_defaults(func=_transactions_resolve, commit=commit)
 
     mode = commands.add_parser("set-consume-mode", help="POP (default) or PULL for a group")
