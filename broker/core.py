@@ -491,11 +491,11 @@ class Broker:
             records = await self._transactions.prepare([(m, t, q) for _, m, t, q in halves])
             self._metrics.transactions_prepared(len(records))
             for (position, _, topic, target), record in zip(halves, records, strict=True):
-                ticket = TransactionTicket(self.name, topic, record.queue_offset,
-                                           record.message_id)  # fmt: skip
+                tx_ticket = TransactionTicket(self.name, topic, record.queue_offset,
+                                              record.message_id)  # fmt: skip
                 results[position] = SendResult(
                     record.message_id, topic, target, -1, self.name,
-                    transaction_id=seal_transaction(self.engine.keyring, ticket),
+                    transaction_id=seal_transaction(self.engine.keyring, tx_ticket),
                 )  # fmt: skip
         return [result for result in results if result is not None]
 
