@@ -14,17 +14,18 @@ NODE_CLIENT_PACKAGE := rocketmq-client-nodejs@1.0.8
 HAVE_NODE := $(and $(shell command -v node 2>/dev/null),$(shell command -v npm 2>/dev/null))
 PYTEST_ARGS ?=
 
-.PHONY: run test check install client-venv node-client lint protos clean
+.PHONY: run test check install client-venv node-client chromium lint protos clean
 
-# `make run` needs popmq alone; `make install` (tests, lint) adds the test and Spark extras.
+# `make run` needs popmq and its console; `make install` (tests, lint) adds the test and Spark
+# extras.
 $(VENV)/.runnable: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[console]'
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.runnable
-	$(PY) -m pip install -q -e '.[test,spark]'
+	$(PY) -m pip install -q -e '.[test,spark,console]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -44,6 +45,11 @@ $(NODE_CLIENT)/.installed:
 
 node-client: $(NODE_CLIENT)/.installed
 
+# tests/console drive Debian's chromium through Playwright (never `playwright install`: no
+# browser download). CI runs as root; elsewhere install it once with sudo.
+chromium:
+	@command -v chromium > /dev/null || (apt-get update -q && apt-get install -y -q chromium)
+
 run: $(VENV)/.runnable
 	$(VENV)/bin/popmq serve --host 127.0.0.1 --port 8081 --brokers 3 --data-dir ./data
 
@@ -59,7 +65,7 @@ lint: install
 	cd build/layers && ../../$(VENV)/bin/lint-imports --config ../../pyproject.toml
 	cd build/layers && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml --cache-dir ../../.mypy_cache -p popmq
 
-test: install client-venv $(if $(HAVE_NODE),node-client) lint
+test: install client-venv chromium $(if $(HAVE_NODE),node-client) lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The fast inner loop: lint, then every test that starts no other process. Tests that start

@@ -18,9 +18,16 @@ def mapped(prefix: str, folder: str) -> list[str]:
 packages = find_packages(include=["popmq", "popmq.*", "pyspark_popmq", "pyspark_popmq.*"])
 for prefix, folder in MAPPED.items():
     packages += mapped(prefix, folder)
+# The console's templates and assets: data folders, listed so setuptools ships them as such.
+packages += ["popmq.console.templates", "popmq.console.static"]
 
 setup(
     packages=packages,
     package_dir=MAPPED,
-    package_data={"popmq": ["py.typed"], "popmq.pb": ["**/*.pyi"]},
+    package_data={
+        "popmq": ["py.typed"],
+        "popmq.pb": ["**/*.pyi"],
+        "popmq.console.templates": ["*.html"],
+        "popmq.console.static": ["*.css", "*.js"],
+    },
 )

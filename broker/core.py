@@ -31,6 +31,7 @@ from popmq.broker.contract.message_types import (
     message_kind,
     parse_message_type,
 )
+from popmq.broker.contract.queues import queue_for_group
 from popmq.broker.contract.types import (
     PROP_TRANSACTION,
     SYSTEM_PREFIX,
@@ -68,7 +69,7 @@ from popmq.broker.pop.journal import PopJournal
 from popmq.broker.pop.ledger import CheckpointLedger
 from popmq.broker.pop.names import check_group, check_topic, is_system_topic
 from popmq.broker.pop.revive import ReviveService
-from popmq.broker.pop.selection import RoundRobin, queue_for_group
+from popmq.broker.pop.selection import RoundRobin
 from popmq.broker.recall_handle import RecallTicket, open_recall, seal_recall
 from popmq.broker.store import MessageStore, TopicMeta
 from popmq.broker.store.damage import MetadataFallback, Quarantine
@@ -187,10 +188,6 @@ class Broker:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def aclose(self) -> None:
-        """Stop: held pops answer, the background loops end, state is made durable."""
-        await self.stop()
-
     async def start(self) -> None:
         if self._started:
             return
@@ -271,7 +268,16 @@ class Broker:
         )
         self._revive.failures = self._failure_tracker()
 
-    async def stop(self) -> None:
+    def journal_in_flight(self) -> None:
+        """Journal every checkpoint in flight now, not after ``checkpoint_buffer_ms``: with
+        replication a pop's handle and its acks must reach the followers (the journal is
+        what they copy)."""
+        if self._ledger is not None and self._journal is not None:
+            self._ledger.spill(self._clock(), buffer_ms=-(1 << 62))
+            self._journal.flush()
+
+    async def aclose(self) -> None:
+        """Stop: held pops answer, the background loops end, state is made durable."""
         if not self._started:
             return
         self._started = False

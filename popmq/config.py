@@ -25,6 +25,14 @@ from pydantic_settings import (
 
 ENV_PREFIX = "POPMQ_"
 
+# Copies of one request's bytes a process holds while serving it, measured with psutil on
+# real processes (docs/operations.md, sizing): grpc's buffer, the decoded protobuf, the
+# conversions, the broker link's frame and grpc's send buffer. The Helm chart's memory limits
+# are checked against these (tests/deploy/test_memory_sizing.py).
+BROKER_COPIES_PER_REQUEST = 4  # a 100 MiB send: +419 MB
+PROXY_COPIES_PER_REQUEST = 10  # a 32 x 4 MiB send (134 MB): +1,226 MB
+PROCESS_BASELINE_BYTES = 128 << 20  # an idle broker or proxy: ~80 MB, with room
+
 # RocketMQ's messageDelayLevel, the backoff between POP redeliveries.
 DEFAULT_RETRY_LEVELS = [
     "1s", "5s", "10s", "30s", "1m", "2m", "3m", "4m", "5m", "6m",
@@ -191,6 +199,37 @@ class BrokerLinkConfig(Section):
         return self
 
 
+class ReplicationConfig(Section):
+    """Copies of this broker on other nodes of its group (broker/replication). Off by default:
+    a broker is then a group of one, exactly as without the section."""
+
+    # sync: a send, ack or invisible-time change is answered once min_in_sync nodes (this one
+    # counted) made it durable; async: answered at once, copied right after (a leader crash
+    # loses what was not copied yet); off: no replication.
+    mode: Literal["off", "sync", "async"] = "off"
+    # This node's name in the in-sync set (default: NAME@HOST:PORT). The broker name
+    # (broker.name) is the group's: every node of a group has the same one.
+    node: str | None = None
+    # RocketMQ's minInSyncReplicas; below it sends are refused (HA_NOT_AVAILABLE).
+    min_in_sync: int = Field(1, ge=1, le=16)
+    # RocketMQ's haMaxTimeSlaveNotCatchup: a follower behind for longer leaves the in-sync set.
+    max_lag_s: float = Field(15.0, gt=0)
+    # How long a write waits for the in-sync followers (then SLAVE_PERSISTENCE_TIMEOUT).
+    sync_timeout_ms: int = Field(3_000, ge=1)
+    # How often a leader looks for changes to send when no write waits for them.
+    poll_ms: int = Field(100, ge=1, le=10_000)
+    # The role when no election decides it (static): leader or follower of `leader` (host:port).
+    role: Literal["leader", "follower"] = "leader"
+    epoch: int = Field(1, ge=1)
+    leader: str | None = None
+
+    @model_validator(mode="after")
+    def _follower_needs_leader(self) -> ReplicationConfig:
+        if self.mode != "off" and self.role == "follower" and not self.leader:
+            raise ValueError("replication.role follower needs replication.leader (host:port)")
+        return self
+
+
 class BrokerConfig(Section):
     name: str = "broker-a"
     # brokerClusterName: the `cluster` label of the rocketmq_* metrics.
@@ -206,6 +245,15 @@ class BrokerConfig(Section):
     tls: TlsConfig = Field(default_factory=TlsConfig)
     # A file holding the shared cluster token proxies must present (x-popmq-cluster-token).
     cluster_token_file: Path | None = None
+    # Bytes of one gRPC message on the broker port, either way: a proxy's batch send in, a
+    # full pop batch out (32 bodies of 4 MiB plus headroom). The broker holds about
+    # BROKER_COPIES_PER_REQUEST copies of a request while it serves it: keep this times that
+    # well under the pod's memory (docs/operations.md, sizing). Callers without the cluster
+    # token are refused from their headers, before any of their request is read.
+    max_message_bytes: int = Field(256 * 1024 * 1024, ge=1 << 20, le=2**31 - 1)
+    # Bytes of sends in flight at once (popmq.budget); past it a send waits 200 ms for room,
+    # then is refused with TOO_MANY_REQUESTS. One send larger than this passes alone.
+    max_inflight_bytes: int = Field(256 * 1024 * 1024, ge=1 << 20)
     # Serve Prometheus /metrics on this port of `host` (None: not at all; 0: any free port).
     # `popmq serve` ignores it: embedded brokers' metrics are on the proxy's endpoint.
     metrics_port: int | None = Field(None, ge=0, le=65535)
@@ -215,6 +263,7 @@ class BrokerConfig(Section):
     pop: PopConfig = Field(default_factory=PopConfig)
     polling: PollingConfig = Field(default_factory=PollingConfig)
     transaction: TransactionConfig = Field(default_factory=TransactionConfig)
+    replication: ReplicationConfig = Field(default_factory=ReplicationConfig)
 
 
 class BrokerAddress(Section):
@@ -283,6 +332,14 @@ class ProxyConfig(Section):
     # grpcMaxInboundMessageSize, 32 maximal bodies plus 2 MiB. Each request is decoded (into
     # memory) before it is authenticated: lower it where batch sends are small and memory is.
     max_request_bytes: int | None = Field(None, ge=1024)
+    # A ReceiveMessage or PullMessage stream whose client takes no frame for this long is
+    # ended: its unsent messages are released (visible again at once), its long-poll slot freed.
+    write_stall_timeout_ms: int = Field(30_000, ge=100)
+    # Bytes of sends and of receive answers in flight at once (popmq.budget): past it a call
+    # waits 200 ms for room, then is refused with TOO_MANY_REQUESTS (a refused receive's
+    # messages are released at once). The proxy holds about PROXY_COPIES_PER_REQUEST copies
+    # of what is in flight: see docs/operations.md, sizing.
+    max_inflight_bytes: int = Field(160 * 1024 * 1024, ge=1 << 20)
     # Admission control: receives held at once, past which TOO_MANY_REQUESTS answers at once.
     max_long_polls: int = Field(10_000, ge=1)
     max_long_polls_per_client: int = Field(1_000, ge=1)  # per client id (or peer address)
@@ -323,6 +380,8 @@ class ServeConfig(Section):
 
     brokers: int = Field(3, ge=1, le=64)
     data_dir: Path = Path("./data")
+    # The web console beside the proxy, on 127.0.0.1 (0: no console). Needs popmq[console].
+    console_port: int = Field(8080, ge=0, le=65535)
 
 
 class TracingConfig(Section):

@@ -9,7 +9,6 @@ within CACHE_TTL_S.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import time
@@ -25,6 +24,7 @@ from popmq.broker.contract.message_types import (
     parse_message_type,
 )
 from popmq.broker.contract.port import BrokerPort
+from popmq.broker.contract.queues import queue_for_group
 from popmq.broker.contract.types import GroupConfig, TopicInfo
 from popmq.broker.pop.handle import peek_broker_name
 
@@ -228,8 +228,7 @@ class BrokerCluster:
         """Round robin over the topic's queues; a FIFO message group always maps to one queue."""
         queues = route.queues
         if message_group:
-            digest = hashlib.blake2b(message_group.encode(), digest_size=8).digest()
-            return queues[int.from_bytes(digest, "big") % len(queues)]
+            return queues[queue_for_group(message_group, len(queues))]
         return queues[next(self._round_robin) % len(queues)]
 
     # -- broker health ----------------------------------------------------------------------

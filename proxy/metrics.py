@@ -139,6 +139,18 @@ class ProxyMetrics:
             "Check-backs of undecided transactional messages sent to producers over their "
             "Telemetry streams (RecoverOrphanedTransactionCommand)", registry=r,
         )  # fmt: skip
+        self.budget_refusals = Counter(
+            "popmq_proxy_memory_budget_refusals",
+            "Sends and receive answers refused with TOO_MANY_REQUESTS because the bytes in "
+            "flight were at proxy.max_inflight_bytes",
+            registry=r,
+        )  # fmt: skip
+        self.stalled_streams = Counter(
+            "popmq_proxy_stalled_streams",
+            "Receive and pull streams ended because their client read nothing for "
+            "proxy.write_stall_timeout_ms (their unsent messages released)",
+            ["method"], registry=r,
+        )  # fmt: skip
         self.late_answers = Counter(
             "popmq_proxy_late_receive_answers",
             "Receive calls whose answer was finished after the client's deadline (should be 0; "

@@ -36,22 +36,25 @@ async def embedded_brokers(config: PopmqConfig) -> AsyncIterator[list[BrokerPort
     from popmq.broker.core import Broker
     from popmq.broker.local import LocalBrokerPort
 
-    started: list[Any] = []
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        started: list[Broker] = []
         for name in embedded_broker_names(config.serve.brokers):
             broker_config = config.broker.model_copy(
                 update={"name": name, "data_dir": config.serve.data_dir / name}
             )
             broker = Broker(broker_config)
             await broker.start()
+            stack.push_async_callback(_close_logged, broker)  # closed in reverse order
             started.append(broker)
         yield [LocalBrokerPort(broker) for broker in started]
-    finally:
-        for broker in reversed(started):
-            try:
-                await broker.stop()
-            except Exception:
-                log.exception("broker %s did not stop cleanly", broker)
+
+
+async def _close_logged(broker: Any) -> None:
+    """One broker failing to close must not keep the others open."""
+    try:
+        await broker.aclose()
+    except Exception:
+        log.exception("broker %s did not stop cleanly", broker)
 
 
 def remote_brokers(config: PopmqConfig) -> list[BrokerPort]:
@@ -82,28 +85,28 @@ async def serve_proxy(
     # `popmq serve`: the embedded brokers' metrics are served on the proxy's endpoint too.
     brokers = embedded_registries(ports)
     registry = merged_registry([metrics.registry, *brokers]) if brokers else metrics.registry
-    with metrics_endpoint(proxy.metrics_port, registry, proxy.host) as http:
+    # Closed in reverse: the broker watch, the server, the metrics endpoint.
+    async with contextlib.AsyncExitStack() as stack:
+        http = stack.enter_context(metrics_endpoint(proxy.metrics_port, registry, proxy.host))
         server = ProxyServer(config, ports, metrics=metrics)
         await server.start()
-        try:
-            # The runtime's own task group: the broker watch ends with it, before the server.
-            async with anyio.create_task_group() as group:
-                if proxy.brokers and not brokers:  # cluster mode: say when one is unreachable
-                    group.start_soon(watch_brokers, proxy.brokers, metrics, proxy.broker_link)
-                else:
-                    for port in ports:
-                        metrics.broker_up.labels(port.name).set(1)
-                if http is not None:
-                    log.info("metrics on http://%s:%d/metrics", proxy.host, http.server_port)
-                    announce(f"popmq metrics on {proxy.host}:{http.server_port}")
-                announce(f"popmq proxy listening on {proxy.host}:{server.port}")
-                if server.admin_port is not None:
-                    announce(f"popmq admin listening on {proxy.host}:{server.admin_port}")
-                await stop.wait()
-                log.info("stopping proxy")
-                group.cancel_scope.cancel()
-        finally:
-            await server.stop(STOP_GRACE_S)
+        stack.push_async_callback(server.aclose, STOP_GRACE_S)
+        # The runtime's own task group: the broker watch ends with it, before the server.
+        async with anyio.create_task_group() as group:
+            if proxy.brokers and not brokers:  # cluster mode: say when one is unreachable
+                group.start_soon(watch_brokers, proxy.brokers, metrics, proxy.broker_link)
+            else:
+                for port in ports:
+                    metrics.broker_up.labels(port.name).set(1)
+            if http is not None:
+                log.info("metrics on http://%s:%d/metrics", proxy.host, http.server_port)
+                announce(f"popmq metrics on {proxy.host}:{http.server_port}")
+            announce(f"popmq proxy listening on {proxy.host}:{server.port}")
+            if server.admin_port is not None:
+                announce(f"popmq admin listening on {proxy.host}:{server.admin_port}")
+            await stop.wait()
+            log.info("stopping proxy")
+            group.cancel_scope.cancel()
 
 
 @contextlib.contextmanager

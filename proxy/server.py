@@ -3,7 +3,7 @@
     server = ProxyServer(config, ports)     # ports: BrokerPort, in-process or remote
     port = await server.start()             # bound port (config.proxy.port 0 picks one)
     ...
-    await server.stop()
+    await server.aclose()           # or: async with ProxyServer(config, ports) as server
 
 The server does not own the brokers behind the ports (embedded mode closes them itself), but
 it closes the ports (remote ports close their channels).
@@ -164,7 +164,7 @@ class ProxyServer:
         # Undecodable bodies answer INVALID_ARGUMENT (counted, logged at a bounded rate).
         add_tolerant(
             service_pb2_grpc.add_MessagingServiceServicer_to_server,
-            MessagingServicer(self.core, self.metrics, self.streams),
+            MessagingServicer(self.core, self.metrics, proxy, self.streams),
             server,
             lambda method: self.metrics.rpc_requests.labels(method, "INVALID_ARGUMENT").inc(),
         )
@@ -208,7 +208,11 @@ class ProxyServer:
     def _add_admin(self, server: grpc.aio.Server) -> None:
         from popmq.proxy.admin.service import add_admin_service  # the admin API is optional
 
-        add_admin_service(server, self.core.admin)
+        add_admin_service(
+            server,
+            self.core.admin,
+            lambda method: self.metrics.rpc_requests.labels(method, "INVALID_ARGUMENT").inc(),
+        )
 
     async def __aenter__(self) -> ProxyServer:
         await self.start()  # returns once the server is bound and serving
@@ -218,9 +222,6 @@ class ProxyServer:
         await self.aclose()
 
     async def aclose(self, grace_s: float = 1.0) -> None:
-        await self.stop(grace_s)
-
-    async def stop(self, grace_s: float = 1.0) -> None:
         """Stop taking calls, let running ones end for grace_s, then release everything.
 
         Held receives do not wait for the grace to run out: they are answered at once with

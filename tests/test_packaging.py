@@ -31,7 +31,9 @@ def test_the_wheel_installs_only_the_popmq_namespace(tmp_path: Path) -> None:
     top_level = {name.split("/")[0] for name in names if ".dist-info/" not in name}
     assert top_level <= ALLOWED_TOP_LEVEL, f"unexpected top-level names: {top_level}"
     shipped = ["popmq/broker/core.py", "popmq/broker/store/commitlog.py", "popmq/proxy/server.py",
-               "popmq/proxy/longpoll/notify.py", "popmq/spark/__init__.py"]  # fmt: skip
+               "popmq/proxy/longpoll/notify.py", "popmq/spark/__init__.py",
+               "popmq/console/templates/base.html", "popmq/console/static/console.js",
+               "popmq/console/static/console.css"]  # fmt: skip
     for module in shipped:
         assert module in names, module
     assert not any(name.startswith("popmq/") and "/tests/" in name for name in names)

@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 import random
-import zlib
 from collections.abc import Hashable
-
-
-def queue_for_group(message_group: str, queue_count: int) -> int:
-    """FIFO: one message group always maps to the same queue (a stable hash, not hash())."""
-    return zlib.crc32(message_group.encode()) % queue_count
 
 
 class RoundRobin:

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+import anyio
 from popmq.broker.contract.errors import BrokerAuthError, BrokerUnavailableError, Code, RefusedError
 
 from popmq.errors import TransportError
@@ -107,7 +108,7 @@ class Coalescer(Generic[K, I, R]):
     async def run(self) -> None:
         """Flush every window's batches until cancelled (batches in flight are awaited)."""
         try:
-            async with asyncio.TaskGroup() as flushes:
+            async with anyio.create_task_group() as flushes:
                 while True:
                     await self._ready.wait()
                     await self._sleep(self._window_s)  # the window: let more items join
@@ -115,7 +116,9 @@ class Coalescer(Generic[K, I, R]):
                     due = self._closed + list(self._open.items())
                     self._closed, self._open = [], {}
                     for key, batch in due:
-                        flushes.create_task(self._flush(key, batch), context=batch.context)
+                        # Each flush runs in its first caller's context (trace span and all).
+                        context = batch.context or contextvars.copy_context()
+                        context.run(flushes.start_soon, self._flush, key, batch)
         finally:  # closing: whoever still waits is told, never left hanging
             stopped = BrokerUnavailableError("(coalescer)", "the link is closing")
             for _, batch in self._closed + list(self._open.items()):
@@ -162,11 +165,9 @@ class Coalescer(Generic[K, I, R]):
     async def _one_by_one(self, key: K, batch: _Batch[I, R]) -> None:
         """A refused batch: each caller's items again on their own, for its own answer, all
         at once (one after another, the last caller waited for every other's round trip)."""
-        async with asyncio.TaskGroup() as retries:
+        async with anyio.create_task_group() as retries:
             for caller in batch.callers:
-                retries.create_task(
-                    self._alone(key, batch.items[caller.start : caller.end], caller)
-                )
+                retries.start_soon(self._alone, key, batch.items[caller.start : caller.end], caller)
 
     async def _alone(self, key: K, items: list[I], caller: _Caller[R]) -> None:
         try:

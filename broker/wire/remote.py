@@ -15,13 +15,13 @@ does not know the Call method gets unary calls from then on.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import anyio
 import grpc
 from popmq.broker.contract.errors import (
     BrokerAuthError,
@@ -190,11 +190,11 @@ class RemoteBrokerPort:
     async def _run_link(self) -> None:
         requests = self._requests
         assert requests is not None
-        async with asyncio.TaskGroup() as group:
-            group.create_task(requests.run())
+        async with anyio.create_task_group() as group:
+            group.start_soon(requests.run)
             for coalescer in (self._acks, self._sends):
                 if coalescer is not None:
-                    group.create_task(coalescer.run())
+                    group.start_soon(coalescer.run)
 
     async def _linked(
         self,

@@ -34,6 +34,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, TypeVar
 
+import anyio
 import grpc
 from opentelemetry import propagate, trace
 from popmq.broker.contract.errors import (
@@ -191,9 +192,9 @@ class RequestLink:
         self._ids = itertools.count(1)
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
+        async with anyio.create_task_group() as group:
             for stream in self.streams:
-                group.create_task(stream.run(), name=f"link-stream:{self._broker}")
+                group.start_soon(stream.run, name=f"link-stream:{self._broker}")
 
     def close(self) -> None:
         for stream in self.streams:

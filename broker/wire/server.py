@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+import anyio
 import grpc
 from google.protobuf.message import Message as ProtoMessage
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -25,6 +26,7 @@ from popmq.broker.wire import convert
 from popmq.broker.wire.request_link import LINK_HEADROOM_BYTES, frames
 from popmq.broker.wire.undecodable import add_tolerant
 
+from popmq.budget import MemoryBudget
 from popmq.config import BrokerConfig
 from popmq.lifecycle import Job, TaskOwner
 from popmq.pb.broker.v1 import broker_pb2 as pb
@@ -38,12 +40,20 @@ log = logging.getLogger(__name__)
 R = TypeVar("R", bound=ProtoMessage)
 
 SERVICE_NAME = "popmq.broker.v1.BrokerService"
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a full pop batch of large bodies must fit
+# A full pop batch of large bodies must fit; the default of broker.max_message_bytes.
+MAX_MESSAGE_BYTES = BrokerConfig.model_fields["max_message_bytes"].default
+
+
+def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        *SERVER_OPTIONS,
+    ]
+
 
 # Proxies keep long polls open without sending data; let their keepalive pings through.
 SERVER_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_ping_strikes", 0),
@@ -67,8 +77,16 @@ async def _answer(response_cls: type[R], work: Awaitable[R]) -> R:
 class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     """popmq.broker.v1.BrokerService on top of one BrokerPort."""
 
-    def __init__(self, port: BrokerPort) -> None:
+    def __init__(
+        self,
+        port: BrokerPort,
+        max_message_bytes: int | None = None,
+        max_inflight_bytes: int = BrokerConfig.model_fields["max_inflight_bytes"].default,
+    ) -> None:
         self._port = port
+        self._max_message_bytes = max_message_bytes
+        # Sends in flight (popmq.budget): a crowd of large ones is refused, not OOM-killed.
+        self._budget = MemoryBudget(max_inflight_bytes, f"broker {port.name}")
 
     async def Describe(self, request: pb.DescribeRequest, context: object) -> pb.DescribeResponse:
         return pb.DescribeResponse(status=convert.ok_status(), name=self._port.name)
@@ -77,8 +95,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     async def Send(self, request: pb.SendRequest, context: object) -> pb.SendResponse:
         async def work() -> pb.SendResponse:
-            messages = [convert.message_from_proto(m) for m in request.messages]
-            results = await self._port.send(messages, request.queue_id)
+            async with self._budget.hold(request.ByteSize()):
+                messages = [convert.message_from_proto(m) for m in request.messages]
+                results = await self._port.send(messages, request.queue_id)
             return pb.SendResponse(
                 status=convert.ok_status(),
                 results=[convert.send_result_to_proto(r) for r in results],
@@ -232,9 +251,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         concurrently, and answered by id in completion order. Ends once the proxy closed its
         side and every request it sent was answered; the proxy's going away cancels them all."""
         answers: asyncio.Queue[pb.LinkResponse | None] = asyncio.Queue()
-        held: dict[int, asyncio.Task[None]] = {}
+        held: dict[int, anyio.CancelScope] = {}
 
-        async def serve(request: pb.LinkRequest, kind: str) -> None:
+        async def serve(request: pb.LinkRequest, kind: str, scope: anyio.CancelScope) -> None:
+            with scope:  # the proxy's cancel for this id ends it, unanswered
+                await reply(request, kind)
+
+        async def reply(request: pb.LinkRequest, kind: str) -> None:
             try:
                 method = getattr(self, _LINKED[kind])
                 if request.trace_context:  # the proxy traces this request: continue it
@@ -246,13 +269,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                 held.pop(request.id, None)
             answer = pb.LinkResponse(id=request.id, **{kind: response})
             size = answer.ByteSize()
-            if size > MAX_MESSAGE_BYTES - LINK_HEADROOM_BYTES:
+            limit = self._max_message_bytes or MAX_MESSAGE_BYTES
+            if size > limit - LINK_HEADROOM_BYTES:
                 # Written, it would end the stream and fail every request on it: this one
                 # fails alone (a pop's messages come back after their invisible time).
                 log.warning("a %s answer of %d bytes is past the link's message limit", kind, size)
                 status = pb.Status(code=Code.PAYLOAD_TOO_LARGE, message=(
                     f"the {kind} answer is {size} bytes, more than the broker link's message "
-                    f"limit ({MAX_MESSAGE_BYTES}); ask for fewer messages (proxy.max_batch) or "
+                    f"limit ({limit}); ask for fewer messages (proxy.max_batch) or "
                     "lower the body size limit (max_body_bytes)"))  # fmt: skip
                 answer = pb.LinkResponse(id=request.id, **{kind: type(response)(status=status)})
             answers.put_nowait(answer)
@@ -261,19 +285,20 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             async for batch in frames(answers):
                 await context.write(pb.LinkResponses(responses=batch))
 
-        async with asyncio.TaskGroup() as stream:
-            stream.create_task(write())
+        async with anyio.create_task_group() as stream:
+            stream.start_soon(write)
             try:
-                async with asyncio.TaskGroup() as calls:
+                async with anyio.create_task_group() as calls:
                     async for batch in request_iterator:
                         for request in batch.requests:
                             kind = request.WhichOneof("call")
                             if kind == "cancel":
-                                task = held.pop(request.id, None)
-                                if task is not None:
-                                    task.cancel()
+                                scope = held.pop(request.id, None)
+                                if scope is not None:
+                                    scope.cancel()
                             elif kind in _LINKED:
-                                held[request.id] = calls.create_task(serve(request, kind))
+                                scope = held[request.id] = anyio.CancelScope()
+                                calls.start_soon(serve, request, kind, scope)
                             else:  # an empty call: answered empty, the proxy reports it
                                 answers.put_nowait(pb.LinkResponse(id=request.id))
             finally:
@@ -439,8 +464,11 @@ class BrokerGrpcServer:
         port_number: int = 0,
         *,
         config: BrokerConfig | None = None,
+        services: Sequence[Callable[[grpc.aio.Server], object]] = (),
     ) -> None:
         self._port = port
+        # More services on the same port and credentials (replication between brokers).
+        self._services = tuple(services)
         # TLS and the cluster token (popmq.security.link); None: plaintext, open (tests).
         self._config = config
         self._host = host
@@ -460,6 +488,13 @@ class BrokerGrpcServer:
         """host:port to give a RemoteBrokerPort."""
         return f"{self._host}:{self.bound_port}"
 
+    async def __aenter__(self) -> BrokerGrpcServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("BrokerGrpcServer already started")
@@ -469,11 +504,20 @@ class BrokerGrpcServer:
             *server_interceptors(),
             *(link.server_interceptors(config) if config else []),
         ]
-        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors or None)
+        limit = config.max_message_bytes if config else MAX_MESSAGE_BYTES
+        server = grpc.aio.server(options=server_options(limit), interceptors=interceptors or None)
         # Undecodable bodies answer INVALID_ARGUMENT with a rate-limited log line.
         add_tolerant(
-            broker_pb2_grpc.add_BrokerServiceServicer_to_server, BrokerServicer(self._port), server
+            broker_pb2_grpc.add_BrokerServiceServicer_to_server,
+            BrokerServicer(
+                self._port,
+                config.max_message_bytes if config else None,
+                *([config.max_inflight_bytes] if config else []),
+            ),
+            server,
         )
+        for add_service in self._services:
+            add_service(server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         enable_reflection(server, [SERVICE_NAME, "grpc.health.v1.Health"])
@@ -493,7 +537,7 @@ class BrokerGrpcServer:
         await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         self._server, self._health, self._bound_port = server, health, bound
 
-    async def stop(self, grace_s: float | None = 1.0) -> None:
+    async def aclose(self, grace_s: float | None = 1.0) -> None:
         """Stop accepting calls; in-flight calls get grace_s to finish, then are cancelled
         (which cancels the port calls they hold)."""
         server, health = self._server, self._health

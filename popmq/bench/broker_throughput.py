@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from popmq.bench import progress as live
 from popmq.bench.brokers import local_broker, remote_broker
 from popmq.broker.contract.port import BrokerPort
@@ -51,9 +53,9 @@ async def _send_all(
             live.count(n)
 
     started = time.perf_counter()
-    async with asyncio.TaskGroup() as group:
+    async with anyio.create_task_group() as group:
         for _ in range(producers):
-            group.create_task(produce())
+            group.start_soon(produce)
     return per_task * producers / (time.perf_counter() - started)
 
 
@@ -78,9 +80,9 @@ async def _pop_ack_all(
             live.count(len(entries))
 
     started = time.perf_counter()
-    async with asyncio.TaskGroup() as group:
+    async with anyio.create_task_group() as group:
         for _ in range(consumers):
-            group.create_task(consume())
+            group.start_soon(consume)
     return done / (time.perf_counter() - started), done
 
 

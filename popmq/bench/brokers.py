@@ -25,7 +25,7 @@ async def local_broker(config: BrokerConfig) -> AsyncIterator[BrokerPort]:
     try:
         yield LocalBrokerPort(broker)
     finally:
-        await broker.stop()
+        await broker.aclose()
 
 
 def process_cpu_s(pid: int) -> float:

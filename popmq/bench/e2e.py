@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from popmq.bench import progress as live
 from popmq.bench.process_stats import cpu_seconds
 from popmq.bench.table_text import grid
@@ -95,7 +97,7 @@ async def _brokers(count: int, queues: int, root: Path) -> AsyncIterator[list[An
             config = BrokerConfig(name=f"broker-{index}", data_dir=root / f"broker-{index}")
             broker = Broker(config)
             await broker.start()
-            stack.push_async_callback(broker.stop)
+            stack.push_async_callback(broker.aclose)
             port = LocalBrokerPort(broker)
             await port.create_topic(TOPIC, queues)
             ports.append(port)
@@ -345,17 +347,18 @@ async def _drive(
 
     async def producers() -> None:
         plan = _batches(params["messages"], params["send_batch"], params["producers"])
-        async with asyncio.TaskGroup() as group:
+        async with anyio.create_task_group() as group:
             for sizes in plan:
-                group.create_task(produce(sizes))
+                group.start_soon(produce, sizes)
         progress.send_done_s = time.perf_counter() - started
 
-    async with asyncio.TaskGroup() as group:
-        group.create_task(producers())
-        consumers = [group.create_task(consume(i)) for i in range(params["consumers"])]
-        await progress.done.wait()
-        for task in consumers:
-            task.cancel()
+    async with anyio.create_task_group() as group:
+        group.start_soon(producers)
+        async with anyio.create_task_group() as consumers:
+            for i in range(params["consumers"]):
+                consumers.start_soon(consume, i)
+            await progress.done.wait()
+            consumers.cancel_scope.cancel()
     elapsed = time.perf_counter() - started
     cpu_after = (_cpu_s(), server_cpu(), brokers_cpu())
     acked = max(progress.acked, 1)

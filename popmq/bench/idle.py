@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 from prometheus_client.parser import text_string_to_metric_families
 
 from popmq.bench import progress as live
@@ -285,13 +286,13 @@ async def _run_strategy(
         try:
             route = await clients[0].query_route(TOPIC)
             ramp_s: float = params["ramp_s"]
-            async with asyncio.TaskGroup() as group:
-                pollers = []
+            async with anyio.create_task_group() as pollers:
                 for i in range(long_polls):
                     client, queue = clients[i % len(clients)], route[i % len(route)]
                     delay_s = ramp_s * i / long_polls
-                    poller = _poll_forever(client, queue, delay_s, params["await_ms"], stats)
-                    pollers.append(group.create_task(poller))
+                    pollers.start_soon(
+                        _poll_forever, client, queue, delay_s, params["await_ms"], stats
+                    )
 
                 async def all_waiting() -> bool:
                     if stats.started < long_polls:
@@ -304,8 +305,7 @@ async def _run_strategy(
                 await _wait_for(all_waiting, ramp_s + START_TIMEOUT_S, "every long poll")
                 await asyncio.sleep(params["settle_s"])
                 figures = await _measure(proxy, brokers, params, stats, rss_base)
-                for task in pollers:
-                    task.cancel()
+                pollers.cancel_scope.cancel()
         finally:
             for client in clients:
                 await client.close()

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from popmq.bench import progress as live
 from popmq.bench.brokers import local_broker, process_cpu_s, remote_broker
 from popmq.bench.table_text import grid
@@ -179,31 +181,25 @@ async def _run_one(
             cpu_before = time.process_time()
             brokers_before = sum(process_cpu_s(pid) for pid in pids)
             wall_before = time.perf_counter()
-            async with asyncio.TaskGroup() as group:
-                watcher = group.create_task(_watch_loop(record))
-                consumer_tasks = [
-                    group.create_task(_consume(i, ports, strategy, metrics, record, await_ms))
-                    for i in range(consumers)
-                ]
+            async with anyio.create_task_group() as group:  # the watcher and the consumers
+                group.start_soon(_watch_loop, record)
+                for i in range(consumers):
+                    group.start_soon(_consume, i, ports, strategy, metrics, record, await_ms)
                 await asyncio.sleep(WARMUP_S)
                 producers = max(1, min(16, int(rate // 200) + 1))  # sleep granularity
-                producer_tasks = [
-                    group.create_task(_produce(ports, rate / producers, rng, record, body))
-                    for _ in range(producers)
-                ]
-                produce_started = time.perf_counter()
-                await asyncio.sleep(duration_s)
-                for task in producer_tasks:
-                    task.cancel()
+                async with anyio.create_task_group() as producing:
+                    for _ in range(producers):
+                        producing.start_soon(_produce, ports, rate / producers, rng, record, body)
+                    produce_started = time.perf_counter()
+                    await asyncio.sleep(duration_s)
+                    producing.cancel_scope.cancel()
                 produce_s = time.perf_counter() - produce_started
                 record.produced_until_ms = _now_ms()
                 drain_until = time.perf_counter() + DRAIN_S
                 # polled: "all received" has no event of its own, and 50 ms is fine here
                 while time.perf_counter() < drain_until and not _all_received(record):  # noqa: ASYNC110
                     await asyncio.sleep(0.05)
-                for task in consumer_tasks:  # clients going away mid-poll: cancellation path
-                    task.cancel()
-                watcher.cancel()
+                group.cancel_scope.cancel()  # clients going away mid-poll: cancellation path
             await strategy.aclose()
             wall_s = time.perf_counter() - wall_before
             cpu_s = time.process_time() - cpu_before

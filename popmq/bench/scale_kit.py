@@ -13,10 +13,12 @@ import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from popmq.broker.contract.types import Message
 from popmq.client.aio import AsyncClient
@@ -93,9 +95,9 @@ async def fill(client: AsyncClient, topic: str, count: int, body_bytes: int) -> 
             receipts = await client.send([Message(topic=topic, body=body) for _ in range(size)])
             ids.extend(receipt.message_id for receipt in receipts)
 
-    async with asyncio.TaskGroup() as group:
+    async with anyio.create_task_group() as group:
         for index in range(SENDERS):
-            group.create_task(sender(sizes[index::SENDERS]))
+            group.start_soon(sender, sizes[index::SENDERS])
     return ids
 
 
@@ -221,9 +223,13 @@ async def queue_bound_consumer(
             await client.update_offset(loop.group, queue, offset)
             tally.acked(index, [m.message_id for m in result.messages])
 
-    async with asyncio.TaskGroup() as group:
+    async with anyio.create_task_group() as group:
         for queue in owned:
-            group.create_task(queue_task(queue))
+            group.start_soon(queue_task, queue)
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> None:
+    await awaitable
 
 
 async def run_until(
@@ -233,14 +239,11 @@ async def run_until(
     away mid-poll). Returns (seconds run, whether done was reached)."""
     started = time.perf_counter()
     reached = False
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(coro) for coro in loops]
-        try:
-            async with asyncio.timeout(limit_s):
-                await done.wait()
+    async with anyio.create_task_group() as group:
+        for loop in loops:
+            group.start_soon(_awaited, loop)
+        with anyio.move_on_after(limit_s):
+            await done.wait()
             reached = True
-        except TimeoutError:
-            pass
-        for task in tasks:
-            task.cancel()
+        group.cancel_scope.cancel()
     return time.perf_counter() - started, reached

@@ -25,11 +25,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from popmq.bench import progress as live
 from popmq.bench.table_text import grid
 from popmq.broker.contract.types import Message
 from popmq.client import AsyncClient, OffsetPolicy, QueueRef
 from popmq.client.local_server import LocalServer
+from popmq.lifecycle import fan_out
 
 SOURCE_TOPIC = "bench-spark-in"
 SINK_TOPIC = "bench-spark-out"
@@ -53,9 +56,9 @@ async def _send_all(endpoint: str, topic: str, count: int, body_bytes: int) -> f
             async with limiter:
                 await client.send(batch)
 
-        async with asyncio.TaskGroup() as group:
+        async with anyio.create_task_group() as group:
             for first in range(0, count, SEND_BATCH):
-                group.create_task(send(first))
+                group.start_soon(send, first)
     return time.perf_counter() - started
 
 
@@ -75,10 +78,9 @@ async def _pull_all(endpoint: str, topic: str) -> tuple[int, float]:
             return read
 
         started = time.perf_counter()
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(drain(q)) for q in queues]
+        read = await fan_out(drain(q) for q in queues)
         elapsed = time.perf_counter() - started
-    return sum(t.result() for t in tasks), elapsed
+    return sum(read), elapsed
 
 
 def _spark_session(master: str) -> Any:

@@ -5,10 +5,11 @@ Not a test and not a command: ``popmq bench`` (or a REPL) calls ``bench_store``.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Literal
+
+import anyio
 
 from popmq.broker.contract.types import Message
 from popmq.broker.store.message_store import MessageStore
@@ -45,9 +46,9 @@ async def bench_store(
 
         fsyncs_before = store.commitlog_fsyncs
         started = time.perf_counter()
-        async with asyncio.TaskGroup() as group:
+        async with anyio.create_task_group() as group:
             for index, count in enumerate(per_producer):
-                group.create_task(produce(index, count))
+                group.start_soon(produce, index, count)
         append_s = time.perf_counter() - started
         fsyncs = store.commitlog_fsyncs - fsyncs_before
         written = appends * batch

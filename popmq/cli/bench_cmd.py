@@ -92,6 +92,14 @@ def _e2e(args: argparse.Namespace) -> int:
     )  # fmt: skip
 
 
+def _replication(args: argparse.Namespace) -> int:
+    return _run_bench(
+        "popmq.bench.replication", "bench_replication", "format_table", args.json,
+        messages=args.messages, body_bytes=args.body_bytes, batch=args.batch,
+        producers=args.producers, queues=args.queues, setups=tuple(args.setup),
+    )  # fmt: skip
+
+
 def _spark(args: argparse.Namespace) -> int:
     return _run_bench(
         "popmq.bench.spark", "bench_spark", "format_table", args.json,
@@ -177,6 +185,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="cluster mode: popmq proxy --workers N, one run per N")  # fmt: skip
     e2e.add_argument("--json", help="also write the figures to this file")
     e2e.set_defaults(func=_e2e)
+
+    replication = kinds.add_parser(
+        "replication", help="send msg/s of one broker vs a sync/async replicated group"
+    )
+    replication.add_argument("--messages", type=int, default=20_000)
+    replication.add_argument("--body-bytes", type=int, default=1024)
+    replication.add_argument("--batch", type=int, default=16, help="messages per send")
+    replication.add_argument("--producers", type=int, default=8)
+    replication.add_argument("--queues", type=int, default=8)
+    replication.add_argument(
+        "--setup", nargs="+", default=["none", "sync-2", "sync-3"],
+        choices=("none", "sync-2", "sync-3", "async-2", "async-3"),
+        help="none: replication off; sync-N / async-N: a leader and N-1 followers",
+    )  # fmt: skip
+    replication.add_argument("--json", help="also write the figures to this file")
+    replication.set_defaults(func=_replication)
 
     spark = kinds.add_parser("spark", help="Spark connector read/write msg/s vs raw pull")
     spark.add_argument("--messages", type=int, default=100_000)

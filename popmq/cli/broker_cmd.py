@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -62,6 +63,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--handle-keys-file", metavar="FILE",
         help="receipt-handle keyring to use (default DATA_DIR/handle-keys.json, made on start)",
     )  # fmt: skip
+    replication = parser.add_argument_group("replication (a broker group of several nodes)")
+    replication.add_argument(
+        "--replication", choices=("off", "sync", "async"),
+        help="copy this broker to followers; sync: answer writes once --min-in-sync nodes "
+        "have them (default off: a group of one)",
+    )  # fmt: skip
+    replication.add_argument(
+        "--min-in-sync", type=int, metavar="N",
+        help="nodes (this one counted) that must hold a write; fewer: sends are refused",
+    )  # fmt: skip
+    replication.add_argument(
+        "--role", choices=("leader", "follower"), help="static role (without an election)"
+    )
+    replication.add_argument("--epoch", type=int, help="the leader's epoch (static role)")
+    replication.add_argument(
+        "--leader", metavar="HOST:PORT", help="the leader a follower copies (static role)"
+    )
+    replication.add_argument(
+        "--node-name", help="this node's name in the in-sync set (default NAME@HOST:PORT)"
+    )
     # Also accepted after the subcommand; SUPPRESS keeps the top-level values when absent.
     parser.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -110,6 +131,12 @@ def run(args: argparse.Namespace) -> int:
             "broker.tls.client_ca": args.tls_client_ca,
             "broker.cluster_token_file": args.cluster_token_file,
             "broker.handle_keys_file": args.handle_keys_file,
+            "broker.replication.mode": args.replication,
+            "broker.replication.min_in_sync": args.min_in_sync,
+            "broker.replication.role": args.role,
+            "broker.replication.epoch": args.epoch,
+            "broker.replication.leader": args.leader,
+            "broker.replication.node": args.node_name,
         },
     )
     if not logging.getLogger().handlers:
@@ -129,6 +156,35 @@ def run(args: argparse.Namespace) -> int:
         if stop_tracing is not None:
             stop_tracing()
     return 0
+
+
+async def _serve_node(
+    config: BrokerConfig, announce: Callable[[str], None], stop: asyncio.Event
+) -> None:
+    """A node of a replicated group, its role from the flags (static)."""
+    import anyio
+
+    from popmq.broker.replication.node import ReplicatedNode, role_from_config
+    from popmq.broker.replication.role import StaticRoleSource
+    from popmq.metrics_http import metrics_endpoint
+
+    node = ReplicatedNode(config, StaticRoleSource(role_from_config(config)))
+    await node.start()
+    try:
+        with metrics_endpoint(config.metrics_port, node.metrics_registry(), config.host) as http:
+            if http is not None:  # stderr only: stdout's first line is the contract
+                log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)
+            async with anyio.create_task_group() as group:
+                group.start_soon(node.run)
+                log.info("node %s of broker %s, %s (static role)", node.node, config.name,
+                         config.replication.role)  # fmt: skip
+                announce(f"popmq broker {config.name} listening on {config.host}:{node.bound_port}")
+                await stop.wait()
+                log.info("stopping broker %s (node %s)", config.name, node.node)
+                await node.aclose(STOP_GRACE_S)
+                group.cancel_scope.cancel()
+    finally:
+        await node.aclose(STOP_GRACE_S)
 
 
 def _announce(line: str) -> None:
@@ -154,28 +210,25 @@ async def serve_broker(
     for signum in signals:
         loop.add_signal_handler(signum, stop.set)
     try:
-        broker = Broker(config)
-        await broker.start()
-        try:
+        if config.replication.mode != "off":
+            await _serve_node(config, announce, stop)
+            return
+        # Started in order, closed in reverse: the metrics endpoint, the server, the broker.
+        async with contextlib.AsyncExitStack() as stack:
+            broker = await stack.enter_async_context(Broker(config))
             server = BrokerGrpcServer(
                 LocalBrokerPort(broker), config.host, config.port, config=config
             )
             await server.start()
-            try:
-                with metrics_endpoint(
-                    config.metrics_port, broker.metrics.registry, config.host
-                ) as http:
-                    if http is not None:  # stderr only: stdout's first line is the contract
-                        log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)
-                    announce(
-                        f"popmq broker {config.name} listening on {config.host}:{server.bound_port}"
-                    )
-                    await stop.wait()
-                    log.info("stopping broker %s", config.name)
-            finally:
-                await server.stop(STOP_GRACE_S)
-        finally:
-            await broker.stop()
+            stack.push_async_callback(server.aclose, STOP_GRACE_S)
+            http = stack.enter_context(
+                metrics_endpoint(config.metrics_port, broker.metrics.registry, config.host)
+            )
+            if http is not None:  # stderr only: stdout's first line is the contract
+                log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)
+            announce(f"popmq broker {config.name} listening on {config.host}:{server.bound_port}")
+            await stop.wait()
+            log.info("stopping broker %s", config.name)
     finally:
         for signum in signals:
             loop.remove_signal_handler(signum)

@@ -59,6 +59,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(serve)
     serve.add_argument("--brokers", type=int, help="number of embedded brokers (default 3)")
     serve.add_argument("--data-dir", help="directory for the brokers' data (default ./data)")
+    serve.add_argument(
+        "--console-port", type=int, metavar="PORT",
+        help="web console on 127.0.0.1:PORT (default 8080; 0: no console)",
+    )  # fmt: skip
     serve.set_defaults(func=run_serve)
 
     proxy = subparsers.add_parser(
@@ -121,13 +125,22 @@ def run_serve(args: argparse.Namespace) -> int:
     overrides = _overrides(args)
     overrides["serve.brokers"] = args.brokers
     overrides["serve.data_dir"] = args.data_dir
+    overrides["serve.console_port"] = args.console_port
     config = config_from_args(args, overrides)
     _setup_logging()
     owner_only_new_files()  # its brokers' data directories and files: 0700 / 0600
     warn_if_data_exposed(config.serve.data_dir)  # one made before, with looser modes
     from popmq.proxy.runtime import run_serve as serve
 
-    return _run("serve", config, serve(config, _announce))
+    if not config.serve.console_port:
+        return _run("serve", config, serve(config, _announce))
+    from popmq.cli.console_cmd import serve_with_console
+
+    with_console = serve_with_console(
+        lambda announce, stop: serve(config, announce, stop),
+        config.serve.console_port, config.proxy.tls.cert is not None, _announce,
+    )  # fmt: skip
+    return _run("serve", config, with_console)
 
 
 def run_proxy(args: argparse.Namespace) -> int:

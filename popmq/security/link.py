@@ -83,23 +83,25 @@ class ClusterTokenGuard(grpc.aio.ServerInterceptor):
 
 
 def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    async def refuse(_request: Any, context: grpc.aio.ServicerContext) -> None:
+    """A handler that refuses without reading the request.
+
+    grpc.aio receives (buffers whole) and decodes a unary request before calling the handler,
+    so a refusal registered as unary would still take in whatever a stranger sends, up to the
+    port's receive limit. Registered as request-streaming with no deserializer, nothing is
+    read: the status goes out and grpc resets the stream, whatever the method's real kind."""
+
+    async def refuse(_requests: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED, "this port accepts only popmq proxies (cluster token)"
         )
 
-    kind = (handler.request_streaming, handler.response_streaming)
-    make = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }[kind]
-    return make(
-        refuse,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
+    # A unary-response method answers once; a stream-response one may end with no answer.
+    make = (
+        grpc.stream_stream_rpc_method_handler
+        if handler.response_streaming
+        else grpc.stream_unary_rpc_method_handler
     )
+    return make(refuse, request_deserializer=None, response_serializer=handler.response_serializer)
 
 
 def server_interceptors(config: BrokerConfig) -> list[grpc.aio.ServerInterceptor]:

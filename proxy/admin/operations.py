@@ -80,8 +80,9 @@ class OperationsMixin:
     ) -> a.QueryMessagesResponse:
         async def work() -> a.QueryMessagesResponse:
             found, truncated = await self.admin.query_messages(
-                request.message_id, request.key, request.topic, request.max_scan, request.limit
-            )
+                request.message_id, request.key, request.topic, request.max_scan, request.limit,
+                start_ms=request.start_ms, end_ms=request.end_ms,
+            )  # fmt: skip
             return a.QueryMessagesResponse(
                 status=st.ok(), truncated=truncated,
                 messages=[_view(b, m, request.include_body) for b, m in found],

@@ -13,6 +13,8 @@ from typing import Any
 
 import grpc
 from popmq.broker.contract.types import GroupConfig, TopicInfo
+from popmq.broker.wire.undecodable import add_tolerant
+from popmq.proxy.admin.console_ops import ConsoleOpsMixin
 from popmq.proxy.admin.operations import OperationsMixin
 from popmq.proxy.core.admin import Admin, GroupChanges, TopicBrokers
 from popmq.proxy.grpc import status as st
@@ -47,7 +49,7 @@ def _group_pb(config: GroupConfig) -> a.Group:
     )
 
 
-class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
+class AdminServicer(OperationsMixin, ConsoleOpsMixin, admin_pb2_grpc.AdminServiceServicer):
     """gRPC method names are the API's (CamelCase)."""
 
     def __init__(self, admin: Admin) -> None:
@@ -211,5 +213,14 @@ class AdminServicer(OperationsMixin, admin_pb2_grpc.AdminServiceServicer):
         return a.StatsResponse(status=st.ok(), prometheus_text=self.admin.stats_text())
 
 
-def add_admin_service(server: grpc.aio.Server, admin: Admin) -> None:
-    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(admin), server)
+def add_admin_service(
+    server: grpc.aio.Server, admin: Admin, count_undecodable: Callable[[str], None] | None = None
+) -> None:
+    # Undecodable bodies answer INVALID_ARGUMENT (counted, logged at a bounded rate), as on
+    # the MessagingService: never UNKNOWN with a traceback.
+    add_tolerant(
+        admin_pb2_grpc.add_AdminServiceServicer_to_server,
+        AdminServicer(admin),
+        server,
+        count_undecodable,
+    )

@@ -421,12 +421,23 @@ class Admin:
         return found, truncated
 
     async def query_messages(
-        self, message_id: str, key: str, topic: str = "", max_scan: int = 0, limit: int = 0
+        self,
+        message_id: str,
+        key: str,
+        topic: str = "",
+        max_scan: int = 0,
+        limit: int = 0,
+        *,
+        start_ms: int = 0,
+        end_ms: int = 0,
     ) -> tuple[list[Found], bool]:
-        """Messages by id (theirs or their origin's) or key, newest first; and whether the
-        scan stopped short of some queue's oldest message."""
-        if not message_id and not key:
-            raise RefusedError(Code.BAD_REQUEST, "give a message id or a key")
+        """Messages by id (theirs or their origin's), key or store time in [start_ms, end_ms)
+        (0: unbounded), newest first; and whether the scan stopped short of some queue's
+        oldest message."""
+        if not (message_id or key or start_ms or end_ms):
+            raise RefusedError(Code.BAD_REQUEST, "give a message id, a key or a time range")
+        if start_ms < 0 or end_ms < 0:
+            raise RefusedError(Code.BAD_REQUEST, "times must not be before 1970")
         if max_scan < 0 or limit < 0:
             raise RefusedError(Code.BAD_REQUEST, "max_scan and limit must not be negative")
         if topic:
@@ -440,6 +451,8 @@ class Admin:
             if message_id and message_id not in ids:
                 continue
             if key and key not in m.keys:
+                continue
+            if m.store_timestamp_ms < start_ms or (end_ms and m.store_timestamp_ms >= end_ms):
                 continue
             matches.append((broker, m))
             if len(matches) >= limit:

@@ -39,6 +39,8 @@ def allocate_for_pop(
     if share_queue_num <= 0 or share_queue_num >= len(clients) - 1:
         brokers = dict.fromkeys(q.broker for q in queues)
         return [QueueRef(broker, ALL_QUEUES) for broker in brokers]
+    if client not in clients:  # e.g. registered as a producer: no share (as averagely)
+        return []
     if len(clients) <= len(queues):
         result = allocate_averagely(client, queues, clients)
         index = clients.index(client)

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from popmq.security.acl import User
+
 
 @dataclass(frozen=True, slots=True)
 class Caller:
@@ -18,6 +20,7 @@ class Caller:
     # May a lookup of this topic create it (auto-creation)? As in RocketMQ, where a topic
     # comes into being when a producer sends to it: only who may publish on it.
     may_create_topic: Callable[[str], bool]
+    user: User | None = None  # the ACL entry, for the admin API's WhoAmI
 
 
 CALLER: ContextVar[Caller | None] = ContextVar("popmq_caller", default=None)

@@ -13,7 +13,8 @@ nothing:
   a consumer's settings need subscribe as their group on their topics; NotifyClientTermination:
   signed in only; the unsupported EndTransaction and RecallMessage: publish on the topic,
   SyncLiteSubscription: subscribe (so implementing them later opens no hole);
-- the AdminService: admin. Anything else: admin (deny by default).
+- the AdminService: admin, except WhoAmI: signed in only (the console asks it to learn what a
+  user may see). Anything else: admin (deny by default).
 
 A group's derived topics (%RETRY%group+topic, %DLQ%group) are that group's own: no wildcard
 grant reaches another group's (popmq.security.acl). The core learns who was let in through
@@ -27,6 +28,7 @@ key and a wrong signature answer the same message; only the log and the reason l
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -56,6 +58,7 @@ log = logging.getLogger(__name__)
 MESSAGING = "/apache.rocketmq.v2.MessagingService/"
 ADMIN = "/popmq.admin.v1.AdminService/"
 _LOG_EVERY_S = 60.0
+REVOCATION_CHECK_S = 0.25  # how often an open Telemetry stream checks its user is still in
 
 
 def _name(resource: pb.Resource) -> str:
@@ -116,6 +119,8 @@ def _rule(method: str, request: Any) -> tuple[Callable[[User], bool], str]:
 def _check_settings(user: User, command: Any) -> None:
     """FORBIDDEN unless the user may subscribe as the group a Telemetry settings names, on
     each topic it names."""
+    if isinstance(command, Undecodable):  # the servicer answers it INVALID_ARGUMENT
+        return
     if command.WhichOneof("command") != "settings":
         return
     settings = command.settings
@@ -159,6 +164,13 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
         path: str = details.method
+        if path.startswith((MESSAGING, ADMIN)) and _method_descriptor(path) is not None:
+            # Who is calling is in the headers: a stranger is refused before grpc reads (and
+            # buffers, up to the receive limit) one byte of the request.
+            try:
+                self._authn.authenticate(_text_headers(details.invocation_metadata))
+            except AccessDenied as exc:
+                return _unread_refusal(self, path, exc)
         cached = self._wrapped.get(path)
         if cached is not None:
             return cached
@@ -172,19 +184,37 @@ class AccessGuard(grpc.aio.ServerInterceptor):
     # -- the check -------------------------------------------------------------------------
     def check(self, path: str, request: Any, context: grpc.aio.ServicerContext) -> User:
         """The caller, if signed in and allowed; AccessDenied otherwise. Never touches data."""
-        headers = {
-            key.lower(): value
-            for key, value in context.invocation_metadata() or ()
-            if isinstance(value, str)
-        }
-        user = self._authn.authenticate(headers)
+        user = self._authn.authenticate(_text_headers(context.invocation_metadata()))
         method = path.rsplit("/", 1)[1]
-        allowed, needs = (
-            ((lambda u: u.admin), "admin") if path.startswith(ADMIN) else _rule(method, request)
-        )
+        if path == ADMIN + "WhoAmI":  # anyone signed in may ask who they are
+            allowed, needs = (lambda u: True), ""
+        elif path.startswith(ADMIN):
+            allowed, needs = (lambda u: u.admin), "admin"
+        else:
+            allowed, needs = _rule(method, request)
         if not allowed(user):
             raise forbidden(f"access key {user.access_key!r} may not {method}: needs {needs}")
         return user
+
+    async def _end_when_revoked(
+        self, user: User, context: grpc.aio.ServicerContext, revoked: list[bool]
+    ) -> None:
+        """Abort the stream once the ACL no longer holds this user with this secret (the ACL
+        file is re-read at most once a second)."""
+        while True:
+            await asyncio.sleep(REVOCATION_CHECK_S)
+            now = self._authn.acl.user(user.access_key)
+            if now is None or now.secret_key != user.secret_key:
+                break
+        revoked.append(True)
+        self._refusals.labels("revoked").inc()
+        log.info(
+            "ending the Telemetry stream of access key %r: removed from the ACL", user.access_key
+        )
+        try:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the access key was revoked")
+        except Exception:  # abort ends the call by raising: the stream is over, nothing to add
+            pass
 
     def _refused(
         self, path: str, exc: AccessDenied, context: grpc.aio.ServicerContext
@@ -280,19 +310,73 @@ class AccessGuard(grpc.aio.ServerInterceptor):
                             return
                         yield command
 
-                async for answer in inner(allowed_commands(), context):
-                    yield answer
-                if refused:
-                    yield response_class(status=guard._refused(path, refused[0], context))
+                # A user removed from the ACL (or given a new secret) loses the open stream too.
+                revoked: list[bool] = []
+                try:
+                    async with asyncio.TaskGroup() as watch:
+                        watcher = watch.create_task(guard._end_when_revoked(user, context, revoked))
+                        try:
+                            async for answer in inner(allowed_commands(), context):
+                                yield answer
+                            if refused:
+                                first = refused[0]
+                                yield response_class(status=guard._refused(path, first, context))
+                        finally:
+                            watcher.cancel()
+                except Exception:
+                    if not revoked:
+                        raise
+                    # Aborted for the revocation: the reads that failed with it say nothing new.
 
             return _rebuild(grpc.stream_stream_rpc_method_handler, bidi, handler)
         return handler  # no such method in the guarded services
 
 
+def _serialize(message: Any) -> bytes:
+    return bytes(message.SerializeToString())
+
+
+def _text_headers(metadata: Any) -> dict[str, str]:
+    return {key.lower(): value for key, value in metadata or () if isinstance(value, str)}
+
+
+def _unread_refusal(guard: AccessGuard, path: str, exc: AccessDenied) -> grpc.RpcMethodHandler:
+    """UNAUTHORIZED, answered as the protocol answers it, without reading the request.
+
+    grpc.aio receives a unary request whole (and decodes it) before it calls the handler, so
+    the refusal is registered as request-streaming with no deserializer and never reads: the
+    answer goes out and grpc resets the stream. A SendMessage refused so has no entries (its
+    messages are not read); clients check the top-level status first."""
+    method = path.rsplit("/", 1)[1]
+    response_class = _response_class(path)
+    streaming = _method_descriptor(path).server_streaming
+
+    def frames(context: grpc.aio.ServicerContext) -> list[Any]:
+        answer = [response_class(status=guard._refused(path, exc, context))]
+        if method == "ReceiveMessage":  # the stream ends with its delivery timestamp
+            trailer = response_class()
+            trailer.delivery_timestamp.GetCurrentTime()
+            answer.append(trailer)
+        return answer
+
+    if streaming:
+
+        async def stream(_requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            for frame in frames(context):
+                yield frame
+
+        return grpc.stream_stream_rpc_method_handler(stream, response_serializer=_serialize)
+
+    async def unary(_requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        return frames(context)[0]
+
+    return grpc.stream_unary_rpc_method_handler(unary, response_serializer=_serialize)
+
+
 def _caller(user: User) -> Caller:
     """What the core may know of the caller: its key, and that lookups by someone who
     may not publish on a topic never auto-create it (RocketMQ creates topics on send)."""
-    return Caller(access_key=user.access_key, may_create_topic=user.can_publish)
+    return Caller(access_key=user.access_key, may_create_topic=user.can_publish, user=user)
 
 
 def _rebuild(make: Any, behavior: Any, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
@@ -303,11 +387,16 @@ def _rebuild(make: Any, behavior: Any, handler: grpc.RpcMethodHandler) -> grpc.R
     )
 
 
-def _response_class(path: str) -> type:
-    service, method = path.strip("/").split("/")
+def _method_descriptor(path: str) -> Any:
+    """The method's descriptor; None for a path no guarded service has."""
+    service, _, method = path.strip("/").rpartition("/")
     pool_file = admin_pb2.DESCRIPTOR if path.startswith(ADMIN) else s.DESCRIPTOR
-    descriptor = pool_file.services_by_name[service.rsplit(".", 1)[1]].methods_by_name[method]
-    return message_factory.GetMessageClass(descriptor.output_type)
+    found = pool_file.services_by_name.get(service.rsplit(".", 1)[-1])
+    return None if found is None else found.methods_by_name.get(method)
+
+
+def _response_class(path: str) -> type:
+    return message_factory.GetMessageClass(_method_descriptor(path).output_type)
 
 
 def access_guard(config: ProxyConfig, metrics: ProxyMetrics) -> AccessGuard | None:

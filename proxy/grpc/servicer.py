@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import anyio
 import grpc
-from popmq.broker.contract.errors import Code
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.proxy.admission import poll_owner
 from popmq.proxy.core.processor import ProxyCore
 from popmq.proxy.core.transactions import OrphanCheck
@@ -25,8 +25,11 @@ from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import popped_into, stored_into, timestamp
 from popmq.proxy.grpc.headers import RequestContext, request_context
 from popmq.proxy.grpc.receive import receive_request
+from popmq.proxy.grpc.stall import WriterStalled, write_within
 from popmq.proxy.metrics import ProxyMetrics
 
+from popmq.budget import MemoryBudget
+from popmq.config import ProxyConfig
 from popmq.lifecycle import TaskOwner
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
@@ -54,8 +57,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     """gRPC method names are the protocol's (CamelCase)."""
 
     def __init__(
-        self, core: ProxyCore, metrics: ProxyMetrics, streams: TaskOwner | None = None
+        self,
+        core: ProxyCore,
+        metrics: ProxyMetrics,
+        config: ProxyConfig | None = None,
+        streams: TaskOwner | None = None,
     ) -> None:
+        config = config or ProxyConfig()
         self.core = core
         self.metrics = metrics
         # Owns the tasks reading Telemetry commands (one per open stream).
@@ -63,6 +71,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # Metric children by label values: labels() is a lookup with locking on every RPC.
         self._counters: dict[tuple[str, str], Any] = {}
         self._timers: dict[str, Any] = {}
+        self._stall_s = config.write_stall_timeout_ms / 1000
+        self._budget = MemoryBudget(
+            config.max_inflight_bytes,
+            "this proxy",
+            self.metrics.budget_refusals.inc,
+        )
 
     # -- plumbing ----------------------------------------------------------------------------
     def _record(self, method: str, code: int | str, started: float) -> None:
@@ -190,8 +204,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     status=response.status, message_id=msg.system_properties.message_id
                 )
 
+        async def within_budget(core: ProxyCore, req: Any, ctx: RequestContext) -> Any:
+            async with self._budget.hold(req.ByteSize()):
+                return await send.send_message(core, req, ctx)
+
         return await self._unary(
-            "SendMessage", send.send_message, request, context, s.SendMessageResponse,
+            "SendMessage", within_budget, request, context, s.SendMessageResponse,
             one_entry_each,
         )  # fmt: skip
 
@@ -211,6 +229,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return
         try:
             await self._receive(request, context, ctx, started)
+        except WriterStalled:
+            self._stalled("ReceiveMessage", started)
         finally:
             receiver.leave(client, group)
             if ctx.deadline is not None and time.monotonic() > ctx.deadline:
@@ -237,23 +257,45 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await self._finish_receive(context, st.status(Code.MESSAGE_NOT_FOUND, "no new message"))
             self._record("ReceiveMessage", Code.MESSAGE_NOT_FOUND, started)
             return
-        sent = 0
+        size = sum(len(m.message.body) for m in popped)
         try:
-            await context.write(s.ReceiveMessageResponse(status=st.ok()))
+            await self._budget.acquire(size)
+        except RefusedError as exc:  # over the memory budget: give them back at once
+            receiver.release_unsent(plan, popped)
+            await self._finish_receive(context, st.status_of(exc))
+            self._record("ReceiveMessage", exc.code, started)
+            return
+        sent = 0
+        stall_s = self._stall_s
+        try:
+            await write_within(context, s.ReceiveMessageResponse(status=st.ok()), stall_s)
             now = _now_ms()
             namespace = request.message_queue.topic.resource_namespace
             for message in popped:
                 frame = s.ReceiveMessageResponse()
                 popped_into(frame.message, message, now, namespace)
-                await context.write(frame)
+                await write_within(context, frame, stall_s)
                 sent += 1
-            await context.write(s.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms())))
-        except BaseException:
-            # The client is gone: whatever it did not get becomes visible again soon.
+            trailer = s.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms()))
+            await write_within(context, trailer, stall_s)
+        except BaseException as exc:
+            # The client is gone or stopped reading: whatever it did not take becomes
+            # visible again at once.
             receiver.release_unsent(plan, popped[sent:])
-            self._record("ReceiveMessage", "CLIENT_GONE", started)
+            if not isinstance(exc, WriterStalled):
+                self._record("ReceiveMessage", "CLIENT_GONE", started)
             raise
+        finally:
+            self._budget.release(size)
         self._record("ReceiveMessage", Code.OK, started)
+
+    def _stalled(self, method: str, started: float) -> None:
+        """End a stream whose client stopped reading (popmq.proxy.grpc.stall): counted, then
+        ended as cancelled, the one way grpc.aio ends a call whose write is still queued
+        (no status can pass it, and no traceback is logged for it)."""
+        self.metrics.stalled_streams.labels(method).inc()
+        self._record(method, "WRITE_STALLED", started)
+        raise asyncio.CancelledError
 
     async def _finish_receive(self, context: grpc.aio.ServicerContext, status: Any) -> None:
         try:
@@ -304,6 +346,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return
         try:
             await self._pull(request, context, ctx, started)
+        except WriterStalled:
+            self._stalled("PullMessage", started)
         finally:
             if held:
                 self.core.receiver.leave(client, group)
@@ -323,13 +367,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             self._record("PullMessage", failed.code, started)
             return
         code, text = offsets.pull_status(result)
-        await context.write(s.PullMessageResponse(status=st.status(code, text)))
+        stall_s = self._stall_s
+        await write_within(context, s.PullMessageResponse(status=st.status(code, text)), stall_s)
         namespace = request.message_queue.topic.resource_namespace
         for message in result.messages:
             frame = s.PullMessageResponse()
             stored_into(frame.message, message, namespace)
-            await context.write(frame)
-        await context.write(s.PullMessageResponse(next_offset=result.next_offset))
+            await write_within(context, frame, stall_s)
+        await write_within(context, s.PullMessageResponse(next_offset=result.next_offset), stall_s)
         self._record("PullMessage", code, started)
 
     async def _write_quietly(self, context: grpc.aio.ServicerContext, frame: Any) -> None:

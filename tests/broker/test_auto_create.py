@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message, PopRequest
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 
 def refused(broker, kind: str, reason: str) -> float:

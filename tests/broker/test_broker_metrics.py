@@ -24,9 +24,9 @@ from popmq.broker.contract.types import (
 )
 from popmq.broker.core import Broker
 from popmq.broker.metrics import MergedCollector
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.broker.wire.remote import RemoteBrokerPort
 from prometheus_client import CollectorRegistry, generate_latest
-from support.brokers import fast_broker_config, running_broker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

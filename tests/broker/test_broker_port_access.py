@@ -18,10 +18,10 @@ from popmq.broker.contract.errors import BrokerAuthError, Code
 from popmq.broker.contract.types import Message
 from popmq.broker.core import Broker
 from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config
 from popmq.broker.wire import convert
 from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.broker.wire.server import BrokerGrpcServer
-from support.brokers import fast_broker_config
 from support.tls_certs import Pki, make_pki
 
 from popmq.config import BrokerConfig, BrokerLinkConfig, TlsConfig
@@ -40,8 +40,8 @@ async def guarded_broker(config: BrokerConfig) -> AsyncIterator[tuple[Broker, st
         await server.start()
         yield broker, server.address
     finally:
-        await server.stop(0.2)
-        await broker.stop()
+        await server.aclose(0.2)
+        await broker.aclose()
 
 
 async def _stranger_tries_everything(channel: grpc.aio.Channel) -> list[grpc.StatusCode]:

@@ -12,7 +12,7 @@ from popmq.broker.contract.types import (
     PullRequest,
     PullStatus,
 )
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 
 async def _raises(call, code: Code) -> RefusedError:
@@ -181,7 +181,7 @@ async def test_not_started(tmp_path) -> None:
 
     broker = Broker(fast_broker_config(tmp_path))
     await _raises(broker.send([Message("t", b"x")]), Code.INTERNAL_ERROR)
-    await broker.stop()  # harmless
+    await broker.aclose()  # harmless
 
 
 async def test_delete_topic_with_messages_in_flight(tmp_path) -> None:

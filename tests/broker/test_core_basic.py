@@ -4,7 +4,7 @@ from popmq.broker.contract.port import AdminPort, BrokerPort, MessagingPort
 from popmq.broker.contract.types import AckEntry, Message, PopRequest, PopStatus
 from popmq.broker.core import Broker
 from popmq.broker.local import LocalBrokerPort
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 
 def test_structurally_a_broker_port(tmp_path) -> None:

@@ -71,7 +71,7 @@ async def test_a_failing_flush_makes_sends_wait_for_their_own_fsync(
     def emfile(*_args: object) -> None:
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(store, "_write_checkpoint", emfile)
+    monkeypatch.setattr(store._checkpointer, "_write", emfile)
     with caplog.at_level(logging.ERROR):
         for _ in range(500):  # the flush loop runs every 10 ms
             if store.flush_failing:

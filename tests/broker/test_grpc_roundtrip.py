@@ -25,9 +25,9 @@ from popmq.broker.contract.types import (
 )
 from popmq.broker.core import Broker
 from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.broker.wire.server import BrokerGrpcServer
-from support.brokers import fast_broker_config, running_broker
 
 
 @dataclass
@@ -46,7 +46,7 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
             yield Served(broker, remote)
         finally:
             await remote.close()
-            await server.stop(0)
+            await server.aclose(0)
 
 
 async def eventually(condition: Callable[[], bool], timeout_s: float = 3.0) -> None:

@@ -180,7 +180,7 @@ async def served() -> AsyncIterator[tuple[FakePort, BrokerGrpcServer, RemoteBrok
         yield fake, server, remote
     finally:
         await remote.close()
-        await server.stop(0)
+        await server.aclose(0)
 
 
 async def test_remote_port_is_a_broker_port(served) -> None:
@@ -292,7 +292,7 @@ async def test_server_stop_cancels_held_calls(served) -> None:
     fake, server, remote = served
     task = asyncio.create_task(remote.pop(PopRequest("g", "t", poll_time_ms=60_000)))
     await asyncio.wait_for(fake.held.wait(), 2)
-    await server.stop(0.1)
+    await server.aclose(0.1)
     await asyncio.wait_for(fake.released.wait(), 2)
     with pytest.raises(BrokerUnavailableError):
         await task

@@ -13,7 +13,7 @@ from popmq.broker.contract.types import AckEntry, Message, PopRequest
 from popmq.broker.core import Broker
 from popmq.broker.pop.handle import HandleCodec, group_hash
 from popmq.broker.pop.handle_keys import HandleKeyring, keyring_path
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 
 async def test_reseal_with_a_later_deadline_and_guesses_fail_then_redelivered(

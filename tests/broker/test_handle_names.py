@@ -48,7 +48,7 @@ def test_longest_accepted_names_make_valid_derived_names() -> None:
 async def test_longest_names_retry_end_to_end(tmp_path) -> None:
     from popmq.broker.contract.types import AckEntry, Message, PopRequest
     from popmq.broker.names import GROUP_MAX_LENGTH, TOPIC_MAX_LENGTH
-    from support.brokers import fast_broker_config, running_broker
+    from popmq.broker.testing import fast_broker_config, running_broker
 
     group, topic = "g" * GROUP_MAX_LENGTH, "t" * TOPIC_MAX_LENGTH
     async with running_broker(fast_broker_config(tmp_path)) as broker:

@@ -11,7 +11,7 @@ from popmq.broker.contract.types import (
     PullStatus,
 )
 from popmq.broker.core import Broker
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 from popmq.clock import LoopClock
 
@@ -247,7 +247,7 @@ async def test_notify_decides_from_the_index_without_reading_messages(
             raise AssertionError("notify must not fetch and decode records")
 
         with monkeypatch.context() as patch:
-            patch.setattr("broker.store.message_store.fetch_messages", no_fetch)
+            patch.setattr("popmq.broker.store.reads.fetch_messages", no_fetch)
             assert (await broker.notify(NotifyRequest("g", "t"))).has_message is True
             only_c = NotifyRequest("g", "t", filter=FilterExpression("C"))
             assert (await broker.notify(only_c)).has_message is False
@@ -256,7 +256,7 @@ async def test_notify_decides_from_the_index_without_reading_messages(
         popped = await broker.pop(_pop(0, filter=FilterExpression("B")))
         assert [p.message.body for p in popped.messages] == [b"b"]
         with monkeypatch.context() as patch:
-            patch.setattr("broker.store.message_store.fetch_messages", no_fetch)
+            patch.setattr("popmq.broker.store.reads.fetch_messages", no_fetch)
             # g's B is in flight (and g's cursor passed A); another group sees both.
             assert (await broker.notify(only_b)).has_message is False
             assert (await broker.notify(NotifyRequest("g", "t"))).has_message is False

@@ -12,7 +12,7 @@ import time
 
 from popmq.broker.contract.types import AckEntry, Message, PopRequest, PullRequest, PullStatus
 from popmq.broker.core import Broker
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 POISONED_DESTINATION = "%RETRY%" + "g" * 127 + "_" + "t" * 127  # 262 characters
 

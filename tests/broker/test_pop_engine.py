@@ -13,7 +13,7 @@ from popmq.broker.contract.types import (
 from popmq.broker.core import Broker
 from popmq.broker.pop.handle import HandleCodec, peek_broker_name
 from popmq.broker.pop.handle_keys import HandleKeyring, keyring_path
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 
 def _pop(group: str = "g", topic: str = "t", **kw: object) -> PopRequest:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from popmq.broker.contract.errors import Code
 from popmq.broker.contract.types import AckEntry, GroupConfig, Message, PopRequest
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,7 +80,7 @@ _CHILD = textwrap.dedent(
     import asyncio, sys
     from popmq.broker.contract.types import AckEntry, Message, PopRequest
     from popmq.broker.core import Broker
-    from support.brokers import fast_broker_config
+    from popmq.broker.testing import fast_broker_config
 
     async def main():
         broker = Broker(fast_broker_config(sys.argv[1]))

@@ -8,7 +8,7 @@ import anyio
 import pytest
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import AckEntry, Message, PopRequest
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 
 def _delayed(topic: str, body: bytes, delay_ms: int) -> Message:

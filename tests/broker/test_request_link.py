@@ -20,9 +20,9 @@ from popmq.broker.contract.types import (
 )
 from popmq.broker.contract.watch import VisibilityWatch, WatchKey, WatchState
 from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.broker.wire.server import BrokerGrpcServer, BrokerServicer
-from support.brokers import fast_broker_config, running_broker
 
 from popmq.config import BrokerLinkConfig
 from popmq.pb.broker.v1 import broker_pb2_grpc
@@ -59,7 +59,7 @@ async def _served(
             yield local, remote
         finally:
             await remote.close()
-            await server.stop(0)
+            await server.aclose(0)
 
 
 def _pop(poll_ms: int = 0, invisible_ms: int = 300) -> PopRequest:
@@ -206,7 +206,7 @@ async def test_the_cluster_token_rides_the_streams(tmp_path: Path) -> None:
             watch.close()
         finally:
             await remote.close()
-            await server.stop(0)
+            await server.aclose(0)
 
 
 async def test_the_window_bounds_requests_in_flight(tmp_path: Path) -> None:
@@ -311,7 +311,7 @@ async def test_a_broker_restarted_under_the_link_fails_what_was_in_flight_then_s
                 if local.acks_held and remote.request_link and remote.request_link.in_flight == 2:
                     break
                 await asyncio.sleep(0.01)
-            await server.stop(0)
+            await server.aclose(0)
             async with asyncio.timeout(10):  # the poll had a minute left
                 await asyncio.wait([ack, poll])
             for task in (ack, poll):
@@ -329,4 +329,4 @@ async def test_a_broker_restarted_under_the_link_fails_what_was_in_flight_then_s
             assert remote.request_link is not None and remote.request_link.in_flight == 0
         finally:
             await remote.close()
-            await server.stop(0)
+            await server.aclose(0)

@@ -18,12 +18,12 @@ import pytest
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message, PopRequest
 from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.broker.wire import remote as remote_module
 from popmq.broker.wire import request_link
 from popmq.broker.wire import server as broker_server
 from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.broker.wire.server import BrokerGrpcServer
-from support.brokers import fast_broker_config, running_broker
 
 from popmq.config import BrokerLinkConfig
 from popmq.pb.broker.v1 import broker_pb2 as pb
@@ -35,9 +35,7 @@ BODY = 700 * 1024  # four of these in one write pass the limit
 
 @pytest.fixture
 def small_limits(monkeypatch: pytest.MonkeyPatch) -> None:
-    options = [(k, v) for k, v in broker_server.SERVER_OPTIONS if "message_length" not in k]
-    options += [("grpc.max_receive_message_length", LIMIT)]
-    monkeypatch.setattr(broker_server, "SERVER_OPTIONS", options)
+    monkeypatch.setattr(broker_server, "MAX_MESSAGE_BYTES", LIMIT)  # both ways
     monkeypatch.setattr(remote_module, "MAX_MESSAGE_BYTES", LIMIT)
     monkeypatch.setattr(request_link, "FRAME_BYTES", LIMIT // 2, raising=False)
 
@@ -55,7 +53,7 @@ async def _remote(tmp_path: Path, coalesce_ms: float = 0) -> AsyncIterator[Remot
             yield remote
         finally:
             await remote.close()
-            await server.stop(0)
+            await server.aclose(0)
 
 
 def _send(remote: RemoteBrokerPort, size: int) -> asyncio.Task[object]:
@@ -109,11 +107,6 @@ async def test_an_answer_past_the_limit_fails_alone(
 ) -> None:
     """A pop whose answer is past the transport limit (bodies and batch raised by the
     operator) is refused on its own; a long poll waiting beside it on the stream lives on."""
-    options = [(k, v) for k, v in broker_server.SERVER_OPTIONS if "send_message" not in k]
-    monkeypatch.setattr(
-        broker_server, "SERVER_OPTIONS", [*options, ("grpc.max_send_message_length", LIMIT)]
-    )
-    monkeypatch.setattr(broker_server, "MAX_MESSAGE_BYTES", LIMIT)
     async with _remote(tmp_path) as remote:
         for _ in range(4):
             await remote.send([Message(topic=TOPIC, body=b"x" * BODY)], 0)

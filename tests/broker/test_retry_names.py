@@ -16,7 +16,7 @@ from popmq.broker.contract.types import (
 )
 from popmq.broker.core import Broker
 from popmq.broker.names import parse_retry_topic
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 
 async def _drain(broker: Broker, group: str, topic: str, seconds: float = 1.5) -> list:

@@ -18,7 +18,7 @@ from popmq.broker.contract.types import (
     retry_topic,
 )
 from popmq.broker.core import Broker
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 from popmq.clock import LoopClock
 

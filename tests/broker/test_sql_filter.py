@@ -18,7 +18,7 @@ from popmq.broker.contract.types import (
     PullRequest,
     PullStatus,
 )
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 REGIONS = ["eu", "us", "ap", "it's"]
 TAGS = ["TagA", "TagB", ""]

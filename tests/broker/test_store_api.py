@@ -348,7 +348,7 @@ async def test_peek_offsets_reads_the_index_only(store_factory, monkeypatch) -> 
     def no_fetch(*args: object, **kwargs: object) -> None:
         raise AssertionError("peek_offsets must not fetch records")
 
-    monkeypatch.setattr("broker.store.message_store.fetch_messages", no_fetch)
+    monkeypatch.setattr("popmq.broker.store.reads.fetch_messages", no_fetch)
     for (start, limit, wanted), result in expected.items():
         offsets, next_offset = store.peek_offsets("T", 0, start, limit, wanted)
         assert offsets == [m.queue_offset for m in result.messages], (start, limit, wanted)

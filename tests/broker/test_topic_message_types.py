@@ -10,7 +10,7 @@ from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message
 from popmq.broker.store.framing import FramedLog
 from popmq.broker.store.topics import LOG_NAME, TOPICS_RESYNC, TopicTable
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 
 def _normal(topic: str) -> Message:

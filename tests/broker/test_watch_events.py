@@ -10,7 +10,7 @@ from pathlib import Path
 from popmq.broker.contract.types import AckEntry, FilterExpression, Message, PopRequest
 from popmq.broker.contract.watch import VisibilityWatch, WatchKey, WatchState
 from popmq.broker.local import LocalBrokerPort
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 TOPIC, GROUP = "t", "g"
 KEY = WatchKey(GROUP, TOPIC, FilterExpression(), False)

@@ -281,9 +281,9 @@ class ServerThread:
     def stop(self) -> None:
         async def down() -> None:
             if self.server is not None:
-                await self.server.stop(0.5)
+                await self.server.aclose(0.5)
             for broker in self.brokers:
-                await broker.stop()
+                await broker.aclose()
 
         self._run(down())
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -12,9 +12,9 @@ import yaml
 from deploykit import CHART_DIR, REPO, parse_cli
 from popmq.broker.contract.errors import Code
 from popmq.broker.contract.types import Message, PopRequest
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.proxy.metrics import ProxyMetrics
 from pydantic import BaseModel
-from support.brokers import fast_broker_config, running_broker
 
 from popmq.config import PopmqConfig
 

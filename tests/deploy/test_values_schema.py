@@ -99,6 +99,9 @@ CHART_OWNED = {
     "proxy.metrics_port", "proxy.brokers",
     "proxy.reuse_port",  # set by `popmq proxy --workers N` on its workers, never by hand
     "serve",
+    # replicated groups (broker/replication): the chart does not run them yet (issue 19's Helm
+    # part: a StatefulSet per group); until then no value may turn them on
+    "broker.replication",
 }  # fmt: skip
 
 

@@ -13,6 +13,7 @@ import pytest
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import AckEntry, Message, PoppedMessage
 from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.broker.wire.server import BrokerGrpcServer
 from popmq.proxy.longpoll.adaptive import AdaptiveStrategy
@@ -20,7 +21,6 @@ from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.notify import NotifyStrategy
 from popmq.proxy.longpoll.pop import PopStrategy
 from popmq.proxy.metrics import ProxyMetrics
-from support.brokers import fast_broker_config, running_broker
 
 from .helpers import make_request, sample, wait_until
 
@@ -42,7 +42,7 @@ async def _cluster(
             if remote:
                 server = BrokerGrpcServer(local)
                 await server.start()
-                stack.push_async_callback(server.stop, 0)
+                stack.push_async_callback(server.aclose, 0)
                 port: BrokerPort = RemoteBrokerPort(f"b{index}", server.address)
                 stack.push_async_callback(port.close)
             else:

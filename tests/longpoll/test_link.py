@@ -13,12 +13,12 @@ import pytest
 from popmq.broker.contract.types import Message
 from popmq.broker.contract.watch import WatchState
 from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.broker.wire.server import BrokerGrpcServer
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.notify import NotifyStrategy
 from popmq.proxy.metrics import ProxyMetrics
-from support.brokers import fast_broker_config, running_broker
 
 from .helpers import make_request, sample, wait_until
 
@@ -46,7 +46,7 @@ async def _remote_pair(root: Path) -> AsyncIterator[tuple[list[RemoteBrokerPort]
             yield ports, sides
         finally:
             for _, server in sides:
-                await server.stop(0)
+                await server.aclose(0)
 
 
 def _watch_state(strategy: NotifyStrategy, port: RemoteBrokerPort) -> WatchState:
@@ -90,7 +90,7 @@ async def test_a_broker_gone_and_back_loses_no_message_and_no_poll_hangs(tmp_pat
         assert warmup == []
         local, server = sides[1]
         number = server.bound_port
-        await server.stop(0)
+        await server.aclose(0)
         await wait_until(lambda: _watch_state(strategy, ports[1]) is WatchState.UNKNOWN, 5)
         # No poll hangs while the broker is unreachable: it ends at its deadline, empty.
         loop = asyncio.get_running_loop()

@@ -49,9 +49,9 @@ async def make_cluster(tmp_path: Path) -> AsyncIterator[Any]:
     yield factory
     for cluster in opened:
         await cluster.channel.close()
-        await cluster.server.stop(0.2)
+        await cluster.server.aclose(0.2)
     for broker in started_brokers:
-        await broker.stop()
+        await broker.aclose()
 
 
 @pytest.fixture

@@ -6,10 +6,12 @@ nothing was sent."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 from popmq.broker.contract.errors import Code
@@ -421,3 +423,55 @@ async def test_a_client_id_registered_first_by_another_user_locks_nobody_out(
     for response in (told, beat, assigned):
         assert response.status.code == Code.OK, response
     assert assigned.assignments  # the only member of its group: it gets the queues
+
+
+async def test_an_undecodable_telemetry_frame_is_refused_cleanly_with_an_acl(
+    guarded: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 20, defect 7: the guard looked into a frame that did not decode (AttributeError,
+    the stream crashed with UNKNOWN); it answers INVALID_ARGUMENT, with no traceback."""
+    caplog.set_level(logging.WARNING)
+    telemetry = guarded.channel.stream_stream("/apache.rocketmq.v2.MessagingService/Telemetry")
+    call = telemetry(iter([b"\xff\xff\xff\xff not protobuf"]), metadata=guarded.metadata())
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _frame in call:
+            pass
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+async def test_strangers_are_refused_before_their_request_is_read(guarded: Cluster) -> None:
+    """Issue 20, defect 1: an unsigned call is answered UNAUTHORIZED from its headers; a body
+    past the receive limit (which would fail in the transport if it were read) shows it."""
+    guarded.signing = None
+    huge = s.SendMessageRequest(messages=[message("t-x", b"x" * (200 << 20))])
+    answer = await guarded.stub.SendMessage(huge, metadata=guarded.metadata(), timeout=30)
+    assert answer.status.code == Code.UNAUTHORIZED
+
+
+async def test_a_revoked_users_telemetry_stream_ends_soon_after_the_reload(
+    guarded: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 20, defect 12: removing a user from the ACL ended none of its open streams."""
+    caplog.set_level(logging.WARNING)
+    acl = guarded.config.proxy.acl
+    assert acl is not None
+    call = guarded.stub.Telemetry(metadata=guarded.metadata("revoked-1"))
+    settings = pb.Settings(
+        client_type=pb.PRODUCER,
+        publishing=pb.Publishing(topics=[pb.Resource(name="t-orders")]),
+    )
+    await call.write(s.TelemetryCommand(settings=settings))
+    answer = await call.read()
+    assert answer.status.code == Code.OK
+    users = yaml.safe_load(acl.read_text())
+    users["users"] = [u for u in users["users"] if u["access_key"] != OWNER[0]]
+    acl.write_text(yaml.safe_dump(users))
+    loop = asyncio.get_running_loop()
+    changed = loop.time()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await asyncio.wait_for(call.read(), 5)
+    # The file is re-read at most once a second; the stream ends within a second after.
+    assert loop.time() - changed < 2.5
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"

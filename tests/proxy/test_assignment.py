@@ -52,3 +52,11 @@ def test_pop_more_consumers_than_queues_one_queue_each() -> None:
     chosen = [allocate_for_pop(c, QUEUES, clients, 1) for c in clients]
     assert all(len(c) == 1 for c in chosen)
     assert {q for c in chosen for q in c} == set(QUEUES)
+
+
+@pytest.mark.parametrize("consumers", [3, 12])  # fewer and more consumers than queues
+def test_pop_share_for_a_caller_outside_the_group_is_empty(consumers: int) -> None:
+    """Issue 20, defect 9: a caller registered as a producer asking for a group of 3 or more
+    consumers raised ValueError (answered INTERNAL_ERROR); it gets no share, as averagely."""
+    clients = [f"c{i:02d}" for i in range(consumers)]
+    assert allocate_for_pop("producer-1", QUEUES, clients, share_queue_num=1) == []

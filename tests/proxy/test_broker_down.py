@@ -45,8 +45,8 @@ async def test_route_send_receive_without_the_dead_broker(tmp_path: Path) -> Non
             status, messages, _ = await cluster.receive(group, topic, poll_ms=500)
             assert status.code == Code.OK and [m.body for m in messages] == [b"still-works"]
     finally:
-        await server.stop(0.2)
-        await broker.stop()
+        await server.aclose(0.2)
+        await broker.aclose()
 
 
 async def test_every_broker_down_is_an_error_status(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ async def test_every_broker_down_is_an_error_status(tmp_path: Path) -> None:
             assert status.code == Code.INTERNAL_SERVER_ERROR
             assert kinds == ["status", "delivery_timestamp"]
     finally:
-        await server.stop(0.2)
+        await server.aclose(0.2)
 
 
 async def test_first_broker_down_receives_have_no_errors(tmp_path: Path) -> None:
@@ -103,5 +103,5 @@ async def test_first_broker_down_receives_have_no_errors(tmp_path: Path) -> None
             assert errors == []
             assert got == bodies
     finally:
-        await server.stop(0.2)
-        await broker.stop()
+        await server.aclose(0.2)
+        await broker.aclose()

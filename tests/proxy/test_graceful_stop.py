@@ -35,7 +35,7 @@ async def test_held_receive_ends_empty_when_the_proxy_stops(make_cluster, strate
     await eventually(lambda: held_anywhere(cluster) > 0)
 
     started = time.monotonic()
-    await cluster.server.stop(1.0)
+    await cluster.server.aclose(1.0)
     status, messages, kinds = await asyncio.wait_for(receive, 10)
     answered_s = time.monotonic() - started
     assert (status.code, messages, kinds) == (NOT_FOUND, [], ["status", "delivery_timestamp"])

@@ -177,7 +177,7 @@ async def test_two_proxies_receive_on_one_ack_on_the_other(make_cluster) -> None
             _, again, _ = await first.receive(group, topic, poll_ms=500)
             assert again == []
     finally:
-        await second.stop(0.2)
+        await second.aclose(0.2)
 
 
 def _entry(message_id: str, handle: str):

@@ -14,9 +14,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.broker.wire.server import SERVICE_NAME as BROKER_SERVICE
 from popmq.broker.wire.server import BrokerGrpcServer
-from support.brokers import fast_broker_config, running_broker
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
@@ -113,7 +113,7 @@ async def test_broker_reflection_and_health(tmp_path: Path) -> None:
             found = await asyncio.to_thread(_reflect, server.address, BROKER_SERVICE)
             answers = await asyncio.to_thread(_health, server.address, ["", BROKER_SERVICE])
         finally:
-            await server.stop(0)
+            await server.aclose(0)
     assert {BROKER_SERVICE, HEALTH, REFLECTION} <= found["services"]
     assert found["methods"]["Pop"] == ("popmq.broker.v1.PopRequest", "popmq.broker.v1.PopResponse")
     serving = health_pb2.HealthCheckResponse.SERVING

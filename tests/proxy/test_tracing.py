@@ -68,10 +68,10 @@ async def remote_cluster(provider: TracerProvider, tmp_path: Path) -> AsyncItera
         yield cluster
     finally:
         await channel.close()
-        await proxy.stop(0.2)
+        await proxy.aclose(0.2)
         await port.close()
-        await broker_server.stop(0.2)
-        await broker.stop()
+        await broker_server.aclose(0.2)
+        await broker.aclose()
 
 
 def _trace_of(root: Any) -> list[ReadableSpan]:
@@ -188,8 +188,8 @@ async def test_the_separate_admin_port_is_traced(provider: TracerProvider, tmp_p
         method = "/popmq.admin.v1.AdminService/ListTopics"
         assert method in _names(_trace_of(root), SpanKind.SERVER)
     finally:
-        await proxy.stop(0.2)
-        await broker.stop()
+        await proxy.aclose(0.2)
+        await broker.aclose()
 
 
 def test_the_tracer_does_not_scan_installed_packages_per_span(

@@ -63,4 +63,15 @@ async def test_undecodable_bodies_on_the_broker_port(cluster: Cluster) -> None:
                 code = await _unary(channel, f"/popmq.broker.v1.BrokerService/{method}")
                 assert code == grpc.StatusCode.INVALID_ARGUMENT, method
     finally:
-        await server.stop(0.2)
+        await server.aclose(0.2)
+
+
+async def test_undecodable_admin_bodies_answer_invalid_argument(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 20, defect 6: the AdminService answered UNKNOWN with a logged traceback."""
+    caplog.set_level(logging.WARNING)
+    for method in ("ListTopics", "CreateTopic", "ListClients", "Stats"):
+        path = f"/popmq.admin.v1.AdminService/{method}"
+        assert await _unary(cluster.channel, path) == grpc.StatusCode.INVALID_ARGUMENT, method
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"

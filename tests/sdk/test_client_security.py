@@ -12,8 +12,8 @@ from popmq.broker.contract.errors import Code
 from popmq.broker.contract.types import Message
 from popmq.broker.core import Broker
 from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config
 from popmq.proxy.server import ProxyServer
-from support.brokers import fast_broker_config
 from support.tls_certs import make_pki
 
 from popmq.client import AsyncClient, ProxyError, ProxyUnavailable
@@ -43,8 +43,8 @@ async def secured_proxy(tmp_path: Path) -> Any:
     server = ProxyServer(config, [LocalBrokerPort(broker)])
     await server.start()
     yield f"127.0.0.1:{server.port}", pki
-    await server.stop(0.2)
-    await broker.stop()
+    await server.aclose(0.2)
+    await broker.aclose()
 
 
 async def test_signed_client_over_tls(secured_proxy: Any) -> None:
@@ -101,8 +101,8 @@ async def test_client_certificates_required_with_a_client_ca(tmp_path: Path) -> 
                 await service_pb2_grpc.MessagingServiceStub(channel).QueryRoute(request, timeout=5)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
-        await server.stop(0.2)
-        await broker.stop()
+        await server.aclose(0.2)
+        await broker.aclose()
 
 
 async def test_client_certificate_for_an_mtls_proxy(tmp_path: Path) -> None:
@@ -127,5 +127,5 @@ async def test_client_certificate_for_an_mtls_proxy(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="certificate and its key"):
             ClientSecurity(ca_file=pki.ca, cert_file=pki.client_cert)
     finally:
-        await server.stop(0.2)
-        await broker.stop()
+        await server.aclose(0.2)
+        await broker.aclose()

@@ -33,6 +33,7 @@ SERVER_SETTINGS = [
     "broker.pop.revive_scan_interval_ms=50",
     "broker.pop.time_scale=0.01",
     "broker.topics.queue_count=4",
+    "serve.console_port=0",  # no web console (tests/console start their own)
 ]
 
 

@@ -421,20 +421,24 @@ class StoredMessageView(_message.Message):
     def __init__(self, broker: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., message_id: _Optional[str] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., born_timestamp_ms: _Optional[int] = ..., store_timestamp_ms: _Optional[int] = ..., reconsume_times: _Optional[int] = ..., body_size: _Optional[int] = ..., body: _Optional[bytes] = ..., origin_topic: _Optional[str] = ..., origin_message_id: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class QueryMessagesRequest(_message.Message):
-    __slots__ = ("topic", "message_id", "key", "max_scan", "limit", "include_body")
+    __slots__ = ("topic", "message_id", "key", "max_scan", "limit", "include_body", "start_ms", "end_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     MAX_SCAN_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_BODY_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     message_id: str
     key: str
     max_scan: int
     limit: int
     include_body: bool
-    def __init__(self, topic: _Optional[str] = ..., message_id: _Optional[str] = ..., key: _Optional[str] = ..., max_scan: _Optional[int] = ..., limit: _Optional[int] = ..., include_body: _Optional[bool] = ...) -> None: ...
+    start_ms: int
+    end_ms: int
+    def __init__(self, topic: _Optional[str] = ..., message_id: _Optional[str] = ..., key: _Optional[str] = ..., max_scan: _Optional[int] = ..., limit: _Optional[int] = ..., include_body: _Optional[bool] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ...) -> None: ...
 
 class QueryMessagesResponse(_message.Message):
     __slots__ = ("status", "messages", "truncated")
@@ -543,3 +547,62 @@ class ClusterStatusResponse(_message.Message):
     brokers: _containers.RepeatedCompositeFieldContainer[BrokerStatus]
     clients: int
     def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., proxy: _Optional[str] = ..., version: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerStatus, _Mapping]]] = ..., clients: _Optional[int] = ...) -> None: ...
+
+class WhoAmIRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Grant(_message.Message):
+    __slots__ = ("publish", "subscribe_group", "subscribe_topics", "any_topic")
+    PUBLISH_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBE_GROUP_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBE_TOPICS_FIELD_NUMBER: _ClassVar[int]
+    ANY_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    publish: str
+    subscribe_group: str
+    subscribe_topics: _containers.RepeatedScalarFieldContainer[str]
+    any_topic: bool
+    def __init__(self, publish: _Optional[str] = ..., subscribe_group: _Optional[str] = ..., subscribe_topics: _Optional[_Iterable[str]] = ..., any_topic: _Optional[bool] = ...) -> None: ...
+
+class WhoAmIResponse(_message.Message):
+    __slots__ = ("status", "acl", "access_key", "admin", "grants")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ACL_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_KEY_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_FIELD_NUMBER: _ClassVar[int]
+    GRANTS_FIELD_NUMBER: _ClassVar[int]
+    status: _definition_pb2.Status
+    acl: bool
+    access_key: str
+    admin: bool
+    grants: _containers.RepeatedCompositeFieldContainer[Grant]
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., acl: _Optional[bool] = ..., access_key: _Optional[str] = ..., admin: _Optional[bool] = ..., grants: _Optional[_Iterable[_Union[Grant, _Mapping]]] = ...) -> None: ...
+
+class SendTestMessageRequest(_message.Message):
+    __slots__ = ("topic", "body", "tag", "keys", "properties")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    body: bytes
+    tag: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    properties: _containers.ScalarMap[str, str]
+    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SendTestMessageResponse(_message.Message):
+    __slots__ = ("status", "message")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: _definition_pb2.Status
+    message: StoredMessageView
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., message: _Optional[_Union[StoredMessageView, _Mapping]] = ...) -> None: ...

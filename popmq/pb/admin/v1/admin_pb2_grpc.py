@@ -129,6 +129,16 @@ class AdminServiceStub:
                 request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusResponse.FromString,
                 _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/WhoAmI',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIResponse.FromString,
+                _registered_method=True)
+        self.SendTestMessage = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/SendTestMessage',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendTestMessageRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendTestMessageResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -248,6 +258,18 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhoAmI(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SendTestMessage(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -345,6 +367,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ClusterStatus,
                     request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusRequest.FromString,
                     response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusResponse.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIResponse.SerializeToString,
+            ),
+            'SendTestMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendTestMessage,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendTestMessageRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendTestMessageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -860,6 +892,60 @@ class AdminService:
             '/popmq.admin.v1.AdminService/ClusterStatus',
             popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusRequest.SerializeToString,
             popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ClusterStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.admin.v1.AdminService/WhoAmI',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.WhoAmIResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendTestMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.admin.v1.AdminService/SendTestMessage',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendTestMessageRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.SendTestMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,234 @@
+"""What of a broker's data directory travels to followers, read on the leader.
+
+The data directory *is* the broker's state: a follower holding a copy of it can start as a
+broker (recovery rebuilds what is derived). So replication copies files, not operations:
+
+- ``commitlog/`` by position: bytes at the same global positions in the same segment files
+  (whole frames; a batch never crosses a segment or an epoch start);
+- append-only logs (``topics.log``, ``pop/journal.log``, ``state/groups.log``) by appended
+  bytes, and in full when the file was rewritten (compaction): a changed inode or first bytes
+  tell;
+- small documents (``FORMAT``, ``consumer_offsets.json``, ``state/*.json``, the receipt-handle
+  keyring) in full when they changed.
+
+Not copied: the queue indexes and ``checkpoint.json`` (derived from the commitlog: a promoted
+follower rebuilds them), the quarantine, the lock.
+
+A snapshot is taken synchronously, in one event-loop turn: every file the broker writes on the
+loop is seen at one instant (a consistent cut). Documents written by the store's flush thread
+(consumer offsets) are atomic renames and can only be older than the cut, which delivers again
+at worst, never loses.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from popmq.broker.replication import epochs
+
+from popmq.pb.replication.v1 import replication_pb2 as pb
+
+APPEND_LOGS = ("topics.log", "pop/journal.log", "state/groups.log")
+DOCUMENTS = ("FORMAT", "consumer_offsets.json", "handle-keys.json")
+DOCUMENT_DIRS = ("state",)
+SEGMENT_DIGITS = 20
+MAX_BATCH_BYTES = 4 << 20
+_PREFIX_BYTES = 4096
+_LENGTH = struct.Struct("<I")
+_FRAME_HEADER = 8
+
+
+def list_segments(data_dir: Path) -> list[tuple[int, int]]:
+    """(start, size) of every commitlog segment, oldest first."""
+    root = data_dir / "commitlog"
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        if len(name) == SEGMENT_DIGITS and name.isdigit():
+            try:
+                found.append((int(name), os.stat(root / name).st_size))
+            except FileNotFoundError:
+                continue  # deleted by retention while listing
+    return sorted(found)
+
+
+def segment_path(data_dir: Path, start: int) -> Path:
+    return data_dir / "commitlog" / f"{start:0{SEGMENT_DIGITS}d}"
+
+
+def log_end(segments: list[tuple[int, int]]) -> int:
+    return segments[-1][0] + segments[-1][1] if segments else 0
+
+
+def whole_frames(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` made of whole frames."""
+    offset, end = 0, len(data)
+    while offset + _FRAME_HEADER <= end:
+        size = _LENGTH.unpack_from(data, offset)[0]
+        if size == 0 or offset + _FRAME_HEADER + size > end:
+            break
+        offset += _FRAME_HEADER + size
+    return offset
+
+
+class FollowerBehindRetention(Exception):
+    """The next bytes a follower needs are gone from the leader's commitlog."""
+
+
+@dataclass(slots=True)
+class _LogState:
+    ino: int = -1
+    sent: int = 0
+    prefix_crc: int = 0
+
+
+def _prefix_crc(path: Path, size: int) -> int:
+    with open(path, "rb") as file:
+        return zlib.crc32(file.read(min(size, _PREFIX_BYTES)))
+
+
+@dataclass(slots=True)
+class Snapshot:
+    commitlog_segment: int
+    commitlog_offset: int
+    commitlog_data: bytes
+    files: list[pb.FileChange]
+    complete: bool
+    taken_at: float  # the leader's monotonic clock when it was taken
+
+
+@dataclass(slots=True)
+class DataSnapshotter:
+    """One follower's view of the leader's data directory: what was sent so far; ``take``
+    returns what changed since (and counts it as sent)."""
+
+    data_dir: Path
+    position: int  # next commitlog byte to send
+    copy_keyring: bool = True
+    max_bytes: int = MAX_BATCH_BYTES
+    _logs: dict[str, _LogState] = field(default_factory=dict)
+    _docs: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+
+    def take(self, history: list[epochs.Entry], now: float) -> Snapshot:
+        # Documents and logs first, the commitlog's end last: everything they refer to was
+        # written before they were (all in this one loop turn anyway).
+        docs = self._documents()
+        logs = self._append_logs()
+        segment, data, complete = self._commitlog(history)
+        if not complete:
+            # A clipped commitlog: the documents may refer to bytes not in this batch. Send
+            # them once the commitlog has caught up (their state stays "unsent").
+            self._forget(docs, logs)
+            return Snapshot(segment, self.position - len(data), data, [], False, now)
+        return Snapshot(segment, self.position - len(data), data, logs + docs, True, now)
+
+    # -- commitlog ---------------------------------------------------------------------------
+    def _commitlog(self, history: list[epochs.Entry]) -> tuple[int, bytes, bool]:
+        segments = list_segments(self.data_dir)
+        end = log_end(segments)
+        if segments and self.position < segments[0][0]:
+            raise FollowerBehindRetention(
+                f"position {self.position} was deleted by retention (the log starts at "
+                f"{segments[0][0]}): the follower must start over"
+            )
+        holder = next(((s, z) for s, z in reversed(segments) if s <= self.position), None)
+        if holder is None or self.position >= end:
+            return (holder[0] if holder else self.position), b"", True
+        start, size = holder
+        if self.position >= start + size:  # at a segment's end: the next one
+            later = [(s, z) for s, z in segments if s >= self.position]
+            if not later:
+                return start, b"", True
+            start, size = later[0]
+            self.position = start
+        stop = start + size
+        boundary = epochs.next_epoch_start(history, self.position)
+        if boundary is not None:
+            stop = min(stop, boundary)
+        want = min(stop - self.position, self.max_bytes)
+        with open(segment_path(self.data_dir, start), "rb") as file:
+            data = os.pread(file.fileno(), want, self.position - start)
+            take = whole_frames(data)
+            if take == 0 and data:  # one frame larger than a batch: send it alone
+                frame = _FRAME_HEADER + _LENGTH.unpack_from(data, 0)[0]
+                data = os.pread(file.fileno(), frame, self.position - start)
+                take = whole_frames(data)
+        data = data[:take]
+        self.position += take
+        return start, data, self.position >= end
+
+    # -- append-only logs --------------------------------------------------------------------
+    def _append_logs(self) -> list[pb.FileChange]:
+        changes = []
+        for name in APPEND_LOGS:
+            path = self.data_dir / name
+            try:
+                stat = os.stat(path)
+            except FileNotFoundError:
+                continue
+            state = self._logs.setdefault(name, _LogState())
+            size = stat.st_size
+            rewritten = (
+                stat.st_ino != state.ino
+                or size < state.sent
+                or _prefix_crc(path, state.sent) != state.prefix_crc
+            )
+            if not rewritten and size == state.sent:
+                continue
+            start = 0 if rewritten else state.sent
+            with open(path, "rb") as file:
+                data = os.pread(file.fileno(), size - start, start)
+            kind = pb.FileChange.REPLACE if rewritten else pb.FileChange.APPEND
+            changes.append(pb.FileChange(path=name, kind=kind, offset=start, data=data))
+            state.ino, state.sent = stat.st_ino, start + len(data)
+            state.prefix_crc = _prefix_crc(path, state.sent)
+        return changes
+
+    # -- small documents ---------------------------------------------------------------------
+    def _document_names(self) -> list[str]:
+        names = [n for n in DOCUMENTS if self.copy_keyring or n != "handle-keys.json"]
+        for folder in DOCUMENT_DIRS:
+            root = self.data_dir / folder
+            if root.is_dir():
+                names += sorted(
+                    f"{folder}/{e.name}" for e in root.iterdir() if e.name.endswith(".json")
+                )
+        return names
+
+    def _documents(self) -> list[pb.FileChange]:
+        changes = []
+        present = set()
+        for name in self._document_names():
+            path = self.data_dir / name
+            try:
+                with open(path, "rb") as file:
+                    stat = os.fstat(file.fileno())
+                    identity = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+                    present.add(name)
+                    if self._docs.get(name) == identity:
+                        continue
+                    data = file.read()
+            except FileNotFoundError:
+                continue
+            self._docs[name] = identity
+            changes.append(pb.FileChange(path=name, kind=pb.FileChange.REPLACE, data=data))
+        for name in [n for n in self._docs if n not in present]:
+            del self._docs[name]
+            changes.append(pb.FileChange(path=name, kind=pb.FileChange.DELETE))
+        return changes
+
+    def _forget(self, docs: list[pb.FileChange], logs: list[pb.FileChange]) -> None:
+        for change in docs:
+            if change.kind == pb.FileChange.DELETE:
+                self._docs[change.path] = (-1, -1, -1)  # still to delete
+            else:
+                self._docs.pop(change.path, None)
+        for change in logs:
+            self._logs.pop(change.path, None)

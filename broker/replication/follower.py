@@ -1,0 +1,97 @@
+"""The follower's side: dial the leader, say where this copy stands, apply and acknowledge.
+
+One stream at a time; a lost or refused stream is retried with back-off (the leader may be
+restarting, or not be the leader yet). A batch from an older epoch than this node knows is
+refused: the stream ends and nothing of it is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import anyio
+import grpc
+from popmq.broker.replication.replica import ReplicationError, ReplicaWriter
+from popmq.broker.replication.role import GroupRole
+
+from popmq.clock import SYSTEM, Clock
+from popmq.pb.replication.v1 import replication_pb2 as pb
+from popmq.pb.replication.v1 import replication_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+_BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
+
+
+class ReplicaFollower:
+    def __init__(
+        self,
+        writer: ReplicaWriter,
+        node: str,
+        role: GroupRole,
+        channel_factory: Callable[[str], grpc.aio.Channel],
+        *,
+        clock: Clock = SYSTEM,
+    ) -> None:
+        self._writer = writer
+        self._node = node
+        self._role = role
+        self._channel_factory = channel_factory
+        self._clock = clock
+        self.batches = 0
+        self.connected = False
+        self.last_error: str | None = None
+
+    async def run(self) -> None:
+        """Follow until cancelled."""
+        failures = 0
+        while True:
+            try:
+                await self._follow_once()
+                failures = 0
+            except (grpc.aio.AioRpcError, ReplicationError, OSError, asyncio.InvalidStateError,
+                    grpc.RpcError) as error:  # fmt: skip
+                # InvalidStateError: the leader ended the stream while an ack was being written
+                text = (error.details() or error.code().name
+                        if isinstance(error, grpc.aio.AioRpcError)
+                        else str(error) or type(error).__name__)  # fmt: skip
+                if text != self.last_error:
+                    log.warning("replication: following %s (epoch %d): %s",
+                                self._role.leader_address, self._role.epoch, text)  # fmt: skip
+                self.last_error = text
+                failures += 1
+            finally:
+                self.connected = False
+            await self._clock.sleep(_BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)])
+
+    async def _follow_once(self) -> None:
+        channel = self._channel_factory(self._role.leader_address)
+        try:
+            stub = replication_pb2_grpc.ReplicationServiceStub(channel)
+            call = stub.Replicate()
+            try:
+                hello = self._writer.hello(self._node, self._role.epoch)
+                await call.write(pb.ReplicaReport(hello=hello))
+                while True:
+                    batch = await call.read()
+                    if batch is grpc.aio.EOF:
+                        return
+                    end = await anyio.to_thread.run_sync(
+                        self._writer.apply, batch, self._role.epoch
+                    )
+                    self.batches += 1
+                    if not self.connected:
+                        log.info("replication: following %s at epoch %d from %d",
+                                 self._role.leader_address, batch.epoch, end)  # fmt: skip
+                    self.connected = True
+                    self.last_error = None
+                    await call.write(
+                        pb.ReplicaReport(ack=pb.Ack(sequence=batch.sequence, commitlog_end=end))
+                    )
+            finally:
+                call.cancel()
+        finally:
+            await channel.close()

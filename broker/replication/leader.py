@@ -1,0 +1,405 @@
+"""The leader's side: one sender per connected follower, the in-sync set, the sync barrier.
+
+Each follower's stream: take a snapshot of what changed (files.py), send it as one batch,
+and again, with up to ``_Session.WINDOW`` batches not yet acknowledged (the follower fsyncs
+each batch, in order, before it acknowledges it). Once caught up, a sender takes its next
+snapshot when a write waits on the barrier, else every ``poll_ms``; an idle follower still gets
+an (empty) batch then, which keeps its catch-up time fresh.
+
+The sync barrier (``replicated``): a write that returned locally waits until every follower of
+the in-sync set (and at least ``min_in_sync - 1`` of them) acknowledged a complete snapshot
+taken after the write, as RocketMQ's allAckInSyncStateSet. Before a send is written at all,
+``check_available`` refuses it (HA_NOT_AVAILABLE) when fewer than ``min_in_sync`` nodes are in
+sync, so nothing is written that could be acknowledged and then lost.
+
+In-sync changes are reported through the role source before a member stops being waited for
+(a shrink), and after a new member is waited for (a growth): the recorded set never lacks a
+node that acknowledged writes the others may not have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import grpc
+from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.replication import epochs
+from popmq.broker.replication.files import (
+    DataSnapshotter,
+    FollowerBehindRetention,
+    Snapshot,
+    list_segments,
+    log_end,
+)
+from popmq.broker.replication.in_sync import Change, InSyncSet
+from popmq.broker.replication.role import GroupRole, RoleSource
+
+from popmq.clock import SYSTEM, Clock
+from popmq.config import ReplicationConfig
+from popmq.lifecycle import TaskOwner
+from popmq.pb.replication.v1 import replication_pb2 as pb
+from popmq.pb.replication.v1 import replication_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+_EVALUATE_EVERY_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerStatus:
+    name: str
+    connected: bool
+    in_sync: bool
+    lag_bytes: int  # commitlog bytes it has not acknowledged
+    lag_s: float | None  # seconds since it last caught up (None: never)
+
+
+class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
+    def __init__(
+        self,
+        data_dir: Path,
+        node: str,
+        role: GroupRole,
+        roles: RoleSource,
+        config: ReplicationConfig,
+        history: epochs.EpochHistory,
+        *,
+        clock: Clock = SYSTEM,
+        copy_keyring: bool = True,
+    ) -> None:
+        self._dir = Path(data_dir)
+        self._node = node
+        self._role = role
+        self._roles = roles
+        self._config = config
+        self._history = history
+        self._clock = clock
+        self._copy_keyring = copy_keyring
+        self.in_sync = InSyncSet(node, config.max_lag_s, clock.monotonic)
+        self._progress = asyncio.Condition()
+        self._kicks: set[asyncio.Event] = set()  # one per sender
+        self._batch_ids = 0
+        self._sessions: dict[str, int] = {}  # node -> stream generation
+        self._tasks = TaskOwner(f"replication-leader:{node}", grace_s=0)
+        self._closed = False
+        self._reported: frozenset[str] | None = None
+        self._evaluating = asyncio.Lock()  # one evaluation (and its reports) at a time
+
+    async def __aenter__(self) -> ReplicationLeader:
+        self._tasks.spawn(self._watch_in_sync(), "in-sync")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        await self._tasks.aclose()
+        async with self._progress:
+            self._progress.notify_all()
+
+    # -- the barrier -------------------------------------------------------------------------
+    @property
+    def min_in_sync(self) -> int:
+        return self._config.min_in_sync
+
+    def check_available(self) -> None:
+        """Refuse a write now when fewer than min_in_sync nodes are in sync."""
+        if self.in_sync.size < self.min_in_sync:
+            raise RefusedError(
+                Code.HA_NOT_AVAILABLE,
+                f"only {self.in_sync.size} of the {self.min_in_sync} nodes replication needs "
+                f"are in sync ({', '.join(sorted(self.members))}); nothing was written",
+            )
+
+    @property
+    def members(self) -> frozenset[str]:
+        """The in-sync set, this leader included."""
+        return self.in_sync.with_change(Change(frozenset(), frozenset()))
+
+    async def replicated(self) -> None:
+        """Return once what was written before this call is durable on the in-sync set."""
+        if self._config.mode != "sync":
+            return
+        target = self._batch_ids + 1
+        for kick in self._kicks:
+            kick.set()
+        try:
+            with anyio.fail_after(self._config.sync_timeout_ms / 1000):
+                async with self._progress:
+                    await self._progress.wait_for(lambda: self._done(target))
+        except TimeoutError:
+            raise RefusedError(
+                Code.SLAVE_PERSISTENCE_TIMEOUT,
+                f"the in-sync followers did not confirm within {self._config.sync_timeout_ms} "
+                "ms; the write may be applied: retry it",
+            ) from None
+        if self._closed or not self._roles.current().is_leader:
+            raise RefusedError(Code.HA_NOT_AVAILABLE, "this node stopped leading during the write")
+
+    def _done(self, target: int) -> bool:
+        if self._closed:
+            return True
+        members = self.in_sync.members
+        if 1 + len(members) < self.min_in_sync:
+            raise RefusedError(
+                Code.HA_NOT_AVAILABLE,
+                f"the in-sync set shrank below {self.min_in_sync} nodes during the write; "
+                "it may be applied on this node only: retry it",
+            )
+        followers = self.in_sync.followers
+        return all(followers[m].acked_id >= target for m in members)
+
+    def status(self) -> list[FollowerStatus]:
+        """Each follower seen in this epoch (for `admin cluster status` and metrics)."""
+        end = log_end(list_segments(self._dir))
+        return [
+            FollowerStatus(
+                name=node,
+                connected=progress.connected,
+                in_sync=node in self.in_sync.members,
+                lag_bytes=max(0, end - progress.commitlog_end),
+                lag_s=self.in_sync.lag_s(node),
+            )
+            for node, progress in sorted(self.in_sync.followers.items())
+        ]
+
+    # -- in-sync set -------------------------------------------------------------------------
+    async def _watch_in_sync(self) -> None:
+        while True:
+            await self.reevaluate()
+            await self._clock.sleep(_EVALUATE_EVERY_S)
+
+    async def reevaluate(self) -> None:
+        """Apply what the in-sync bookkeeping says now, reporting each change through the role
+        source: a shrink before the member stops being waited for, a growth after it starts
+        being waited for. A report that fails is retried at the next evaluation; until a
+        shrink is recorded, the member is still waited for (writes time out, never lie)."""
+        async with self._evaluating:
+            change = self.in_sync.evaluate()
+            if change.left:
+                shrink = Change(frozenset(), change.left)
+                if await self._report(self.in_sync.with_change(shrink)):
+                    self.in_sync.apply(shrink)
+                    self._log_change(shrink)
+            if change.joined:
+                grow = Change(change.joined, frozenset())
+                self.in_sync.apply(grow)
+                self._log_change(grow)
+            if self._reported != self.members:  # the first report, or one that failed
+                await self._report(self.members)
+            async with self._progress:
+                self._progress.notify_all()
+
+    def _log_change(self, change: Change) -> None:
+        log.info("replication: in-sync set of epoch %d is now %s (joined %s, left %s)",
+                 self._role.epoch, sorted(self.members), sorted(change.joined),
+                 sorted(change.left))  # fmt: skip
+
+    async def _report(self, members: frozenset[str]) -> bool:
+        if members == self._reported:
+            return True
+        try:
+            await self._roles.report_in_sync(self._role.epoch, members)
+        except Exception as error:
+            log.warning("replication: could not record the in-sync set %s of epoch %d: %s",
+                        sorted(members), self._role.epoch, error)  # fmt: skip
+            return False
+        self._reported = members
+        return True
+
+    def next_batch_id(self) -> int:
+        """The id of a snapshot being taken now (ids grow over every follower's batches)."""
+        self._batch_ids += 1
+        return self._batch_ids
+
+    async def acknowledged(
+        self, node: str, batch_id: int, taken_at: float, complete: bool, end: int
+    ) -> None:
+        """``node`` made batch ``batch_id`` (taken at ``taken_at``) durable."""
+        self.in_sync.acked(node, batch_id, taken_at, complete, end)
+        if complete and node not in self.in_sync.members:
+            await self.reevaluate()
+        async with self._progress:
+            self._progress.notify_all()
+
+    # -- the stream --------------------------------------------------------------------------
+    async def Replicate(
+        self, request_iterator: AsyncIterator[pb.ReplicaReport], context: Any
+    ) -> None:
+        reports = request_iterator.__aiter__()
+        first = await reports.__anext__()
+        if first.WhichOneof("kind") != "hello":
+            await context.abort(_INVALID, "the first report must be a hello")
+        hello = first.hello
+        node = hello.node
+        if hello.known_epoch > self._role.epoch:
+            log.warning("replication: %s knows epoch %d, newer than this leader's %d: refused",
+                        node, hello.known_epoch, self._role.epoch)  # fmt: skip
+            await context.abort(_FAILED, f"this leader's epoch {self._role.epoch} is stale")
+        start, truncate, reset = self._start_point(hello)
+        generation = self._sessions.get(node, 0) + 1
+        self._sessions[node] = generation
+        self.in_sync.connected(node)
+        log.info("replication: %s follows from %d (truncate %d, reset %s)",
+                 node, start, truncate, reset)  # fmt: skip
+        snapshotter = DataSnapshotter(self._dir, start, copy_keyring=self._copy_keyring)
+        session = _Session(self, node, snapshotter)
+        self._kicks.add(session.kick)
+        try:
+            failure = await session.run(reports, context, truncate, reset)
+        finally:
+            self._kicks.discard(session.kick)
+            if self._sessions.get(node) == generation:
+                self.in_sync.disconnected(node)
+                if not self._closed:
+                    self._tasks.spawn(self.reevaluate(), "in-sync")
+        if failure is not None:
+            await context.abort(*failure)
+
+    def _start_point(self, hello: pb.Hello) -> tuple[int, int, bool]:
+        """(first position to send, position to cut the follower back to or -1, reset)."""
+        segments = list_segments(self._dir)
+        leader_min = segments[0][0] if segments else 0
+        leader_end = log_end(segments)
+        follower = [(e.epoch, e.start_offset) for e in hello.epochs]
+        if hello.commitlog_end == 0 and not follower:
+            return leader_min, -1, True  # empty: bootstrap (reset clears stray files)
+        point = epochs.consistent_point(self._history.entries, leader_end, follower,
+                                        hello.commitlog_end)  # fmt: skip
+        if point < 0 or point < leader_min:
+            return leader_min, -1, True
+        truncate = point if point < hello.commitlog_end else -1
+        return point, truncate, False
+
+
+class _Session:
+    """One follower's stream: up to WINDOW batches in flight (the follower applies them in
+    order while the next ones travel), acknowledged in order."""
+
+    WINDOW = 4
+
+    def __init__(self, leader: ReplicationLeader, node: str, snapshotter: DataSnapshotter) -> None:
+        self.leader = leader
+        self.node = node
+        self.snapshotter = snapshotter
+        self.kick = asyncio.Event()
+        # (sequence, batch id, taken at, complete) of each batch sent and not yet acknowledged
+        self.in_flight: deque[tuple[int, int, float, bool]] = deque()
+        self.space = asyncio.Condition()
+        self.failure: tuple[grpc.StatusCode, str] | None = None
+
+    async def run(
+        self, reports: AsyncIterator[pb.ReplicaReport], context: Any, truncate: int, reset: bool
+    ) -> tuple[grpc.StatusCode, str] | None:
+        async with anyio.create_task_group() as group:
+
+            async def until_one_ends(work: Any) -> None:
+                try:
+                    await work
+                except Exception as error:  # the follower went away: the stream is over
+                    log.debug("replication: %s: stream ended: %r", self.node, error)
+                finally:
+                    group.cancel_scope.cancel()
+
+            group.start_soon(until_one_ends, self._read_acks(reports))
+            group.start_soon(until_one_ends, self._send(context, truncate, reset))
+        return self.failure
+
+    async def _read_acks(self, reports: AsyncIterator[pb.ReplicaReport]) -> None:
+        leader, max_lag = self.leader, self.leader._config.max_lag_s
+        while True:
+            with anyio.move_on_after(max_lag) as waited:
+                report = await reports.__anext__()
+            if waited.cancelled_caught:
+                log.warning("replication: %s acknowledged nothing for %.1f s; its stream is "
+                            "closed", self.node, max_lag)  # fmt: skip
+                self.failure = (grpc.StatusCode.DEADLINE_EXCEEDED, "no acknowledgement")
+                return
+            if (
+                report.WhichOneof("kind") != "ack"
+                or not self.in_flight
+                or report.ack.sequence != self.in_flight[0][0]
+            ):
+                self.failure = (_INVALID, "expected the acknowledgement of the oldest batch")
+                return
+            _, batch_id, taken_at, complete = self.in_flight.popleft()
+            await leader.acknowledged(self.node, batch_id, taken_at, complete,
+                                      report.ack.commitlog_end)  # fmt: skip
+            async with self.space:
+                self.space.notify_all()
+
+    async def _send(self, context: Any, truncate: int, reset: bool) -> None:
+        leader = self.leader
+        poll_s = leader._config.poll_ms / 1000
+        sequence = 0
+        caught_up = False
+        while not leader._closed:
+            async with self.space:
+                await self.space.wait_for(lambda: len(self.in_flight) < self.WINDOW)
+            if caught_up:  # everything was sent: wait for a write, or send a heartbeat
+                await _wait_for_work(self.kick, poll_s)
+            try:
+                snapshot = self.snapshotter.take(leader._history.entries, leader._clock.monotonic())
+            except FollowerBehindRetention as behind:
+                log.warning("replication: %s: %s", self.node, behind)
+                self.failure = (_FAILED, str(behind))  # it reconnects and starts over
+                return
+            batch_id = leader.next_batch_id()
+            sequence += 1
+            self.in_flight.append((sequence, batch_id, snapshot.taken_at, snapshot.complete))
+            batch = make_batch(
+                leader._dir, snapshot, sequence, leader._role.epoch, leader._history.entries,
+                truncate=truncate if sequence == 1 else -1, reset=reset and sequence == 1,
+            )  # fmt: skip
+            await context.write(batch)
+            caught_up = snapshot.complete
+
+
+def make_batch(
+    data_dir: Path,
+    snapshot: Snapshot,
+    sequence: int,
+    epoch: int,
+    history: list[epochs.Entry],
+    *,
+    truncate: int = -1,
+    reset: bool = False,
+) -> pb.ReplicaBatch:
+    return pb.ReplicaBatch(
+        sequence=sequence,
+        epoch=epoch,
+        truncate_to=truncate,
+        reset=reset,
+        epochs=[pb.EpochEntry(epoch=e, start_offset=s) for e, s in history],
+        commitlog_min=_min_position(data_dir),
+        commitlog_segment=snapshot.commitlog_segment,
+        commitlog_offset=snapshot.commitlog_offset,
+        commitlog_data=snapshot.commitlog_data,
+        files=snapshot.files,
+        complete=snapshot.complete,
+    )
+
+
+async def _wait_for_work(kick: asyncio.Event, poll_s: float) -> None:
+    """Until a write waits on the barrier (kick), or poll_s passed."""
+    if not kick.is_set():
+        with anyio.move_on_after(poll_s):
+            await kick.wait()
+    kick.clear()
+
+
+def _min_position(data_dir: Path) -> int:
+    segments = list_segments(data_dir)
+    return segments[0][0] if segments else 0
+
+
+_INVALID = grpc.StatusCode.INVALID_ARGUMENT
+_FAILED = grpc.StatusCode.FAILED_PRECONDITION

@@ -1,0 +1,199 @@
+"""One node of a replicated broker group: the gRPC server, and the role it plays now.
+
+The node serves BrokerService (through ``NodePort``) and ReplicationService on one port. As a
+leader it opens its broker on the data directory (recovery rebuilds what a follower did not
+copy), records its epoch's first position, and lets followers stream from it; as a follower it
+copies its leader's data directory and refuses broker calls. When the role source announces a
+new role, the old one is wound down first (a leader stops answering before it closes), then
+the new one starts: a static switch, or an election's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import grpc
+from popmq.broker.core import Broker
+from popmq.broker.local import LocalBrokerPort
+from popmq.broker.pop.handle_keys import keyring_path
+from popmq.broker.replication.epochs import EpochHistory, StaleEpochError
+from popmq.broker.replication.files import list_segments, log_end
+from popmq.broker.replication.follower import MAX_MESSAGE_BYTES, ReplicaFollower
+from popmq.broker.replication.leader import ReplicationLeader
+from popmq.broker.replication.metrics import NodeCollector, node_registry
+from popmq.broker.replication.port import Leading, NodePort
+from popmq.broker.replication.replica import ReplicaWriter
+from popmq.broker.replication.role import GroupRole, RoleSource
+from popmq.broker.wire.server import BrokerGrpcServer
+from prometheus_client import CollectorRegistry
+
+from popmq.clock import SYSTEM, Clock
+from popmq.config import BrokerConfig, BrokerLinkConfig
+from popmq.pb.replication.v1 import replication_pb2 as pb
+from popmq.pb.replication.v1 import replication_pb2_grpc
+from popmq.security.link import broker_channel
+
+log = logging.getLogger(__name__)
+
+
+class ReplicationGate(replication_pb2_grpc.ReplicationServiceServicer):
+    """ReplicationService of the node: the current leader's, or a refusal."""
+
+    def __init__(self) -> None:
+        self.leader: ReplicationLeader | None = None
+
+    async def Replicate(
+        self, request_iterator: AsyncIterator[pb.ReplicaReport], context: Any
+    ) -> None:
+        leader = self.leader
+        if leader is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "this node is not the leader")
+            return
+        await leader.Replicate(request_iterator, context)
+
+
+def role_from_config(config: BrokerConfig) -> GroupRole:
+    repl = config.replication
+    leader = repl.role == "leader"
+    return GroupRole(
+        epoch=repl.epoch,
+        leader_name=config.name,
+        leader_address=f"{config.host}:{config.port}" if leader else (repl.leader or ""),
+        is_leader=leader,
+    )
+
+
+class ReplicatedNode:
+    def __init__(self, config: BrokerConfig, roles: RoleSource, *, clock: Clock = SYSTEM) -> None:
+        self._config = config
+        self._roles = roles
+        self._clock = clock
+        self.port = NodePort(config.name)
+        self._gate = ReplicationGate()
+        self._server = BrokerGrpcServer(
+            self.port, config.host, config.port, config=config,
+            services=[lambda server: replication_pb2_grpc.add_ReplicationServiceServicer_to_server(
+                self._gate, server)],
+        )  # fmt: skip
+        self.node = config.replication.node or ""
+        self.role: GroupRole | None = None
+        self.follower: ReplicaFollower | None = None
+
+    @property
+    def bound_port(self) -> int:
+        return self._server.bound_port
+
+    @property
+    def leader(self) -> ReplicationLeader | None:
+        return self._gate.leader
+
+    def metrics_registry(self) -> CollectorRegistry:
+        """The node's /metrics: the running broker's metrics and popmq_broker_replication_*."""
+        collector = NodeCollector(self._config.name, lambda: self.node, lambda: self.role,
+                                  self._running_broker, lambda: self._gate.leader)  # fmt: skip
+        return node_registry(collector)
+
+    def _running_broker(self) -> Broker | None:
+        leading = self.port.leading
+        return leading.broker if leading is not None else None
+
+    async def start(self) -> None:
+        await self._server.start()
+        if not self.node:
+            self.node = f"{self._config.name}@{self._config.host}:{self._server.bound_port}"
+
+    async def aclose(self, grace_s: float = 1.0) -> None:
+        """Stop serving (calls in flight get ``grace_s``); ``run`` is cancelled by its owner."""
+        await self._server.aclose(grace_s)
+
+    async def run(self) -> None:
+        """Play the role the source gives, and the next one, until cancelled."""
+        role = self._roles.current()
+        while True:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._play, role)
+                new_role = await self._roles.wait_changed(role)
+                group.cancel_scope.cancel()
+            log.info("replication: %s: role changes from %s to %s", self.node, role, new_role)
+            role = new_role
+
+    async def _play(self, role: GroupRole) -> None:
+        self.role = role
+        try:
+            if role.is_leader:
+                await self._lead(role)
+            else:
+                await self._follow(role)
+        except Exception as error:  # e.g. the data directory cannot be opened
+            self.port.refusal = f"{self.node} cannot play its role (epoch {role.epoch}): {error}"
+            log.error("replication: %s", self.port.refusal, exc_info=True)
+            await anyio.sleep_forever()  # refuses every call until the role changes
+
+    # -- leading -----------------------------------------------------------------------------
+    async def _lead(self, role: GroupRole) -> None:
+        config = self._config
+        history = EpochHistory(config.data_dir)
+        if role.epoch < history.last_epoch:
+            self.port.refusal = (
+                f"{self.node} was told to lead epoch {role.epoch}, older than epoch "
+                f"{history.last_epoch} it knows: refusing to serve"
+            )
+            log.error("replication: %s", self.port.refusal)
+            await anyio.sleep_forever()
+        broker = Broker(config, self._clock)
+        await broker.start()
+        try:
+            try:
+                history.begin(role.epoch, log_end(list_segments(Path(config.data_dir))))
+            except StaleEpochError as error:
+                self.port.refusal = str(error)
+                await anyio.sleep_forever()
+            own_keyring = keyring_path(config).parent == Path(config.data_dir)
+            leader = ReplicationLeader(
+                Path(config.data_dir), self.node, role, self._roles, config.replication, history,
+                clock=self._clock, copy_keyring=own_keyring,
+            )  # fmt: skip
+            async with leader:
+                await leader.reevaluate()  # report the in-sync set (this node) at once
+                self._gate.leader = leader
+                self.port.leading = Leading(broker, LocalBrokerPort(broker), leader)
+                log.info("replication: %s leads epoch %d (%s, min in sync %d)", self.node,
+                         role.epoch, config.replication.mode,
+                         config.replication.min_in_sync)  # fmt: skip
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    # Stop answering first: nothing is acknowledged once the role is gone.
+                    self.port.leading = None
+                    self.port.refusal = f"{self.node} stopped leading epoch {role.epoch}"
+                    self._gate.leader = None
+        finally:
+            with anyio.CancelScope(shield=True):
+                await broker.aclose()
+
+    # -- following ---------------------------------------------------------------------------
+    async def _follow(self, role: GroupRole) -> None:
+        self.port.refusal = (f"{self.node} is a follower (epoch {role.epoch}); the leader is "
+                             f"{role.leader_name or '?'} at {role.leader_address}")  # fmt: skip
+        writer = ReplicaWriter(Path(self._config.data_dir))
+        writer.open()
+        try:
+            self.follower = ReplicaFollower(
+                writer, self.node, role, self._channel_factory(), clock=self._clock
+            )
+            await self.follower.run()
+        finally:
+            self.follower = None
+            writer.close()
+
+    def _channel_factory(self) -> Callable[[str], grpc.aio.Channel]:
+        link = BrokerLinkConfig(cluster_token_file=self._config.cluster_token_file)
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+        return lambda address: broker_channel(address, options, link)

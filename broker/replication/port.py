@@ -1,0 +1,213 @@
+"""The BrokerPort a node of a replicated group serves.
+
+While the node leads, calls go to its broker; the writes a client is answered for (send, ack,
+change of invisible time, DLQ, offsets, topics, groups) and pops that handed out messages
+return only after the sync barrier (leader.py), and a send is refused before it is written
+when too few nodes are in sync. While it follows (or between roles), every call is refused
+with HA_NOT_AVAILABLE, naming the leader: a follower serves no writes and no reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.contract.port import BrokerPort
+from popmq.broker.contract.types import (
+    AckEntry,
+    AckEntryResult,
+    ChangeInvisibleResult,
+    GroupConfig,
+    GroupDeleted,
+    GroupQueueStats,
+    GroupSummary,
+    HalfMessageInfo,
+    Message,
+    NotifyRequest,
+    NotifyResult,
+    PopRequest,
+    PopResult,
+    PullRequest,
+    PullResult,
+    SendResult,
+    TopicInfo,
+    TransactionCheck,
+)
+from popmq.broker.core import Broker
+from popmq.broker.local import LocalBrokerPort
+from popmq.broker.replication.leader import ReplicationLeader
+
+
+@dataclass(slots=True)
+class Leading:
+    broker: Broker
+    port: LocalBrokerPort
+    replication: ReplicationLeader
+
+
+class NodePort:
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self.leading: Leading | None = None
+        self.refusal = "this node is starting"
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def _leader(self) -> Leading:
+        leading = self.leading
+        if leading is None:
+            raise RefusedError(Code.HA_NOT_AVAILABLE, self.refusal)
+        return leading
+
+    def _writer(self) -> Leading:
+        """The leader, for a write: refused before anything is written when too few nodes
+        are in sync."""
+        leading = self._leader()
+        leading.replication.check_available()
+        return leading
+
+    def _broker(self) -> tuple[Broker, LocalBrokerPort]:
+        leading = self._leader()
+        return leading.broker, leading.port
+
+    async def _replicated(self, leading: Leading, *, journal: bool = False) -> None:
+        if journal:
+            leading.broker.journal_in_flight()
+        await leading.replication.replicated()
+
+    # -- writes ------------------------------------------------------------------------------
+    async def send(self, messages: list[Message], queue_id: int = -1) -> list[SendResult]:
+        leading = self._writer()
+        results = await leading.port.send(messages, queue_id)
+        await self._replicated(leading)
+        return results
+
+    async def pop(self, request: PopRequest) -> PopResult:
+        leading = self._leader()
+        result = await leading.port.pop(request)
+        if result.messages:
+            await self._replicated(leading, journal=True)
+        return result
+
+    async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:
+        leading = self._writer()
+        leading.broker.journal_in_flight()
+        results = await leading.port.ack(group, topic, entries)
+        await self._replicated(leading, journal=True)
+        return results
+
+    async def change_invisible_time(
+        self, group: str, topic: str, receipt_handle: str, invisible_time_ms: int
+    ) -> ChangeInvisibleResult:
+        leading = self._writer()
+        leading.broker.journal_in_flight()
+        result = await leading.port.change_invisible_time(
+            group, topic, receipt_handle, invisible_time_ms
+        )
+        await self._replicated(leading, journal=True)
+        return result
+
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        leading = self._writer()
+        message_id = await leading.port.recall(topic, recall_handle)
+        await self._replicated(leading)
+        return message_id
+
+    async def end_transaction(
+        self, topic: str, message_id: str, transaction_id: str, commit: bool, source: str = ""
+    ) -> None:
+        leading = self._writer()
+        await leading.port.end_transaction(topic, message_id, transaction_id, commit, source)
+        await self._replicated(leading)
+
+    async def claim_transaction_checks(
+        self, topics: list[str], limit: int = 64
+    ) -> list[TransactionCheck]:
+        leading = self._writer()  # each claim is counted with a CHECK op record
+        checks = await leading.port.claim_transaction_checks(topics, limit)
+        if checks:
+            await self._replicated(leading)
+        return checks
+
+    async def list_transactions(self) -> list[HalfMessageInfo]:
+        return await self._broker()[1].list_transactions()
+
+    async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
+        leading = self._writer()
+        leading.broker.journal_in_flight()
+        await leading.port.forward_to_dlq(group, topic, receipt_handle)
+        await self._replicated(leading, journal=True)
+
+    async def update_consumer_offset(
+        self, group: str, topic: str, queue_id: int, offset: int
+    ) -> None:
+        leading = self._writer()
+        await leading.port.update_consumer_offset(group, topic, queue_id, offset)
+        await leading.broker.store.checkpoint()  # the offsets document is what travels
+        await self._replicated(leading)
+
+    async def create_topic(self, topic: str, queue_count: int, message_type: str = "") -> TopicInfo:
+        leading = self._writer()
+        info = await leading.port.create_topic(topic, queue_count, message_type)
+        await self._replicated(leading)
+        return info
+
+    async def delete_topic(self, topic: str) -> None:
+        leading = self._writer()
+        await leading.port.delete_topic(topic)
+        await self._replicated(leading)
+
+    async def update_group(self, config: GroupConfig) -> GroupConfig:
+        leading = self._writer()
+        result = await leading.port.update_group(config)
+        await self._replicated(leading)
+        return result
+
+    async def delete_group(
+        self, group: str, clean_offsets: bool = False, force: bool = False
+    ) -> GroupDeleted:
+        leading = self._writer()
+        result = await leading.port.delete_group(group, clean_offsets, force)
+        await self._replicated(leading)
+        return result
+
+    # -- reads -------------------------------------------------------------------------------
+    async def notify(self, request: NotifyRequest) -> NotifyResult:
+        return await self._broker()[1].notify(request)
+
+    async def pull(self, request: PullRequest) -> PullResult:
+        return await self._broker()[1].pull(request)
+
+    async def get_consumer_offset(self, group: str, topic: str, queue_id: int) -> int:
+        return await self._broker()[1].get_consumer_offset(group, topic, queue_id)
+
+    async def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        return await self._broker()[1].offset_for_timestamp(topic, queue_id, timestamp_ms)
+
+    async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
+        leading = self._leader()
+        info = await leading.port.get_topic(topic, auto_create)
+        if auto_create:
+            await self._replicated(leading)
+        return info
+
+    async def list_topics(self) -> list[TopicInfo]:
+        return await self._broker()[1].list_topics()
+
+    async def get_group(self, group: str) -> GroupConfig:
+        return await self._broker()[1].get_group(group)
+
+    async def list_groups(self) -> list[GroupSummary]:
+        return await self._broker()[1].list_groups()
+
+    async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]:
+        return await self._broker()[1].group_stats(group, topic)
+
+    async def close(self) -> None:
+        return None
+
+
+def _is_a_port(port: NodePort) -> BrokerPort:  # mypy: NodePort is a whole BrokerPort
+    return port

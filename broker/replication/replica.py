@@ -1,0 +1,219 @@
+"""Applying the leader's batches on a follower: its data directory becomes a copy of the
+leader's, durable (fsynced) before each batch is acknowledged.
+
+While a node follows, nothing else opens its data directory (the store's LOCK is held), and
+what the broker derives from the commitlog (queue indexes, ``checkpoint.json``) is removed,
+since its commitlog may be cut and rewritten: a promoted follower rebuilds them at start.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import shutil
+import time
+from pathlib import Path, PurePosixPath
+
+from popmq.broker.replication import epochs
+from popmq.broker.replication.files import (
+    APPEND_LOGS,
+    DOCUMENT_DIRS,
+    DOCUMENTS,
+    list_segments,
+    log_end,
+    segment_path,
+)
+from popmq.broker.store import metafile
+from popmq.broker.store.files import DirLock
+from popmq.broker.store.framing import fsync_dir
+
+from popmq.pb.replication.v1 import replication_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+# Removed when following (derived, or describing a log that may be cut).
+_DERIVED = ("index", "checkpoint.json", "checkpoint.json.prev")
+# Removed by a reset (bootstrap): everything the leader sends again.
+_REPLICATED = ("commitlog", "topics.log", "pop", "state", "consumer_offsets.json",
+               "consumer_offsets.json.prev", "FORMAT", "handle-keys.json")  # fmt: skip
+
+
+class ReplicationError(Exception):
+    """A batch this follower must refuse (older epoch, bad path): the stream ends."""
+
+
+def check_path(name: str) -> str:
+    """A file name the leader may write: one of the replicated files, nothing else."""
+    parts = PurePosixPath(name).parts
+    if name in APPEND_LOGS or name in DOCUMENTS:
+        return name
+    if (
+        len(parts) == 2
+        and parts[0] in DOCUMENT_DIRS
+        and parts[1].endswith(".json")
+        and not parts[1].startswith(".")
+    ):
+        return name
+    raise ReplicationError(f"the leader sent a file outside the replicated set: {name!r}")
+
+
+class ReplicaWriter:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = Path(data_dir)
+        self._lock = DirLock(self.data_dir)
+        self.history: epochs.EpochHistory | None = None
+
+    def open(self) -> None:
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._lock.acquire()
+        for name in _DERIVED:
+            path = self.data_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        # Recovery after a promotion scans the whole commitlog and rebuilds every index.
+        metafile.write(self.data_dir / "checkpoint.json", {"position": 0, "queues": {}})
+        self.history = epochs.EpochHistory(self.data_dir)
+
+    def close(self) -> None:
+        self._lock.release()
+
+    @property
+    def commitlog_end(self) -> int:
+        return log_end(list_segments(self.data_dir))
+
+    def hello(self, node: str, known_epoch: int) -> pb.Hello:
+        assert self.history is not None
+        return pb.Hello(
+            node=node,
+            epochs=[pb.EpochEntry(epoch=e, start_offset=s) for e, s in self.history.entries],
+            commitlog_end=self.commitlog_end,
+            known_epoch=max(known_epoch, self.history.last_epoch),
+        )
+
+    # -- applying (blocking: run in a worker thread) -----------------------------------------
+    def apply(self, batch: pb.ReplicaBatch, known_epoch: int) -> int:
+        """Make ``batch`` durable; return the commitlog end after it."""
+        assert self.history is not None
+        if batch.epoch < max(known_epoch, self.history.last_epoch):
+            raise ReplicationError(
+                f"refused a batch of epoch {batch.epoch}: this node knows epoch "
+                f"{max(known_epoch, self.history.last_epoch)}"
+            )
+        if batch.reset:
+            self._reset()
+        if batch.truncate_to >= 0:
+            self._truncate(batch.truncate_to)
+        self._drop_below(batch.commitlog_min)
+        if batch.commitlog_data:
+            self._write_commitlog(batch.commitlog_segment, batch.commitlog_offset,
+                                  batch.commitlog_data)  # fmt: skip
+        for change in batch.files:
+            self._apply_file(change)
+        end = self.commitlog_end
+        # Keep the epochs of what this copy holds (an epoch not reached yet is left out).
+        history = [(e.epoch, e.start_offset) for e in batch.epochs if e.start_offset <= end]
+        self.history.replace(history)
+        return end
+
+    def _reset(self) -> None:
+        """Start over: what this node held is moved aside (never deleted: a leader started by
+        mistake on an empty directory must not cost the data), then copied afresh."""
+        aside = self._aside("replaced")
+        moved = []
+        for name in _REPLICATED:
+            path = self.data_dir / name
+            if path.exists():
+                target = aside / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                path.replace(target)
+                moved.append(name)
+        if moved:
+            log.warning("replication: this node shares no history with its leader; its data (%s) "
+                        "was moved to %s and is copied afresh from the leader",
+                        ", ".join(moved), aside)  # fmt: skip
+        assert self.history is not None
+        self.history.clear()
+        fsync_dir(self.data_dir)
+
+    def _aside(self, kind: str) -> Path:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        path = self.data_dir / "quarantine" / f"replication-{kind}-{stamp}-{os.getpid()}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _truncate(self, position: int) -> None:
+        """Cut the commitlog back to ``position`` (where this node's history leaves the
+        leader's). What is cut was never acknowledged by a sync group; it is kept aside."""
+        segments = [(start, size) for start, size in list_segments(self.data_dir)
+                    if start + size > position or (start == position and start > 0)]  # fmt: skip
+        if not segments:
+            return
+        aside = self._aside("truncated")
+        cut = 0
+        for start, size in segments:
+            path = segment_path(self.data_dir, start)
+            keep = max(0, position - start)
+            with open(path, "r+b") as file:
+                file.seek(keep)
+                (aside / path.name).write_bytes(file.read())
+                cut += size - keep
+                if keep or start == 0:
+                    file.truncate(keep)
+                    os.fsync(file.fileno())
+            if not keep and start > 0:
+                path.unlink()
+        fsync_dir(self.data_dir / "commitlog")
+        log.warning("replication: cut %d commitlog bytes written after position %d (after the "
+                    "epoch this node shares with its leader); kept in %s", cut, position,
+                    aside)  # fmt: skip
+
+    def _drop_below(self, minimum: int) -> None:
+        segments = list_segments(self.data_dir)
+        for (start, _), (next_start, _) in itertools.pairwise(segments):
+            if next_start <= minimum:
+                segment_path(self.data_dir, start).unlink()
+
+    def _write_commitlog(self, segment: int, position: int, data: bytes) -> None:
+        root = self.data_dir / "commitlog"
+        root.mkdir(exist_ok=True)
+        path = segment_path(self.data_dir, segment)
+        created = not path.exists()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            written = os.pwrite(fd, data, position - segment)
+            if written != len(data):
+                raise OSError(f"short write to {path} ({written} of {len(data)} bytes)")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if created:
+            fsync_dir(root)
+
+    def _apply_file(self, change: pb.FileChange) -> None:
+        path = self.data_dir / check_path(change.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if change.kind == pb.FileChange.DELETE:
+            path.unlink(missing_ok=True)
+            fsync_dir(path.parent)
+            return
+        if change.kind == pb.FileChange.REPLACE:
+            tmp = path.with_name(path.name + ".replica")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, change.data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+            return
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, change.offset)
+            os.pwrite(fd, change.data, change.offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,157 @@
+"""Durability: the checkpoint (commitlog, indexes, consumer offsets and checkpoint.json made
+durable together) and the flush loop that runs it every ``flush_interval_ms`` and applies
+retention every few seconds. See message_store.py for what each flush mode promises."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from popmq.broker.store import metafile
+from popmq.broker.store.commitlog import CommitLog
+from popmq.broker.store.consumer_offsets import ConsumerOffsets
+from popmq.broker.store.file_budget import fsync_paths
+from popmq.broker.store.group_commit import GroupCommit
+from popmq.broker.store.queue_index import QueueIndex
+from popmq.broker.store.recovery import QueueKey, queue_key_text
+
+from popmq.clock import Clock
+
+log = logging.getLogger(__name__)
+
+Extents = list[tuple[QueueKey, QueueIndex, int, int]]
+
+
+class Checkpointer:
+    """Writes checkpoints; ``flush_failing`` tells appends to wait for their own fsync while
+    the periodic flush fails, so none is acknowledged undurable."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        commitlog: CommitLog,
+        group: GroupCommit,
+        indexes: dict[QueueKey, QueueIndex],
+        offsets: ConsumerOffsets,
+    ) -> None:
+        self._dir = data_dir
+        self._commitlog = commitlog
+        self._group = group
+        self._indexes = indexes
+        self._offsets = offsets
+        self._lock = asyncio.Lock()
+        self.flush_failures = 0  # failed periodic flushes (fsync or checkpoint)
+        self.flush_failing = False  # whether the last one failed
+
+    async def checkpoint(self) -> None:
+        """Make the commitlog, the indexes, the consumer offsets and the checkpoint durable;
+        then delete the index files that retention emptied."""
+        async with self._lock:
+            position = self._commitlog.write_position
+            extents = self._index_extents()
+            await self._group.wait_durable(position)
+            paths = [p for idx in self._indexes.values() for p in idx.take_dirty_paths()]
+            offsets = self._offsets.snapshot() if self._offsets.dirty else None
+            self._offsets.dirty = False
+            # A future (not a task): the thread's work, which cancelling cannot stop.
+            work = asyncio.get_running_loop().run_in_executor(
+                None,
+                functools.partial(self._write, paths, position, _extents_doc(extents), offsets),
+            )
+            try:
+                try:
+                    await asyncio.shield(work)
+                except asyncio.CancelledError:
+                    # The thread goes on regardless: keep the lock until it is done, so the
+                    # next checkpoint (close's) never writes the same files at the same time.
+                    while not work.done():
+                        with contextlib.suppress(BaseException):
+                            await asyncio.shield(work)
+                    raise
+            except BaseException:
+                for idx in self._indexes.values():
+                    idx.mark_all_dirty()
+                self._offsets.dirty = self._offsets.dirty or offsets is not None
+                raise
+            self._delete_purged_index_files(extents)
+
+    def checkpoint_now(self) -> None:
+        """checkpoint() for synchronous callers (open): everything fsynced inline."""
+        target, fds, dir_dirty = self._commitlog.flush_targets()
+        self._commitlog.sync_fds(fds, dir_dirty)
+        self._commitlog.mark_durable(target, len(fds))
+        extents = self._index_extents()
+        paths = [p for idx in self._indexes.values() for p in idx.take_dirty_paths()]
+        self._write(paths, target, _extents_doc(extents), self._offsets.snapshot())
+        self._offsets.dirty = False
+        self._delete_purged_index_files(extents)
+
+    async def flush_loop(
+        self,
+        interval_s: float,
+        timer: Clock,
+        retention_interval_s: float,
+        apply_retention: Callable[[], object],
+    ) -> None:
+        """Checkpoint every interval_s and apply retention every retention_interval_s, until
+        cancelled; a failing flush is counted and logged once until it works again."""
+        next_retention = timer.monotonic() + retention_interval_s
+        while True:
+            await timer.sleep(interval_s)
+            try:
+                await self.checkpoint()
+            except Exception as exc:
+                self.flush_failures += 1
+                if not self.flush_failing:
+                    log.error("store: periodic flush failed (%s); sends now wait for their own "
+                              "fsync until a flush succeeds", exc)  # fmt: skip
+                self.flush_failing = True
+            else:
+                if self.flush_failing:
+                    log.warning("store: periodic flush works again")
+                self.flush_failing = False
+            if timer.monotonic() >= next_retention:
+                next_retention = timer.monotonic() + retention_interval_s
+                try:
+                    apply_retention()
+                except Exception:
+                    log.exception("store: retention failed")
+
+    def _index_extents(self) -> Extents:
+        """(queue, its index, first offset to keep in a file, max offset) of every queue.
+
+        Index files below the first offset to keep hold only purged entries. They are deleted
+        only after a checkpoint recorded the new first offset: recovery treats an index that
+        starts later than the checkpoint says as damaged, and must not mistake retention for
+        a lost file."""
+        return [
+            (key, idx, idx.first_kept(idx.min_offset), idx.max_offset)
+            for key, idx in self._indexes.items()
+        ]
+
+    def _delete_purged_index_files(self, extents: Extents) -> None:
+        for key, idx, first, _ in extents:
+            if self._indexes.get(key) is idx:  # not deleted (or recreated) meanwhile
+                idx.delete_files_below(first)
+
+    def _write(
+        self,
+        paths: list[Path],
+        position: int,
+        extents: dict[str, list[int]],
+        offsets: list[list[Any]] | None,
+    ) -> None:
+        fsync_paths(paths)
+        metafile.write(self._dir / "checkpoint.json", {"position": position, "queues": extents})
+        if offsets is not None:
+            metafile.write(self._dir / "consumer_offsets.json", offsets)
+            self._offsets.written(offsets)
+
+
+def _extents_doc(extents: Extents) -> dict[str, list[int]]:
+    return {queue_key_text(*key): [first, top] for key, _, first, top in extents}

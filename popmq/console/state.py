@@ -1,0 +1,43 @@
+"""What the console keeps for its lifetime, and how a request becomes an Asker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from popmq.console.admin_client import AdminClient, AdminTarget, Credentials
+from popmq.console.identity import Sessions, basic_credentials, who_is
+from popmq.console.views import Asker, Rates
+
+SESSION_KEY = "sid"
+
+
+@dataclass
+class ConsoleState:
+    target: AdminTarget
+    reader: Credentials | None = None  # the console's own keys (popmq console --access-key)
+    client: AdminClient = field(init=False)
+    sessions: Sessions = field(default_factory=Sessions)
+    rates: Rates = field(default_factory=Rates)
+
+    def __post_init__(self) -> None:
+        self.client = AdminClient(self.target)
+
+    def credentials_of(self, request: Request) -> tuple[bool, Credentials | None]:
+        """(came by Basic?, the key pair): HTTP Basic first, then the session cookie."""
+        basic = basic_credentials(request.headers.get("authorization"))
+        if basic is not None:
+            return True, basic
+        return False, self.sessions.get(request.session.get(SESSION_KEY))
+
+    async def asker(self, request: Request) -> Asker:
+        """Who is asking (ConsoleError 401 if the proxy has an ACL and they do not sign in)."""
+        _, credentials = self.credentials_of(request)
+        identity = await who_is(self.client, credentials)
+        return Asker(self.client, identity, self.reader)
+
+
+def state_of(request: Request) -> ConsoleState:
+    state: ConsoleState = request.app.state.console
+    return state

@@ -1,0 +1,33 @@
+"""Stalled readers: a ReceiveMessage or PullMessage stream whose client stops reading.
+
+A write waits on HTTP/2 flow control until the client reads, so a client that never reads
+would keep its popped messages, its long-poll slot and the frames in memory for as long as
+its connection lives. Each write gets ``proxy.write_stall_timeout_ms``; past it the stream is
+given up: the servicer releases what was not written (visible again at once), frees the slot
+and ends the call.
+
+grpc.aio has no server-side cancel, and the stalled write stays queued in grpc-core (a status
+cannot overtake it), so the call is ended the one quiet way it offers: the handler ends as
+cancelled. The HTTP/2 stream then lingers in the transport, holding that one frame, until
+the client's deadline or its connection ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import grpc
+
+
+class WriterStalled(Exception):
+    """The client did not take a frame within the stall timeout."""
+
+
+async def write_within(context: grpc.aio.ServicerContext, frame: Any, timeout_s: float) -> None:
+    """context.write(frame), or WriterStalled once it waited timeout_s for the client."""
+    try:
+        with anyio.fail_after(timeout_s):
+            await context.write(frame)
+    except TimeoutError:
+        raise WriterStalled(f"the client read nothing for {timeout_s:g} s") from None

@@ -1,0 +1,192 @@
+"""The leader's in-sync bookkeeping and sync barrier, on virtual time (no network)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.replication.epochs import EpochHistory
+from popmq.broker.replication.in_sync import InSyncSet
+from popmq.broker.replication.leader import ReplicationLeader
+from popmq.broker.replication.role import GroupRole, StaticRoleSource
+
+from popmq.clock import LoopClock
+from popmq.config import ReplicationConfig
+
+pytestmark = pytest.mark.looptime
+
+ROLE = GroupRole(epoch=3, leader_name="broker-a", leader_address="127.0.0.1:1", is_leader=True)
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_follower_joins_when_caught_up_and_leaves_after_the_lag_bound() -> None:
+    clock = ManualClock()
+    in_sync = InSyncSet("a0", max_lag_s=15.0, clock=clock)
+    in_sync.connected("a1")
+    assert not in_sync.evaluate()  # connected, never caught up: not in sync
+    in_sync.acked("a1", 1, taken_at=100.0, complete=False, end=10)
+    assert not in_sync.evaluate()  # a clipped batch says nothing about catching up
+    in_sync.acked("a1", 2, taken_at=100.0, complete=True, end=20)
+    change = in_sync.evaluate()
+    assert change.joined == {"a1"} and not change.left
+    in_sync.apply(change)
+    assert in_sync.size == 2
+    clock.now = 115.0
+    assert not in_sync.evaluate()  # exactly at the bound: still in
+    clock.now = 115.001
+    change = in_sync.evaluate()
+    assert change.left == {"a1"}
+    in_sync.apply(change)
+    assert in_sync.size == 1
+    in_sync.acked("a1", 3, taken_at=115.0, complete=True, end=30)  # caught up again
+    assert in_sync.evaluate().joined == {"a1"}
+
+
+def test_a_disconnected_follower_leaves_at_once() -> None:
+    clock = ManualClock()
+    in_sync = InSyncSet("a0", max_lag_s=15.0, clock=clock)
+    in_sync.connected("a1")
+    in_sync.acked("a1", 1, taken_at=100.0, complete=True, end=0)
+    in_sync.apply(in_sync.evaluate())
+    in_sync.disconnected("a1")
+    assert in_sync.evaluate().left == {"a1"}
+
+
+class RecordingRoles(StaticRoleSource):
+    """Records each report with the members the leader was waiting for at that moment."""
+
+    def __init__(self) -> None:
+        super().__init__(ROLE)
+        self.leader: ReplicationLeader | None = None
+        self.seen: list[tuple[frozenset[str], frozenset[str]]] = []
+
+    async def report_in_sync(self, epoch: int, members: frozenset[str]) -> None:
+        assert self.leader is not None
+        self.seen.append((members, frozenset(self.leader.in_sync.members)))
+        await super().report_in_sync(epoch, members)
+
+
+def make_leader(tmp_path: Path, roles: StaticRoleSource, **config: object) -> ReplicationLeader:
+    settings = ReplicationConfig(**{"mode": "sync", "min_in_sync": 2, **config})
+    return ReplicationLeader(
+        tmp_path, "a0", ROLE, roles, settings, EpochHistory(tmp_path), clock=LoopClock()
+    )
+
+
+async def test_reports_shrink_before_and_growth_after_changing_who_is_waited_for(
+    tmp_path: Path,
+) -> None:
+    roles = RecordingRoles()
+    leader = roles.leader = make_leader(tmp_path, roles)
+    loop = asyncio.get_running_loop()
+    async with leader:
+        await asyncio.sleep(0.1)
+        assert roles.seen[-1] == ({"a0"}, set())
+        leader.in_sync.connected("a1")
+        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        # growth: a1 was already waited for when the set {a0, a1} was reported
+        assert roles.seen[-1] == ({"a0", "a1"}, {"a1"})
+        await asyncio.sleep(16.0)  # no acknowledgement for longer than max_lag_s
+        # shrink: reported while a1 was still waited for, then dropped
+        assert roles.seen[-1] == ({"a0"}, {"a1"})
+        assert leader.in_sync.members == set()
+    assert [(e, set(m)) for e, m in roles.reports] == [
+        (3, {"a0"}), (3, {"a0", "a1"}), (3, {"a0"}),
+    ]  # fmt: skip
+
+
+async def test_a_send_is_refused_at_once_when_too_few_nodes_are_in_sync(tmp_path: Path) -> None:
+    leader = make_leader(tmp_path, StaticRoleSource(ROLE))
+    async with leader:
+        with pytest.raises(RefusedError) as refused:
+            leader.check_available()
+        assert refused.value.code == Code.HA_NOT_AVAILABLE
+        assert "only 1 of the 2 nodes" in refused.value.message
+
+
+async def test_the_barrier_waits_for_a_batch_taken_after_the_write(tmp_path: Path) -> None:
+    leader = make_leader(tmp_path, StaticRoleSource(ROLE))
+    loop = asyncio.get_running_loop()
+    async with leader:
+        leader.in_sync.connected("a1")
+        old = leader.next_batch_id()  # a batch in flight when the write happens
+        await leader.acknowledged("a1", old, loop.time(), True, 0)
+        leader.check_available()
+        waiter = asyncio.ensure_future(leader.replicated())
+        await asyncio.sleep(1.0)
+        assert not waiter.done()  # the batch it acknowledged was taken before the write
+        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        await asyncio.wait_for(waiter, 0.1)
+        assert loop.time() == pytest.approx(1.0, abs=0.01)
+
+
+async def test_the_barrier_times_out_with_slave_persistence_timeout(tmp_path: Path) -> None:
+    leader = make_leader(tmp_path, StaticRoleSource(ROLE), sync_timeout_ms=2_000)
+    loop = asyncio.get_running_loop()
+    async with leader:
+        leader.in_sync.connected("a1")
+        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        start = loop.time()
+        with pytest.raises(RefusedError) as refused:
+            await leader.replicated()
+        assert refused.value.code == Code.SLAVE_PERSISTENCE_TIMEOUT
+        assert loop.time() - start == pytest.approx(2.0, abs=0.01)
+
+
+async def test_async_mode_does_not_wait(tmp_path: Path) -> None:
+    leader = make_leader(tmp_path, StaticRoleSource(ROLE), mode="async")
+    async with leader:
+        leader.in_sync.connected("a1")
+        await leader.acknowledged("a1", leader.next_batch_id(), 0.0, True, 0)
+        await asyncio.wait_for(leader.replicated(), 0.001)
+
+
+async def test_a_write_is_not_acknowledged_once_the_node_stopped_leading(tmp_path: Path) -> None:
+    roles = StaticRoleSource(ROLE)
+    leader = make_leader(tmp_path, roles, min_in_sync=1)
+    async with leader:
+        await roles.set(GroupRole(4, "broker-a", "127.0.0.1:2", is_leader=False))
+        with pytest.raises(RefusedError) as refused:
+            await leader.replicated()
+        assert refused.value.code == Code.HA_NOT_AVAILABLE
+
+
+class FlakyRoles(StaticRoleSource):
+    """An election store that refuses in-sync changes until ``ok`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(ROLE)
+        self.ok = True
+
+    async def report_in_sync(self, epoch: int, members: frozenset[str]) -> None:
+        if not self.ok:
+            raise ConnectionError("etcd unreachable")
+        await super().report_in_sync(epoch, members)
+
+
+async def test_a_shrink_that_cannot_be_recorded_keeps_the_member_waited_for(
+    tmp_path: Path,
+) -> None:
+    roles = FlakyRoles()
+    leader = make_leader(tmp_path, roles, min_in_sync=1)
+    loop = asyncio.get_running_loop()
+    async with leader:
+        leader.in_sync.connected("a1")
+        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        assert leader.in_sync.members == {"a1"}
+        roles.ok = False
+        await asyncio.sleep(20.0)  # a1 is behind, but its leaving cannot be recorded
+        assert leader.in_sync.members == {"a1"}  # so writes still wait for it
+        roles.ok = True
+        await asyncio.sleep(1.0)  # retried at the next evaluation
+        assert leader.in_sync.members == set()
+        assert roles.reports[-1] == (3, frozenset({"a0"}))

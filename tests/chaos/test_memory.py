@@ -1,0 +1,216 @@
+"""Memory at the edges (issue 20), against real processes, by peak RSS (psutil).
+
+1. A stranger on the guarded broker port: 4 concurrent 200 MiB calls without the cluster
+   token are refused from their headers, before grpc reads them; the broker grows <= 128 MB
+   (it grew by ~2 GB, and kept ~1 GB, when the request was read and decoded first).
+2. The same against a proxy with an ACL: 4 unsigned 124 MiB sends grow it <= 128 MB.
+3. Receivers that stop reading: 20 ReceiveMessage streams whose client never reads are ended
+   within proxy.write_stall_timeout_ms, their long-poll slots freed and their messages
+   visible again; the proxy stays small throughout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+import yaml
+from popmq.broker.contract.errors import Code
+
+from chaos.processes import PopmqProcess, broker_args, free_port, proxy_args, sample, scrape
+from popmq.pb.broker.v1 import broker_pb2 as bpb
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+pytestmark = pytest.mark.chaos
+
+MB = 1_000_000
+TOKEN = "cluster-token-0123456789abcdef"
+BIG = [("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)]
+
+
+class PeakRss:
+    """The highest RSS of a process, sampled every 20 ms in a thread while in use."""
+
+    def __init__(self, pid: int) -> None:
+        self.process = psutil.Process(pid)
+        self.base = self.peak = self.process.memory_info().rss
+        self._stop = threading.Event()
+
+    @contextmanager
+    def watching(self) -> Iterator[PeakRss]:
+        def watch() -> None:
+            while not self._stop.wait(0.02):
+                self.peak = max(self.peak, self.process.memory_info().rss)
+
+        thread = threading.Thread(target=watch, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            thread.join()
+
+    @property
+    def growth_mb(self) -> float:
+        return (self.peak - self.base) / MB
+
+
+@asynccontextmanager
+async def started(process: PopmqProcess) -> AsyncIterator[PopmqProcess]:
+    await process.start()
+    try:
+        yield process
+    finally:
+        await process.kill()
+
+
+async def test_a_stranger_cannot_grow_the_broker_through_its_port(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    args = broker_args("b0", tmp_path / "data", free_port(), f"broker.cluster_token_file={token}")
+    async with started(PopmqProcess(args, tmp_path / "broker.log")) as broker:
+        assert broker.proc is not None
+        rss = PeakRss(broker.proc.pid)
+        body = b"x" * (200 << 20)
+        request = bpb.SendRequest(messages=[bpb.Message(topic="t", body=body)], queue_id=0)
+        raw = request.SerializeToString()
+        del body, request
+        with rss.watching():
+            async with grpc.aio.insecure_channel(broker.address, options=BIG) as channel:
+                send = channel.unary_unary(
+                    "/popmq.broker.v1.BrokerService/Send",
+                    request_serializer=lambda b: b,
+                    response_deserializer=lambda b: b,
+                )
+                results = await asyncio.gather(
+                    *(send(raw, timeout=60) for _ in range(4)), return_exceptions=True
+                )
+            await asyncio.sleep(0.5)
+    codes = {r.code() for r in results if isinstance(r, grpc.aio.AioRpcError)}
+    assert codes == {grpc.StatusCode.UNAUTHENTICATED}, results
+    print(f"\nbroker: {rss.base / MB:.0f} -> peak {rss.peak / MB:.0f} MB")
+    assert rss.growth_mb <= 128, f"the broker grew {rss.growth_mb:.0f} MB"
+
+
+def _acl(path: Path) -> Path:
+    owner = {"access_key": "owner", "secret_key": "owner-secret-0001"}
+    users = [{**owner, "allow": [{"publish": "*"}, {"subscribe": "*"}]}]
+    path.write_text(yaml.safe_dump({"users": users}))
+    path.chmod(0o600)
+    return path
+
+
+@asynccontextmanager
+async def cluster(tmp_path: Path, *proxy_sets: str) -> AsyncIterator[tuple[PopmqProcess, int]]:
+    args = broker_args("b0", tmp_path / "data", free_port())
+    async with started(PopmqProcess(args, tmp_path / "broker.log")) as broker:
+        metrics = free_port()
+        args = proxy_args({"b0": broker.address}, metrics, *proxy_sets)
+        async with started(PopmqProcess(args, tmp_path / "proxy.log")) as proxy:
+            yield proxy, metrics
+
+
+def _send_request(topic: str, body: bytes) -> s.SendMessageRequest:
+    message = pb.Message(topic=pb.Resource(name=topic), body=body)
+    message.system_properties.message_id = uuid.uuid4().hex.upper()
+    message.system_properties.body_encoding = pb.IDENTITY
+    message.system_properties.message_type = pb.NORMAL
+    return s.SendMessageRequest(messages=[message])
+
+
+async def test_a_stranger_cannot_grow_a_proxy_with_an_acl(tmp_path: Path) -> None:
+    acl = _acl(tmp_path / "acl.yaml")
+    async with cluster(tmp_path, f"proxy.acl={acl}") as (proxy, _metrics):
+        assert proxy.proc is not None
+        rss = PeakRss(proxy.proc.pid)
+        raw = _send_request("t", b"x" * (124 << 20)).SerializeToString()
+        with rss.watching():
+            async with grpc.aio.insecure_channel(proxy.address, options=BIG) as channel:
+                send = channel.unary_unary(
+                    "/apache.rocketmq.v2.MessagingService/SendMessage",
+                    request_serializer=lambda b: b,
+                    response_deserializer=s.SendMessageResponse.FromString,
+                )
+                answers = await asyncio.gather(*(send(raw, timeout=60) for _ in range(4)))
+            await asyncio.sleep(0.5)
+    assert {a.status.code for a in answers} == {Code.UNAUTHORIZED}
+    print(f"\nproxy: {rss.base / MB:.0f} -> peak {rss.peak / MB:.0f} MB")
+    assert rss.growth_mb <= 128, f"the proxy grew {rss.growth_mb:.0f} MB"
+
+
+READERS = 20
+
+
+async def test_receivers_that_stop_reading_are_ended_and_their_polls_released(
+    tmp_path: Path,
+) -> None:
+    """20 receives of 8 x 512 KiB whose clients never read: each is ended within 40 s (the stall
+    timeout is 5 s here), every long-poll slot is free, and the proxy stays small."""
+    sets = ("proxy.write_stall_timeout_ms=5000", "proxy.strategy=pop")
+    async with cluster(tmp_path, *sets) as (proxy, metrics):
+        assert proxy.proc is not None
+        rss = PeakRss(proxy.proc.pid)
+        meta = (("x-mq-client-id", "stalled@1"), ("x-mq-language", "PYTHON"))
+        async with grpc.aio.insecure_channel(proxy.address, options=BIG) as channel:
+            send = channel.unary_unary(
+                "/apache.rocketmq.v2.MessagingService/SendMessage",
+                request_serializer=s.SendMessageRequest.SerializeToString,
+                response_deserializer=s.SendMessageResponse.FromString,
+            )
+            for _ in range(READERS):
+                request = s.SendMessageRequest()
+                for j in range(8):
+                    one = _send_request("t", bytes([65 + j]) * (512 << 10)).messages[0]
+                    request.messages.append(one)
+                answer = await send(request, metadata=meta, timeout=60)
+                assert answer.status.code == Code.OK, answer.status
+        with rss.watching():
+            started = time.monotonic()
+            # One connection per reader, none of which reads: as a crowd of stuck clients.
+            channels = [grpc.aio.insecure_channel(proxy.address, options=BIG) for _ in range(20)]
+            receive = s.ReceiveMessageRequest(
+                group=pb.Resource(name="g"),
+                message_queue=pb.MessageQueue(topic=pb.Resource(name="t")),
+                filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+                batch_size=8,
+            )
+            receive.invisible_duration.FromSeconds(600)
+            receive.long_polling_timeout.FromSeconds(5)
+            calls = [
+                ch.unary_stream(
+                    "/apache.rocketmq.v2.MessagingService/ReceiveMessage",
+                    request_serializer=s.ReceiveMessageRequest.SerializeToString,
+                    response_deserializer=s.ReceiveMessageResponse.FromString,
+                )(receive, metadata=(("x-mq-client-id", f"stuck@{i}"),))
+                for i, ch in enumerate(channels)
+            ]
+            ended = held = 0.0
+            while time.monotonic() - started < 40:
+                page = await asyncio.to_thread(scrape, metrics)
+                ended = sample(page, "popmq_proxy_stalled_streams_total")
+                held = sample(page, "popmq_proxy_active_long_polls")
+                if ended >= READERS and held == 0:
+                    break
+                await asyncio.sleep(0.5)
+            elapsed = time.monotonic() - started
+            for call in calls:
+                call.cancel()
+            for ch in channels:
+                await ch.close()
+    print(
+        f"\nstalled readers: {ended:.0f} ended in {elapsed:.1f} s, "
+        f"proxy peak {rss.peak / MB:.0f} MB"
+    )
+    assert held == 0, f"{held} long polls still held after 40 s"
+    assert ended >= READERS, f"{ended} of {READERS} stalled streams ended in 40 s"
+    assert rss.peak / MB < 600

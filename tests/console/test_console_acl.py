@@ -1,0 +1,185 @@
+"""The console with an ACL on the proxy: `popmq console` in its own process against a real
+`popmq serve --acl`. No credentials: 401; a non-admin: 403 for writes and only its granted
+topics and groups for reads; the login form and its session cookie in a real browser."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from console_support import admin_call, api, screenshot, start_console
+from support.official_clients import PopmqProcess, serve, unique
+
+from popmq.pb.admin.v1 import admin_pb2 as a
+
+pytestmark = [pytest.mark.slow, pytest.mark.wallclock, pytest.mark.subprocess]
+
+ADMIN = ("ops", "ops-secret")
+APP = ("app1", "app1-secret")
+ACL = """
+users:
+  - access_key: ops
+    secret_key: ops-secret
+    admin: true
+  - access_key: app1
+    secret_key: app1-secret
+    allow:
+      - publish: mine-*
+      - subscribe: {group: mygroup-*, topics: [mine-*]}
+"""
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("console-acl")
+    acl = root / "acl.yaml"
+    acl.write_text(ACL)
+    os.chmod(acl, 0o600)
+    proxy: PopmqProcess = serve(root / "data", brokers=1, extra_args=["--acl", str(acl)])
+    try:
+        endpoint = f"127.0.0.1:{proxy.wait_listening()}"
+        console, url = start_console(endpoint, root, "--access-key", ADMIN[0],
+                                     "--secret-key", ADMIN[1])  # fmt: skip
+    except BaseException:
+        proxy.stop()  # never left running when the console cannot start
+        raise
+    names = {"mine": unique("mine"), "other": unique("other"),
+             "mygroup": unique("mygroup"), "theirs": unique("theirs")}  # fmt: skip
+    for key in ("mine", "other"):
+        admin_call(endpoint, "CreateTopic", a.CreateTopicRequest(name=names[key], queue_count=1),
+                   ADMIN)  # fmt: skip
+    for key in ("mygroup", "theirs"):
+        admin_call(endpoint, "UpdateGroup", a.UpdateGroupRequest(name=names[key], max_attempts=3),
+                   ADMIN)  # fmt: skip
+    yield {"endpoint": endpoint, "url": url, **names}
+    assert console.stop() == 0
+    assert proxy.stop() == 0
+
+
+def test_no_or_wrong_credentials_get_401(secured: dict[str, Any]) -> None:
+    with api(secured["url"]) as http:
+        anonymous = http.get("/api/v1/topics")
+        assert anonymous.status_code == 401
+        assert anonymous.headers["www-authenticate"].startswith("Basic")
+        assert anonymous.json()["error"]["code"] == "UNAUTHORIZED"
+        assert http.get("/topics").status_code == 303  # pages send you to the login form
+    with api(secured["url"], ("ops", "wrong")) as http:
+        assert http.get("/api/v1/topics").status_code == 401
+    with api(secured["url"], ("nobody", "x")) as http:
+        assert http.get("/api/v1/cluster").status_code == 401
+
+
+def test_admin_sees_and_changes_everything(secured: dict[str, Any]) -> None:
+    with api(secured["url"], ADMIN) as http:
+        assert http.get("/api/v1/whoami").json() == {"acl": True, "admin": True,
+                                                     "access_key": "ops"}  # fmt: skip
+        names = {t["name"] for t in http.get("/api/v1/topics").json()["topics"]}
+        assert {secured["mine"], secured["other"]} <= names
+        created = http.post("/api/v1/topics", json={"name": unique("ops-made"), "queues": 1})
+        assert created.status_code == 200, created.text
+
+
+def test_non_admin_reads_only_its_grants_and_may_not_write(secured: dict[str, Any]) -> None:
+    with api(secured["url"], APP) as http:
+        assert http.get("/api/v1/whoami").json()["admin"] is False
+        names = {t["name"] for t in http.get("/api/v1/topics").json()["topics"]}
+        assert secured["mine"] in names and secured["other"] not in names
+        groups = {g["name"] for g in http.get("/api/v1/groups").json()["groups"]}
+        assert secured["mygroup"] in groups and secured["theirs"] not in groups
+        assert http.get(f"/api/v1/topics/{secured['mine']}").status_code == 200
+        assert http.get(f"/api/v1/topics/{secured['other']}").status_code == 403
+        assert http.get(f"/api/v1/groups/{secured['theirs']}").status_code == 403
+        assert http.get(f"/api/v1/dlq/{secured['theirs']}").status_code == 403
+        refused = http.post("/api/v1/topics", json={"name": "mine-new", "queues": 1})
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "FORBIDDEN"
+        send = http.post("/api/v1/messages", json={"topic": secured["mine"], "body": "x"})
+        assert send.status_code == 403
+        reset = http.post(f"/api/v1/groups/{secured['mygroup']}/reset-offset",
+                          json={"topic": secured["mine"], "to": "latest"})  # fmt: skip
+        assert reset.status_code == 403
+
+
+def test_console_without_its_own_keys_tells_a_non_admin_why(
+    secured: dict[str, Any], tmp_path: Path
+) -> None:
+    console, url = start_console(secured["endpoint"], tmp_path)
+    try:
+        with api(url, APP) as http:
+            refused = http.get("/api/v1/topics")
+            assert refused.status_code == 403
+            assert "no keys of its own" in refused.json()["error"]["message"]
+        with api(url, ADMIN) as http:
+            assert http.get("/api/v1/topics").status_code == 200
+    finally:
+        assert console.stop() == 0
+
+
+def test_login_form_and_session_in_a_browser(
+    secured: dict[str, Any], browser: Any, tmp_path: Path
+) -> None:
+    url = secured["url"]
+    context = browser.new_context(viewport={"width": 1100, "height": 640})
+    page = context.new_page()
+    page.goto(f"{url}/topics")
+    assert page.url.startswith(f"{url}/login")
+    assert page.get_attribute("input[name=secret_key]", "type") == "password"
+    screenshot(page, "login", tmp_path)
+    page.fill("input[name=access_key]", "ops")
+    page.fill("input[name=secret_key]", "not-it")
+    page.click("button[type=submit]")
+    page.wait_for_selector("[role=alert]")
+    assert page.url.startswith(f"{url}/login")
+
+    page.fill("input[name=secret_key]", ADMIN[1])
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{url}/topics")
+    assert page.inner_text("#whoami") == "ops (admin)"
+    cookie = next(c for c in context.cookies() if c["name"] == "popmq_console")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert ADMIN[1] not in cookie["value"]  # the cookie names a session; the keys stay inside
+    topic = unique("mine-form")
+    page.fill("#create-topic input[name=name]", topic)
+    page.click("#create-topic button")
+    page.wait_for_selector(f"text=Created topic {topic}")
+    page.click("text=Sign out")
+    page.wait_for_url(f"{url}/login")
+    page.goto(f"{url}/cluster")
+    assert page.url.startswith(f"{url}/login")  # the session ended with the sign-out
+
+    page.fill("input[name=access_key]", APP[0])
+    page.fill("input[name=secret_key]", APP[1])
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{url}/cluster")
+    page.goto(f"{url}/topics")
+    assert page.inner_text("#whoami") == "app1 (read only)"
+    assert page.locator("#create-topic").count() == 0
+    assert page.locator(f"#topics >> text={secured['mine']}").count() == 1
+    assert page.locator(f"#topics >> text={secured['other']}").count() == 0
+    context.close()
+
+
+def test_proxy_lets_any_user_ask_who_it_is_and_only_admins_send_test_messages(
+    secured: dict[str, Any],
+) -> None:
+    import grpc
+
+    from popmq.pb.admin.v1 import admin_pb2_grpc
+    from popmq.security.signature import signed_metadata
+
+    me = admin_call(secured["endpoint"], "WhoAmI", a.WhoAmIRequest(), APP)
+    assert (me.acl, me.admin, me.access_key) == (True, False, "app1")
+    assert [g.publish for g in me.grants if g.publish] == ["mine-*"]
+    [subscribe] = [g for g in me.grants if g.subscribe_group]
+    assert subscribe.subscribe_topics == ["mine-*"] and not subscribe.any_topic
+    with grpc.insecure_channel(secured["endpoint"]) as channel:
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        refused = stub.SendTestMessage(
+            a.SendTestMessageRequest(topic=secured["mine"], body=b"x"),
+            timeout=10, metadata=signed_metadata(*APP),
+        )  # fmt: skip
+        anonymous = stub.WhoAmI(a.WhoAmIRequest(), timeout=10)
+    assert refused.status.code == 40300  # FORBIDDEN: the admin API's writes need admin
+    assert anonymous.status.code == 40100  # UNAUTHORIZED

@@ -1,0 +1,59 @@
+"""The chart's memory limits and the receive limits and budgets derive from one another
+(issue 20): the largest request each process accepts, and its in-flight budget, times the
+copies it makes of them (measured, popmq.config), plus an idle process, fit the pod's limit."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import yaml
+from deploykit import CHART_DIR
+from popmq.proxy.server import grpc_options
+
+from popmq.config import (
+    BROKER_COPIES_PER_REQUEST,
+    PROCESS_BASELINE_BYTES,
+    PROXY_COPIES_PER_REQUEST,
+    PopmqConfig,
+)
+
+VALUES = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+_UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "K": 10**3, "M": 10**6, "G": 10**9}
+
+
+def quantity(text: str) -> int:
+    number, unit = re.fullmatch(r"(\d+)([KMG]i?)?", str(text)).groups()  # type: ignore[union-attr]
+    return int(number) * _UNITS[unit or ""]
+
+
+def chart_config(values: dict[str, Any]) -> PopmqConfig:
+    return PopmqConfig.model_validate(values["config"])
+
+
+@pytest.mark.parametrize("values", [VALUES], ids=["values.yaml"])
+def test_the_broker_pod_fits_its_largest_request_and_budget(values: dict[str, Any]) -> None:
+    config = chart_config(values).broker
+    limit = quantity(values["broker"]["resources"]["limits"]["memory"])
+    largest = max(config.max_message_bytes, config.max_inflight_bytes)
+    assert largest * BROKER_COPIES_PER_REQUEST + PROCESS_BASELINE_BYTES <= limit
+
+
+@pytest.mark.parametrize("values", [VALUES], ids=["values.yaml"])
+def test_the_proxy_pod_fits_its_largest_request_and_budget(values: dict[str, Any]) -> None:
+    config = chart_config(values).proxy
+    limit = quantity(values["proxy"]["resources"]["limits"]["memory"])
+    options = dict(grpc_options(config.max_body_bytes, max_request_bytes=config.max_request_bytes))
+    largest_request = options["grpc.max_receive_message_length"]
+    largest = max(largest_request, config.max_inflight_bytes)
+    assert largest * PROXY_COPIES_PER_REQUEST + PROCESS_BASELINE_BYTES <= limit, (
+        f"{largest} bytes x {PROXY_COPIES_PER_REQUEST} copies does not fit {limit}"
+    )
+
+
+def test_the_old_proxy_limit_did_not_fit_a_maximal_batch() -> None:
+    """What this check caught: 1Gi could not hold one 32 x 4 MiB send on its way through."""
+    old = {**VALUES, "proxy": {**VALUES["proxy"], "resources": {"limits": {"memory": "1Gi"}}}}
+    with pytest.raises(AssertionError):
+        test_the_proxy_pod_fits_its_largest_request_and_budget(old)

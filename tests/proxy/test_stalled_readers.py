@@ -1,0 +1,129 @@
+"""Receivers that stop reading (issue 20, defect 3): a ReceiveMessage or PullMessage stream
+whose client takes no frame for proxy.write_stall_timeout_ms is ended; its long-poll slot is
+freed and what it did not take is visible again at once (not after its invisible time)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+from proxy_support import Cluster, eventually, unique
+
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+BODY = 1 << 20  # a few of these fill any HTTP/2 window a reader that reads nothing grants
+COUNT = 8
+STALL_MS = 500
+
+
+async def _stalled_cluster(make_cluster: Any) -> Cluster:
+    return await make_cluster(brokers=1, **{"proxy.write_stall_timeout_ms": STALL_MS})
+
+
+def _receive_request(group: str, topic: str) -> s.ReceiveMessageRequest:
+    request = s.ReceiveMessageRequest(
+        group=pb.Resource(name=group),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic)),
+        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+        batch_size=COUNT,
+    )
+    request.invisible_duration.FromMilliseconds(600_000)  # released, or gone for 10 minutes
+    request.long_polling_timeout.FromMilliseconds(300)
+    return request
+
+
+def _stalled(cluster: Cluster, method: str) -> float:
+    value = cluster.server.metrics.registry.get_sample_value(
+        "popmq_proxy_stalled_streams_total", {"method": method}
+    )
+    return value or 0.0
+
+
+async def test_a_receiver_that_stops_reading_is_ended_and_its_messages_come_back(
+    make_cluster: Any,
+) -> None:
+    cluster = await _stalled_cluster(make_cluster)
+    topic, group = unique("t-stall"), unique("g-stall")
+    await cluster.route(topic)
+    sent = await cluster.send(topic, *(bytes([65 + i]) * BODY for i in range(COUNT)))
+    assert all(e.status.code == pb.OK for e in sent.entries)
+
+    # A raw call whose client never reads: grpc stops taking frames once its window is full.
+    stalled = cluster.stub.ReceiveMessage(
+        _receive_request(group, topic), metadata=cluster.metadata(), timeout=60
+    )
+    admission = cluster.server.admission
+    await eventually(lambda: admission.active == 1, within_s=5)
+    await eventually(lambda: _stalled(cluster, "ReceiveMessage") == 1, within_s=10)
+    assert admission.active == 0  # the slot is free
+
+    # What the stalled reader did not take is visible again now, not in 10 minutes.
+    got: list[pb.Message] = []
+    for _ in range(20):
+        _status, messages, _kinds = await cluster.receive(group, topic, batch=COUNT)
+        got += messages
+        if len(got) >= COUNT - 1:
+            break
+        await asyncio.sleep(0.2)
+    # The frame stuck in the transport when the stream was given up may still reach the
+    # stalled reader; everything else comes back at once.
+    assert len(got) >= COUNT - 1
+    stalled.cancel()
+
+
+async def test_a_puller_that_stops_reading_is_ended(make_cluster: Any) -> None:
+    cluster = await _stalled_cluster(make_cluster)
+    topic, group = unique("t-stall"), unique("g-stall")
+    await cluster.route(topic)
+    await cluster.send(topic, *(bytes([65 + i]) * BODY for i in range(COUNT)))
+    request = s.PullMessageRequest(
+        group=pb.Resource(name=group),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=-1),
+        offset=0,
+        batch_size=COUNT,
+        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+    )
+    routes = await cluster.route(topic)
+    request.message_queue.CopyFrom(routes.message_queues[0])
+    for queue in routes.message_queues:  # the queue that holds the messages
+        request.message_queue.CopyFrom(queue)
+        probe = s.PullMessageRequest()
+        probe.CopyFrom(request)
+        probe.batch_size = 1
+        frames = [f async for f in cluster.stub.PullMessage(probe, metadata=cluster.metadata())]
+        if any(f.WhichOneof("content") == "message" for f in frames):
+            break
+    stalled = cluster.stub.PullMessage(request, metadata=cluster.metadata(), timeout=60)
+    await eventually(lambda: _stalled(cluster, "PullMessage") == 1, within_s=10)
+    stalled.cancel()
+    assert isinstance(stalled, grpc.aio.Call)
+
+
+async def test_a_send_past_the_memory_budget_is_too_many_requests(make_cluster: Any) -> None:
+    """Issue 20, defect 2: bytes in flight draw from proxy.max_inflight_bytes. Here a stalled
+    receive holds 8 MiB of answers; a 1 MiB send waits briefly, then is refused with
+    TOO_MANY_REQUESTS (clients back off), and passes once the stalled stream is given up."""
+    cluster = await make_cluster(
+        brokers=1,
+        **{"proxy.write_stall_timeout_ms": 3_000, "proxy.max_inflight_bytes": COUNT * BODY},
+    )
+    topic, group = unique("t-budget"), unique("g-budget")
+    await cluster.route(topic)
+    await cluster.send(topic, *(bytes([65 + i]) * BODY for i in range(COUNT)))
+    stalled = cluster.stub.ReceiveMessage(
+        _receive_request(group, topic), metadata=cluster.metadata(), timeout=60
+    )
+    refused = await cluster.send(topic, b"x" * BODY)
+    for _ in range(50):  # until the receive has popped and holds its bytes
+        if refused.status.code == pb.TOO_MANY_REQUESTS:
+            break
+        await asyncio.sleep(0.1)
+        refused = await cluster.send(topic, b"x" * BODY)
+    assert refused.status.code == pb.TOO_MANY_REQUESTS
+    assert [e.status.code for e in refused.entries] == [pb.TOO_MANY_REQUESTS]
+    await eventually(lambda: _stalled(cluster, "ReceiveMessage") == 1, within_s=10)
+    accepted = await cluster.send(topic, b"x" * BODY)
+    assert accepted.status.code == pb.OK
+    stalled.cancel()
