@@ -14,7 +14,7 @@ from popmq.broker.contract.types import (
     Message,
     PopRequest,
 )
-from support.brokers import fast_broker_config, running_broker
+from popmq.broker.testing import fast_broker_config, running_broker
 
 from popmq.clock import LoopClock
 from popmq.config import BrokerConfig

@@ -12,10 +12,10 @@ import anyio
 import pytest
 from popmq.broker.contract.types import PROP_TRANSACTION, AckEntry, Message, PopRequest
 from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core.transactions import OrphanCheck, ProducerChannels, Transactions
 from popmq.proxy.metrics import ProxyMetrics
-from support.brokers import fast_broker_config, running_broker
 
 from popmq.clock import LoopClock
 
