@@ -107,7 +107,11 @@ class ProxyServer:
         # The composition root: the proxy's services, then the core over them.
         self.config = config
         self.metrics = metrics = metrics or ProxyMetrics()
-        self.cluster = BrokerCluster(ports, auto_create_topics=config.broker.topics.auto_create)
+        self.cluster = BrokerCluster(
+            ports,
+            auto_create_topics=config.broker.topics.auto_create,
+            dynamic=bool(config.proxy.etcd.endpoints),  # groups followed in etcd
+        )
         metrics.watch_links(self.cluster.ports)
         self.strategy = strategy or make_strategy(config.proxy, metrics)
         self.registry = ClientRegistry()
