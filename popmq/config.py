@@ -397,6 +397,10 @@ class ProxyConfig(Section):
     # A ReceiveMessage or PullMessage stream whose client takes no frame for this long is
     # ended: its unsent messages are released (visible again at once), its long-poll slot freed.
     write_stall_timeout_ms: int = Field(30_000, ge=100)
+    # Concurrent calls on one client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): past
+    # it the client's own gRPC queues new calls. Above max_long_polls_per_client, so admission
+    # control still sheds long polls first, with TOO_MANY_REQUESTS.
+    max_streams_per_connection: int = Field(2_000, ge=16)
     # Bytes of sends and of receive answers in flight at once (popmq.budget): past it a call
     # waits 200 ms for room, then is refused with TOO_MANY_REQUESTS (a refused receive's
     # messages are released at once). The proxy holds about PROXY_COPIES_PER_REQUEST copies
