@@ -103,6 +103,34 @@ def test_json_api_refuses_bad_input_with_a_code(served: Any) -> None:
         assert bad_time.status_code == 400 and "ISO 8601" in bad_time.json()["error"]["message"]
 
 
+def test_another_origin_cannot_make_changes(served: Any) -> None:
+    """CSRF: with no ACL there is no cookie to hold back, so another site's form post (or one
+    from another port of this host: the same site) must be refused by where it comes from."""
+    _, _, url = served
+    host = url.removeprefix("http://")
+    topic = unique("csrf")
+    with api(url) as http:
+        for headers in (
+            {"Origin": "http://evil.example"},
+            {"Origin": "null"},
+            {"Referer": "http://evil.example/page"},
+            {"Origin": "http://127.0.0.1:1", "Sec-Fetch-Site": "same-site"},
+            {"Sec-Fetch-Site": "cross-site"},
+        ):
+            form = http.post("/topics", data={"name": topic, "queues": "1"}, headers=headers)
+            assert form.status_code == 403, (headers, form.status_code)
+            sent = http.post("/messages/send", data={"topic": topic, "body": "x"}, headers=headers)
+            assert sent.status_code == 403, (headers, sent.status_code)
+            api_write = http.post("/api/v1/topics", json={"name": topic}, headers=headers)
+            assert api_write.status_code == 403, (headers, api_write.status_code)
+        listed = http.get("/api/v1/topics").json()["topics"]
+        assert topic not in [t["name"] for t in listed]
+        own = {"Origin": url, "Sec-Fetch-Site": "same-origin", "Host": host}
+        created = http.post("/topics", data={"name": topic, "queues": "1"}, headers=own)
+        assert created.status_code == 303, created.text
+        assert topic in [t["name"] for t in http.get("/api/v1/topics").json()["topics"]]
+
+
 def test_pages_in_a_browser(served: Any, browser: Any, tmp_path: Path) -> None:
     _, endpoint, url = served
     topic, group = unique("page"), unique("page-group")
