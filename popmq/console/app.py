@@ -20,6 +20,7 @@ from popmq.console import api, pages
 from popmq.console.state import ConsoleState
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
 # Everything comes from this console: no CDN, no inline script, no framing.
 CSP = (
@@ -51,7 +52,15 @@ def cross_origin(request: Request) -> bool:
     source = request.headers.get("origin") or request.headers.get("referer")
     if source is None:
         return False
-    return urlsplit(source).netloc.lower() != request.headers.get("host", "").lower()
+    return _netloc(source) != request.headers.get("host", "").lower()
+
+
+def _netloc(url: str) -> str:
+    """host:port of a URL, lower case ("" for what does not parse, e.g. an open bracket)."""
+    try:
+        return urlsplit(url).netloc.lower()
+    except ValueError:
+        return ""
 
 
 async def _same_origin_writes(
@@ -66,7 +75,26 @@ async def _same_origin_writes(
     return await call_next(request)
 
 
-def build_app(state: ConsoleState) -> Starlette:
+async def _loopback_host(
+    request: Request, call_next: Callable[[Request], Awaitable[Response]]
+) -> Response:
+    """On a loopback address, only requests for a loopback name: another name that resolves
+    here is DNS rebinding (a page of that name reading and driving an ACL-less console as if
+    it were its own origin; the Origin check cannot tell, Origin and Host agree)."""
+    try:
+        name = urlsplit("//" + request.headers.get("host", "")).hostname or ""
+    except ValueError:  # e.g. an open bracket
+        name = ""
+    if name not in LOOPBACK_NAMES:
+        return PlainTextResponse(
+            "403 FORBIDDEN: this console answers only at 127.0.0.1 or localhost", 403
+        )
+    return await call_next(request)
+
+
+def build_app(state: ConsoleState, loopback: bool = False) -> Starlette:
+    """``loopback``: the console listens on a loopback address (refuse other host names)."""
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
@@ -87,6 +115,7 @@ def build_app(state: ConsoleState) -> Starlette:
         middleware=[
             Middleware(BaseHTTPMiddleware, dispatch=_security_headers),
             Middleware(BaseHTTPMiddleware, dispatch=_same_origin_writes),
+            *([Middleware(BaseHTTPMiddleware, dispatch=_loopback_host)] if loopback else []),
             # The cookie holds a random session id, signed with a key made for this process
             # (no built-in secret; sessions end when the console restarts). SameSite=Strict:
             # another site's form cannot post with it.

@@ -131,6 +131,23 @@ def test_another_origin_cannot_make_changes(served: Any) -> None:
         assert topic in [t["name"] for t in http.get("/api/v1/topics").json()["topics"]]
 
 
+def test_on_loopback_another_host_name_is_refused(served: Any) -> None:
+    """DNS rebinding: a page of another name that resolves to 127.0.0.1 is its own origin
+    (Origin and Host agree), so a loopback console answers only to loopback names."""
+    _, _, url = served
+    port = url.rsplit(":", 1)[1]
+    with api(url) as http:
+        for host in (f"evil.example:{port}", f"127.0.0.1.evil.example:{port}", "[::1"):
+            read = http.get("/api/v1/topics", headers={"Host": host})
+            assert read.status_code == 403, (host, read.status_code)
+            page = http.get("/cluster", headers={"Host": host})
+            assert page.status_code == 403, (host, page.status_code)
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", "localhost"):
+            assert http.get("/api/v1/topics", headers={"Host": host}).status_code == 200
+        odd = http.post("/api/v1/topics", json={"name": "x"}, headers={"Origin": "http://[::1"})
+        assert odd.status_code == 403  # refused, not an error page
+
+
 def test_pages_in_a_browser(served: Any, browser: Any, tmp_path: Path) -> None:
     _, endpoint, url = served
     topic, group = unique("page"), unique("page-group")
