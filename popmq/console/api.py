@@ -58,7 +58,7 @@ def _field(body: dict[str, Any], name: str, kind: type, default: Any = None) -> 
     # JSON true is a Python int too: a bool only where a bool is asked for
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise ConsoleError(400, "BAD_REQUEST", f"{name!r} must be a {kind.__name__}")
-    return value
+    return views.int32(name, value) if kind is int else value
 
 
 def _int_param(request: Request, name: str, default: int) -> int:
@@ -66,9 +66,10 @@ def _int_param(request: Request, name: str, default: int) -> int:
     if text is None:
         return default
     try:
-        return int(text)
+        number = int(text)
     except ValueError:
         raise ConsoleError(400, "BAD_REQUEST", f"{name} must be a number") from None
+    return views.int32(name, number)
 
 
 async def _whoami(ask: Asker, request: Request) -> dict[str, Any]:

@@ -103,6 +103,20 @@ def test_json_api_refuses_bad_input_with_a_code(served: Any) -> None:
         assert bad_time.status_code == 400 and "ISO 8601" in bad_time.json()["error"]["message"]
 
 
+def test_numbers_out_of_range_are_a_400_not_a_500(served: Any) -> None:
+    """The admin requests hold 32-bit numbers: a bigger one is the user's mistake."""
+    _, _, url = served
+    huge = str(10**20)
+    with api(url) as http:
+        for path in (f"/api/v1/messages?id=x&limit={huge}", f"/api/v1/dlq/g?limit={huge}"):
+            got = http.get(path)
+            assert got.status_code == 400 and "out of range" in got.text, (path, got.text)
+        created = http.post("/api/v1/topics", json={"name": unique("big"), "queues": 10**20})
+        assert created.status_code == 400 and "out of range" in created.text
+        page = http.post("/topics", data={"name": unique("big"), "queues": huge})
+        assert page.status_code == 400 and "out of range" in page.text
+
+
 def test_another_origin_cannot_make_changes(served: Any) -> None:
     """CSRF: with no ACL there is no cookie to hold back, so another site's form post (or one
     from another port of this host: the same site) must be refused by where it comes from."""
