@@ -131,6 +131,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from popmq.cli import admin_ops  # mqadmin-level verbs, in their own module
 
     admin_ops.register(commands, topic_commands, group_commands)
+    from popmq.cli import groups_cmd  # broker groups in etcd: drain, remove
+
+    groups_cmd.register(commands)
     # --endpoint and --json also after the verb: `popmq admin topics list --json`.
     inherit(admin)
 

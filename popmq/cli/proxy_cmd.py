@@ -76,6 +76,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a broker to front (repeat for each)",
     )  # fmt: skip
     proxy.add_argument(
+        "--etcd", metavar="URL[,URL...]",
+        help="follow the broker groups registered in this etcd (their leaders), no broker list",
+    )  # fmt: skip
+    proxy.add_argument(
         "--workers", type=int, metavar="N",
         help="run N proxy processes sharing the port (SO_REUSEPORT; default 1)",
     )  # fmt: skip
@@ -152,6 +156,7 @@ def run_proxy(args: argparse.Namespace) -> int:
             raise SystemExit(str(exc)) from None
         overrides["proxy.brokers"] = brokers
     overrides["proxy.workers"] = args.workers
+    overrides["proxy.etcd.endpoints"] = args.etcd
     overrides["proxy.broker_link.cluster_token_file"] = args.cluster_token_file
     if args.broker_tls_ca or args.broker_tls_cert:
         overrides["proxy.broker_link.tls"] = True
