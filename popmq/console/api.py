@@ -58,7 +58,9 @@ def _field(body: dict[str, Any], name: str, kind: type, default: Any = None) -> 
     # JSON true is a Python int too: a bool only where a bool is asked for
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise ConsoleError(400, "BAD_REQUEST", f"{name!r} must be a {kind.__name__}")
-    return views.int32(name, value) if kind is int else value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return views.int32(name, value)
+    return value
 
 
 def _int_param(request: Request, name: str, default: int) -> int:
