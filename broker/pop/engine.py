@@ -472,13 +472,17 @@ class PopEngine:
         select = request.filter.selects()
         deadline = self._clock() + request.poll_time_ms
         while True:
+            scan = _ScanBudget()
             if self.has_visible(
-                request.group, request.topic, request.queue_id, count, fifo, tags, select
+                request.group, request.topic, request.queue_id, count, fifo, tags, select, scan
             ):
                 return NotifyResult(True)
             remaining = deadline - self._clock()
             if remaining <= 0:
                 return NotifyResult(False)
+            if scan.cut:  # SQL92 moved past an unmatched run and there is more: look on
+                await anyio.lowlevel.checkpoint()
+                continue
             outcome = await self._hold.wait(
                 self._hold_keys(request.group, request.topic, request.queue_id, fifo),
                 remaining,
@@ -503,13 +507,18 @@ class PopEngine:
         fifo: bool,
         tags: frozenset[str] | None,
         select: Callable[[StoredMessage], bool] | None = None,
+        scan: _ScanBudget | None = None,
     ) -> bool:
         """Is a message visible to the group (one the filter takes: tags from the index, a
-        SQL92 ``select`` on the messages read)? Non-matching arrivals do not count."""
+        SQL92 ``select`` on the messages read)? Non-matching arrivals do not count. ``scan``
+        is told when a SQL92 check stopped on its limit with more to read."""
         queues = [(topic, q) for q in range(count)] if queue_id == -1 else [(topic, queue_id)]
         if not fifo:
             queues += self._retry_queues(group, topic)
-        return any(self._queue_has_visible(group, t, q, fifo, tags, select) for t, q in queues)
+        scan = scan or _ScanBudget()
+        return any(
+            self._queue_has_visible(group, t, q, fifo, tags, select, scan) for t, q in queues
+        )
 
     def _queue_has_visible(
         self,
@@ -519,6 +528,7 @@ class PopEngine:
         fifo: bool,
         tags: frozenset[str] | None,
         select: Callable[[StoredMessage], bool] | None = None,
+        scan: _ScanBudget | None = None,
     ) -> bool:
         state = self._ledger.queue(group, topic, queue_id)
         if fifo and state.inflight:
@@ -531,7 +541,9 @@ class PopEngine:
         if cursor >= max_offset:
             return False
         if select is not None:
-            return self._selected_visible(group, topic, queue_id, cursor, max_offset, select)
+            return self._selected_visible(
+                group, topic, queue_id, cursor, max_offset, select, scan or _ScanBudget()
+            )
         if tags is None:
             # Every offset from the cursor on is a candidate: no need to look at the store.
             end = min(max_offset, cursor + _NOTIFY_SCAN_READS * 32)
@@ -559,6 +571,7 @@ class PopEngine:
         cursor: int,
         max_offset: int,
         select: Callable[[StoredMessage], bool],
+        scan: _ScanBudget,
     ) -> bool:
         """SQL92: read from the cursor until a message the filter takes. What it passes over
         a pop would pass over too, so the group's cursor moves beyond it (when the queue is
@@ -587,6 +600,9 @@ class PopEngine:
             if locked and cursor > state.pop_offset:
                 self._ledger.advance_cursor(group, topic, queue_id, cursor)
                 self._ledger.flush_commits()
+                # Moved on and not at the end: the caller may look again at once (it would
+                # otherwise wait for an arrival while a match sits further on).
+                scan.cut = scan.cut or (not found and cursor < max_offset)
         finally:
             if locked:
                 self.locks.unlock(key)
