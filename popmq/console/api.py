@@ -130,9 +130,17 @@ async def _send(ask: Asker, request: Request) -> dict[str, Any]:
     )  # fmt: skip
 
 
+# The proxy reads that many dead letters, bodies and all, into memory to answer: a user who
+# may see a group's DLQ must not make it read the whole of a big one.
+MAX_DLQ_LIMIT = 10_000
+
+
 async def _dlq(ask: Asker, request: Request) -> dict[str, Any]:
     group = request.path_params["group"]
-    return await views.dlq(ask, group, _int_param(request, "limit", 100))
+    limit = _int_param(request, "limit", 100)
+    if not 1 <= limit <= MAX_DLQ_LIMIT:
+        raise ConsoleError(400, "BAD_REQUEST", f"limit must be within [1, {MAX_DLQ_LIMIT}]")
+    return await views.dlq(ask, group, limit)
 
 
 async def _resend(ask: Asker, request: Request) -> dict[str, Any]:

@@ -115,6 +115,10 @@ def test_numbers_out_of_range_are_a_400_not_a_500(served: Any) -> None:
         assert created.status_code == 400 and "out of range" in created.text
         page = http.post("/topics", data={"name": unique("big"), "queues": huge})
         assert page.status_code == 400 and "out of range" in page.text
+        for limit in (0, 10_001, 2**31 - 1):  # each dead letter is read whole to answer
+            listed = http.get(f"/api/v1/dlq/g?limit={limit}")
+            assert listed.status_code == 400 and "within [1, 10000]" in listed.text, limit
+        assert http.get("/api/v1/dlq/g?limit=10000").status_code == 200
 
 
 def test_another_origin_cannot_make_changes(served: Any) -> None:
