@@ -274,6 +274,7 @@ class BrokerConfig(Section):
     cluster: str = "DefaultCluster"
     host: str = "127.0.0.1"
     port: int = Field(10911, ge=0, le=65535)
+    # Default: ./data/<name> (so `popmq broker --name broker-b` does not open broker-a's store).
     data_dir: Path = Path("./data/broker-a")
     # Receipt handle keys (a JSON keyring, 0600). None: <data_dir>/handle-keys.json, made with
     # a random key on first start. Point it at a mounted Secret to supply the keys yourself.
@@ -310,6 +311,13 @@ class BrokerConfig(Section):
         return self
 
     replication: ReplicationConfig = Field(default_factory=ReplicationConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_dir_follows_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("data_dir") is None and data.get("name"):
+            return {**data, "data_dir": Path("./data") / str(data["name"])}
+        return data
 
 
 class BrokerAddress(Section):
@@ -430,6 +438,9 @@ class ServeConfig(Section):
 
     brokers: int = Field(3, ge=1, le=64)
     data_dir: Path = Path("./data")
+    # Prometheus /metrics of `popmq serve` when proxy.metrics_port is not set (null: none).
+    # Taken by another process: a free port instead, announced at start like this one.
+    metrics_port: int | None = Field(9090, ge=0, le=65535)
     # The web console beside the proxy, on 127.0.0.1 (0: no console). Needs popmq[console].
     console_port: int = Field(8080, ge=0, le=65535)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -28,6 +27,7 @@ from popmq.broker.contract.queues import queue_for_group
 from popmq.broker.contract.types import GroupConfig, TopicInfo
 from popmq.broker.pop.handle import peek_broker_name
 
+from popmq.clock import SYSTEM, Clock
 from popmq.lifecycle import fan_out
 
 log = logging.getLogger(__name__)
@@ -78,20 +78,21 @@ V = TypeVar("V")
 
 
 class _TtlCache(Generic[K, V]):
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, clock: Clock) -> None:
         self._ttl_s = ttl_s
+        self._clock = clock
         self._items: dict[K, tuple[float, V]] = {}
 
     def get(self, key: K) -> V | None:
         hit = self._items.get(key)
-        if hit is None or hit[0] < time.monotonic():
+        if hit is None or hit[0] < self._clock.monotonic():
             return None
         return hit[1]
 
     def put(self, key: K, value: V) -> None:
         if len(self._items) > 10_000:  # bounded: stale entries are only an optimisation
             self._items.clear()
-        self._items[key] = (time.monotonic() + self._ttl_s, value)
+        self._items[key] = (self._clock.monotonic() + self._ttl_s, value)
 
     def drop(self, key: K) -> None:
         self._items.pop(key, None)
@@ -107,6 +108,7 @@ class BrokerCluster:
         *,
         auto_create_topics: bool = True,
         dynamic: bool = False,
+        clock: Clock = SYSTEM,
     ) -> None:
         # dynamic: brokers come and go while the proxy runs (followed in etcd), so it may
         # start with none.
@@ -118,10 +120,11 @@ class BrokerCluster:
                 raise ValueError(f"two brokers are named {port.name!r}")
             self._ports[port.name] = port
         self.auto_create_topics = auto_create_topics
-        self._routes: _TtlCache[str, TopicRoute] = _TtlCache(CACHE_TTL_S)
-        self._groups: _TtlCache[str, GroupConfig] = _TtlCache(CACHE_TTL_S)
+        self._clock = clock  # cache lifetimes and down times (virtual in tests)
+        self._routes: _TtlCache[str, TopicRoute] = _TtlCache(CACHE_TTL_S, clock)
+        self._groups: _TtlCache[str, GroupConfig] = _TtlCache(CACHE_TTL_S, clock)
         # The last config seen of each group: used while no broker answers.
-        self._last_groups: _TtlCache[str, GroupConfig] = _TtlCache(LAST_GROUP_TTL_S)
+        self._last_groups: _TtlCache[str, GroupConfig] = _TtlCache(LAST_GROUP_TTL_S, clock)
         self._down_until: dict[str, float] = {}  # broker name -> monotonic time
         self._round_robin = itertools.count()
         # (topic, broker) -> the queue count last seen: a broker that is down (or a group
@@ -209,7 +212,7 @@ class BrokerCluster:
                 # A broker that is down leaves the route (as a name server drops it) until
                 # it answers again; the others keep serving the topic.
                 log.warning("broker %s left out of the route of %s: %s", port.name, topic, exc)
-                self._down_until[port.name] = time.monotonic() + CACHE_TTL_S
+                self._down_until[port.name] = self._clock.monotonic() + CACHE_TTL_S
                 unavailable.append(exc)
                 return None
             except RefusedError as exc:
@@ -292,14 +295,14 @@ class BrokerCluster:
         name server drops a dead broker the same way); it is tried again after that."""
         if name not in self._down_until:
             log.warning("broker %s is unavailable; serving from the others", name)
-        self._down_until[name] = time.monotonic() + CACHE_TTL_S
+        self._down_until[name] = self._clock.monotonic() + CACHE_TTL_S
         self._routes.clear()
 
     def is_down(self, name: str) -> bool:
         until = self._down_until.get(name)
         if until is None:
             return False
-        if until < time.monotonic():
+        if until < self._clock.monotonic():
             del self._down_until[name]
             return False
         return True

@@ -89,9 +89,15 @@ async def serve_proxy(
     # `popmq serve`: the embedded brokers' metrics are served on the proxy's endpoint too.
     brokers = embedded_registries(ports)
     registry = merged_registry([metrics.registry, *brokers]) if brokers else metrics.registry
+    metrics_port = proxy.metrics_port
+    default_port = metrics_port is None and bool(brokers) and config.serve.metrics_port is not None
+    if default_port:  # `popmq serve`: metrics on by default
+        metrics_port = config.serve.metrics_port
     # Closed in reverse: the broker watch, the server, the metrics endpoint.
     async with contextlib.AsyncExitStack() as stack:
-        http = stack.enter_context(metrics_endpoint(proxy.metrics_port, registry, proxy.host))
+        http = stack.enter_context(
+            metrics_endpoint(metrics_port, registry, proxy.host, any_port_if_taken=default_port)
+        )
         server = ProxyServer(config, ports, metrics=metrics)
         # `popmq proxy --etcd`: brokers are the groups registered in etcd, followed live.
         store = follower = None
@@ -113,8 +119,9 @@ async def serve_proxy(
                 for port in ports:
                     metrics.broker_up.labels(port.name).set(1)
             if http is not None:
-                log.info("metrics on http://%s:%d/metrics", proxy.host, http.server_port)
-                announce(f"popmq metrics on {proxy.host}:{http.server_port}")
+                url = f"http://{proxy.host}:{http.server_port}/metrics"
+                log.info("metrics on %s", url)
+                announce(f"popmq metrics on {proxy.host}:{http.server_port} ({url})")
             announce(f"popmq proxy listening on {proxy.host}:{server.port}")
             if server.admin_port is not None:
                 announce(f"popmq admin listening on {proxy.host}:{server.admin_port}")

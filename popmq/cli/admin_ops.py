@@ -118,8 +118,7 @@ def parse_time_ms(text: str) -> int:
 
 @_command
 def _groups_describe(args: argparse.Namespace) -> None:
-    from google.protobuf.json_format import MessageToDict
-
+    from popmq.cli.json_out import message_dict
     from popmq.pb.admin.v1 import admin_pb2 as a
 
     group = _call(args, "GetGroup", a.GetGroupRequest(name=args.name)).group
@@ -133,7 +132,7 @@ def _groups_describe(args: argparse.Namespace) -> None:
         row[2] = max(row[2], q.lag_latency_ms)
     if args.json:
         as_dict = {
-            "group": MessageToDict(group, preserving_proto_field_name=True),
+            "group": message_dict(group),
             "topics": {t: {"lag": r[0], "inflight": r[1], "lag_latency_ms": r[2]}
                        for t, r in sorted(per_topic.items())},
             "clients": [c.client_id for c in clients.clients],

@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--name", help="broker name, unique in the cluster (default broker-a)")
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on; 0 picks a free one")
-    parser.add_argument("--data-dir", help="directory of the broker's store")
+    parser.add_argument("--data-dir", help="directory of the broker's store (default ./data/NAME)")
     parser.add_argument(
         "--flush", choices=("sync", "async"), help="sync: a send returns after fsync"
     )
@@ -107,7 +107,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--node-name", help="this node's name in the in-sync set (default NAME@HOST:PORT)"
     )
     # Also accepted after the subcommand; SUPPRESS keeps the top-level values when absent.
-    parser.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--config", default=argparse.SUPPRESS, metavar="FILE",
+        help="YAML/JSON config file (see docs/operations.md); flags and --set override it",
+    )  # fmt: skip
     parser.add_argument(
         "--set", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
         help="override a config field, e.g. --set broker.pop.time_scale=0.01",

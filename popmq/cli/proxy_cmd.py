@@ -42,7 +42,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--admin-port", type=int, help="serve the admin API on this port only (0: any free one)"
     )
-    parser.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--config", default=argparse.SUPPRESS, metavar="FILE",
+        help="YAML/JSON config file (see docs/operations.md); flags and --set override it",
+    )  # fmt: skip
     parser.add_argument(
         "--set", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
         help="override a config field, e.g. --set proxy.min_long_polling_ms=2000",
