@@ -568,8 +568,9 @@ class Broker:
         await self._timer.recall(ticket.timer_offset, ticket.message_id)
         if self._timer.recalls > recalls:  # not a repeated recall of the same message
             self._metrics.recalled()
-        log.info("recalled delay message %s of %s (due at %d)", ticket.message_id, topic,
-                 ticket.due_ms)  # fmt: skip
+            # Once per message: a replayed handle is answered, not logged again.
+            log.info("recalled delay message %s of %s (due at %d)", ticket.message_id, topic,
+                     ticket.due_ms)  # fmt: skip
         return ticket.message_id
 
     # -- POP consumption ------------------------------------------------------------------
