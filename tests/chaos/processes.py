@@ -39,7 +39,11 @@ class PopmqProcess:
         with self.log_path.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "popmq", *self.args, cwd=REPO_ROOT,
-                stdout=asyncio.subprocess.PIPE, stderr=log, preexec_fn=self._limit_fds,
+                stdout=asyncio.subprocess.PIPE, stderr=log,
+                # No Python in the child unless needed: a fork that runs Python while the test
+                # holds gRPC channels can crash the child (SIGSEGV before exec); without
+                # preexec_fn, subprocess spawns without running any.
+                preexec_fn=self._limit_fds if self.max_fds is not None else None,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )  # fmt: skip
         assert self.proc.stdout is not None

@@ -242,7 +242,12 @@ async def test_kill_9_of_the_leader_three_times_loses_no_acknowledged_send(
                                    f"outage {outage_s:.2f}s")  # fmt: skip
                     assert new_epoch > epoch
                     assert outage_s < RECOVERY_BOUND_S
-                    await nodes[leader].start()  # back as a follower of the new leader
+                    try:
+                        await nodes[leader].start()  # back as a follower of the new leader
+                    except AssertionError:
+                        process = nodes[leader].proc
+                        code = process.returncode if process is not None else None
+                        raise AssertionError(f"{leader} did not restart (exit {code})") from None
                     with anyio.fail_after(30):
                         await retried(lambda: all_in_sync(etcd))
                     leader, epoch = successor, new_epoch
