@@ -14,7 +14,7 @@ NODE_CLIENT_PACKAGE := rocketmq-client-nodejs@1.0.8
 HAVE_NODE := $(and $(shell command -v node 2>/dev/null),$(shell command -v npm 2>/dev/null))
 PYTEST_ARGS ?=
 
-.PHONY: run test check install client-venv node-client chromium lint protos clean
+.PHONY: run test check install client-venv node-client chromium etcd lint protos clean
 
 # `make run` needs popmq and its console; `make install` (tests, lint) adds the test and Spark
 # extras.
@@ -65,7 +65,12 @@ lint: install
 	cd build/layers && ../../$(VENV)/bin/lint-imports --config ../../pyproject.toml
 	cd build/layers && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml --cache-dir ../../.mypy_cache -p popmq
 
-test: install client-venv chromium $(if $(HAVE_NODE),node-client) lint
+# The HA tests start real etcd members (Debian 12's etcd-server, etcd 3.4); CI runs as root.
+# Nothing to do where etcd is already on the PATH.
+etcd:
+	@command -v etcd > /dev/null || { apt-get update && apt-get install -y etcd-server; }
+
+test: install client-venv chromium $(if $(HAVE_NODE),node-client) etcd lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The fast inner loop: lint, then every test that starts no other process. Tests that start

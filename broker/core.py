@@ -177,7 +177,7 @@ class Broker:
         try:
             self._open_pop_state()
         except BaseException:
-            await self._store.close()
+            await self._store.aclose()
             raise
         self._store.add_arrival_listener(self._on_arrival)
         self._hold.reopen()
@@ -275,7 +275,7 @@ class Broker:
             # close() does not cancel that one half-way through its file writes.
             with contextlib.suppress(Exception):
                 await self._store.checkpoint()
-            await self._store.close()
+            await self._store.aclose()
         log.info("broker %s stopped", self.name)
 
     async def _supervise(self, name: str, step: Callable[[], Awaitable[float]]) -> None:

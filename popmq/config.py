@@ -187,6 +187,56 @@ class BrokerLinkConfig(Section):
         return self
 
 
+class EtcdConfig(Section):
+    """Where broker groups elect leaders and register members (popmq.coord). No endpoints: no
+    etcd (a broker is a group of one; a proxy needs a --broker list)."""
+
+    # Client URLs of the etcd members, e.g. ["http://etcd-0:2379", "http://etcd-1:2379"].
+    endpoints: list[str] = Field(default_factory=list)
+    # Every key popmq writes lives under this prefix (several clusters can share one etcd).
+    prefix: str = "/popmq/"
+    # A node's lease: a leader that cannot renew it stops acknowledging after this long.
+    lease_ttl_s: int = Field(3, ge=2, le=60)
+    # Each etcd request's deadline (a dead member costs at most this before the next is tried).
+    request_timeout_s: float = Field(2.0, gt=0)
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):  # --etcd URL[,URL...] and POPMQ_*__ENDPOINTS
+            return [url.strip() for url in value.split(",") if url.strip()]
+        return value
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"etcd endpoint {url!r} must be a URL (http://HOST:PORT)")
+        return value
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not value.startswith("/") or not value.endswith("/"):
+            raise ValueError(f"etcd prefix {value!r} must start and end with '/'")
+        return value
+
+
+class BrokerGroupConfig(Section):
+    """A broker group (RocketMQ's master and slaves): nodes sharing one name towards proxies,
+    one of them the elected leader. Needs broker.etcd.endpoints; what is copied to the
+    followers and how many must hold a write is broker.replication's."""
+
+    # The group's name (what proxies and receipt handles call the broker). None: no group.
+    name: str | None = None
+    # RocketMQ's enableElectUncleanMaster: let a node outside the in-sync set become leader
+    # (it may lack acknowledged writes: an explicit opt-in to lose them for availability).
+    unclean_election: bool = False
+    # host:port other nodes and proxies reach this node at (default: broker.host and the port).
+    advertise: str | None = None
+
+
 class ReplicationConfig(Section):
     """Copies of this broker on other nodes of its group (broker/replication). Off by default:
     a broker is then a group of one, exactly as without the section."""
@@ -224,6 +274,7 @@ class BrokerConfig(Section):
     cluster: str = "DefaultCluster"
     host: str = "127.0.0.1"
     port: int = Field(10911, ge=0, le=65535)
+    # Default: ./data/<name> (so `popmq broker --name broker-b` does not open broker-a's store).
     data_dir: Path = Path("./data/broker-a")
     # Receipt handle keys (a JSON keyring, 0600). None: <data_dir>/handle-keys.json, made with
     # a random key on first start. Point it at a mounted Secret to supply the keys yourself.
@@ -250,7 +301,23 @@ class BrokerConfig(Section):
     groups: GroupDefaults = Field(default_factory=GroupDefaults)
     pop: PopConfig = Field(default_factory=PopConfig)
     polling: PollingConfig = Field(default_factory=PollingConfig)
+    group: BrokerGroupConfig = Field(default_factory=BrokerGroupConfig)
+    etcd: EtcdConfig = Field(default_factory=EtcdConfig)
+
+    @model_validator(mode="after")
+    def _group_needs_etcd(self) -> BrokerConfig:
+        if self.group.name is not None and not self.etcd.endpoints:
+            raise ValueError("broker.group.name needs broker.etcd.endpoints (--etcd URL)")
+        return self
+
     replication: ReplicationConfig = Field(default_factory=ReplicationConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_dir_follows_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("data_dir") is None and data.get("name"):
+            return {**data, "data_dir": Path("./data") / str(data["name"])}
+        return data
 
 
 class BrokerAddress(Section):
@@ -275,6 +342,9 @@ class ProxyConfig(Section):
     advertise_port: int | None = None
     metrics_port: int | None = Field(None, ge=0, le=65535)
     brokers: list[BrokerAddress] = Field(default_factory=list)
+    # With endpoints, the brokers are the groups registered in etcd (their leaders), followed
+    # live; `brokers` may stay empty.
+    etcd: EtcdConfig = Field(default_factory=EtcdConfig)
 
     min_long_polling_ms: int = Field(5_000, ge=0)
     max_long_polling_ms: int = Field(20_000, ge=1)
@@ -322,6 +392,10 @@ class ProxyConfig(Section):
     # A ReceiveMessage or PullMessage stream whose client takes no frame for this long is
     # ended: its unsent messages are released (visible again at once), its long-poll slot freed.
     write_stall_timeout_ms: int = Field(30_000, ge=100)
+    # Concurrent calls on one client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): past
+    # it the client's own gRPC queues new calls. Above max_long_polls_per_client, so admission
+    # control still sheds long polls first, with TOO_MANY_REQUESTS.
+    max_streams_per_connection: int = Field(2_000, ge=16)
     # Bytes of sends and of receive answers in flight at once (popmq.budget): past it a call
     # waits 200 ms for room, then is refused with TOO_MANY_REQUESTS (a refused receive's
     # messages are released at once). The proxy holds about PROXY_COPIES_PER_REQUEST copies
@@ -364,6 +438,9 @@ class ServeConfig(Section):
 
     brokers: int = Field(3, ge=1, le=64)
     data_dir: Path = Path("./data")
+    # Prometheus /metrics of `popmq serve` when proxy.metrics_port is not set (null: none).
+    # Taken by another process: a free port instead, announced at start like this one.
+    metrics_port: int | None = Field(9090, ge=0, le=65535)
     # The web console beside the proxy, on 127.0.0.1 (0: no console). Needs popmq[console].
     console_port: int = Field(8080, ge=0, le=65535)
 

@@ -8,6 +8,8 @@ dashboards query, and it halves the scrape).
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import platform
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
@@ -25,6 +27,8 @@ from prometheus_client import (
 from prometheus_client.registry import Collector
 
 disable_created_metrics()
+
+log = logging.getLogger(__name__)
 
 
 def build_version() -> str:
@@ -61,15 +65,23 @@ def with_process_metrics(registry: CollectorRegistry) -> CollectorRegistry:
 
 @contextlib.contextmanager
 def metrics_endpoint(
-    port: int | None, registry: CollectorRegistry, host: str
+    port: int | None, registry: CollectorRegistry, host: str, *, any_port_if_taken: bool = False
 ) -> Iterator[WSGIServer | None]:
     """Serve `registry` (plus the process metrics) at http://host:port/metrics (port None: not
     at all; 0: any free port, read it from the yielded server's ``server_port``) while the
-    context is open."""
+    context is open. any_port_if_taken: a default port another process holds is not worth
+    failing for; a free one is used instead."""
     if port is None:
         yield None
         return
-    server, thread = start_http_server(port, addr=host, registry=with_process_metrics(registry))
+    served = with_process_metrics(registry)
+    try:
+        server, thread = start_http_server(port, addr=host, registry=served)
+    except OSError as exc:
+        if not any_port_if_taken or exc.errno != errno.EADDRINUSE:
+            raise
+        log.warning("metrics port %d is taken; serving metrics on a free port instead", port)
+        server, thread = start_http_server(0, addr=host, registry=served)
     try:
         yield server
     finally:

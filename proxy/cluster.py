@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -28,6 +27,7 @@ from popmq.broker.contract.queues import queue_for_group
 from popmq.broker.contract.types import GroupConfig, TopicInfo
 from popmq.broker.pop.handle import peek_broker_name
 
+from popmq.clock import SYSTEM, Clock
 from popmq.lifecycle import fan_out
 
 log = logging.getLogger(__name__)
@@ -78,20 +78,21 @@ V = TypeVar("V")
 
 
 class _TtlCache(Generic[K, V]):
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, clock: Clock) -> None:
         self._ttl_s = ttl_s
+        self._clock = clock
         self._items: dict[K, tuple[float, V]] = {}
 
     def get(self, key: K) -> V | None:
         hit = self._items.get(key)
-        if hit is None or hit[0] < time.monotonic():
+        if hit is None or hit[0] < self._clock.monotonic():
             return None
         return hit[1]
 
     def put(self, key: K, value: V) -> None:
         if len(self._items) > 10_000:  # bounded: stale entries are only an optimisation
             self._items.clear()
-        self._items[key] = (time.monotonic() + self._ttl_s, value)
+        self._items[key] = (self._clock.monotonic() + self._ttl_s, value)
 
     def drop(self, key: K) -> None:
         self._items.pop(key, None)
@@ -101,8 +102,17 @@ class _TtlCache(Generic[K, V]):
 
 
 class BrokerCluster:
-    def __init__(self, ports: Sequence[BrokerPort], *, auto_create_topics: bool = True) -> None:
-        if not ports:
+    def __init__(
+        self,
+        ports: Sequence[BrokerPort],
+        *,
+        auto_create_topics: bool = True,
+        dynamic: bool = False,
+        clock: Clock = SYSTEM,
+    ) -> None:
+        # dynamic: brokers come and go while the proxy runs (followed in etcd), so it may
+        # start with none.
+        if not ports and not dynamic:
             raise ValueError("a proxy needs at least one broker")
         self._ports: dict[str, BrokerPort] = {}
         for port in ports:
@@ -110,12 +120,18 @@ class BrokerCluster:
                 raise ValueError(f"two brokers are named {port.name!r}")
             self._ports[port.name] = port
         self.auto_create_topics = auto_create_topics
-        self._routes: _TtlCache[str, TopicRoute] = _TtlCache(CACHE_TTL_S)
-        self._groups: _TtlCache[str, GroupConfig] = _TtlCache(CACHE_TTL_S)
+        self._clock = clock  # cache lifetimes and down times (virtual in tests)
+        self._routes: _TtlCache[str, TopicRoute] = _TtlCache(CACHE_TTL_S, clock)
+        self._groups: _TtlCache[str, GroupConfig] = _TtlCache(CACHE_TTL_S, clock)
         # The last config seen of each group: used while no broker answers.
-        self._last_groups: _TtlCache[str, GroupConfig] = _TtlCache(LAST_GROUP_TTL_S)
+        self._last_groups: _TtlCache[str, GroupConfig] = _TtlCache(LAST_GROUP_TTL_S, clock)
         self._down_until: dict[str, float] = {}  # broker name -> monotonic time
         self._round_robin = itertools.count()
+        # (topic, broker) -> the queue count last seen: a broker that is down (or a group
+        # without a leader) keeps its queues in routes, so a FIFO message group keeps its
+        # queue and waits for it instead of moving (which would break its order).
+        self._known_queues: dict[tuple[str, str], int] = {}
+        self._draining: set[str] = set()  # brokers that take no new sends
 
     # -- brokers -----------------------------------------------------------------------------
     @property
@@ -149,6 +165,35 @@ class BrokerCluster:
         for port in self._ports.values():
             await port.close()
 
+    # -- membership (followed in etcd by popmq.proxy.discovery) ------------------------------
+    def put_port(self, port: BrokerPort) -> BrokerPort | None:
+        """Add a broker, or replace the port of one (its group elected another leader); the
+        replaced port, for the caller to close once its calls are over."""
+        old = self._ports.get(port.name)
+        self._ports[port.name] = port
+        self._down_until.pop(port.name, None)
+        self._routes.clear()
+        return old
+
+    def remove_port(self, name: str) -> BrokerPort | None:
+        """Take a broker out (`popmq admin brokers remove`); its port, for the caller to close."""
+        old = self._ports.pop(name, None)
+        self._down_until.pop(name, None)
+        self._draining.discard(name)
+        self._known_queues = {k: v for k, v in self._known_queues.items() if k[1] != name}
+        self._routes.clear()
+        return old
+
+    def set_draining(self, name: str, draining: bool) -> None:
+        """A draining broker keeps serving receives and acks but takes no new sends."""
+        if draining != (name in self._draining):
+            log.info("broker %s %s", name, "drains: no new sends" if draining else "takes sends")
+            self._draining.symmetric_difference_update({name})
+
+    @property
+    def draining(self) -> frozenset[str]:
+        return frozenset(self._draining)
+
     # -- topics ------------------------------------------------------------------------------
     async def route(self, topic: str, *, create: bool | None = None) -> TopicRoute:
         """Which brokers serve a topic, with their queue counts. TOPIC_NOT_FOUND if none."""
@@ -167,7 +212,7 @@ class BrokerCluster:
                 # A broker that is down leaves the route (as a name server drops it) until
                 # it answers again; the others keep serving the topic.
                 log.warning("broker %s left out of the route of %s: %s", port.name, topic, exc)
-                self._down_until[port.name] = time.monotonic() + CACHE_TTL_S
+                self._down_until[port.name] = self._clock.monotonic() + CACHE_TTL_S
                 unavailable.append(exc)
                 return None
             except RefusedError as exc:
@@ -179,11 +224,19 @@ class BrokerCluster:
         # Brokers known to be down are left out until they are tried again (see is_down).
         ports = self.live_ports()
         infos = await fan_out(lookup(port) for port in ports)
-        brokers = {
-            port.name: info.queue_count
-            for port, info in zip(ports, infos, strict=True)
-            if info is not None and info.queue_count > 0
-        }
+        by_name = {port.name: info for port, info in zip(ports, infos, strict=True)}
+        brokers: dict[str, int] = {}
+        for name in self._ports:  # cluster order
+            info = by_name.get(name)
+            if info is not None and info.queue_count > 0:
+                brokers[name] = info.queue_count
+                self._known_queues[topic, name] = info.queue_count
+            elif info is None and self.is_down(name):
+                known = self._known_queues.get((topic, name))
+                if known:  # down, but its queues stay (FIFO groups wait for them)
+                    brokers[name] = known
+        if not any(not self.is_down(name) for name in brokers):
+            brokers = {}  # only known-but-down brokers: as unavailable as before
         if not brokers:
             if unavailable:
                 raise unavailable[0]
@@ -225,10 +278,15 @@ class BrokerCluster:
         self._routes.drop(topic)
 
     def pick_queue(self, route: TopicRoute, message_group: str = "") -> QueueRef:
-        """Round robin over the topic's queues; a FIFO message group always maps to one queue."""
+        """Round robin over the topic's queues; a FIFO message group always maps to one queue.
+        Draining brokers get no new sends (unless every broker of the route drains)."""
         queues = route.queues
+        if self._draining:
+            queues = [q for q in queues if q.broker not in self._draining] or queues
         if message_group:
             return queues[queue_for_group(message_group, len(queues))]
+        # Unordered sends skip brokers known to be down (kept in routes only for FIFO).
+        queues = [q for q in queues if not self.is_down(q.broker)] or queues
         return queues[next(self._round_robin) % len(queues)]
 
     # -- broker health ----------------------------------------------------------------------
@@ -237,14 +295,14 @@ class BrokerCluster:
         name server drops a dead broker the same way); it is tried again after that."""
         if name not in self._down_until:
             log.warning("broker %s is unavailable; serving from the others", name)
-        self._down_until[name] = time.monotonic() + CACHE_TTL_S
+        self._down_until[name] = self._clock.monotonic() + CACHE_TTL_S
         self._routes.clear()
 
     def is_down(self, name: str) -> bool:
         until = self._down_until.get(name)
         if until is None:
             return False
-        if until < time.monotonic():
+        if until < self._clock.monotonic():
             del self._down_until[name]
             return False
         return True

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.registry import ClientRegistry
 
+from popmq.clock import SYSTEM, Clock
 from popmq.config import ProxyConfig
 from popmq.errors import PopmqError
 from popmq.lifecycle import Job, TaskOwner
@@ -67,8 +67,11 @@ class HandleRenewer:
         registry: ClientRegistry,
         metrics: ProxyMetrics,
         tasks: TaskOwner,
+        *,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.config = config
+        self._clock = clock  # slices and the renew time limit (virtual in tests)
         self.cluster = cluster
         self.registry = registry
         self.metrics = metrics
@@ -88,7 +91,7 @@ class HandleRenewer:
         *,
         access_key: str = "",
     ) -> None:
-        now = time.monotonic()
+        now = self._clock.monotonic()
         slice_s = self.config.renew_slice_ms / 1000
         for message in messages:
             self._held[message.receipt_handle] = _Held(
@@ -121,14 +124,14 @@ class HandleRenewer:
     async def _run(self) -> None:
         period_s = self.config.renew_schedule_period_ms / 1000
         while self._held:
-            await asyncio.sleep(period_s)
+            await self._clock.sleep(period_s)
             await self.renew_due()
         self._loop_task = None
 
     async def renew_due(self) -> None:
         """One pass: renew every handle whose slice ends within renew_ahead_ms."""
         config = self.config
-        now = time.monotonic()
+        now = self._clock.monotonic()
         due = [
             (handle, held)
             for handle, held in self._held.items()
@@ -159,7 +162,7 @@ class HandleRenewer:
             self._held.pop(handle, None)
             await self._change(held, RELEASE_INVISIBLE_MS, "client_gone")
             return
-        if time.monotonic() - held.received_at >= config.renew_max_ms / 1000:
+        if self._clock.monotonic() - held.received_at >= config.renew_max_ms / 1000:
             # Held too long: stop; the message comes back when its current slice ends.
             self._held.pop(handle, None)
             self.metrics.auto_renewals.labels("max_time").inc()
@@ -170,7 +173,7 @@ class HandleRenewer:
             new_handle = await self._change(held, config.renew_slice_ms, "renewed")
             if new_handle is not None:
                 held.current = new_handle
-                held.visible_at = time.monotonic() + config.renew_slice_ms / 1000
+                held.visible_at = self._clock.monotonic() + config.renew_slice_ms / 1000
                 held.failures = 0
             elif handle in self._held:
                 held.failures += 1

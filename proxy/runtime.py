@@ -14,16 +14,20 @@ import anyio
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.metrics import merged_registry
 from popmq.proxy.broker_watch import watch_brokers
+from popmq.proxy.discovery import GroupFollower
 from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.server import ProxyServer
 from prometheus_client import CollectorRegistry
 
 from popmq.config import PopmqConfig
+from popmq.coord.etcd import EtcdStore
+from popmq.coord.store import CoordStore, CoordUnavailableError
 from popmq.metrics_http import metrics_endpoint
 
 log = logging.getLogger("popmq.proxy")
 
 STOP_GRACE_S = 1.0
+INITIAL_SYNC_S = 5.0
 
 
 def embedded_broker_names(count: int) -> list[str]:
@@ -60,8 +64,8 @@ async def _close_logged(broker: Any) -> None:
 def remote_brokers(config: PopmqConfig) -> list[BrokerPort]:
     from popmq.broker.wire.remote import RemoteBrokerPort
 
-    if not config.proxy.brokers:
-        raise SystemExit("popmq proxy needs at least one --broker NAME=HOST:PORT")
+    if not config.proxy.brokers and not config.proxy.etcd.endpoints:
+        raise SystemExit("popmq proxy needs --etcd URL or at least one --broker NAME=HOST:PORT")
     link = config.proxy.broker_link
     return [RemoteBrokerPort(b.name, b.address, link=link) for b in config.proxy.brokers]
 
@@ -85,28 +89,80 @@ async def serve_proxy(
     # `popmq serve`: the embedded brokers' metrics are served on the proxy's endpoint too.
     brokers = embedded_registries(ports)
     registry = merged_registry([metrics.registry, *brokers]) if brokers else metrics.registry
+    metrics_port = proxy.metrics_port
+    default_port = metrics_port is None and bool(brokers) and config.serve.metrics_port is not None
+    if default_port:  # `popmq serve`: metrics on by default
+        metrics_port = config.serve.metrics_port
     # Closed in reverse: the broker watch, the server, the metrics endpoint.
     async with contextlib.AsyncExitStack() as stack:
-        http = stack.enter_context(metrics_endpoint(proxy.metrics_port, registry, proxy.host))
+        http = stack.enter_context(
+            metrics_endpoint(metrics_port, registry, proxy.host, any_port_if_taken=default_port)
+        )
         server = ProxyServer(config, ports, metrics=metrics)
+        # `popmq proxy --etcd`: brokers are the groups registered in etcd, followed live.
+        store = follower = None
+        if proxy.etcd.endpoints:
+            store = EtcdStore(proxy.etcd.endpoints, timeout_s=proxy.etcd.request_timeout_s)
+            stack.push_async_callback(store.aclose)
+            follower = await _follow_etcd_first(config, server, store)
+            # Old leaders' ports, closed after the server (which closes the current ones).
+            stack.push_async_callback(follower.close_retired, all_now=True)
         await server.start()
         stack.push_async_callback(server.aclose, STOP_GRACE_S)
         # The runtime's own task group: the broker watch ends with it, before the server.
         async with anyio.create_task_group() as group:
+            if follower is not None and store is not None:
+                group.start_soon(follower.follow, store, proxy.etcd.prefix)
             if proxy.brokers and not brokers:  # cluster mode: say when one is unreachable
                 group.start_soon(watch_brokers, proxy.brokers, metrics, proxy.broker_link)
             else:
                 for port in ports:
                     metrics.broker_up.labels(port.name).set(1)
             if http is not None:
-                log.info("metrics on http://%s:%d/metrics", proxy.host, http.server_port)
-                announce(f"popmq metrics on {proxy.host}:{http.server_port}")
+                url = f"http://{proxy.host}:{http.server_port}/metrics"
+                log.info("metrics on %s", url)
+                announce(f"popmq metrics on {proxy.host}:{http.server_port} ({url})")
             announce(f"popmq proxy listening on {proxy.host}:{server.port}")
             if server.admin_port is not None:
                 announce(f"popmq admin listening on {proxy.host}:{server.admin_port}")
             await stop.wait()
             log.info("stopping proxy")
             group.cancel_scope.cancel()
+
+
+async def _follow_etcd_first(
+    config: PopmqConfig, server: ProxyServer, store: CoordStore
+) -> GroupFollower:
+    """A GroupFollower for the server's cluster, with the groups read once (bounded: a proxy
+    whose etcd is down still starts, and follows once it answers)."""
+    from popmq.broker.wire.remote import RemoteBrokerPort
+    from popmq.proxy.discovery import GroupFollower
+
+    link = config.proxy.broker_link
+    cluster = server.cluster
+    follower = GroupFollower(
+        cluster,
+        lambda group, address: RemoteBrokerPort(group, address, link=link),
+        lambda: server.metrics.watch_links(cluster.ports),
+        lambda group, up: _broker_up(server.metrics, group, up),
+    )
+    with anyio.move_on_after(INITIAL_SYNC_S):
+        try:
+            await follower.sync(store, config.proxy.etcd.prefix)
+        except CoordUnavailableError as exc:
+            log.warning("etcd unreachable at start (following once it answers): %s",
+                        exc.message)  # fmt: skip
+    return follower
+
+
+def _broker_up(metrics: ProxyMetrics, group: str, up: bool | None) -> None:
+    """popmq_proxy_broker_up of a followed group: 1 with a leader, 0 without, gone when the
+    group is removed."""
+    if up is None:
+        with contextlib.suppress(KeyError):
+            metrics.broker_up.remove(group)
+    else:
+        metrics.broker_up.labels(group).set(1 if up else 0)
 
 
 @contextlib.contextmanager

@@ -52,6 +52,7 @@ def grpc_options(
     max_long_polls: int = 10_000,
     reuse_port: bool = False,
     max_request_bytes: int | None = None,
+    max_streams_per_connection: int = 2_000,
 ) -> list[tuple[str, int]]:
     # RocketMQ's proxy takes 32 maximal bodies plus 2 MiB of properties in one call (its
     # grpcMaxInboundMessageSize, 130 MiB for 4 MiB bodies): a batch send it accepts must not
@@ -65,6 +66,8 @@ def grpc_options(
     return [
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", limit),
+        # One connection cannot open streams (health watches, Telemetry) without bound.
+        ("grpc.max_concurrent_streams", max_streams_per_connection),
         # Off unless workers share the port: a second proxy on a taken port must fail.
         ("grpc.so_reuseport", 1 if reuse_port else 0),
         # Calls the transport accepted before our handler picked them up. Past this grpc-core
@@ -107,7 +110,11 @@ class ProxyServer:
         # The composition root: the proxy's services, then the core over them.
         self.config = config
         self.metrics = metrics = metrics or ProxyMetrics()
-        self.cluster = BrokerCluster(ports, auto_create_topics=config.broker.topics.auto_create)
+        self.cluster = BrokerCluster(
+            ports,
+            auto_create_topics=config.broker.topics.auto_create,
+            dynamic=bool(config.proxy.etcd.endpoints),  # groups followed in etcd
+        )
         metrics.watch_links(self.cluster.ports)
         self.strategy = strategy or make_strategy(config.proxy, metrics)
         self.registry = ClientRegistry()
@@ -155,6 +162,7 @@ class ProxyServer:
                 proxy.max_long_polls,
                 proxy.reuse_port,
                 proxy.max_request_bytes,
+                proxy.max_streams_per_connection,
             ),
             interceptors=interceptors,
         )

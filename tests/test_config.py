@@ -44,3 +44,23 @@ def test_retry_delays_scale_and_saturate() -> None:
     assert pop.retry_delay_ms(5) == 30_000
     assert pop.retry_delay_ms(100) == 3_600_000
     assert parse_duration_ms("250ms") == 250
+
+
+def test_broker_data_dir_follows_its_name(tmp_path: Path) -> None:
+    """`popmq broker --name broker-b` without --data-dir: data/broker-b, not broker-a's."""
+    from popmq.cli import build_parser
+    from popmq.cli.common import config_from_args
+
+    def broker_config(*argv: str):  # type: ignore[no-untyped-def]
+        args = build_parser().parse_args(["broker", *argv])
+        return config_from_args(args, {"broker.name": args.name, "broker.data_dir": args.data_dir})
+
+    assert load_config(None, {}, environ={}).broker.data_dir == Path("data/broker-a")
+    assert broker_config("--name", "broker-b").broker.data_dir == Path("data/broker-b")
+    explicit = broker_config("--name", "broker-b", "--data-dir", str(tmp_path))
+    assert explicit.broker.data_dir == tmp_path
+    from_env = load_config(None, {}, environ={"POPMQ_BROKER__NAME": "broker-c"})
+    assert from_env.broker.data_dir == Path("data/broker-c")
+    file = tmp_path / "c.yaml"
+    file.write_text("broker:\n  name: broker-d\n  data_dir: /srv/popmq\n")
+    assert load_config(str(file), {}, environ={}).broker.data_dir == Path("/srv/popmq")

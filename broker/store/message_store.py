@@ -216,7 +216,7 @@ class MessageStore:
         self._checkpointer.checkpoint_now()
 
     async def start(self) -> None:
-        """Start the flush task (fsyncs, checkpoints, retention); close() stops it."""
+        """Start the flush task (fsyncs, checkpoints, retention); aclose() stops it."""
         if not self._open:
             raise RefusedError(Code.INTERNAL_ERROR, "open() the store before start()")
         if self._task is None:
@@ -226,7 +226,8 @@ class MessageStore:
             )  # fmt: skip
             self._task = self._tasks.spawn(loop, "store-flush")
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
+        """Stop the flush task, checkpoint, close every file and release the lock."""
         if not self._open:
             return
         if self._task is not None:

@@ -43,7 +43,10 @@ class BrokerLink(AsyncClosing):
         self._tasks = TaskOwner(f"link:{name}", grace_s=0)  # the stream's reader
         self._closed = False
         self.connects = 0  # streams opened so far (a reconnect counts)
-        self.losses = 0  # streams that ended while the link was in use (metrics)
+        # Streams that were open and then ended (metrics): a reconnect attempt that never got
+        # through is not another loss, so an outage counts once, and only flapping adds up.
+        self.losses = 0
+        self._down = False  # a loss was reported and no stream got through since
         self._call: Any = None
 
     @property
@@ -79,6 +82,7 @@ class BrokerLink(AsyncClosing):
     async def _run(self) -> None:
         backoff = RECONNECT_START_S
         while not self._closed:
+            connected = False
             first = self._outbox  # the first stream's queued arms, if any
             outbox: asyncio.Queue[pb.WatchRequest | None] = first or asyncio.Queue()
             try:
@@ -92,6 +96,11 @@ class BrokerLink(AsyncClosing):
                         if watch.pending:
                             outbox.put_nowait(_arm(watch))
                             watch.on_link_up()
+                await call.wait_for_connection()  # a broker that is down fails here
+                connected = True
+                if self._down:  # one line per change of state, not one per attempt
+                    log.info("link to broker %s is back", self._name)
+                    self._down = False
                 async for event in call:
                     backoff = RECONNECT_START_S
                     target = self._watches.get(event.id)
@@ -100,19 +109,20 @@ class BrokerLink(AsyncClosing):
                             log.debug("watch %s on %s: %s", target.key, self._name, event.status)
                         target.on_event(event.seq)
                 if not self._closed:
-                    log.warning("link to broker %s ended by the broker", self._name)
+                    self._report_down(connected, "ended by the broker")
             except grpc.aio.AioRpcError as exc:
                 if not self._closed:
-                    log.warning("link to broker %s lost: %s", self._name, exc.code().name)
+                    self._report_down(connected, f"lost: {exc.code().name}")
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if self._closed or (task is not None and task.cancelling()):
                     raise
-                log.warning("link to broker %s cut", self._name)  # break_stream()
+                self._report_down(connected, "cut")  # break_stream()
             except Exception:  # never leave a watch ARMED on a link that is not there
                 log.exception("link to broker %s failed", self._name)
+                self._down = True
             finally:
-                if not self._closed:
+                if not self._closed and connected:
                     self.losses += 1
                 self._outbox = None
                 self._call = None
@@ -123,6 +133,13 @@ class BrokerLink(AsyncClosing):
                 return
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, RECONNECT_MAX_S)
+
+    def _report_down(self, connected: bool, how: str) -> None:
+        if connected or not self._down:
+            log.warning("link to broker %s %s", self._name, how)
+        else:
+            log.debug("link to broker %s still down: %s", self._name, how)
+        self._down = True
 
     def break_stream(self) -> None:
         """Cut the current stream as a network failure would (tests and chaos drills)."""

@@ -52,11 +52,14 @@ async def _send_all(
             left -= n
             live.count(n)
 
+    live.measure()
     started = time.perf_counter()
     async with anyio.create_task_group() as group:
         for _ in range(producers):
             group.start_soon(produce)
-    return per_task * producers / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    live.measured()
+    return per_task * producers / elapsed
 
 
 async def _pop_ack_all(
@@ -79,15 +82,19 @@ async def _pop_ack_all(
             done += len(entries)
             live.count(len(entries))
 
+    live.measure()
     started = time.perf_counter()
     async with anyio.create_task_group() as group:
         for _ in range(consumers):
             group.start_soon(consume)
-    return done / (time.perf_counter() - started), done
+    elapsed = time.perf_counter() - started
+    live.measured()
+    return done / elapsed, done
 
 
 async def _pull_all(broker: BrokerPort, queues: int, batch: int) -> tuple[float, int]:
     count = 0
+    live.measure()
     started = time.perf_counter()
     for queue_id in range(queues):
         offset = 0
@@ -98,7 +105,9 @@ async def _pull_all(broker: BrokerPort, queues: int, batch: int) -> tuple[float,
             count += len(result.messages)
             live.count(len(result.messages))
             offset = result.next_offset
-    return count / (time.perf_counter() - started), count
+    elapsed = time.perf_counter() - started
+    live.measured()
+    return count / elapsed, count
 
 
 async def bench_broker(
@@ -123,11 +132,12 @@ async def bench_broker(
                 start = remote_broker if transport == "grpc" else local_broker
                 async with start(config) as broker:
                     await broker.create_topic(TOPIC, queues)
-                    live.phase(f"{label}: send")
+                    sent = messages // producers * producers  # each producer sends its share
+                    live.phase(f"{label}: send", total=sent)
                     send = await _send_all(broker, messages, batch, producers, body)
-                    live.phase(f"{label}: pop+ack")
+                    live.phase(f"{label}: pop+ack", total=sent)
                     pop_ack, acked = await _pop_ack_all(broker, messages, batch, consumers)
-                    live.phase(f"{label}: pull")
+                    live.phase(f"{label}: pull", total=sent)
                     pull, pulled = await _pull_all(broker, queues, batch)
                 results[label] = {
                     "send_msgs_per_s": round(send),

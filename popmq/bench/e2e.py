@@ -343,6 +343,7 @@ async def _drive(
         return _process_tree_cpu_s(server_pid) if server_pid else 0.0
 
     cpu_before = (_cpu_s(), server_cpu(), brokers_cpu())
+    live.measure()  # the live rate is acked / this interval, as the table's msgs_per_s
     started = time.perf_counter()
 
     async def producers() -> None:
@@ -360,6 +361,7 @@ async def _drive(
             await progress.done.wait()
             consumers.cancel_scope.cancel()
     elapsed = time.perf_counter() - started
+    live.measured()
     cpu_after = (_cpu_s(), server_cpu(), brokers_cpu())
     acked = max(progress.acked, 1)
     proxy_cpu = cpu_after[1] - cpu_before[1]
@@ -422,7 +424,7 @@ async def bench_e2e(
                 root = Path(tmp) / name
                 root.mkdir()
                 run_params = {**params, "mode": mode, "proxy_workers": count}
-                live.phase(f"{name}: send + receive + ack")
+                live.phase(f"{name}: send + receive + ack", total=messages)
                 results[name] = await run(run_params, root)
     result: dict[str, Any] = {"params": params, "results": results}
     if "direct" in results and "proxy" in results:

@@ -65,7 +65,7 @@ async def bench_store(
                 offset = result.next_offset
         read_s = time.perf_counter() - started
     finally:
-        await store.close()
+        await store.aclose()
     return {
         "flush": flush,
         "messages": written,

@@ -16,7 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from popmq.cli.failures import USER_ERROR_EXIT, user_message
 from popmq.cli.logs import FORMATS, LEVELS, configure_logging
-from popmq.cli.parser_kit import DefaultsHelpFormatter, finish
+from popmq.cli.parser_kit import DefaultsHelpFormatter, SuggestingParser, finish
 
 COMMAND_MODULES = (
     "popmq.cli.broker_cmd",  # popmq broker
@@ -37,7 +37,7 @@ def popmq_version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = SuggestingParser(
         prog="popmq",
         description="RocketMQ 5 POP consumption behind a stateless gRPC proxy",
         formatter_class=DefaultsHelpFormatter,

@@ -24,9 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
-
 from popmq.cli.failures import UserError
+from popmq.cli.json_out import print_response
 from popmq.cli.parser_kit import inherit
 from popmq.cli.tables import print_table
 
@@ -131,6 +130,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from popmq.cli import admin_ops  # mqadmin-level verbs, in their own module
 
     admin_ops.register(commands, topic_commands, group_commands)
+    from popmq.cli import groups_cmd  # broker groups in etcd: drain, remove
+
+    groups_cmd.register(commands)
     # --endpoint and --json also after the verb: `popmq admin topics list --json`.
     inherit(admin)
 
@@ -204,9 +206,7 @@ def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
 
 
 def _print_json(message: Any) -> None:
-    payload = MessageToDict(message, preserving_proto_field_name=True)
-    payload.pop("status", None)
-    print(json.dumps(payload, indent=2, sort_keys=True))
+    print_response(message)
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:

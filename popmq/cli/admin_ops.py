@@ -88,7 +88,10 @@ def register(
     cluster = commands.add_parser("cluster", help="the proxy and its brokers")
     cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True)
     status = cluster_commands.add_parser("status", help="brokers, reachability and round trips")
-    status.set_defaults(func=_cluster_status)
+    status.set_defaults(func=_cluster_status_or_groups)
+    from popmq.cli import groups_cmd  # broker groups in etcd (--etcd)
+
+    groups_cmd.add_status_options(status)
 
 
 def _ms_ago(ms: int) -> str:
@@ -115,8 +118,7 @@ def parse_time_ms(text: str) -> int:
 
 @_command
 def _groups_describe(args: argparse.Namespace) -> None:
-    from google.protobuf.json_format import MessageToDict
-
+    from popmq.cli.json_out import message_dict
     from popmq.pb.admin.v1 import admin_pb2 as a
 
     group = _call(args, "GetGroup", a.GetGroupRequest(name=args.name)).group
@@ -130,7 +132,7 @@ def _groups_describe(args: argparse.Namespace) -> None:
         row[2] = max(row[2], q.lag_latency_ms)
     if args.json:
         as_dict = {
-            "group": MessageToDict(group, preserving_proto_field_name=True),
+            "group": message_dict(group),
             "topics": {t: {"lag": r[0], "inflight": r[1], "lag_latency_ms": r[2]}
                        for t, r in sorted(per_topic.items())},
             "clients": [c.client_id for c in clients.clients],
@@ -272,6 +274,15 @@ def _dlq_resend(args: argparse.Namespace) -> None:
            [(m.origin_message_id or "-", m.topic, m.broker, m.queue_id, m.queue_offset,
              m.message_id) for m in response.resent],
            title=f"resent {len(response.resent)} messages")  # fmt: skip
+
+
+def _cluster_status_or_groups(args: argparse.Namespace) -> int:
+    """With --etcd (or POPMQ_ETCD): the broker groups as etcd has them; else the proxy's view."""
+    if args.etcd:
+        from popmq.cli.groups_cmd import cluster_status
+
+        return cluster_status(args)
+    return _cluster_status(args)
 
 
 @_command

@@ -18,16 +18,24 @@ import contextlib
 import json
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from popmq.broker.contract.errors import RefusedError
+from popmq.broker.contract.port import BrokerPort
 from popmq.cli.common import config_from_args, start_tracing_for
 from popmq.config import BrokerConfig
 from popmq.security.files import owner_only_new_files, warn_if_data_exposed
 
+if TYPE_CHECKING:
+    from popmq.broker.core import Broker
+    from popmq.broker.leader_gate import LeaderGatedPort
+
 log = logging.getLogger("popmq.broker")
 
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", ""})
 # How long in-flight calls may finish after a stop signal before they are cancelled.
 STOP_GRACE_S = 1.0
 
@@ -42,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--name", help="broker name, unique in the cluster (default broker-a)")
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on; 0 picks a free one")
-    parser.add_argument("--data-dir", help="directory of the broker's store")
+    parser.add_argument("--data-dir", help="directory of the broker's store (default ./data/NAME)")
     parser.add_argument(
         "--flush", choices=("sync", "async"), help="sync: a send returns after fsync"
     )
@@ -62,6 +70,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--handle-keys-file", metavar="FILE",
         help="receipt-handle keyring to use (default DATA_DIR/handle-keys.json, made on start)",
+    )  # fmt: skip
+    ha = parser.add_argument_group(
+        "broker groups (high availability; see docs/operations.md)",
+        "With --etcd the broker registers in etcd and serves proxies only while it leads its "
+        "group; without it nothing changes (a group of one).",
+    )
+    ha.add_argument("--etcd", metavar="URL[,URL...]", help="etcd client URLs (http://HOST:PORT)")
+    ha.add_argument("--group", help="the broker group this node belongs to (the name proxies see)")
+    ha.add_argument(
+        "--unclean-election", action="store_true", default=None,
+        help="let a node outside the in-sync set become leader (may lose acknowledged writes)",
+    )  # fmt: skip
+    ha.add_argument(
+        "--advertise", metavar="HOST:PORT",
+        help="address proxies reach this node at (default: --host and the bound port)",
     )  # fmt: skip
     replication = parser.add_argument_group("replication (a broker group of several nodes)")
     replication.add_argument(
@@ -84,7 +107,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--node-name", help="this node's name in the in-sync set (default NAME@HOST:PORT)"
     )
     # Also accepted after the subcommand; SUPPRESS keeps the top-level values when absent.
-    parser.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--config", default=argparse.SUPPRESS, metavar="FILE",
+        help="YAML/JSON config file (see docs/operations.md); flags and --set override it",
+    )  # fmt: skip
     parser.add_argument(
         "--set", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
         help="override a config field, e.g. --set broker.pop.time_scale=0.01",
@@ -131,6 +157,10 @@ def run(args: argparse.Namespace) -> int:
             "broker.tls.client_ca": args.tls_client_ca,
             "broker.cluster_token_file": args.cluster_token_file,
             "broker.handle_keys_file": args.handle_keys_file,
+            "broker.etcd.endpoints": args.etcd,
+            "broker.group.name": args.group,
+            "broker.group.unclean_election": args.unclean_election,
+            "broker.group.advertise": args.advertise,
             "broker.replication.mode": args.replication,
             "broker.replication.min_in_sync": args.min_in_sync,
             "broker.replication.role": args.role,
@@ -200,6 +230,7 @@ async def serve_broker(
     """Serve until `stop` is set (default: until SIGTERM/SIGINT)."""
     # Imported here so `popmq --help` works while a broker module fails to import.
     from popmq.broker.core import Broker
+    from popmq.broker.leader_gate import LeaderGatedPort
     from popmq.broker.local import LocalBrokerPort
     from popmq.broker.wire.server import BrokerGrpcServer
     from popmq.metrics_http import metrics_endpoint
@@ -209,16 +240,20 @@ async def serve_broker(
     signals = (signal.SIGTERM, signal.SIGINT)
     for signum in signals:
         loop.add_signal_handler(signum, stop.set)
+    grouped = bool(config.etcd.endpoints)
+    # In a group every node stores under the group's name: it is what receipt handles and
+    # proxies call the broker, whichever node leads.
+    core_config = config.model_copy(update={"name": config.group.name or config.name})
     try:
         if config.replication.mode != "off":
             await _serve_node(config, announce, stop)
             return
         # Started in order, closed in reverse: the metrics endpoint, the server, the broker.
         async with contextlib.AsyncExitStack() as stack:
-            broker = await stack.enter_async_context(Broker(config))
-            server = BrokerGrpcServer(
-                LocalBrokerPort(broker), config.host, config.port, config=config
-            )
+            broker = await stack.enter_async_context(Broker(core_config if grouped else config))
+            port: BrokerPort = LocalBrokerPort(broker)
+            gate = LeaderGatedPort(port, config.replication) if grouped else None
+            server = BrokerGrpcServer(gate or port, config.host, config.port, config=config)
             await server.start()
             stack.push_async_callback(server.aclose, STOP_GRACE_S)
             http = stack.enter_context(
@@ -226,9 +261,55 @@ async def serve_broker(
             )
             if http is not None:  # stderr only: stdout's first line is the contract
                 log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)
-            announce(f"popmq broker {config.name} listening on {config.host}:{server.bound_port}")
-            await stop.wait()
+            address = f"{config.host}:{server.bound_port}"
+            if gate is None:
+                announce(f"popmq broker {config.name} listening on {address}")
+                await stop.wait()
+            else:
+                await _serve_in_group(config, gate, broker, address, announce, stop)
             log.info("stopping broker %s", config.name)
     finally:
         for signum in signals:
             loop.remove_signal_handler(signum)
+
+
+async def _serve_in_group(
+    config: BrokerConfig,
+    gate: LeaderGatedPort,
+    broker: Broker,
+    address: str,
+    announce: Callable[[str], None],
+    stop: asyncio.Event,
+) -> None:
+    """Be a member of the group (elections, fencing) until `stop`; the lease is revoked on
+    the way out so another node takes over at once."""
+    from popmq.broker.leader_gate import GroupCollector
+    from popmq.coord.etcd import EtcdStore
+    from popmq.coord.group import MemberSettings, join_group
+
+    group = config.group.name or config.name
+    if config.host in WILDCARD_HOSTS and not config.group.advertise:
+        # Listening everywhere: proxies need a name that reaches this host (a pod's FQDN).
+        address = f"{socket.getfqdn()}:{address.rsplit(':', 1)[1]}"
+    settings = MemberSettings(
+        group=group,
+        name=config.name,
+        address=config.group.advertise or address,
+        prefix=config.etcd.prefix,
+        lease_ttl_s=config.etcd.lease_ttl_s,
+        unclean_election=config.group.unclean_election,
+    )
+    store = EtcdStore(config.etcd.endpoints, timeout_s=config.etcd.request_timeout_s)
+    try:
+        async with join_group(store, settings) as member:
+            gate.member = member
+            collector = GroupCollector(member)
+            broker.metrics.registry.register(collector)
+            announce(f"popmq broker {config.name} listening on {address}")
+            log.info("node %s of group %s registered in etcd", config.name, group)
+            try:
+                await stop.wait()
+            finally:
+                broker.metrics.registry.unregister(collector)
+    finally:
+        await store.aclose()

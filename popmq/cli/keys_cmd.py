@@ -20,21 +20,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "handle-keys", help="list, rotate or retire a broker's receipt-handle keys",
         description="Manage the keyring that seals a broker's receipt handles.",
     )  # fmt: skip
-    where = keys.add_mutually_exclusive_group(required=True)
-    where.add_argument("--data-dir", help="the broker's data directory (its handle-keys.json)")
-    where.add_argument("--file", help="a keyring file given with --handle-keys-file")
+    _keyring_options(keys)
     commands = keys.add_subparsers(dest="keys_command", required=True)
-    commands.add_parser("list", help="key ids, which is active, when made").set_defaults(func=_list)
-    commands.add_parser("rotate", help="add a new active key").set_defaults(func=_rotate)
+    listing = commands.add_parser("list", help="key ids, which is active, when made")
+    rotate = commands.add_parser("rotate", help="add a new active key")
     retire = commands.add_parser("retire", help="remove an old key (its handles stop working)")
     retire.add_argument("key_id")
-    retire.set_defaults(func=_retire)
+    # `handle-keys rotate --data-dir DIR` (as the docs write it) and `handle-keys --data-dir
+    # DIR rotate` both work; after the verb the flags default to SUPPRESS so they do not
+    # reset one given before it.
+    for verb, func in ((listing, _list), (rotate, _rotate), (retire, _retire)):
+        _keyring_options(verb, suppress=True)
+        verb.set_defaults(func=func, keys_parser=verb)
+
+
+def _keyring_options(parser: argparse.ArgumentParser, suppress: bool = False) -> None:
+    default = argparse.SUPPRESS if suppress else None
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--data-dir", default=default,
+                       help="the broker's data directory (its handle-keys.json)")  # fmt: skip
+    where.add_argument("--file", default=default,
+                       help="a keyring file given with --handle-keys-file")  # fmt: skip
 
 
 def _path(args: argparse.Namespace) -> Path:
     from popmq.broker.pop.handle_keys import DEFAULT_NAME
 
-    return Path(args.file) if args.file else Path(args.data_dir) / DEFAULT_NAME
+    if args.data_dir and args.file:
+        args.keys_parser.error("argument --file: not allowed with argument --data-dir")
+    if args.file:
+        return Path(args.file)
+    if args.data_dir:
+        return Path(args.data_dir) / DEFAULT_NAME
+    return args.keys_parser.error("one of the arguments --data-dir --file is required")
 
 
 def _guarded(work: Callable[[], object]) -> int:

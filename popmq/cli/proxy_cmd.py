@@ -42,7 +42,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--admin-port", type=int, help="serve the admin API on this port only (0: any free one)"
     )
-    parser.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--config", default=argparse.SUPPRESS, metavar="FILE",
+        help="YAML/JSON config file (see docs/operations.md); flags and --set override it",
+    )  # fmt: skip
     parser.add_argument(
         "--set", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
         help="override a config field, e.g. --set proxy.min_long_polling_ms=2000",
@@ -74,6 +77,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     proxy.add_argument(
         "--broker", action="append", metavar="NAME=HOST:PORT",
         help="a broker to front (repeat for each)",
+    )  # fmt: skip
+    proxy.add_argument(
+        "--etcd", metavar="URL[,URL...]",
+        help="follow the broker groups registered in this etcd (their leaders), no broker list",
     )  # fmt: skip
     proxy.add_argument(
         "--workers", type=int, metavar="N",
@@ -152,6 +159,7 @@ def run_proxy(args: argparse.Namespace) -> int:
             raise SystemExit(str(exc)) from None
         overrides["proxy.brokers"] = brokers
     overrides["proxy.workers"] = args.workers
+    overrides["proxy.etcd.endpoints"] = args.etcd
     overrides["proxy.broker_link.cluster_token_file"] = args.cluster_token_file
     if args.broker_tls_ca or args.broker_tls_cert:
         overrides["proxy.broker_link.tls"] = True

@@ -247,8 +247,17 @@ class Admin:
         cluster.forget_topic(name)
 
     # -- groups ------------------------------------------------------------------------------
+    async def _require_group(self, group: str) -> None:
+        """CONSUMER_GROUP_NOT_FOUND unless some broker has the group registered. Asked of
+        list_groups: a broker's get_group registers a group it does not know (a client's
+        first use), and a read must not create what it reads."""
+        per_broker = await fan_out(p.list_groups() for p in self.cluster.ports)
+        if not any(s.config.name == group for summaries in per_broker for s in summaries):
+            raise RefusedError(Code.CONSUMER_GROUP_NOT_FOUND, f"group {group!r} does not exist")
+
     async def get_group(self, name: str) -> GroupConfig:
         name = validate.group_name(name)
+        await self._require_group(name)
         return await self.cluster.ports[0].get_group(name)
 
     async def update_group(self, name: str, changes: GroupChanges) -> GroupConfig:
@@ -333,6 +342,7 @@ class Admin:
     async def consumer_progress(self, group: str, topic: str = "") -> list[QueueProgress]:
         """The group's progress on each queue of ``topic`` (""; every topic it consumed)."""
         group = validate.group_name(group)
+        await self._require_group(group)
         found: list[QueueProgress] = []
         for name in await self._user_topics(topic):
             for broker, port, _ in await self._topic_on_brokers(name):

@@ -122,7 +122,7 @@ class Clients:
             client_id,
             client_type=kind,
             group=group or None,
-            topics=topics,
+            topics=validate.client_topics(topics),
             language=ctx.language or settings.language,
             version=ctx.client_version or settings.version,
             peer=ctx.peer,

@@ -43,6 +43,13 @@ class Handles:
         for entry in entries:  # a PushConsumer acks with the handle it got: use the latest
             entry.receipt_handle = await self.renewer.take(entry.receipt_handle)
         for index, entry in enumerate(entries):
+            if len(entry.receipt_handle) > validate.MAX_RECEIPT_HANDLE_LENGTH:
+                # Not one of ours: refused, and not echoed back at the caller's size.
+                results[index] = AckEntryResult(
+                    "", entry.message_id, int(Code.INVALID_RECEIPT_HANDLE),
+                    f"receipt handle longer than {validate.MAX_RECEIPT_HANDLE_LENGTH} characters",
+                )  # fmt: skip
+                continue
             try:
                 port = cluster.port_for_handle(entry.receipt_handle)
             except RefusedError as exc:

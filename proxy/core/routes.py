@@ -39,7 +39,7 @@ class Routes:
         config = await self.cluster.group(group)
         registry = self.registry
         info = registry.get(ctx.client_id, ctx.access_key)
-        topics = (info.topics if info else set()) | {topic}
+        topics = validate.client_topics((info.topics if info else set()) | {topic})
         registry.touch(
             ctx.client_id, group=group, topics=topics, peer=ctx.peer, access_key=ctx.access_key
         )

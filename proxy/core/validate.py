@@ -11,7 +11,18 @@ GROUP_MAX_LENGTH = names.GROUP_MAX_LENGTH
 MESSAGE_GROUP_MAX_LENGTH = 64
 # Internal property keys the broker sets; clients may not send them.
 RESERVED_PROPERTY_PREFIX = "__popmq."
+# RocketMQ's proxy: maxUserPropertySize and userPropertyMaxNum (MESSAGE_PROPERTIES_TOO_LARGE).
 MAX_PROPERTIES_BYTES = 16 * 1024
+MAX_PROPERTIES = 128
+# Keys travel as one property (KEYS, space-separated): held to the same size as user
+# properties, so that a 1-byte body cannot carry megabytes of keys past the body limit.
+MAX_KEYS_BYTES = 16 * 1024
+# popmq's receipt handles are a few hundred characters; anything far longer is not one of
+# ours (and would be echoed back, or kept, at the caller's size).
+MAX_RECEIPT_HANDLE_LENGTH = 4096
+# Topics one client may name (its settings, the topics it asks assignments for): the
+# registry keeps them for every client, so they are bounded and must be topic names.
+MAX_CLIENT_TOPICS = 1024
 # RocketMQ rejects timers further ahead than this (timerMaxDelaySec: 3 days).
 MAX_DELAY_MS = 3 * 24 * 3_600_000
 
@@ -38,12 +49,28 @@ def tag(value: str) -> str:
 
 
 def keys(values: list[str]) -> list[str]:
+    size = len(values)  # the separators
     for key in values:
         if not key.strip() or _has_control_chars(key):
             raise RefusedError(
                 Code.ILLEGAL_MESSAGE_KEY, "message keys must not be blank or contain control chars"
             )
+        size += len(key.encode())
+        if size > MAX_KEYS_BYTES:
+            raise RefusedError(
+                Code.ILLEGAL_MESSAGE_KEY,
+                f"message keys take more than {MAX_KEYS_BYTES} bytes ({len(values)} keys)",
+            )
     return values
+
+
+def client_topics(topics: set[str] | list[str]) -> set[str]:
+    if len(topics) > MAX_CLIENT_TOPICS:
+        raise RefusedError(
+            Code.BAD_REQUEST,
+            f"a client may name at most {MAX_CLIENT_TOPICS} topics; this one names {len(topics)}",
+        )
+    return {topic_name(topic, allow_dlq=True) for topic in topics}
 
 
 def message_group(value: str) -> str:
@@ -56,6 +83,11 @@ def message_group(value: str) -> str:
 
 
 def properties(values: dict[str, str]) -> dict[str, str]:
+    if len(values) > MAX_PROPERTIES:
+        raise RefusedError(
+            Code.MESSAGE_PROPERTIES_TOO_LARGE,
+            f"{len(values)} user properties, more than {MAX_PROPERTIES}",
+        )
     size = 0
     for key, value in values.items():
         if not key or key.startswith(RESERVED_PROPERTY_PREFIX) or _has_control_chars(key):
@@ -65,7 +97,7 @@ def properties(values: dict[str, str]) -> dict[str, str]:
         size += len(key.encode()) + len(value.encode())
     if size > MAX_PROPERTIES_BYTES:
         raise RefusedError(
-            Code.PAYLOAD_TOO_LARGE,
+            Code.MESSAGE_PROPERTIES_TOO_LARGE,
             f"user properties take {size} bytes, more than {MAX_PROPERTIES_BYTES}",
         )
     return values
@@ -97,4 +129,9 @@ def invisible_time(ms: int, min_ms: int, max_ms: int) -> int:
 def receipt_handle(handle: str) -> str:
     if not handle:
         raise RefusedError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is empty")
+    if len(handle) > MAX_RECEIPT_HANDLE_LENGTH:
+        raise RefusedError(
+            Code.INVALID_RECEIPT_HANDLE,
+            f"receipt handle is {len(handle)} characters, more than {MAX_RECEIPT_HANDLE_LENGTH}",
+        )
     return handle

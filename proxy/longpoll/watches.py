@@ -11,12 +11,13 @@ get no watch: ``may_have`` is always True for them and the hub falls back to not
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 
 from popmq.broker.contract.port import ConsumePort
 from popmq.broker.contract.types import FilterExpression, PopRequest
 from popmq.broker.contract.watch import VisibilityWatch, WatchKey
+
+from popmq.clock import SYSTEM, Clock
 
 # A watch nobody used for this long is cancelled (it costs one held waiter on the broker).
 LINGER_S = 120.0
@@ -35,14 +36,19 @@ def watch_key(pop: PopRequest) -> WatchKey:
 
 class WatchRegistry:
     def __init__(
-        self, linger_s: float = LINGER_S, on_arm: Callable[[], None] | None = None
+        self,
+        linger_s: float = LINGER_S,
+        on_arm: Callable[[], None] | None = None,
+        *,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.linger_s = linger_s
+        self._clock = clock  # lingering and sweeps (virtual in tests)
         self._on_arm = on_arm  # counts arms sent (they cost the broker a level check)
         self._watches: dict[WatchId, VisibilityWatch] = {}
         self._used: dict[WatchId, float] = {}
         self._users: dict[WatchId, int] = {}
-        self._next_sweep = time.monotonic() + _SWEEP_EVERY_S
+        self._next_sweep = self._clock.monotonic() + _SWEEP_EVERY_S
 
     def __len__(self) -> int:
         return len(self._watches)
@@ -50,7 +56,7 @@ class WatchRegistry:
     def get(self, port: ConsumePort, pop: PopRequest) -> VisibilityWatch | None:
         """The watch of this broker and group (made and armed on first use)."""
         ident = (port, pop.group, pop.topic, pop.filter, pop.fifo)
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if now >= self._next_sweep:
             self.sweep(now)
         watch = self._watches.get(ident)
@@ -100,7 +106,7 @@ class WatchRegistry:
             self._users[ident] = left
         else:
             self._users.pop(ident, None)
-        self._used[ident] = time.monotonic()
+        self._used[ident] = self._clock.monotonic()
 
     def sweep(self, now: float, *, force: bool = False) -> None:
         """Cancel watches unused for linger_s (or the oldest half when ``force``)."""

@@ -45,4 +45,4 @@ async def store_factory(tmp_path: Path) -> AsyncIterator[StoreFactory]:
 
     yield open_store
     for store in opened:
-        await store.close()
+        await store.aclose()

@@ -50,7 +50,7 @@ async def test_thousands_of_queues_keep_descriptors_bounded(store_factory) -> No
         assert open_fds() - before <= 16 + 4
     await store.checkpoint()
     assert store.open_files.evictions > 0
-    await store.close()
+    await store.aclose()
     assert open_fds() <= before  # nothing leaked (other tests' descriptors may close meanwhile)
 
     reopened = store_factory(max_open_files=16, segment_bytes=4096)

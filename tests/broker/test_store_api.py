@@ -31,7 +31,7 @@ async def test_topics_are_durable_and_validated(store_factory) -> None:
     with pytest.raises(RefusedError) as zero:
         store.create_topic("zero", 0)
     assert zero.value.code == Code.BAD_REQUEST
-    await store.close()
+    await store.aclose()
 
     reopened = store_factory()
     assert reopened.list_topics() == [TopicMeta("%RETRY%g_orders", 1), TopicMeta("orders", 6)]
@@ -157,7 +157,7 @@ async def test_large_bodies_and_segment_rollover(store_factory) -> None:
         assert path.stat().st_size <= 4096 or len(frames) == 1
     for queue_id, bodies in expected.items():
         assert [m.body for m in store.read("T", queue_id, 0, 100).messages] == bodies
-    await store.close()
+    await store.aclose()
     reopened = store_factory(segment_bytes=4096)
     for queue_id, bodies in expected.items():
         assert [m.body for m in reopened.read("T", queue_id, 0, 100).messages] == bodies
@@ -194,7 +194,7 @@ async def test_consumer_offsets_and_state_survive_restart(store_factory) -> None
     assert store.load_state("never-saved") is None
     with pytest.raises(RefusedError):
         store.save_state("../escape", 1)
-    await store.close()
+    await store.aclose()
     reopened = store_factory()
     assert reopened.get_consumer_offset("g", "T", 1) == 42
     assert reopened.get_consumer_offset("h", "T", 0) == 7
@@ -212,7 +212,7 @@ async def test_deleted_topic_recreated_does_not_resurrect_old_records(store_fact
     store.delete_topic("T")
     store.create_topic("T", 1)
     await store.append("T", 0, [msg(b"new-0")])
-    await store.close()
+    await store.aclose()
     (store.data_dir / "checkpoint.json").unlink()  # force a walk over the whole commitlog
     reopened = store_factory()
     assert [m.body for m in reopened.read("T", 0, 0, 10).messages] == [b"new-0"]
@@ -275,8 +275,8 @@ async def test_async_flush_task_fsyncs_periodically(store_factory) -> None:
             break
         await asyncio.sleep(0.01)
     assert store.commitlog_fsyncs > before
-    await store.close()
-    await store.close()  # idempotent
+    await store.aclose()
+    await store.aclose()  # idempotent
 
 
 async def test_cancelled_sync_append_does_not_break_group_commit(store_factory) -> None:
@@ -327,7 +327,7 @@ async def test_close_while_the_flush_task_is_mid_checkpoint(store_factory) -> No
         await store.append("T", 0, [msg(b"x")])
         store.set_consumer_offset("g", "T", 0, round_)
         await asyncio.sleep(0.001 * (round_ % 4))
-        await store.close()  # cancels the task, whatever it is doing, then checkpoints
+        await store.aclose()  # cancels the task, whatever it is doing, then checkpoints
     reopened = store_factory()
     assert reopened.max_offset("T", 0) == 15
     assert reopened.get_consumer_offset("g", "T", 0) == 14

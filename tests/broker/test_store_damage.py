@@ -76,7 +76,7 @@ async def test_flip_inside_the_log_loses_only_the_damaged_frame(store_factory, c
     left, WARNING only). Now one frame is lost, reported, and everything after it is read."""
     store = store_factory(flush="sync")
     await fill(store)
-    await store.close()
+    await store.aclose()
     [segment] = segments(store)
     flip(segment, segment.stat().st_size // 10)
     with caplog.at_level(logging.WARNING):
@@ -104,7 +104,7 @@ async def test_damage_in_an_old_segment_keeps_every_later_segment(store_factory)
     `popmq broker verify`)."""
     store = store_factory(flush="sync", segment_bytes=4096)
     await fill(store)
-    await store.close()
+    await store.aclose()
     files = segments(store)
     assert len(files) >= 4
     flip(files[1], 100, 40)
@@ -121,7 +121,7 @@ async def test_damage_across_a_checkpointed_index_resyncs(store_factory) -> None
     """Damage behind the checkpoint, found by a full rebuild (checkpoint gone, index gone)."""
     store = store_factory(flush="sync")
     await fill(store)
-    await store.close()
+    await store.aclose()
     [segment] = segments(store)
     flip(segment, segment.stat().st_size // 2, 16)
     (store.data_dir / "checkpoint.json").unlink()
@@ -135,7 +135,7 @@ async def test_damage_across_a_checkpointed_index_resyncs(store_factory) -> None
 async def test_quarantine_metrics_name_file_and_reason(store_factory) -> None:
     store = store_factory(flush="sync")
     await fill(store, 30)
-    await store.close()
+    await store.aclose()
     [segment] = segments(store)
     flip(segment, 400)
     reopened = store_factory(flush="sync")
@@ -151,11 +151,11 @@ async def test_quarantine_metrics_name_file_and_reason(store_factory) -> None:
 async def test_known_damage_is_not_counted_twice(store_factory) -> None:
     store = store_factory(flush="sync")
     await fill(store, 30)
-    await store.close()
+    await store.aclose()
     flip(segments(store)[0], 400)
     first = store_factory(flush="sync")
     assert first.faults.frames_lost == 1
-    await first.close()
+    await first.aclose()
     again = store_factory(flush="sync")
     assert again.faults.damage == []
     assert len(readable(again)) == 29
@@ -170,7 +170,7 @@ async def test_missing_topics_log_rebuilds_topics_and_deletes_nothing(
     """On 7bac2a5 the store started with no topics and deleted every index directory."""
     store = store_factory(flush="sync")
     await fill(store)
-    await store.close()
+    await store.aclose()
     (store.data_dir / "topics.log").unlink()
     with caplog.at_level(logging.ERROR):
         reopened = store_factory(flush="sync")
@@ -187,7 +187,7 @@ async def test_missing_topics_log_keeps_index_dirs_of_topics_without_records(
 ) -> None:
     store = store_factory(flush="sync")
     store.create_topic("Empty", 4)
-    await store.close()
+    await store.aclose()
     (store.data_dir / "topics.log").unlink()
     reopened = store_factory(flush="sync")
     assert reopened.get_topic("Empty") is not None
@@ -205,7 +205,7 @@ async def test_corrupt_metadata_falls_back_to_previous_copy(store_factory, name)
     store.set_consumer_offset("g", "T", 0, 7)
     await store.checkpoint()
     store.set_consumer_offset("g", "T", 0, 9)  # the current copy; 7 is in the previous one
-    await store.close()
+    await store.aclose()
     (store.data_dir / name).write_bytes(b'{"format":1,"crc32":1,"bo')
     reopened = store_factory(flush="sync")
     assert [(m.file, m.action) for m in reopened.faults.metadata] == [(name, "previous_copy")]
@@ -221,7 +221,7 @@ async def test_damaged_topics_log_is_quarantined_and_rebuilt(store_factory, wher
     await fill(store)
     for i in range(6):
         store.create_topic(f"Empty{i}", 2)  # topics without records: found by their index dirs
-    await store.close()
+    await store.aclose()
     path = store.data_dir / "topics.log"
     flip(path, int(path.stat().st_size * where), 4)
     reopened = store_factory(flush="sync")
@@ -231,7 +231,7 @@ async def test_damaged_topics_log_is_quarantined_and_rebuilt(store_factory, wher
     [event] = reopened.faults.damage
     assert event.file == "topics.log" and event.quarantined_to
     assert (reopened.data_dir / event.quarantined_to).exists()
-    await reopened.close()
+    await reopened.aclose()
     again = store_factory(flush="sync")  # the rebuilt log is intact: nothing more to report
     assert again.faults.metadata == [] and again.faults.damage == []
 
@@ -249,7 +249,7 @@ async def test_topic_registration_appends_a_record(store_factory) -> None:
     assert max(growth) < 100  # one record, not the table
     store.delete_topic("t0007")
     store.create_topic("t0008", 3)  # grown
-    await store.close()
+    await store.aclose()
     again = store_factory(flush="sync")
     names = {t.name: t.queue_count for t in again.list_topics()}
     assert "t0007" not in names and names["t0008"] == 3 and len(names) == 299
@@ -259,7 +259,7 @@ async def test_topic_registration_appends_a_record(store_factory) -> None:
 async def test_old_topics_json_is_migrated(store_factory) -> None:
     store = store_factory(flush="sync")
     await fill(store, 30)
-    await store.close()
+    await store.aclose()
     data = store.data_dir
     table = {t: {"queue_count": QUEUES, "since": 0} for t in ("T",)}
     metafile.write(data / "topics.json", {"version": 1, "topics": table})
@@ -275,7 +275,7 @@ async def test_corrupt_metadata_without_previous_copy(store_factory, caplog) -> 
     store = store_factory(flush="sync")
     await fill(store, 30)
     store.set_consumer_offset("g", "T", 0, 7)
-    await store.close()
+    await store.aclose()
     for name in ("checkpoint.json", "consumer_offsets.json"):
         (store.data_dir / name).write_bytes(b"\x00garbage")
         (store.data_dir / (name + ".prev")).unlink(missing_ok=True)
@@ -291,7 +291,7 @@ async def test_corrupt_metadata_without_previous_copy(store_factory, caplog) -> 
 async def test_missing_consumer_offsets_is_reported(store_factory) -> None:
     store = store_factory(flush="sync")
     await fill(store, 3)
-    await store.close()
+    await store.aclose()
     (store.data_dir / "consumer_offsets.json").unlink()
     (store.data_dir / "consumer_offsets.json.prev").unlink(missing_ok=True)
     reopened = store_factory(flush="sync")
@@ -308,7 +308,7 @@ async def test_a_new_store_reports_nothing(store_factory) -> None:
 
 async def test_unknown_future_format_is_refused(store_factory) -> None:
     store = store_factory()
-    await store.close()
+    await store.aclose()
     (store.data_dir / "FORMAT").write_text("popmq-store-format 99\n")
     with pytest.raises(RefusedError, match="format 99"):
         store_factory()
@@ -373,7 +373,7 @@ def test_damaged_pop_journal_keeps_records_after_the_damage(tmp_path: Path, capl
 async def test_verify_reports_damage_and_changes_nothing(store_factory, capsys) -> None:
     store = store_factory(flush="sync")
     await fill(store, 60)
-    await store.close()
+    await store.aclose()
     assert popmq_main(["broker", "verify", "--data-dir", str(store.data_dir)]) == 0
     assert "no unhandled damage" in capsys.readouterr().out
     [segment] = segments(store)
@@ -391,7 +391,7 @@ async def test_verify_reports_damage_and_changes_nothing(store_factory, capsys) 
     assert any(area == "index" for area, _ in damaged)  # the lost record's entry
     # A start quarantines the damage; verify then reports it as handled.
     reopened = store_factory(flush="sync")
-    await reopened.close()
+    await reopened.aclose()
     assert not verify(store.data_dir).damaged
 
 
@@ -403,7 +403,7 @@ async def test_flipped_bytes_inside_an_index_are_rebuilt_not_lost(store_factory)
     skip its message for good."""
     store = store_factory(flush="sync", segment_bytes=4096)
     await fill(store)
-    await store.close()
+    await store.aclose()
     assert len(segments(store)) > 3  # recovery walks only the last ones
     [path] = (store.data_dir / "index" / "T" / "1").iterdir()
     flip(path, 24 * 5 + 2, 8)  # entry 5 (first segment): its position and size fields
@@ -431,7 +431,7 @@ async def test_verify_finds_a_flipped_tag_hash(store_factory) -> None:
     reader, and no start notices (the docs send operators to verify for it): verify must."""
     store = store_factory(flush="sync")
     await fill(store, 60)
-    await store.close()
+    await store.aclose()
     [path] = (store.data_dir / "index" / "T" / "1").iterdir()
     flip(path, 24 * 5 + 12, 4)  # entry 5: its tag hash field
     report = verify(store.data_dir)
@@ -471,7 +471,7 @@ async def test_verify_on_a_running_store_is_not_fooled_by_new_writes(store_facto
     assert len(notes) == QUEUES and all("after the commitlog was read" in n for n in notes)
 
     # At rest, index entries past the end of the log are still damage (the log lost them).
-    await store.close()
+    await store.aclose()
     [segment] = segments(store)
     with segment.open("r+b") as f:
         f.truncate(segment.stat().st_size - 10)
@@ -486,7 +486,7 @@ async def test_a_wrong_size_in_an_index_entry_does_not_lose_its_intact_record(
     it for good; now the record is read by its own frame length and the entry is reported."""
     store = store_factory(flush="sync", segment_bytes=4096)
     await fill(store)
-    await store.close()
+    await store.aclose()
     assert len(segments(store)) > 3  # the start walks only the last ones
     [path] = (store.data_dir / "index" / "T" / "1").iterdir()
     raw = bytearray(path.read_bytes())
@@ -537,7 +537,7 @@ async def test_damage_that_cannot_be_set_aside_refuses_to_start_with_a_clear_mes
     exists'."""
     store = store_factory(flush="sync")
     await fill(store, 60)
-    await store.close()
+    await store.aclose()
     [segment] = segments(store)
     flip(segment, segment.stat().st_size // 3)
     (store.data_dir / "quarantine").write_text("not a directory")
@@ -573,7 +573,7 @@ async def test_a_topic_whose_creation_failed_to_persist_takes_no_sends(
         await store.append("X", 0, [Message("X", b"never acknowledged")])
     store.create_topic("X", 2)  # space again: created for real
     await store.append("X", 0, [Message("X", b"acknowledged")])
-    await store.close()
+    await store.aclose()
     reopened = store_factory(flush="sync")
     assert [m.body for m in reopened.read("X", 0, 0, 10).messages] == [b"acknowledged"]
 

@@ -65,7 +65,7 @@ COUNTS = {0: 30, 1: 21, 2: 5}
 async def test_clean_reopen_keeps_everything(store_factory) -> None:
     store = store_factory(index_entries_per_file=PER_FILE, segment_bytes=4096)
     await fill(store, COUNTS)
-    await store.close()
+    await store.aclose()
     reopened = store_factory(index_entries_per_file=PER_FILE, segment_bytes=4096)
     assert reopened.recovery is not None
     assert reopened.recovery.bytes_cut == 0 and reopened.recovery.rebuilt_queues == []
@@ -76,7 +76,7 @@ async def test_clean_reopen_keeps_everything(store_factory) -> None:
 async def test_index_rebuilt_after_deleting_index_files(store_factory, which: str) -> None:
     store = store_factory(index_entries_per_file=PER_FILE, segment_bytes=4096)
     await fill(store, COUNTS)
-    await store.close()
+    await store.aclose()
     files = index_files(store, 0)
     assert len(files) == 4
     if which == "queue-dir":
@@ -101,7 +101,7 @@ async def test_index_rebuilt_after_deleting_index_files(store_factory, which: st
 async def test_index_rebuilt_after_truncating_an_index_file(store_factory, keep_bytes) -> None:
     store = store_factory(index_entries_per_file=PER_FILE, segment_bytes=4096)
     await fill(store, COUNTS)
-    await store.close()
+    await store.aclose()
     os.truncate(index_files(store, 1)[-1], keep_bytes)  # the last file: offsets 16..20
     os.truncate(index_files(store, 0)[1], keep_bytes)  # a middle file: offsets 8..15
     reopened = store_factory(index_entries_per_file=PER_FILE, segment_bytes=4096)
@@ -115,7 +115,7 @@ async def test_wrong_last_index_entry_is_detected(store_factory) -> None:
     await fill(store, {0: 12, 1: 0})
     for _ in range(40):
         await store.append("T", 1, [Message("T", body_for(1, store.max_offset("T", 1)), tag="t1")])
-    await store.close()
+    await store.aclose()
     last_file = index_files(store, 0)[-1]
     data = bytearray(last_file.read_bytes())
     data[-ENTRY_SIZE:] = data[-2 * ENTRY_SIZE : -ENTRY_SIZE]  # points at offset 10's record
@@ -129,7 +129,7 @@ async def test_wrong_last_index_entry_is_detected(store_factory) -> None:
 async def test_torn_commitlog_tail_is_cut_and_index_follows(store_factory) -> None:
     store = store_factory(index_entries_per_file=PER_FILE)
     await fill(store, COUNTS)
-    await store.close()
+    await store.aclose()
     segment = last_segment(store)
     frames = list(iter_frames(segment.read_bytes()))
     last_offset, last_payload = frames[-1]  # queue 0's offset 29 (fill ends on queue 0)
@@ -152,7 +152,7 @@ async def test_torn_commitlog_tail_is_cut_and_index_follows(store_factory) -> No
 async def test_corrupt_commitlog_tail_is_cut(store_factory, damage: str) -> None:
     store = store_factory()
     await fill(store, COUNTS)
-    await store.close()
+    await store.aclose()
     segment = last_segment(store)
     size = segment.stat().st_size
     lost: dict[int, set[int]] = {}
@@ -182,7 +182,7 @@ async def test_torn_middle_segment_keeps_what_follows(store_factory) -> None:
     last record: every later segment is kept and read, the lost offset is a reported hole."""
     store = store_factory(segment_bytes=4096)
     await fill(store, COUNTS)
-    await store.close()
+    await store.aclose()
     segments = sorted((store.data_dir / "commitlog").iterdir())
     middle = segments[len(segments) // 2]
     frames = list(iter_frames(middle.read_bytes()))
@@ -201,7 +201,7 @@ async def test_torn_middle_segment_keeps_what_follows(store_factory) -> None:
 async def test_lost_checkpoint_means_full_scan_not_data_loss(store_factory) -> None:
     store = store_factory(index_entries_per_file=PER_FILE, segment_bytes=4096)
     await fill(store, COUNTS)
-    await store.close()
+    await store.aclose()
     (store.data_dir / "checkpoint.json").unlink()
     for path in index_files(store, 2):
         path.write_bytes(b"\xff" * ENTRY_SIZE * 2)  # garbage entries
@@ -213,7 +213,7 @@ async def test_corrupt_record_in_an_old_segment_is_skipped_by_reads(store_factor
     """Bit rot far behind the checkpoint is not seen by recovery; reads verify checksums."""
     store = store_factory(segment_bytes=4096)
     await fill(store, COUNTS)
-    await store.close()
+    await store.aclose()
     first = sorted((store.data_dir / "commitlog").iterdir())[0]
     frames = list(iter_frames(first.read_bytes()))
     offset, payload = frames[0]  # queue 0, offset 0
@@ -326,7 +326,7 @@ async def test_kill_9_loses_nothing_acknowledged_under_sync_flush(tmp_path: Path
             store.read("T", 0, appended[0].queue_offset, 1).messages[0].body == b"after the crash"
         )
     finally:
-        await store.close()
+        await store.aclose()
 
 
 def _sync_config():

@@ -74,7 +74,7 @@ async def test_retention_by_size_purges_old_segments(store_factory) -> None:
         files = sorted((store.data_dir / "index" / "T" / str(q)).iterdir())
         assert int(files[0].name) > store.min_offset("T", q) - 8
     assert store.apply_retention() == 0  # nothing more to do
-    await store.close()
+    await store.aclose()
 
     reopened = store_factory(segment_bytes=SEGMENT, retention_bytes=3 * SEGMENT,
                              index_entries_per_file=8)  # fmt: skip
@@ -123,7 +123,7 @@ async def test_fully_purged_queue_keeps_its_offsets(store_factory) -> None:
     with pytest.raises(OffsetPurgedError):
         store.read("T", 0, 0, 5)
     assert store.offset_for_timestamp("T", 0, 0) == 20
-    await store.close()
+    await store.aclose()
     reopened = store_factory(segment_bytes=SEGMENT, retention_bytes=1, index_entries_per_file=4)
     assert reopened.min_offset("T", 0) == reopened.max_offset("T", 0) == 20
     stored = await reopened.append("T", 0, [Message("T", body_for(0, 20))])

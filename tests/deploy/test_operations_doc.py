@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,6 +13,8 @@ import yaml
 from deploykit import CHART_DIR, REPO, parse_cli
 from popmq.broker.contract.errors import Code
 from popmq.broker.contract.types import Message, PopRequest
+from popmq.broker.replication.metrics import NodeCollector
+from popmq.broker.replication.role import GroupRole
 from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.proxy.metrics import ProxyMetrics
 from pydantic import BaseModel
@@ -77,6 +80,7 @@ async def _broker_families(data_dir: Path) -> dict[str, set[str]]:
         family.name: {label for sample in family.samples for label in sample.labels}
         for family in families
     }
+    found.update(_replication_families())
     # Labelled series with no child yet (e.g. damage counters on a healthy store) have no
     # samples: take their label names from the metric's definition.
     for collector in set(registry._names_to_collectors.values()):
@@ -101,8 +105,23 @@ async def test_every_broker_metric_named_exists_with_its_labels(tmp_path: Path) 
             assert label in families[_base(name, families) or ""], f"{name}: no label {label}"
 
 
+def _replication_families() -> dict[str, set[str]]:
+    """The popmq_broker_replication_* families, as a leader with one follower exports them
+    (they exist only on a replicated node, never on the plain broker above)."""
+    follower = SimpleNamespace(name="a1", lag_bytes=0, lag_s=0.0)
+    leader = SimpleNamespace(in_sync=SimpleNamespace(size=2), status=lambda: [follower])
+    role = GroupRole(epoch=1, leader_name="a0", leader_address="127.0.0.1:1", is_leader=True)
+    collector = NodeCollector("broker-a", lambda: "a0", lambda: role, lambda: None,
+                              lambda: leader)  # type: ignore[arg-type,return-value]  # fmt: skip
+    return {
+        family.name: {label for sample in family.samples for label in sample.labels}
+        for family in collector.collect()
+    }
+
+
 def _commands() -> list[str]:
-    spans = re.findall(r"`(popmq [^`]+)`", DOC) + re.findall(r"^(popmq .+)$", DOC, re.M)
+    text = re.sub(r"\\\n\s*", " ", DOC)  # a command continued on the next line is one command
+    spans = re.findall(r"`(popmq [^`]+)`", text) + re.findall(r"^(popmq .+)$", text, re.M)
     return sorted({" ".join(span.split()) for span in spans})
 
 

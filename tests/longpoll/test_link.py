@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,9 @@ async def test_a_cut_stream_loses_no_message(tmp_path: Path) -> None:
 
 
 @pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
-async def test_a_broker_gone_and_back_loses_no_message_and_no_poll_hangs(tmp_path: Path) -> None:
+async def test_a_broker_gone_and_back_loses_no_message_and_no_poll_hangs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The broker's server goes away (as in a restart or a partition); messages stored while
     it is unreachable reach a long poll once it is back, and polls meanwhile end on time."""
     metrics = ProxyMetrics()
@@ -90,8 +93,18 @@ async def test_a_broker_gone_and_back_loses_no_message_and_no_poll_hangs(tmp_pat
         assert warmup == []
         local, server = sides[1]
         number = server.bound_port
+        link = ports[1].watch_backend
+        caplog.set_level(logging.INFO, logger="popmq.broker.wire.link")
         await server.aclose(0)
         await wait_until(lambda: _watch_state(strategy, ports[1]) is WatchState.UNKNOWN, 5)
+        attempts = link.connects
+        await wait_until(lambda: link.connects >= attempts + 3, 5)  # reconnects keep failing
+        # One outage: one WARNING and one loss, not one per reconnect attempt (the "link
+        # flapping" alert counts losses).
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+                    and r.name == "popmq.broker.wire.link"]  # fmt: skip
+        assert len(warnings) == 1 and "lost" in warnings[0], warnings
+        assert link.losses == 1
         # No poll hangs while the broker is unreachable: it ends at its deadline, empty.
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -106,4 +119,11 @@ async def test_a_broker_gone_and_back_loses_no_message_and_no_poll_hangs(tmp_pat
         async with asyncio.timeout(8):  # reconnect back-off is at most 1 s
             got = await receive
         assert [m.message.body for m in got] == [b"while away"]
+
+        def link_lines(level: int) -> list[str]:
+            return [r.getMessage() for r in caplog.records
+                    if r.name == "popmq.broker.wire.link" and r.levelno == level]  # fmt: skip
+
+        await wait_until(lambda: link_lines(logging.INFO) == ["link to broker b1 is back"], 5)
+        assert len(link_lines(logging.WARNING)) == 1 and link.losses == 1
         await strategy.aclose()

@@ -99,5 +99,5 @@ async def test_a_link_that_cannot_open_leaves_no_watch_armed() -> None:
     async with asyncio.timeout(5):
         await watch.wait()
     assert watch.state is WatchState.UNKNOWN and watch.may_have
-    assert link.losses >= 1
+    assert link.losses == 0  # it never opened: no stream was lost (losses feed a flapping alert)
     await link.aclose()

@@ -52,14 +52,21 @@ async def test_topics_lifecycle_with_backlog(cluster: Cluster) -> None:
 async def test_groups(cluster: Cluster) -> None:
     admin = admin_pb2_grpc.AdminServiceStub(cluster.channel)
     group = unique("g")
-    got = await admin.GetGroup(a.GetGroupRequest(name=group))
-    assert got.status.code == Code.OK and got.group.consume_mode == "POP"
+    # a read neither invents defaults for a group nor registers it
+    missing = await admin.GetGroup(a.GetGroupRequest(name=group))
+    assert missing.status.code == Code.CONSUMER_GROUP_NOT_FOUND
+    progress = await admin.ConsumerProgress(a.ConsumerProgressRequest(group=group))
+    assert progress.status.code == Code.CONSUMER_GROUP_NOT_FOUND
+    listed = await admin.ListGroups(a.ListGroupsRequest())
+    assert group not in [s.group.name for s in listed.groups]
     updated = await admin.UpdateGroup(
         a.UpdateGroupRequest(name=group, consume_mode="PULL", max_attempts=4,
                              retry_levels=["2s", "4s"])
     )  # fmt: skip
     assert updated.status.code == Code.OK
     assert (updated.group.consume_mode, updated.group.max_attempts) == ("PULL", 4)
+    got = await admin.GetGroup(a.GetGroupRequest(name=group))  # `groups set` created it
+    assert got.status.code == Code.OK and got.group.max_attempts == 4
     # every broker has it
     for broker in cluster.brokers:
         config = await broker.get_group(group)

@@ -141,3 +141,22 @@ async def test_pull_assignment_is_exclusive(cluster: Cluster) -> None:
     assert len(first) == len(second) == 4
     assert not set(first) & set(second)
     assert all(queue_id >= 0 for _, queue_id in first + second)
+
+
+async def test_settings_topics_are_bounded_and_must_be_topic_names(cluster: Cluster) -> None:
+    """Issue 20, defect 4: producer settings kept any number of unvalidated topic names
+    (40 client ids x 6.2 MB grew a proxy by 486 MB)."""
+    for topics, code in (
+        ([f"t{i}" for i in range(1025)], Code.BAD_REQUEST),
+        (["x" * 100_000], Code.ILLEGAL_TOPIC),
+    ):
+        settings = pb.Settings(
+            client_type=pb.PRODUCER,
+            publishing=pb.Publishing(topics=[pb.Resource(name=t) for t in topics]),
+        )
+        call = cluster.stub.Telemetry(metadata=cluster.metadata("big@1"), timeout=5)
+        await call.write(s.TelemetryCommand(settings=settings))
+        reply = await call.read()
+        call.cancel()
+        assert reply.status.code == code
+    assert cluster.server.registry.get("big@1") is None

@@ -6,12 +6,14 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import ChangeInvisibleResult
 from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.registry import ClientRegistry
 from popmq.proxy.renewal import RELEASE_INVISIBLE_MS, HandleRenewer
 
+from popmq.clock import LoopClock
 from popmq.config import ProxyConfig
 from popmq.lifecycle import TaskOwner
 
@@ -118,3 +120,21 @@ async def test_the_renewal_loop_belongs_to_the_proxys_task_owner() -> None:
     assert len(services.tasks) == 1  # started on the first handle, owned there
     await services.tasks.aclose(grace_s=0.01)  # proxy shutdown cancels it
     assert len(services.tasks) == 0
+
+
+@pytest.mark.looptime
+async def test_the_renew_time_limit_runs_on_the_injected_clock() -> None:
+    port = FakePort()
+    port.gate.set()
+    services = _services(port, renew_max_ms=30_000)
+    renewer = HandleRenewer(
+        services.proxy, services.cluster, services.registry, services.metrics, services.tasks,
+        clock=LoopClock(),
+    )  # fmt: skip
+    renewer.track("push-1", "g", "t", [SimpleNamespace(receipt_handle="h1")])
+    # Virtual time: the loop renews at 10 s and 20 s (renew_schedule_period_ms) and drops the
+    # handle at 30 s (renew_max_ms), without waiting for real.
+    await asyncio.sleep(31)
+    assert port.calls == [("h1", 1_000), ("h1+", 1_000)]
+    assert len(renewer) == 0 and _metric(services, "max_time") == 1
+    await services.tasks.aclose(grace_s=0.01)

@@ -52,7 +52,19 @@ def test_tags_keys_groups_properties() -> None:
     assert code_of(validate.properties, {"__popmq.origin_topic": "x"}) == (
         Code.ILLEGAL_MESSAGE_PROPERTY_KEY
     )
-    assert code_of(validate.properties, {"k": "v" * 20_000}) == Code.PAYLOAD_TOO_LARGE
+    assert code_of(validate.properties, {"k": "v" * 20_000}) == Code.MESSAGE_PROPERTIES_TOO_LARGE
+
+
+def test_keys_properties_and_handles_are_bounded() -> None:
+    """Issue 20, defects 5 and 10: a 16 MiB key, 200,000 keys, or 64 KB receipt handles were
+    accepted (keys escaped the body limit; handles were kept and echoed back)."""
+    assert code_of(validate.keys, ["k" * (16 << 20)]) == Code.ILLEGAL_MESSAGE_KEY
+    assert code_of(validate.keys, [f"k{i}" for i in range(200_000)]) == Code.ILLEGAL_MESSAGE_KEY
+    assert code_of(validate.keys, [f"k{i}" for i in range(100)]) is None
+    many = {f"p{i}": "v" for i in range(129)}
+    assert code_of(validate.properties, many) == Code.MESSAGE_PROPERTIES_TOO_LARGE
+    assert code_of(validate.receipt_handle, "h" * 65_536) == Code.INVALID_RECEIPT_HANDLE
+    assert code_of(validate.receipt_handle, "h" * 400) is None
 
 
 def test_invisible_time_range() -> None:

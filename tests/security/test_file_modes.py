@@ -123,7 +123,7 @@ async def test_an_embedded_store_writes_owner_only_files_under_any_umask(
         await store.flush()
         await store.checkpoint()
     finally:
-        await store.close()
+        await store.aclose()
     files = {name: mode for name, mode in _modes(tmp_path / "data").items()
              if (tmp_path / "data" / name).is_file() and name != "LOCK"}  # fmt: skip
     assert files, "the store wrote no files"

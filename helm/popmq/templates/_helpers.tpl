@@ -56,7 +56,13 @@ app.kubernetes.io/part-of: popmq
 {{- end -}}
 
 {{- define "popmq.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- $image := .Values.image -}}
+{{- $name := ternary (printf "%s/%s" $image.registry $image.repository) $image.repository (ne $image.registry "") -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $name $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $name (default .Chart.AppVersion $image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Secrets: the cluster token and the ACL, by name and key. */}}
@@ -195,4 +201,14 @@ command line.
 {{- if and .Values.proxy.metrics.enabled (eq (int .Values.proxy.metrics.port) (int .Values.proxy.port)) -}}
 {{- fail (printf "proxy.metrics.port and proxy.port are both %v" .Values.proxy.port) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* A shared security context with a component's keys on top (each key replaced whole: a
+false or empty value there wins too, which sprig's merge would not let it). */}}
+{{- define "popmq.overlay" -}}
+{{- $out := deepCopy (.base | default dict) -}}
+{{- range $key, $value := (.over | default dict) }}
+{{- $_ := set $out $key $value }}
+{{- end }}
+{{- toYaml $out -}}
 {{- end -}}

@@ -1,6 +1,7 @@
-"""Receivers that stop reading (issue 20, defect 3): a ReceiveMessage or PullMessage stream
-whose client takes no frame for proxy.write_stall_timeout_ms is ended; its long-poll slot is
-freed and what it did not take is visible again at once (not after its invisible time)."""
+"""Memory at the proxy's edges (issue 20), in process: receivers that stop reading (defect 3)
+are ended within proxy.write_stall_timeout_ms, their long-poll slot freed and what they did not
+take visible again at once; bytes in flight draw from proxy.max_inflight_bytes (defect 2);
+keys and receipt handles are bounded (defects 5 and 10)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 from typing import Any
 
 import grpc
+import pytest
 from proxy_support import Cluster, eventually, unique
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -127,3 +129,40 @@ async def test_a_send_past_the_memory_budget_is_too_many_requests(make_cluster: 
     accepted = await cluster.send(topic, b"x" * BODY)
     assert accepted.status.code == pb.OK
     stalled.cancel()
+
+
+async def test_oversized_keys_and_receipt_handles_are_refused_on_the_wire(
+    make_cluster: Any,
+) -> None:
+    """Issue 20, defects 5 and 10, end to end: a 1-byte body with 1 MiB of keys is refused
+    (ILLEGAL_MESSAGE_KEY), and an ack of 64 KB handles answers INVALID_RECEIPT_HANDLE per
+    entry without echoing the handles back."""
+    cluster = await make_cluster(brokers=1)
+    topic, group = unique("t-limits"), unique("g-limits")
+    await cluster.route(topic)
+    sent = await cluster.send(topic, b"x", keys=["k" * (1 << 20)])
+    assert sent.status.code == pb.ILLEGAL_MESSAGE_KEY
+    entries = [s.AckMessageEntry(message_id="m", receipt_handle="h" * 65_536) for _ in range(64)]
+    answer = await cluster.ack_handles(group, topic, entries)
+    assert {e.status.code for e in answer.entries} == {pb.INVALID_RECEIPT_HANDLE}
+    assert answer.ByteSize() < 64 * 1024
+
+
+async def test_one_connection_holds_a_bounded_number_of_streams(make_cluster: Any) -> None:
+    """Issue 20, defect 11: one connection opened thousands of health watches. Past
+    proxy.max_streams_per_connection the client's own gRPC queues new calls."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    cluster = await make_cluster(brokers=1, **{"proxy.max_streams_per_connection": 16})
+    health = health_pb2_grpc.HealthStub(cluster.channel)
+    watches = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(16)]
+    for watch in watches:
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # a 17th stream waits for a free one
+        await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    watches[0].cancel()
+    answer = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    for watch in watches[1:]:
+        watch.cancel()

@@ -1,0 +1,314 @@
+"""A broker node's membership in its group: registration, election, fencing, the in-sync set.
+
+``join_group(store, settings)`` is an async context manager that owns its task group. While
+inside it the node
+
+- holds a lease (``lease_ttl_s``, renewed every third of it) and its member key bound to it;
+- campaigns whenever the group has no leader and it may lead: one transaction comparing the
+  leader key's ``create_revision`` with 0 and the in-sync key's ``mod_revision`` with the one
+  just read, putting the leader key (bound to its lease) and an in-sync set of itself. Only a
+  node in the in-sync set may campaign, unless ``unclean_election`` (or the group is new);
+- publishes its view as a ``GroupRole`` (``role``, ``await role_changed()``).
+
+Fencing: a leader may acknowledge writes only while ``may_write()``, which is false once its
+lease deadline has passed. The deadline is measured on the monotonic clock from when the last
+successful keepalive was *sent*, so it is never later than etcd's own expiry of the lease, and
+a paused or partitioned leader stops acknowledging before anyone else can be elected.
+
+On a clean exit the lease is revoked: the leader key goes at once and another node takes over
+without waiting for the TTL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import anyio
+
+from popmq.coord.keys import DEFAULT_PREFIX, GroupKeys, decode, encode
+from popmq.coord.store import (
+    Compare,
+    CoordStore,
+    CoordUnavailableError,
+    KeyValue,
+    LeaseLostError,
+    Put,
+)
+
+log = logging.getLogger("popmq.coord.group")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRole:
+    """What a node knows of its group's leadership. ``epoch`` is the leader key's
+    create_revision (0 while no leader is known)."""
+
+    epoch: int
+    leader_name: str
+    leader_address: str
+    is_leader: bool
+
+    @property
+    def has_leader(self) -> bool:
+        return bool(self.leader_name)
+
+
+NO_LEADER = GroupRole(0, "", "", False)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberSettings:
+    group: str
+    name: str
+    address: str  # host:port where proxies reach this node
+    prefix: str = DEFAULT_PREFIX
+    lease_ttl_s: int = 3
+    unclean_election: bool = False
+    # Re-read the group this often even if the watch is silent (a watch can stall unnoticed).
+    poll_interval_s: float = 1.0
+    retry_s: float = 0.5
+
+
+def leader_role(kv: KeyValue | None, own_lease: int, own_name: str) -> GroupRole:
+    if kv is None:
+        return NO_LEADER
+    info = decode(kv.value)
+    name, address = str(info.get("name", "")), str(info.get("address", ""))
+    mine = bool(own_lease) and kv.lease == own_lease and name == own_name
+    return GroupRole(kv.create_revision, name, address, mine)
+
+
+class GroupMember:
+    """One node's view of its group; made by ``join_group``."""
+
+    def __init__(self, store: CoordStore, settings: MemberSettings) -> None:
+        self.store = store
+        self.settings = settings
+        self.keys = GroupKeys(settings.prefix, settings.group)
+        self._role = NO_LEADER
+        self._changed = anyio.Event()
+        self._wake = anyio.Event()
+        self._lease = 0
+        self._lease_deadline = 0.0  # loop-clock time until which the lease surely holds
+        self._in_sync: list[str] = []
+        self.elections_won = 0
+        self._listeners: list[Callable[[GroupRole], None]] = []
+
+    # -- what the broker reads -------------------------------------------------------------
+    @property
+    def role(self) -> GroupRole:
+        return self._role
+
+    @property
+    def in_sync(self) -> list[str]:
+        """The in-sync set as last read (the leader's own writes included)."""
+        return list(self._in_sync)
+
+    async def role_changed(self) -> GroupRole:
+        """Wait for the next change of ``role``; the new value."""
+        await self._changed.wait()
+        return self._role
+
+    def on_change(self, listener: Callable[[GroupRole], None]) -> None:
+        self._listeners.append(listener)
+
+    def may_write(self) -> bool:
+        """True while this node is the leader and its lease surely holds (the fence)."""
+        return self._role.is_leader and self._lease_holds()
+
+    def _lease_holds(self) -> bool:
+        return anyio.current_time() < self._lease_deadline
+
+    def lease_remaining_s(self) -> float:
+        return max(0.0, self._lease_deadline - anyio.current_time())
+
+    # -- what replication calls -------------------------------------------------------------
+    async def set_in_sync(self, members: list[str]) -> bool:
+        """Replace the in-sync set, only if this node still leads at its epoch (a deposed
+        leader's change fails: False). The leader itself is always kept in the set."""
+        role = self._role
+        if not role.is_leader:
+            return False
+        members = sorted({self.settings.name, *members})
+        result = await self.store.txn(
+            [Compare(self.keys.leader, "create", role.epoch)],
+            [Put(self.keys.in_sync, encode({"members": members}))],
+        )
+        if result.succeeded:
+            self._in_sync = members
+        else:
+            self._wake.set()  # someone else leads: find out at once
+        return result.succeeded
+
+    async def report_lag(self, node: str, lag_bytes: int, lag_s: float) -> None:
+        """Publish a follower's replication lag (for `popmq admin cluster status`), bound to
+        this node's lease so it disappears with it."""
+        value = encode({"lag_bytes": lag_bytes, "lag_s": lag_s, "reported_by": self.settings.name})
+        await self.store.put(self.keys.lag(node), value, self._lease)
+
+    # -- internals --------------------------------------------------------------------------
+    def _publish(self, role: GroupRole) -> None:
+        if role == self._role:
+            return
+        previous, self._role = self._role, role
+        if role.is_leader and not previous.is_leader:
+            log.info("%s leads group %s at epoch %d", self.settings.name, self.settings.group,
+                     role.epoch)  # fmt: skip
+        elif previous.is_leader and not role.is_leader:
+            log.warning("%s no longer leads group %s (epoch %d)", self.settings.name,
+                        self.settings.group, previous.epoch)  # fmt: skip
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+        for listener in self._listeners:
+            listener(role)
+
+    def _step_down(self, why: str) -> None:
+        if self._role.is_leader:
+            log.warning("%s fences itself in group %s: %s", self.settings.name,
+                        self.settings.group, why)  # fmt: skip
+            self._publish(NO_LEADER)
+
+    async def _register(self) -> None:
+        ttl = self.settings.lease_ttl_s
+        sent = anyio.current_time()
+        lease = await self.store.grant(ttl)
+        member = encode({"name": self.settings.name, "address": self.settings.address})
+        await self.store.put(self.keys.member(self.settings.name), member, lease)
+        self._lease, self._lease_deadline = lease, sent + ttl
+        self._wake.set()
+
+    async def _keep_lease(self) -> None:
+        settings = self.settings
+        warned = False
+        while True:
+            try:
+                if not self._lease:
+                    await self._register()
+                await anyio.sleep(settings.lease_ttl_s / 3)
+                sent = anyio.current_time()
+                ttl = await self.store.keepalive(self._lease)
+                self._lease_deadline = sent + ttl
+                if warned:
+                    log.info("%s reaches etcd again", settings.name)
+                    warned = False
+            except LeaseLostError:
+                log.warning("%s lost its lease; registering again", settings.name)
+                self._lease = 0
+                self._step_down("its lease expired")
+            except CoordUnavailableError as exc:
+                if not warned:
+                    log.warning("%s cannot reach etcd: %s", settings.name, exc.message)
+                    warned = True
+                if not self.may_write():
+                    self._step_down("its lease deadline passed without a keepalive")
+                await anyio.sleep(settings.retry_s)
+
+    async def _fence_on_deadline(self) -> None:
+        """Publish the step-down when the lease deadline passes (may_write() already refuses
+        from that instant; this tells the broker and the metrics)."""
+        while True:
+            if self._role.is_leader:
+                await anyio.sleep(max(self.lease_remaining_s(), 0.01))
+                if self._role.is_leader and not self.may_write():
+                    self._step_down("its lease deadline passed")
+            else:
+                await self.role_changed()
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                _, revision = await self.store.get_prefix(self.keys.root)
+                async for _event in self.store.watch_prefix(self.keys.root, revision + 1):
+                    self._wake.set()
+            except CoordUnavailableError:
+                await anyio.sleep(self.settings.retry_s)
+
+    async def _elect(self) -> None:
+        while True:
+            with anyio.move_on_after(self.settings.poll_interval_s):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            try:
+                await self._refresh()
+            except LeaseLostError:
+                self._lease = 0
+                self._step_down("its lease expired")
+            except CoordUnavailableError:
+                if not self.may_write():
+                    self._step_down("etcd is unreachable and its lease deadline passed")
+
+    async def _refresh(self) -> None:
+        kvs, _ = await self.store.get_prefix(self.keys.root)
+        by_key = {kv.key: kv for kv in kvs}
+        leader = by_key.get(self.keys.leader)
+        in_sync_kv = by_key.get(self.keys.in_sync)
+        if leader is None and self._lease and self._eligible(in_sync_kv):
+            await self._campaign(in_sync_kv)
+            return
+        if in_sync_kv is not None:
+            self._in_sync = [str(m) for m in decode(in_sync_kv.value).get("members", [])]
+        role = leader_role(leader, self._lease, self.settings.name)
+        if role.is_leader and not self._lease_holds():
+            role = NO_LEADER  # our key, but the lease may already be gone at etcd
+        self._publish(role)
+
+    def _eligible(self, in_sync_kv: KeyValue | None) -> bool:
+        if in_sync_kv is None or self.settings.unclean_election:
+            return True  # a new group's first leader; or the operator accepted data loss
+        return self.settings.name in decode(in_sync_kv.value).get("members", [])
+
+    async def _campaign(self, in_sync_kv: KeyValue | None) -> None:
+        name = self.settings.name
+        keys = self.keys
+        result = await self.store.txn(
+            [
+                Compare(keys.leader, "create", 0),
+                Compare(keys.in_sync, "mod", in_sync_kv.mod_revision if in_sync_kv else 0),
+            ],
+            [
+                Put(keys.leader, self._leader_value(), self._lease),
+                # The new leader alone is surely in sync; replication adds followers back.
+                Put(keys.in_sync, encode({"members": [name]})),
+            ],
+        )
+        if result.succeeded:
+            self.elections_won += 1
+            self._in_sync = [name]
+            self._publish(GroupRole(result.revision, name, self.settings.address, True))
+        else:
+            self._wake.set()  # lost the race: read who won
+
+    def _leader_value(self) -> bytes:
+        return encode({"name": self.settings.name, "address": self.settings.address})
+
+    async def _resign(self) -> None:
+        lease, self._lease = self._lease, 0
+        self._publish(NO_LEADER)
+        if lease:
+            with anyio.move_on_after(2, shield=True):
+                try:
+                    await self.store.revoke(lease)
+                except CoordUnavailableError as exc:
+                    log.warning("could not revoke lease at stop (it expires by itself): %s",
+                                exc.message)  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def join_group(store: CoordStore, settings: MemberSettings) -> AsyncIterator[GroupMember]:
+    """Be a member of ``settings.group`` until the block ends (see the module's doc)."""
+    member = GroupMember(store, settings)
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(member._keep_lease)
+            tasks.start_soon(member._watch)
+            tasks.start_soon(member._elect)
+            tasks.start_soon(member._fence_on_deadline)
+            try:
+                yield member
+            finally:
+                tasks.cancel_scope.cancel()
+    finally:
+        await member._resign()

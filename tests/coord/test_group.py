@@ -1,0 +1,120 @@
+"""Elections, the in-sync set and fencing (popmq.coord.group) against a real etcd."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import anyio
+import pytest
+from support.etcd import EtcdCluster
+
+from popmq.coord.etcd import EtcdStore
+from popmq.coord.group import GroupMember, GroupRole, MemberSettings, join_group
+from popmq.coord.keys import GroupKeys, decode
+
+pytestmark = [pytest.mark.wallclock, pytest.mark.subprocess]  # a real etcd
+TTL_S = 2  # etcd's smallest lease with a 1 s election timeout
+
+
+@pytest.fixture
+async def etcd(tmp_path: Path) -> AsyncIterator[EtcdCluster]:
+    async with EtcdCluster.started(tmp_path) as cluster:
+        yield cluster
+
+
+@contextlib.asynccontextmanager
+async def node(etcd: EtcdCluster, name: str, **options: object) -> AsyncIterator[GroupMember]:
+    store = EtcdStore(etcd.endpoints, timeout_s=0.5)
+    settings = MemberSettings("g", name, f"127.0.0.1:{100 + int(name[-1])}", lease_ttl_s=TTL_S,
+                              poll_interval_s=0.3, retry_s=0.2, **options)  # type: ignore[arg-type]  # fmt: skip
+    try:
+        async with join_group(store, settings) as member:
+            yield member
+    finally:
+        await store.aclose()
+
+
+async def until(member: GroupMember, test: Callable[[GroupRole], bool], within_s: float) -> None:
+    with anyio.fail_after(within_s):
+        while not test(member.role):
+            await member.role_changed()
+
+
+async def test_first_node_leads_and_its_epoch_is_the_leader_key_revision(
+    etcd: EtcdCluster,
+) -> None:
+    async with node(etcd, "n0") as n0:
+        await until(n0, lambda r: r.is_leader, 5)
+        assert n0.may_write() and n0.in_sync == ["n0"]
+        store = EtcdStore(etcd.endpoints)
+        try:
+            leader = await store.get(GroupKeys("/popmq/", "g").leader)
+        finally:
+            await store.aclose()
+        assert leader is not None and leader.create_revision == n0.role.epoch
+        assert decode(leader.value) == {"name": "n0", "address": "127.0.0.1:100"}
+
+
+async def test_follower_knows_the_leader_and_takes_over_when_it_leaves(
+    etcd: EtcdCluster,
+) -> None:
+    async with node(etcd, "n1") as n1:
+        await until(n1, lambda r: r.is_leader, 5)
+        async with node(etcd, "n0") as n0:
+            await until(n0, lambda r: r.leader_name == "n1", 5)
+            assert not n0.role.is_leader and not n0.may_write()
+            assert n0.role.leader_address == "127.0.0.1:101"
+            first_epoch = n1.role.epoch
+            assert await n1.set_in_sync(["n0"])
+        # n0 left (revoking its lease): n1 still leads. Now n1 leaves and n0 comes back.
+    async with node(etcd, "n0") as n0:
+        await until(n0, lambda r: r.is_leader, 5)  # in the in-sync set, so it may lead
+        assert n0.role.epoch > first_epoch
+
+
+async def test_only_in_sync_nodes_are_elected_unless_unclean(etcd: EtcdCluster) -> None:
+    async with node(etcd, "n0") as n0:
+        await until(n0, lambda r: r.is_leader, 5)
+    # n0 led alone and left: n1 is not in the in-sync set.
+    async with node(etcd, "n1") as n1:
+        await anyio.sleep(2 * TTL_S)
+        assert not n1.role.has_leader, "a node outside the in-sync set was elected"
+    async with node(etcd, "n1", unclean_election=True) as n1:
+        await until(n1, lambda r: r.is_leader, 5)
+        assert n1.in_sync == ["n1"]
+
+
+async def test_a_deposed_leader_cannot_change_the_in_sync_set(etcd: EtcdCluster) -> None:
+    async with node(etcd, "n0") as n0:
+        await until(n0, lambda r: r.is_leader, 5)
+        old = n0.role
+    async with node(etcd, "n1", unclean_election=True) as n1:
+        await until(n1, lambda r: r.is_leader, 5)
+        # Pretend n0 still believes it leads at its old epoch (a zombie): its write fails.
+        zombie = GroupMember(EtcdStore(etcd.endpoints), n0.settings)
+        zombie._role = old
+        try:
+            assert not await zombie.set_in_sync(["n0"])
+        finally:
+            await zombie.store.aclose()
+        assert await n1.set_in_sync(["n1", "n2"])
+        assert n1.in_sync == ["n1", "n2"]
+
+
+async def test_leader_fences_itself_when_etcd_is_gone(etcd: EtcdCluster) -> None:
+    async with node(etcd, "n0") as n0:
+        await until(n0, lambda r: r.is_leader, 5)
+        epoch = n0.role.epoch
+        etcd.stop_all()
+        remaining = n0.lease_remaining_s()
+        assert 0 < remaining <= TTL_S  # never later than etcd could expire the lease
+        await anyio.sleep(remaining + 0.05)
+        assert not n0.may_write()
+        await until(n0, lambda r: not r.is_leader, 2)
+        # etcd comes back with the lease (a new etcd leader refreshes every lease): n0 leads
+        # again at the same epoch, since its leader key never went away.
+        await etcd.restart(0)
+        await until(n0, lambda r: r.is_leader, 10)
+        assert n0.may_write() and n0.role.epoch == epoch
