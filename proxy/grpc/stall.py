@@ -14,6 +14,7 @@ the client's deadline or its connection ends.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -36,11 +37,14 @@ def writes_within(
     and left per frame was ~4% of a proxy's CPU under ``bench e2e`` (one per message).
     WriterStalled leaves the block once a write waited timeout_s for the client.
     """
+    # grpc.aio runs on asyncio only, and anyio's asyncio deadlines are on the loop's clock:
+    # read it directly (anyio.current_time() looks its backend up on every call).
+    now = asyncio.get_running_loop().time
     try:
         with anyio.fail_after(timeout_s) as scope:
 
             async def write(frame: Any) -> None:
-                scope.deadline = anyio.current_time() + timeout_s
+                scope.deadline = now() + timeout_s
                 await context.write(frame)
 
             yield write
