@@ -33,6 +33,7 @@ from popmq.broker.contract.message_types import (
 )
 from popmq.broker.contract.queues import queue_for_group
 from popmq.broker.contract.types import (
+    PROP_TRANSACTION,
     SYSTEM_PREFIX,
     AckEntry,
     AckEntryResult,
@@ -41,6 +42,7 @@ from popmq.broker.contract.types import (
     GroupDeleted,
     GroupQueueStats,
     GroupSummary,
+    HalfMessageInfo,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -53,6 +55,7 @@ from popmq.broker.contract.types import (
     SendResult,
     StoredMessage,
     TopicInfo,
+    TransactionCheck,
     legacy_retry_topic,
     retry_topic,
 )
@@ -71,6 +74,12 @@ from popmq.broker.recall_handle import RecallTicket, open_recall, seal_recall
 from popmq.broker.store import MessageStore, TopicMeta
 from popmq.broker.store.damage import MetadataFallback, Quarantine
 from popmq.broker.timer import TimerService
+from popmq.broker.transaction_id import (
+    TransactionTicket,
+    open_transaction,
+    seal_transaction,
+)
+from popmq.broker.transactions import TransactionService
 
 from popmq.clock import SYSTEM, Clock
 from popmq.config import BrokerConfig
@@ -115,6 +124,11 @@ class Broker:
         self._revive: ReviveService | None = None
         self._timer = TimerService(self._store, self._clock, self._ensure_destination)
         self._timer.failures = self._failure_tracker()
+        tx = config.transaction
+        self._transactions = TransactionService(
+            self._store, self._clock, self._ensure_destination,
+            tx.check_immunity_ms, tx.check_interval_ms, tx.max_checks,
+        )  # fmt: skip
 
     # -- lifecycle ------------------------------------------------------------------------
     @property
@@ -163,6 +177,10 @@ class Broker:
     def timer(self) -> TimerService:
         return self._timer
 
+    @property
+    def transactions(self) -> TransactionService:
+        return self._transactions
+
     async def __aenter__(self) -> Broker:
         await self.start()
         return self
@@ -186,6 +204,7 @@ class Broker:
         self._tasks.spawn(self._supervise("revive", self._revive_step), "revive")
         self._tasks.spawn(self._supervise("timer", self._timer_step), "timer")
         self._tasks.spawn(self._supervise("pop-journal", self._journal_step), "pop-journal")
+        self._tasks.spawn(self._supervise("transactions", self._transaction_step), "transactions")
         self._started = True
         self._metrics_state.loop = asyncio.get_running_loop()
         log.info("broker %s started on %s", self.name, self._config.data_dir)
@@ -215,12 +234,15 @@ class Broker:
         ledger.flush_commits()
         journal.rewrite(ledger.journaled(self._durable_offset))
         pending_timers = self._timer.recover()
-        if recovered or pending_timers:
+        halves = self._transactions.recover()
+        if recovered or pending_timers or halves:
             log.info(
-                "broker %s recovered %d in-flight checkpoints, %d delayed messages",
+                "broker %s recovered %d in-flight checkpoints, %d delayed messages, "
+                "%d undecided transactional messages",
                 self.name,
                 live,
                 pending_timers,
+                halves,
             )
         self._journal = journal
         self._ledger = ledger
@@ -307,6 +329,10 @@ class Broker:
             self._timer.next_due_ms(), self._config.pop.revive_scan_interval_ms
         )
 
+    async def _transaction_step(self) -> float:
+        self._metrics.transaction_checks(0, await self._transactions.park_abandoned())
+        return self._transactions.check_interval_ms / 1000
+
     async def _journal_step(self) -> float:
         """Spill checkpoints older than the buffer time; fsync and compact the journal."""
         journal, ledger = self._journal, self.ledger
@@ -372,7 +398,8 @@ class Broker:
         """The message's topic (created on first use), refusing a message whose type does not
         fit it (MESSAGE_PROPERTY_CONFLICT_WITH_TYPE). A topic still without a type (made by a
         route lookup) takes this first message's type."""
-        kind = message_kind(message.message_group, message.delivery_timestamp_ms)
+        kind = message_kind(message.message_group, message.delivery_timestamp_ms,
+                            PROP_TRANSACTION in message.properties)  # fmt: skip
         meta = self._store.get_topic(message.topic)
         if meta is None:
             return self._auto_create_topic(message.topic, kind)
@@ -414,6 +441,7 @@ class Broker:
         now = self._clock()
         immediate: dict[tuple[str, int], list[tuple[int, Message]]] = defaultdict(list)
         delayed: list[tuple[int, Message, str, int]] = []
+        halves: list[tuple[int, Message, str, int]] = []
         batch_queue: dict[str, int] = {}  # one round-robin queue per topic per call
         for message in messages:
             self._check_message(message)
@@ -436,7 +464,9 @@ class Broker:
                     batch_queue[meta.name] = target
             if not message.born_timestamp_ms:
                 message = replace(message, born_timestamp_ms=now)
-            if message.delivery_timestamp_ms > now:
+            if PROP_TRANSACTION in message.properties:
+                halves.append((position, message, meta.name, target))
+            elif message.delivery_timestamp_ms > now:
                 delayed.append((position, message, meta.name, target))
             else:
                 immediate[(meta.name, target)].append((position, message))
@@ -463,7 +493,65 @@ class Broker:
                 results[position] = SendResult(
                     record.message_id, topic, target, -1, self.name, handle
                 )
+        if halves:
+            records = await self._transactions.prepare([(m, t, q) for _, m, t, q in halves])
+            self._metrics.transactions_prepared(len(records))
+            for (position, _, topic, target), record in zip(halves, records, strict=True):
+                tx_ticket = TransactionTicket(self.name, topic, record.queue_offset,
+                                              record.message_id)  # fmt: skip
+                results[position] = SendResult(
+                    record.message_id, topic, target, -1, self.name,
+                    transaction_id=seal_transaction(self.engine.keyring, tx_ticket),
+                )  # fmt: skip
         return [result for result in results if result is not None]
+
+    # -- transactions ---------------------------------------------------------------------
+    async def end_transaction(
+        self, topic: str, message_id: str, transaction_id: str, commit: bool, source: str = ""
+    ) -> None:
+        """EndTransaction: COMMIT writes the half message into its topic, ROLLBACK drops it."""
+        self._require_started()
+        check_topic(topic)
+        ticket = open_transaction(self.engine.keyring, transaction_id)
+        if ticket.broker != self.name or ticket.topic != topic or ticket.message_id != message_id:
+            raise RefusedError(
+                Code.INVALID_TRANSACTION_ID,
+                f"the transaction id is not for message {message_id} of topic {topic!r} here",
+            )
+        decided = await self._transactions.end(ticket.half_offset, message_id, topic, commit)
+        if decided:
+            self._metrics.transaction_ended(commit, source)
+            if commit:
+                self._metrics.stored(topic, 1)
+            log.info("transaction of message %s (%s) %s by %s", message_id, topic,
+                     "committed" if commit else "rolled back", source or "client")  # fmt: skip
+
+    async def claim_transaction_checks(
+        self, topics: list[str], limit: int = 64
+    ) -> list[TransactionCheck]:
+        self._require_started()
+        parked = self._transactions.parked
+        claimed = await self._transactions.claim_checks(set(topics), limit)
+        self._metrics.transaction_checks(len(claimed), self._transactions.parked - parked)
+        return [
+            TransactionCheck(due.message, self._seal(due.message, due.half_offset), due.checks)
+            for due in claimed
+        ]
+
+    async def list_transactions(self) -> list[HalfMessageInfo]:
+        self._require_started()
+        found: list[HalfMessageInfo] = []
+        for half in self._transactions.halves():
+            ticket = TransactionTicket(self.name, half.topic, half.offset, half.message_id)
+            found.append(HalfMessageInfo(
+                half.topic, half.message_id, seal_transaction(self.engine.keyring, ticket),
+                half.stored_ms, half.checks, half.parked,
+            ))  # fmt: skip
+        return found
+
+    def _seal(self, message: StoredMessage, half_offset: int) -> str:
+        ticket = TransactionTicket(self.name, message.topic, half_offset, message.message_id)
+        return seal_transaction(self.engine.keyring, ticket)
 
     async def recall(self, topic: str, recall_handle: str) -> str:
         """Cancel a delay message that has not been delivered yet (RecallMessage); returns
@@ -480,8 +568,9 @@ class Broker:
         await self._timer.recall(ticket.timer_offset, ticket.message_id)
         if self._timer.recalls > recalls:  # not a repeated recall of the same message
             self._metrics.recalled()
-        log.info("recalled delay message %s of %s (due at %d)", ticket.message_id, topic,
-                 ticket.due_ms)  # fmt: skip
+            # Once per message: a replayed handle is answered, not logged again.
+            log.info("recalled delay message %s of %s (due at %d)", ticket.message_id, topic,
+                     ticket.due_ms)  # fmt: skip
         return ticket.message_id
 
     # -- POP consumption ------------------------------------------------------------------

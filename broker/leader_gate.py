@@ -22,6 +22,7 @@ from popmq.broker.contract.types import (
     GroupDeleted,
     GroupQueueStats,
     GroupSummary,
+    HalfMessageInfo,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -31,6 +32,7 @@ from popmq.broker.contract.types import (
     PullResult,
     SendResult,
     TopicInfo,
+    TransactionCheck,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -112,6 +114,22 @@ class LeaderGatedPort:
     async def recall(self, topic: str, recall_handle: str) -> str:
         self._check()
         return await self._port.recall(topic, recall_handle)
+
+    async def end_transaction(
+        self, topic: str, message_id: str, transaction_id: str, commit: bool, source: str = ""
+    ) -> None:
+        self._check()
+        await self._port.end_transaction(topic, message_id, transaction_id, commit, source)
+
+    async def claim_transaction_checks(
+        self, topics: list[str], limit: int = 64
+    ) -> list[TransactionCheck]:
+        self._check()
+        return await self._port.claim_transaction_checks(topics, limit)
+
+    async def list_transactions(self) -> list[HalfMessageInfo]:
+        self._check()
+        return await self._port.list_transactions()
 
     async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
         self._check()

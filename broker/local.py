@@ -65,6 +65,9 @@ class LocalBrokerPort:
 
     send = forward(Broker.send)
     recall = forward(Broker.recall)
+    end_transaction = forward(Broker.end_transaction)
+    claim_transaction_checks = forward(Broker.claim_transaction_checks)
+    list_transactions = forward(Broker.list_transactions)
     pop = forward(Broker.pop)
     ack = forward(Broker.ack)
     change_invisible_time = forward(Broker.change_invisible_time)

@@ -106,6 +106,26 @@ class BrokerMetrics:
             "popmq_broker_messages_recalled",
             "Delay messages recalled (RecallMessage) before their delivery time", b, registry=r,
         ).labels(broker)  # fmt: skip
+        self._tx_prepared = Counter(
+            "popmq_broker_transaction_half_messages",
+            "Transactional messages stored as half messages (invisible until committed)", b,
+            registry=r,
+        ).labels(broker)  # fmt: skip
+        self._tx_ended = Counter(
+            "popmq_broker_transactions_ended",
+            "Transactions decided, by resolution (COMMIT, ROLLBACK) and source (CLIENT, "
+            "SERVER_CHECK, ADMIN); repeats of a decision are not counted",
+            [*b, "resolution", "source"], registry=r,
+        )  # fmt: skip
+        self._tx_checks = Counter(
+            "popmq_broker_transaction_checks",
+            "Check-backs of undecided half messages handed to proxies", b, registry=r,
+        ).labels(broker)  # fmt: skip
+        self._tx_parked = Counter(
+            "popmq_broker_transactions_parked",
+            "Half messages parked for an operator after transaction.max_checks checks without "
+            "a decision", b, registry=r,
+        ).labels(broker)  # fmt: skip
         self._spilled = Counter(
             "popmq_broker_checkpoints_spilled",
             "Checkpoints written to the pop journal because they were not acked within "
@@ -196,6 +216,19 @@ class BrokerMetrics:
     def recalled(self) -> None:
         self._recalled.inc()
 
+    def transactions_prepared(self, count: int) -> None:
+        self._tx_prepared.inc(count)
+
+    def transaction_ended(self, commit: bool, source: str) -> None:
+        resolution = "COMMIT" if commit else "ROLLBACK"
+        self._tx_ended.labels(self.broker, resolution, source or "CLIENT").inc()
+
+    def transaction_checks(self, checks: int, parked: int) -> None:
+        if checks:
+            self._tx_checks.inc(checks)
+        if parked:
+            self._tx_parked.inc(parked)
+
     def auto_create_refused(self, kind: str, reason: str) -> None:
         self._auto_create_refused_by[kind, reason].inc()
 
@@ -245,6 +278,7 @@ class BrokerSnapshot:
     dead_lettered: int
     timer_pending: int
     data_dir: Path
+    transactions_pending: int = 0
     # Per background loop ("timer", "revive"): failed attempts, and entries parked.
     loop_failures: dict[str, int] = field(default_factory=dict)
     loop_parked: dict[str, int] = field(default_factory=dict)
@@ -270,6 +304,7 @@ def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
         revived=revive.revived,
         dead_lettered=revive.dead_lettered,
         timer_pending=broker.timer.pending,
+        transactions_pending=broker.transactions.pending,
         data_dir=broker.store.data_dir,
         loop_failures={
             "timer": broker.timer.failures.failed_attempts,
@@ -401,6 +436,12 @@ class BrokerStateCollector(Collector):
             "Delay messages and retries waiting in the timer",
             b,
             snap.timer_pending,
+        )
+        yield _gauge(
+            "popmq_broker_transaction_pending_half_messages",
+            "Transactional half messages without a decision (parked ones included)",
+            b,
+            snap.transactions_pending,
         )
         failures = CounterMetricFamily(
             "popmq_broker_loop_failures",

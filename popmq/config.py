@@ -131,6 +131,18 @@ class PopConfig(Section):
         return int(parse_duration_ms(self.retry_levels[index]) * self.time_scale)
 
 
+class TransactionConfig(Section):
+    """Transactional messages' check-back (RocketMQ's transactionTimeOut,
+    transactionCheckInterval and transactionCheckMax)."""
+
+    # A half message is not checked before this (its CHECK_IMMUNITY_TIME_IN_SECONDS property
+    # may lengthen it).
+    check_immunity_ms: int = Field(6_000, ge=0)
+    check_interval_ms: int = Field(30_000, ge=10)
+    # Checks without an answer before the half message is parked for an operator.
+    max_checks: int = Field(15, ge=1)
+
+
 class PollingConfig(Section):
     """Broker-side hold table for pop, pull and notification long polls."""
 
@@ -301,6 +313,7 @@ class BrokerConfig(Section):
     groups: GroupDefaults = Field(default_factory=GroupDefaults)
     pop: PopConfig = Field(default_factory=PopConfig)
     polling: PollingConfig = Field(default_factory=PollingConfig)
+    transaction: TransactionConfig = Field(default_factory=TransactionConfig)
     group: BrokerGroupConfig = Field(default_factory=BrokerGroupConfig)
     etcd: EtcdConfig = Field(default_factory=EtcdConfig)
 
@@ -423,6 +436,9 @@ class ProxyConfig(Section):
     # The admin API on its own listener (same host and TLS); None = on the client port.
     admin_port: int | None = Field(None, ge=0, le=65535)
     broker_link: BrokerLinkConfig = Field(default_factory=BrokerLinkConfig)
+    # How often the proxy asks brokers for transactional half messages due for a check-back
+    # (the brokers' transaction.check_interval_ms spaces the checks of one message).
+    transaction_check_poll_ms: int = Field(1_000, ge=10)
 
     @model_validator(mode="after")
     def _ordered(self) -> ProxyConfig:

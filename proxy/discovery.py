@@ -63,6 +63,7 @@ class LeaderlessPort:
         self._refuse()
 
     send = pop = ack = recall = change_invisible_time = notify = forward_to_dlq = pull = _call
+    end_transaction = claim_transaction_checks = list_transactions = _call
     get_consumer_offset = update_consumer_offset = offset_for_timestamp = _call
     create_topic = get_topic = list_topics = delete_topic = _call
     get_group = update_group = list_groups = delete_group = group_stats = _call

@@ -134,6 +134,11 @@ class ProxyMetrics:
         )  # fmt: skip
         for reason in ADMISSION_REASONS:  # exported at 0 from the start
             self.admission_refusals.labels(reason)
+        self.transaction_checks_sent = Counter(
+            "popmq_proxy_transaction_checks",
+            "Check-backs of undecided transactional messages sent to producers over their "
+            "Telemetry streams (RecoverOrphanedTransactionCommand)", registry=r,
+        )  # fmt: skip
         self.budget_refusals = Counter(
             "popmq_proxy_memory_budget_refusals",
             "Sends and receive answers refused with TOO_MANY_REQUESTS because the bytes in "
@@ -166,6 +171,10 @@ class ProxyMetrics:
         )  # fmt: skip
         self.broker_links = _LinkCollector()
         r.register(self.broker_links)
+
+    def transaction_checks(self, count: int) -> None:
+        if count:
+            self.transaction_checks_sent.inc(count)
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
         """rocketmq_rpc_latency for one client RPC."""

@@ -120,6 +120,9 @@ class ProxyServer:
         self.registry = ClientRegistry()
         # Work that outlives its request (releases, the renewal loop); drained 2 s on shutdown.
         self.tasks = TaskOwner("proxy", grace_s=2.0)
+        # Loops and stream readers that end at once on shutdown (transaction checks, the
+        # readers of Telemetry streams).
+        self.streams = TaskOwner("proxy-streams", grace_s=0)
         self.admission = LongPollAdmission(config.proxy, metrics)
         self.renewer = HandleRenewer(config.proxy, self.cluster, self.registry, metrics, self.tasks)
         self.proxy_address = ProxyAddress(config.proxy)
@@ -169,7 +172,7 @@ class ProxyServer:
         # Undecodable bodies answer INVALID_ARGUMENT (counted, logged at a bounded rate).
         add_tolerant(
             service_pb2_grpc.add_MessagingServiceServicer_to_server,
-            MessagingServicer(self.core, self.metrics, proxy),
+            MessagingServicer(self.core, self.metrics, proxy, self.streams),
             server,
             lambda method: self.metrics.rpc_requests.labels(method, "INVALID_ARGUMENT").inc(),
         )
@@ -196,6 +199,7 @@ class ProxyServer:
             self._admin_server = admin
             log.info("admin API listening on %s:%d", proxy.host, self.admin_port)
         self.admission.start()
+        self.streams.spawn(self.core.transactions.run(), "transaction-checks")
         await server.start()
         # Health per service (each one served here), plus "" for the server as a whole.
         for name in ("", *SERVED_SERVICES):
@@ -241,6 +245,7 @@ class ProxyServer:
             await self._admin_server.stop(grace_s)
             self._admin_server = None
         await self.tasks.aclose()
+        await self.streams.aclose()
         await self.admission.aclose()
         await self.strategy.aclose()
         await self.cluster.close()

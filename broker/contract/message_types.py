@@ -31,9 +31,8 @@ CREATABLE = (
     MessageType.TRANSACTION,
     MessageType.MIXED,
 )
-# What a MIXED or undecided topic shows in routes. TRANSACTION is left out while popmq does not
-# serve transactional messages: official clients then refuse them before sending.
-SERVED = (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY)
+# What a MIXED or undecided topic shows in routes.
+SERVED = (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, MessageType.TRANSACTION)
 
 
 def parse_message_type(text: str) -> MessageType:
@@ -55,7 +54,11 @@ def accepted_types(topic_type: MessageType) -> tuple[MessageType, ...]:
     return (topic_type,)
 
 
-def message_kind(message_group: str, delivery_timestamp_ms: int) -> MessageType:
+def message_kind(
+    message_group: str, delivery_timestamp_ms: int, transactional: bool = False
+) -> MessageType:
+    if transactional:
+        return MessageType.TRANSACTION
     if message_group:
         return MessageType.FIFO
     if delivery_timestamp_ms > 0:

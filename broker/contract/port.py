@@ -27,6 +27,7 @@ from popmq.broker.contract.types import (
     GroupDeleted,
     GroupQueueStats,
     GroupSummary,
+    HalfMessageInfo,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -36,6 +37,7 @@ from popmq.broker.contract.types import (
     PullResult,
     SendResult,
     TopicInfo,
+    TransactionCheck,
 )
 
 
@@ -76,6 +78,25 @@ class MessagingPort(ConsumePort, Protocol):
 
     async def recall(self, topic: str, recall_handle: str) -> str:
         """Cancel a delay message not delivered yet; its message id (RecallMessage)."""
+        ...
+
+    async def end_transaction(
+        self, topic: str, message_id: str, transaction_id: str, commit: bool, source: str = ""
+    ) -> None:
+        """COMMIT (deliver the half message) or ROLLBACK (discard it); a repeat of the decision
+        taken is OK, anything else for an ended or unknown one INVALID_TRANSACTION_ID.
+        ``source``: CLIENT, SERVER_CHECK or ADMIN (for logs and metrics)."""
+        ...
+
+    async def claim_transaction_checks(
+        self, topics: list[str], limit: int = 64
+    ) -> list[TransactionCheck]:
+        """Half messages of ``topics`` due for a check-back; each one returned is counted as
+        checked (so another proxy does not ask again within the check interval)."""
+        ...
+
+    async def list_transactions(self) -> list[HalfMessageInfo]:
+        """Undecided transactional messages, parked ones included."""
         ...
 
     async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:

@@ -99,6 +99,8 @@ def _as_number(value: Value) -> int | float | None:
         return None
     if isinstance(value, (int, float)):
         return value
+    if "_" in value:  # Python reads 1_000 as a number; Java (RocketMQ) does not
+        return None
     try:
         return int(value)
     except ValueError:

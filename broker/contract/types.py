@@ -31,6 +31,10 @@ PROP_ORIGIN_QUEUE = "__popmq.origin_queue"
 PROP_ORIGIN_OFFSET = "__popmq.origin_offset"
 # The producer's W3C trace context (SystemProperties.trace_context), handed on to consumers.
 PROP_TRACE_CONTEXT = "__popmq.trace_context"
+# Set on a message its producer sent as TRANSACTION (kept on the committed copy).
+PROP_TRANSACTION = "__popmq.transaction"
+# RocketMQ's property: a half message is not checked back before this many seconds.
+PROP_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 
 
 @dataclass(slots=True)
@@ -124,6 +128,28 @@ class SendResult:
     queue_offset: int
     broker_name: str
     recall_handle: str = ""  # delay messages: cancels the delivery until it happens (recall)
+    transaction_id: str = ""  # transactional messages: for EndTransaction
+
+
+@dataclass(slots=True)
+class TransactionCheck:
+    """A half message without a decision, to ask a producer of its topic about."""
+
+    message: StoredMessage  # as the producer sent it (real topic, original id)
+    transaction_id: str
+    checks: int  # how many times it has been asked, this one included
+
+
+@dataclass(slots=True)
+class HalfMessageInfo:
+    """An undecided transactional message (``popmq admin transactions list``)."""
+
+    topic: str
+    message_id: str
+    transaction_id: str
+    stored_ms: int
+    checks: int
+    parked: bool
 
 
 @dataclass(slots=True)

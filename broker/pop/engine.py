@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+import anyio
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import (
     PROP_ORIGIN_TOPIC,
@@ -53,6 +54,16 @@ _NOTIFY_SCAN_READS = 4
 # A SQL92 visibility check decodes messages: at most this many reads of this many each.
 _SQL_SCAN_READS = 8
 _SQL_SCAN_BATCH = 128
+# A SQL92 pop decodes every message it passes over: one pass over the queues passes over at
+# most this many, in reads of _SQL_SCAN_BATCH, then the pop lets the loop run before it goes
+# on (a filter that matches nothing in a long backlog would otherwise hold the broker).
+_SQL_POP_SCAN = 1024
+
+
+@dataclass(slots=True)
+class _ScanBudget:
+    left: int = _SQL_POP_SCAN
+    cut: bool = False  # the pass stopped on the budget, not at the end of the queues
 
 
 class PopEngine:
@@ -131,7 +142,8 @@ class PopEngine:
         tags = request.filter.tags()
         deadline = self._clock() + request.poll_time_ms
         while True:
-            result = self._pop_once(request, count, fifo, tags)
+            scan = _ScanBudget()
+            result = self._pop_once(request, count, fifo, tags, scan)
             remaining = deadline - self._clock()
             if result.messages:
                 if result.rest_num > 0:  # more is there: let the next held consumer have it
@@ -143,6 +155,9 @@ class PopEngine:
                 return result
             if remaining <= 0:
                 return result
+            if scan.cut:  # SQL92 passed over a long unmatched run: others first, then on
+                await anyio.lowlevel.checkpoint()
+                continue
             outcome = await self._hold.wait(
                 self._hold_keys(request.group, request.topic, request.queue_id, fifo),
                 remaining,
@@ -171,7 +186,12 @@ class PopEngine:
         return queues
 
     def _pop_once(
-        self, request: PopRequest, count: int, fifo: bool, tags: frozenset[str] | None
+        self,
+        request: PopRequest,
+        count: int,
+        fifo: bool,
+        tags: frozenset[str] | None,
+        scan: _ScanBudget | None = None,
     ) -> PopResult:
         group, topic = request.group, request.topic
         now = self._clock()
@@ -188,8 +208,9 @@ class PopEngine:
         plan = retry + normal if retry_first else normal + retry
         out: list[PoppedMessage] = []
         rest = 0
+        scan = scan or _ScanBudget()
         for queue_topic, queue_id in plan:
-            rest += self._pop_queue(request, queue_topic, queue_id, fifo, tags, now, out)
+            rest += self._pop_queue(request, queue_topic, queue_id, fifo, tags, now, out, scan)
         self._ledger.flush_commits()
         status = PopStatus.FOUND if out else PopStatus.NO_MESSAGE
         return PopResult(status, out, rest)
@@ -203,6 +224,7 @@ class PopEngine:
         tags: frozenset[str] | None,
         now: int,
         out: list[PoppedMessage],
+        scan: _ScanBudget,
     ) -> int:
         """Pop what fits from one queue into ``out``; returns the backlog left there."""
         group = request.group
@@ -238,8 +260,14 @@ class PopEngine:
                     picked.append(message)
             cursor = state.pop_offset
             while len(picked) < room and cursor < max_offset:
+                if select is not None and scan.left <= 0:
+                    scan.cut = True
+                    break
+                want = room - len(picked)
+                if select is not None:  # most may not match: read a batch, stop once full
+                    want = max(want, _SQL_SCAN_BATCH)
                 try:
-                    result = self._store.read(topic, queue_id, cursor, room - len(picked), tags)
+                    result = self._store.read(topic, queue_id, cursor, want, tags)
                 except RefusedError as err:
                     if err.code != Code.ILLEGAL_OFFSET:
                         raise
@@ -250,16 +278,22 @@ class PopEngine:
                     continue
                 # What the filter leaves out is passed over like tag-filtered messages: the
                 # cursor moves beyond it, so it counts as consumed for this group.
-                picked.extend(
-                    m
-                    for m in result.messages
-                    if not state.is_known(m.queue_offset)
-                    and self._owns(request, topic, m)
-                    and (select is None or select(m))
-                )
-                if result.next_offset <= cursor:
+                next_offset = result.next_offset
+                for m in result.messages:
+                    if len(picked) >= room:  # a SQL92 batch read beyond what fits
+                        next_offset = m.queue_offset
+                        break
+                    if (
+                        not state.is_known(m.queue_offset)
+                        and self._owns(request, topic, m)
+                        and (select is None or select(m))
+                    ):
+                        picked.append(m)
+                if next_offset <= cursor:
                     break
-                cursor = result.next_offset
+                if select is not None:
+                    scan.left -= next_offset - cursor
+                cursor = next_offset
             if picked:
                 self._hand_out(request, topic, queue_id, fifo, picked, now, out)
             self._ledger.advance_cursor(group, topic, queue_id, cursor)
@@ -438,13 +472,17 @@ class PopEngine:
         select = request.filter.selects()
         deadline = self._clock() + request.poll_time_ms
         while True:
+            scan = _ScanBudget()
             if self.has_visible(
-                request.group, request.topic, request.queue_id, count, fifo, tags, select
+                request.group, request.topic, request.queue_id, count, fifo, tags, select, scan
             ):
                 return NotifyResult(True)
             remaining = deadline - self._clock()
             if remaining <= 0:
                 return NotifyResult(False)
+            if scan.cut:  # SQL92 moved past an unmatched run and there is more: look on
+                await anyio.lowlevel.checkpoint()
+                continue
             outcome = await self._hold.wait(
                 self._hold_keys(request.group, request.topic, request.queue_id, fifo),
                 remaining,
@@ -469,13 +507,18 @@ class PopEngine:
         fifo: bool,
         tags: frozenset[str] | None,
         select: Callable[[StoredMessage], bool] | None = None,
+        scan: _ScanBudget | None = None,
     ) -> bool:
         """Is a message visible to the group (one the filter takes: tags from the index, a
-        SQL92 ``select`` on the messages read)? Non-matching arrivals do not count."""
+        SQL92 ``select`` on the messages read)? Non-matching arrivals do not count. ``scan``
+        is told when a SQL92 check stopped on its limit with more to read."""
         queues = [(topic, q) for q in range(count)] if queue_id == -1 else [(topic, queue_id)]
         if not fifo:
             queues += self._retry_queues(group, topic)
-        return any(self._queue_has_visible(group, t, q, fifo, tags, select) for t, q in queues)
+        scan = scan or _ScanBudget()
+        return any(
+            self._queue_has_visible(group, t, q, fifo, tags, select, scan) for t, q in queues
+        )
 
     def _queue_has_visible(
         self,
@@ -485,6 +528,7 @@ class PopEngine:
         fifo: bool,
         tags: frozenset[str] | None,
         select: Callable[[StoredMessage], bool] | None = None,
+        scan: _ScanBudget | None = None,
     ) -> bool:
         state = self._ledger.queue(group, topic, queue_id)
         if fifo and state.inflight:
@@ -497,7 +541,9 @@ class PopEngine:
         if cursor >= max_offset:
             return False
         if select is not None:
-            return self._selected_visible(group, topic, queue_id, cursor, max_offset, select)
+            return self._selected_visible(
+                group, topic, queue_id, cursor, max_offset, select, scan or _ScanBudget()
+            )
         if tags is None:
             # Every offset from the cursor on is a candidate: no need to look at the store.
             end = min(max_offset, cursor + _NOTIFY_SCAN_READS * 32)
@@ -525,6 +571,7 @@ class PopEngine:
         cursor: int,
         max_offset: int,
         select: Callable[[StoredMessage], bool],
+        scan: _ScanBudget,
     ) -> bool:
         """SQL92: read from the cursor until a message the filter takes. What it passes over
         a pop would pass over too, so the group's cursor moves beyond it (when the queue is
@@ -553,6 +600,9 @@ class PopEngine:
             if locked and cursor > state.pop_offset:
                 self._ledger.advance_cursor(group, topic, queue_id, cursor)
                 self._ledger.flush_commits()
+                # Moved on and not at the end: the caller may look again at once (it would
+                # otherwise wait for an arrival while a match sits further on).
+                scan.cut = scan.cut or (not found and cursor < max_offset)
         finally:
             if locked:
                 self.locks.unlock(key)

@@ -21,6 +21,7 @@ from popmq.broker.contract.types import (
     GroupDeleted,
     GroupQueueStats,
     GroupSummary,
+    HalfMessageInfo,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -30,6 +31,7 @@ from popmq.broker.contract.types import (
     PullResult,
     SendResult,
     TopicInfo,
+    TransactionCheck,
 )
 from popmq.broker.core import Broker
 from popmq.broker.local import LocalBrokerPort
@@ -112,6 +114,25 @@ class NodePort:
         message_id = await leading.port.recall(topic, recall_handle)
         await self._replicated(leading)
         return message_id
+
+    async def end_transaction(
+        self, topic: str, message_id: str, transaction_id: str, commit: bool, source: str = ""
+    ) -> None:
+        leading = self._writer()
+        await leading.port.end_transaction(topic, message_id, transaction_id, commit, source)
+        await self._replicated(leading)
+
+    async def claim_transaction_checks(
+        self, topics: list[str], limit: int = 64
+    ) -> list[TransactionCheck]:
+        leading = self._writer()  # each claim is counted with a CHECK op record
+        checks = await leading.port.claim_transaction_checks(topics, limit)
+        if checks:
+            await self._replicated(leading)
+        return checks
+
+    async def list_transactions(self) -> list[HalfMessageInfo]:
+        return await self._broker()[1].list_transactions()
 
     async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
         leading = self._writer()

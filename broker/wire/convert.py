@@ -24,6 +24,7 @@ from popmq.broker.contract.types import (
     GroupConfig,
     GroupQueueStats,
     GroupSummary,
+    HalfMessageInfo,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -38,6 +39,7 @@ from popmq.broker.contract.types import (
     SendResult,
     StoredMessage,
     TopicInfo,
+    TransactionCheck,
 )
 
 from popmq.pb.broker.v1 import broker_pb2 as pb
@@ -167,6 +169,25 @@ def send_result_to_proto(result: SendResult) -> pb.SendResult:
 
 def send_result_from_proto(msg: pb.SendResult) -> SendResult:
     return _from_proto(msg, SendResult)
+
+
+# -- transactions --------------------------------------------------------------------------------
+
+
+def transaction_check_to_proto(check: TransactionCheck) -> pb.TransactionCheck:
+    return _to_proto(check, pb.TransactionCheck, message=stored_to_proto(check.message))
+
+
+def transaction_check_from_proto(msg: pb.TransactionCheck) -> TransactionCheck:
+    return _from_proto(msg, TransactionCheck, message=stored_from_proto(msg.message))
+
+
+def half_info_to_proto(info: HalfMessageInfo) -> pb.HalfMessageInfo:
+    return _to_proto(info, pb.HalfMessageInfo)
+
+
+def half_info_from_proto(msg: pb.HalfMessageInfo) -> HalfMessageInfo:
+    return _from_proto(msg, HalfMessageInfo)
 
 
 # -- POP -----------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from popmq.broker.contract.types import (
     GroupDeleted,
     GroupQueueStats,
     GroupSummary,
+    HalfMessageInfo,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -47,6 +48,7 @@ from popmq.broker.contract.types import (
     PullResult,
     SendResult,
     TopicInfo,
+    TransactionCheck,
 )
 from popmq.broker.wire import convert
 from popmq.broker.wire.coalesce import Coalescer
@@ -315,6 +317,29 @@ class RemoteBrokerPort:
         request = pb.RecallRequest(topic=topic, recall_handle=recall_handle)
         response = await self._call(stub.Recall, request, self._deadline())
         return str(response.message_id)
+
+    async def end_transaction(
+        self, topic: str, message_id: str, transaction_id: str, commit: bool, source: str = ""
+    ) -> None:
+        stub = self._get_stub()
+        request = pb.EndTransactionRequest(topic=topic, message_id=message_id,
+                                           transaction_id=transaction_id, commit=commit,
+                                           source=source)  # fmt: skip
+        await self._call(stub.EndTransaction, request, self._deadline())
+
+    async def claim_transaction_checks(
+        self, topics: list[str], limit: int = 64
+    ) -> list[TransactionCheck]:
+        stub = self._get_stub()
+        request = pb.ClaimTransactionChecksRequest(topics=topics, limit=limit)
+        response = await self._call(stub.ClaimTransactionChecks, request, self._deadline())
+        return [convert.transaction_check_from_proto(c) for c in response.checks]
+
+    async def list_transactions(self) -> list[HalfMessageInfo]:
+        stub = self._get_stub()
+        request = pb.ListTransactionsRequest()
+        response = await self._call(stub.ListTransactions, request, self._deadline())
+        return [convert.half_info_from_proto(h) for h in response.halves]
 
     # -- pull and offsets ----------------------------------------------------------------------
 

@@ -159,6 +159,43 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
         return await _answer(pb.RecallResponse, work())
 
+    async def EndTransaction(
+        self, request: pb.EndTransactionRequest, context: object
+    ) -> pb.EndTransactionResponse:
+        async def work() -> pb.EndTransactionResponse:
+            await self._port.end_transaction(
+                request.topic, request.message_id, request.transaction_id, request.commit,
+                request.source,
+            )  # fmt: skip
+            return pb.EndTransactionResponse(status=convert.ok_status())
+
+        return await _answer(pb.EndTransactionResponse, work())
+
+    async def ClaimTransactionChecks(
+        self, request: pb.ClaimTransactionChecksRequest, context: object
+    ) -> pb.ClaimTransactionChecksResponse:
+        async def work() -> pb.ClaimTransactionChecksResponse:
+            checks = await self._port.claim_transaction_checks(
+                list(request.topics), request.limit or 64
+            )
+            return pb.ClaimTransactionChecksResponse(
+                status=convert.ok_status(),
+                checks=[convert.transaction_check_to_proto(c) for c in checks],
+            )
+
+        return await _answer(pb.ClaimTransactionChecksResponse, work())
+
+    async def ListTransactions(
+        self, request: pb.ListTransactionsRequest, context: object
+    ) -> pb.ListTransactionsResponse:
+        async def work() -> pb.ListTransactionsResponse:
+            halves = await self._port.list_transactions()
+            return pb.ListTransactionsResponse(
+                status=convert.ok_status(), halves=[convert.half_info_to_proto(h) for h in halves]
+            )
+
+        return await _answer(pb.ListTransactionsResponse, work())
+
     async def Watch(
         self, request_iterator: AsyncIterator[pb.WatchRequest], context: object
     ) -> AsyncIterator[pb.WatchEvent]:

@@ -8,6 +8,7 @@
     popmq admin set-consume-mode billing POP
     popmq admin clients [--group billing]
     popmq admin stats [--raw]
+    popmq admin transactions list | transactions commit MSGID | transactions rollback MSGID
     (and the mqadmin-level verbs of admin_ops: consumer-progress, offsets, message, dlq,
     cluster status, topics route)
 
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -113,6 +115,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     update.add_argument("name")
     _group_options(update)
     update.set_defaults(func=_groups_set)
+
+    transactions = commands.add_parser(
+        "transactions", help="undecided transactional messages: list, commit, roll back"
+    )
+    tx_commands = transactions.add_subparsers(dest="transactions_command", required=True)
+    tx_list = tx_commands.add_parser(
+        "list", help="half messages without a decision on every broker (parked ones included)"
+    )
+    tx_list.set_defaults(func=_transactions_list)
+    for verb, commit in (("commit", True), ("rollback", False)):
+        resolve = tx_commands.add_parser(
+            verb, help=f"{verb} an undecided transactional message (by its message id)"
+        )
+        resolve.add_argument("message_id", help="its message id (as `transactions list` shows it)")
+        resolve.set_defaults(func=_transactions_resolve, commit=commit)
 
     mode = commands.add_parser("set-consume-mode", help="POP (default) or PULL for a group")
     mode.add_argument("name")
@@ -376,6 +393,37 @@ def _groups_list(args: argparse.Namespace) -> None:
     ]  # fmt: skip
     _table(("group", "consume_mode", "max_attempts", "fifo", "retry_levels", "brokers",
             "offset_queues", "inflight"), rows)  # fmt: skip
+
+
+@_command
+def _transactions_list(args: argparse.Namespace) -> None:
+    from popmq.pb.admin.v1 import admin_pb2 as a
+
+    response = _call(args, "ListTransactions", a.ListTransactionsRequest())
+    if args.json:
+        _print_json(response)
+        return
+    rows = [
+        (t.message_id, _shown(args, t.topic), t.broker,
+         time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t.stored_ms / 1000)), t.checks,
+         "parked" if t.parked else "open")
+        for t in response.transactions
+    ]  # fmt: skip
+    _table(("message_id", "topic", "broker", "stored (UTC)", "checks", "state"), rows)
+
+
+@_command
+def _transactions_resolve(args: argparse.Namespace) -> None:
+    from popmq.pb.admin.v1 import admin_pb2 as a
+
+    request = a.ResolveTransactionRequest(message_id=args.message_id, commit=args.commit)
+    response = _call(args, "ResolveTransaction", request)
+    if args.json:
+        _print_json(response)
+        return
+    done = "committed" if args.commit else "rolled back"
+    print(f"{done} message {args.message_id} of topic {_shown(args, response.topic)} on "
+          f"broker {response.broker}")  # fmt: skip
 
 
 @_command

@@ -58,6 +58,8 @@ def _field(body: dict[str, Any], name: str, kind: type, default: Any = None) -> 
     # JSON true is a Python int too: a bool only where a bool is asked for
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise ConsoleError(400, "BAD_REQUEST", f"{name!r} must be a {kind.__name__}")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return views.int32(name, value)
     return value
 
 
@@ -66,9 +68,10 @@ def _int_param(request: Request, name: str, default: int) -> int:
     if text is None:
         return default
     try:
-        return int(text)
+        number = int(text)
     except ValueError:
         raise ConsoleError(400, "BAD_REQUEST", f"{name} must be a number") from None
+    return views.int32(name, number)
 
 
 async def _whoami(ask: Asker, request: Request) -> dict[str, Any]:
@@ -127,9 +130,17 @@ async def _send(ask: Asker, request: Request) -> dict[str, Any]:
     )  # fmt: skip
 
 
+# The proxy reads that many dead letters, bodies and all, into memory to answer: a user who
+# may see a group's DLQ must not make it read the whole of a big one.
+MAX_DLQ_LIMIT = 10_000
+
+
 async def _dlq(ask: Asker, request: Request) -> dict[str, Any]:
     group = request.path_params["group"]
-    return await views.dlq(ask, group, _int_param(request, "limit", 100))
+    limit = _int_param(request, "limit", 100)
+    if not 1 <= limit <= MAX_DLQ_LIMIT:
+        raise ConsoleError(400, "BAD_REQUEST", f"limit must be within [1, {MAX_DLQ_LIMIT}]")
+    return await views.dlq(ask, group, limit)
 
 
 async def _resend(ask: Asker, request: Request) -> dict[str, Any]:

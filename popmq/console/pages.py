@@ -105,7 +105,7 @@ async def _create_topic(ask: Asker, request: Request) -> tuple[str, dict[str, An
         queues = int(str(form.get("queues", "8")))
     except ValueError:
         raise ConsoleError(400, "BAD_REQUEST", "queues must be a number") from None
-    await views.create_topic(ask, name, queues)
+    await views.create_topic(ask, name, views.int32("queues", queues))
     return _back("/topics", name=name, created=name), {}
 
 

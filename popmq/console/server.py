@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import anyio
 import uvicorn
 
-from popmq.console.app import build_app
+from popmq.console.app import LOOPBACK_NAMES, build_app
 from popmq.console.state import ConsoleState
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ class _OwnedServer(uvicorn.Server):
 
 
 def _open_note(host: str) -> str:
-    if host in ("127.0.0.1", "localhost", "::1"):
+    if host in LOOPBACK_NAMES:
         return "open to anyone on this machine"
     return f"open to anyone who can reach {host}"
 
@@ -40,9 +40,10 @@ async def serve_console(
     stop: asyncio.Event,
 ) -> None:
     """Serve until `stop` is set. Announces `popmq console on http://HOST:PORT/`."""
+    app = build_app(state, loopback=host in LOOPBACK_NAMES)
     config = uvicorn.Config(
-        build_app(state), host=host, port=port, log_level="warning", lifespan="on",
-        access_log=False, server_header=False,
+        app, host=host, port=port, log_level="warning", lifespan="on", access_log=False,
+        server_header=False,
     )  # fmt: skip
     server = _OwnedServer(config)
     failed = anyio.Event()

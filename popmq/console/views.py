@@ -62,6 +62,17 @@ class Asker:
             raise ConsoleError(403, "FORBIDDEN", f"no grant reaches group {group!r}")
 
 
+INT32 = (-(2**31), 2**31 - 1)  # what the admin requests' numbers hold
+
+
+def int32(name: str, value: int) -> int:
+    """A number from the user that goes into an admin request: 400 if it cannot (protobuf
+    would raise ValueError, a 500 and a traceback)."""
+    if not INT32[0] <= value <= INT32[1]:
+        raise ConsoleError(400, "BAD_REQUEST", f"{name} {value} is out of range")
+    return value
+
+
 def plain(message: Any) -> dict[str, Any]:
     """A protobuf message as a dict with every field, numbers as numbers (MessageToDict drops
     zero values and writes 64-bit numbers as strings); bytes as base64."""

@@ -149,6 +149,34 @@ class AdminServicer(OperationsMixin, ConsoleOpsMixin, admin_pb2_grpc.AdminServic
 
         return await self._answer(a.ListGroupsResponse, work)
 
+    async def ListTransactions(
+        self, request: a.ListTransactionsRequest, context: object
+    ) -> a.ListTransactionsResponse:
+        async def work() -> a.ListTransactionsResponse:
+            rows = await self.admin.list_transactions()
+            return a.ListTransactionsResponse(
+                status=st.ok(),
+                transactions=[
+                    a.HalfTransaction(
+                        broker=broker, topic=h.topic, message_id=h.message_id,
+                        transaction_id=h.transaction_id, stored_ms=h.stored_ms, checks=h.checks,
+                        parked=h.parked,
+                    )
+                    for broker, h in rows
+                ],
+            )  # fmt: skip
+
+        return await self._answer(a.ListTransactionsResponse, work)
+
+    async def ResolveTransaction(
+        self, request: a.ResolveTransactionRequest, context: object
+    ) -> a.ResolveTransactionResponse:
+        async def work() -> a.ResolveTransactionResponse:
+            broker, topic = await self.admin.resolve_transaction(request.message_id, request.commit)
+            return a.ResolveTransactionResponse(status=st.ok(), broker=broker, topic=topic)
+
+        return await self._answer(a.ResolveTransactionResponse, work)
+
     async def DeleteGroup(
         self, request: a.DeleteGroupRequest, context: object
     ) -> a.DeleteGroupResponse:

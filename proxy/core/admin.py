@@ -26,6 +26,7 @@ from popmq.broker.contract.types import (
     ConsumeMode,
     GroupConfig,
     GroupQueueStats,
+    HalfMessageInfo,
     Message,
     PullRequest,
     PullStatus,
@@ -298,6 +299,32 @@ class Admin:
                 row.inflight += s.inflight
                 row.offset_queues += s.offset_queues
         return [groups[name] for name in sorted(groups)]
+
+    async def list_transactions(self) -> list[tuple[str, HalfMessageInfo]]:
+        """Undecided transactional messages of every broker, as (broker, half message)."""
+        cluster = self.cluster
+        per_broker = await fan_out(p.list_transactions() for p in cluster.ports)
+        return [
+            (broker, half)
+            for broker, halves in zip(cluster.names, per_broker, strict=True)
+            for half in halves
+        ]
+
+    async def resolve_transaction(self, message_id: str, commit: bool) -> tuple[str, str]:
+        """Commit or roll back the undecided transactional message ``message_id`` (an
+        operator's decision, source ADMIN); its (broker, topic). NOT_FOUND if no broker holds
+        it undecided."""
+        if not message_id:
+            raise RefusedError(Code.ILLEGAL_MESSAGE_ID, "a message id is required")
+        for broker, half in await self.list_transactions():
+            if half.message_id == message_id:
+                await self.cluster.port(broker).end_transaction(
+                    half.topic, half.message_id, half.transaction_id, commit, "ADMIN"
+                )
+                return broker, half.topic
+        raise RefusedError(
+            Code.NOT_FOUND, f"no undecided transactional message {message_id} on any broker"
+        )
 
     async def delete_group(self, name: str, clean_offsets: bool, force: bool) -> DeletedGroup:
         name = validate.group_name(name)

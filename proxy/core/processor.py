@@ -17,6 +17,7 @@ from popmq.proxy.core.offsets import Offsets
 from popmq.proxy.core.receive import Receiver
 from popmq.proxy.core.routes import Routes
 from popmq.proxy.core.send import Sender
+from popmq.proxy.core.transactions import ProducerChannels, Transactions
 from popmq.proxy.longpoll.base import LongPollStrategy
 from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.registry import ClientRegistry
@@ -47,3 +48,6 @@ class ProxyCore:
         self.handles = Handles(proxy, cluster, renewer)
         self.offsets = Offsets(proxy, cluster)
         self.admin = Admin(cluster, registry, metrics, address)
+        self.transactions = Transactions(
+            cluster, ProducerChannels(), metrics, proxy.transaction_check_poll_ms
+        )

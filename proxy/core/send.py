@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
 from popmq.broker.contract.message_types import MessageType, message_kind
-from popmq.broker.contract.types import PROP_TRACE_CONTEXT, Message, SendResult
+from popmq.broker.contract.types import (
+    PROP_CHECK_IMMUNITY,
+    PROP_TRACE_CONTEXT,
+    PROP_TRANSACTION,
+    Message,
+    SendResult,
+)
 from popmq.broker.recall_handle import peek_recall_broker
 from popmq.proxy.admission import refuse
 from popmq.proxy.cluster import BrokerCluster, QueueRef, TopicRoute
@@ -50,6 +56,8 @@ class OutgoingMessage:
     delivery_time: SecondsNanos | None = None  # None: not set
     born_time: SecondsNanos | None = None
     born_host: str = ""
+    # Transactional: the producer's orphaned_transaction_recovery_duration, whole seconds.
+    check_immunity_s: int | None = None
 
 
 @dataclass(slots=True)
@@ -120,8 +128,12 @@ class Sender:
         validate.body(msg.body, limit)
         if msg.gzip:
             raise RefusedError(Code.UNSUPPORTED, "gzip-encoded message bodies are not supported")
-        if msg.kind == "TRANSACTION":
-            raise RefusedError(Code.UNSUPPORTED, "transactional messages are not supported")
+        transactional = msg.kind == "TRANSACTION"
+        if transactional and (msg.message_group is not None or msg.delivery_time is not None):
+            raise RefusedError(
+                Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                "a transactional message can have neither a message group nor a delivery time",
+            )
         if msg.lite_topic or msg.kind in ("LITE", "PRIORITY"):
             raise RefusedError(Code.UNSUPPORTED, "lite and priority messages are not supported")
         validate.tag(msg.tag)
@@ -148,6 +160,10 @@ class Sender:
                     f"delivery time is more than {validate.MAX_DELAY_MS // 3_600_000} h ahead",
                 )
         message = to_message(msg, topic, ctx.peer)
+        if transactional:
+            message.properties[PROP_TRANSACTION] = "1"
+            if msg.check_immunity_s is not None:
+                message.properties[PROP_CHECK_IMMUNITY] = str(msg.check_immunity_s)
         if not message.message_id:
             message.message_id = uuid.uuid4().hex.upper()
         return message
@@ -243,7 +259,8 @@ def _check_type(route: TopicRoute, message: Message) -> bool:
     """Refuse a message whose type the topic does not take, as its route says (each broker
     checks its own copy again; checking here too keeps copies that are still untyped from
     taking another type). True if some copy is still untyped."""
-    kind = message_kind(message.message_group, message.delivery_timestamp_ms)
+    kind = message_kind(message.message_group, message.delivery_timestamp_ms,
+                        PROP_TRANSACTION in message.properties)  # fmt: skip
     if kind.value not in route.accepts:
         raise RefusedError(
             Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,

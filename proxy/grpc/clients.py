@@ -7,8 +7,9 @@ import ipaddress
 from popmq.proxy.core.clients import ClientSettings, RetryPolicy, SettingsAnswer
 from popmq.proxy.core.context import RequestContext
 from popmq.proxy.core.processor import ProxyCore
+from popmq.proxy.core.transactions import OrphanCheck
 from popmq.proxy.grpc import status as st
-from popmq.proxy.grpc.convert import duration
+from popmq.proxy.grpc.convert import duration, stored_into
 from popmq.proxy.grpc.receive import filter_kind
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -91,6 +92,23 @@ def settings_pb(
             reply.subscription.long_polling_timeout.CopyFrom(duration(answer.long_polling_ms))
     reply.backoff_policy.CopyFrom(retry_pb(answer.retry))
     return reply
+
+
+def published_topics(settings: pb.Settings) -> set[str] | None:
+    """A producer's declared topics (where its transaction check-backs may go); None for
+    a consumer's settings."""
+    if settings.WhichOneof("pub_sub") != "publishing":
+        return None
+    return {t.name for t in settings.publishing.topics}
+
+
+def orphan_check_pb(check: OrphanCheck) -> s.TelemetryCommand:
+    """A transaction check-back as the producer's Telemetry stream carries it."""
+    command = s.TelemetryCommand()
+    recover = command.recover_orphaned_transaction_command
+    stored_into(recover.message, check.message)
+    recover.transaction_id = check.transaction_id
+    return command
 
 
 async def answer_settings(

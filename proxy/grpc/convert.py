@@ -8,6 +8,7 @@ from popmq.broker.contract.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_TOPIC,
     PROP_TRACE_CONTEXT,
+    PROP_TRANSACTION,
     RETRY_PREFIX,
     Message,
     PoppedMessage,
@@ -62,6 +63,11 @@ def outgoing_from_pb(msg: pb.Message) -> OutgoingMessage:
         delivery_time=props.delivery_timestamp if props.HasField("delivery_timestamp") else None,
         born_time=props.born_timestamp,
         born_host=props.born_host,
+        check_immunity_s=(
+            props.orphaned_transaction_recovery_duration.seconds
+            if props.HasField("orphaned_transaction_recovery_duration")
+            else None
+        ),
     )
 
 
@@ -117,7 +123,9 @@ def stored_into(msg: pb.Message, stored: StoredMessage, namespace: str = "") -> 
     system.queue_offset = stored.queue_offset
     if stored.tag:
         system.tag = stored.tag
-    if stored.message_group:
+    if PROP_TRANSACTION in stored.properties:
+        system.message_type = pb.TRANSACTION
+    elif stored.message_group:
         system.message_group = stored.message_group
         system.message_type = pb.FIFO
     elif stored.delivery_timestamp_ms > 0:

@@ -30,6 +30,7 @@ async def send_message(
                     message_id=outcome.result.message_id,
                     offset=outcome.result.queue_offset,
                     recall_handle=outcome.result.recall_handle,
+                    transaction_id=outcome.result.transaction_id,
                 )
             )
             continue
@@ -41,6 +42,23 @@ async def send_message(
     code = st.combined_code(list(codes))
     summary = entries[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
     return s.SendMessageResponse(status=st.status(code, summary), entries=entries)
+
+
+async def end_transaction(
+    core: ProxyCore, request: s.EndTransactionRequest, ctx: RequestContext
+) -> s.EndTransactionResponse:
+    try:
+        resolution = pb.TransactionResolution.Name(request.resolution)
+    except ValueError:
+        resolution = f"UNKNOWN({request.resolution})"
+    try:
+        source = pb.TransactionSource.Name(request.source).removeprefix("SOURCE_")
+    except ValueError:
+        source = "CLIENT"
+    await core.transactions.end(
+        request.topic.name, request.message_id, request.transaction_id, resolution, source
+    )
+    return s.EndTransactionResponse(status=st.ok())
 
 
 async def recall_message(

@@ -14,10 +14,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+import anyio
 import grpc
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.proxy.admission import poll_owner
 from popmq.proxy.core.processor import ProxyCore
+from popmq.proxy.core.transactions import OrphanCheck
 from popmq.proxy.grpc import clients, handles, offsets, routes, send
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import popped_into, stored_into, timestamp
@@ -28,9 +30,12 @@ from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.budget import MemoryBudget
 from popmq.config import ProxyConfig
+from popmq.lifecycle import TaskOwner
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
 
+# Commands and check-backs waiting for a Telemetry stream (a client sends few commands).
+_TELEMETRY_BUFFER = 64
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Translator = Callable[[ProxyCore, Any, RequestContext], Awaitable[Any]]
@@ -52,11 +57,17 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     """gRPC method names are the protocol's (CamelCase)."""
 
     def __init__(
-        self, core: ProxyCore, metrics: ProxyMetrics, config: ProxyConfig | None = None
+        self,
+        core: ProxyCore,
+        metrics: ProxyMetrics,
+        config: ProxyConfig | None = None,
+        streams: TaskOwner | None = None,
     ) -> None:
         config = config or ProxyConfig()
         self.core = core
         self.metrics = metrics
+        # Owns the tasks reading Telemetry commands (one per open stream).
+        self._streams = streams or TaskOwner("telemetry", grace_s=0)
         # Metric children by label values: labels() is a lookup with locking on every RPC.
         self._counters: dict[tuple[str, str], Any] = {}
         self._timers: dict[str, Any] = {}
@@ -133,22 +144,56 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def Telemetry(
         self, request_iterator: AsyncIterator[s.TelemetryCommand], context
     ) -> AsyncIterator[s.TelemetryCommand]:
+        """Answers the client's settings; to a producer it also sends transaction check-backs
+        (RecoverOrphanedTransactionCommand). Its commands are read by a task of the stream
+        owner into one channel with the check-backs, so either wakes the stream."""
         ctx = request_context(context)
         core = self.core
+        channels = core.transactions.channels
+        send_end, receive_end = anyio.create_memory_object_stream[Any](_TELEMETRY_BUFFER)
+        closed = (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError)
+
+        async def pump() -> None:
+            async with send_end:
+                async for command in request_iterator:
+                    await send_end.send(command)
+
+        def deliver(check: OrphanCheck) -> bool:
+            try:
+                send_end.send_nowait(check)
+            except closed:
+                return False
+            return True
+
+        key = object()
+        job = self._streams.spawn(pump(), "telemetry-commands", log_errors=False)
         try:
-            async for command in request_iterator:
-                if command.WhichOneof("command") != "settings":
-                    continue  # stack traces, verify results: nothing asked them of us
-                started = time.perf_counter()
-                try:
-                    reply = await clients.answer_settings(core, command.settings, ctx)
-                    answer = s.TelemetryCommand(status=st.ok(), settings=reply)
-                    core.clients.telemetry(ctx, True)
-                except Exception as exc:
-                    answer = s.TelemetryCommand(status=st.status_of(exc))
-                self._record("Telemetry", answer.status.code, started)
-                yield answer
+            if job is None:
+                return  # the proxy is stopping
+            async with receive_end:
+                async for item in receive_end:
+                    if isinstance(item, OrphanCheck):
+                        yield clients.orphan_check_pb(item)
+                        continue
+                    command = item
+                    if command.WhichOneof("command") != "settings":
+                        continue  # stack traces, verify results: nothing asked them of us
+                    started = time.perf_counter()
+                    try:
+                        reply = await clients.answer_settings(core, command.settings, ctx)
+                        answer = s.TelemetryCommand(status=st.ok(), settings=reply)
+                        core.clients.telemetry(ctx, True)
+                        published = clients.published_topics(command.settings)
+                        if published is not None:
+                            channels.open(key, published, deliver)
+                    except Exception as exc:
+                        answer = s.TelemetryCommand(status=st.status_of(exc))
+                    self._record("Telemetry", answer.status.code, started)
+                    yield answer
         finally:
+            channels.close(key)
+            if job is not None:
+                job.cancel()
             core.clients.telemetry(ctx, False)
 
     # -- produce -----------------------------------------------------------------------------
@@ -362,8 +407,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return response_type(status=failed)  # type: ignore[call-arg]
 
     async def EndTransaction(self, request, context):
-        return await self._not_implemented(
-            "EndTransaction", s.EndTransactionResponse, "transactional messages"
+        return await self._unary(
+            "EndTransaction", send.end_transaction, request, context, s.EndTransactionResponse
         )
 
     async def RecallMessage(self, request, context):

@@ -25,6 +25,7 @@ from popmq.broker.contract.types import (
     GroupDeleted,
     GroupQueueStats,
     GroupSummary,
+    HalfMessageInfo,
     Message,
     NotifyRequest,
     NotifyResult,
@@ -38,6 +39,7 @@ from popmq.broker.contract.types import (
     SendResult,
     StoredMessage,
     TopicInfo,
+    TransactionCheck,
 )
 from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.broker.wire.server import SERVICE_NAME, BrokerGrpcServer
@@ -48,6 +50,7 @@ class FakePort:
 
     def __init__(self) -> None:
         self.sent: list[Message] = []
+        self.ended: list[tuple[str, str, bool, str]] = []
         self.held = asyncio.Event()
         self.released = asyncio.Event()
 
@@ -100,6 +103,24 @@ class FakePort:
         if recall_handle != "r1.good":
             raise RefusedError(Code.BAD_REQUEST, "invalid recall handle: made up")
         return f"id-of-{topic}"
+
+    async def end_transaction(
+        self, topic: str, message_id: str, transaction_id: str, commit: bool, source: str = ""
+    ) -> None:
+        if transaction_id != "t1.good":
+            raise RefusedError(Code.INVALID_TRANSACTION_ID, "invalid transaction id: made up")
+        self.ended.append((topic, message_id, commit, source))
+
+    async def claim_transaction_checks(
+        self, topics: list[str], limit: int = 64
+    ) -> list[TransactionCheck]:
+        stored = StoredMessage(
+            topics[0], 1, 0, b"half", "T", ["k"], {"p": "v"}, "m9", "", 0, 0, "", 1, self.name, 0
+        )
+        return [TransactionCheck(stored, "t1.check", limit)]
+
+    async def list_transactions(self) -> list[HalfMessageInfo]:
+        return [HalfMessageInfo("t", "m9", "t1.x", 123, 2, True)]
 
     async def pull(self, request: PullRequest) -> PullResult:
         return PullResult(PullStatus.NO_NEW_MESSAGE, [], request.offset, 0, request.offset)
@@ -205,6 +226,16 @@ async def test_calls_round_trip(served) -> None:
     with pytest.raises(RefusedError) as err:
         await remote.recall("t", "r1.bad")
     assert err.value.code == Code.BAD_REQUEST and "made up" in err.value.message
+    await remote.end_transaction("t", "m9", "t1.good", True, "SERVER_CHECK")
+    assert fake.ended == [("t", "m9", True, "SERVER_CHECK")]
+    with pytest.raises(RefusedError) as err:
+        await remote.end_transaction("t", "m9", "t1.bad", False)
+    assert err.value.code == Code.INVALID_TRANSACTION_ID
+    (check,) = await remote.claim_transaction_checks(["tx"], 7)
+    assert (check.transaction_id, check.checks, check.message.topic) == ("t1.check", 7, "tx")
+    assert (check.message.body, check.message.keys, check.message.properties) == (
+        b"half", ["k"], {"p": "v"})  # fmt: skip
+    assert await remote.list_transactions() == [HalfMessageInfo("t", "m9", "t1.x", 123, 2, True)]
 
 
 async def test_broker_errors_keep_their_code(served) -> None:

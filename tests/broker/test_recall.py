@@ -97,3 +97,16 @@ async def test_forged_foreign_and_misdirected_handles_are_refused(tmp_path) -> N
         await _refused(broker.recall("e", popped.messages[0].receipt_handle), Code.BAD_REQUEST)
         assert plain.recall_handle == ""
         assert await broker.recall("d", handle) == mine.message_id  # the real one still works
+
+
+async def test_a_replayed_recall_is_logged_once(tmp_path, caplog) -> None:
+    """A sender replaying one handle gets the same answer each time; the log and the metric
+    count the message once (a replay loop must not fill the broker's log)."""
+    async with running_broker(fast_broker_config(tmp_path)) as broker:
+        await broker.create_topic("d", 1, "DELAY")
+        (sent,) = await broker.send([_delayed("d", b"x", 60_000)])
+        with caplog.at_level("INFO", logger="popmq.broker.core"):
+            for _ in range(50):
+                assert await broker.recall("d", sent.recall_handle) == sent.message_id
+        lines = [r for r in caplog.records if "recalled delay message" in r.getMessage()]
+        assert len(lines) == 1

@@ -108,3 +108,12 @@ def test_generated_expressions_agree_with_the_reference(expression, a) -> None:
     text, reference = expression
     props = {} if a is None else {"a": str(a)}
     assert compile_sql92(text)("", props) == (reference(props) is True), text
+
+
+@pytest.mark.parametrize("value", ["1_000", "1_0.5", "1_0e1", "-1_0"])
+def test_a_property_with_underscores_is_no_number(value: str) -> None:
+    """Python reads "1_000" as 1000; RocketMQ's SQL92 (Java's Long and Double parsing) takes
+    no underscores, so such a property is no number: comparing it with one is unknown."""
+    for expression in ("a = 1000", "a = 10", "a >= 0", "a < 0", "a BETWEEN 0 AND 100000"):
+        assert compile_sql92(expression)("", {"a": value}) is False, (expression, value)
+    assert compile_sql92(f"a = '{value}'")("", {"a": value}) is True

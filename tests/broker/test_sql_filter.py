@@ -223,3 +223,43 @@ async def test_malformed_expressions_are_refused_at_the_broker(tmp_path, express
             with pytest.raises(RefusedError) as err:
                 await call
             assert err.value.code == Code.ILLEGAL_FILTER_EXPRESSION
+
+
+async def test_pop_over_a_long_unmatched_run_lets_the_loop_run(tmp_path) -> None:
+    """A SQL92 pop decodes every message it passes over: thousands that do not match must not
+    hold the broker's loop in one go. A held pop goes on in passes, others running between."""
+    async with running_broker(fast_broker_config(tmp_path)) as broker:
+        await broker.create_topic("long", 1)
+        for _ in range(5):
+            await broker.send([Message("long", b"no", properties={"a": "1"})] * 1000)
+        await broker.send([Message("long", b"yes", properties={"a": "2"})])
+        turns = 0
+        popping = True
+
+        async def others() -> None:
+            nonlocal turns
+            while popping:
+                turns += 1
+                await anyio.lowlevel.checkpoint()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(others)
+            await anyio.lowlevel.checkpoint()
+            before = turns
+            request = PopRequest("g", "long", max_messages=1, poll_time_ms=60_000,
+                                 filter=_sql("a = 2"))  # fmt: skip
+            result = await broker.pop(request)
+            during, popping = turns - before, False
+        assert [p.message.body for p in result.messages] == [b"yes"]
+        assert during >= 4, f"the loop ran {during} times during a pop over 5000 messages"
+
+        # Answering at once (no poll time), a pop passes over one share and says what is left.
+        await broker.send([Message("long", b"no", properties={"a": "1"})] * 3000)
+        await broker.send([Message("long", b"last", properties={"a": "2"})])
+        request = PopRequest("g2", "long", max_messages=1, filter=_sql("a = 2"))
+        first = await broker.pop(request)
+        assert first.messages == [] and first.rest_num > 0
+        found: list[bytes] = []
+        for _ in range(20):
+            found += [p.message.body for p in (await broker.pop(request)).messages]
+        assert found == [b"yes", b"last"]

@@ -103,6 +103,69 @@ def test_json_api_refuses_bad_input_with_a_code(served: Any) -> None:
         assert bad_time.status_code == 400 and "ISO 8601" in bad_time.json()["error"]["message"]
 
 
+def test_numbers_out_of_range_are_a_400_not_a_500(served: Any) -> None:
+    """The admin requests hold 32-bit numbers: a bigger one is the user's mistake."""
+    _, _, url = served
+    huge = str(10**20)
+    with api(url) as http:
+        for path in (f"/api/v1/messages?id=x&limit={huge}", f"/api/v1/dlq/g?limit={huge}"):
+            got = http.get(path)
+            assert got.status_code == 400 and "out of range" in got.text, (path, got.text)
+        created = http.post("/api/v1/topics", json={"name": unique("big"), "queues": 10**20})
+        assert created.status_code == 400 and "out of range" in created.text
+        page = http.post("/topics", data={"name": unique("big"), "queues": huge})
+        assert page.status_code == 400 and "out of range" in page.text
+        for limit in (0, 10_001, 2**31 - 1):  # each dead letter is read whole to answer
+            listed = http.get(f"/api/v1/dlq/g?limit={limit}")
+            assert listed.status_code == 400 and "within [1, 10000]" in listed.text, limit
+        assert http.get("/api/v1/dlq/g?limit=10000").status_code == 200
+
+
+def test_another_origin_cannot_make_changes(served: Any) -> None:
+    """CSRF: with no ACL there is no cookie to hold back, so another site's form post (or one
+    from another port of this host: the same site) must be refused by where it comes from."""
+    _, _, url = served
+    host = url.removeprefix("http://")
+    topic = unique("csrf")
+    with api(url) as http:
+        for headers in (
+            {"Origin": "http://evil.example"},
+            {"Origin": "null"},
+            {"Referer": "http://evil.example/page"},
+            {"Origin": "http://127.0.0.1:1", "Sec-Fetch-Site": "same-site"},
+            {"Sec-Fetch-Site": "cross-site"},
+        ):
+            form = http.post("/topics", data={"name": topic, "queues": "1"}, headers=headers)
+            assert form.status_code == 403, (headers, form.status_code)
+            sent = http.post("/messages/send", data={"topic": topic, "body": "x"}, headers=headers)
+            assert sent.status_code == 403, (headers, sent.status_code)
+            api_write = http.post("/api/v1/topics", json={"name": topic}, headers=headers)
+            assert api_write.status_code == 403, (headers, api_write.status_code)
+        listed = http.get("/api/v1/topics").json()["topics"]
+        assert topic not in [t["name"] for t in listed]
+        own = {"Origin": url, "Sec-Fetch-Site": "same-origin", "Host": host}
+        created = http.post("/topics", data={"name": topic, "queues": "1"}, headers=own)
+        assert created.status_code == 303, created.text
+        assert topic in [t["name"] for t in http.get("/api/v1/topics").json()["topics"]]
+
+
+def test_on_loopback_another_host_name_is_refused(served: Any) -> None:
+    """DNS rebinding: a page of another name that resolves to 127.0.0.1 is its own origin
+    (Origin and Host agree), so a loopback console answers only to loopback names."""
+    _, _, url = served
+    port = url.rsplit(":", 1)[1]
+    with api(url) as http:
+        for host in (f"evil.example:{port}", f"127.0.0.1.evil.example:{port}", "[::1"):
+            read = http.get("/api/v1/topics", headers={"Host": host})
+            assert read.status_code == 403, (host, read.status_code)
+            page = http.get("/cluster", headers={"Host": host})
+            assert page.status_code == 403, (host, page.status_code)
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", "localhost"):
+            assert http.get("/api/v1/topics", headers={"Host": host}).status_code == 200
+        odd = http.post("/api/v1/topics", json={"name": "x"}, headers={"Origin": "http://[::1"})
+        assert odd.status_code == 403  # refused, not an error page
+
+
 def test_pages_in_a_browser(served: Any, browser: Any, tmp_path: Path) -> None:
     _, endpoint, url = served
     topic, group = unique("page"), unique("page-group")

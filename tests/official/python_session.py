@@ -37,6 +37,8 @@ from rocketmq import (  # noqa: E402
     Producer,
     PushConsumer,
     SimpleConsumer,
+    TransactionChecker,
+    TransactionResolution,
 )
 from rocketmq.grpc_protocol import FilterType, definition_pb2  # noqa: E402
 
@@ -133,6 +135,28 @@ class Listener(MessageListener):
         return ConsumeResult.FAILURE if fail else ConsumeResult.SUCCESS
 
 
+class Checker(TransactionChecker):
+    """Answers check-backs by message body ("COMMIT", "ROLLBACK", else unknown) and records
+    each check it was asked."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.decisions: dict[str, str] = {}
+        self.checked: list[dict[str, Any]] = []
+
+    def check(self, message: Message) -> Any:
+        body = message.body.decode(errors="replace")
+        with self.lock:
+            decision = self.decisions.get(body, "UNKNOWN")
+            self.checked.append({"body": body, "message_id": message.message_id,
+                                 "topic": message.topic, "decision": decision})  # fmt: skip
+        if decision == "COMMIT":
+            return TransactionResolution.COMMIT
+        if decision == "ROLLBACK":
+            return TransactionResolution.ROLLBACK
+        return TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED
+
+
 class Session:
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
@@ -153,8 +177,14 @@ class Session:
         }
         self.listener: Listener | None = None
         tls = bool(config.get("tls", False))  # roots: GRPC_DEFAULT_SSL_ROOTS_FILE_PATH
-        if self.role == "producer":
-            self.client: Any = Producer(client_config, self.topics or None, tls_enable=tls)
+        self.checker: Checker | None = None
+        if self.role == "producer" and config.get("transactional"):
+            self.checker = Checker()
+            self.client: Any = Producer(
+                client_config, self.topics or None, checker=self.checker, tls_enable=tls
+            )
+        elif self.role == "producer":
+            self.client = Producer(client_config, self.topics or None, tls_enable=tls)
         elif self.role == "simple":
             self.client = SimpleConsumer(
                 client_config, config["group"], subscription, config.get("await_s", 20),
@@ -194,6 +224,37 @@ class Session:
             except Exception as exc:
                 results.append(error_payload(exc))
         return {"ok": True, "results": results}
+
+    def op_tx_send(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """One transactional message, then cmd["end"]: "commit", "rollback" or "none" (the
+        transaction is left open, for a check-back)."""
+        topic = cmd.get("topic") or self.topics[0]
+        transaction = self.client.begin_transaction()
+        receipt = self.client.send(build_message(topic, cmd["message"]), transaction)
+        end = cmd.get("end", "commit")
+        if end == "commit":
+            transaction.commit()
+        elif end == "rollback":
+            transaction.rollback()
+        return {"ok": True, "message_id": receipt.message_id,
+                "transaction_id": receipt.transaction_id}  # fmt: skip
+
+    def op_set_decisions(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        assert self.checker is not None, "not a transactional producer"
+        with self.checker.lock:
+            self.checker.decisions.update(cmd["decisions"])
+        return {"ok": True}
+
+    def op_checked(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """The check-backs seen so far; waits up to timeout_s for at least ``count``."""
+        assert self.checker is not None, "not a transactional producer"
+        deadline = time.monotonic() + float(cmd.get("timeout_s", 0))
+        while True:
+            with self.checker.lock:
+                checked = list(self.checker.checked)
+            if len(checked) >= int(cmd.get("count", 0)) or time.monotonic() >= deadline:
+                return {"ok": True, "checked": checked}
+            time.sleep(0.05)
 
     def _remember(self, messages: list[Message]) -> list[dict[str, Any]]:
         for msg in messages:

@@ -219,7 +219,7 @@ async def test_unsupported_topic_rpcs_are_checked_as_they_will_need_to_be(
     guarded: Cluster,
 ) -> None:
     """EndTransaction and RecallMessage write to a topic; they were open to any signed-in
-    user (EndTransaction answers NOT_IMPLEMENTED today, a later version would not)."""
+    user."""
     stub, md = guarded.stub, guarded.metadata()
     outside = pb.Resource(name="elsewhere")  # OWNER publishes to t-* only
     recall = await stub.RecallMessage(

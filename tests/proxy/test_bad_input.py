@@ -126,6 +126,11 @@ async def test_empty_and_oversize_bodies(make_cluster) -> None:
     assert (await cluster.send(topic, b"x" * (2 << 20))).status.code == Code.MESSAGE_BODY_TOO_LARGE
 
 
+def _transactional(msg: pb.Message) -> pb.Message:
+    msg.system_properties.message_type = pb.TRANSACTION
+    return msg
+
+
 async def test_bad_message_fields(cluster: Cluster) -> None:
     topic = unique("t")
     cases = [
@@ -135,7 +140,8 @@ async def test_bad_message_fields(cluster: Cluster) -> None:
         (message(topic, b"x", properties={"__popmq.origin_topic": "x"}),
          Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
         (message(topic, b"x", message_type=pb.FIFO), Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
-        (message(topic, b"x", message_type=pb.TRANSACTION), Code.UNSUPPORTED),
+        (_transactional(message(topic, b"x", group="g1")),
+         Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
         (message(topic, b"x", delivery_ms=int(time.time() * 1000) + 10 * 86_400_000),
          Code.ILLEGAL_DELIVERY_TIME),
     ]  # fmt: skip
@@ -199,10 +205,40 @@ async def test_ack_without_entries(cluster: Cluster) -> None:
     assert (await cluster.ack_handles("g", "t", [])).status.code == Code.BAD_REQUEST
 
 
-async def test_not_implemented_rpcs_answer_at_once(cluster: Cluster) -> None:
-    md = cluster.metadata()
-    end = await cluster.stub.EndTransaction(s.EndTransactionRequest(), metadata=md, timeout=2)
-    assert end.status.code == Code.NOT_IMPLEMENTED
+@pytest.mark.parametrize(
+    "transaction_id", ["", "t", "r1.x.y.z", "t1.x.y.z", "t1.YnJva2VyLXo.k.AAAA", "x" * 5000]
+)
+async def test_bad_transaction_ids_are_refused(cluster: Cluster, transaction_id: str) -> None:
+    request = s.EndTransactionRequest(
+        topic=pb.Resource(name=unique("t")), message_id="M1", transaction_id=transaction_id,
+        resolution=pb.COMMIT, source=pb.SOURCE_CLIENT,
+    )  # fmt: skip
+    end = await cluster.stub.EndTransaction(request, metadata=cluster.metadata(), timeout=5)
+    assert end.status.code == Code.INVALID_TRANSACTION_ID, end.status
+    assert "transaction id" in end.status.message
+
+
+async def test_end_transaction_of_another_message_or_topic_is_refused(cluster: Cluster) -> None:
+    topic = unique("t")
+    sent = await cluster.send(topic, b"half", message_type=pb.TRANSACTION)
+    assert sent.status.code == Code.OK, sent.status
+    entry = sent.entries[0]
+    assert entry.transaction_id.startswith("t1.")
+
+    async def end(topic_name: str, message_id: str, resolution: int = pb.COMMIT) -> int:
+        request = s.EndTransactionRequest(
+            topic=pb.Resource(name=topic_name), message_id=message_id,
+            transaction_id=entry.transaction_id, resolution=resolution, source=pb.SOURCE_CLIENT,
+        )  # fmt: skip
+        answer = await cluster.stub.EndTransaction(request, metadata=cluster.metadata())
+        return answer.status.code
+
+    assert await end(unique("other"), entry.message_id) == Code.INVALID_TRANSACTION_ID
+    assert await end(topic, "ANOTHER") == Code.INVALID_TRANSACTION_ID
+    assert await end(topic, entry.message_id, pb.TRANSACTION_RESOLUTION_UNSPECIFIED) == Code.OK
+    assert await end(topic, entry.message_id, pb.ROLLBACK) == Code.OK
+    assert await end(topic, entry.message_id, pb.ROLLBACK) == Code.OK  # idempotent
+    assert await end(topic, entry.message_id) == Code.INVALID_TRANSACTION_ID  # rolled back
 
 
 @pytest.mark.parametrize("handle", ["", "h", "r1.x.y.z", "r1.YnJva2VyLXo.k.AAAA", "x" * 5000])

@@ -25,8 +25,7 @@ async def test_route_lists_every_broker_queue_at_the_proxy_address(cluster: Clus
         assert queue.permission == pb.READ_WRITE
         assert queue.broker.id == 0
         assert queue.topic.name == topic
-        assert set(queue.accept_message_types) >= {pb.NORMAL, pb.FIFO, pb.DELAY}
-        assert pb.TRANSACTION not in queue.accept_message_types
+        assert set(queue.accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
         (address,) = queue.broker.endpoints.addresses
         assert (address.host, address.port) == ("127.0.0.1", cluster.server.port)
         assert queue.broker.endpoints.scheme == pb.IPv4

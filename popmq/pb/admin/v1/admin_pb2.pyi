@@ -209,6 +209,54 @@ class DeleteGroupResponse(_message.Message):
     offsets_removed: int
     def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., brokers: _Optional[_Iterable[str]] = ..., inflight: _Optional[int] = ..., offsets_removed: _Optional[int] = ...) -> None: ...
 
+class ListTransactionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HalfTransaction(_message.Message):
+    __slots__ = ("broker", "topic", "message_id", "transaction_id", "stored_ms", "checks", "parked")
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    STORED_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    PARKED_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    topic: str
+    message_id: str
+    transaction_id: str
+    stored_ms: int
+    checks: int
+    parked: bool
+    def __init__(self, broker: _Optional[str] = ..., topic: _Optional[str] = ..., message_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., stored_ms: _Optional[int] = ..., checks: _Optional[int] = ..., parked: _Optional[bool] = ...) -> None: ...
+
+class ListTransactionsResponse(_message.Message):
+    __slots__ = ("status", "transactions")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    status: _definition_pb2.Status
+    transactions: _containers.RepeatedCompositeFieldContainer[HalfTransaction]
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., transactions: _Optional[_Iterable[_Union[HalfTransaction, _Mapping]]] = ...) -> None: ...
+
+class ResolveTransactionRequest(_message.Message):
+    __slots__ = ("message_id", "commit")
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    message_id: str
+    commit: bool
+    def __init__(self, message_id: _Optional[str] = ..., commit: _Optional[bool] = ...) -> None: ...
+
+class ResolveTransactionResponse(_message.Message):
+    __slots__ = ("status", "broker", "topic")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    status: _definition_pb2.Status
+    broker: str
+    topic: str
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., broker: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
+
 class Client(_message.Message):
     __slots__ = ("client_id", "client_type", "group", "topics", "language", "version", "peer", "first_seen", "last_seen", "telemetry_open")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]

@@ -79,6 +79,16 @@ class AdminServiceStub:
                 request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListClientsRequest.SerializeToString,
                 response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListClientsResponse.FromString,
                 _registered_method=True)
+        self.ListTransactions = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/ListTransactions',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListTransactionsRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListTransactionsResponse.FromString,
+                _registered_method=True)
+        self.ResolveTransaction = channel.unary_unary(
+                '/popmq.admin.v1.AdminService/ResolveTransaction',
+                request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResolveTransactionRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResolveTransactionResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/popmq.admin.v1.AdminService/Stats',
                 request_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.StatsRequest.SerializeToString,
@@ -183,6 +193,18 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListClients(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTransactions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResolveTransaction(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -295,6 +317,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListClients,
                     request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListClientsRequest.FromString,
                     response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListClientsResponse.SerializeToString,
+            ),
+            'ListTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTransactions,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListTransactionsRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListTransactionsResponse.SerializeToString,
+            ),
+            'ResolveTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveTransaction,
+                    request_deserializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResolveTransactionRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResolveTransactionResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -590,6 +622,60 @@ class AdminService:
             '/popmq.admin.v1.AdminService/ListClients',
             popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListClientsRequest.SerializeToString,
             popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListClientsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.admin.v1.AdminService/ListTransactions',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListTransactionsRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ListTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.admin.v1.AdminService/ResolveTransaction',
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResolveTransactionRequest.SerializeToString,
+            popmq_dot_pb_dot_admin_dot_v1_dot_admin__pb2.ResolveTransactionResponse.FromString,
             options,
             channel_credentials,
             insecure,

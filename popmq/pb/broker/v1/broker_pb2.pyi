@@ -153,20 +153,22 @@ class SendRequest(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., queue_id: _Optional[int] = ...) -> None: ...
 
 class SendResult(_message.Message):
-    __slots__ = ("message_id", "topic", "queue_id", "queue_offset", "broker_name", "recall_handle")
+    __slots__ = ("message_id", "topic", "queue_id", "queue_offset", "broker_name", "recall_handle", "transaction_id")
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     RECALL_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
     message_id: str
     topic: str
     queue_id: int
     queue_offset: int
     broker_name: str
     recall_handle: str
-    def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., broker_name: _Optional[str] = ..., recall_handle: _Optional[str] = ...) -> None: ...
+    transaction_id: str
+    def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., broker_name: _Optional[str] = ..., recall_handle: _Optional[str] = ..., transaction_id: _Optional[str] = ...) -> None: ...
 
 class SendResponse(_message.Message):
     __slots__ = ("status", "results")
@@ -335,6 +337,80 @@ class RecallResponse(_message.Message):
     status: Status
     message_id: str
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., message_id: _Optional[str] = ...) -> None: ...
+
+class EndTransactionRequest(_message.Message):
+    __slots__ = ("topic", "message_id", "transaction_id", "commit", "source")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    message_id: str
+    transaction_id: str
+    commit: bool
+    source: str
+    def __init__(self, topic: _Optional[str] = ..., message_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., commit: _Optional[bool] = ..., source: _Optional[str] = ...) -> None: ...
+
+class EndTransactionResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
+
+class ClaimTransactionChecksRequest(_message.Message):
+    __slots__ = ("topics", "limit")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    limit: int
+    def __init__(self, topics: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class TransactionCheck(_message.Message):
+    __slots__ = ("message", "transaction_id", "checks")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    message: StoredMessage
+    transaction_id: str
+    checks: int
+    def __init__(self, message: _Optional[_Union[StoredMessage, _Mapping]] = ..., transaction_id: _Optional[str] = ..., checks: _Optional[int] = ...) -> None: ...
+
+class ClaimTransactionChecksResponse(_message.Message):
+    __slots__ = ("status", "checks")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    checks: _containers.RepeatedCompositeFieldContainer[TransactionCheck]
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., checks: _Optional[_Iterable[_Union[TransactionCheck, _Mapping]]] = ...) -> None: ...
+
+class ListTransactionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HalfMessageInfo(_message.Message):
+    __slots__ = ("topic", "message_id", "transaction_id", "stored_ms", "checks", "parked")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    STORED_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    PARKED_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    message_id: str
+    transaction_id: str
+    stored_ms: int
+    checks: int
+    parked: bool
+    def __init__(self, topic: _Optional[str] = ..., message_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., stored_ms: _Optional[int] = ..., checks: _Optional[int] = ..., parked: _Optional[bool] = ...) -> None: ...
+
+class ListTransactionsResponse(_message.Message):
+    __slots__ = ("status", "halves")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    HALVES_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    halves: _containers.RepeatedCompositeFieldContainer[HalfMessageInfo]
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., halves: _Optional[_Iterable[_Union[HalfMessageInfo, _Mapping]]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
     __slots__ = ("topic", "queue_id", "offset", "max_messages", "poll_time_ms", "filter")

@@ -76,6 +76,21 @@ class BrokerServiceStub:
                 request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.RecallRequest.SerializeToString,
                 response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.RecallResponse.FromString,
                 _registered_method=True)
+        self.EndTransaction = channel.unary_unary(
+                '/popmq.broker.v1.BrokerService/EndTransaction',
+                request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.EndTransactionRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.EndTransactionResponse.FromString,
+                _registered_method=True)
+        self.ClaimTransactionChecks = channel.unary_unary(
+                '/popmq.broker.v1.BrokerService/ClaimTransactionChecks',
+                request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ClaimTransactionChecksRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ClaimTransactionChecksResponse.FromString,
+                _registered_method=True)
+        self.ListTransactions = channel.unary_unary(
+                '/popmq.broker.v1.BrokerService/ListTransactions',
+                request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ListTransactionsRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ListTransactionsResponse.FromString,
+                _registered_method=True)
         self.Watch = channel.stream_stream(
                 '/popmq.broker.v1.BrokerService/Watch',
                 request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.WatchRequest.SerializeToString,
@@ -202,6 +217,24 @@ class BrokerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Recall(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTransaction(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClaimTransactionChecks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTransactions(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -341,6 +374,21 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.Recall,
                     request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.RecallRequest.FromString,
                     response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.RecallResponse.SerializeToString,
+            ),
+            'EndTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTransaction,
+                    request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.EndTransactionRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.EndTransactionResponse.SerializeToString,
+            ),
+            'ClaimTransactionChecks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClaimTransactionChecks,
+                    request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ClaimTransactionChecksRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ClaimTransactionChecksResponse.SerializeToString,
+            ),
+            'ListTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTransactions,
+                    request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ListTransactionsRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ListTransactionsResponse.SerializeToString,
             ),
             'Watch': grpc.stream_stream_rpc_method_handler(
                     servicer.Watch,
@@ -636,6 +684,87 @@ class BrokerService:
             '/popmq.broker.v1.BrokerService/Recall',
             popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.RecallRequest.SerializeToString,
             popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.RecallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.broker.v1.BrokerService/EndTransaction',
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.EndTransactionRequest.SerializeToString,
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.EndTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClaimTransactionChecks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.broker.v1.BrokerService/ClaimTransactionChecks',
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ClaimTransactionChecksRequest.SerializeToString,
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ClaimTransactionChecksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.broker.v1.BrokerService/ListTransactions',
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ListTransactionsRequest.SerializeToString,
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ListTransactionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
