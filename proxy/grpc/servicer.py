@@ -25,7 +25,7 @@ from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import popped_into, stored_into, timestamp
 from popmq.proxy.grpc.headers import RequestContext, request_context
 from popmq.proxy.grpc.receive import receive_request
-from popmq.proxy.grpc.stall import WriterStalled, write_within
+from popmq.proxy.grpc.stall import WriterStalled, writes_within
 from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.budget import MemoryBudget
@@ -268,16 +268,16 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         sent = 0
         stall_s = self._stall_s
         try:
-            await write_within(context, s.ReceiveMessageResponse(status=st.ok()), stall_s)
-            now = _now_ms()
-            namespace = request.message_queue.topic.resource_namespace
-            for message in popped:
-                frame = s.ReceiveMessageResponse()
-                popped_into(frame.message, message, now, namespace)
-                await write_within(context, frame, stall_s)
-                sent += 1
-            trailer = s.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms()))
-            await write_within(context, trailer, stall_s)
+            with writes_within(context, stall_s) as write:
+                await write(s.ReceiveMessageResponse(status=st.ok()))
+                now = _now_ms()
+                namespace = request.message_queue.topic.resource_namespace
+                for message in popped:
+                    frame = s.ReceiveMessageResponse()
+                    popped_into(frame.message, message, now, namespace)
+                    await write(frame)
+                    sent += 1
+                await write(s.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms())))
         except BaseException as exc:
             # The client is gone or stopped reading: whatever it did not take becomes
             # visible again at once.
@@ -367,14 +367,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             self._record("PullMessage", failed.code, started)
             return
         code, text = offsets.pull_status(result)
-        stall_s = self._stall_s
-        await write_within(context, s.PullMessageResponse(status=st.status(code, text)), stall_s)
-        namespace = request.message_queue.topic.resource_namespace
-        for message in result.messages:
-            frame = s.PullMessageResponse()
-            stored_into(frame.message, message, namespace)
-            await write_within(context, frame, stall_s)
-        await write_within(context, s.PullMessageResponse(next_offset=result.next_offset), stall_s)
+        with writes_within(context, self._stall_s) as write:
+            await write(s.PullMessageResponse(status=st.status(code, text)))
+            namespace = request.message_queue.topic.resource_namespace
+            for message in result.messages:
+                frame = s.PullMessageResponse()
+                stored_into(frame.message, message, namespace)
+                await write(frame)
+            await write(s.PullMessageResponse(next_offset=result.next_offset))
         self._record("PullMessage", code, started)
 
     async def _write_quietly(self, context: grpc.aio.ServicerContext, frame: Any) -> None:
