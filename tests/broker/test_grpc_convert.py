@@ -56,7 +56,7 @@ ROUND_TRIPS = [
     ),
     (stored(7), convert.stored_to_proto, convert.stored_from_proto),
     (
-        SendResult("m", "t", 2, 99, "broker-b", "r1.handle"),
+        SendResult("m", "t", 2, 99, "broker-b", "r1.handle", "t1.transaction"),
         convert.send_result_to_proto, convert.send_result_from_proto,
     ),
     (
