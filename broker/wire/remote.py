@@ -247,9 +247,9 @@ class RemoteBrokerPort:
 
     async def _send_now(self, key: tuple[str, int], messages: list[Message]) -> list[SendResult]:
         stub = self._get_stub()
-        request = pb.SendRequest(
-            messages=[convert.message_to_proto(m) for m in messages], queue_id=key[1]
-        )
+        request = pb.SendRequest(queue_id=key[1])
+        for message in messages:  # each body copied once, into the request
+            convert.message_into(request.messages.add(), message)
         response = await self._linked("send", stub.Send, request, self._deadline())
         return [convert.send_result_from_proto(r) for r in response.results]
 
