@@ -205,8 +205,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 )
 
         async def within_budget(core: ProxyCore, req: Any, ctx: RequestContext) -> Any:
-            async with self._budget.hold(req.ByteSize()):
-                return await send.send_message(core, req, ctx)
+            return await send.send_message(core, req, ctx, self._budget)
 
         return await self._unary(
             "SendMessage", within_budget, request, context, s.SendMessageResponse,
