@@ -303,9 +303,13 @@ class BrokerConfig(Section):
     # well under the pod's memory (docs/operations.md, sizing). Callers without the cluster
     # token are refused from their headers, before any of their request is read.
     max_message_bytes: int = Field(256 * 1024 * 1024, ge=1 << 20, le=2**31 - 1)
-    # Bytes of sends in flight at once (popmq.budget); past it a send waits 200 ms for room,
-    # then is refused with TOO_MANY_REQUESTS. One send larger than this passes alone.
+    # Bytes of sends and pop answers in flight at once (popmq.budget); past it a send waits
+    # inflight_wait_ms for room, then is refused with TOO_MANY_REQUESTS (a pop waits while the
+    # budget is full, refused before it takes any message). One send larger than this passes
+    # alone.
     max_inflight_bytes: int = Field(256 * 1024 * 1024, ge=1 << 20)
+    # How long a call over the budget waits for room: RocketMQ's waitTimeMillsInSendQueue.
+    inflight_wait_ms: int = Field(200, ge=0, le=60_000)
     # Serve Prometheus /metrics on this port of `host` (None: not at all; 0: any free port).
     # `popmq serve` ignores it: embedded brokers' metrics are on the proxy's endpoint.
     metrics_port: int | None = Field(None, ge=0, le=65535)
@@ -422,10 +426,12 @@ class ProxyConfig(Section):
     # control still sheds long polls first, with TOO_MANY_REQUESTS.
     max_streams_per_connection: int = Field(2_000, ge=16)
     # Bytes of sends and of receive answers in flight at once (popmq.budget): past it a call
-    # waits 200 ms for room, then is refused with TOO_MANY_REQUESTS (a refused receive's
-    # messages are released at once). The proxy holds about PROXY_COPIES_PER_REQUEST copies
-    # of what is in flight: see docs/operations.md, sizing.
+    # waits inflight_wait_ms for room, then is refused with TOO_MANY_REQUESTS (a refused
+    # receive's messages are released at once). The proxy holds about
+    # PROXY_COPIES_PER_REQUEST copies of what is in flight: see docs/operations.md, sizing.
     max_inflight_bytes: int = Field(160 * 1024 * 1024, ge=1 << 20)
+    # How long a call over the budget waits for room: RocketMQ's waitTimeMillsInSendQueue.
+    inflight_wait_ms: int = Field(200, ge=0, le=60_000)
     # Admission control: receives held at once, past which TOO_MANY_REQUESTS answers at once.
     max_long_polls: int = Field(10_000, ge=1)
     max_long_polls_per_client: int = Field(1_000, ge=1)  # per client id (or peer address)

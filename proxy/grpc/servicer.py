@@ -76,6 +76,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             config.max_inflight_bytes,
             "this proxy",
             self.metrics.budget_refusals.inc,
+            config.inflight_wait_ms,
         )
 
     # -- plumbing ----------------------------------------------------------------------------
