@@ -25,12 +25,13 @@ from pydantic_settings import (
 
 ENV_PREFIX = "POPMQ_"
 
-# Copies of one request's bytes a process holds while serving it, measured with psutil on
-# real processes (docs/operations.md, sizing): grpc's buffer, the decoded protobuf, the
-# conversions, the broker link's frame and grpc's send buffer. The Helm chart's memory limits
-# are checked against these (tests/deploy/test_memory_sizing.py).
-BROKER_COPIES_PER_REQUEST = 4  # a 100 MiB send: +419 MB
-PROXY_COPIES_PER_REQUEST = 10  # a 32 x 4 MiB send (134 MB): +1,226 MB
+# Copies of one request's bytes a process holds at its peak while serving it, measured with
+# psutil on real processes (docs/operations.md, sizing). The Helm chart's memory limits are
+# checked against these (tests/deploy/test_memory_sizing.py). A proxy's peak is grpc's own
+# receive (its C buffer, a bytes per slice and their join: 3 copies); after it the proxy holds
+# the request and its decoded protobuf and sends the messages on in 4 MiB chunks.
+BROKER_COPIES_PER_REQUEST = 4  # a 100 MiB unary send: +419 MB
+PROXY_COPIES_PER_REQUEST = 4  # a 32 x 4 MiB send (134 MB): +400..434 MB (it was +1,226 MB)
 PROCESS_BASELINE_BYTES = 128 << 20  # an idle broker or proxy: ~80 MB, with room
 
 # RocketMQ's messageDelayLevel, the backoff between POP redeliveries.
