@@ -11,6 +11,7 @@ once per ``TRIM_INTERVAL_S``. Elsewhere than glibc (musl, macOS) it does nothing
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import logging
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 # they free; trimming after each would only cost time).
 TRIM_AFTER_BYTES = 32 * 1024 * 1024
 TRIM_INTERVAL_S = 1.0
+TRIM_DELAY_S = 0.2
 
 
 def _load_trim() -> Callable[[int], int] | None:
@@ -50,7 +52,9 @@ def trim() -> bool:
 
 
 class Trimmer:
-    """Counts bytes released; trims when the owner drains after enough of them."""
+    """Counts bytes released; trims ``delay_s`` after its owner drained past enough of them
+    (the request that was just released is freed by grpc after its handler returns, so a trim
+    at the release itself would miss it)."""
 
     def __init__(
         self,
@@ -58,24 +62,35 @@ class Trimmer:
         interval_s: float = TRIM_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
         do_trim: Callable[[], bool] = trim,
+        delay_s: float = TRIM_DELAY_S,
     ) -> None:
         self._after_bytes = after_bytes
         self._interval_s = interval_s
         self._clock = clock
         self._trim = do_trim
+        self._delay_s = delay_s
         self._released = 0
         self._last = float("-inf")
+        self._scheduled: asyncio.TimerHandle | None = None
         self.trims = 0
 
     def released(self, size: int, drained: bool) -> None:
         """``size`` bytes were released; ``drained``: nothing is held any more."""
         self._released += size
-        if not drained or self._released < self._after_bytes:
+        if not drained or self._released < self._after_bytes or self._scheduled is not None:
             return
-        now = self._clock()
-        if now - self._last < self._interval_s:
+        if self._clock() - self._last < self._interval_s:
             return
-        self._last = now
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): trim now
+            self._run()
+            return
+        self._scheduled = loop.call_later(self._delay_s, self._run)
+
+    def _run(self) -> None:
+        self._scheduled = None
+        self._last = self._clock()
         self._released = 0
         self.trims += 1
         started = time.perf_counter()
@@ -83,3 +98,6 @@ class Trimmer:
         log.debug(
             "malloc_trim after a drained budget: %.1f ms", (time.perf_counter() - started) * 1e3
         )
+
+
+
