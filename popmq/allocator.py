@@ -98,6 +98,3 @@ class Trimmer:
         log.debug(
             "malloc_trim after a drained budget: %.1f ms", (time.perf_counter() - started) * 1e3
         )
-
-
-
