@@ -28,9 +28,15 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from popmq.broker.contract.errors import Code, RefusedError
-from popmq.broker.contract.types import PROP_CHECK_IMMUNITY, Message, StoredMessage
+from popmq.broker.contract.types import (
+    PROP_CHECK_IMMUNITY,
+    PROP_TX_TRACE,
+    Message,
+    StoredMessage,
+)
 from popmq.broker.pop.queue_state import QueueState
 from popmq.broker.timer import stored_to_message
+from popmq.tracing import continue_from, current_traceparent, link_to, tracer
 
 if TYPE_CHECKING:
     from popmq.broker.store.message_store import MessageStore
@@ -69,6 +75,7 @@ class HalfMessage:
     # Where the parked copy is in PARKED_TOPIC; None while open, or parked in place (older
     # data directories: the half topic still holds it).
     parked_offset: int | None = None
+    trace: str = ""  # the half send's traceparent (PROP_TX_TRACE), '' when untraced
 
 
 @dataclass(slots=True)
@@ -115,6 +122,11 @@ class TransactionService:
     @property
     def parked_now(self) -> int:
         return sum(1 for half in self._pending.values() if half.parked)
+
+    def trace_of(self, offset: int) -> str:
+        """The traceparent of an undecided half message's send ('' if none or not traced)."""
+        half = self._pending.get(offset)
+        return half.trace if half is not None else ""
 
     def halves(self) -> list[HalfMessage]:
         return sorted(self._pending.values(), key=lambda h: h.offset)
@@ -206,6 +218,7 @@ class TransactionService:
                 int(stored_ms) if stored_ms.isdigit() else copy.store_timestamp_ms,
                 self.check_immunity_ms,
             )  # fmt: skip
+            half.trace = copy.properties.get(PROP_TX_TRACE, "")
             self._pending[offset] = half
         else:  # a crash after the copy, before the half topic's progress was saved
             self._release_half(offset)
@@ -233,21 +246,30 @@ class TransactionService:
             stored.properties.get(PROP_REAL_TOPIC, ""), stored.store_timestamp_ms, immunity,
         )  # fmt: skip
         half.next_check_ms = half.stored_ms + immunity
+        half.trace = stored.properties.get(PROP_TX_TRACE, "")
         self._pending[half.offset] = half
         # An owner that is not None: QueueState.mark_done only drops an offset held by one.
         self._progress.add_inflight(half.offset, True)
 
     # -- produce ------------------------------------------------------------------------------
     async def prepare(self, entries: list[tuple[Message, str, int]]) -> list[StoredMessage]:
-        """Store ``(message, real topic, real queue)`` as half messages."""
-        held: list[Message] = []
-        for message, topic, queue_id in entries:
-            properties = dict(message.properties)
-            properties[PROP_REAL_TOPIC] = topic
-            properties[PROP_REAL_QUEUE] = str(queue_id)
-            held.append(replace(message, topic=HALF_TOPIC, properties=properties))
-        self._ensure_topic(HALF_TOPIC)
-        stored = await self._store.append(HALF_TOPIC, HALF_QUEUE, held)
+        """Store ``(message, real topic, real queue)`` as half messages. Traced, each keeps
+        its half send's span (PROP_TX_TRACE), for the check and decision spans to join."""
+        with tracer().start_as_current_span("popmq.transaction.half") as span:
+            traceparent = current_traceparent()
+            if span.is_recording():
+                span.set_attribute("messaging.batch.message_count", len(entries))
+                span.set_attribute("messaging.destination.name", entries[0][1])
+            held: list[Message] = []
+            for message, topic, queue_id in entries:
+                properties = dict(message.properties)
+                properties[PROP_REAL_TOPIC] = topic
+                properties[PROP_REAL_QUEUE] = str(queue_id)
+                if traceparent:
+                    properties[PROP_TX_TRACE] = traceparent
+                held.append(replace(message, topic=HALF_TOPIC, properties=properties))
+            self._ensure_topic(HALF_TOPIC)
+            stored = await self._store.append(HALF_TOPIC, HALF_QUEUE, held)
         for record in stored:
             self._track(record)
         self._progress.advance_cursor(stored[-1].queue_offset + 1)
@@ -307,6 +329,7 @@ class TransactionService:
                     Code.TOPIC_NOT_FOUND, f"topic {topic!r} was deleted; the commit has no home"
                 )
             message = stored_to_message(stored)
+            message.properties.pop(PROP_TX_TRACE, None)  # the half's, not the message's
             meta = self._store.get_topic(topic)
             queue_id = stored.queue_id
             if meta is not None and not 0 <= queue_id < meta.queue_count:
@@ -389,7 +412,15 @@ class TransactionService:
         return len(stale)
 
     async def park(self, half: HalfMessage, reason: str) -> None:
-        await self._move_to_parked(half)
+        link = link_to(half.trace)
+        with tracer().start_as_current_span(
+            "popmq.transaction.park", context=continue_from(half.trace),
+            links=[link] if link is not None else None,
+            attributes={"messaging.message.id": half.message_id,
+                        "messaging.destination.name": half.topic,
+                        "popmq.transaction.checks": half.checks},
+        ):  # fmt: skip
+            await self._move_to_parked(half)
         self.parked += 1
         log.error(
             "transactions: half message %s of topic %s parked (%s): neither committed nor "
