@@ -36,6 +36,7 @@ from popmq.broker.contract.types import (
 )
 from popmq.broker.pop.queue_state import QueueState
 from popmq.broker.timer import stored_to_message
+
 from popmq.tracing import continue_from, current_traceparent, link_to, tracer
 
 if TYPE_CHECKING:

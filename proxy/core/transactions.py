@@ -23,6 +23,7 @@ from popmq.broker.transaction_id import peek_transaction_broker
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core import validate
 from popmq.proxy.metrics import ProxyMetrics
+
 from popmq.tracing import continue_from, link_to, tracer
 
 log = logging.getLogger(__name__)

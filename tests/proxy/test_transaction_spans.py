@@ -102,7 +102,7 @@ async def test_checks_join_the_half_send_trace_and_the_commit_links_to_it(setup)
 
 
 async def test_rollback_and_parking_spans_link_to_the_half_send(setup) -> None:
-    broker, transactions = setup
+    broker, _ = setup
     client = trace.get_tracer("the-producer")
     with client.start_as_current_span("producer send"):
         rolled, parked = await broker.send(
