@@ -534,8 +534,11 @@ class Broker:
             self._metrics.transaction_ended(commit, source)
             if commit:
                 self._metrics.stored(topic, 1)
-            log.info("transaction of message %s (%s) %s by %s", message_id, topic,
-                     "committed" if commit else "rolled back", source or "client")  # fmt: skip
+            # A producer's own decision is the normal path (one per message: DEBUG); one a
+            # check-back or an operator took is worth a line.
+            level = logging.DEBUG if source in ("", "CLIENT") else logging.INFO
+            log.log(level, "transaction of message %s (%s) %s by %s", message_id, topic,
+                    "committed" if commit else "rolled back", source or "CLIENT")  # fmt: skip
 
     async def claim_transaction_checks(
         self, topics: list[str], limit: int = 64
