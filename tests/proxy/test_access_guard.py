@@ -28,6 +28,7 @@ from popmq.pb.rocketmq.v2 import service_pb2 as s
 OWNER = ("owner", "owner-secret-0001")
 OTHER = ("other", "other-secret-0001")
 ADMIN = ("root", "root-secret-0001")
+IN_PROD = ("prod-app", "prod-secret-0001")
 
 
 @pytest.fixture
@@ -56,6 +57,14 @@ async def guarded(make_cluster: Any, tmp_path: Path) -> Cluster:
                         ],
                     },
                     {"access_key": ADMIN[0], "secret_key": ADMIN[1], "admin": True},
+                    {
+                        "access_key": IN_PROD[0],
+                        "secret_key": IN_PROD[1],
+                        "allow": [
+                            {"publish": "t-*", "namespace": "prod"},
+                            {"subscribe": "g-*", "namespace": "prod"},
+                        ],
+                    },
                 ]
             }
         )
@@ -135,6 +144,45 @@ async def test_send_needs_publish_and_answers_one_entry_per_message(guarded: Clu
     assert messages == []  # nothing was written
     guarded.signing = OTHER  # other may subscribe on t-*: the route is readable
     assert (await guarded.route(topic)).status.code == Code.OK
+
+
+async def test_wildcards_never_reach_into_a_namespace(guarded: Cluster) -> None:
+    """The guard sees `ns%name`: `publish: "t-*"` covered every topic of namespace `t-prod`
+    (and its groups and dead letters). A grant now names its namespace, and `*` stops there."""
+
+    def in_namespace(namespace: str, topic: str) -> s.SendMessageRequest:
+        sent = message(topic, b"x")
+        sent.topic.resource_namespace = namespace
+        return s.SendMessageRequest(messages=[sent])
+
+    async def send(who: tuple[str, str], namespace: str, topic: str) -> int:
+        guarded.signing = who
+        answer = await guarded.stub.SendMessage(
+            in_namespace(namespace, topic), metadata=guarded.metadata(), timeout=5
+        )
+        return int(answer.status.code)
+
+    topic = unique("t")
+    assert await send(OWNER, "t-prod", "orders") == Code.FORBIDDEN  # OK before the fix
+    assert await send(OWNER, "", topic) == Code.OK
+    assert await send(IN_PROD, "prod", topic) == Code.OK
+    assert await send(IN_PROD, "", topic) == Code.FORBIDDEN  # no grant outside prod
+    assert await send(IN_PROD, "staging", topic) == Code.FORBIDDEN
+    guarded.signing = IN_PROD
+    g = pb.Resource(name=unique("g-x"), resource_namespace="prod")
+    t = pb.Resource(name=topic, resource_namespace="prod")
+    route = await guarded.stub.QueryRoute(s.QueryRouteRequest(topic=t), metadata=guarded.metadata())
+    assert route.status.code == Code.OK
+    assigned = await guarded.stub.QueryAssignment(
+        s.QueryAssignmentRequest(group=g, topic=t), metadata=guarded.metadata()
+    )
+    assert assigned.status.code == Code.OK
+    guarded.signing = OWNER  # g-own-* outside any namespace: not prod's g-own-1
+    g_own = pb.Resource(name="g-own-1", resource_namespace="prod")
+    refused = await guarded.stub.QueryAssignment(
+        s.QueryAssignmentRequest(group=g_own, topic=t), metadata=guarded.metadata()
+    )
+    assert refused.status.code == Code.FORBIDDEN
 
 
 async def test_unsigned_and_wrongly_signed_calls_are_unauthorized(guarded: Cluster) -> None:

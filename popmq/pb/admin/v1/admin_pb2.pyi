@@ -553,16 +553,18 @@ class WhoAmIRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("publish", "subscribe_group", "subscribe_topics", "any_topic")
+    __slots__ = ("publish", "subscribe_group", "subscribe_topics", "any_topic", "namespace")
     PUBLISH_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBE_GROUP_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBE_TOPICS_FIELD_NUMBER: _ClassVar[int]
     ANY_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     publish: str
     subscribe_group: str
     subscribe_topics: _containers.RepeatedScalarFieldContainer[str]
     any_topic: bool
-    def __init__(self, publish: _Optional[str] = ..., subscribe_group: _Optional[str] = ..., subscribe_topics: _Optional[_Iterable[str]] = ..., any_topic: _Optional[bool] = ...) -> None: ...
+    namespace: str
+    def __init__(self, publish: _Optional[str] = ..., subscribe_group: _Optional[str] = ..., subscribe_topics: _Optional[_Iterable[str]] = ..., any_topic: _Optional[bool] = ..., namespace: _Optional[str] = ...) -> None: ...
 
 class WhoAmIResponse(_message.Message):
     __slots__ = ("status", "acl", "access_key", "admin", "grants")
