@@ -459,14 +459,16 @@ class ListDlqRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class ListDlqResponse(_message.Message):
-    __slots__ = ("status", "messages", "total")
+    __slots__ = ("status", "messages", "total", "truncated")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     status: _definition_pb2.Status
     messages: _containers.RepeatedCompositeFieldContainer[StoredMessageView]
     total: int
-    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[StoredMessageView, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
+    truncated: bool
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[StoredMessageView, _Mapping]]] = ..., total: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class ResendDlqRequest(_message.Message):
     __slots__ = ("group", "message_ids", "all")
