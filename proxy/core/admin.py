@@ -9,7 +9,9 @@ so it works the same for `popmq serve` and a cluster of `popmq broker` processes
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
+import json
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -51,6 +53,23 @@ DEFAULT_MAX_SCAN = 10_000
 DEFAULT_QUERY_LIMIT = 32
 DEFAULT_DLQ_LIMIT = 100
 PULL_BATCH = 256
+CLIENTS_PAGE = 500  # ListClients' page when the request names none
+MAX_CLIENTS_PAGE = 1_000
+
+
+def _page_token(last: ClientInfo) -> str:
+    raw = json.dumps([last.client_id, last.access_key]).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _page_key(token: str) -> tuple[str, str]:
+    try:
+        key = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except (ValueError, UnicodeError):
+        key = None
+    if not (isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) for k in key)):
+        raise RefusedError(Code.BAD_REQUEST, "page_token is not one this proxy gave out")
+    return key[0], key[1]
 
 
 @dataclass(frozen=True)
@@ -429,6 +448,25 @@ class Admin:
     # -- clients and stats -------------------------------------------------------------------
     def clients(self, group: str = "") -> list[ClientInfo]:
         return self.registry.clients(group or None)
+
+    def clients_page(
+        self, group: str = "", page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[ClientInfo], str]:
+        """One page of clients, in (client id, access key) order, after ``page_token`` (the
+        last client of the previous page: clients that come or go between pages shift no
+        other one); and the next page's token, "" after the last page."""
+        if page_size < 0 or page_size > MAX_CLIENTS_PAGE:
+            raise RefusedError(
+                Code.BAD_REQUEST, f"page_size must be 0..{MAX_CLIENTS_PAGE} (0: {CLIENTS_PAGE})"
+            )
+        size = page_size or CLIENTS_PAGE
+        after = _page_key(page_token) if page_token else None
+        found = self.registry.clients(group or None)
+        if after is not None:
+            found = [c for c in found if (c.client_id, c.access_key) > after]
+        page = found[:size]
+        more = len(found) > size
+        return page, _page_token(page[-1]) if more else ""
 
     def stats_text(self) -> str:
         """The proxy's metrics in Prometheus' text format."""

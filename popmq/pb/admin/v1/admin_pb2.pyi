@@ -282,20 +282,26 @@ class Client(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., client_type: _Optional[str] = ..., group: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., language: _Optional[str] = ..., version: _Optional[str] = ..., peer: _Optional[str] = ..., first_seen: _Optional[float] = ..., last_seen: _Optional[float] = ..., telemetry_open: _Optional[bool] = ...) -> None: ...
 
 class ListClientsRequest(_message.Message):
-    __slots__ = ("group",)
+    __slots__ = ("group", "page_size", "page_token")
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     group: str
-    def __init__(self, group: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, group: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListClientsResponse(_message.Message):
-    __slots__ = ("status", "clients", "proxy")
+    __slots__ = ("status", "clients", "proxy", "next_page_token")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
     PROXY_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     status: _definition_pb2.Status
     clients: _containers.RepeatedCompositeFieldContainer[Client]
     proxy: str
-    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., clients: _Optional[_Iterable[_Union[Client, _Mapping]]] = ..., proxy: _Optional[str] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., clients: _Optional[_Iterable[_Union[Client, _Mapping]]] = ..., proxy: _Optional[str] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()
