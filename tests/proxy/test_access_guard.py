@@ -33,6 +33,12 @@ IN_PROD = ("prod-app", "prod-secret-0001")
 
 @pytest.fixture
 async def guarded(make_cluster: Any, tmp_path: Path) -> Cluster:
+    cluster = await make_cluster(brokers=1, **{"proxy.acl": str(_write_acl(tmp_path))})
+    cluster.signing = OWNER
+    return cluster
+
+
+def _write_acl(tmp_path: Path) -> Path:
     acl = tmp_path / "acl.yaml"
     acl.write_text(
         yaml.safe_dump(
@@ -69,9 +75,7 @@ async def guarded(make_cluster: Any, tmp_path: Path) -> Cluster:
             }
         )
     )
-    cluster = await make_cluster(brokers=1, **{"proxy.acl": str(acl)})
-    cluster.signing = OWNER
-    return cluster
+    return acl
 
 
 def _mq(topic: str) -> pb.MessageQueue:
@@ -523,3 +527,70 @@ async def test_a_revoked_users_telemetry_stream_ends_soon_after_the_reload(
     assert loop.time() - changed < 2.5
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+async def test_calls_and_clients_per_access_key_are_bounded(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    """One user could hold any number of calls open (over many connections) and register any
+    number of client ids: past proxy.max_streams_per_access_key and
+    max_clients_per_access_key its next call is TOO_MANY_REQUESTS, counted in
+    popmq_proxy_admission_refusals; other users are not touched, and the places come back."""
+    cluster = await make_cluster(
+        brokers=1,
+        **{
+            "proxy.acl": str(_write_acl(tmp_path)),
+            "proxy.max_streams_per_access_key": 2,
+            "proxy.max_clients_per_access_key": 3,
+        },
+    )
+    cluster.signing = OWNER
+    topic, group = unique("t"), unique("g-own")
+    assert (await cluster.route(topic)).status.code == Code.OK
+    held = [
+        asyncio.create_task(cluster.receive(group, topic, poll_ms=1_500, client_id=f"c{i}"))
+        for i in range(2)
+    ]
+    await asyncio.sleep(0.5)  # both long polls are open
+    refused = await cluster.route(topic)
+    assert refused.status.code == Code.TOO_MANY_REQUESTS
+    assert "max_streams_per_access_key" in refused.status.message
+    cluster.signing = OTHER  # another user's calls are its own
+    assert (await cluster.route(topic)).status.code == Code.OK
+    cluster.signing = OWNER
+    for task in held:
+        status, _, _ = await task
+        assert status.code in (Code.OK, Code.MESSAGE_NOT_FOUND)
+    assert (await cluster.route(topic)).status.code == Code.OK  # the places came back
+
+    async def beat(client_id: str) -> int:
+        answer = await cluster.stub.Heartbeat(
+            s.HeartbeatRequest(group=pb.Resource(name=group), client_type=pb.SIMPLE_CONSUMER),
+            metadata=cluster.metadata(client_id),
+        )
+        return int(answer.status.code)
+
+    registry = cluster.server.registry
+
+    def owners() -> set[str]:
+        return {c.client_id for c in registry.clients() if c.access_key == OWNER[0]}
+
+    for i in range(3 - len(owners())):
+        assert await beat(f"new-{i}") == Code.OK
+    assert len(owners()) == 3
+    assert await beat(next(iter(owners()))) == Code.OK  # a known id refreshes
+    assert await beat("one-too-many") == Code.TOO_MANY_REQUESTS
+    assert len(owners()) == 3
+    text = cluster.server.metrics.registry
+    assert (
+        text.get_sample_value(
+            "popmq_proxy_admission_refusals_total", {"reason": "streams_per_access_key"}
+        )
+        == 1
+    )
+    assert (
+        text.get_sample_value(
+            "popmq_proxy_admission_refusals_total", {"reason": "clients_per_access_key"}
+        )
+        == 1
+    )
