@@ -52,9 +52,11 @@ def outgoing_from_pb(msg: pb.Message) -> OutgoingMessage:
         kind = pb.MessageType.Name(props.message_type)
     except ValueError:
         kind = f"UNKNOWN({props.message_type})"
-    body: bytes | LazyBody = msg.body  # upb copies the body out at each read
-    if len(body) > EAGER_BODY_BYTES:
-        body = LazyBody(len(body), lambda: msg.body)
+    data = msg.body  # upb copies the body out at each read
+    body: bytes | LazyBody = data
+    if len(data) > EAGER_BODY_BYTES:
+        body = LazyBody(len(data), lambda: msg.body)
+    del data
     return OutgoingMessage(
         topic=msg.topic.name,
         body=body,
