@@ -101,6 +101,13 @@ def _replication(args: argparse.Namespace) -> int:
     )  # fmt: skip
 
 
+def _failover(args: argparse.Namespace) -> int:
+    return _run_bench(
+        "popmq.bench.failover", "bench_failover", "format_table", args.json,
+        kills=args.kills, lease_ttl_s=args.lease_ttl, keep_logs=args.keep_logs,
+    )  # fmt: skip
+
+
 def _spark(args: argparse.Namespace) -> int:
     return _run_bench(
         "popmq.bench.spark", "bench_spark", "format_table", args.json,
@@ -208,6 +215,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     replication.add_argument("--json", help="also write the figures to this file")
     replication.set_defaults(func=_replication)
+
+    failover = kinds.add_parser(
+        "failover", help="time to serve again after kill -9 of a replicated group's leader"
+    )
+    failover.add_argument("--kills", type=int, default=3, help="leader kills, one after another")
+    failover.add_argument(
+        "--lease-ttl", type=int, default=2, help="the nodes' etcd lease TTL in seconds"
+    )
+    failover.add_argument(
+        "--keep-logs", metavar="DIR", help="copy the logs of etcd, the nodes and the proxy here"
+    )
+    failover.add_argument("--json", help="also write the figures to this file")
+    failover.set_defaults(func=_failover)
 
     spark = kinds.add_parser("spark", help="Spark connector read/write msg/s vs raw pull")
     spark.add_argument("--messages", type=int, default=100_000)
