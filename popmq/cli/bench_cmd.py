@@ -89,6 +89,7 @@ def _e2e(args: argparse.Namespace) -> int:
         messages=args.messages, body_bytes=args.body_bytes, producers=args.producers,
         consumers=args.consumers, brokers=args.brokers, queues=args.queues,
         strategy=args.strategy, modes=tuple(args.mode), proxy_workers=tuple(args.proxy_workers),
+        transactions=args.transactions,
     )  # fmt: skip
 
 
@@ -190,6 +191,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           "the same gRPC load on a server that does no work")  # fmt: skip
     e2e.add_argument("--proxy-workers", type=int, nargs="+", default=[1],
                      help="cluster mode: popmq proxy --workers N, one run per N")  # fmt: skip
+    e2e.add_argument(
+        "--transactions",
+        action="store_true",
+        help="also run each mode with transactional messages (half send + commit + "
+        "receive + ack), one message per send in both runs; prints the ratio",
+    )
     e2e.add_argument("--json", help="also write the figures to this file")
     e2e.set_defaults(func=_e2e)
 
