@@ -10,7 +10,9 @@ INVALID_ARGUMENT for an undecodable body; never gRPC UNKNOWN or INTERNAL; the pr
 traceback, and answers a plain route lookup at the end.
 
 POPMQ_FUZZ_ACL_CASES sets the number of cases (default 400: about 17 s on a quiet 2-core VM,
-most of it hypothesis building requests); derandomized, so a run is repeatable.
+most of it hypothesis building requests); derandomized, so a run is repeatable. A long run:
+`POPMQ_FUZZ_ACL_CASES=8000 pytest tests/chaos/test_fuzz_acl.py -s --timeout=1400` (past
+pytest-timeout's 300 s per test).
 """
 
 from __future__ import annotations
