@@ -9,7 +9,7 @@ admin. Every answer must be a RocketMQ status other than INTERNAL_ERROR, or gRPC
 INVALID_ARGUMENT for an undecodable body; never gRPC UNKNOWN or INTERNAL; the proxy logs no
 traceback, and answers a plain route lookup at the end.
 
-POPMQ_FUZZ_ACL_CASES sets the number of cases (default 400: about 17 s on a quiet 2-core VM,
+POPMQ_FUZZ_ACL_CASES sets the number of cases (default 400: about 10 s on the 2-core dev VM,
 most of it hypothesis building requests); derandomized, so a run is repeatable. A long run:
 `POPMQ_FUZZ_ACL_CASES=8000 pytest tests/chaos/test_fuzz_acl.py -s --timeout=1400` (past
 pytest-timeout's 300 s per test).
