@@ -173,7 +173,7 @@ BATCH, BODY = 32, 4 << 20  # what the defaults accept in one SendMessage
 # C core's buffer, one bytes object per slice, then their join (a bare grpc.aio server grows
 # by 325-408 MB for this batch). What popmq adds on top must stay within the margin.
 GRPC_RECEIVE_COPIES = 3
-MARGIN_MB = 48
+MARGIN_MB = 64
 
 
 @pytest.mark.asyncio(loop_scope="module")
