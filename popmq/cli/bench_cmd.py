@@ -89,6 +89,7 @@ def _e2e(args: argparse.Namespace) -> int:
         messages=args.messages, body_bytes=args.body_bytes, producers=args.producers,
         consumers=args.consumers, brokers=args.brokers, queues=args.queues,
         strategy=args.strategy, modes=tuple(args.mode), proxy_workers=tuple(args.proxy_workers),
+        acl=args.acl,
     )  # fmt: skip
 
 
@@ -131,7 +132,7 @@ def _idle(args: argparse.Namespace) -> int:
         "popmq.bench.idle", "bench_idle", "format_table", args.json,
         long_polls=args.long_polls, brokers=args.brokers, duration_s=args.duration,
         strategies=tuple(args.strategy), await_ms=args.await_ms, channels=args.channels,
-        ramp_s=args.ramp, proxy_settings=settings,
+        ramp_s=args.ramp, proxy_settings=settings, acl=args.acl,
     )  # fmt: skip
 
 
@@ -183,6 +184,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           "the same gRPC load on a server that does no work")  # fmt: skip
     e2e.add_argument("--proxy-workers", type=int, nargs="+", default=[1],
                      help="cluster mode: popmq proxy --workers N, one run per N")  # fmt: skip
+    e2e.add_argument("--acl", action=argparse.BooleanOptionalAction, default=True,
+                     help="run the proxy with an ACL and sign every call (issue 18 measures "
+                          "with every feature on)")  # fmt: skip
     e2e.add_argument("--json", help="also write the figures to this file")
     e2e.set_defaults(func=_e2e)
 
@@ -254,5 +258,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       "(default: awaitDuration)")  # fmt: skip
     idle.add_argument("--proxy-set", action="append", default=[], metavar="KEY=VALUE",
                       help="proxy config override, e.g. proxy.false_empty_probe=false")  # fmt: skip
+    idle.add_argument("--acl", action=argparse.BooleanOptionalAction, default=True,
+                      help="run the proxy with an ACL and sign every call (issue 18 measures "
+                           "with every feature on)")  # fmt: skip
     idle.add_argument("--json", help="also write the figures to this file")
     idle.set_defaults(func=_idle)
