@@ -31,7 +31,7 @@ from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.config import ProxyConfig
 from popmq.lifecycle import fan_out
-from popmq.tracing import link_to, tracer
+from popmq.tracing import link_to, start_span
 
 MAX_RECALL_HANDLE_CHARS = 1024
 # Spreads batches moved off a broker that is down over the live ones.
@@ -180,7 +180,7 @@ class Sender:
                 f"{self.config.max_send_messages} (proxy.max_send_messages)",
             )  # fmt: skip
         messages = [self._checked(msg, ctx) for msg in outgoing]
-        with tracer().start_as_current_span("popmq.send") as span:
+        with start_span("popmq.send") as span:
             if span.is_recording():  # link each message to its producer's span
                 span.set_attribute("messaging.batch.message_count", len(messages))
                 for message in messages:

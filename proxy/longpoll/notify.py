@@ -43,7 +43,7 @@ from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.longpoll.hub import NotificationHub, Subscription
 from popmq.proxy.metrics import ProxyMetrics
 
-from popmq.tracing import tracer
+from popmq.tracing import start_span
 
 
 class _LongPoll:
@@ -101,7 +101,7 @@ class NotifyStrategy(StrategyBase):
         candidates = watches.candidates(brokers, request.pop)
         if candidates:
             first = self.picker.pick(candidates, request.preferred_broker)
-            with tracer().start_as_current_span("popmq.long_poll.first_pop"):
+            with start_span("popmq.long_poll.first_pop"):
                 try:
                     result = await self.calls.pop(
                         first, replace(request.pop, poll_time_ms=0), custody
@@ -124,7 +124,7 @@ class NotifyStrategy(StrategyBase):
         # 2. Notifications from every broker (shared through the hub); consume tasks as
         # they report.
         self.metrics.pop_with_notify.inc()
-        with tracer().start_as_current_span("popmq.long_poll.notify_wait"):
+        with start_span("popmq.long_poll.notify_wait"):
             await self._notify_wait(brokers, request, deadline, custody)
 
     async def _notify_wait(
@@ -168,9 +168,7 @@ class NotifyStrategy(StrategyBase):
         sub = poll.results.popleft()
         port = sub.port
         try:
-            with tracer().start_as_current_span(
-                "popmq.long_poll.consume", attributes={"popmq.broker": port.name}
-            ):
+            with start_span("popmq.long_poll.consume", {"popmq.broker": port.name}):
                 result = await self.calls.pop(port, replace(request.pop, poll_time_ms=0), custody)
         except Exception as exc:  # a failing broker must not end the others' watch
             if is_refused_request(exc):
