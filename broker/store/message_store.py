@@ -160,6 +160,11 @@ class MessageStore:
         return self._checkpointer.flush_failures
 
     @property
+    def checkpoints_written(self) -> int:
+        """Checkpoints written (the periodic flush skips those with nothing new)."""
+        return self._checkpointer.checkpoints_written
+
+    @property
     def flush_failing(self) -> bool:
         """Whether the last periodic flush failed: while it does, async appends wait for
         their own fsync, so none is acknowledged undurable."""
