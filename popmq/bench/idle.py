@@ -153,7 +153,7 @@ async def _brokers(count: int, root: Path, settings: Mapping[str, Any]) -> Async
             try:
                 await port.create_topic(TOPIC, QUEUES_PER_BROKER)
             finally:
-                await port.close()
+                await port.aclose()
         yield _Brokers(names, addresses, metrics, [c.pid for c in children])
 
 
