@@ -185,8 +185,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e2e.add_argument("--proxy-workers", type=int, nargs="+", default=[1],
                      help="cluster mode: popmq proxy --workers N, one run per N")  # fmt: skip
     e2e.add_argument("--acl", action=argparse.BooleanOptionalAction, default=True,
-                     help="run the proxy with an ACL and sign every call (issue 18 measures "
-                          "with every feature on)")  # fmt: skip
+                     help="run the proxy with an ACL and sign every call, as issue 18 measures "
+                          "(the default; --no-acl: an open proxy)")  # fmt: skip
     e2e.add_argument("--json", help="also write the figures to this file")
     e2e.set_defaults(func=_e2e)
 
@@ -259,7 +259,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     idle.add_argument("--proxy-set", action="append", default=[], metavar="KEY=VALUE",
                       help="proxy config override, e.g. proxy.false_empty_probe=false")  # fmt: skip
     idle.add_argument("--acl", action=argparse.BooleanOptionalAction, default=True,
-                      help="run the proxy with an ACL and sign every call (issue 18 measures "
-                           "with every feature on)")  # fmt: skip
+                      help="run the proxy with an ACL and sign every call, as issue 18 measures "
+                           "(the default; --no-acl: an open proxy)")  # fmt: skip
     idle.add_argument("--json", help="also write the figures to this file")
     idle.set_defaults(func=_idle)
