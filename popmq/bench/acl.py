@@ -45,15 +45,19 @@ class BenchAcl:
         return self._headers
 
 
-def write_bench_acl(directory: Path, topic: str, group: str) -> BenchAcl:
-    """A users file in ``directory`` (0600) granting the bench user the topic and group."""
+def write_bench_acl(directory: Path, topics: str | list[str], group: str) -> BenchAcl:
+    """A users file in ``directory`` (0600) granting the bench user the topics and group."""
+    names = [topics] if isinstance(topics, str) else list(topics)
     secret = secrets.token_hex(20)
     users = {
         "users": [
             {
                 "access_key": ACCESS_KEY,
                 "secret_key": secret,
-                "allow": [{"publish": topic}, {"subscribe": {"group": group, "topics": [topic]}}],
+                "allow": [
+                    *({"publish": name} for name in names),
+                    {"subscribe": {"group": group, "topics": names}},
+                ],
             }
         ]
     }
