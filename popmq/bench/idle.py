@@ -437,6 +437,9 @@ async def bench_idle(
             "proxy.max_long_polls": max(long_polls, 10_000),
             "proxy.max_long_polls_per_group": max(long_polls, 2_000),
             "proxy.max_long_polls_per_client": max(long_polls, 1_000),
+            # With the ACL all of them are one access key's calls (a real fleet has many
+            # keys): its open-call cap (10,000) would refuse the last ones.
+            "proxy.max_streams_per_access_key": max(2 * long_polls, 10_000),
             **(proxy_settings or {}),
         },
         "broker_settings": dict(broker_settings or {}), "cpus": os.cpu_count(), "acl": acl,
