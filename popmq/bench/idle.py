@@ -440,6 +440,9 @@ async def bench_idle(
             # With the ACL all of them are one access key's calls (a real fleet has many
             # keys): its open-call cap (10,000) would refuse the last ones.
             "proxy.max_streams_per_access_key": max(2 * long_polls, 10_000),
+            # ... and they share `channels` connections: 10,000 over 4 is past the per-
+            # connection stream cap (2,000), which resets the streams beyond it.
+            "proxy.max_streams_per_connection": max(2 * -(-long_polls // channels), 2_000),
             **(proxy_settings or {}),
         },
         "broker_settings": dict(broker_settings or {}), "cpus": os.cpu_count(), "acl": acl,
