@@ -103,7 +103,7 @@ class Broker:
             config.data_dir, config.name, config.store, self._clock, timer=clock
         )
         self._metrics = BrokerMetrics(config.name, cluster=config.cluster)
-        self._metrics_state = self._metrics.watch(lambda: take_snapshot(self))
+        self._metrics_state = self._metrics.watch(lambda: take_snapshot(self, self._clock))
         self._hold = MeteredHoldTable(
             config.polling.max_held_per_key, config.polling.max_held_total, self._metrics
         )
@@ -256,6 +256,7 @@ class Broker:
             hold=self._hold,
             groups=self._groups,
             clock=self._clock,
+            time=self._time,
         )
         self._revive = ReviveService(
             store=self._store,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,7 +294,7 @@ class BrokerSnapshot:
     dlq_total: dict[str, int] = field(default_factory=dict)  # group -> messages ever sent there
 
 
-def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
+def take_snapshot(broker: Broker, now_ms: Callable[[], int]) -> BrokerSnapshot | None:
     """The broker's state for one scrape (on its loop); None while it is stopped."""
     if not broker.started:
         return None
@@ -327,14 +326,14 @@ def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
         except RefusedError:  # the topic was deleted
             continue
         row = GroupRow(group, topic, 0, 0, 0)
-        now_ms = int(time.time() * 1000)
+        now = now_ms()
         for queue in stats:
             if queue.topic == topic:
                 row.backlog += queue.backlog
                 if queue.backlog:
                     stored = _store_time_ms(broker, topic, queue.queue_id, queue.consumer_offset)
                     if stored:
-                        row.lag_latency_ms = max(row.lag_latency_ms, now_ms - stored)
+                        row.lag_latency_ms = max(row.lag_latency_ms, now - stored)
             else:
                 row.retry_backlog += queue.backlog
             row.inflight += queue.inflight

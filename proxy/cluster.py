@@ -28,7 +28,7 @@ from popmq.broker.contract.types import GroupConfig, TopicInfo
 from popmq.broker.pop.handle import peek_broker_name
 
 from popmq.clock import SYSTEM, Clock
-from popmq.lifecycle import fan_out
+from popmq.lifecycle import AsyncClosing, fan_out
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class _TtlCache(Generic[K, V]):
         self._items.clear()
 
 
-class BrokerCluster:
+class BrokerCluster(AsyncClosing):
     def __init__(
         self,
         ports: Sequence[BrokerPort],
@@ -161,9 +161,9 @@ class BrokerCluster:
             )
         return port
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         for port in self._ports.values():
-            await port.close()
+            await port.aclose()
 
     # -- membership (followed in etcd by popmq.proxy.discovery) ------------------------------
     def put_port(self, port: BrokerPort) -> BrokerPort | None:

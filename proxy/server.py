@@ -251,4 +251,4 @@ class ProxyServer:
         await self.streams.aclose()
         await self.admission.aclose()
         await self.strategy.aclose()
-        await self.cluster.close()
+        await self.cluster.aclose()

@@ -56,7 +56,7 @@ from popmq.broker.wire.link import BrokerLink
 from popmq.broker.wire.request_link import CALL_METHOD, LinkUnsupportedError, RequestLink
 
 from popmq.config import BrokerLinkConfig
-from popmq.lifecycle import TaskOwner
+from popmq.lifecycle import AsyncClosing, TaskOwner
 from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
 from popmq.security.link import broker_channel
@@ -105,7 +105,7 @@ def map_rpc_errors(broker: str) -> Iterator[None]:
         raise RefusedError(Code.INTERNAL_ERROR, f"broker {broker}: {detail}") from error
 
 
-class RemoteBrokerPort:
+class RemoteBrokerPort(AsyncClosing):
     """BrokerPort over a grpc.aio channel to one broker's BrokerGrpcServer."""
 
     def __init__(
@@ -440,7 +440,7 @@ class RemoteBrokerPort:
         response = await self._call(stub.GroupStats, request, self._deadline())
         return [convert.group_stats_from_proto(s) for s in response.stats]
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         if self._requests is not None:
             self._requests.close()
         owner, self._link_tasks = self._link_tasks, None

@@ -33,7 +33,7 @@ from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.config import ProxyConfig
 from popmq.lifecycle import fan_out
-from popmq.tracing import link_to, tracer
+from popmq.tracing import link_to, start_span
 
 MAX_RECALL_HANDLE_CHARS = 1024
 # A batch bound for one queue goes to its broker in chunks of about this many body bytes (one
@@ -218,7 +218,7 @@ class Sender:
         messages = [message for message, _ in checked]
         bodies = [lazy for _, lazy in checked]
         del checked
-        with tracer().start_as_current_span("popmq.send") as span:
+        with start_span("popmq.send") as span:
             if span.is_recording():  # link each message to its producer's span
                 span.set_attribute("messaging.batch.message_count", len(messages))
                 for message in messages:

@@ -52,7 +52,7 @@ async def _remote(tmp_path: Path, coalesce_ms: float = 0) -> AsyncIterator[Remot
         try:
             yield remote
         finally:
-            await remote.close()
+            await remote.aclose()
             await server.aclose(0)
 
 

@@ -23,7 +23,7 @@ class FakePort:
     async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
         return TopicInfo(topic, self.queues)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         self.closed = True
 
 
