@@ -209,10 +209,19 @@ class _LinkCollector(Collector):
             "popmq_proxy_broker_link_watches", "Visibility watches held on a broker's link",
             labels=["broker"],
         )  # fmt: skip
+        failures = CounterMetricFamily(
+            "popmq_proxy_broker_request_link_failures",
+            "Requests to a broker failed because their request-link stream was lost",
+            labels=["broker"],
+        )  # fmt: skip
         for port in self.ports:
             link = getattr(port, "watch_backend", None)
             if link is not None and hasattr(link, "losses"):
                 losses.add_metric([port.name], link.losses)
                 watches.add_metric([port.name], link.watches)
+            requests = getattr(port, "request_link", None)
+            if requests is not None:
+                failures.add_metric([port.name], requests.health.failures)
         yield losses
         yield watches
+        yield failures
