@@ -77,3 +77,22 @@ def test_commit_is_recorded_first_and_a_replay_commits_nothing_twice(
     # A third run of the same batch id: still nothing new.
     assert commit_batch(options, 7, [report]) == (3, 3)
     assert _bodies(endpoint, topic) == [b"row-0", b"row-1", b"row-2"]
+
+
+
+def test_exactly_once_options() -> None:
+    from popmq.spark.options import OptionError
+
+    base = {"endpoint": "h:1", "topic": "t", "exactlyOnce": "true"}
+    plain = parse_write_options({"endpoint": "h:1", "topic": "t"}, False, streaming=True)
+    assert not plain.exactly_once
+    given = parse_write_options({**base, "commitLogDir": "file:///data/eo"}, False)
+    assert given.commit_log == "/data/eo"
+    with pytest.raises(OptionError, match="checkpointLocation.*commitLogDir"):
+        parse_write_options(base, False, streaming=True)
+    with pytest.raises(OptionError, match="local or mounted path"):
+        parse_write_options({**base, "checkpointLocation": "hdfs://nn/cp"}, False, streaming=True)
+    with pytest.raises(OptionError, match="no 'topic' column"):
+        parse_write_options({**base, "commitLogDir": "/x"}, True)
+    with pytest.raises(OptionError, match="must be true or false"):
+        parse_write_options({**base, "exactlyOnce": "yes"}, False)
