@@ -31,9 +31,7 @@ TransactionChecker = Callable[[ReceivedMessage], bool | None]
 class CheckerSession:
     """``with CheckerSession(client, topics, checker):`` answers check-backs meanwhile."""
 
-    def __init__(
-        self, client: Client, topics: Iterable[str], checker: TransactionChecker
-    ) -> None:
+    def __init__(self, client: Client, topics: Iterable[str], checker: TransactionChecker) -> None:
         self.client = client
         self.topics = sorted(set(topics))
         self.checker = checker
@@ -44,9 +42,7 @@ class CheckerSession:
 
     def __enter__(self) -> CheckerSession:
         self._outgoing.put(self._settings())
-        self._call = self.client._stub.Telemetry(
-            self._requests(), metadata=self.client._meta()
-        )
+        self._call = self.client._stub.Telemetry(self._requests(), metadata=self.client._meta())
         self._thread.start()
         return self
 

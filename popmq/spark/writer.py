@@ -81,8 +81,9 @@ def send_rows(
     row = requests = 0
     timeout_s = options.connection.timeout_ms / 1000
     with (
-        Client(options.connection.endpoint, timeout_s, security=options.connection.security)
-        as client,
+        Client(
+            options.connection.endpoint, timeout_s, security=options.connection.security
+        ) as client,
         _checker(client, options),
     ):
 

@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from popmq.broker.contract.types import Message
+
 from popmq.client import Client
 from popmq.client.checker import CheckerSession
 from popmq.spark.exactly_once import (
@@ -37,7 +37,9 @@ def _bodies(endpoint: str, topic: str) -> list[bytes]:
     return sorted(m.body for m in read_everything(endpoint, topic))
 
 
-def test_check_backs_are_answered_from_the_commit_log(endpoint: str, topic: str, tmp_path: Path) -> None:
+def test_check_backs_are_answered_from_the_commit_log(
+    endpoint: str, topic: str, tmp_path: Path
+) -> None:
     """Orphans of a recorded task commit, of an unrecorded task or an older batch roll back,
     of a batch not decided yet stay half messages."""
     log_dir = tmp_path / "log"
@@ -79,7 +81,6 @@ def test_commit_is_recorded_first_and_a_replay_commits_nothing_twice(
     assert _bodies(endpoint, topic) == [b"row-0", b"row-1", b"row-2"]
 
 
-
 def test_exactly_once_options() -> None:
     from popmq.spark.options import OptionError
 
@@ -88,7 +89,7 @@ def test_exactly_once_options() -> None:
     assert not plain.exactly_once
     given = parse_write_options({**base, "commitLogDir": "file:///data/eo"}, False)
     assert given.commit_log == "/data/eo"
-    with pytest.raises(OptionError, match="checkpointLocation.*commitLogDir"):
+    with pytest.raises(OptionError, match=r"checkpointLocation.*commitLogDir"):
         parse_write_options(base, False, streaming=True)
     with pytest.raises(OptionError, match="local or mounted path"):
         parse_write_options({**base, "checkpointLocation": "hdfs://nn/cp"}, False, streaming=True)
