@@ -72,7 +72,7 @@ class CheckerSession:
     def _run(self) -> None:
         assert self._call is not None
         try:
-            for command in self._call:  # type: ignore[attr-defined]
+            for command in self._call:
                 if command.WhichOneof("command") == "recover_orphaned_transaction_command":
                     self._answer(command.recover_orphaned_transaction_command)
         except grpc.RpcError as error:

@@ -97,3 +97,25 @@ def test_exactly_once_options() -> None:
         parse_write_options({**base, "commitLogDir": "/x"}, True)
     with pytest.raises(OptionError, match="must be true or false"):
         parse_write_options({**base, "exactlyOnce": "yes"}, False)
+
+
+def test_batch_write_commits_all_rows_at_the_job_commit(
+    spark, endpoint: str, topic: str, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    df = spark.createDataFrame([(f"b-{i}",) for i in range(12)], "body string").repartition(3)
+    (
+        df.write.format("popmq")
+        .mode("append")
+        .option("endpoint", endpoint)
+        .option("topic", topic)
+        .option("exactlyOnce", "true")
+        .option("commitLogDir", str(tmp_path / "log"))
+        .option("sendBatchSize", "4")
+        .save()
+    )
+    got = read_everything(endpoint, topic)
+    assert sorted(m.body for m in got) == sorted(f"b-{i}".encode() for i in range(12))
+    (write_log,) = (tmp_path / "log").iterdir()  # one folder per write
+    record = CommitLog(write_log).read(0)
+    assert record is not None and len(record.tasks) == 3 and len(record.transactions) == 12
+    assert {m.properties["popmq.spark.batch"] for m in got} == {"0"}
