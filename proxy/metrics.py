@@ -37,6 +37,7 @@ class ProxyMetrics:
     ) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self.cluster = cluster
         self._node = (cluster, "proxy", node_id or socket.gethostname())
         self._rocketmq_rpc = Histogram(
             "rocketmq_rpc_latency", "Client RPC latency in milliseconds (RocketMQ's metric)",
