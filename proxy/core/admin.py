@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
@@ -47,6 +47,7 @@ from popmq.proxy.registry import ClientInfo, ClientRegistry
 from prometheus_client import generate_latest
 
 from popmq.config import parse_duration_ms
+from popmq.coord.directory import status_json
 from popmq.errors import PopmqError
 from popmq.lifecycle import fan_out
 from popmq.metrics_http import build_version
@@ -195,6 +196,9 @@ class ClusterStatus:
     version: str
     brokers: list[BrokerStatus]
     clients: int
+    # The replicated groups followed in etcd, as `popmq admin cluster status --etcd --json`
+    # writes them (status_json): name, leader, epoch, in_sync, draining, nodes.
+    groups: list[dict[str, Any]] = field(default_factory=list)
 
 
 def broker_address(port: BrokerPort) -> str:
@@ -757,6 +761,7 @@ class Admin:
             version=build_version(),
             brokers=list(brokers),
             clients=len(self.registry.clients()),
+            groups=cast(list[dict[str, Any]], status_json(self.cluster.group_views)["groups"]),
         )
 
 
