@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from popmq.broker.local import LocalBrokerPort
 from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.broker.wire.server import BrokerGrpcServer
 
-from popmq.broker.local import LocalBrokerPort
 from popmq.errors import PopmqError
 
 OUTAGE_S = 9.0  # long enough for grpc's default backoff to reach several seconds
