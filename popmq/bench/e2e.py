@@ -9,6 +9,9 @@ receive (batch 32), then ack what they got, until every message is acked.
 - ``cluster``: the same gRPC load against one ``popmq proxy`` process in front of the same
   number of ``popmq broker`` processes (the Helm chart's topology); the server CPU is reported
   for the proxy and for the brokers separately;
+  with ``--replicas N`` the same cluster runs again with every broker a replicated group of
+  N nodes (``--replication sync|async``, static roles: popmq.bench.groups) and the ratio of
+  the two is printed;
 - ``floor``:  the same gRPC load against a server that does no work (popmq.bench.floor):
   the ceiling of any Python grpc.aio proxy with this load generator on this machine.
 
@@ -166,20 +169,25 @@ def _proxy_settings(params: dict[str, Any]) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def _cluster_brokers(params: dict[str, Any], root: Path) -> AsyncIterator[list[int]]:
-    """``popmq broker`` processes with the bench topic; yields their pids and fills
-    params["broker_args"] with the proxy's ``--broker NAME=ADDRESS`` flags."""
-    from popmq.bench.brokers import remote_broker
+    """``popmq broker`` processes with the bench topic (each broker a replicated group of
+    ``group_replicas`` nodes when ``group_replication`` is sync or async); yields their pids
+    (followers' too) and fills params["broker_args"] with the proxy's ``--broker NAME=ADDRESS``
+    flags (the leaders')."""
+    from popmq.bench.groups import create_topic_in_sync, replicated_group
     from popmq.config import BrokerConfig
 
     pids: list[int] = []
+    replicas, replication = params.get("group_replicas", 1), params.get("group_replication", "off")
     async with contextlib.AsyncExitStack() as stack:
         flags: list[str] = []
         for index in range(params["brokers"]):
             name = f"broker-{index}"
             config = BrokerConfig(name=name, data_dir=root / name)
-            port = await stack.enter_async_context(remote_broker(config, pids))
-            await port.create_topic(TOPIC, params["queues"])
-            flags += ["--broker", f"{name}={port.address}"]  # type: ignore[attr-defined]
+            port = await stack.enter_async_context(
+                replicated_group(config, replicas, replication, pids)
+            )
+            await create_topic_in_sync(port, TOPIC, params["queues"])
+            flags += ["--broker", f"{name}={port.address}"]
         params["broker_args"] = flags
         yield pids
 
@@ -401,6 +409,8 @@ async def bench_e2e(
     strategy: str = "adaptive",
     modes: Sequence[str] = DEFAULT_MODES,
     proxy_workers: int | Sequence[int] = 1,
+    replicas: int = 1,
+    replication: str = "sync",
 ) -> dict[str, Any]:
     """Run each mode on fresh brokers; return the JSON-serialisable figures."""
     workers = (proxy_workers,) if isinstance(proxy_workers, int) else tuple(proxy_workers)
@@ -411,7 +421,7 @@ async def bench_e2e(
         "messages": messages, "body_bytes": body_bytes, "producers": producers,
         "consumers": consumers, "brokers": brokers, "queues": queues, "send_batch": send_batch,
         "receive_batch": receive_batch, "channels": channels, "strategy": strategy,
-        "proxy_workers": list(workers),
+        "proxy_workers": list(workers), "replicas": replicas, "replication": replication,
     }  # fmt: skip
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="popmq-bench-e2e-") as tmp:
@@ -421,11 +431,19 @@ async def bench_e2e(
             counts = workers if mode == "cluster" else (1,)
             for count in counts:
                 name = mode if count == 1 else f"{mode}-w{count}"
-                root = Path(tmp) / name
-                root.mkdir()
-                run_params = {**params, "mode": mode, "proxy_workers": count}
-                live.phase(f"{name}: send + receive + ack", total=messages)
-                results[name] = await run(run_params, root)
+                # --replicas N: the unreplicated cluster, then each broker a group of N nodes.
+                groups = [("off", 1)]
+                if mode == "cluster" and replicas > 1:
+                    groups.append((replication, replicas))
+                for group_mode, group_size in groups:
+                    run_name = name if group_size == 1 else _replicated_name(name, params)
+                    root = Path(tmp) / run_name
+                    root.mkdir()
+                    run_params = {**params, "mode": mode, "proxy_workers": count,
+                                  "group_replicas": group_size,
+                                  "group_replication": group_mode}  # fmt: skip
+                    live.phase(f"{run_name}: send + receive + ack", total=messages)
+                    results[run_name] = await run(run_params, root)
     result: dict[str, Any] = {"params": params, "results": results}
     if "direct" in results and "proxy" in results:
         result["proxy_overhead"] = round(
@@ -463,11 +481,27 @@ async def bench_e2e(
                     figures["proxy_cpu_us_per_msg"] / max(base["proxy_cpu_us_per_msg"], 1), 2
                 ),
             }
+    replicated = _replicated_name("cluster", params)
+    if replicated in results and "cluster" in results:
+        # What replication costs, same run (issue 19's goal for sync with 3 nodes: >= 0.6).
+        result["replicated_over_cluster"] = {
+            "msgs_per_s": round(
+                results[replicated]["msgs_per_s"] / max(results["cluster"]["msgs_per_s"], 1), 2
+            ),
+            "send_msgs_per_s": round(
+                results[replicated]["send_msgs_per_s"]
+                / max(results["cluster"]["send_msgs_per_s"], 1), 2
+            ),
+        }  # fmt: skip
     if "floor" in results and "proxy" in results:
         result["proxy_over_floor"] = round(
             results["proxy"]["msgs_per_s"] / max(results["floor"]["msgs_per_s"], 1), 2
         )
     return result
+
+
+def _replicated_name(name: str, params: dict[str, Any]) -> str:
+    return f"{name}-{params['replication']}-r{params['replicas']}"
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -505,6 +539,12 @@ def format_table(result: dict[str, Any]) -> str:
             f"request link stream / unary: msg/s {ratio['msgs_per_s']}x, proxy CPU µs/msg "
             f"{ratio['proxy_cpu_us_per_msg']}x, brokers CPU µs/msg "
             f"{ratio['brokers_cpu_us_per_msg']}x"
+        ]
+    if "replicated_over_cluster" in result:
+        ratio = result["replicated_over_cluster"]
+        lines += [
+            f"{_replicated_name('cluster', p)} / cluster: e2e msg/s {ratio['msgs_per_s']} "
+            f"(goal >= 0.6), send msg/s {ratio['send_msgs_per_s']}"
         ]
     for key, ratio in result.items():
         if key.startswith("cluster-w") and key.endswith("_over_cluster"):
