@@ -84,6 +84,7 @@ from popmq.broker.transactions import TransactionService
 from popmq.clock import SYSTEM, Clock
 from popmq.config import BrokerConfig
 from popmq.lifecycle import TaskOwner
+from popmq.tracing import link_to, tracer
 
 log = logging.getLogger(__name__)
 
@@ -518,13 +519,26 @@ class Broker:
                 Code.INVALID_TRANSACTION_ID,
                 f"the transaction id is not for message {message_id} of topic {topic!r} here",
             )
-        decided = await self._transactions.end(ticket.half_offset, message_id, topic, commit)
+        # The decision's span is in its caller's trace, linked to the half send's span.
+        link = link_to(self._transactions.trace_of(ticket.half_offset))
+        name = "popmq.transaction.commit" if commit else "popmq.transaction.rollback"
+        with tracer().start_as_current_span(
+            name, links=[link] if link is not None else None,
+            attributes={"messaging.message.id": message_id, "messaging.destination.name": topic,
+                        "popmq.transaction.source": source or "CLIENT"},
+        ) as span:  # fmt: skip
+            decided = await self._transactions.end(ticket.half_offset, message_id, topic, commit)
+            if span.is_recording():
+                span.set_attribute("popmq.transaction.repeat", not decided)
         if decided:
             self._metrics.transaction_ended(commit, source)
             if commit:
                 self._metrics.stored(topic, 1)
-            log.info("transaction of message %s (%s) %s by %s", message_id, topic,
-                     "committed" if commit else "rolled back", source or "client")  # fmt: skip
+            # A producer's own decision is the normal path (one per message: DEBUG); one a
+            # check-back or an operator took is worth a line.
+            level = logging.DEBUG if source in ("", "CLIENT") else logging.INFO
+            log.log(level, "transaction of message %s (%s) %s by %s", message_id, topic,
+                    "committed" if commit else "rolled back", source or "CLIENT")  # fmt: skip
 
     async def claim_transaction_checks(
         self, topics: list[str], limit: int = 64

@@ -426,6 +426,17 @@ class ProxyConfig(Section):
     # messages are released at once). The proxy holds about PROXY_COPIES_PER_REQUEST copies
     # of what is in flight: see docs/operations.md, sizing.
     max_inflight_bytes: int = Field(160 * 1024 * 1024, ge=1 << 20)
+    # With an ACL: live client ids one access key may register (a Heartbeat, route lookup or
+    # Telemetry settings from one more: TOO_MANY_REQUESTS), and calls it may have open at once
+    # over all its connections (receives, pulls, Telemetry streams and short calls alike).
+    max_clients_per_access_key: int = Field(1_000, ge=1)
+    max_streams_per_access_key: int = Field(10_000, ge=1)
+    # Admin reads (QueryMessages, ListDlq, ResendDlq): messages one query may scan per queue
+    # and return (asking for more is BAD_REQUEST), and bytes of messages one scan may hold
+    # (past them the answer is marked truncated; a resend that needs more is refused).
+    admin_max_scan: int = Field(100_000, ge=1)
+    admin_max_results: int = Field(10_000, ge=1)
+    admin_scan_bytes: int = Field(64 * 1024 * 1024, ge=1 << 20)
     # Admission control: receives held at once, past which TOO_MANY_REQUESTS answers at once.
     max_long_polls: int = Field(10_000, ge=1)
     max_long_polls_per_client: int = Field(1_000, ge=1)  # per client id (or peer address)

@@ -130,6 +130,23 @@ def link_to(trace_context: str) -> trace.Link | None:
     return trace.Link(context) if context.is_valid else None
 
 
+def current_traceparent() -> str:
+    """The current span's W3C traceparent, or '' when no span is recording (tracing off)."""
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return ""
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+
+def continue_from(trace_context: str) -> Any:
+    """A context whose parent is the span a W3C ``trace_context`` names (None if it names
+    none): a span started in it joins that span's trace."""
+    link = link_to(trace_context)
+    if link is None:
+        return None
+    return trace.set_span_in_context(trace.NonRecordingSpan(link.context))
+
+
 def instrument_grpc(provider: trace.TracerProvider | None = None) -> Callable[[], None]:
     """Trace gRPC from now on: SERVER spans on servers created later (server_interceptors)
     and CLIENT spans, carrying the trace on, on every grpc.aio channel (health checks left

@@ -22,6 +22,7 @@ _LATENCY_BUCKETS = (
 ADMISSION_REASONS = (
     "long_polls_total", "long_polls_per_client", "long_polls_per_group",
     "overloaded", "batch_size", "body_size", "send_messages",
+    "clients_per_access_key", "streams_per_access_key",
 )  # fmt: skip
 # rocketmq_rpc_latency is in milliseconds, as RocketMQ's own.
 _RPC_LATENCY_MS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 3000, 10_000, 30_000)
@@ -128,8 +129,8 @@ class ProxyMetrics:
         )  # fmt: skip
         self.admission_refusals = Counter(
             "popmq_proxy_admission_refusals",
-            "Requests refused by admission control, by reason (long-poll bounds: "
-            "TOO_MANY_REQUESTS; batch, body or send size)",
+            "Requests refused by admission control, by reason (long-poll bounds, clients and "
+            "concurrent calls per access key: TOO_MANY_REQUESTS; batch, body or send size)",
             ["reason"], registry=r,
         )  # fmt: skip
         for reason in ADMISSION_REASONS:  # exported at 0 from the start

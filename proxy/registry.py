@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from popmq.broker.contract.errors import Code, RefusedError
+
 # RocketMQ drops a client channel after 120 s without a heartbeat.
 CLIENT_EXPIRY_S = 120.0
 SWEEP_EVERY_S = 1.0  # lookups sweep expired clients at most this often
@@ -45,11 +47,20 @@ def member_id(client_id: str, access_key: str) -> str:
 
 class ClientRegistry:
     def __init__(
-        self, expiry_s: float = CLIENT_EXPIRY_S, clock: Callable[[], float] = time.time
+        self,
+        expiry_s: float = CLIENT_EXPIRY_S,
+        clock: Callable[[], float] = time.time,
+        *,
+        max_per_access_key: int | None = None,
+        on_refused: Callable[[], None] | None = None,
     ) -> None:
         self._expiry_s = expiry_s
         self._clock = clock
         self._clients: dict[tuple[str, str], ClientInfo] = {}  # by (access key, client id)
+        # Live entries per access key ("" = no ACL: not limited), bounded by max_per_access_key.
+        self._per_key: dict[str, int] = {}
+        self._max_per_key = max_per_access_key
+        self._on_refused = on_refused
         self._next_sweep = 0.0
         self.sweeps = 0  # full passes over the table (tests count them)
 
@@ -69,8 +80,15 @@ class ClientRegistry:
         now = self._clock()
         info = self.get(client_id, access_key)
         if info is None:
+            info = self._clients.get((access_key, client_id))  # expired, not swept: anew
+            if info is not None:
+                info.first_seen = now
+        if info is None:
+            self._admit(access_key)
             info = ClientInfo(client_id=client_id, first_seen=now, access_key=access_key)
             self._clients[access_key, client_id] = info
+            if access_key:
+                self._per_key[access_key] = self._per_key.get(access_key, 0) + 1
         info.last_seen = now
         if client_type:
             info.client_type = client_type
@@ -90,7 +108,33 @@ class ClientRegistry:
 
     def remove(self, client_id: str, access_key: str = "") -> None:
         """Forget a client (it terminated): only the caller's own entry under that id."""
-        self._clients.pop((access_key, client_id), None)
+        if self._clients.pop((access_key, client_id), None) is not None:
+            self._forget(access_key)
+
+    def _admit(self, access_key: str) -> None:
+        """TOO_MANY_REQUESTS when this access key already has its most client ids."""
+        most = self._max_per_key
+        if not access_key or most is None or self._per_key.get(access_key, 0) < most:
+            return
+        self._next_sweep = 0.0  # count only the live ones before refusing
+        self._expire()
+        if self._per_key.get(access_key, 0) < most:
+            return
+        if self._on_refused is not None:
+            self._on_refused()
+        raise RefusedError(
+            Code.TOO_MANY_REQUESTS,
+            f"access key {access_key!r} has {most} clients on this proxy already "
+            "(proxy.max_clients_per_access_key)",
+        )
+
+    def _forget(self, access_key: str) -> None:
+        if access_key:
+            left = self._per_key.get(access_key, 0) - 1
+            if left > 0:
+                self._per_key[access_key] = left
+            else:
+                self._per_key.pop(access_key, None)
 
     def get(self, client_id: str, access_key: str = "") -> ClientInfo | None:
         self._expire()
@@ -130,3 +174,4 @@ class ClientRegistry:
         horizon = clock - self._expiry_s
         for key in [key for key, c in self._clients.items() if c.last_seen < horizon]:
             del self._clients[key]
+            self._forget(key[0])

@@ -117,7 +117,10 @@ class ProxyServer:
         )
         metrics.watch_links(self.cluster.ports)
         self.strategy = strategy or make_strategy(config.proxy, metrics)
-        self.registry = ClientRegistry()
+        clients_refused = metrics.admission_refusals.labels("clients_per_access_key").inc
+        self.registry = ClientRegistry(
+            max_per_access_key=config.proxy.max_clients_per_access_key, on_refused=clients_refused
+        )
         # Work that outlives its request (releases, the renewal loop); drained 2 s on shutdown.
         self.tasks = TaskOwner("proxy", grace_s=2.0)
         # Loops and stream readers that end at once on shutdown (transaction checks, the

@@ -233,7 +233,16 @@ class _Compile(Transformer[Token, Any]):
             v = value(tag, props)
             if v is None:
                 return None
-            return any(_compare("=", v, option) for option in options)
+            # An OR of equalities: a NULL in the list makes a miss unknown, not false (so
+            # `x NOT IN (1, NULL)` never matches, as SQL says).
+            result: bool | None = False
+            for option in options:
+                equal = _compare("=", v, option)
+                if equal:
+                    return True
+                if equal is None:
+                    result = None
+            return result
 
         return check
 

@@ -33,6 +33,9 @@ PROP_ORIGIN_OFFSET = "__popmq.origin_offset"
 PROP_TRACE_CONTEXT = "__popmq.trace_context"
 # Set on a message its producer sent as TRANSACTION (kept on the committed copy).
 PROP_TRANSACTION = "__popmq.transaction"
+# A half message's traceparent: the span of its half send, which the check and the decision
+# spans join or link to.
+PROP_TX_TRACE = "__popmq.tx_trace"
 # RocketMQ's property: a half message is not checked back before this many seconds.
 PROP_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 

@@ -15,6 +15,12 @@ receive (batch 32), then ack what they got, until every message is acked.
 - ``floor``:  the same gRPC load against a server that does no work (popmq.bench.floor):
   the ceiling of any Python grpc.aio proxy with this load generator on this machine.
 
+With ``transactions``, each mode also runs as ``<mode>-tx`` (after the plain run, on the same
+server, on a topic of its own; direct mode on fresh brokers): every message is a transactional
+one (a half send, then EndTransaction COMMIT, then receive + ack), and the plain run beside it
+sends one message per request too (the official clients send one transactional message per
+request), so the ``tx / plain`` ratio compares like with like.
+
 The proxy overhead is direct msg/s divided by proxy msg/s. Each mode gets fresh brokers. The
 load generator and the server run in separate processes in proxy mode (as in production), so
 the machine's cores are shared differently: read the figures on an otherwise idle machine.
@@ -42,6 +48,7 @@ from popmq.bench.process_stats import cpu_seconds
 from popmq.bench.table_text import grid
 
 TOPIC = "bench-e2e"
+TX_TOPIC = "bench-e2e-tx"  # a TRANSACTION topic (a topic has one message type)
 GROUP = "bench-e2e-group"
 MODES = ("direct", "proxy", "cluster", "cluster-unary", "floor")
 # cluster-unary: the cluster mode with the proxy's broker requests as one unary RPC each
@@ -104,15 +111,31 @@ async def _brokers(count: int, queues: int, root: Path) -> AsyncIterator[list[An
             stack.push_async_callback(broker.aclose)
             port = LocalBrokerPort(broker)
             await port.create_topic(TOPIC, queues)
+            await port.create_topic(TX_TOPIC, queues, "TRANSACTION")
             ports.append(port)
         yield ports
 
 
-async def _run_direct(params: dict[str, Any], root: Path) -> dict[str, Any]:
-    from popmq.broker.contract.types import AckEntry, Message, PopRequest
+async def _run_direct(params: dict[str, Any], root: Path) -> dict[str, dict[str, Any]]:
+    """Each variant (plain, transactional) on fresh brokers; figures by name suffix."""
+    figures: dict[str, dict[str, Any]] = {}
+    for tx in params["variants"]:
+        what = "half send + commit" if tx else "send"
+        suffix = "-tx" if tx else ""
+        live.phase(f"{params['name']}{suffix}: {what} + receive + ack", total=params["messages"])
+        variant_root = root / f"direct{suffix}"
+        variant_root.mkdir()
+        figures[suffix] = await _run_direct_once(params, variant_root, tx)
+    return figures
+
+
+async def _run_direct_once(params: dict[str, Any], root: Path, tx: bool) -> dict[str, Any]:
+    from popmq.broker.contract.types import PROP_TRANSACTION, AckEntry, Message, PopRequest
 
     body = b"x" * params["body_bytes"]
     progress = _Progress(params["messages"])
+    topic = TX_TOPIC if tx else TOPIC
+    properties = {PROP_TRANSACTION: "1"} if tx else {}
     async with _brokers(params["brokers"], params["queues"], root) as ports:
         turn = itertools.count()
 
@@ -120,12 +143,16 @@ async def _run_direct(params: dict[str, Any], root: Path) -> dict[str, Any]:
             for size in sizes:
                 port = ports[next(turn) % len(ports)]
                 now = int(time.time() * 1000)
-                batch = [Message(TOPIC, body, born_timestamp_ms=now) for _ in range(size)]
-                await port.send(batch)
+                batch = [Message(topic, body, born_timestamp_ms=now, properties=dict(properties))
+                         for _ in range(size)]  # fmt: skip
+                results = await port.send(batch)
+                for result in results if tx else ():
+                    await port.end_transaction(topic, result.message_id, result.transaction_id,
+                                               True)  # fmt: skip
                 progress.sent += size
 
         async def consume(index: int) -> None:
-            request = PopRequest(group=GROUP, topic=TOPIC, max_messages=params["receive_batch"],
+            request = PopRequest(group=GROUP, topic=topic, max_messages=params["receive_batch"],
                                  invisible_time_ms=INVISIBLE_MS, poll_time_ms=POLL_MS)  # fmt: skip
             for round_ in itertools.count(index):
                 port = ports[round_ % len(ports)]
@@ -134,7 +161,7 @@ async def _run_direct(params: dict[str, Any], root: Path) -> dict[str, Any]:
                 if not result.messages:
                     progress.empty_receives += 1
                     continue
-                await port.ack(GROUP, TOPIC, [AckEntry(m.receipt_handle) for m in result.messages])
+                await port.ack(GROUP, topic, [AckEntry(m.receipt_handle) for m in result.messages])
                 now = time.time() * 1000
                 progress.latencies_ms.append(now - result.messages[0].message.born_timestamp_ms)
                 progress.add_acked(len(result.messages))
@@ -188,6 +215,7 @@ async def _cluster_brokers(params: dict[str, Any], root: Path) -> AsyncIterator[
                 replicated_group(config, replicas, replication, pids)
             )
             await create_topic_in_sync(port, TOPIC, params["queues"])
+            await port.create_topic(TX_TOPIC, params["queues"], "TRANSACTION")
             flags += ["--broker", f"{name}={port.address}"]
         params["broker_args"] = flags
         yield pids
@@ -236,7 +264,6 @@ async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
     from popmq.pb.rocketmq.v2 import service_pb2_grpc
 
     body = b"x" * params["body_bytes"]
-    progress = _Progress(params["messages"])
     client_id = f"bench@{os.getpid()}"
     metadata = (("x-mq-client-id", client_id), ("x-mq-language", "PYTHON"),
                 ("x-mq-protocol", "GRPC_V2"))  # fmt: skip
@@ -249,86 +276,112 @@ async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
         channels = [grpc.aio.insecure_channel(endpoint) for _ in range(params["channels"])]
         stubs = [service_pb2_grpc.MessagingServiceStub(c) for c in channels]
         try:
-            topic = pb.Resource(name=TOPIC)
-            route = await stubs[0].QueryRoute(s.QueryRouteRequest(topic=topic), metadata=metadata)
-            if route.status.code != 20000:
-                raise RuntimeError(f"route failed: {route.status}")
-            brokers = sorted({q.broker.name for q in route.message_queues})
 
-            async def produce(index: int, sizes: list[int]) -> None:
-                stub = stubs[index % len(stubs)]
-                for size in sizes:
-                    born = pb.SystemProperties(body_encoding=pb.IDENTITY, message_type=pb.NORMAL)
-                    born.born_timestamp.GetCurrentTime()
-                    messages = []
-                    for _ in range(size):
-                        props = pb.SystemProperties()
-                        props.CopyFrom(born)
-                        props.message_id = uuid.uuid4().hex
-                        messages.append(pb.Message(topic=topic, body=body, system_properties=props))
-                    response = await stub.SendMessage(
-                        s.SendMessageRequest(messages=messages), metadata=metadata
-                    )
-                    if response.status.code != 20000:
-                        raise RuntimeError(f"send failed: {response.status}")
-                    progress.sent += size
+            async def one(tx: bool) -> dict[str, Any]:
+                progress = _Progress(params["messages"])
+                message_type = pb.TRANSACTION if tx else pb.NORMAL
+                topic = pb.Resource(name=TX_TOPIC if tx else TOPIC)
+                route = await stubs[0].QueryRoute(
+                    s.QueryRouteRequest(topic=topic), metadata=metadata
+                )
+                if route.status.code != 20000:
+                    raise RuntimeError(f"route failed: {route.status}")
+                brokers = sorted({q.broker.name for q in route.message_queues})
 
-            async def consume(index: int) -> None:
-                stub = stubs[index % len(stubs)]
-                group = pb.Resource(name=GROUP)
-                for round_ in itertools.count(index):
-                    request = s.ReceiveMessageRequest(
-                        group=group,
-                        message_queue=pb.MessageQueue(
-                            topic=topic, broker=pb.Broker(name=brokers[round_ % len(brokers)])
-                        ),
-                        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
-                        batch_size=params["receive_batch"],
-                    )
-                    request.invisible_duration.FromMilliseconds(INVISIBLE_MS)
-                    request.long_polling_timeout.FromMilliseconds(POLL_MS)
-                    entries: list[s.AckMessageEntry] = []
-                    first_born = 0.0
-                    try:
-                        async for frame in stub.ReceiveMessage(
-                            request, metadata=metadata, timeout=10
-                        ):
-                            if frame.WhichOneof("content") == "message":
-                                props = frame.message.system_properties
-                                if not entries:
-                                    first_born = props.born_timestamp.ToMilliseconds()
-                                entries.append(s.AckMessageEntry(
-                                    message_id=props.message_id,
-                                    receipt_handle=props.receipt_handle,
-                                ))  # fmt: skip
-                    except grpc.aio.AioRpcError as error:
-                        # A machine too loaded to answer within 10 s: what was received
-                        # comes back after its invisible time; count it, go on.
-                        if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                            raise
-                        progress.receive_timeouts += 1
-                        entries = []
-                    progress.receives += 1
-                    if not entries:
-                        progress.empty_receives += 1
-                        continue
-                    acked = await stub.AckMessage(
-                        s.AckMessageRequest(group=group, topic=topic, entries=entries),
-                        metadata=metadata,
-                    )
-                    if acked.status.code != 20000:
-                        raise RuntimeError(f"ack failed: {acked.status}")
-                    progress.latencies_ms.append(time.time() * 1000 - first_born)
-                    progress.add_acked(len(entries))
+                async def produce(index: int, sizes: list[int]) -> None:
+                    stub = stubs[index % len(stubs)]
+                    for size in sizes:
+                        born = pb.SystemProperties(
+                            body_encoding=pb.IDENTITY, message_type=message_type
+                        )
+                        born.born_timestamp.GetCurrentTime()
+                        messages = []
+                        for _ in range(size):
+                            props = pb.SystemProperties()
+                            props.CopyFrom(born)
+                            props.message_id = uuid.uuid4().hex
+                            messages.append(
+                                pb.Message(topic=topic, body=body, system_properties=props)
+                            )
+                        response = await stub.SendMessage(
+                            s.SendMessageRequest(messages=messages), metadata=metadata
+                        )
+                        if response.status.code != 20000:
+                            raise RuntimeError(f"send failed: {response.status}")
+                        for entry in response.entries if tx else ():
+                            ended = await stub.EndTransaction(s.EndTransactionRequest(
+                                topic=topic, message_id=entry.message_id,
+                                transaction_id=entry.transaction_id, resolution=pb.COMMIT,
+                                source=pb.SOURCE_CLIENT,
+                            ), metadata=metadata)  # fmt: skip
+                            if ended.status.code != 20000:
+                                raise RuntimeError(f"commit failed: {ended.status}")
+                        progress.sent += size
 
-            producer_ids = itertools.count()
+                async def consume(index: int) -> None:
+                    stub = stubs[index % len(stubs)]
+                    group = pb.Resource(name=GROUP)
+                    for round_ in itertools.count(index):
+                        request = s.ReceiveMessageRequest(
+                            group=group,
+                            message_queue=pb.MessageQueue(
+                                topic=topic, broker=pb.Broker(name=brokers[round_ % len(brokers)])
+                            ),
+                            filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+                            batch_size=params["receive_batch"],
+                        )
+                        request.invisible_duration.FromMilliseconds(INVISIBLE_MS)
+                        request.long_polling_timeout.FromMilliseconds(POLL_MS)
+                        entries: list[s.AckMessageEntry] = []
+                        first_born = 0.0
+                        try:
+                            async for frame in stub.ReceiveMessage(
+                                request, metadata=metadata, timeout=10
+                            ):
+                                if frame.WhichOneof("content") == "message":
+                                    props = frame.message.system_properties
+                                    if not entries:
+                                        first_born = props.born_timestamp.ToMilliseconds()
+                                    entries.append(s.AckMessageEntry(
+                                        message_id=props.message_id,
+                                        receipt_handle=props.receipt_handle,
+                                    ))  # fmt: skip
+                        except grpc.aio.AioRpcError as error:
+                            # A machine too loaded to answer within 10 s: what was received
+                            # comes back after its invisible time; count it, go on.
+                            if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                                raise
+                            progress.receive_timeouts += 1
+                            entries = []
+                        progress.receives += 1
+                        if not entries:
+                            progress.empty_receives += 1
+                            continue
+                        acked = await stub.AckMessage(
+                            s.AckMessageRequest(group=group, topic=topic, entries=entries),
+                            metadata=metadata,
+                        )
+                        if acked.status.code != 20000:
+                            raise RuntimeError(f"ack failed: {acked.status}")
+                        progress.latencies_ms.append(time.time() * 1000 - first_born)
+                        progress.add_acked(len(entries))
 
-            def produce_all(sizes: list[int]) -> Any:
-                return produce(next(producer_ids), sizes)
+                producer_ids = itertools.count()
 
-            return await _drive(
-                params, progress, produce_all, consume, server_pid=pid, broker_pids=broker_pids
-            )
+                def produce_all(sizes: list[int]) -> Any:
+                    return produce(next(producer_ids), sizes)
+
+                return await _drive(
+                    params, progress, produce_all, consume, server_pid=pid, broker_pids=broker_pids
+                )
+
+            figures: dict[str, dict[str, Any]] = {}
+            for tx in params["variants"]:
+                what = "half send + commit" if tx else "send"
+                live.phase(f"{params['name']}{'-tx' if tx else ''}: {what} + receive + ack",
+                           total=params["messages"])  # fmt: skip
+                figures["-tx" if tx else ""] = await one(tx)
+            return figures
         finally:
             for channel in channels:
                 await channel.close()
@@ -422,6 +475,7 @@ async def bench_e2e(
     strategy: str = "adaptive",
     modes: Sequence[str] = DEFAULT_MODES,
     proxy_workers: int | Sequence[int] = 1,
+    transactions: bool = False,
     replicas: int = 1,
     replication: str = "sync",
 ) -> dict[str, Any]:
@@ -430,11 +484,14 @@ async def bench_e2e(
     unknown = set(modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown modes {sorted(unknown)}: choose from {MODES}")
+    if transactions:  # one message per send, as a transactional producer sends
+        send_batch = 1
     params = {
         "messages": messages, "body_bytes": body_bytes, "producers": producers,
         "consumers": consumers, "brokers": brokers, "queues": queues, "send_batch": send_batch,
         "receive_batch": receive_batch, "channels": channels, "strategy": strategy,
-        "proxy_workers": list(workers), "replicas": replicas, "replication": replication,
+        "proxy_workers": list(workers), "transactions": transactions, "replicas": replicas,
+        "replication": replication,
     }  # fmt: skip
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="popmq-bench-e2e-") as tmp:
@@ -443,25 +500,40 @@ async def bench_e2e(
             # cluster runs once per worker count: "cluster" (N=1), "cluster-w2", ...
             counts = workers if mode == "cluster" else (1,)
             for count in counts:
-                name = mode if count == 1 else f"{mode}-w{count}"
+                base = mode if count == 1 else f"{mode}-w{count}"
                 # --replicas N: the unreplicated cluster, then each broker a group of N nodes.
                 groups = [("off", 1)]
                 if mode == "cluster" and replicas > 1:
                     groups.append((replication, replicas))
                 for group_mode, group_size in groups:
-                    run_name = name if group_size == 1 else _replicated_name(name, params)
-                    root = Path(tmp) / run_name
+                    name = base if group_size == 1 else _replicated_name(base, params)
+                    root = Path(tmp) / name
                     root.mkdir()
-                    run_params = {**params, "mode": mode, "proxy_workers": count,
-                                  "group_replicas": group_size,
+                    # With transactions, the transactional run follows the plain one on the
+                    # same server (brokers and proxy), on a topic of its own.
+                    run_params = {**params, "mode": mode, "proxy_workers": count, "name": name,
+                                  "variants": (False, True) if transactions and mode != "floor"
+                                  else (False,), "group_replicas": group_size,
                                   "group_replication": group_mode}  # fmt: skip
-                    live.phase(f"{run_name}: send + receive + ack", total=messages)
-                    results[run_name] = await run(run_params, root)
+                    for suffix, figures in (await run(run_params, root)).items():
+                        results[name + suffix] = figures
     result: dict[str, Any] = {"params": params, "results": results}
     if "direct" in results and "proxy" in results:
         result["proxy_overhead"] = round(
             results["direct"]["msgs_per_s"] / max(results["proxy"]["msgs_per_s"], 1), 2
         )
+    replicated = _replicated_name("cluster", params)
+    if replicated in results and "cluster" in results:
+        # What replication costs, same run (issue 19's goal for sync with 3 nodes: >= 0.6).
+        result["replicated_over_cluster"] = {
+            "msgs_per_s": round(
+                results[replicated]["msgs_per_s"] / max(results["cluster"]["msgs_per_s"], 1), 2
+            ),
+            "send_msgs_per_s": round(
+                results[replicated]["send_msgs_per_s"]
+                / max(results["cluster"]["send_msgs_per_s"], 1), 2
+            ),
+        }  # fmt: skip
     if "floor" in results and "proxy" in results:
         # How far the proxy is from what gRPC alone allows (1.0: the proxy costs nothing).
         result["floor_over_proxy"] = round(
@@ -494,18 +566,18 @@ async def bench_e2e(
                     figures["proxy_cpu_us_per_msg"] / max(base["proxy_cpu_us_per_msg"], 1), 2
                 ),
             }
-    replicated = _replicated_name("cluster", params)
-    if replicated in results and "cluster" in results:
-        # What replication costs, same run (issue 19's goal for sync with 3 nodes: >= 0.6).
-        result["replicated_over_cluster"] = {
-            "msgs_per_s": round(
-                results[replicated]["msgs_per_s"] / max(results["cluster"]["msgs_per_s"], 1), 2
-            ),
-            "send_msgs_per_s": round(
-                results[replicated]["send_msgs_per_s"]
-                / max(results["cluster"]["send_msgs_per_s"], 1), 2
-            ),
-        }  # fmt: skip
+    tx_ratios = {}
+    for name, figures in results.items():
+        plain = results.get(name.removesuffix("-tx"))
+        if name.endswith("-tx") and plain is not None:
+            tx_ratios[name.removesuffix("-tx")] = {
+                "msgs_per_s": round(figures["msgs_per_s"] / max(plain["msgs_per_s"], 1), 2),
+                "server_cpu_us_per_msg": round(
+                    figures["server_cpu_us_per_msg"] / max(plain["server_cpu_us_per_msg"], 1), 2
+                ),
+            }
+    if tx_ratios:
+        result["tx_over_plain"] = tx_ratios
     if "floor" in results and "proxy" in results:
         result["proxy_over_floor"] = round(
             results["proxy"]["msgs_per_s"] / max(results["floor"]["msgs_per_s"], 1), 2
@@ -519,10 +591,12 @@ def _replicated_name(name: str, params: dict[str, Any]) -> str:
 
 def format_table(result: dict[str, Any]) -> str:
     p = result["params"]
+    tx_note = "; transactional runs (-tx): half send + commit" if p.get("transactions") else ""
     lines = [
         f"{p['messages']} messages x {p['body_bytes']} B; {p['producers']} producers "
         f"(batches of {p['send_batch']}), {p['consumers']} consumers (receive {p['receive_batch']}"
-        f" + ack); {p['brokers']} brokers x {p['queues']} queues; strategy {p['strategy']}",
+        f" + ack); {p['brokers']} brokers x {p['queues']} queues; strategy {p['strategy']}"
+        f"{tx_note}",
         "",
     ]
     header = ["mode", "e2e msg/s", "send msg/s", "p50 ms", "p99 ms", "receives", "empty",
@@ -552,6 +626,11 @@ def format_table(result: dict[str, Any]) -> str:
             f"request link stream / unary: msg/s {ratio['msgs_per_s']}x, proxy CPU µs/msg "
             f"{ratio['proxy_cpu_us_per_msg']}x, brokers CPU µs/msg "
             f"{ratio['brokers_cpu_us_per_msg']}x"
+        ]
+    for name, ratio in result.get("tx_over_plain", {}).items():
+        lines += [
+            f"{name}: transactional / plain: msg/s {ratio['msgs_per_s']}x, server CPU µs/msg "
+            f"{ratio['server_cpu_us_per_msg']}x"
         ]
     if "replicated_over_cluster" in result:
         ratio = result["replicated_over_cluster"]

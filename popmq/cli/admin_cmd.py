@@ -222,6 +222,22 @@ def _call(args: argparse.Namespace, method: str, request: Any) -> Any:
     return response
 
 
+def _all_clients(args: argparse.Namespace, group: str = "") -> Any:
+    """ListClients, every page: one answer with all of them (no next_page_token)."""
+    from popmq.pb.admin.v1 import admin_pb2 as a
+
+    request = a.ListClientsRequest(group=group)
+    merged = a.ListClientsResponse()
+    while True:
+        page = _call(args, "ListClients", request)
+        merged.status.CopyFrom(page.status)
+        merged.proxy = page.proxy
+        merged.clients.extend(page.clients)
+        if not page.next_page_token:
+            return merged
+        request.page_token = page.next_page_token
+
+
 def _print_json(message: Any) -> None:
     print_response(message)
 
@@ -484,9 +500,7 @@ def _set_consume_mode(args: argparse.Namespace) -> None:
 def _clients(args: argparse.Namespace) -> None:
     import time
 
-    from popmq.pb.admin.v1 import admin_pb2 as a
-
-    response = _call(args, "ListClients", a.ListClientsRequest(group=args.group))
+    response = _all_clients(args, args.group)
     if args.json:
         _print_json(response)
         return

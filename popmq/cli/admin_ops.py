@@ -18,7 +18,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from popmq.cli.admin_cmd import AdminError, _call, _command, _print_json, _table
+from popmq.cli.admin_cmd import AdminError, _all_clients, _call, _command, _print_json, _table
 from popmq.cli.failures import UserError
 
 
@@ -123,7 +123,7 @@ def _groups_describe(args: argparse.Namespace) -> None:
 
     group = _call(args, "GetGroup", a.GetGroupRequest(name=args.name)).group
     progress = _call(args, "ConsumerProgress", a.ConsumerProgressRequest(group=args.name))
-    clients = _call(args, "ListClients", a.ListClientsRequest(group=args.name))
+    clients = _all_clients(args, args.name)
     per_topic: dict[str, list[int]] = {}
     for q in progress.queues:
         row = per_topic.setdefault(q.topic, [0, 0, 0])

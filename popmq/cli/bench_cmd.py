@@ -89,7 +89,7 @@ def _e2e(args: argparse.Namespace) -> int:
         messages=args.messages, body_bytes=args.body_bytes, producers=args.producers,
         consumers=args.consumers, brokers=args.brokers, queues=args.queues,
         strategy=args.strategy, modes=tuple(args.mode), proxy_workers=tuple(args.proxy_workers),
-        replicas=args.replicas, replication=args.replication,
+        replicas=args.replicas, replication=args.replication, transactions=args.transactions,
     )  # fmt: skip
 
 
@@ -98,6 +98,13 @@ def _replication(args: argparse.Namespace) -> int:
         "popmq.bench.replication", "bench_replication", "format_table", args.json,
         messages=args.messages, body_bytes=args.body_bytes, batch=args.batch,
         producers=args.producers, queues=args.queues, setups=tuple(args.setup),
+    )  # fmt: skip
+
+
+def _failover(args: argparse.Namespace) -> int:
+    return _run_bench(
+        "popmq.bench.failover", "bench_failover", "format_table", args.json,
+        kills=args.kills, lease_ttl_s=args.lease_ttl, keep_logs=args.keep_logs,
     )  # fmt: skip
 
 
@@ -189,6 +196,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           "N nodes (leader + N-1 followers) and print the ratio")  # fmt: skip
     e2e.add_argument("--replication", choices=("sync", "async"), default="sync",
                      help="the replicated groups' mode (sync: --min-in-sync N)")  # fmt: skip
+    e2e.add_argument(
+        "--transactions",
+        action="store_true",
+        help="also run each mode with transactional messages (half send + commit + "
+        "receive + ack), one message per send in both runs; prints the ratio",
+    )
     e2e.add_argument("--json", help="also write the figures to this file")
     e2e.set_defaults(func=_e2e)
 
@@ -207,6 +220,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     replication.add_argument("--json", help="also write the figures to this file")
     replication.set_defaults(func=_replication)
+
+    failover = kinds.add_parser(
+        "failover", help="time to serve again after kill -9 of a replicated group's leader"
+    )
+    failover.add_argument("--kills", type=int, default=3, help="leader kills, one after another")
+    failover.add_argument(
+        "--lease-ttl", type=int, default=2, help="the nodes' etcd lease TTL in seconds"
+    )
+    failover.add_argument(
+        "--keep-logs", metavar="DIR", help="copy the logs of etcd, the nodes and the proxy here"
+    )
+    failover.add_argument("--json", help="also write the figures to this file")
+    failover.set_defaults(func=_failover)
 
     spark = kinds.add_parser("spark", help="Spark connector read/write msg/s vs raw pull")
     spark.add_argument("--messages", type=int, default=100_000)

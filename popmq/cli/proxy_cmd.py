@@ -134,6 +134,7 @@ def run_serve(args: argparse.Namespace) -> int:
     overrides["serve.data_dir"] = args.data_dir
     overrides["serve.console_port"] = args.console_port
     config = config_from_args(args, overrides)
+    refuse_broker_groups(config)
     _setup_logging()
     owner_only_new_files()  # its brokers' data directories and files: 0700 / 0600
     warn_if_data_exposed(config.serve.data_dir)  # one made before, with looser modes
@@ -148,6 +149,25 @@ def run_serve(args: argparse.Namespace) -> int:
         config.serve.console_port, config.proxy.tls.cert is not None, _announce,
     )  # fmt: skip
     return _run("serve", config, with_console)
+
+
+def refuse_broker_groups(config: PopmqConfig) -> None:
+    """`popmq serve`'s embedded brokers are never replicated nor elected: settings that ask for
+    it are refused, not ignored (a user would believe writes are copied when they are not)."""
+    broker = config.broker
+    asked = []
+    if broker.replication.mode != "off":
+        asked.append(f"broker.replication.mode={broker.replication.mode}")
+    if broker.group.name is not None:
+        asked.append(f"broker.group.name={broker.group.name}")
+    if broker.etcd.endpoints:
+        asked.append("broker.etcd.endpoints")
+    if asked:
+        raise SystemExit(
+            f"{', '.join(asked)}: popmq serve runs embedded brokers without replication or "
+            "etcd; run replicated groups as `popmq broker --etcd URL --group G --replication "
+            "sync` behind `popmq proxy --etcd URL`, or remove these settings"
+        )
 
 
 def run_proxy(args: argparse.Namespace) -> int:

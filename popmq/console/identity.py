@@ -63,13 +63,14 @@ async def who_is(client: AdminClient, credentials: Credentials | None) -> Identi
     if credentials is None:  # the proxy answers UNAUTHORIZED first; kept for safety
         raise ConsoleError(401, "UNAUTHORIZED", "sign in with an access key and secret key")
     grants = tuple(
-        Grant(publish=g.publish)
+        Grant(publish=g.publish, namespace=g.namespace or None)
         if g.publish
         else Grant(
             subscribe=Subscription(
                 group=g.subscribe_group,
                 topics=None if g.any_topic else tuple(g.subscribe_topics),
-            )
+            ),
+            namespace=g.namespace or None,
         )
         for g in response.grants
     )

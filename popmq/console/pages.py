@@ -193,10 +193,22 @@ async def login(request: Request) -> Response:
     secret_key = str(form.get("secret_key", ""))
     target = _safe_next(str(form.get("next", "") or "/cluster"))
     state = state_of(request)
+    address = request.client.host if request.client else ""
+    wait = state.logins.retry_after(address, access_key)
+    if wait:  # too many failed sign-ins from here, or for this access key
+        context = {
+            "me": None, "next": target, "access_key": access_key,
+            "error": f"too many failed sign-ins: try again in {wait} s",
+        }  # fmt: skip
+        response = _render(request, "login.html", context, 429)
+        response.headers["Retry-After"] = str(wait)
+        return response
     credentials = Credentials(access_key, secret_key) if access_key and secret_key else None
     try:
         identity = await who_is(state.client, credentials)
     except ConsoleError as exc:
+        if exc.http_status in (401, 403):
+            state.logins.failed(address, access_key)
         context = {"me": None, "next": target, "error": exc.message, "access_key": access_key}
         return _render(request, "login.html", context, exc.http_status)
     if identity.acl and credentials is not None:

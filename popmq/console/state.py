@@ -8,6 +8,7 @@ from starlette.requests import Request
 
 from popmq.console.admin_client import AdminClient, AdminTarget, Credentials
 from popmq.console.identity import Sessions, basic_credentials, who_is
+from popmq.console.login_limit import LoginLimiter
 from popmq.console.views import Asker, Rates
 
 SESSION_KEY = "sid"
@@ -20,6 +21,7 @@ class ConsoleState:
     client: AdminClient = field(init=False)
     sessions: Sessions = field(default_factory=Sessions)
     rates: Rates = field(default_factory=Rates)
+    logins: LoginLimiter = field(default_factory=LoginLimiter)
 
     def __post_init__(self) -> None:
         self.client = AdminClient(self.target)

@@ -45,6 +45,17 @@ class Asker:
             )  # fmt: skip
         return await self.client.call(method, request, self.reader)
 
+    async def read_clients(self, group: str = "") -> tuple[str, list[Any]]:
+        """ListClients, following its pages: the proxy that answered, and every client."""
+        request = a.ListClientsRequest(group=group)
+        found: list[Any] = []
+        while True:
+            page = await self.read("ListClients", request)
+            found += page.clients
+            if not page.next_page_token:
+                return page.proxy, found
+            request.page_token = page.next_page_token
+
     async def write(self, method: str, request: Any) -> Any:
         if not self.identity.admin:
             raise ConsoleError(
@@ -204,9 +215,8 @@ def _progress(queues: Any) -> dict[str, int]:
 
 async def groups(ask: Asker) -> dict[str, Any]:
     listed = await ask.read("ListGroups", a.ListGroupsRequest())
-    clients = await ask.read("ListClients", a.ListClientsRequest())
     online: dict[str, int] = {}
-    for c in clients.clients:
+    for c in (await ask.read_clients())[1]:
         if c.group:
             online[c.group] = online.get(c.group, 0) + 1
     rows = []
@@ -228,11 +238,11 @@ async def group(ask: Asker, name: str) -> dict[str, Any]:
     ask.need_group(name)
     settings = await ask.read("GetGroup", a.GetGroupRequest(name=name))
     progress = await ask.read("ConsumerProgress", a.ConsumerProgressRequest(group=name))
-    clients = await ask.read("ListClients", a.ListClientsRequest(group=name))
+    _, clients = await ask.read_clients(name)
     return {
         **plain(settings.group), **_progress(progress.queues),
         "queues": [plain(q) for q in progress.queues],
-        "clients": [plain(c) for c in clients.clients],
+        "clients": [plain(c) for c in clients],
     }  # fmt: skip
 
 
@@ -340,16 +350,16 @@ async def resend_dlq(
 
 
 async def clients(ask: Asker) -> dict[str, Any]:
-    response = await ask.read("ListClients", a.ListClientsRequest())
+    proxy, found = await ask.read_clients()
     identity = ask.identity
     rows = [
         plain(c)
-        for c in response.clients
+        for c in found
         if identity.admin
         or (c.group and identity.can_see_group(c.group))
         or (c.topics and all(identity.can_read_topic(t) for t in c.topics))
     ]
-    return {"proxy": response.proxy, "clients": rows}
+    return {"proxy": proxy, "clients": rows}
 
 
 # What /longpoll shows of the proxy's metrics (labels kept: strategy, mode, broker).

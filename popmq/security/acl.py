@@ -15,6 +15,14 @@ File format (``--acl FILE``)::
 
 Patterns: ``*`` matches any run of characters; nothing else is special. Deny by default.
 
+Namespaces: a grant reaches the resources of one namespace, ``namespace: prod`` (RocketMQ's
+``x-mq-namespace``), or, left out, only un-namespaced ones. Behind the proxy's edge a
+namespaced name is ``prod%orders``; a grant's patterns are matched against the name inside its
+namespace (``orders``), so no ``*`` ever reaches across the ``%`` into a namespace::
+
+          - publish: "orders-*"
+            namespace: prod            # prod's orders-*, and nothing outside prod
+
 Topics the broker derives from a group (``%RETRY%group+topic``, ``%DLQ%group``) hold that
 group's messages, so, as RocketMQ ACL 2.0 authorizes a retry topic as its group, they belong
 to the group: consuming as the group covers them as far as the grant's topics reach (a retry
@@ -52,7 +60,8 @@ _RELOAD_EVERY_S = 1.0
 # The broker's derived topics (popmq.broker.names; this layer sits below the broker).
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
-SYSTEM_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX, "%SYS%")
+SYSTEM_PREFIX = "%SYS%"
+SYSTEM_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX, SYSTEM_PREFIX)
 _RETRY_SEPARATOR = "+"
 
 
@@ -82,6 +91,46 @@ def owning_group(topic: str) -> str | None:
     if topic.startswith(RETRY_PREFIX) and _RETRY_SEPARATOR in topic:
         return topic[len(RETRY_PREFIX) :].partition(_RETRY_SEPARATOR)[0] or None
     return None
+
+
+NAMESPACE_SEPARATOR = "%"  # RocketMQ's NamespaceUtil form: NAMESPACE%name
+
+
+def _plain_in_namespace(name: str, namespace: str) -> str | None:
+    """A plain name seen from ``namespace``: ``prod%orders`` is ``orders`` in prod, ``orders``
+    is ``orders`` outside any namespace ("" ), anything else is not there (None)."""
+    if not namespace:
+        return None if NAMESPACE_SEPARATOR in name else name
+    own, sep, rest = name.partition(NAMESPACE_SEPARATOR)
+    if not sep or own != namespace or not rest or NAMESPACE_SEPARATOR in rest:
+        return None
+    return rest
+
+
+def in_namespace(name: str, namespace: str) -> str | None:
+    """The name a grant of ``namespace`` sees, or None when ``name`` is not in it.
+
+    Derived names keep their prefix and lose the namespace of each part: ``%DLQ%prod%billing``
+    is ``%DLQ%billing`` in prod, ``%RETRY%prod%g+prod%t`` is ``%RETRY%g+t``; a retry topic whose
+    group and topic lie in different namespaces is in none."""
+    if name.startswith(DLQ_PREFIX):
+        inner = _plain_in_namespace(name[len(DLQ_PREFIX) :], namespace)
+        return None if inner is None else DLQ_PREFIX + inner
+    if name.startswith(RETRY_PREFIX):
+        rest = name[len(RETRY_PREFIX) :]
+        if _RETRY_SEPARATOR not in rest:  # the legacy %RETRY%g_t: as one plain name
+            inner = _plain_in_namespace(rest, namespace)
+            return None if inner is None else RETRY_PREFIX + inner
+        group, _, topic = rest.partition(_RETRY_SEPARATOR)
+        local_group = _plain_in_namespace(group, namespace)
+        local_topic = in_namespace(topic, namespace)
+        if local_group is None or local_topic is None:
+            return None
+        return f"{RETRY_PREFIX}{local_group}{_RETRY_SEPARATOR}{local_topic}"
+    if name.startswith(SYSTEM_PREFIX):
+        inner = _plain_in_namespace(name[len(SYSTEM_PREFIX) :], namespace)
+        return None if inner is None else SYSTEM_PREFIX + inner
+    return _plain_in_namespace(name, namespace)
 
 
 def topic_pattern_covers(pattern: str, topic: str) -> bool:
@@ -149,10 +198,12 @@ class Subscription(_Strict):
 
 
 class Grant(_Strict):
-    """One ``allow`` entry: exactly one of publish or subscribe."""
+    """One ``allow`` entry: exactly one of publish or subscribe, in one namespace (None: only
+    resources outside any namespace)."""
 
     publish: str | None = None
     subscribe: Subscription | None = None
+    namespace: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9_-]{1,64}$")
 
     @field_validator("subscribe", mode="before")
     @classmethod
@@ -163,7 +214,45 @@ class Grant(_Strict):
     def _one(self) -> Grant:
         if (self.publish is None) == (self.subscribe is None):
             raise ValueError("an allow entry is either `publish: TOPIC` or `subscribe: GROUP`")
+        names = [self.publish] if self.publish is not None else []
+        if self.subscribe is not None:
+            names += [self.subscribe.group, *(self.subscribe.topics or ())]
+        for name in names:
+            # `prod%orders` or `prod*` meant a namespace: say how to grant one instead.
+            prefix = _system_prefix(name) or ""
+            if NAMESPACE_SEPARATOR in name.removeprefix(prefix):
+                raise ValueError(
+                    f"{name!r}: a grant names resources inside one namespace; write "
+                    "`namespace: NS` beside it and the names without `NS%`"
+                )
         return self
+
+    def localize(self, name: str) -> str | None:
+        """``name`` as this grant's patterns see it, or None if it lies outside its namespace."""
+        return in_namespace(name, self.namespace or "")
+
+    def may_publish(self, topic: str) -> bool:
+        if self.publish is None:
+            return False
+        local = self.localize(topic)
+        return local is not None and topic_pattern_covers(self.publish, local)
+
+    def may_subscribe(self, group: str, topic: str | None) -> bool:
+        if self.subscribe is None:
+            return False
+        local_group = self.localize(group)
+        local_topic = None if topic is None else self.localize(topic)
+        if local_group is None or (topic is not None and local_topic is None):
+            return False
+        return self.subscribe.covers(local_group, local_topic)
+
+    def may_read_topic(self, topic: str) -> bool:
+        if self.may_publish(topic):
+            return True
+        local = self.localize(topic)
+        return (
+            self.subscribe is not None and local is not None and self.subscribe.covers_topic(local)
+        )
 
 
 class User(_Strict):
@@ -180,20 +269,14 @@ class User(_Strict):
         return value
 
     def can_publish(self, topic: str) -> bool:
-        return self.admin or any(
-            g.publish is not None and topic_pattern_covers(g.publish, topic) for g in self.allow
-        )
+        return self.admin or any(g.may_publish(topic) for g in self.allow)
 
     def can_subscribe(self, group: str, topic: str | None = None) -> bool:
-        return self.admin or any(
-            g.subscribe is not None and g.subscribe.covers(group, topic) for g in self.allow
-        )
+        return self.admin or any(g.may_subscribe(group, topic) for g in self.allow)
 
     def can_read_topic(self, topic: str) -> bool:
         """May see a topic's route or offsets: publishes to it or subscribes on it."""
-        return self.can_publish(topic) or any(
-            g.subscribe is not None and g.subscribe.covers_topic(topic) for g in self.allow
-        )
+        return self.admin or any(g.may_read_topic(topic) for g in self.allow)
 
 
 class Acl(_Strict):

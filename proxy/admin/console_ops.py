@@ -40,7 +40,9 @@ class ConsoleOpsMixin:
         response.admin = user.admin
         for grant in user.allow:
             if grant.publish is not None:
-                response.grants.append(a.Grant(publish=grant.publish))
+                response.grants.append(
+                    a.Grant(publish=grant.publish, namespace=grant.namespace or "")
+                )
             elif grant.subscribe is not None:
                 topics = grant.subscribe.topics
                 response.grants.append(
@@ -48,6 +50,7 @@ class ConsoleOpsMixin:
                         subscribe_group=grant.subscribe.group,
                         subscribe_topics=list(topics or ()),
                         any_topic=topics is None,
+                        namespace=grant.namespace or "",
                     )
                 )
         return response

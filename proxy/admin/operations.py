@@ -93,9 +93,9 @@ class OperationsMixin:
     # -- dead-letter queues --------------------------------------------------------------
     async def ListDlq(self, request: a.ListDlqRequest, context: object) -> a.ListDlqResponse:
         async def work() -> a.ListDlqResponse:
-            found, total = await self.admin.list_dlq(request.group, request.limit)
+            found, total, truncated = await self.admin.list_dlq(request.group, request.limit)
             return a.ListDlqResponse(
-                status=st.ok(), total=total,
+                status=st.ok(), total=total, truncated=truncated,
                 messages=[_view(b, m, include_body=False) for b, m in found],
             )  # fmt: skip
 

@@ -192,22 +192,30 @@ class AdminServicer(OperationsMixin, ConsoleOpsMixin, admin_pb2_grpc.AdminServic
     async def ListClients(
         self, request: a.ListClientsRequest, context: object
     ) -> a.ListClientsResponse:
-        clients = [
-            a.Client(
-                client_id=c.client_id,
-                client_type=c.client_type,
-                group=c.group,
-                topics=sorted(c.topics),
-                language=c.language,
-                version=c.version,
-                peer=c.peer,
-                first_seen=c.first_seen,
-                last_seen=c.last_seen,
-                telemetry_open=c.telemetry_open,
+        async def work() -> a.ListClientsResponse:
+            page, next_token = self.admin.clients_page(
+                request.group, request.page_size, request.page_token
             )
-            for c in self.admin.clients(request.group)
-        ]
-        return a.ListClientsResponse(status=st.ok(), clients=clients, proxy=self.admin.proxy)
+            clients = [
+                a.Client(
+                    client_id=c.client_id,
+                    client_type=c.client_type,
+                    group=c.group,
+                    topics=sorted(c.topics),
+                    language=c.language,
+                    version=c.version,
+                    peer=c.peer,
+                    first_seen=c.first_seen,
+                    last_seen=c.last_seen,
+                    telemetry_open=c.telemetry_open,
+                )
+                for c in page
+            ]
+            return a.ListClientsResponse(
+                status=st.ok(), clients=clients, proxy=self.admin.proxy, next_page_token=next_token
+            )
+
+        return await self._answer(a.ListClientsResponse, work)
 
     async def Stats(self, request: a.StatsRequest, context: object) -> a.StatsResponse:
         return a.StatsResponse(status=st.ok(), prometheus_text=self.admin.stats_text())

@@ -9,8 +9,11 @@ so it works the same for `popmq serve` and a cluster of `popmq broker` processes
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
+import json
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,9 +52,54 @@ from popmq.metrics_http import build_version
 DEFAULT_MAX_SCAN = 10_000
 DEFAULT_QUERY_LIMIT = 32
 DEFAULT_DLQ_LIMIT = 100
-# How many DLQ messages one resend may look through (newest first) per queue.
-DLQ_SCAN = 100_000
 PULL_BATCH = 256
+CLIENTS_PAGE = 500  # ListClients' page when the request names none
+MAX_CLIENTS_PAGE = 1_000
+
+
+def _page_token(last: ClientInfo) -> str:
+    raw = json.dumps([last.client_id, last.access_key]).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _page_key(token: str) -> tuple[str, str]:
+    try:
+        key = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except (ValueError, UnicodeError):
+        key = None
+    if not (isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) for k in key)):
+        raise RefusedError(Code.BAD_REQUEST, "page_token is not one this proxy gave out")
+    return key[0], key[1]
+
+
+@dataclass(frozen=True)
+class ReadBounds:
+    """How much an admin read may hold (proxy.admin_*): an admin asking for a whole topic
+    must not make the proxy read it into memory. Asking past max_scan or max_results is
+    BAD_REQUEST; a scan that reaches scan_bytes stops there, answered as truncated."""
+
+    max_scan: int = 100_000  # messages per queue one query may look through
+    max_results: int = 10_000  # messages one answer may hold (query, DLQ listing)
+    scan_bytes: int = 64 * 1024 * 1024  # bytes of messages one scan holds at once
+
+    def check(self, name: str, value: int, most: int, setting: str) -> int:
+        if value < 0:
+            raise RefusedError(Code.BAD_REQUEST, f"{name} must not be negative")
+        if value > most:
+            raise RefusedError(
+                Code.BAD_REQUEST,
+                f"{name} {value} is above this proxy's limit of {most} (proxy.{setting})",
+            )
+        return value
+
+
+def _held_bytes(m: StoredMessage) -> int:
+    return (
+        len(m.body)
+        + sum(len(k) for k in m.keys)
+        + sum(len(k) + len(v) for k, v in m.properties.items())
+    )
+
 
 # A topic on each broker that has it, in the cluster's broker order.
 TopicBrokers = list[tuple[str, TopicInfo]]
@@ -157,6 +205,44 @@ async def _scan(
     return out
 
 
+async def _scan_newest(
+    port: BrokerPort, topic: str, queue_id: int, low: int, high: int, room: list[int]
+) -> tuple[list[StoredMessage], bool]:
+    """Messages of one queue in [low, high), newest chunk first, until ``room[0]`` bytes are
+    used up; and whether older ones were left unread for it."""
+    chunks: list[list[StoredMessage]] = []
+    top = high
+    while top > low and room[0] > 0:
+        start = max(low, top - PULL_BATCH)
+        chunk: deque[StoredMessage] = deque()
+        held = 0
+        cut = False
+        offset = start
+        while offset < top:  # read forward, drop from the old end past the room left
+            result = await port.pull(
+                PullRequest(topic, queue_id, offset, max_messages=min(PULL_BATCH, top - offset))
+            )
+            if result.status != PullStatus.FOUND or not result.messages:
+                if result.next_offset <= offset:
+                    break
+                offset = result.next_offset
+                continue
+            for m in result.messages:
+                if m.queue_offset < top:
+                    chunk.append(m)
+                    held += _held_bytes(m)
+            while chunk and held > room[0]:
+                held -= _held_bytes(chunk.popleft())
+                cut = True
+            offset = result.next_offset
+        room[0] -= held
+        chunks.append(list(chunk))
+        if cut:  # older messages of this queue stay unread
+            break
+        top = start
+    return [m for chunk in reversed(chunks) for m in chunk], top > low
+
+
 async def _store_time_ms(port: BrokerPort, topic: str, queue_id: int, offset: int) -> int:
     result = await port.pull(PullRequest(topic, queue_id, offset, max_messages=1))
     return result.messages[0].store_timestamp_ms if result.messages else 0
@@ -169,11 +255,13 @@ class Admin:
         registry: ClientRegistry,
         metrics: ProxyMetrics,
         address: ProxyAddress,
+        bounds: ReadBounds | None = None,
     ) -> None:
         self.cluster = cluster
         self.registry = registry
         self.metrics = metrics
         self.address = address
+        self.bounds = bounds or ReadBounds()
 
     @property
     def proxy(self) -> str:
@@ -361,6 +449,25 @@ class Admin:
     def clients(self, group: str = "") -> list[ClientInfo]:
         return self.registry.clients(group or None)
 
+    def clients_page(
+        self, group: str = "", page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[ClientInfo], str]:
+        """One page of clients, in (client id, access key) order, after ``page_token`` (the
+        last client of the previous page: clients that come or go between pages shift no
+        other one); and the next page's token, "" after the last page."""
+        if page_size < 0 or page_size > MAX_CLIENTS_PAGE:
+            raise RefusedError(
+                Code.BAD_REQUEST, f"page_size must be 0..{MAX_CLIENTS_PAGE} (0: {CLIENTS_PAGE})"
+            )
+        size = page_size or CLIENTS_PAGE
+        after = _page_key(page_token) if page_token else None
+        found = self.registry.clients(group or None)
+        if after is not None:
+            found = [c for c in found if (c.client_id, c.access_key) > after]
+        page = found[:size]
+        more = len(found) > size
+        return page, _page_token(page[-1]) if more else ""
+
     def stats_text(self) -> str:
         """The proxy's metrics in Prometheus' text format."""
         return generate_latest(self.metrics.registry).decode()
@@ -417,16 +524,21 @@ class Admin:
 
     # -- messages ----------------------------------------------------------------------------
     async def _newest(self, topics: Iterable[str], max_scan: int) -> tuple[list[Found], bool]:
-        """Up to max_scan newest messages of every queue of `topics` (newest first)."""
+        """Up to max_scan newest messages of every queue of `topics` (newest first), no more
+        than bounds.scan_bytes of them (truncated: some queue held older ones unread)."""
         found: list[Found] = []
         truncated = False
+        room = [self.bounds.scan_bytes]
         for topic in topics:
             for broker, port, info in await self._topic_on_brokers(topic):
                 for queue in info.queues:
                     low = max(queue.min_offset, queue.max_offset - max_scan)
                     truncated |= low > queue.min_offset
-                    for m in await _scan(port, topic, queue.queue_id, low, queue.max_offset):
-                        found.append((broker, m))
+                    read, cut = await _scan_newest(
+                        port, topic, queue.queue_id, low, queue.max_offset, room
+                    )
+                    truncated |= cut
+                    found += [(broker, m) for m in read]
         found.sort(key=lambda item: item[1].store_timestamp_ms, reverse=True)
         return found, truncated
 
@@ -448,13 +560,15 @@ class Admin:
             raise RefusedError(Code.BAD_REQUEST, "give a message id, a key or a time range")
         if start_ms < 0 or end_ms < 0:
             raise RefusedError(Code.BAD_REQUEST, "times must not be before 1970")
-        if max_scan < 0 or limit < 0:
-            raise RefusedError(Code.BAD_REQUEST, "max_scan and limit must not be negative")
+        bounds = self.bounds
+        max_scan = bounds.check("max_scan", max_scan, bounds.max_scan, "admin_max_scan")
+        limit = bounds.check("limit", limit, bounds.max_results, "admin_max_results")
         if topic:
             topic = validate.topic_name(topic, allow_dlq=True)
         topics = await self._user_topics("") if not topic else [topic]
-        found, truncated = await self._newest(topics, max_scan or DEFAULT_MAX_SCAN)
-        limit = limit or DEFAULT_QUERY_LIMIT
+        default_scan = min(DEFAULT_MAX_SCAN, bounds.max_scan)
+        found, truncated = await self._newest(topics, max_scan or default_scan)
+        limit = limit or min(DEFAULT_QUERY_LIMIT, bounds.max_results)
         matches: list[Found] = []
         for broker, m in found:
             ids = (m.message_id, m.properties.get(PROP_ORIGIN_MESSAGE_ID, ""))
@@ -470,38 +584,59 @@ class Admin:
         return matches, truncated
 
     # -- dead-letter queues ------------------------------------------------------------------
-    async def _dlq(self, group: str, scan: int) -> tuple[list[Found], int]:
-        dlq = f"{DLQ_PREFIX}{group}"
+    async def _dlq_on_brokers(self, group: str) -> list[tuple[str, BrokerPort, TopicInfo]]:
         try:
-            on_brokers = await self._topic_on_brokers(dlq)
+            return await self._topic_on_brokers(f"{DLQ_PREFIX}{group}")
         except RefusedError as exc:
             if exc.code == Code.TOPIC_NOT_FOUND:  # nothing was ever dead-lettered
-                return [], 0
+                return []
             raise
-        total = sum(q.max_offset - q.min_offset for _, _, i in on_brokers for q in i.queues)
-        found, _ = await self._newest([dlq], scan)
-        return found, total
 
-    async def list_dlq(self, group: str, limit: int = 0) -> tuple[list[Found], int]:
-        """The group's newest dead letters (up to ``limit``) and how many there are."""
+    async def list_dlq(self, group: str, limit: int = 0) -> tuple[list[Found], int, bool]:
+        """The group's newest dead letters (up to ``limit``), how many there are, and whether
+        the listing stopped at bounds.scan_bytes before ``limit``."""
         group = validate.group_name(group)
-        if limit < 0:
-            raise RefusedError(Code.BAD_REQUEST, "limit must not be negative")
-        limit = limit or DEFAULT_DLQ_LIMIT
-        found, total = await self._dlq(group, limit)
-        return found[:limit], total
+        bounds = self.bounds
+        limit = bounds.check("limit", limit, bounds.max_results, "admin_max_results")
+        limit = limit or min(DEFAULT_DLQ_LIMIT, bounds.max_results)
+        on_brokers = await self._dlq_on_brokers(group)
+        if not on_brokers:
+            return [], 0, False
+        total = sum(q.max_offset - q.min_offset for _, _, i in on_brokers for q in i.queues)
+        found, truncated = await self._newest([f"{DLQ_PREFIX}{group}"], limit)
+        # Cut for bytes, not for the limit: there were more than fit.
+        truncated = truncated and len(found) < min(limit, total)
+        return found[:limit], total, truncated
 
     async def resend_dlq(self, group: str, message_ids: list[str], all_: bool) -> list[Resent]:
         """Send dead letters again to their original topic, oldest first."""
         group = validate.group_name(group)
         if all_ == bool(message_ids):
             raise RefusedError(Code.BAD_REQUEST, "give message ids or --all (not both)")
-        found, _ = await self._dlq(group, DLQ_SCAN)
         wanted = set(message_ids)
-        chosen = [
-            (b, m) for b, m in found
-            if all_ or wanted & {m.message_id, m.properties.get(PROP_ORIGIN_MESSAGE_ID)}
-        ]  # fmt: skip
+        dlq = f"{DLQ_PREFIX}{group}"
+        # Found first, then resent: a missing id must leave every other one unsent. Only the
+        # chosen messages are kept, and their bodies only until each is sent again, so a
+        # large DLQ is read in PULL_BATCH chunks, never whole.
+        chosen: list[Found] = []
+        held = 0
+        for broker, port, info in await self._dlq_on_brokers(group):
+            for queue in info.queues:
+                for start in range(queue.min_offset, queue.max_offset, PULL_BATCH):
+                    end = min(start + PULL_BATCH, queue.max_offset)
+                    for m in await _scan(port, dlq, queue.queue_id, start, end):
+                        ids = {m.message_id, m.properties.get(PROP_ORIGIN_MESSAGE_ID)}
+                        if all_ or wanted & ids:
+                            chosen.append((broker, m))
+                            held += _held_bytes(m)
+                    if held > self.bounds.scan_bytes:
+                        raise RefusedError(
+                            Code.BAD_REQUEST,
+                            f"the messages to resend from {dlq} hold more than "
+                            f"proxy.admin_scan_bytes ({self.bounds.scan_bytes} bytes): resend "
+                            "them by message ids, in parts",
+                        )
+        chosen.sort(key=lambda item: item[1].store_timestamp_ms)
         missing = wanted - {
             i for _, m in chosen for i in (m.message_id, m.properties.get(PROP_ORIGIN_MESSAGE_ID))
         }
@@ -510,7 +645,7 @@ class Admin:
                 Code.MESSAGE_NOT_FOUND, f"not in {DLQ_PREFIX}{group}: {sorted(missing)}"
             )
         resent: list[Resent] = []
-        for broker, m in reversed(chosen):  # oldest first, in their original order
+        for broker, m in chosen:  # oldest first, in their original order
             origin = m.properties.get(PROP_ORIGIN_TOPIC)
             if not origin:
                 raise RefusedError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from popmq.proxy.admission import LongPollAdmission
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core.address import ProxyAddress
-from popmq.proxy.core.admin import Admin
+from popmq.proxy.core.admin import Admin, ReadBounds
 from popmq.proxy.core.clients import Clients
 from popmq.proxy.core.handles import Handles
 from popmq.proxy.core.offsets import Offsets
@@ -47,7 +47,8 @@ class ProxyCore:
         self.receiver = Receiver(proxy, cluster, strategy, admission, registry, renewer, metrics)
         self.handles = Handles(proxy, cluster, renewer)
         self.offsets = Offsets(proxy, cluster)
-        self.admin = Admin(cluster, registry, metrics, address)
+        bounds = ReadBounds(proxy.admin_max_scan, proxy.admin_max_results, proxy.admin_scan_bytes)
+        self.admin = Admin(cluster, registry, metrics, address, bounds)
         self.transactions = Transactions(
             cluster, ProducerChannels(), metrics, proxy.transaction_check_poll_ms
         )

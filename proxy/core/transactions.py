@@ -18,11 +18,13 @@ from dataclasses import dataclass
 
 import anyio
 from popmq.broker.contract.errors import Code, RefusedError
-from popmq.broker.contract.types import StoredMessage
+from popmq.broker.contract.types import PROP_TX_TRACE, StoredMessage
 from popmq.broker.transaction_id import peek_transaction_broker
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core import validate
 from popmq.proxy.metrics import ProxyMetrics
+
+from popmq.tracing import continue_from, link_to, tracer
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +120,21 @@ class Transactions:
                 log.debug("transaction checks: broker %s did not answer (%s)", name, exc)
                 continue
             for check in due:
-                if self.channels.deliver(OrphanCheck(check.message, check.transaction_id)):
+                # Each check joins its half send's trace (and links to that span).
+                traceparent = check.message.properties.get(PROP_TX_TRACE, "")
+                link = link_to(traceparent)
+                with tracer().start_as_current_span(
+                    "popmq.transaction.check", context=continue_from(traceparent),
+                    links=[link] if link is not None else None,
+                    attributes={"messaging.message.id": check.message.message_id,
+                                "messaging.destination.name": check.message.topic,
+                                "popmq.transaction.checks": check.checks},
+                ) as span:  # fmt: skip
+                    delivered = self.channels.deliver(
+                        OrphanCheck(check.message, check.transaction_id)
+                    )
+                    span.set_attribute("popmq.transaction.handed_over", delivered)
+                if delivered:
                     handed += 1
                 else:  # the producer left meanwhile: the next check interval asks again
                     log.info("transaction check of message %s (%s): no producer took it",

@@ -44,13 +44,14 @@ from popmq.proxy.metrics import ProxyMetrics
 from prometheus_client import Counter
 
 from popmq.config import ProxyConfig
+from popmq.errors import Code
 from popmq.pb.admin.v1 import admin_pb2
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.security import signature
 from popmq.security.acl import AclFile, User
 from popmq.security.authn import Authenticator
-from popmq.security.errors import UNAUTHORIZED, AccessDenied, forbidden
+from popmq.security.errors import AccessDenied, forbidden
 from popmq.security.files import warn_if_exposed
 
 log = logging.getLogger(__name__)
@@ -150,17 +151,49 @@ class AccessGuard(grpc.aio.ServerInterceptor):
     """Wraps every guarded method's behavior with the authentication and permission check."""
 
     def __init__(
-        self, authenticator: Authenticator, metrics: ProxyMetrics, refusals: Counter
+        self,
+        authenticator: Authenticator,
+        metrics: ProxyMetrics,
+        refusals: Counter,
+        max_calls_per_key: int = 10_000,
+        open_calls: dict[str, int] | None = None,
     ) -> None:
         self._authn = authenticator
         self._metrics = metrics
         self._refusals = refusals  # by reason: what the caller is not told
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
         self._last_logged: dict[tuple[str, str, int], float] = {}
+        self._max_calls = max_calls_per_key
+        # Calls open now, by access key, over every listener (shared with for_another_server).
+        self.open_calls: dict[str, int] = {} if open_calls is None else open_calls
 
     def for_another_server(self) -> AccessGuard:
         """The same users for another listener: wrapped handlers are cached per server."""
-        return AccessGuard(self._authn, self._metrics, self._refusals)
+        return AccessGuard(
+            self._authn, self._metrics, self._refusals, self._max_calls, self.open_calls
+        )
+
+    def _open(self, user: User) -> None:
+        """Count a call of this user's; TOO_MANY_REQUESTS past proxy.max_streams_per_access_key."""
+        key = user.access_key
+        now = self.open_calls.get(key, 0)
+        if now >= self._max_calls:
+            self._metrics.admission_refusals.labels("streams_per_access_key").inc()
+            raise AccessDenied(
+                Code.TOO_MANY_REQUESTS,
+                f"access key {key!r} has {self._max_calls} calls open on this proxy already "
+                "(proxy.max_streams_per_access_key)",
+                reason="streams_per_access_key",
+            )
+        self.open_calls[key] = now + 1
+
+    def _close(self, user: User) -> None:
+        key = user.access_key
+        left = self.open_calls.get(key, 0) - 1
+        if left > 0:
+            self.open_calls[key] = left
+        else:
+            self.open_calls.pop(key, None)
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
         path: str = details.method
@@ -220,7 +253,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         self, path: str, exc: AccessDenied, context: grpc.aio.ServicerContext
     ) -> pb.Status:
         method = path.rsplit("/", 1)[1]
-        code_name = "UNAUTHORIZED" if exc.code == UNAUTHORIZED else "FORBIDDEN"
+        code_name = Code(exc.code).name
         self._metrics.rpc_requests.labels(method, code_name).inc()
         self._refusals.labels(exc.reason).inc()
         credential = ""
@@ -252,6 +285,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 try:
                     user = guard.check(path, request, context)
+                    guard._open(user)
                 except AccessDenied as exc:
                     status = guard._refused(path, exc, context)
                     return _refused_response(response_class, method, request, status)
@@ -260,6 +294,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
                     return await inner(request, context)
                 finally:
                     CALLER.reset(token)
+                    guard._close(user)
 
             return _rebuild(grpc.unary_unary_rpc_method_handler, unary, handler)
 
@@ -269,6 +304,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
             async def server_stream(request: Any, context: grpc.aio.ServicerContext) -> None:
                 try:
                     user = guard.check(path, request, context)
+                    guard._open(user)
                 except AccessDenied as exc:
                     status = guard._refused(path, exc, context)
                     await context.write(response_class(status=status))
@@ -282,6 +318,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
                     await inner(request, context)
                 finally:
                     CALLER.reset(token)
+                    guard._close(user)
 
             return _rebuild(grpc.unary_stream_rpc_method_handler, server_stream, handler)
 
@@ -291,9 +328,17 @@ class AccessGuard(grpc.aio.ServerInterceptor):
             async def bidi(requests: Any, context: grpc.aio.ServicerContext) -> Any:
                 try:
                     user = guard.check(path, None, context)
+                    guard._open(user)
                 except AccessDenied as exc:
                     yield response_class(status=guard._refused(path, exc, context))
                     return
+                try:
+                    async for answer in guarded_bidi(user, requests, context):
+                        yield answer
+                finally:
+                    guard._close(user)
+
+            async def guarded_bidi(user: User, requests: Any, context: Any) -> Any:
                 # Each RPC runs in its own task: set for the whole stream, never reset across
                 # yields (a generator may resume in another context).
                 CALLER.set(_caller(user))
@@ -426,4 +471,6 @@ def access_guard(config: ProxyConfig, metrics: ProxyMetrics) -> AccessGuard | No
         registry=metrics.registry,
     )
     log.info("authentication on: %d users from %s", len(acl.acl.users), config.acl)
-    return AccessGuard(Authenticator(acl, verifier), metrics, refusals)
+    return AccessGuard(
+        Authenticator(acl, verifier), metrics, refusals, config.max_streams_per_access_key
+    )

@@ -117,3 +117,23 @@ def test_a_property_with_underscores_is_no_number(value: str) -> None:
     for expression in ("a = 1000", "a = 10", "a >= 0", "a < 0", "a BETWEEN 0 AND 100000"):
         assert compile_sql92(expression)("", {"a": value}) is False, (expression, value)
     assert compile_sql92(f"a = '{value}'")("", {"a": value}) is True
+
+
+@pytest.mark.parametrize(
+    ("expression", "a", "matches"),
+    [
+        ("a IN (1, NULL)", "1", True),
+        ("a IN (1, NULL)", "2", False),  # unknown
+        ("a NOT IN (1, NULL)", "2", False),  # unknown, not TRUE
+        ("a NOT IN (1, NULL)", "1", False),
+        ("NOT (a IN (1, NULL))", "2", False),
+        ("a NOT IN (1, 3)", "2", True),
+        ("a IN (1, NULL) OR a = 2", "2", True),
+    ],
+)
+def test_in_with_a_null_in_the_list_is_unknown_on_a_miss(
+    expression: str, a: str, matches: bool
+) -> None:
+    """SQL's IN is an OR of equalities: a value not in the list, with a NULL in it, is
+    unknown, so NOT IN does not match either."""
+    assert compile_sql92(expression)("", {"a": a}) is matches

@@ -15,6 +15,7 @@ from popmq.broker.contract.types import (
     PopRequest,
 )
 from popmq.broker.testing import fast_broker_config, running_broker
+from popmq.broker.transactions import HALF_TOPIC, PARK, PARKED_TOPIC, PROGRESS_GROUP
 
 from popmq.clock import LoopClock
 from popmq.config import BrokerConfig
@@ -142,6 +143,9 @@ async def test_halves_and_decisions_survive_a_restart(tmp_path) -> None:
     async with running_broker(config, LoopClock()) as broker:
         assert broker.transactions.pending == 0
         assert await _pop(broker) == []
+        # All three decided: the half topic's progress is past them (recovery reads no more).
+        progress = broker.transactions._store.get_consumer_offset(PROGRESS_GROUP, HALF_TOPIC, 0)
+        assert progress == 3
 
 
 async def test_check_back_timing_and_parking(tmp_path) -> None:
@@ -149,6 +153,7 @@ async def test_check_back_timing_and_parking(tmp_path) -> None:
     async with running_broker(config, LoopClock()) as broker:
         await broker.create_topic("tx", 1, "TRANSACTION")
         (sent,) = await broker.send([_half(b"unknown")])
+        sent_ms = broker.transactions.halves()[0].stored_ms
         assert await broker.claim_transaction_checks(["tx"]) == []  # immune for 6 s
         await anyio.sleep(6.1)
         assert await broker.claim_transaction_checks(["elsewhere"]) == []  # not its topic
@@ -168,9 +173,14 @@ async def test_check_back_timing_and_parking(tmp_path) -> None:
         assert info.parked and info.checks == 3 and info.message_id == sent.message_id
         assert _sample(broker, "popmq_broker_transactions_parked_total") == 1
         assert _sample(broker, "popmq_broker_transaction_checks_total") == 3
+        # Moved to the parked topic: the half topic's progress is past it.
+        store = broker.transactions._store
+        assert store.max_offset(PARKED_TOPIC, 0) == 1
+        assert store.get_consumer_offset(PROGRESS_GROUP, HALF_TOPIC, 0) == 1
     async with running_broker(config, LoopClock()) as broker:  # parked and counted, durably
         (info,) = await broker.list_transactions()
         assert info.parked and info.checks == 3
+        assert info.stored_ms == sent_ms
         # An operator (or a late producer) still decides it, with the id the listing shows.
         await broker.end_transaction("tx", info.message_id, info.transaction_id, True, "ADMIN")
         assert [m.body for m in await _pop(broker)] == [b"unknown"]
@@ -213,3 +223,35 @@ async def test_halves_nobody_is_asked_about_are_parked(tmp_path) -> None:
         await anyio.sleep(10)  # no proxy claimed it: the broker's own loop parks it
         (info,) = await broker.list_transactions()
         assert info.parked and info.checks == 0
+
+
+async def test_halves_parked_in_place_by_older_versions_still_work(tmp_path) -> None:
+    """Before the parked topic, a PARK op record alone marked a half message parked, which
+    stayed in the half topic. Such data directories load: the halves are listed as parked,
+    decided from the half topic, and moved to the parked topic by the broker's loop."""
+    config = _config(tmp_path, check_interval_ms=30_000)
+    async with running_broker(config, LoopClock()) as broker:
+        await broker.create_topic("tx", 1, "TRANSACTION")
+        early, late = await broker.send([_half(b"early"), _half(b"late")])
+        service = broker.transactions
+        for half in service.halves():  # what the older version wrote when it parked
+            await service._op(half.offset, half.message_id, PARK)
+    async with running_broker(config, LoopClock()) as broker:
+        service = broker.transactions
+        store = service._store
+        assert [(i.message_id, i.parked) for i in await broker.list_transactions()] == [
+            (early.message_id, True), (late.message_id, True)]  # fmt: skip
+        # Decided at once, read from the half topic (the loop may not have moved it yet).
+        await broker.end_transaction("tx", early.message_id, early.transaction_id, True, "ADMIN")
+        await anyio.sleep(31)  # one round of the broker's transaction loop
+        (half,) = service.halves()
+        assert half.parked and half.parked_offset is not None
+        assert store.max_offset(PARKED_TOPIC, 0) == 1
+        assert store.get_consumer_offset(PROGRESS_GROUP, HALF_TOPIC, 0) == 2
+        assert _sample(broker, "popmq_broker_transactions_parked_total") == 0  # not new
+    async with running_broker(config, LoopClock()) as broker:
+        (info,) = await broker.list_transactions()
+        assert info.parked and info.message_id == late.message_id
+        await broker.end_transaction("tx", late.message_id, late.transaction_id, True, "ADMIN")
+        assert sorted(m.body for m in await _pop(broker)) == [b"early", b"late"]
+        assert broker.transactions.pending == 0

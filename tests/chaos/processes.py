@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STARTUP_TIMEOUT_S = 30.0
+STARTUP_TIMEOUT_S = 60.0  # generous: HA tests start several processes at once
 _ADDRESS = re.compile(r"listening on (\S+):(\d+)$")
 
 

@@ -10,14 +10,9 @@ acknowledged send is lost, and a zombie leader acknowledges nothing once it was 
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import signal
 import time
 import uuid
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -25,177 +20,27 @@ import pytest
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message
 from popmq.broker.wire.remote import RemoteBrokerPort
-from support.etcd import EtcdCluster
 
-from chaos.processes import PopmqProcess
+from chaos.ha_kit import (
+    GROUP,
+    LEASE_TTL_S,
+    NODES,
+    Traffic,
+    all_in_sync,
+    group_behind_proxy,
+    reported_lags,
+    retried,
+    until,
+    wait_leader,
+)
 from popmq.client.aio import AsyncClient
-from popmq.client.model import QueueRef
-from popmq.coord.etcd import EtcdStore
-from popmq.coord.keys import GroupKeys, decode
 from popmq.errors import PopmqError
 
 pytestmark = [pytest.mark.wallclock, pytest.mark.slow, pytest.mark.subprocess]
 
-GROUP = "ga"
-NODES = ("ga-0", "ga-1", "ga-2")
-LEASE_TTL_S = 2
 RECOVERY_BOUND_S = 20.0  # generous; the figure printed is what matters (target <= 5 s)
 INVISIBLE_MS = 10_000  # the minimum
 KILLS = 3
-
-
-def node(etcd: EtcdCluster, name: str, root: Path) -> PopmqProcess:
-    args = ["broker", "--name", name, "--group", GROUP, "--etcd", etcd.endpoint_arg,
-            "--replication", "sync", "--min-in-sync", "2",
-            "--host", "127.0.0.1", "--port", "0", "--data-dir", str(root / name),
-            "--set", f"broker.etcd.lease_ttl_s={LEASE_TTL_S}",
-            "--set", "broker.topics.queue_count=2"]  # fmt: skip
-    return PopmqProcess(args, root / f"{name}.log")
-
-
-Running = tuple[EtcdCluster, dict[str, PopmqProcess], PopmqProcess]
-
-
-@contextlib.asynccontextmanager
-async def group_behind_proxy(root: Path) -> AsyncIterator[Running]:
-    async with EtcdCluster.started(root) as etcd:
-        nodes = {name: node(etcd, name, root) for name in NODES}
-        proxy = PopmqProcess(["proxy", "--host", "127.0.0.1", "--port", "0", "--etcd",
-                              etcd.endpoint_arg], root / "proxy.log")  # fmt: skip
-        started: list[PopmqProcess] = []
-        try:
-            for process in (*nodes.values(), proxy):
-                started.append(await process.start())
-            yield etcd, nodes, proxy
-        finally:
-            for process in started:
-                await process.kill()
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    """Return once ``predicate()`` holds (the caller bounds the wait)."""
-    while True:
-        if predicate():
-            return
-        await anyio.sleep(0.05)
-
-
-async def leader_of(etcd: EtcdCluster) -> tuple[str, int] | None:
-    store = EtcdStore(etcd.endpoints)
-    try:
-        kv = await store.get(GroupKeys("/popmq/", GROUP).leader)
-    finally:
-        await store.aclose()
-    return (str(decode(kv.value)["name"]), kv.create_revision) if kv else None
-
-
-async def retried(attempt: Callable[[], Awaitable[bool]]) -> None:
-    """Try until ``attempt()`` succeeds (the caller bounds the wait)."""
-    while True:
-        if await attempt():
-            return
-        await anyio.sleep(0.1)
-
-
-async def all_in_sync(etcd: EtcdCluster) -> bool:
-    store = EtcdStore(etcd.endpoints)
-    try:
-        kv = await store.get(GroupKeys("/popmq/", GROUP).in_sync)
-    finally:
-        await store.aclose()
-    return kv is not None and set(decode(kv.value).get("members", [])) == set(NODES)
-
-
-async def reported_lags(etcd: EtcdCluster) -> dict[str, dict[str, object]]:
-    """The followers' lag the leader published (what `popmq admin cluster status` shows)."""
-    store = EtcdStore(etcd.endpoints)
-    try:
-        kvs, _ = await store.get_prefix(GroupKeys("/popmq/", GROUP).root + b"lag/")
-    finally:
-        await store.aclose()
-    return {kv.key.rsplit(b"/", 1)[1].decode(): decode(kv.value) for kv in kvs}
-
-
-async def wait_leader(etcd: EtcdCluster, within_s: float, not_: str = "") -> tuple[str, int]:
-    with anyio.fail_after(within_s):
-        while True:
-            found = await leader_of(etcd)
-            if found is not None and found[0] != not_:
-                return found
-            await anyio.sleep(0.1)
-
-
-@dataclass
-class Traffic:
-    """A producer and a consumer through the proxy; what each saw."""
-
-    client: AsyncClient
-    topic: str
-    # (monotonic time the send started, when it was acknowledged, body)
-    acked: list[tuple[float, float, bytes]] = field(default_factory=list)
-    send_failures: int = 0
-    received: Counter[bytes] = field(default_factory=Counter)  # acked by the consumer
-    delivered: Counter[bytes] = field(default_factory=Counter)  # received, acked or not
-    receive_errors: int = 0
-    last_receive_error = ""
-    producing: bool = True
-
-    async def produce(self) -> None:
-        sequence = 0
-        while self.producing:
-            body = f"m-{sequence}".encode()
-            sequence += 1
-            started = time.monotonic()
-            try:
-                receipt = (await self.client.send([Message(self.topic, body)]))[0]
-            except PopmqError:
-                receipt = None
-            if receipt is not None and receipt.code == Code.OK:
-                self.acked.append((started, time.monotonic(), body))
-            else:
-                self.send_failures += 1
-                await anyio.sleep(0.05)
-
-    async def consume(self, queue: QueueRef) -> None:
-        while True:
-            try:
-                messages = await self.client.receive("cg", queue, batch_size=16,
-                                                     invisible_ms=INVISIBLE_MS,
-                                                     long_polling_ms=5_000)  # fmt: skip
-                self.delivered.update(m.body for m in messages)
-                if messages:
-                    outcomes = await self.client.ack(
-                        "cg", self.topic, [(m.message_id, m.receipt_handle) for m in messages]
-                    )
-                    for message, outcome in zip(messages, outcomes, strict=True):
-                        if outcome.ok:  # an unacked one comes back: counted then
-                            self.received[message.body] += 1
-            except PopmqError as error:
-                self.receive_errors += 1
-                self.last_receive_error = str(error)
-                await anyio.sleep(0.1)
-
-    def sent_since(self, instant: float) -> bool:
-        """Whether a send started after ``instant`` was acknowledged."""
-        return any(started > instant for started, _, _ in self.acked)
-
-    def outage_after(self, instant: float) -> float:
-        """The longest time without an acknowledged send from ``instant`` on (a send in
-        flight at the fault may still be answered by the old leader: the gap after it)."""
-        times = [at for _, at, _ in self.acked]
-        return max(
-            (later - max(earlier, instant)
-             for earlier, later in itertools.pairwise(times) if later > instant),
-            default=0.0,
-        )  # fmt: skip
-
-    def lost(self) -> list[bytes]:
-        """Acknowledged sends never delivered."""
-        return [body for _, _, body in self.acked if body not in self.delivered]
-
-    def unconsumed(self) -> list[bytes]:
-        """Acknowledged sends not yet consumed (delivered, and that delivery acked)."""
-        return [body for _, _, body in self.acked if body not in self.received]
 
 
 async def test_kill_9_of_the_leader_three_times_loses_no_acknowledged_send(
@@ -209,16 +54,9 @@ async def test_kill_9_of_the_leader_three_times_loses_no_acknowledged_send(
         topic = f"t{uuid.uuid4().hex[:8]}"
         figures: list[str] = []
         async with AsyncClient(proxy.address, timeout_s=10) as client:
-            traffic = Traffic(client, topic)
+            traffic = Traffic(client, topic, INVISIBLE_MS)
             with anyio.fail_after(30):  # a follower must be in sync before sends are taken
-                while not traffic.acked:
-                    try:
-                        receipt = (await client.send([Message(topic, b"m-first")]))[0]
-                        if receipt.code == Code.OK:
-                            traffic.acked.append((0.0, time.monotonic(), b"m-first"))
-                    except PopmqError:
-                        pass
-                    await anyio.sleep(0.2)
+                await traffic.first_send()
             queues = await client.query_route(topic)
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(traffic.produce)
@@ -258,13 +96,8 @@ async def test_kill_9_of_the_leader_three_times_loses_no_acknowledged_send(
                 with anyio.move_on_after(INVISIBLE_MS / 1000 + 5):
                     await until(lambda: not traffic.unconsumed())
                 tasks.cancel_scope.cancel()
-        duplicates = sum(count - 1 for count in traffic.received.values() if count > 1)
         print("\n" + "\n".join(figures))
-        print(f"{len(traffic.acked)} acknowledged, {traffic.send_failures} send failures, "
-              f"{len(traffic.lost())} lost, {duplicates} duplicates, "
-              f"{len(traffic.unconsumed())} delivered with an unconfirmed ack and not again, "
-              f"{traffic.receive_errors} receive errors "
-              f"(last: {traffic.last_receive_error or '-'})")  # fmt: skip
+        print(traffic.summary())
         assert traffic.lost() == [], f"acknowledged sends lost: {traffic.lost()[:10]}"
 
 

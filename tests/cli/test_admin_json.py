@@ -117,7 +117,7 @@ def test_every_admin_json_shape(served: Deployment) -> None:
     assert keyed["messages"][0]["reconsume_times"] == 0
 
     assert shape(admin_json(served, "dlq", "list", group)) == {
-        "messages": [], "total": "int",
+        "messages": [], "total": "int", "truncated": "bool",
     }  # fmt: skip
     assert admin_json(served, "dlq", "resend", group, "--all") == {"resent": []}
     assert shape(admin_json(served, "offsets", "reset", group, "--topic", topic,
@@ -125,7 +125,10 @@ def test_every_admin_json_shape(served: Deployment) -> None:
         "queues": [{"broker": "str", "queue_id": "int", "old_offset": "int",
                     "new_offset": "int"}],
     }  # fmt: skip
-    assert shape(admin_json(served, "clients")) == {"proxy": "str", "clients": []}
+    # every page, merged: next_page_token is always "" here
+    assert shape(admin_json(served, "clients")) == {
+        "proxy": "str", "clients": [], "next_page_token": "str",
+    }  # fmt: skip
     stats = admin_json(served, "stats")
     assert stats and all(isinstance(v, float) for v in stats.values())
     status = admin_json(served, "cluster", "status")

@@ -13,6 +13,7 @@ import pytest
 from console_support import admin_call, api, screenshot, start_console
 from support.official_clients import PopmqProcess, serve, unique
 
+from popmq.console.admin_client import AdminTarget
 from popmq.pb.admin.v1 import admin_pb2 as a
 
 pytestmark = [pytest.mark.slow, pytest.mark.wallclock, pytest.mark.subprocess]
@@ -183,3 +184,57 @@ def test_proxy_lets_any_user_ask_who_it_is_and_only_admins_send_test_messages(
         anonymous = stub.WhoAmI(a.WhoAmIRequest(), timeout=10)
     assert refused.status.code == 40300  # FORBIDDEN: the admin API's writes need admin
     assert anonymous.status.code == 40100  # UNAUTHORIZED
+
+
+async def test_failed_sign_ins_are_limited_per_address_and_per_access_key(
+    secured: dict[str, Any],
+) -> None:
+    """/login could be tried without limit (a secret guessed at the proxy's speed): after
+    login_limit.BURST failures from one address, or for one access key, it answers 429 with
+    Retry-After, without asking the proxy, until the bucket refills."""
+    import httpx
+
+    from popmq.console import login_limit
+    from popmq.console.app import build_app
+    from popmq.console.login_limit import LoginLimiter
+    from popmq.console.state import ConsoleState
+
+    now = [0.0]
+    state = ConsoleState(AdminTarget(secured["endpoint"]))
+    state.logins = LoginLimiter(clock=lambda: now[0])
+    transport = httpx.ASGITransport(app=build_app(state))
+    http = httpx.AsyncClient(
+        transport=transport, base_url="http://testserver",
+        headers={"origin": "http://testserver"},
+    )  # fmt: skip
+
+    async def sign_in(key: str, secret: str) -> httpx.Response:
+        form = {"access_key": key, "secret_key": secret, "next": "/cluster"}
+        return await http.post("/login", data=form)
+
+    try:
+        for _ in range(login_limit.BURST):
+            assert (await sign_in(ADMIN[0], "guess")).status_code == 401
+        limited = await sign_in(ADMIN[0], ADMIN[1])  # even the right secret waits
+        assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+        assert (await sign_in(APP[0], APP[1])).status_code == 429  # the same address
+        now[0] += 1 / login_limit.REFILL_PER_S + 0.1
+        assert (await sign_in(ADMIN[0], ADMIN[1])).status_code == 303  # one token back
+    finally:
+        await http.aclose()
+        await state.client.close()
+    # Another address, the same access key: limited by the key's own bucket.
+    for _ in range(login_limit.BURST):
+        state.logins.failed("10.0.0.9", "app1")
+    assert state.logins.retry_after("10.0.0.8", "app1") > 0
+    assert state.logins.retry_after("10.0.0.8", "ops") == 0
+
+
+def test_the_login_limiter_table_is_bounded() -> None:
+    from popmq.console import login_limit
+    from popmq.console.login_limit import LoginLimiter
+
+    limiter = LoginLimiter(clock=lambda: 0.0)
+    for i in range(login_limit.MAX_BUCKETS + 50):
+        limiter.failed(f"addr-{i}", "")
+    assert len(limiter._buckets) == login_limit.MAX_BUCKETS

@@ -87,9 +87,25 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
+# Replicated broker groups on the chart's own etcd: several StatefulSets (the checks above
+# that expect one are in test_helm_groups.py); linted and validated like every variant.
+HA_VARIANTS: dict[str, dict[str, Any]] = {
+    "ha-groups-own-etcd": {
+        "etcd": {"enabled": True},
+        "brokerGroups": [
+            {"name": "a", "replicas": 3, "replication": "sync", "minInSync": 2},
+            {"name": "b", "replicas": 3, "replication": "async", "minInSync": 1},
+        ],
+        "broker": {"antiAffinity": "required"},
+        "networkPolicy": {"enabled": True},
+    },
+}
+ALL_VARIANTS = {**VARIANTS, **HA_VARIANTS}
+
+
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, Rendered]:
-    return {name: render(values) for name, values in VARIANTS.items()}
+    return {name: render(values) for name, values in ALL_VARIANTS.items()}
 
 
 def merged_values(values: dict[str, Any]) -> dict[str, Any]:
@@ -98,15 +114,15 @@ def merged_values(values: dict[str, Any]) -> dict[str, Any]:
         return chart.merge_values(values)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_chart_lints_clean(variant: str) -> None:
-    report = helm.lint(str(CHART_DIR), VARIANTS[variant], strict=True, namespace=NAMESPACE)
+    report = helm.lint(str(CHART_DIR), ALL_VARIANTS[variant], strict=True, namespace=NAMESPACE)
     assert report["errors"] == []
     serious = [m for m in report["messages"] if m["severity"] >= 2]
     assert serious == []
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_every_manifest_is_valid_kubernetes(rendered: dict[str, Rendered], variant: str) -> None:
     out = rendered[variant]
     assert out.manifests, "nothing rendered"

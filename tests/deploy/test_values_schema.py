@@ -45,6 +45,10 @@ BAD_VALUES: list[tuple[dict[str, Any], list[str]]] = [
     ({"config": {"broker": {"handle_secret": "x" * 20}}}, ["/config/broker", "handle_secret"]),
     ({"config": {"serve": {"brokers": 2}}}, ["/config", "serve"]),
     ({"brokers": 3}, ["brokers"]),
+    ({"brokerGroups": [{"name": "Group_A"}]}, ["/brokerGroups/0/name"]),
+    ({"brokerGroups": [{"name": "a", "replication": "off"}]}, ["/brokerGroups/0/replication"]),
+    ({"etcd": {"enabled": True, "replicas": 2}}, ["/etcd/replicas"]),
+    ({"broker": {"antiAffinity": "always"}}, ["/broker/antiAffinity"]),
 ]
 
 # Rules across values that JSON schema cannot state; the templates fail with these words.
@@ -85,6 +89,12 @@ BAD_COMBINATIONS: list[tuple[dict[str, Any], str]] = [
     ),
     ({"tls": {"enabled": False, "brokers": {"enabled": True}}}, "tls.brokers.secretName"),
     ({"proxy": {"adminPort": 9090}}, "proxy.adminPort (9090) must differ"),
+    ({"etcd": {"enabled": True, "endpoints": ["http://e:2379"]}}, "etcd.enabled (the chart"),
+    ({"brokerGroups": [{"name": "a"}]}, "brokerGroups needs etcd"),
+    (
+        {"etcd": {"enabled": True}, "brokerGroups": [{"name": "a", "replicas": 2, "minInSync": 3}]},
+        "brokerGroups a: minInSync (3) must not exceed replicas (2)",
+    ),
 ]
 
 # Model fields the chart sets from other values (addresses, names, secret) or keeps from users
@@ -99,8 +109,7 @@ CHART_OWNED = {
     "proxy.metrics_port", "proxy.brokers",
     "proxy.reuse_port",  # set by `popmq proxy --workers N` on its workers, never by hand
     "serve",
-    # replicated groups (broker/replication): the chart does not run them yet (issue 19's Helm
-    # part: a StatefulSet per group); until then no value may turn them on
+    # replicated groups: set per group from brokerGroups (replication, minInSync) as flags
     "broker.replication",
 }  # fmt: skip
 

@@ -17,7 +17,11 @@ const util = require('node:util');
 
 const REPO = path.resolve(__dirname, '..', '..');
 const CLIENT_DIR = process.env.POPMQ_NODE_CLIENT_DIR || path.join(REPO, '.node-client');
-const rocketmq = require(path.join(CLIENT_DIR, 'node_modules', 'rocketmq-client-nodejs'));
+const CLIENT_PACKAGE = path.join(CLIENT_DIR, 'node_modules', 'rocketmq-client-nodejs');
+const rocketmq = require(CLIENT_PACKAGE);
+// The client takes and answers TransactionResolution values of its generated protobuf module.
+const { TransactionResolution } = require(
+  path.join(CLIENT_PACKAGE, 'proto', 'apache', 'rocketmq', 'v2', 'definition_pb'));
 
 // The client's default logger writes to ~/logs; ours keeps its log on stderr with the test.
 const stderrLogger = {
@@ -94,7 +98,23 @@ class Session {
     if (config.ak) {
       base.sessionCredentials = { accessKey: config.ak, accessSecret: config.sk || '' };
     }
-    if (this.role === 'producer') {
+    if (this.role === 'producer' && config.transactional) {
+      // Answers check-backs by message body (set_decisions: "COMMIT", "ROLLBACK", else
+      // unknown) and records each check it was asked.
+      this.decisions = new Map();
+      this.checked = [];
+      const checker = {
+        check: async view => {
+          const body = (view.body || Buffer.alloc(0)).toString('utf8');
+          const decision = this.decisions.get(body) || 'UNKNOWN';
+          this.checked.push({ body, message_id: view.messageId, topic: view.topic, decision });
+          if (decision === 'COMMIT') return TransactionResolution.COMMIT;
+          if (decision === 'ROLLBACK') return TransactionResolution.ROLLBACK;
+          return TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED;
+        },
+      };
+      this.client = new rocketmq.Producer({ ...base, topics: this.topics, checker });
+    } else if (this.role === 'producer') {
       this.client = new rocketmq.Producer({ ...base, topics: this.topics });
     } else if (this.role === 'simple') {
       const subscriptions = new Map(this.topics.map(t => [ t, config.filter || '*' ]));
@@ -143,6 +163,34 @@ class Session {
       }
     }
     return { ok: true, results };
+  }
+
+  // One transactional message, then cmd.end: "commit", "rollback" or "none" (left open, for a
+  // check-back).
+  async op_tx_send(cmd) {
+    const transaction = this.client.beginTransaction();
+    const receipt = await this.client.send(
+      buildMessage(cmd.topic || this.topics[0], cmd.message), transaction);
+    const end = cmd.end || 'commit';
+    if (end === 'commit') await transaction.commit();
+    else if (end === 'rollback') await transaction.rollback();
+    return { ok: true, message_id: receipt.messageId, transaction_id: receipt.transactionId };
+  }
+
+  async op_set_decisions(cmd) {
+    for (const [ body, decision ] of Object.entries(cmd.decisions)) {
+      this.decisions.set(body, decision);
+    }
+    return { ok: true };
+  }
+
+  // The check-backs seen so far; waits up to timeout_s for at least `count`.
+  async op_checked(cmd) {
+    const deadline = performance.now() + (cmd.timeout_s ?? 0) * 1000;
+    while (this.checked.length < (cmd.count ?? 0) && performance.now() < deadline) {
+      await new Promise(resolve => setTimeout(resolve, 50));
+    }
+    return { ok: true, checked: [ ...this.checked ] };
   }
 
   remember(views) {

@@ -232,3 +232,39 @@ def test_node_and_python_clients_read_each_other(
     assert sorted(m["body"] for m in got["messages"]) == sorted(
         s["body"] for s in node_specs + py_specs
     )
+
+
+def test_node_transactions_commit_rollback_and_check_back(
+    serve_deployment: Deployment, open_node: OpenClient
+) -> None:
+    """The Node client's transactional producer (beginTransaction, send with the transaction,
+    commit/rollback, a TransactionChecker for check-backs), unchanged: commit delivers with
+    the message's identity, rollback discards, and open transactions are asked about on the
+    producer's Telemetry stream and decided by its checker's answer. Nothing is delivered
+    before its commit."""
+    endpoint = serve_deployment.endpoint
+    topic, group = unique("node-tx"), unique("g")
+    consumer = open_node(endpoint, "simple", topics=[topic], group=group, await_s=1)
+    producer = open_node(endpoint, "producer", topics=[topic], transactional=True)
+    _ok(producer.call("set_decisions", decisions={"u-commit": "COMMIT", "u-roll": "ROLLBACK"}))
+    open_ = {}
+    for body in ("u-commit", "u-roll"):  # left open: the check-back decides them
+        open_[body] = _ok(producer.call("tx_send", topic=topic, message={"body": body},
+                                        end="none"))  # fmt: skip
+    spec = {"body": "c1", "tag": "T", "keys": ["k1"], "properties": {"p": "v"}}
+    committed = _ok(producer.call("tx_send", topic=topic, message=spec, end="commit"))
+    assert committed["transaction_id"]
+    _ok(producer.call("tx_send", topic=topic, message={"body": "r1"}, end="rollback"))
+    got = _ok(consumer.call("receive_until", count=1, timeout_s=5))["messages"]
+    (message,) = got  # the committed one (the open ones are immune from checks for 6 s)
+    assert message["body"] == "c1" and message["message_id"] == committed["message_id"]
+    assert message["tag"] == "T" and message["keys"] == ["k1"]
+    assert message["properties"] == {"p": "v"}
+    got = _ok(consumer.call("receive_until", count=1, timeout_s=30))["messages"]
+    assert [m["body"] for m in got] == ["u-commit"]
+    assert got[0]["message_id"] == open_["u-commit"]["message_id"]
+    checked = _ok(producer.call("checked", count=2, timeout_s=10))["checked"]
+    assert {(c["body"], c["message_id"], c["topic"]) for c in checked} >= {
+        (body, open_[body]["message_id"], topic) for body in open_}  # fmt: skip
+    got = _ok(consumer.call("receive_until", count=1, timeout_s=2))["messages"]
+    assert got == []  # neither the rolled-back one nor the one the checker rolled back

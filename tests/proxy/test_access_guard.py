@@ -28,10 +28,17 @@ from popmq.pb.rocketmq.v2 import service_pb2 as s
 OWNER = ("owner", "owner-secret-0001")
 OTHER = ("other", "other-secret-0001")
 ADMIN = ("root", "root-secret-0001")
+IN_PROD = ("prod-app", "prod-secret-0001")
 
 
 @pytest.fixture
 async def guarded(make_cluster: Any, tmp_path: Path) -> Cluster:
+    cluster = await make_cluster(brokers=1, **{"proxy.acl": str(_write_acl(tmp_path))})
+    cluster.signing = OWNER
+    return cluster
+
+
+def _write_acl(tmp_path: Path) -> Path:
     acl = tmp_path / "acl.yaml"
     acl.write_text(
         yaml.safe_dump(
@@ -56,13 +63,19 @@ async def guarded(make_cluster: Any, tmp_path: Path) -> Cluster:
                         ],
                     },
                     {"access_key": ADMIN[0], "secret_key": ADMIN[1], "admin": True},
+                    {
+                        "access_key": IN_PROD[0],
+                        "secret_key": IN_PROD[1],
+                        "allow": [
+                            {"publish": "t-*", "namespace": "prod"},
+                            {"subscribe": "g-*", "namespace": "prod"},
+                        ],
+                    },
                 ]
             }
         )
     )
-    cluster = await make_cluster(brokers=1, **{"proxy.acl": str(acl)})
-    cluster.signing = OWNER
-    return cluster
+    return acl
 
 
 def _mq(topic: str) -> pb.MessageQueue:
@@ -135,6 +148,45 @@ async def test_send_needs_publish_and_answers_one_entry_per_message(guarded: Clu
     assert messages == []  # nothing was written
     guarded.signing = OTHER  # other may subscribe on t-*: the route is readable
     assert (await guarded.route(topic)).status.code == Code.OK
+
+
+async def test_wildcards_never_reach_into_a_namespace(guarded: Cluster) -> None:
+    """The guard sees `ns%name`: `publish: "t-*"` covered every topic of namespace `t-prod`
+    (and its groups and dead letters). A grant now names its namespace, and `*` stops there."""
+
+    def in_namespace(namespace: str, topic: str) -> s.SendMessageRequest:
+        sent = message(topic, b"x")
+        sent.topic.resource_namespace = namespace
+        return s.SendMessageRequest(messages=[sent])
+
+    async def send(who: tuple[str, str], namespace: str, topic: str) -> int:
+        guarded.signing = who
+        answer = await guarded.stub.SendMessage(
+            in_namespace(namespace, topic), metadata=guarded.metadata(), timeout=5
+        )
+        return int(answer.status.code)
+
+    topic = unique("t")
+    assert await send(OWNER, "t-prod", "orders") == Code.FORBIDDEN  # OK before the fix
+    assert await send(OWNER, "", topic) == Code.OK
+    assert await send(IN_PROD, "prod", topic) == Code.OK
+    assert await send(IN_PROD, "", topic) == Code.FORBIDDEN  # no grant outside prod
+    assert await send(IN_PROD, "staging", topic) == Code.FORBIDDEN
+    guarded.signing = IN_PROD
+    g = pb.Resource(name=unique("g-x"), resource_namespace="prod")
+    t = pb.Resource(name=topic, resource_namespace="prod")
+    route = await guarded.stub.QueryRoute(s.QueryRouteRequest(topic=t), metadata=guarded.metadata())
+    assert route.status.code == Code.OK
+    assigned = await guarded.stub.QueryAssignment(
+        s.QueryAssignmentRequest(group=g, topic=t), metadata=guarded.metadata()
+    )
+    assert assigned.status.code == Code.OK
+    guarded.signing = OWNER  # g-own-* outside any namespace: not prod's g-own-1
+    g_own = pb.Resource(name="g-own-1", resource_namespace="prod")
+    refused = await guarded.stub.QueryAssignment(
+        s.QueryAssignmentRequest(group=g_own, topic=t), metadata=guarded.metadata()
+    )
+    assert refused.status.code == Code.FORBIDDEN
 
 
 async def test_unsigned_and_wrongly_signed_calls_are_unauthorized(guarded: Cluster) -> None:
@@ -475,3 +527,70 @@ async def test_a_revoked_users_telemetry_stream_ends_soon_after_the_reload(
     assert loop.time() - changed < 2.5
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+async def test_calls_and_clients_per_access_key_are_bounded(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    """One user could hold any number of calls open (over many connections) and register any
+    number of client ids: past proxy.max_streams_per_access_key and
+    max_clients_per_access_key its next call is TOO_MANY_REQUESTS, counted in
+    popmq_proxy_admission_refusals; other users are not touched, and the places come back."""
+    cluster = await make_cluster(
+        brokers=1,
+        **{
+            "proxy.acl": str(_write_acl(tmp_path)),
+            "proxy.max_streams_per_access_key": 2,
+            "proxy.max_clients_per_access_key": 3,
+        },
+    )
+    cluster.signing = OWNER
+    topic, group = unique("t"), unique("g-own")
+    assert (await cluster.route(topic)).status.code == Code.OK
+    held = [
+        asyncio.create_task(cluster.receive(group, topic, poll_ms=1_500, client_id=f"c{i}"))
+        for i in range(2)
+    ]
+    await asyncio.sleep(0.5)  # both long polls are open
+    refused = await cluster.route(topic)
+    assert refused.status.code == Code.TOO_MANY_REQUESTS
+    assert "max_streams_per_access_key" in refused.status.message
+    cluster.signing = OTHER  # another user's calls are its own
+    assert (await cluster.route(topic)).status.code == Code.OK
+    cluster.signing = OWNER
+    for task in held:
+        status, _, _ = await task
+        assert status.code in (Code.OK, Code.MESSAGE_NOT_FOUND)
+    assert (await cluster.route(topic)).status.code == Code.OK  # the places came back
+
+    async def beat(client_id: str) -> int:
+        answer = await cluster.stub.Heartbeat(
+            s.HeartbeatRequest(group=pb.Resource(name=group), client_type=pb.SIMPLE_CONSUMER),
+            metadata=cluster.metadata(client_id),
+        )
+        return int(answer.status.code)
+
+    registry = cluster.server.registry
+
+    def owners() -> set[str]:
+        return {c.client_id for c in registry.clients() if c.access_key == OWNER[0]}
+
+    for i in range(3 - len(owners())):
+        assert await beat(f"new-{i}") == Code.OK
+    assert len(owners()) == 3
+    assert await beat(next(iter(owners()))) == Code.OK  # a known id refreshes
+    assert await beat("one-too-many") == Code.TOO_MANY_REQUESTS
+    assert len(owners()) == 3
+    text = cluster.server.metrics.registry
+    assert (
+        text.get_sample_value(
+            "popmq_proxy_admission_refusals_total", {"reason": "streams_per_access_key"}
+        )
+        == 1
+    )
+    assert (
+        text.get_sample_value(
+            "popmq_proxy_admission_refusals_total", {"reason": "clients_per_access_key"}
+        )
+        == 1
+    )

@@ -228,3 +228,34 @@ async def test_list_and_delete_groups_across_brokers(cluster: Cluster) -> None:
     # the deleted group is gone for GetGroup too (no stale settings from the proxy's cache)
     got = await admin.GetGroup(a.GetGroupRequest(name=idle))
     assert got.status.code == Code.CONSUMER_GROUP_NOT_FOUND and got.group.max_attempts != 3
+
+
+async def test_admin_reads_are_bounded_by_settings(make_cluster: Any) -> None:
+    """An admin could make the proxy read a whole topic into memory (QueryMessages max_scan and
+    limit, ListDlq limit had no upper bound): asking past proxy.admin_max_scan/_max_results is
+    BAD_REQUEST, and a scan stops at proxy.admin_scan_bytes with the answer marked truncated,
+    keeping the newest messages."""
+    bounded = await make_cluster(
+        brokers=1,
+        **{
+            "proxy.admin_max_scan": 50,
+            "proxy.admin_max_results": 5,
+            "proxy.admin_scan_bytes": 1 << 20,
+        },
+    )
+    admin = _admin(bounded)
+    topic = await _topic(bounded)
+    for body in (b"a", b"b", b"c"):
+        assert (await bounded.send(topic, body * 400_000, keys=["k"])).status.code == Code.OK
+    found = await admin.QueryMessages(
+        a.QueryMessagesRequest(topic=topic, key="k", include_body=True)
+    )
+    assert found.status.code == Code.OK and found.truncated  # 1.2 MB did not fit in 1 MiB
+    assert [m.body[:1] for m in found.messages] == [b"c", b"b"]  # the newest ones
+    too_wide = await admin.QueryMessages(a.QueryMessagesRequest(topic=topic, key="k", max_scan=51))
+    assert too_wide.status.code == Code.BAD_REQUEST and "admin_max_scan" in too_wide.status.message
+    too_many = await admin.QueryMessages(a.QueryMessagesRequest(topic=topic, key="k", limit=6))
+    assert too_many.status.code == Code.BAD_REQUEST
+    assert "admin_max_results" in too_many.status.message
+    dlq = await admin.ListDlq(a.ListDlqRequest(group=unique("g"), limit=6))
+    assert dlq.status.code == Code.BAD_REQUEST and "admin_max_results" in dlq.status.message

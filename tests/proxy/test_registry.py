@@ -65,3 +65,32 @@ def test_lookups_sweep_the_table_at_most_once_a_second() -> None:
     clock.now += 1
     registry.get("id-0", "k")
     assert registry.sweeps == 3 and len(registry.clients()) == 2
+
+
+def test_clients_per_access_key_are_bounded() -> None:
+    """Any signed-in user could register client ids without end (each an entry, and a member
+    of queue assignment): past proxy.max_clients_per_access_key, TOO_MANY_REQUESTS."""
+    import pytest
+    from popmq.broker.contract.errors import Code, RefusedError
+
+    clock = Clock()
+    refused: list[int] = []
+    registry = ClientRegistry(
+        expiry_s=30, clock=clock, max_per_access_key=2, on_refused=lambda: refused.append(1)
+    )
+    registry.touch("a", access_key="app")
+    registry.touch("b", access_key="app")
+    registry.touch("a", access_key="app")  # a known id: a refresh, not one more
+    with pytest.raises(RefusedError) as caught:
+        registry.touch("c", access_key="app")
+    assert caught.value.code == Code.TOO_MANY_REQUESTS
+    assert "max_clients_per_access_key" in str(caught.value) and refused == [1]
+    registry.touch("c", access_key="other")  # another user's own count
+    for i in range(5):
+        registry.touch(f"open-{i}")  # no ACL, no access key: not limited here
+    registry.remove("b", access_key="app")
+    registry.touch("c", access_key="app")
+    clock.now += 31  # both silent past the expiry: their places are free again
+    registry.touch("d", access_key="app")
+    registry.touch("e", access_key="app")
+    assert {c.client_id for c in registry.clients() if c.access_key == "app"} == {"d", "e"}

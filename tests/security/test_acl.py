@@ -160,3 +160,59 @@ def test_a_grant_limited_to_topics_does_not_read_dead_letters_of_other_topics(
     assert app.can_subscribe("billing", "%RETRY%billing+%DLQ%billing")
     assert app.can_subscribe("audit", "%DLQ%audit") and app.can_read_topic("%DLQ%audit")
     assert app.can_subscribe("audit", "%RETRY%audit+%DLQ%audit")
+
+
+def test_a_grant_reaches_one_namespace_and_no_wildcard_crosses_it(tmp_path: Path) -> None:
+    """Behind the edge a namespaced name is `ns%name`: `publish: "prod*"` matched every topic,
+    group and dead letter of namespace prod. The namespace is now a part of the grant."""
+    path = tmp_path / "acl.yaml"
+    path.write_text(
+        """
+users:
+  - access_key: plain
+    secret_key: s
+    allow:
+      - publish: "prod*"
+      - subscribe: "*"
+  - access_key: prod
+    secret_key: s
+    allow:
+      - {publish: "orders-*", namespace: prod}
+      - {subscribe: billing, namespace: prod}
+      - {subscribe: {group: audit, topics: ["%DLQ%billing"]}, namespace: prod}
+"""
+    )
+    acl = load_acl(path)
+    plain, prod = acl.user("plain"), acl.user("prod")
+    assert plain is not None and prod is not None
+    assert plain.can_publish("prod-orders")
+    assert not plain.can_publish("prod%orders")  # True before: `*` matched the `%`
+    assert not plain.can_subscribe("prod%billing", "prod%orders")
+    assert not plain.can_read_topic("%DLQ%prod%billing")
+    assert prod.can_publish("prod%orders-1") and not prod.can_publish("orders-1")
+    assert not prod.can_publish("staging%orders-1") and not prod.can_publish("prod%x%orders-1")
+    assert prod.can_subscribe("prod%billing", "prod%orders")
+    assert not prod.can_subscribe("prod%billing", "orders") and not prod.can_subscribe("billing")
+    assert prod.can_subscribe("prod%billing", "%RETRY%prod%billing+prod%orders")
+    assert prod.can_subscribe("prod%billing", "%DLQ%prod%billing")
+    assert not prod.can_subscribe("prod%billing", "%RETRY%prod%billing+staging%orders")
+    assert prod.can_subscribe("prod%audit", "%DLQ%prod%billing")
+    assert not prod.can_subscribe("prod%audit", "%DLQ%billing")
+    assert prod.can_read_topic("prod%orders-1") and not prod.can_read_topic("orders-1")
+
+
+@pytest.mark.parametrize(
+    ("grant", "problem"),
+    [
+        ("{publish: 'prod%orders'}", "namespace: NS"),
+        ("{subscribe: {group: 'prod%g'}}", "namespace: NS"),
+        ("{subscribe: {group: g, topics: ['%DLQ%prod%g']}}", "namespace: NS"),
+        ("{publish: t, namespace: 'pr*'}", "namespace"),
+        ("{publish: t, namespace: ''}", "namespace"),
+    ],
+)
+def test_namespaces_in_grants_are_checked(tmp_path: Path, grant: str, problem: str) -> None:
+    path = tmp_path / "acl.yaml"
+    path.write_text(f"users: [{{access_key: a, secret_key: s, allow: [{grant}]}}]")
+    with pytest.raises(ValueError, match=problem):
+        load_acl(path)

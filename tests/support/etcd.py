@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import signal
 import socket
@@ -53,6 +54,14 @@ class EtcdMember:
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.client_port}"
+
+    def status(self) -> dict[str, object]:
+        """/v3/maintenance/status: this member's id (header.member_id) and its leader's."""
+        request = urllib.request.Request(self.endpoint + "/v3/maintenance/status", data=b"{}",
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=2) as reply:
+            answer: dict[str, object] = json.loads(reply.read())
+            return answer
 
     def healthy(self) -> bool:
         try:
@@ -97,6 +106,21 @@ class EtcdCluster:
                     raise AssertionError(f"etcd {member.name} not healthy:\n"
                                          + member.log_path.read_text()[-3000:])  # fmt: skip
                 await asyncio.sleep(0.1)
+
+    async def leader_index(self) -> int:
+        """The index of the member that is etcd's raft leader now (asked of a live member)."""
+        for index, member in enumerate(self.members):
+            if member.proc is None or member.proc.poll() is not None:
+                continue
+            try:
+                status = await asyncio.to_thread(member.status)
+            except OSError:
+                continue
+            header = status["header"]
+            assert isinstance(header, dict)
+            if status["leader"] == header["member_id"]:
+                return index
+        raise AssertionError("no etcd member says it leads")
 
     def kill(self, index: int) -> None:
         """kill -9 one member (by its PID)."""

@@ -26,6 +26,7 @@ Kubernetes' 63-character limits.
 
 {{- define "popmq.broker.fullname" -}}{{ include "popmq.fullname" . }}-broker{{- end -}}
 {{- define "popmq.broker.headless" -}}{{ include "popmq.fullname" . }}-broker-headless{{- end -}}
+{{- define "popmq.etcd.fullname" -}}{{ include "popmq.fullname" . }}-etcd{{- end -}}
 {{- define "popmq.proxy.fullname" -}}{{ include "popmq.fullname" . }}-proxy{{- end -}}
 {{- define "popmq.proxy.metricsService" -}}{{ include "popmq.fullname" . }}-proxy-metrics{{- end -}}
 {{- define "popmq.configName" -}}{{ include "popmq.fullname" . }}-config{{- end -}}
@@ -125,6 +126,48 @@ Renders one NAME=HOST:PORT per line.
 {{- end -}}
 
 {{/*
+etcd's client URLs: etcd.endpoints (an existing etcd), or the chart's own 3-member StatefulSet
+(etcd.enabled); empty: no etcd (each broker is a group of one, proxies list every broker).
+Renders them joined with commas.
+*/}}
+{{- define "popmq.etcdEndpoints" -}}
+{{- if .Values.etcd.endpoints -}}
+{{- join "," .Values.etcd.endpoints -}}
+{{- else if .Values.etcd.enabled -}}
+{{- $sts := include "popmq.etcd.fullname" . -}}
+{{- $urls := list -}}
+{{- range $i := until (int .Values.etcd.replicas) -}}
+{{- $urls = append $urls (printf "http://%s-%d.%s.%s.svc.%s:%d" $sts $i $sts $.Release.Namespace $.Values.clusterDomain (int $.Values.etcd.clientPort)) -}}
+{{- end -}}
+{{- join "," $urls -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The broker StatefulSets, as a YAML list: without brokerGroups, one (`<fullname>-broker`,
+broker.replicas pods; with etcd it is one group named after it); with brokerGroups, one per
+group (`<fullname>-broker-<name>`, the group's replicas = its nodes, its own replication mode
+and min in-sync count), each a group on etcd. Fields: name, replicas, group ("" none),
+label ("" none: the pods of the single StatefulSet keep the selector they always had),
+replication and minInSync (the single StatefulSet: "off", 1; its nodes elect a leader but
+hold no copies: replicated groups are brokerGroups entries).
+*/}}
+{{- define "popmq.brokerSets" -}}
+{{- $etcd := include "popmq.etcdEndpoints" . -}}
+{{- $sets := list -}}
+{{- if .Values.brokerGroups -}}
+{{- range $g := .Values.brokerGroups -}}
+{{- $name := printf "%s-%s" (include "popmq.broker.fullname" $) $g.name -}}
+{{- $sets = append $sets (dict "name" $name "replicas" (int (default 3 $g.replicas)) "group" $name "label" $g.name "replication" (default "sync" $g.replication) "minInSync" (int (default 2 $g.minInSync))) -}}
+{{- end -}}
+{{- else -}}
+{{- $name := include "popmq.broker.fullname" . -}}
+{{- $sets = append $sets (dict "name" $name "replicas" (int .Values.broker.replicas) "group" (ternary $name "" (ne $etcd "")) "label" "" "replication" "off" "minInSync" 1) -}}
+{{- end -}}
+{{- toYaml $sets -}}
+{{- end -}}
+
+{{/*
 The address written into routes (values.yaml, proxy.advertise). "" means none: the proxy then
 answers QueryRoute with the address the client itself connected to, which is right for the
 Service DNS name, a LoadBalancer and a port-forward alike.
@@ -194,6 +237,17 @@ command line.
 {{- end -}}
 {{- if and .Values.proxy.adminPort (or (eq (int .Values.proxy.adminPort) (int .Values.proxy.port)) (and .Values.proxy.metrics.enabled (eq (int .Values.proxy.adminPort) (int .Values.proxy.metrics.port)))) -}}
 {{- fail (printf "proxy.adminPort (%v) must differ from proxy.port and proxy.metrics.port" .Values.proxy.adminPort) -}}
+{{- end -}}
+{{- if and .Values.etcd.enabled .Values.etcd.endpoints -}}
+{{- fail "set either etcd.enabled (the chart runs etcd) or etcd.endpoints (an existing one), not both" -}}
+{{- end -}}
+{{- if and .Values.brokerGroups (not (include "popmq.etcdEndpoints" .)) -}}
+{{- fail "brokerGroups needs etcd: set etcd.enabled or etcd.endpoints" -}}
+{{- end -}}
+{{- range $g := .Values.brokerGroups -}}
+{{- if gt (int (default 2 $g.minInSync)) (int (default 3 $g.replicas)) -}}
+{{- fail (printf "brokerGroups %s: minInSync (%v) must not exceed replicas (%v)" $g.name (default 2 $g.minInSync) (default 3 $g.replicas)) -}}
+{{- end -}}
 {{- end -}}
 {{- if and .Values.proxy.advertise.podIP .Values.proxy.advertise.host -}}
 {{- fail "set either proxy.advertise.host or proxy.advertise.podIP, not both" -}}

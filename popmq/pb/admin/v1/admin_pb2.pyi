@@ -282,20 +282,26 @@ class Client(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., client_type: _Optional[str] = ..., group: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., language: _Optional[str] = ..., version: _Optional[str] = ..., peer: _Optional[str] = ..., first_seen: _Optional[float] = ..., last_seen: _Optional[float] = ..., telemetry_open: _Optional[bool] = ...) -> None: ...
 
 class ListClientsRequest(_message.Message):
-    __slots__ = ("group",)
+    __slots__ = ("group", "page_size", "page_token")
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     group: str
-    def __init__(self, group: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, group: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListClientsResponse(_message.Message):
-    __slots__ = ("status", "clients", "proxy")
+    __slots__ = ("status", "clients", "proxy", "next_page_token")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
     PROXY_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     status: _definition_pb2.Status
     clients: _containers.RepeatedCompositeFieldContainer[Client]
     proxy: str
-    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., clients: _Optional[_Iterable[_Union[Client, _Mapping]]] = ..., proxy: _Optional[str] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., clients: _Optional[_Iterable[_Union[Client, _Mapping]]] = ..., proxy: _Optional[str] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()
@@ -459,14 +465,16 @@ class ListDlqRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class ListDlqResponse(_message.Message):
-    __slots__ = ("status", "messages", "total")
+    __slots__ = ("status", "messages", "total", "truncated")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     status: _definition_pb2.Status
     messages: _containers.RepeatedCompositeFieldContainer[StoredMessageView]
     total: int
-    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[StoredMessageView, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
+    truncated: bool
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[StoredMessageView, _Mapping]]] = ..., total: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class ResendDlqRequest(_message.Message):
     __slots__ = ("group", "message_ids", "all")
@@ -553,16 +561,18 @@ class WhoAmIRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("publish", "subscribe_group", "subscribe_topics", "any_topic")
+    __slots__ = ("publish", "subscribe_group", "subscribe_topics", "any_topic", "namespace")
     PUBLISH_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBE_GROUP_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBE_TOPICS_FIELD_NUMBER: _ClassVar[int]
     ANY_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     publish: str
     subscribe_group: str
     subscribe_topics: _containers.RepeatedScalarFieldContainer[str]
     any_topic: bool
-    def __init__(self, publish: _Optional[str] = ..., subscribe_group: _Optional[str] = ..., subscribe_topics: _Optional[_Iterable[str]] = ..., any_topic: _Optional[bool] = ...) -> None: ...
+    namespace: str
+    def __init__(self, publish: _Optional[str] = ..., subscribe_group: _Optional[str] = ..., subscribe_topics: _Optional[_Iterable[str]] = ..., any_topic: _Optional[bool] = ..., namespace: _Optional[str] = ...) -> None: ...
 
 class WhoAmIResponse(_message.Message):
     __slots__ = ("status", "acl", "access_key", "admin", "grants")

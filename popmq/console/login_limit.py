@@ -1,0 +1,73 @@
+"""How often /login may fail: a token bucket per client address and one per access key.
+
+A wrong key pair costs its address and the access key it named one token each; with either
+bucket empty the form answers 429 with Retry-After, before the proxy is asked. So one address
+cannot guess secrets quickly, and many addresses cannot guess one user's secret quickly. A
+successful sign-in costs nothing. The table is bounded: past MAX_BUCKETS the longest-idle
+buckets go (a full bucket forgotten is the same as a new one).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+BURST = 10  # failed sign-ins allowed at once
+REFILL_PER_S = 1 / 6  # then one every 6 s (10 a minute)
+MAX_BUCKETS = 10_000
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    at: float
+
+
+@dataclass
+class LoginLimiter:
+    burst: float = BURST
+    refill_per_s: float = REFILL_PER_S
+    clock: Callable[[], float] = time.monotonic
+    _buckets: OrderedDict[str, _Bucket] = field(default_factory=OrderedDict)
+
+    def retry_after(self, address: str, access_key: str) -> int:
+        """Seconds to wait before the next try (0: go ahead)."""
+        waits = [self._wait(key) for key in self._keys(address, access_key)]
+        return max(waits, default=0)
+
+    def failed(self, address: str, access_key: str) -> None:
+        for key in self._keys(address, access_key):
+            bucket = self._refilled(key)
+            bucket.tokens = max(0.0, bucket.tokens - 1)
+
+    @staticmethod
+    def _keys(address: str, access_key: str) -> list[str]:
+        keys = [f"addr:{address}"]
+        if access_key:
+            keys.append(f"key:{access_key}")
+        return keys
+
+    def _wait(self, key: str) -> int:
+        if key not in self._buckets:
+            return 0
+        bucket = self._refilled(key)
+        if bucket.tokens >= 1:
+            return 0
+        return max(1, math.ceil((1 - bucket.tokens) / self.refill_per_s))
+
+    def _refilled(self, key: str) -> _Bucket:
+        now = self.clock()
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = _Bucket(self.burst, now)
+            self._buckets[key] = bucket
+            while len(self._buckets) > MAX_BUCKETS:
+                self._buckets.popitem(last=False)
+        else:
+            bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.at) * self.refill_per_s)
+            bucket.at = now
+            self._buckets.move_to_end(key)
+        return bucket
