@@ -298,7 +298,8 @@ async def test_batches_applied_as_a_group_are_fsynced_once_per_file(
     try:
         popped = await follower.pop(PopRequest("G", "T", max_messages=10))
         assert sorted(m.message.body for m in popped.messages) == [
-            b"first", *(f"m{i}".encode() for i in range(5))
+            b"first",
+            *(f"m{i}".encode() for i in range(5)),
         ]
     finally:
         await follower.aclose()
