@@ -53,7 +53,7 @@ from popmq.broker.contract.types import (
 from popmq.broker.wire import convert
 from popmq.broker.wire.coalesce import Coalescer
 from popmq.broker.wire.link import BrokerLink
-from popmq.broker.wire.request_link import LinkUnsupportedError, RequestLink
+from popmq.broker.wire.request_link import CALL_METHOD, LinkUnsupportedError, RequestLink
 
 from popmq.config import BrokerLinkConfig
 from popmq.lifecycle import TaskOwner
@@ -170,10 +170,15 @@ class RemoteBrokerPort:
     def _start_link(self) -> RequestLink:
         """The request link and its coalescers, run by one task group for the port's life."""
         if self._requests is None:
-            stub = self._get_stub()
+            self._get_stub()
+            assert self._channel is not None
             settings = self._settings
+            # Frames go out already encoded (request_link.frame): no request serializer.
+            open_call = self._channel.stream_stream(
+                CALL_METHOD, response_deserializer=pb.LinkResponses.FromString
+            )
             self._requests = RequestLink(
-                self._name, stub.Call, streams=settings.streams, window=settings.window,
+                self._name, open_call, streams=settings.streams, window=settings.window,
                 max_request_bytes=MAX_MESSAGE_BYTES,
             )  # fmt: skip
             if settings.coalesce_ms > 0:
@@ -247,9 +252,9 @@ class RemoteBrokerPort:
 
     async def _send_now(self, key: tuple[str, int], messages: list[Message]) -> list[SendResult]:
         stub = self._get_stub()
-        request = pb.SendRequest(
-            messages=[convert.message_to_proto(m) for m in messages], queue_id=key[1]
-        )
+        request = pb.SendRequest(queue_id=key[1])
+        for message in messages:  # each body copied once, into the request
+            convert.message_into(request.messages.add(), message)
         response = await self._linked("send", stub.Send, request, self._deadline())
         return [convert.send_result_from_proto(r) for r in response.results]
 

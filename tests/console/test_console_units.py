@@ -87,3 +87,22 @@ def test_login_redirects_only_within_the_console() -> None:
     assert _safe_next("/groups?name=g") == "/groups?name=g"
     for outside in ("//evil.example/x", "https://evil.example/", "/\\evil.example", "groups"):
         assert _safe_next(outside) == "/cluster"
+
+
+async def test_a_namespaced_grant_reaches_the_console_with_its_namespace() -> None:
+    """WhoAmI carries each grant's namespace: a non-admin with `namespace: prod` grants sees
+    prod's topics (`prod%orders` behind the edge) and nothing outside prod. (A subscribe grant
+    on any topic also failed here before: the console built it with `topics=None`, which the
+    ACL model refuses, so such a user could not use the console at all.)"""
+
+    class FakeProxy:
+        async def call(self, method: str, request: object, credentials: object) -> object:
+            return a.WhoAmIResponse(
+                acl=True, access_key="prod-app",
+                grants=[a.Grant(publish="orders-*", namespace="prod"),
+                        a.Grant(subscribe_group="billing", any_topic=True, namespace="prod")],
+            )  # fmt: skip
+
+    who = await identity.who_is(FakeProxy(), Credentials("prod-app", "s"))  # type: ignore[arg-type]
+    assert who.can_read_topic("prod%orders-1") and not who.can_read_topic("orders-1")
+    assert who.can_see_group("prod%billing") and not who.can_see_group("billing")
