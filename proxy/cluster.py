@@ -28,6 +28,7 @@ from popmq.broker.contract.types import GroupConfig, TopicInfo
 from popmq.broker.pop.handle import peek_broker_name
 
 from popmq.clock import SYSTEM, Clock
+from popmq.coord.directory import GroupView
 from popmq.lifecycle import AsyncClosing, fan_out
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,9 @@ class BrokerCluster(AsyncClosing):
         # queue and waits for it instead of moving (which would break its order).
         self._known_queues: dict[tuple[str, str], int] = {}
         self._draining: set[str] = set()  # brokers that take no new sends
+        # The replicated broker groups as etcd last said (proxy/discovery.py sets it; empty
+        # without etcd): leaders, epochs, in-sync sets and lags, for cluster status.
+        self.group_views: dict[str, GroupView] = {}
 
     # -- brokers -----------------------------------------------------------------------------
     @property

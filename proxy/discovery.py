@@ -92,6 +92,7 @@ class GroupFollower:
         self._retired: list[tuple[float, BrokerPort]] = []
 
     def apply(self, groups: dict[str, GroupView]) -> None:
+        self.cluster.group_views = dict(groups)
         changed = False
         for name, view in groups.items():
             self.cluster.set_draining(name, view.draining)

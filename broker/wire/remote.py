@@ -73,6 +73,11 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     # Notice a broker that vanished without closing the connection (pod gone, cable cut).
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
+    # Re-dial a lost broker at least every second: grpc's backoff otherwise grows to 120 s,
+    # and every call to a broker that is back fails until the next attempt.
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 
 
