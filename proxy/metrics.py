@@ -174,6 +174,8 @@ class ProxyMetrics:
         )  # fmt: skip
         self.broker_links = _LinkCollector()
         r.register(self.broker_links)
+        self.broker_request_links = _RequestLinkCollector()
+        r.register(self.broker_request_links)
 
     def transaction_checks(self, count: int) -> None:
         if count:
@@ -189,8 +191,9 @@ class ProxyMetrics:
 
     def watch_links(self, ports: Sequence[Any]) -> None:
         """Report each broker link's losses and watches (``popmq proxy`` in front of remote
-        brokers; in-process ports have no link to lose)."""
+        brokers; in-process ports have no link to lose), and their request links' failures."""
         self.broker_links.ports = ports
+        self.broker_request_links.ports = ports
 
 
 class _LinkCollector(Collector):
@@ -211,19 +214,32 @@ class _LinkCollector(Collector):
             "popmq_proxy_broker_link_watches", "Visibility watches held on a broker's link",
             labels=["broker"],
         )  # fmt: skip
-        failures = CounterMetricFamily(
-            "popmq_proxy_broker_request_link_failures",
-            "Requests to a broker failed because their request-link stream was lost",
-            labels=["broker"],
-        )  # fmt: skip
         for port in self.ports:
             link = getattr(port, "watch_backend", None)
             if link is not None and hasattr(link, "losses"):
                 losses.add_metric([port.name], link.losses)
                 watches.add_metric([port.name], link.watches)
-            requests = getattr(port, "request_link", None)
-            if requests is not None:
-                failures.add_metric([port.name], requests.health.failures)
         yield losses
         yield watches
+
+
+class _RequestLinkCollector(Collector):
+    """popmq_proxy_broker_request_link_failures read from the ports' request links at scrape
+    time (the link counts them: the broker layer knows nothing of the proxy's metrics)."""
+
+    _name = "popmq_proxy_broker_request_link_failures"  # what tests/deploy read off collectors
+    _labelnames = ("broker",)
+
+    def __init__(self) -> None:
+        self.ports: Sequence[Any] = ()
+
+    def collect(self) -> Iterator[Metric]:
+        failures = CounterMetricFamily(
+            self._name, "Requests to a broker failed because their request-link stream was lost",
+            labels=["broker"],
+        )  # fmt: skip
+        for port in self.ports:
+            link = getattr(port, "request_link", None)
+            if link is not None:
+                failures.add_metric([port.name], link.health.failures)
         yield failures
