@@ -112,11 +112,14 @@ class NotifyStrategy(StrategyBase):
                     )
                 except Exception as exc:
                     # Guarded like the consume pops: a broker that is down (often one whose link
-                    # was just lost) must not fail the receive while others are up; its watch
-                    # reports when it is back.
-                    if len(brokers) == 1 or not is_broker_down(exc):
+                    # was just lost) or leaderless must not fail the receive while others are
+                    # up; its watch reports when it is back. If it is the only one, the base
+                    # waits for its group's next leader (_poll_through_outages).
+                    if not is_broker_down(exc):
                         raise
                     self.calls.note_error("pop", exc, first)
+                    if len(brokers) == 1:
+                        raise
                 else:
                     if result.rest_num == 0:
                         watches.popped_empty(first, request.pop)  # re-arm: the broker tells us
