@@ -15,7 +15,6 @@ import logging
 from dataclasses import dataclass
 
 import anyio
-
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import (

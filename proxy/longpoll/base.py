@@ -31,7 +31,7 @@ class BrokerSource(Protocol):
     """Where a receive finds the current port of a broker (group) it was planned on: a
     leader change replaces the port while the receive holds (the proxy's BrokerCluster)."""
 
-    def current_ports(self, names: Sequence[str]) -> list[ConsumePort]:
+    def current_ports(self, names: Sequence[str]) -> Sequence[ConsumePort]:
         """The ports now behind these names (names gone from the cluster are left out)."""
         ...
 

@@ -118,7 +118,9 @@ class BrokerCalls(AsyncClosing):
             span.set_attribute("messaging.batch.message_count", len(result.messages))
             return result
 
-    async def _pop_into(self, port: ConsumePort, request: PopRequest, custody: Custody) -> PopResult:
+    async def _pop_into(
+        self, port: ConsumePort, request: PopRequest, custody: Custody
+    ) -> PopResult:
         result = await port.pop(request)
         custody.keep(port, result.messages)  # no await in between: nothing is lost
         if self._failing:
@@ -194,8 +196,13 @@ class BrokerCalls(AsyncClosing):
         self.metrics.broker_rpc_errors.labels(kind, code).inc()
         if self._failing.get(port.name) != code:
             self._failing[port.name] = code
-            log.warning("%s on %s failed: %s (logged again when this changes; "
-                        "popmq_proxy_broker_rpc_errors_total counts each)", kind, port.name, exc)
+            log.warning(
+                "%s on %s failed: %s (logged again when this changes; "
+                "popmq_proxy_broker_rpc_errors_total counts each)",
+                kind,
+                port.name,
+                exc,
+            )
 
     def _answered(self, port: ConsumePort) -> None:
         if self._failing.pop(port.name, None) is not None:

@@ -45,8 +45,10 @@ STRATEGIES: dict[str, tuple[Make, str]] = {
         "slices",
     ),
     # Adaptive in each of its modes: notify while quiet, pop past its threshold (0 here).
-    "adaptive-notify": (lambda m: AdaptiveStrategy(_calls(m), m, probe_false_empty=False),
-                        "adaptive"),  # fmt: skip
+    "adaptive-notify": (
+        lambda m: AdaptiveStrategy(_calls(m), m, probe_false_empty=False),
+        "adaptive",
+    ),
     "adaptive-pop": (
         lambda m: AdaptiveStrategy(_calls(m), m, threshold_rps=0.0, probe_false_empty=False),
         "adaptive",
