@@ -110,14 +110,20 @@ def is_refused_request(exc: BaseException) -> bool:
     return 400 <= family < 500 and family not in (404, 408, 429)
 
 
+# A replicated group that cannot serve now: no leader, a fenced leader or a follower
+# (HA_NOT_AVAILABLE), or a write whose sync barrier timed out (its in-sync follower lost).
+_GROUP_UNAVAILABLE = frozenset(
+    {Code.HA_NOT_AVAILABLE, Code.MASTER_PERSISTENCE_TIMEOUT, Code.SLAVE_PERSISTENCE_TIMEOUT}
+)
+
+
 def is_broker_down(exc: BaseException) -> bool:
     """A broker that cannot answer (down, unreachable, hung) or a broker group that cannot
-    serve now (HA_NOT_AVAILABLE: no leader, a fenced leader, a follower): another broker, or
-    the same group's next leader, may serve the receive. Any other error (a refused request)
-    would be the same on every broker."""
+    serve now (a leader change): another broker, or the same group's next leader, may serve
+    the receive. Any other error (a refused request) would be the same on every broker."""
     if isinstance(exc, TransportError):
         return True
-    return isinstance(exc, PopmqError) and exc.code is Code.HA_NOT_AVAILABLE
+    return isinstance(exc, PopmqError) and exc.code in _GROUP_UNAVAILABLE
 
 
 class StrategyBase(AsyncClosing):
