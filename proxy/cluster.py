@@ -29,7 +29,8 @@ from popmq.broker.contract.types import GroupConfig, TopicInfo
 from popmq.broker.pop.handle import peek_broker_name
 
 from popmq.clock import SYSTEM, Clock
-from popmq.lifecycle import fan_out
+from popmq.coord.directory import GroupView
+from popmq.lifecycle import AsyncClosing, fan_out
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class _TtlCache(Generic[K, V]):
         self._items.clear()
 
 
-class BrokerCluster:
+class BrokerCluster(AsyncClosing):
     def __init__(
         self,
         ports: Sequence[BrokerPort],
@@ -136,6 +137,9 @@ class BrokerCluster:
         # Set (and replaced) at each change of ports: receives waiting out a leader change
         # ask the new leader at once (popmq.proxy.longpoll.base._poll_through_outages).
         self._changed: anyio.Event | None = None  # made when first awaited (needs a loop)
+        # The replicated broker groups as etcd last said (proxy/discovery.py sets it; empty
+        # without etcd): leaders, epochs, in-sync sets and lags, for cluster status.
+        self.group_views: dict[str, GroupView] = {}
 
     # -- brokers -----------------------------------------------------------------------------
     @property
@@ -165,9 +169,9 @@ class BrokerCluster:
             )
         return port
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         for port in self._ports.values():
-            await port.close()
+            await port.aclose()
 
     # -- membership (followed in etcd by popmq.proxy.discovery) ------------------------------
     def put_port(self, port: BrokerPort) -> BrokerPort | None:

@@ -12,6 +12,9 @@ receive (batch 32), then ack what they got, until every message is acked.
 - ``floor``:  the same gRPC load against a server that does no work (popmq.bench.floor):
   the ceiling of any Python grpc.aio proxy with this load generator on this machine.
 
+With ``acl`` (the default) the proxy runs with an ACL (popmq.bench.acl) and every call is
+signed, as issue 18 measures it: every feature on.
+
 With ``transactions``, each mode also runs as ``<mode>-tx`` (after the plain run, on the same
 server, on a topic of its own; direct mode on fresh brokers): every message is a transactional
 one (a half send, then EndTransaction COMMIT, then receive + ack), and the plain run beside it
@@ -41,6 +44,7 @@ from typing import Any
 import anyio
 
 from popmq.bench import progress as live
+from popmq.bench.acl import BenchAcl, write_bench_acl
 from popmq.bench.process_stats import cpu_seconds
 from popmq.bench.table_text import grid
 
@@ -181,7 +185,12 @@ def _serve_command(params: dict[str, Any], root: Path) -> list[str]:
             "--brokers", str(params["brokers"]), "--data-dir", str(root / "data")]  # fmt: skip
     for setting in settings:
         args += ["--set", setting]
-    return args
+    return args + _acl_flags(params)
+
+
+def _acl_flags(params: dict[str, Any]) -> list[str]:
+    acl: BenchAcl | None = params.get("bench_acl")
+    return ["--acl", str(acl.path)] if acl is not None else []
 
 
 def _proxy_settings(params: dict[str, Any]) -> list[str]:
@@ -217,7 +226,7 @@ async def _serve(params: dict[str, Any], root: Path) -> AsyncIterator[tuple[str,
     """The server process of the mode, listening; yields (endpoint, pid)."""
     if params["mode"] in CLUSTER_MODES:
         args = [sys.executable, "-m", "popmq", "proxy", "--port", "0",
-                *params["broker_args"], *_proxy_settings(params)]  # fmt: skip
+                *params["broker_args"], *_proxy_settings(params), *_acl_flags(params)]  # fmt: skip
         if params.get("proxy_workers", 1) > 1:
             args += ["--workers", str(params["proxy_workers"])]
     else:
@@ -256,8 +265,18 @@ async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
 
     body = b"x" * params["body_bytes"]
     client_id = f"bench@{os.getpid()}"
-    metadata = (("x-mq-client-id", client_id), ("x-mq-language", "PYTHON"),
-                ("x-mq-protocol", "GRPC_V2"))  # fmt: skip
+    headers = (("x-mq-client-id", client_id), ("x-mq-language", "PYTHON"),
+               ("x-mq-protocol", "GRPC_V2"))  # fmt: skip
+    acl: BenchAcl | None = None
+    if params["acl"]:
+        # The proxy checks it; the floor gets the same signed headers and ignores them.
+        acl = write_bench_acl(root, [TOPIC, TX_TOPIC], GROUP)
+        if params["mode"] != "floor":
+            params = {**params, "bench_acl": acl}
+
+    def meta() -> tuple[tuple[str, str], ...]:
+        return headers + acl.metadata() if acl is not None else headers
+
     async with contextlib.AsyncExitStack() as stack:
         broker_pids: list[int] = []
         if params["mode"] in CLUSTER_MODES:
@@ -272,9 +291,7 @@ async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
                 progress = _Progress(params["messages"])
                 message_type = pb.TRANSACTION if tx else pb.NORMAL
                 topic = pb.Resource(name=TX_TOPIC if tx else TOPIC)
-                route = await stubs[0].QueryRoute(
-                    s.QueryRouteRequest(topic=topic), metadata=metadata
-                )
+                route = await stubs[0].QueryRoute(s.QueryRouteRequest(topic=topic), metadata=meta())
                 if route.status.code != 20000:
                     raise RuntimeError(f"route failed: {route.status}")
                 brokers = sorted({q.broker.name for q in route.message_queues})
@@ -295,7 +312,7 @@ async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
                                 pb.Message(topic=topic, body=body, system_properties=props)
                             )
                         response = await stub.SendMessage(
-                            s.SendMessageRequest(messages=messages), metadata=metadata
+                            s.SendMessageRequest(messages=messages), metadata=meta()
                         )
                         if response.status.code != 20000:
                             raise RuntimeError(f"send failed: {response.status}")
@@ -304,7 +321,7 @@ async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
                                 topic=topic, message_id=entry.message_id,
                                 transaction_id=entry.transaction_id, resolution=pb.COMMIT,
                                 source=pb.SOURCE_CLIENT,
-                            ), metadata=metadata)  # fmt: skip
+                            ), metadata=meta())  # fmt: skip
                             if ended.status.code != 20000:
                                 raise RuntimeError(f"commit failed: {ended.status}")
                         progress.sent += size
@@ -326,7 +343,7 @@ async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
                         entries: list[s.AckMessageEntry] = []
                         first_born = 0.0
                         async for frame in stub.ReceiveMessage(
-                            request, metadata=metadata, timeout=10
+                            request, metadata=meta(), timeout=10
                         ):
                             if frame.WhichOneof("content") == "message":
                                 props = frame.message.system_properties
@@ -341,7 +358,7 @@ async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
                             continue
                         acked = await stub.AckMessage(
                             s.AckMessageRequest(group=group, topic=topic, entries=entries),
-                            metadata=metadata,
+                            metadata=meta(),
                         )
                         if acked.status.code != 20000:
                             raise RuntimeError(f"ack failed: {acked.status}")
@@ -457,6 +474,7 @@ async def bench_e2e(
     modes: Sequence[str] = DEFAULT_MODES,
     proxy_workers: int | Sequence[int] = 1,
     transactions: bool = False,
+    acl: bool = True,
 ) -> dict[str, Any]:
     """Run each mode on fresh brokers; return the JSON-serialisable figures."""
     workers = (proxy_workers,) if isinstance(proxy_workers, int) else tuple(proxy_workers)
@@ -469,7 +487,7 @@ async def bench_e2e(
         "messages": messages, "body_bytes": body_bytes, "producers": producers,
         "consumers": consumers, "brokers": brokers, "queues": queues, "send_batch": send_batch,
         "receive_batch": receive_batch, "channels": channels, "strategy": strategy,
-        "proxy_workers": list(workers), "transactions": transactions,
+        "proxy_workers": list(workers), "transactions": transactions, "acl": acl,
     }  # fmt: skip
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="popmq-bench-e2e-") as tmp:
@@ -541,6 +559,12 @@ async def bench_e2e(
         result["proxy_over_floor"] = round(
             results["proxy"]["msgs_per_s"] / max(results["floor"]["msgs_per_s"], 1), 2
         )
+        # Issue 18's second target: the proxy's server CPU per message against the floor's.
+        result["proxy_cpu_over_floor"] = round(
+            results["proxy"]["server_cpu_us_per_msg"]
+            / max(results["floor"]["server_cpu_us_per_msg"], 1),
+            2,
+        )
     return result
 
 
@@ -550,8 +574,8 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"{p['messages']} messages x {p['body_bytes']} B; {p['producers']} producers "
         f"(batches of {p['send_batch']}), {p['consumers']} consumers (receive {p['receive_batch']}"
-        f" + ack); {p['brokers']} brokers x {p['queues']} queues; strategy {p['strategy']}"
-        f"{tx_note}",
+        f" + ack); {p['brokers']} brokers x {p['queues']} queues; strategy {p['strategy']}; "
+        f"ACL {'on (signed calls)' if p.get('acl') else 'off'}{tx_note}",
         "",
     ]
     header = ["mode", "e2e msg/s", "send msg/s", "p50 ms", "p99 ms", "receives", "empty",
@@ -572,7 +596,9 @@ def format_table(result: dict[str, Any]) -> str:
     if "floor_over_proxy" in result:
         lines += [f"gRPC floor / proxy msg/s: {result['floor_over_proxy']}x"]
     if "proxy_over_floor" in result:
-        lines += [f"proxy / floor msg/s: {result['proxy_over_floor']} (goal >= 0.8)"]
+        lines += [f"proxy / floor msg/s: {result['proxy_over_floor']} (goal >= 0.6)"]
+    if "proxy_cpu_over_floor" in result:
+        lines += [f"proxy / floor server CPU µs/msg: {result['proxy_cpu_over_floor']} (goal <= 2)"]
     if "cluster_over_proxy" in result:
         lines += [f"cluster / proxy msg/s: {result['cluster_over_proxy']} (goal >= 0.7)"]
     if "stream_over_unary" in result:

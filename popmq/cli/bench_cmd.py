@@ -89,7 +89,7 @@ def _e2e(args: argparse.Namespace) -> int:
         messages=args.messages, body_bytes=args.body_bytes, producers=args.producers,
         consumers=args.consumers, brokers=args.brokers, queues=args.queues,
         strategy=args.strategy, modes=tuple(args.mode), proxy_workers=tuple(args.proxy_workers),
-        transactions=args.transactions,
+        transactions=args.transactions, acl=args.acl,
     )  # fmt: skip
 
 
@@ -139,7 +139,7 @@ def _idle(args: argparse.Namespace) -> int:
         "popmq.bench.idle", "bench_idle", "format_table", args.json,
         long_polls=args.long_polls, brokers=args.brokers, duration_s=args.duration,
         strategies=tuple(args.strategy), await_ms=args.await_ms, channels=args.channels,
-        ramp_s=args.ramp, proxy_settings=settings,
+        ramp_s=args.ramp, proxy_settings=settings, acl=args.acl,
     )  # fmt: skip
 
 
@@ -197,6 +197,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also run each mode with transactional messages (half send + commit + "
         "receive + ack), one message per send in both runs; prints the ratio",
     )
+    e2e.add_argument("--acl", action=argparse.BooleanOptionalAction, default=True,
+                     help="run the proxy with an ACL and sign every call, as issue 18 measures "
+                          "(the default; --no-acl: an open proxy)")  # fmt: skip
     e2e.add_argument("--json", help="also write the figures to this file")
     e2e.set_defaults(func=_e2e)
 
@@ -281,5 +284,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       "(default: awaitDuration)")  # fmt: skip
     idle.add_argument("--proxy-set", action="append", default=[], metavar="KEY=VALUE",
                       help="proxy config override, e.g. proxy.false_empty_probe=false")  # fmt: skip
+    idle.add_argument("--acl", action=argparse.BooleanOptionalAction, default=True,
+                      help="run the proxy with an ACL and sign every call, as issue 18 measures "
+                           "(the default; --no-acl: an open proxy)")  # fmt: skip
     idle.add_argument("--json", help="also write the figures to this file")
     idle.set_defaults(func=_idle)

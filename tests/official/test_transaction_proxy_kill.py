@@ -49,16 +49,12 @@ def two_proxies(tmp_path: Path) -> Iterator[list[tuple[PopmqProcess, str]]]:
     processes = [broker]
     try:
         address = f"broker-a=127.0.0.1:{broker.wait_listening('broker')}"
-        proxies = []
-        for index in range(2):
-            proxy = PopmqProcess(
-                ["proxy", "--port", "0", "--broker", address,
-                 *_sets([*SERVER_SETTINGS, "proxy.transaction_check_poll_ms=200"])],
-                tmp_path / f"proxy-{index}.log",
-            )  # fmt: skip
-            processes.append(proxy)
-            proxies.append((proxy, f"127.0.0.1:{proxy.wait_listening()}"))
-        yield proxies
+        proxy_sets = _sets([*SERVER_SETTINGS, "proxy.transaction_check_poll_ms=200"])
+        proxy_args = ["proxy", "--port", "0", "--broker", address, *proxy_sets]
+        # Both start at once.
+        proxies = [PopmqProcess(proxy_args, tmp_path / f"proxy-{i}.log") for i in range(2)]
+        processes += proxies
+        yield [(proxy, f"127.0.0.1:{proxy.wait_listening()}") for proxy in proxies]
     finally:  # kill -9 (a graceful stop is tested elsewhere; this saves seconds)
         for process in reversed(processes):
             if process.process.poll() is None:
