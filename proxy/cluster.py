@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -137,6 +137,7 @@ class BrokerCluster(AsyncClosing):
         # Set (and replaced) at each change of ports: receives waiting out a leader change
         # ask the new leader at once (popmq.proxy.longpoll.base._poll_through_outages).
         self._changed: anyio.Event | None = None  # made when first awaited (needs a loop)
+        self._change_listeners: set[Callable[[], None]] = set()
         # The replicated broker groups as etcd last said (proxy/discovery.py sets it; empty
         # without etcd): leaders, epochs, in-sync sets and lags, for cluster status.
         self.group_views: dict[str, GroupView] = {}
@@ -190,10 +191,19 @@ class BrokerCluster(AsyncClosing):
             self._changed = anyio.Event()
         return self._changed
 
+    def listen_changes(self, listener: Callable[[], None], *, on: bool) -> None:
+        """Call ``listener`` at each put_port / remove_port (``on``), or stop calling it."""
+        if on:
+            self._change_listeners.add(listener)
+        else:
+            self._change_listeners.discard(listener)
+
     def _note_change(self) -> None:
         if self._changed is not None:
             self._changed.set()
             self._changed = None
+        for listener in list(self._change_listeners):
+            listener()
 
     def current_ports(self, names: Sequence[str]) -> list[BrokerPort]:
         """The ports now behind these names (a name gone from the cluster is left out)."""

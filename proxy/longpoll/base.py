@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -37,6 +37,11 @@ class BrokerSource(Protocol):
 
     def membership_changed(self) -> anyio.Event:
         """An event set at the next change of ports (a new leader, a leaderless group)."""
+        ...
+
+    def listen_changes(self, listener: Callable[[], None], *, on: bool) -> None:
+        """Call ``listener`` at each change of ports (``on``), or stop calling it: a receive
+        waiting for notifications learns of a new leader without a task of its own."""
         ...
 
 
@@ -124,6 +129,11 @@ def is_broker_down(exc: BaseException) -> bool:
     if isinstance(exc, TransportError):
         return True
     return isinstance(exc, PopmqError) and exc.code in _GROUP_UNAVAILABLE
+
+
+class PortsMoved(Exception):
+    """A held receive's broker got a new port (its group elected another leader): the base
+    polls the current ports for the rest of the poll time."""
 
 
 class StrategyBase(AsyncClosing):
@@ -247,6 +257,11 @@ class StrategyBase(AsyncClosing):
             try:
                 await self._poll(brokers, request, deadline, custody)
                 return
+            except PortsMoved:
+                if custody.count or request.source is None:
+                    return
+                brokers = request.source.current_ports(names) or brokers
+                continue
             except Exception as exc:
                 if not is_broker_down(exc):
                     raise

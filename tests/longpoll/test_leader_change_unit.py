@@ -123,3 +123,33 @@ async def test_a_refused_request_still_fails(
     assert err.value.code is code
     assert sample(metrics, "popmq_proxy_unavailable_receives_total", strategy=label) == 0
     await receiving.aclose()
+
+
+@pytest.mark.parametrize("make", ["notify", "adaptive-notify"])
+async def test_a_receive_waiting_for_notifications_follows_a_new_leader(
+    metrics: ProxyMetrics, make: str
+) -> None:
+    # The receive is past its first pop, waiting for the old leader's notification, when the
+    # group elects a new leader holding a message: it pops the new leader at once instead of
+    # waiting on the old port until its deadline.
+    receiving = STRATEGIES[make][0](metrics)
+    old = FakeBroker("g1")
+    cluster = BrokerCluster([old], dynamic=True, clock=LoopClock())  # type: ignore[list-item]
+    new = FakeBroker("g1")
+    new.put(1)
+    request = make_request(10_000)
+    request.source = cluster
+    loop = asyncio.get_running_loop()
+
+    async def elect() -> None:
+        await asyncio.sleep(1.0)
+        cluster.put_port(new)  # type: ignore[arg-type]
+
+    started = loop.time()
+    election = asyncio.create_task(elect())
+    got = await receiving.receive(cluster.ports, request)
+    await election
+    assert [m.message.store_host for m in got] == ["g1"] and new.visible == []
+    assert loop.time() - started == pytest.approx(1.0, abs=0.01)
+    assert old.held == 0 and new.held == 0
+    await receiving.aclose()
