@@ -89,7 +89,8 @@ def _e2e(args: argparse.Namespace) -> int:
         messages=args.messages, body_bytes=args.body_bytes, producers=args.producers,
         consumers=args.consumers, brokers=args.brokers, queues=args.queues,
         strategy=args.strategy, modes=tuple(args.mode), proxy_workers=tuple(args.proxy_workers),
-        transactions=args.transactions, acl=args.acl,
+        replicas=args.replicas, replication=args.replication, transactions=args.transactions,
+        acl=args.acl,
     )  # fmt: skip
 
 
@@ -191,6 +192,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           "the same gRPC load on a server that does no work")  # fmt: skip
     e2e.add_argument("--proxy-workers", type=int, nargs="+", default=[1],
                      help="cluster mode: popmq proxy --workers N, one run per N")  # fmt: skip
+    e2e.add_argument("--replicas", type=int, default=1,
+                     help="cluster mode: also run it with every broker a replicated group of "
+                          "N nodes (leader + N-1 followers) and print the ratio")  # fmt: skip
+    e2e.add_argument("--replication", choices=("sync", "async"), default="sync",
+                     help="the replicated groups' mode (sync: --min-in-sync N)")  # fmt: skip
     e2e.add_argument(
         "--transactions",
         action="store_true",

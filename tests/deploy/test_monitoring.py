@@ -30,7 +30,7 @@ def _exported() -> set[str]:
     """Metric names popmq defines (the sources that name them)."""
     names: set[str] = set()
     for path in ("broker/metrics.py", "proxy/metrics.py", "popmq/metrics_http.py",
-                 "broker/leader_gate.py"):  # fmt: skip
+                 "broker/leader_gate.py", "broker/replication/metrics.py"):  # fmt: skip
         names |= set(re.findall(r'"((?:popmq|rocketmq)_[a-z_]+)"', (REPO / path).read_text()))
     return names | {"process_resident_memory_bytes", "process_cpu_seconds_total"}
 
