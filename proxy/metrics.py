@@ -77,6 +77,12 @@ class ProxyMetrics:
             "popmq_proxy_empty_responses", "Receive calls answered with no message",
             ["strategy"], registry=r,
         )  # fmt: skip
+        self.unavailable_receives = Counter(
+            "popmq_proxy_unavailable_receives",
+            "Receive calls that found every broker they could ask unavailable (down, or its "
+            "group without a leader) and waited for one instead of failing",
+            ["strategy"], registry=r,
+        )  # fmt: skip
         self.false_empty_responses = Counter(
             "popmq_proxy_false_empty_responses",
             "Empty answers while some broker held a visible message for the group",
