@@ -118,19 +118,23 @@ def serve(
     return PopmqProcess(args, data_dir.parent / f"{data_dir.name}-serve.log")
 
 
-def broker(name: str, data_dir: Path) -> PopmqProcess:
-    args = ["broker", "--name", name, "--port", "0", "--data-dir", str(data_dir)]
-    for setting in SERVER_SETTINGS:
+def broker(
+    name: str, data_dir: Path, extra: list[str] | None = None, port: int = 0
+) -> PopmqProcess:
+    args = ["broker", "--name", name, "--port", str(port), "--data-dir", str(data_dir)]
+    for setting in SERVER_SETTINGS + (extra or []):
         if setting.startswith("broker."):
             args += ["--set", setting]
     return PopmqProcess(args, data_dir.parent / f"{name}.log")
 
 
-def cluster_proxy(brokers: dict[str, int], log_dir: Path, tag: str = "proxy") -> PopmqProcess:
+def cluster_proxy(
+    brokers: dict[str, int], log_dir: Path, tag: str = "proxy", extra: list[str] | None = None
+) -> PopmqProcess:
     args = ["proxy", "--port", "0"]
     for name, port in brokers.items():
         args += ["--broker", f"{name}=127.0.0.1:{port}"]
-    for setting in SERVER_SETTINGS:
+    for setting in SERVER_SETTINGS + (extra or []):
         args += ["--set", setting]
     return PopmqProcess(args, log_dir / f"{tag}.log")
 
@@ -206,9 +210,9 @@ class Deployment:
         return [p.stop() for p in reversed(self.processes)]
 
 
-def start_serve(root: Path) -> Deployment:
+def start_serve(root: Path, extra: list[str] | None = None) -> Deployment:
     root.mkdir(parents=True, exist_ok=True)
-    process = serve(root / "data", brokers=2, extra_args=["--metrics-port", "0"])
+    process = serve(root / "data", brokers=2, extra=extra, extra_args=["--metrics-port", "0"])
     port = process.wait_listening()
     endpoint = f"127.0.0.1:{port}"
     metrics = [re.search(r"popmq metrics on [\w.]+:(\d+)", line) for line in process.reader.seen]
@@ -216,18 +220,20 @@ def start_serve(root: Path) -> Deployment:
     return Deployment("serve", endpoint, [process], [endpoint], metrics_port)
 
 
-def start_remote_cluster(root: Path, proxies: int = 2) -> Deployment:
+def start_remote_cluster(
+    root: Path, proxies: int = 2, extra: list[str] | None = None
+) -> Deployment:
     root.mkdir(parents=True, exist_ok=True)
     processes: list[PopmqProcess] = []
     try:
         ports = {}
         for name in ("broker-a", "broker-b"):
-            process = broker(name, root / name)
+            process = broker(name, root / name, extra)
             processes.append(process)
             ports[name] = process.wait_listening("broker")
         endpoints = []
         for index in range(proxies):
-            process = cluster_proxy(ports, root, tag=f"proxy-{index}")
+            process = cluster_proxy(ports, root, tag=f"proxy-{index}", extra=extra)
             processes.append(process)
             endpoints.append(f"127.0.0.1:{process.wait_listening()}")
     except BaseException:
