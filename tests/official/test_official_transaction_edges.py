@@ -43,12 +43,12 @@ pytestmark = [
 OpenClient = Callable[..., ClientSession]
 OK = Code.OK.value
 MAX_CHECKS = 3
-# Checks come 1 s after the send, then every 0.5 s: parked after about 2 s of UNKNOWN answers.
+# Checks come 0.5 s after the send, then every 0.3 s: parked after about 1.5 s of UNKNOWN.
 SHORT_CHECKS = [
-    "broker.transaction.check_immunity_ms=1000",
-    "broker.transaction.check_interval_ms=500",
+    "broker.transaction.check_immunity_ms=500",
+    "broker.transaction.check_interval_ms=300",
     f"broker.transaction.max_checks={MAX_CHECKS}",
-    "proxy.transaction_check_poll_ms=200",
+    "proxy.transaction_check_poll_ms=100",
 ]
 
 
@@ -95,16 +95,17 @@ def test_unknown_until_parked_then_an_operator_commits(
     sent = _ok(producer.call("tx_send", topic=topic, message={"body": "p1"}, end="none"))
     deadline = time.monotonic() + 20
     while True:  # the checker answers UNKNOWN (no decision set) until the broker parks it
+        # Never delivered meanwhile (each empty receive is a 1 s long poll).
+        assert _ok(consumer.call("receive_until", count=1, timeout_s=0.1))["messages"] == []
         (half,) = _halves(endpoint, topic)
         if half.parked or time.monotonic() > deadline:
             break
-        time.sleep(0.3)
     assert half.parked and half.message_id == sent["message_id"], half
     assert half.checks >= MAX_CHECKS
-    checked = _ok(producer.call("checked", count=MAX_CHECKS, timeout_s=0))["checked"]
+    checked = _ok(producer.call("checked", timeout_s=0))["checked"]
     assert len(checked) >= MAX_CHECKS and {c["decision"] for c in checked} == {"UNKNOWN"}
-    # Parked: no more checks, and never delivered.
-    assert _ok(consumer.call("receive_until", count=1, timeout_s=1.5))["messages"] == []
+    # Parked: not delivered, and no more checks (a 1 s poll is over 3 check intervals).
+    assert _ok(consumer.call("receive_until", count=1, timeout_s=0.1))["messages"] == []
     assert len(_ok(producer.call("checked", timeout_s=0))["checked"]) == len(checked)
     with grpc.insecure_channel(endpoint) as channel:
         admin_pb2_grpc.AdminServiceStub(channel).ResolveTransaction(
@@ -112,7 +113,7 @@ def test_unknown_until_parked_then_an_operator_commits(
         )
     got = _ok(consumer.call("receive_until", count=1, timeout_s=10))["messages"]
     assert [(m["body"], m["message_id"]) for m in got] == [("p1", sent["message_id"])]
-    assert _ok(consumer.call("receive_until", count=1, timeout_s=1))["messages"] == []  # once
+    assert _ok(consumer.call("receive_until", count=1, timeout_s=0.1))["messages"] == []  # once
     assert _halves(endpoint, topic) == []
 
 
@@ -132,7 +133,7 @@ def test_check_back_goes_to_another_producer_when_the_sender_is_gone(
     checked = _ok(other.call("checked", count=1, timeout_s=0))["checked"]
     assert ("g1", sent["message_id"], "COMMIT") in {
         (c["body"], c["message_id"], c["decision"]) for c in checked}  # fmt: skip
-    assert _ok(consumer.call("receive_until", count=1, timeout_s=1))["messages"] == []  # once
+    assert _ok(consumer.call("receive_until", count=1, timeout_s=0.1))["messages"] == []  # once
 
 
 def _free_port() -> int:
@@ -149,10 +150,11 @@ class _Killable:
 
     def __init__(self, kind: str, root: Path) -> None:
         self.kind, self.root, self.port = kind, root, _free_port()
-        # Enough checks to outlive the restart; the first one 2 s after the send.
-        self.sets = ["broker.transaction.check_immunity_ms=2000",
-                     "broker.transaction.check_interval_ms=500",
-                     "proxy.transaction_check_poll_ms=200"]  # fmt: skip
+        # Checks from 1 s after the send, enough of them to outlive the restart.
+        self.sets = ["broker.transaction.check_immunity_ms=1000",
+                     "broker.transaction.check_interval_ms=300",
+                     "broker.transaction.max_checks=50",
+                     "proxy.transaction_check_poll_ms=100"]  # fmt: skip
         self.proxy: PopmqProcess | None = None
         self.held = self._start()
         if kind == "cluster":
@@ -209,7 +211,7 @@ def test_half_messages_survive_a_broker_kill_9(
     # Retried while the proxy's link to the restarted broker reconnects.
     assert {t.message_id for t in _halves(killable.endpoint, topic, retry_s=10)} == {
         answer["message_id"] for answer in sent.values()}  # fmt: skip
-    assert _ok(consumer.call("receive_until", count=1, timeout_s=1))["messages"] == []
+    assert _ok(consumer.call("receive_until", count=1, timeout_s=0.1))["messages"] == []
     checker = producer
     if killable.kind == "serve":
         # The producer's telemetry stream died with the process, and client 5.1.2 rebuilds it
@@ -224,4 +226,4 @@ def test_half_messages_survive_a_broker_kill_9(
     while _halves(killable.endpoint, topic) and time.monotonic() < deadline:
         time.sleep(0.3)  # the rollback is decided too
     assert _halves(killable.endpoint, topic) == []
-    assert _ok(consumer.call("receive_until", count=1, timeout_s=1))["messages"] == []  # once
+    assert _ok(consumer.call("receive_until", count=1, timeout_s=0.1))["messages"] == []  # once
