@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from popmq.broker.contract.errors import Code
@@ -129,6 +131,15 @@ async def test_list_clients_pages_its_answer(cluster: Cluster) -> None:
         a.ListClientsRequest(page_token="WzFd"),  # base64 of [1]
     ):
         assert (await admin.ListClients(bad)).status.code == Code.BAD_REQUEST
+
+
+async def test_list_clients_refuses_a_deeply_nested_page_token(cluster: Cluster) -> None:
+    """A forged token of nested JSON arrays made the decoder recurse past Python's limit:
+    INTERNAL_ERROR (a RecursionError) instead of BAD_REQUEST."""
+    admin = admin_pb2_grpc.AdminServiceStub(cluster.channel)
+    forged = base64.urlsafe_b64encode(b"[" * 100_000).decode()
+    answer = await admin.ListClients(a.ListClientsRequest(page_token=forged))
+    assert answer.status.code == Code.BAD_REQUEST, answer.status
 
 
 async def test_health_service(cluster: Cluster) -> None:
