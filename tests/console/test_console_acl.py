@@ -257,3 +257,25 @@ def test_x_forwarded_for_does_not_buy_a_fresh_address_per_try(secured: dict[str,
             headers = {"x-forwarded-for": f"10.1.{i}.1", "x-forwarded-proto": "http"}
             answers.append(http.post("/login", data=form, headers=headers).status_code)
     assert answers == [401] * login_limit.BURST + [429]
+
+
+def test_a_stranger_guessing_a_key_does_not_lock_out_where_it_signs_in() -> None:
+    """Ten wrong secrets for an access key, from anywhere, kept its owner out everywhere (a
+    stranger could lock the admin out of the console for good at one try per 6 s). The key's
+    bucket still holds every address that has not signed in as that key; one that has is held
+    only by its own address bucket. Long access keys are kept as a digest (each bucket kept
+    the whole form field)."""
+    from popmq.console import login_limit
+    from popmq.console.login_limit import LoginLimiter
+
+    limiter = LoginLimiter(clock=lambda: 0.0)
+    limiter.succeeded("10.0.0.1", "ops")
+    for i in range(login_limit.BURST):
+        limiter.failed(f"10.6.6.{i}", "ops")
+    assert limiter.retry_after("10.6.6.99", "ops") > 0  # guessers, and new places, wait
+    assert limiter.retry_after("10.0.0.1", "ops") == 0  # where the admin signs in: not
+    for _ in range(login_limit.BURST):
+        limiter.failed("10.0.0.1", "ops")
+    assert limiter.retry_after("10.0.0.1", "ops") > 0  # its own address bucket still counts
+    limiter.failed("10.0.0.7", "k" * 100_000)
+    assert max(len(key) for key in limiter._buckets) <= 100
