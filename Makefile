@@ -13,6 +13,11 @@ NODE_CLIENT_PACKAGE := rocketmq-client-nodejs@1.0.8
 # `make test` installs the Node.js client only where node and npm exist (its tests skip otherwise).
 HAVE_NODE := $(and $(shell command -v node 2>/dev/null),$(shell command -v npm 2>/dev/null))
 PYTEST_ARGS ?=
+# Tests run in this many pytest-xdist workers, a test file per worker at a time (module-scoped
+# processes stay on one worker). Most tests wait on other processes, so 2 workers fit 2 cores;
+# `make test TEST_WORKERS=0` runs them in this process, one after another.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: run test check install client-venv node-client chromium etcd lint protos clean
 
@@ -71,13 +76,13 @@ etcd:
 	@command -v etcd > /dev/null || { apt-get update && apt-get install -y etcd-server; }
 
 test: install client-venv chromium $(if $(HAVE_NODE),node-client) etcd lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The fast inner loop: lint, then every test that starts no other process. Tests that start
 # popmq, a client, Spark's JVM or the CLI are marked `subprocess` and left out (tests/conftest.py
 # fails an unmarked test that starts one, so the selection stays honest).
 check: install lint
-	$(PY) -m pytest -m "not subprocess" -q $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not subprocess" -q $(PYTEST_ARGS)
 
 protos: install
 	$(PY) scripts/gen_protos.py

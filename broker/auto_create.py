@@ -9,10 +9,11 @@ not-found code a disabled auto-creation would give, saying why.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from popmq.broker.contract.errors import Code, RefusedError
+
+from popmq.clock import SYSTEM
 
 _NOT_FOUND = {"topic": Code.TOPIC_NOT_FOUND, "group": Code.CONSUMER_GROUP_NOT_FOUND}
 _SETTING = {"topic": "broker.topics", "group": "broker.groups"}
@@ -26,7 +27,7 @@ class AutoCreateGate:
         max_total: int,
         per_second: float,
         on_refused: Callable[[str, str], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = SYSTEM.monotonic,
     ) -> None:
         self._kind = kind
         self._enabled = enabled

@@ -61,7 +61,7 @@ from popmq.broker.contract.types import (
 )
 from popmq.broker.isolation import FailureTracker
 from popmq.broker.metered_hold import MeteredHoldTable
-from popmq.broker.metrics import BrokerMetrics, take_snapshot
+from popmq.broker.metrics import BrokerMetrics, message_type, take_snapshot
 from popmq.broker.pop.engine import PopEngine
 from popmq.broker.pop.groups import GroupRegistry
 from popmq.broker.pop.hold import HoldOutcome, HoldTable
@@ -103,7 +103,7 @@ class Broker:
             config.data_dir, config.name, config.store, self._clock, timer=clock
         )
         self._metrics = BrokerMetrics(config.name, cluster=config.cluster)
-        self._metrics_state = self._metrics.watch(lambda: take_snapshot(self))
+        self._metrics_state = self._metrics.watch(lambda: take_snapshot(self, self._clock))
         self._hold = MeteredHoldTable(
             config.polling.max_held_per_key, config.polling.max_held_total, self._metrics
         )
@@ -256,6 +256,7 @@ class Broker:
             hold=self._hold,
             groups=self._groups,
             clock=self._clock,
+            time=self._time,
         )
         self._revive = ReviveService(
             store=self._store,
@@ -444,6 +445,7 @@ class Broker:
         delayed: list[tuple[int, Message, str, int]] = []
         halves: list[tuple[int, Message, str, int]] = []
         batch_queue: dict[str, int] = {}  # one round-robin queue per topic per call
+        arrivals: dict[tuple[str, str], list[int]] = defaultdict(list)  # RocketMQ's metrics
         for message in messages:
             self._check_message(message)
         for position, message in enumerate(messages):
@@ -465,6 +467,7 @@ class Broker:
                     batch_queue[meta.name] = target
             if not message.born_timestamp_ms:
                 message = replace(message, born_timestamp_ms=now)
+            arrivals[meta.name, message_type(message)].append(len(message.body))
             if PROP_TRANSACTION in message.properties:
                 halves.append((position, message, meta.name, target))
             elif message.delivery_timestamp_ms > now:
@@ -504,6 +507,7 @@ class Broker:
                     record.message_id, topic, target, -1, self.name,
                     transaction_id=seal_transaction(self.engine.keyring, tx_ticket),
                 )  # fmt: skip
+        self._metrics.received(arrivals)
         return [result for result in results if result is not None]
 
     # -- transactions ---------------------------------------------------------------------
@@ -531,7 +535,7 @@ class Broker:
             if span.is_recording():
                 span.set_attribute("popmq.transaction.repeat", not decided)
         if decided:
-            self._metrics.transaction_ended(commit, source)
+            self._metrics.transaction_ended(commit, source, topic)
             if commit:
                 self._metrics.stored(topic, 1)
             # A producer's own decision is the normal path (one per message: DEBUG); one a
@@ -591,7 +595,7 @@ class Broker:
     async def pop(self, request: PopRequest) -> PopResult:
         self._require_started()
         result = await self.engine.pop(request)
-        self._metrics.popped(result.status, len(result.messages), request.group, request.topic)
+        self._metrics.popped(result.status, result.messages, request.group, request.topic)
         return result
 
     async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:

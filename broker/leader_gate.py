@@ -39,9 +39,10 @@ from prometheus_client.registry import Collector
 
 from popmq.config import ReplicationConfig
 from popmq.coord.group import GroupMember
+from popmq.lifecycle import AsyncClosing
 
 
-class LeaderGatedPort:
+class LeaderGatedPort(AsyncClosing):
     """The node's port, open only while it is its group's fenced leader."""
 
     def __init__(self, port: BrokerPort, replication: ReplicationConfig) -> None:
@@ -191,8 +192,8 @@ class LeaderGatedPort:
         self._check()
         return await self._port.group_stats(group, topic)
 
-    async def close(self) -> None:
-        await self._port.close()
+    async def aclose(self) -> None:
+        await self._port.aclose()
 
 
 class GroupCollector(Collector):

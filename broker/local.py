@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 from popmq.broker.contract.watch import LocalWatchBackend
 from popmq.broker.core import Broker
 
+from popmq.lifecycle import AsyncClosing
+
 if TYPE_CHECKING:
     from popmq.broker.contract.port import BrokerPort
 
@@ -40,7 +42,7 @@ class forward(Generic[P, R]):
         return method
 
 
-class LocalBrokerPort:
+class LocalBrokerPort(AsyncClosing):
     """Every BrokerPort call goes to ``broker``. ``close()`` releases the port only; the
     broker's owner stops the broker."""
 
@@ -87,7 +89,7 @@ class LocalBrokerPort:
     list_groups = forward(Broker.list_groups)
     delete_group = forward(Broker.delete_group)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Only the watches end; the broker keeps running."""
         watches, self._watches = self._watches, None
         if watches is not None:

@@ -15,21 +15,36 @@ Two kinds of numbers:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
 import logging
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from popmq.broker.contract.errors import Code, RefusedError
-from popmq.broker.contract.types import DLQ_PREFIX, RETRY_PREFIX, SYSTEM_PREFIX, PopStatus
+from popmq.broker.contract.types import (
+    DLQ_PREFIX,
+    PROP_TRANSACTION,
+    RETRY_PREFIX,
+    SYSTEM_PREFIX,
+    GroupQueueStats,
+    Message,
+    PoppedMessage,
+    PopStatus,
+)
 from popmq.broker.names import parse_retry_topic
 from popmq.broker.store.damage import DamageEvent, MetadataFallback
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
     from popmq.broker.core import Broker
@@ -39,6 +54,12 @@ log = logging.getLogger(__name__)
 HOLD_KINDS = ("pop", "pull", "notify")
 # RocketMQ 5's common labels of every rocketmq_* series.
 ROCKETMQ_LABELS = ("cluster", "node_type", "node_id")
+# rocketmq_message_size's buckets in bytes, as RocketMQ's broker sets them: 1 KiB, 4 KiB,
+# 512 KiB, 1 MiB, 2 MiB, 4 MiB (and +Inf).
+MESSAGE_SIZE_BUCKETS = (1024, 4096, 512 * 1024, 1 << 20, 2 << 20, 4 << 20)
+# The consumer-state gauges' labels: RocketMQ's broker splits each (topic, group) into its
+# topic proper (is_retry="false") and its retry topic (is_retry="true").
+CONSUMER_LABELS = (*ROCKETMQ_LABELS, "topic", "consumer_group", "is_retry", "is_system")
 _OK = int(Code.OK)
 # How long a scrape waits for the broker's loop; a loop blocked longer loses these series for
 # that scrape instead of hanging the scrape.
@@ -61,16 +82,41 @@ class BrokerMetrics:
         r, b = self.registry, ["broker"]
         # RocketMQ 5's names and labels, for its operators' dashboards (docs/operations.md).
         node = [cluster, "broker", broker]
+        in_labels = [*ROCKETMQ_LABELS, "topic", "message_type"]
         self._in = Counter(
-            "rocketmq_messages_in", "Messages produced into the topic (RocketMQ's metric)",
-            [*ROCKETMQ_LABELS, "topic"], registry=r,
+            "rocketmq_messages_in", "Messages produced into the topic, by message type "
+            "(normal, fifo, delay, transaction; RocketMQ's metric)", in_labels, registry=r,
         )  # fmt: skip
-        self._in_by_topic: dict[str, Any] = {}
+        self._bytes_in = Counter(
+            "rocketmq_throughput_in", "Body bytes produced into the topic, by message type "
+            "(RocketMQ's metric)", in_labels, registry=r,
+        )  # fmt: skip
+        self._sizes = _SizeHistograms(
+            "rocketmq_message_size", "Body sizes of the messages produced, in bytes "
+            "(RocketMQ's metric and buckets)", in_labels, MESSAGE_SIZE_BUCKETS,
+        )  # fmt: skip
+        self._sizes.node = tuple(node)
+        r.register(self._sizes)
+        self._in_by_key: dict[tuple[str, str], tuple[Any, Any]] = {}
+        out_labels = [*ROCKETMQ_LABELS, "topic", "consumer_group"]
         self._out = Counter(
             "rocketmq_messages_out", "Messages delivered to consumers (RocketMQ's metric)",
-            [*ROCKETMQ_LABELS, "topic", "consumer_group"], registry=r,
+            out_labels, registry=r,
         )  # fmt: skip
-        self._out_by_key: dict[tuple[str, str], Any] = {}
+        self._bytes_out = Counter(
+            "rocketmq_throughput_out", "Body bytes delivered to consumers (RocketMQ's metric)",
+            out_labels, registry=r,
+        )  # fmt: skip
+        self._out_by_key: dict[tuple[str, str], tuple[Any, Any]] = {}
+        tx_labels = [*ROCKETMQ_LABELS, "topic"]
+        self._commits = Counter(
+            "rocketmq_commit_messages", "Transactional messages committed (RocketMQ's metric)",
+            tx_labels, registry=r,
+        )  # fmt: skip
+        self._rollbacks = Counter(
+            "rocketmq_rollback_messages",
+            "Transactional messages rolled back (RocketMQ's metric)", tx_labels, registry=r,
+        )  # fmt: skip
         self._node = node
         self._stored = Counter(
             "popmq_broker_messages_stored",
@@ -180,19 +226,36 @@ class BrokerMetrics:
         child = self._stored_by_topic.get(topic)
         if child is None:
             child = self._stored_by_topic[topic] = self._stored.labels(self.broker, topic)
-            self._in_by_topic[topic] = self._in.labels(*self._node, topic)
         child.inc(count)
-        self._in_by_topic[topic].inc(count)
 
-    def popped(self, status: PopStatus, count: int, group: str = "", topic: str = "") -> None:
+    def received(self, arrivals: dict[tuple[str, str], list[int]]) -> None:
+        """A send's messages by (topic, message type): their body sizes. RocketMQ counts a
+        message in when the broker accepts it (delay and half messages included)."""
+        for key, sizes in arrivals.items():
+            children = self._in_by_key.get(key)
+            if children is None:
+                values = (*self._node, *key)
+                children = self._in_by_key[key] = (
+                    self._in.labels(*values), self._bytes_in.labels(*values)
+                )  # fmt: skip
+            children[0].inc(len(sizes))
+            children[1].inc(sum(sizes))
+            self._sizes.observe(key, sizes)
+
+    def popped(self, status: PopStatus, messages: list[PoppedMessage], group: str = "",
+               topic: str = "") -> None:  # fmt: skip
         self._pops[status].inc()
-        if count:
-            self._popped.inc(count)
+        if messages:
+            self._popped.inc(len(messages))
             key = (topic, group)
             out = self._out_by_key.get(key)
             if out is None:
-                out = self._out_by_key[key] = self._out.labels(*self._node, topic, group)
-            out.inc(count)
+                values = (*self._node, topic, group)
+                out = self._out_by_key[key] = (
+                    self._out.labels(*values), self._bytes_out.labels(*values)
+                )  # fmt: skip
+            out[0].inc(len(messages))
+            out[1].inc(sum(len(popped.message.body) for popped in messages))
 
     def acked(self, codes: Iterable[int]) -> None:
         ok = failed = 0
@@ -219,9 +282,10 @@ class BrokerMetrics:
     def transactions_prepared(self, count: int) -> None:
         self._tx_prepared.inc(count)
 
-    def transaction_ended(self, commit: bool, source: str) -> None:
+    def transaction_ended(self, commit: bool, source: str, topic: str = "") -> None:
         resolution = "COMMIT" if commit else "ROLLBACK"
         self._tx_ended.labels(self.broker, resolution, source or "CLIENT").inc()
+        (self._commits if commit else self._rollbacks).labels(*self._node, topic).inc()
 
     def transaction_checks(self, checks: int, parked: int) -> None:
         if checks:
@@ -254,6 +318,50 @@ class BrokerMetrics:
         return collector
 
 
+def message_type(message: Message) -> str:
+    """RocketMQ's message_type label value, in its order: a half message is transaction, a
+    message with a delivery time delay, one with a message group fifo, the rest normal."""
+    if PROP_TRANSACTION in message.properties:
+        return "transaction"
+    if message.delivery_timestamp_ms:
+        return "delay"
+    return "fifo" if message.message_group else "normal"
+
+
+class _SizeHistograms(Collector):
+    """A histogram fed a batch at a time (one bisect per message, no lock per observation):
+    the send path's cost stays near a counter's."""
+
+    def __init__(self, name: str, doc: str, labels: list[str],
+                 buckets: tuple[int, ...]) -> None:  # fmt: skip
+        self._name, self._doc, self._labels, self._buckets = name, doc, labels, buckets
+        self.node: tuple[str, ...] = ()
+        self._rows: dict[tuple[str, ...], list[int]] = {}  # bucket counts (+Inf last), sum
+
+    def observe(self, key: tuple[str, ...], sizes: list[int]) -> None:
+        row = self._rows.get(key)
+        if row is None:
+            row = self._rows[key] = [0] * (len(self._buckets) + 2)
+        buckets = self._buckets
+        for size in sizes:
+            row[bisect.bisect_left(buckets, size)] += 1
+        row[-1] += sum(sizes)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self._name, self._doc, labels=self._labels)
+        for key, row in list(self._rows.items()):
+            row = list(row)  # the loop may add to it meanwhile
+            cumulative, running = [], 0
+            for bound, count in zip((*self._buckets, "+Inf"), row[:-1], strict=True):
+                running += count
+                cumulative.append((floatToGoString(bound), running))
+            family.add_metric([*self.node, *key], cumulative, sum_value=row[-1])
+        yield family
+
+
 _POP_RESULTS = {
     PopStatus.FOUND: "found",
     PopStatus.NO_MESSAGE: "empty",
@@ -268,8 +376,20 @@ class GroupRow:
     backlog: int  # not yet consumed in the topic's queues
     retry_backlog: int  # not yet consumed in the group's retry topic for it
     inflight: int  # popped, not yet acked (both)
-    # age of the oldest message not yet acked (now - its store time), 0 with no backlog
-    lag_latency_ms: int = 0
+
+
+@dataclass(slots=True)
+class ConsumerRow:
+    """RocketMQ's view of one (group, topic): the topic proper or its retry topic."""
+
+    group: str
+    topic: str
+    is_retry: bool
+    lag: int = 0  # not acked (ready + in flight + acked out of order)
+    inflight: int = 0  # popped, not yet acked
+    ready: int = 0  # visible and not popped yet
+    lag_latency_ms: int = 0  # now - store time of the oldest message not acked
+    queueing_latency_ms: int = 0  # now - store time of the oldest ready message
 
 
 @dataclass(slots=True)
@@ -292,10 +412,15 @@ class BrokerSnapshot:
     open_file_evictions: int = 0
     flush_failures: int = 0
     handle_key_reload_failures: int = 0
-    dlq_total: dict[str, int] = field(default_factory=dict)  # group -> messages ever sent there
+    # (group, first topic) -> messages sent to the group's DLQ since the broker started
+    dlq_sent: dict[tuple[str, str], int] = field(default_factory=dict)
+    consumers: list[ConsumerRow] = field(default_factory=list)
+    topics: int = 0  # user topics (no retry, DLQ or system ones)
+    groups_known: int = 0
+    half_messages: dict[str, int] = field(default_factory=dict)  # topic -> undecided
 
 
-def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
+def take_snapshot(broker: Broker, now_ms: Callable[[], int]) -> BrokerSnapshot | None:
     """The broker's state for one scrape (on its loop); None while it is stopped."""
     if not broker.started:
         return None
@@ -327,18 +452,17 @@ def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
         except RefusedError:  # the topic was deleted
             continue
         row = GroupRow(group, topic, 0, 0, 0)
-        now_ms = int(time.time() * 1000)
+        rows = (ConsumerRow(group, topic, False), ConsumerRow(group, topic, True))
+        now = now_ms()
         for queue in stats:
             if queue.topic == topic:
                 row.backlog += queue.backlog
-                if queue.backlog:
-                    stored = _store_time_ms(broker, topic, queue.queue_id, queue.consumer_offset)
-                    if stored:
-                        row.lag_latency_ms = max(row.lag_latency_ms, now_ms - stored)
             else:
                 row.retry_backlog += queue.backlog
             row.inflight += queue.inflight
+            _add_queue(broker, rows[queue.topic != topic], queue, now)
         snap.groups.append(row)
+        snap.consumers += rows
     for meta in broker.store.list_topics():
         if meta.name.startswith(DLQ_PREFIX):
             stored = sum(
@@ -346,10 +470,39 @@ def take_snapshot(broker: Broker) -> BrokerSnapshot | None:
                 for q in range(meta.queue_count)
             )
             snap.dlq_stored[meta.name[len(DLQ_PREFIX) :]] = stored
-            snap.dlq_total[meta.name[len(DLQ_PREFIX) :]] = sum(
-                broker.store.max_offset(meta.name, q) for q in range(meta.queue_count)
-            )
+        elif not meta.name.startswith((RETRY_PREFIX, SYSTEM_PREFIX)):
+            snap.topics += 1
+    snap.dlq_sent = dict(revive.dead_lettered_by)
+    snap.groups_known = len({group for group, _ in pairs})
+    for half in broker.transactions.halves():
+        snap.half_messages[half.topic] = snap.half_messages.get(half.topic, 0) + 1
     return snap
+
+
+def _add_queue(broker: Broker, row: ConsumerRow, queue: GroupQueueStats, now_ms: int) -> None:
+    """Add one queue to ``row`` as RocketMQ's lag calculator counts it: ready messages are
+    those past the group's pop cursor (and those released back below it), in flight those
+    popped and not acked, lag everything from the consumer offset on."""
+    row.lag += queue.backlog
+    row.inflight += queue.inflight
+    if not queue.backlog:
+        return
+    stored = _store_time_ms(broker, queue.topic, queue.queue_id, queue.consumer_offset)
+    if stored:
+        row.lag_latency_ms = max(row.lag_latency_ms, now_ms - stored)
+    state = broker.ledger.existing_queue(row.group, queue.topic, queue.queue_id)
+    if state is None:  # nothing popped since start: all of the backlog is ready
+        ready, first = queue.backlog, queue.consumer_offset
+    else:
+        cursor = state.pop_offset
+        skipped = sum(1 for offset in (*state.inflight, *state.done_ahead) if offset >= cursor)
+        ready = max(queue.max_offset - cursor - skipped, 0) + len(state.released)
+        first = state.released[0] if state.released else cursor
+    row.ready += ready
+    if ready:
+        stored = _store_time_ms(broker, queue.topic, queue.queue_id, first)
+        if stored:
+            row.queueing_latency_ms = max(row.queueing_latency_ms, now_ms - stored)
 
 
 def _store_time_ms(broker: Broker, topic: str, queue_id: int, offset: int) -> int:
@@ -522,35 +675,60 @@ class BrokerStateCollector(Collector):
 
     def _rocketmq(self, snap: BrokerSnapshot, storage_bytes: int) -> Iterator[Metric]:
         """The same state under RocketMQ 5's names and labels."""
-        labels = [*ROCKETMQ_LABELS, "topic", "consumer_group"]
-        lag = GaugeMetricFamily(
-            "rocketmq_consumer_lag_messages",
-            "Messages of the topic the group has not acked (with its retry topic)", labels=labels
-        )  # fmt: skip
-        inflight = GaugeMetricFamily(
-            "rocketmq_consumer_inflight_messages",
-            "Messages delivered to the group and not yet acked", labels=labels,
-        )  # fmt: skip
-        latency = GaugeMetricFamily(
-            "rocketmq_consumer_lag_latency",
-            "Milliseconds since the oldest message the group has not acked was stored",
-            labels=labels, unit="",
-        )  # fmt: skip
-        for row in snap.groups:
-            values = [*self._node, row.topic, row.group]
-            lag.add_metric(values, row.backlog + row.retry_backlog)
-            inflight.add_metric(values, row.inflight)
-            latency.add_metric(values, row.lag_latency_ms)
-        yield from (lag, inflight, latency)
-        # A DLQ topic only grows (until retention), so its max offset counts what was sent to it.
+        labels = list(CONSUMER_LABELS)
+        families = {
+            "lag": GaugeMetricFamily(
+                "rocketmq_consumer_lag_messages",
+                "Messages the group has not acked (is_retry: of the topic or its retry topic)",
+                labels=labels,
+            ),
+            "inflight": GaugeMetricFamily(
+                "rocketmq_consumer_inflight_messages",
+                "Messages delivered to the group and not yet acked", labels=labels,
+            ),
+            "ready": GaugeMetricFamily(
+                "rocketmq_consumer_ready_messages",
+                "Messages visible to the group and not delivered yet", labels=labels,
+            ),
+            "lag_latency_ms": GaugeMetricFamily(
+                "rocketmq_consumer_lag_latency",
+                "Milliseconds since the oldest message the group has not acked was stored",
+                labels=labels,
+            ),
+            "queueing_latency_ms": GaugeMetricFamily(
+                "rocketmq_consumer_queueing_latency",
+                "Milliseconds since the oldest message ready for the group (not delivered) "
+                "was stored", labels=labels,
+            ),
+        }  # fmt: skip
+        for row in snap.consumers:
+            values = [*self._node, row.topic, row.group, _bool(row.is_retry), "false"]
+            for attribute, family in families.items():
+                family.add_metric(values, getattr(row, attribute))
+        yield from families.values()
         dlq = CounterMetricFamily(
             "rocketmq_send_to_dlq_messages",
-            "Messages sent to the group's dead-letter queue", labels=[*ROCKETMQ_LABELS,
-                                                                   "consumer_group"],
+            "Messages sent to the group's dead-letter queue since the broker started, by the "
+            "topic they were first sent to", labels=[*ROCKETMQ_LABELS, "topic", "consumer_group"],
         )  # fmt: skip
-        for group, total in sorted(snap.dlq_total.items()):
-            dlq.add_metric([*self._node, group], total)
+        for (group, topic), total in sorted(snap.dlq_sent.items()):
+            dlq.add_metric([*self._node, topic, group], total)
         yield dlq
+        half = GaugeMetricFamily(
+            "rocketmq_half_messages", "Transactional half messages without a decision",
+            labels=[*ROCKETMQ_LABELS, "topic"],
+        )  # fmt: skip
+        for topic, count in sorted(snap.half_messages.items()):
+            half.add_metric([*self._node, topic], count)
+        yield half
+        for name, doc, value in (
+            ("rocketmq_topic_number", "Topics on the broker (no retry or DLQ topics)", snap.topics),
+            ("rocketmq_consumer_group_number", "Consumer groups with a position on the broker",
+             snap.groups_known),
+        ):  # fmt: skip
+            family = GaugeMetricFamily(name, doc, labels=list(ROCKETMQ_LABELS))
+            family.add_metric(self._node, value)
+            yield family
         storage = GaugeMetricFamily(
             "rocketmq_storage_size", "Bytes of message storage on disk (commitlog)",
             labels=list(ROCKETMQ_LABELS),
@@ -592,6 +770,10 @@ class BrokerStateCollector(Collector):
         except Exception:
             log.exception("broker %s: reading state for metrics failed", self._broker)
         return None
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
 
 
 def _counter(name: str, doc: str, values: list[str], value: float) -> Metric:

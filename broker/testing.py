@@ -69,4 +69,4 @@ async def local_broker(
             try:
                 yield port
             finally:
-                await port.close()
+                await port.aclose()

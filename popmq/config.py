@@ -28,12 +28,13 @@ from pydantic_settings import (
 
 ENV_PREFIX = "POPMQ_"
 
-# Copies of one request's bytes a process holds while serving it, measured with psutil on
-# real processes (docs/operations.md, sizing): grpc's buffer, the decoded protobuf, the
-# conversions, the broker link's frame and grpc's send buffer. The Helm chart's memory limits
-# are checked against these (tests/deploy/test_memory_sizing.py).
-BROKER_COPIES_PER_REQUEST = 4  # a 100 MiB send: +419 MB
-PROXY_COPIES_PER_REQUEST = 10  # a 32 x 4 MiB send (134 MB): +1,226 MB
+# Copies of one request's bytes a process holds at its peak while serving it, measured with
+# psutil on real processes (docs/operations.md, sizing). The Helm chart's memory limits are
+# checked against these (tests/deploy/test_memory_sizing.py). A proxy's peak is grpc's own
+# receive (its C buffer, a bytes per slice and their join: 3 copies); after it the proxy holds
+# the request and its decoded protobuf and sends the messages on in 4 MiB chunks.
+BROKER_COPIES_PER_REQUEST = 4  # a 100 MiB unary send: +419 MB
+PROXY_COPIES_PER_REQUEST = 4  # a 32 x 4 MiB send (134 MB): +400..434 MB (it was +1,226 MB)
 PROCESS_BASELINE_BYTES = 128 << 20  # an idle broker or proxy: ~80 MB, with room
 
 # RocketMQ's messageDelayLevel, the backoff between POP redeliveries.
@@ -313,9 +314,13 @@ class BrokerConfig(Section):
     # well under the pod's memory (docs/operations.md, sizing). Callers without the cluster
     # token are refused from their headers, before any of their request is read.
     max_message_bytes: int = Field(256 * 1024 * 1024, ge=1 << 20, le=2**31 - 1)
-    # Bytes of sends in flight at once (popmq.budget); past it a send waits 200 ms for room,
-    # then is refused with TOO_MANY_REQUESTS. One send larger than this passes alone.
+    # Bytes of sends and pop answers in flight at once (popmq.budget); past it a send waits
+    # inflight_wait_ms for room, then is refused with TOO_MANY_REQUESTS (a pop waits while the
+    # budget is full, refused before it takes any message). One send larger than this passes
+    # alone.
     max_inflight_bytes: int = Field(256 * 1024 * 1024, ge=1 << 20)
+    # How long a call over the budget waits for room: RocketMQ's waitTimeMillsInSendQueue.
+    inflight_wait_ms: int = Field(200, ge=0, le=60_000)
     # Serve Prometheus /metrics on this port of `host` (None: not at all; 0: any free port).
     # `popmq serve` ignores it: embedded brokers' metrics are on the proxy's endpoint.
     metrics_port: int | None = Field(None, ge=0, le=65535)
@@ -432,10 +437,12 @@ class ProxyConfig(Section):
     # control still sheds long polls first, with TOO_MANY_REQUESTS.
     max_streams_per_connection: int = Field(2_000, ge=16)
     # Bytes of sends and of receive answers in flight at once (popmq.budget): past it a call
-    # waits 200 ms for room, then is refused with TOO_MANY_REQUESTS (a refused receive's
-    # messages are released at once). The proxy holds about PROXY_COPIES_PER_REQUEST copies
-    # of what is in flight: see docs/operations.md, sizing.
+    # waits inflight_wait_ms for room, then is refused with TOO_MANY_REQUESTS (a refused
+    # receive's messages are released at once). The proxy holds about
+    # PROXY_COPIES_PER_REQUEST copies of what is in flight: see docs/operations.md, sizing.
     max_inflight_bytes: int = Field(160 * 1024 * 1024, ge=1 << 20)
+    # How long a call over the budget waits for room: RocketMQ's waitTimeMillsInSendQueue.
+    inflight_wait_ms: int = Field(200, ge=0, le=60_000)
     # With an ACL: live client ids one access key may register (a Heartbeat, route lookup or
     # Telemetry settings from one more: TOO_MANY_REQUESTS), and calls it may have open at once
     # over all its connections (receives, pulls, Telemetry streams and short calls alike).

@@ -8,11 +8,13 @@ client's ``traceparent`` continues through the proxy into the broker.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -42,6 +44,33 @@ def _version() -> str:  # proxy's CPU when looked up per span (py-spy, bench e2e
 def tracer() -> trace.Tracer:
     """popmq's tracer (looked up per call: the provider may be installed after import)."""
     return trace.get_tracer("popmq", _version())
+
+
+_provider_installed = False
+# What ``start_span`` gives while no provider is installed: reusable, no context attached.
+_NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)
+
+
+def tracing_on() -> bool:
+    """Has a tracer provider been installed (start_tracing, or anyone's set_tracer_provider)?
+    OpenTelemetry installs one at most once per process, so once True this stays True."""
+    global _provider_installed
+    if not _provider_installed:
+        provider = trace.get_tracer_provider()
+        _provider_installed = not isinstance(provider, trace.ProxyTracerProvider)
+    return _provider_installed
+
+
+def start_span(
+    name: str, attributes: dict[str, str | int] | None = None
+) -> AbstractContextManager[trace.Span]:
+    """``tracer().start_as_current_span(name, attributes=...)``, or, while no provider is
+    installed, a shared no-op that yields the invalid span. The API's own no-op span still
+    made a tracer, a generator context manager and a context attach per span: about 4 KiB
+    held by each of 10,000 idle long polls (tracemalloc) and ~2% of a busy proxy's CPU."""
+    if not tracing_on():
+        return _NO_SPAN
+    return tracer().start_as_current_span(name, attributes=attributes)
 
 
 _servers_traced = False

@@ -28,7 +28,8 @@ from popmq.broker.contract.types import GroupConfig, TopicInfo
 from popmq.broker.pop.handle import peek_broker_name
 
 from popmq.clock import SYSTEM, Clock
-from popmq.lifecycle import fan_out
+from popmq.coord.directory import GroupView
+from popmq.lifecycle import AsyncClosing, fan_out
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class _TtlCache(Generic[K, V]):
         self._items.clear()
 
 
-class BrokerCluster:
+class BrokerCluster(AsyncClosing):
     def __init__(
         self,
         ports: Sequence[BrokerPort],
@@ -132,6 +133,9 @@ class BrokerCluster:
         # queue and waits for it instead of moving (which would break its order).
         self._known_queues: dict[tuple[str, str], int] = {}
         self._draining: set[str] = set()  # brokers that take no new sends
+        # The replicated broker groups as etcd last said (proxy/discovery.py sets it; empty
+        # without etcd): leaders, epochs, in-sync sets and lags, for cluster status.
+        self.group_views: dict[str, GroupView] = {}
 
     # -- brokers -----------------------------------------------------------------------------
     @property
@@ -161,9 +165,9 @@ class BrokerCluster:
             )
         return port
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         for port in self._ports.values():
-            await port.close()
+            await port.aclose()
 
     # -- membership (followed in etcd by popmq.proxy.discovery) ------------------------------
     def put_port(self, port: BrokerPort) -> BrokerPort | None:

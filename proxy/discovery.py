@@ -32,6 +32,7 @@ from popmq.proxy.cluster import BrokerCluster
 from popmq.coord.directory import GroupView, read_groups
 from popmq.coord.keys import groups_prefix
 from popmq.coord.store import CoordStore, CoordUnavailableError
+from popmq.lifecycle import AsyncClosing
 
 log = logging.getLogger("popmq.proxy.discovery")
 
@@ -46,7 +47,7 @@ class NoLeaderError(BrokerUnavailableError):
     code = Code.HA_NOT_AVAILABLE
 
 
-class LeaderlessPort:
+class LeaderlessPort(AsyncClosing):
     """Stands for a group without a leader: every call fails at once with HA_NOT_AVAILABLE."""
 
     def __init__(self, name: str) -> None:
@@ -68,7 +69,7 @@ class LeaderlessPort:
     create_topic = get_topic = list_topics = delete_topic = _call
     get_group = update_group = list_groups = delete_group = group_stats = _call
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         pass
 
 
@@ -91,6 +92,7 @@ class GroupFollower:
         self._retired: list[tuple[float, BrokerPort]] = []
 
     def apply(self, groups: dict[str, GroupView]) -> None:
+        self.cluster.group_views = dict(groups)
         changed = False
         for name, view in groups.items():
             self.cluster.set_draining(name, view.draining)
@@ -129,7 +131,7 @@ class GroupFollower:
         self._retired = [(at, p) for at, p in self._retired if not (all_now or at <= now)]
         for port in due:
             try:
-                await port.close()
+                await port.aclose()
             except Exception:  # a broken old link must not stop the follower
                 log.exception("closing the old port of %s failed", port.name)
 

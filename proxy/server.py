@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 
 MESSAGING_SERVICE = "apache.rocketmq.v2.MessagingService"
 ADMIN_SERVICE = "popmq.admin.v1.AdminService"
+UPSTREAM_ADMIN_SERVICE = "apache.rocketmq.v2.Admin"  # rocketmq-apis' control plane
 HEALTH_SERVICE = "grpc.health.v1.Health"
-SERVED_SERVICES = (MESSAGING_SERVICE, ADMIN_SERVICE)
+SERVED_SERVICES = (MESSAGING_SERVICE, ADMIN_SERVICE, UPSTREAM_ADMIN_SERVICE)
 GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # INT_MAX, the largest value a channel argument holds
 
 
@@ -196,7 +197,7 @@ class ProxyServer:
             )
             self._add_admin(admin)
             health_pb2_grpc.add_HealthServicer_to_server(self._health, admin)
-            enable_reflection(admin, [ADMIN_SERVICE, HEALTH_SERVICE])
+            enable_reflection(admin, [ADMIN_SERVICE, UPSTREAM_ADMIN_SERVICE, HEALTH_SERVICE])
             self.admin_port = _bind(admin, proxy.host, proxy.admin_port, credentials)
             await admin.start()
             self._admin_server = admin
@@ -218,12 +219,13 @@ class ProxyServer:
 
     def _add_admin(self, server: grpc.aio.Server) -> None:
         from popmq.proxy.admin.service import add_admin_service  # the admin API is optional
+        from popmq.proxy.admin.upstream import add_upstream_admin_service
 
-        add_admin_service(
-            server,
-            self.core.admin,
-            lambda method: self.metrics.rpc_requests.labels(method, "INVALID_ARGUMENT").inc(),
-        )
+        def undecodable(method: str) -> None:
+            self.metrics.rpc_requests.labels(method, "INVALID_ARGUMENT").inc()
+
+        add_admin_service(server, self.core.admin, undecodable)
+        add_upstream_admin_service(server, self.core.admin, undecodable)
 
     async def __aenter__(self) -> ProxyServer:
         await self.start()  # returns once the server is bound and serving
@@ -251,4 +253,4 @@ class ProxyServer:
         await self.streams.aclose()
         await self.admission.aclose()
         await self.strategy.aclose()
-        await self.cluster.close()
+        await self.cluster.aclose()

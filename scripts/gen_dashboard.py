@@ -22,6 +22,38 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         ],
     ),
     (
+        "Messages in by message type",
+        "msg/s",
+        [
+            (
+                f"sum by (message_type) (rate(rocketmq_messages_in_total{{{NS}}}[1m]))",
+                "{{message_type}}",
+            ),
+        ],
+    ),
+    (
+        "Throughput in and out (message bodies)",
+        "Bps",
+        [
+            (f"sum by (topic) (rate(rocketmq_throughput_in_total{{{NS}}}[1m]))", "in {{topic}}"),
+            (
+                f"sum by (consumer_group) (rate(rocketmq_throughput_out_total{{{NS}}}[1m]))",
+                "out {{consumer_group}}",
+            ),
+        ],
+    ),
+    (
+        "Message size p99 by topic",
+        "bytes",
+        [
+            (
+                "histogram_quantile(0.99, sum by (le, topic) "
+                f"(rate(rocketmq_message_size_bucket{{{NS}}}[5m])))",
+                "{{topic}}",
+            ),
+        ],
+    ),
+    (
         "Messages out (delivered) by group",
         "msg/s",
         [
@@ -52,6 +84,26 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         ],
     ),
     (
+        "Ready (visible, not delivered yet)",
+        "short",
+        [
+            (
+                f"sum by (consumer_group, topic) (rocketmq_consumer_ready_messages{{{NS}}})",
+                "{{consumer_group}} / {{topic}}",
+            ),
+        ],
+    ),
+    (
+        "Queueing latency (oldest ready message)",
+        "ms",
+        [
+            (
+                f"max by (consumer_group, topic) (rocketmq_consumer_queueing_latency{{{NS}}})",
+                "{{consumer_group}} / {{topic}}",
+            ),
+        ],
+    ),
+    (
         "In flight (popped, not acked)",
         "short",
         [
@@ -66,9 +118,9 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         "short",
         [
             (
-                "sum by (consumer_group) "
+                "sum by (consumer_group, topic) "
                 f"(increase(rocketmq_send_to_dlq_messages_total{{{NS}}}[5m]))",
-                "sent {{consumer_group}} (5m)",
+                "sent {{consumer_group}} / {{topic}} (5m)",
             ),
             (f"sum by (group) (popmq_broker_dlq_stored_messages{{{NS}}})", "kept {{group}}"),
         ],

@@ -3,11 +3,14 @@
 There is no Grafana here, so this does what it would: start a real `popmq serve` (2 embedded
 brokers), drive a small load through popmq's own client for --seconds, scrape the server's
 /metrics every --interval seconds, and plot the dashboard's main queries (rates over one scrape
-interval, p99 from the histogram buckets) with matplotlib.
+interval, quantiles from the histogram buckets) with matplotlib: every panel of
+scripts/gen_dashboard.py, each target's PromQL evaluated over the scrapes (``evaluate``).
 
-The load: a producer sends to `orders` and `audit` (its rate doubles halfway); group `billing`
+The load: a producer sends to `orders` (0.2-5.6 KB, one in 8 a delay message) and `audit`
+(its rate doubles halfway); group `billing`
 acks everything, group `shipping` consumes `orders` slowly (its lag grows), group `auditor`
-never acks one message in five, with max attempts 2, so those reach its DLQ.
+never acks one message in five, with max attempts 2, so those reach its DLQ; group `oncall`
+long-polls a quiet topic `alerts` (5 s polls, a message every 8 s): the empty answers.
 
 Usage (matplotlib is a docs tool, not a runtime dependency):
     .venv/bin/pip install -e '.[docs]'
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import re
 import socket
 import subprocess
 import sys
@@ -51,7 +55,7 @@ def served(data_dir: Path) -> Iterator[tuple[str, int]]:
     port, metrics = free_port(), free_port()
     command = [sys.executable, "-m", "popmq", "serve", "--port", str(port),
                "--metrics-port", str(metrics), "--brokers", "2", "--data-dir", str(data_dir),
-               "--log-level", "warning",
+               "--log-level", "warning", "--console-port", "0",
                "--set", "broker.pop.min_invisible_ms=500",
                "--set", "proxy.min_invisible_ms=500"]  # fmt: skip
     process = subprocess.Popen(command)
@@ -84,11 +88,18 @@ def admin(endpoint: str, *args: str) -> None:
 
 def producer(endpoint: str, stop: threading.Event, started: float, seconds: float) -> None:
     with Client(endpoint) as client:
-        n = 0
+        n, last_alert = 0, 0.0
         while not stop.is_set():
             fast = time.monotonic() - started > seconds / 2
-            batch = [Message("orders", f"order-{n + i}".encode()) for i in range(4 if fast else 2)]
+            # Orders of a few hundred bytes to a few KiB; every 8th a delay message (2 s).
+            batch = [Message("orders", f"order-{n + i}".encode().ljust(200 + (n + i) % 7 * 900),
+                             delivery_timestamp_ms=int(time.time() * 1000) + 2_000
+                             if (n + i) % 8 == 0 else 0)
+                     for i in range(4 if fast else 2)]  # fmt: skip
             client.send([*batch, Message("audit", f"audit-{n}".encode())])
+            if time.monotonic() - last_alert > 8:  # a quiet topic: most long polls end empty
+                client.send([Message("alerts", f"alert-{n}".encode())])
+                last_alert = time.monotonic()
             n += len(batch)
             time.sleep(0.1)
 
@@ -123,108 +134,151 @@ def scrape(metrics_port: int) -> Scrape:
     return out
 
 
-def by(scrape: Scrape, name: str, keys: tuple[str, ...]) -> dict[str, float]:
-    """sum by (keys) (name)"""
-    out: dict[str, float] = defaultdict(float)
-    for (sample, labels), value in scrape.items():
-        if sample == name:
-            label_map = dict(labels)
-            out[",".join(label_map.get(k, "") for k in keys)] += value
-    return out
+# -- the dashboard's PromQL, evaluated over the scrapes ------------------------------------------
+#
+# The dashboard (scripts/gen_dashboard.py) uses a handful of PromQL shapes; these are evaluated
+# here as Prometheus would over scrapes taken every --interval seconds (rate() over one
+# interval, increase() as that rate times its window, histogram_quantile() with Prometheus'
+# linear interpolation inside the bucket).
+
+Series = dict[str, list[tuple[float, float]]]
+_AGG = re.compile(r"^(sum|max|min)(?: by \(([^)]*)\))? ?\((.*)\)$", re.S)
+_RANGE = re.compile(r"^(rate|increase)\((\w+)(\{[^}]*\})?\[(\d+)([smh])\]\)$")
+_SELECTOR = re.compile(r"^(\w+)(\{[^}]*\})?$")
+_QUANTILE = re.compile(r"^histogram_quantile\(([\d.]+), (.*)\)$", re.S)
+_MATCHER = re.compile(r'(\w+)\s*(=~|!=|=)\s*"([^"]*)"')
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+_LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
-def rates(samples: list[tuple[float, Scrape]], name: str, keys: tuple[str, ...],
-          ) -> dict[str, list[tuple[float, float]]]:  # fmt: skip
-    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for (t0, a), (t1, b) in itertools.pairwise(samples):
-        before, after = by(a, name, keys), by(b, name, keys)
-        for key, value in after.items():
-            series[key].append((t1, max(value - before.get(key, 0.0), 0.0) / (t1 - t0)))
-    return series
+def _matchers(text: str | None) -> list[tuple[str, str, str]]:
+    return _MATCHER.findall((text or "").replace("$namespace", ".*"))
 
 
-def levels(samples: list[tuple[float, Scrape]], name: str, keys: tuple[str, ...],
-           ) -> dict[str, list[tuple[float, float]]]:  # fmt: skip
-    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for t, scraped in samples:
-        for key, value in by(scraped, name, keys).items():
-            series[key].append((t, value))
-    return series
+def _selected(labels: Labels, matchers: list[tuple[str, str, str]]) -> bool:
+    found = dict(labels)
+    for key, op, want in matchers:
+        value = found.get(key, "")
+        if (op == "=" and value != want) or (op == "!=" and value == want):
+            return False
+        if op == "=~" and not re.fullmatch(want, value):
+            return False
+    return True
 
 
-def p99(samples: list[tuple[float, Scrape]], name: str, key: str, skip: set[str],
-        ) -> dict[str, list[tuple[float, float]]]:  # fmt: skip
-    """histogram_quantile(0.99, sum by (le, key) (rate(name_bucket[interval])))"""
-    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    bucket = f"{name}_bucket"
-    for (_, a), (t1, b) in itertools.pairwise(samples):
-        grouped: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
-        for (sample, labels), value in b.items():
-            label_map = dict(labels)
-            if sample != bucket or label_map.get(key, "") in skip:
-                continue
-            le = float(label_map["le"])
-            grouped[label_map.get(key, "")][le] += value - a.get((sample, labels), 0.0)
-        for group, counts in grouped.items():
-            ordered = sorted(counts.items())
-            total = ordered[-1][1] if ordered else 0.0
-            if total <= 0:
-                continue
-            target = 0.99 * total
-            upper = next((le for le, count in ordered if count >= target), ordered[-1][0])
-            if upper != float("inf"):
-                series[group].append((t1, upper))
+# One evaluation step: (time, {label set: value}).
+Vector = dict[Labels, float]
+
+
+def _inner(expr: str, samples: list[tuple[float, Scrape]]) -> list[tuple[float, Vector]]:
+    if found := _RANGE.match(expr):
+        fn, name, selector, amount, unit = found.groups()
+        window = int(amount) * _UNITS[unit]
+        matchers, steps = _matchers(selector), []
+        for (t0, a), (t1, b) in itertools.pairwise(samples):
+            vector: Vector = {}
+            for (sample, labels), value in b.items():
+                if sample == name and _selected(labels, matchers):
+                    rate = max(value - a.get((sample, labels), 0.0), 0.0) / (t1 - t0)
+                    vector[labels] = rate * window if fn == "increase" else rate
+            steps.append((t1, vector))
+        return steps
+    if found := _SELECTOR.match(expr):
+        name, selector = found.groups()
+        matchers = _matchers(selector)
+        return [(t, {labels: v for (sample, labels), v in scraped.items()
+                     if sample == name and _selected(labels, matchers)})
+                for t, scraped in samples]  # fmt: skip
+    raise ValueError(f"PromQL shape not evaluated here: {expr}")
+
+
+def _aggregate(expr: str, samples: list[tuple[float, Scrape]]) -> list[tuple[float, Vector]]:
+    found = _AGG.match(expr)
+    if found is None:
+        return _inner(expr, samples)
+    op, keys, inner = found.groups()
+    names = [k.strip() for k in (keys or "").split(",") if k.strip()]
+    fold = {"sum": sum, "max": max, "min": min}[op]
+    steps = []
+    for t, vector in _inner(inner, samples):
+        groups: dict[Labels, list[float]] = defaultdict(list)
+        for labels, value in vector.items():
+            found_labels = dict(labels)
+            groups[frozenset((k, found_labels.get(k, "")) for k in names)].append(value)
+        steps.append((t, {key: fold(values) for key, values in groups.items()}))
+    return steps
+
+
+def _quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """Prometheus' histogram_quantile over cumulative bucket counts {le: count}."""
+    ordered = sorted(buckets.items())
+    if not ordered or ordered[-1][1] <= 0:
+        return None
+    rank = q * ordered[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in ordered:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound  # the highest finite bound, as Prometheus answers
+            width = count - lower_count
+            share = (rank - lower_count) / width if width else 0.0
+            return lower_bound + (bound - lower_bound) * share
+        lower_bound, lower_count = bound, count
+    return None
+
+
+def evaluate(expr: str, legend: str, samples: list[tuple[float, Scrape]]) -> Series:
+    """One dashboard target over the scrapes: {legend: [(time, value)]}."""
+    quantile = _QUANTILE.match(expr)
+    steps = _aggregate(quantile.group(2) if quantile else expr, samples)
+    series: Series = defaultdict(list)
+    for t, vector in steps:
+        if quantile:
+            by_group: dict[Labels, dict[float, float]] = defaultdict(dict)
+            for labels, value in vector.items():
+                found = dict(labels)
+                le = float(found.pop("le"))
+                by_group[frozenset(found.items())][le] = value
+            points = {k: _quantile(float(quantile.group(1)), v) for k, v in by_group.items()}
+            vector = {k: v for k, v in points.items() if v is not None}
+        for labels, value in vector.items():
+            name = _LEGEND.sub(lambda m, found=dict(labels): found.get(m.group(1), ""), legend)
+            series[name.strip() or "all"].append((t, value))
     return series
 
 
 # -- plotting --------------------------------------------------------------------------------------
 
 
-def plot(samples: list[tuple[float, Scrape]], out: Path, strategy: str) -> None:
+def plot(samples: list[tuple[float, Scrape]], out: Path) -> None:
+    """Every panel of the dashboard, each target evaluated as Grafana would ask Prometheus."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from gen_dashboard import PANELS  # the dashboard's own list (scripts/ is on sys.path)
 
     start = samples[0][0]
-    panels = [
-        ("Messages in by topic (msg/s)", rates(samples, "rocketmq_messages_in_total", ("topic",))),
-        ("Messages out by group (msg/s)",
-         rates(samples, "rocketmq_messages_out_total", ("consumer_group",))),
-        ("Consumer lag (messages not acked)",
-         levels(samples, "rocketmq_consumer_lag_messages", ("consumer_group", "topic"))),
-        ("In flight (popped, not acked)",
-         levels(samples, "rocketmq_consumer_inflight_messages", ("consumer_group", "topic"))),
-        ("Sent to DLQ (total)",
-         levels(samples, "rocketmq_send_to_dlq_messages_total", ("consumer_group",))),
-        (f"Long polls by strategy ({strategy}) and empties (/s)", {
-            **{f"long polls {k}": v for k, v in
-               rates(samples, "popmq_proxy_long_polls_total", ("strategy",)).items()},
-            **{f"empty {k}": v for k, v in
-               rates(samples, "popmq_proxy_empty_responses_total", ("strategy",)).items()},
-            **{f"false empty {k}": v for k, v in
-               rates(samples, "popmq_proxy_false_empty_responses_total", ("strategy",)).items()},
-        }),
-        ("Broker RPCs from the proxy (/s)",
-         rates(samples, "popmq_proxy_broker_rpcs_total", ("kind",))),
-        ("RPC latency p99 without receive (ms)",
-         p99(samples, "rocketmq_rpc_latency", "request_code", {"ReceiveMessage"})),
-    ]  # fmt: skip
-    figure, axes = plt.subplots(2, 4, figsize=(20, 8.5), constrained_layout=True)
-    for axis, (title, series) in zip(axes.flat, panels, strict=True):
-        axis.set_title(title, fontsize=11)
-        for name, points in sorted(series.items()):
-            if points and any(v for _, v in points):
-                axis.plot([t - start for t, _ in points], [v for _, v in points],
-                          label=name or "all", linewidth=1.4)  # fmt: skip
+    columns = 4
+    rows = -(-len(PANELS) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(22, 4.2 * rows), constrained_layout=True)
+    for axis in axes.flat[len(PANELS) :]:
+        axis.set_visible(False)
+    for axis, (title, unit, targets) in zip(axes.flat, PANELS, strict=False):
+        axis.set_title(f"{title} ({unit})", fontsize=10)
+        for expr, legend in targets:
+            for name, points in sorted(evaluate(expr, legend, samples).items()):
+                if points:  # flat zero lines too, as Grafana draws them
+                    axis.plot([t - start for t, _ in points], [v for _, v in points],
+                              label=name, linewidth=1.4)  # fmt: skip
         axis.set_xlabel("seconds")
         axis.grid(alpha=0.3)
         if axis.get_legend_handles_labels()[0]:
-            axis.legend(fontsize=8, loc="upper left")
-    figure.suptitle("popmq dashboard: a real `popmq serve` (2 brokers) under a small load, "
-                    "scraped every few seconds", fontsize=13)  # fmt: skip
+            axis.legend(fontsize=7, loc="upper left")
+    figure.suptitle("popmq's Grafana dashboard, every panel: a real `popmq serve` (2 brokers) "
+                    "under a small load, scraped every few seconds", fontsize=13)  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=80)
+    figure.savefig(out, dpi=70)
 
 
 def _audit_ack(message: ReceivedMessage) -> bool:
@@ -239,8 +293,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "dashboard.png")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data, served(Path(data)) as (endpoint, metrics):
-        admin(endpoint, "topics", "create", "orders", "--queues", "2")
+        admin(endpoint, "topics", "create", "orders", "--queues", "2", "--message-type", "MIXED")
         admin(endpoint, "topics", "create", "audit", "--queues", "1")
+        admin(endpoint, "topics", "create", "alerts", "--queues", "1")
         admin(endpoint, "groups", "set", "auditor", "--max-attempts", "2", "--retry-levels", "1s")
         stop = threading.Event()
         started = time.monotonic()
@@ -252,6 +307,8 @@ def main() -> int:
                                                     lambda m: True, 0.5)),
             threading.Thread(target=consumer, args=(endpoint, "auditor", "audit", stop,
                                                     _audit_ack, 0.0, 1_000)),
+            threading.Thread(target=consumer, args=(endpoint, "oncall", "alerts", stop,
+                                                    lambda m: True)),
         ]  # fmt: skip
         for thread in threads:
             thread.start()
@@ -265,7 +322,7 @@ def main() -> int:
             stop.set()
             for thread in threads:
                 thread.join(timeout=15)
-    plot(samples, args.out, "adaptive")
+    plot(samples, args.out)
     print(f"wrote {args.out} ({len(samples)} scrapes over {args.seconds:.0f} s)")
     return 0
 

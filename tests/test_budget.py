@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from popmq.budget import WAIT_S, MemoryBudget
+from popmq.allocator import Trimmer
+from popmq.budget import WAIT_MS, MemoryBudget
 from popmq.errors import Code, RefusedError
 
 pytestmark = pytest.mark.looptime
@@ -24,10 +25,10 @@ async def test_over_the_limit_a_caller_waits_for_room() -> None:
     budget = MemoryBudget(100, "test")
     await budget.acquire(80)
     loop = asyncio.get_running_loop()
-    loop.call_later(WAIT_S / 2, budget.release, 80)
+    loop.call_later(WAIT_MS / 2000, budget.release, 80)
     started = loop.time()
     async with budget.hold(50):
-        assert loop.time() - started == pytest.approx(WAIT_S / 2)
+        assert loop.time() - started == pytest.approx(WAIT_MS / 2000)
 
 
 async def test_over_the_limit_for_too_long_is_too_many_requests() -> None:
@@ -46,3 +47,57 @@ async def test_one_request_larger_than_the_budget_passes_alone() -> None:
     async with budget.hold(500):
         with pytest.raises(RefusedError):
             await budget.acquire(1)
+
+
+async def test_the_wait_is_a_setting() -> None:
+    """proxy/broker.inflight_wait_ms: a caller over the budget waits that long, then is refused."""
+    budget = MemoryBudget(100, "test", wait_ms=1500)
+    await budget.acquire(80)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(RefusedError):
+        await budget.acquire(50)
+    assert loop.time() - started == pytest.approx(1.5)
+
+
+async def test_a_pop_waits_for_room_then_takes_what_it_got() -> None:
+    """Pop answers draw from the broker's budget: a pop waits while the budget is full (and is
+    refused before taking any message if it stays full); its answer then counts, whatever its
+    size."""
+    budget = MemoryBudget(100, "test")
+    await budget.acquire(100)
+    with pytest.raises(RefusedError) as refused:
+        await budget.room()
+    assert refused.value.code == Code.TOO_MANY_REQUESTS
+    budget.release(60)
+    await budget.room()
+    budget.take(300)  # an answer larger than the room left
+    assert budget.held == 340
+    with pytest.raises(RefusedError):
+        await budget.acquire(1)
+
+
+async def test_a_drained_budget_trims_after_enough_bytes() -> None:
+    """Memory freed after large requests goes back to the system (malloc_trim) shortly after
+    the budget drains (once grpc has freed the request too), not after each small request, and
+    not more than once per interval."""
+    trims: list[float] = []
+    loop = asyncio.get_running_loop()
+    trimmer = Trimmer(after_bytes=1000, interval_s=1.0, clock=loop.time, delay_s=0.2,
+                      do_trim=lambda: trims.append(loop.time()) or True)  # fmt: skip
+    budget = MemoryBudget(10_000, "test", trimmer=trimmer)
+    for _ in range(3):
+        async with budget.hold(400):  # 1,200 bytes through, drained each time
+            pass
+    assert trims == []  # not at the release itself
+    await asyncio.sleep(0.5)
+    assert trims == [pytest.approx(0.2)]
+    async with budget.hold(600), budget.hold(600):
+        pass  # drained again, within the interval: no trim
+    await asyncio.sleep(0.5)
+    assert len(trims) == 1
+    await asyncio.sleep(1)
+    async with budget.hold(1000):
+        pass
+    await asyncio.sleep(0.5)
+    assert len(trims) == 2

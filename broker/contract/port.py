@@ -159,9 +159,10 @@ class AdminPort(_Named, Protocol):
 
 @runtime_checkable
 class BrokerPort(MessagingPort, AdminPort, Protocol):
-    """Everything a proxy (or a tool) may ask of one broker, and releasing the port."""
+    """Everything a proxy (or a tool) may ask of one broker, and releasing the port (the
+    ports are also async context managers: ``async with`` closes them)."""
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Release the port (the remote port closes its channel, the local one its watches;
         the broker itself keeps running)."""
         ...

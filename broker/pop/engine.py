@@ -43,6 +43,7 @@ from popmq.broker.pop.ledger import CheckpointLedger
 from popmq.broker.pop.names import check_group, check_topic
 from popmq.broker.pop.selection import QueueLocks, pop_queue_order
 
+from popmq.clock import SYSTEM, Clock
 from popmq.config import BrokerConfig
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class PopEngine:
         clock: Callable[[], int],
         rng: random.Random | None = None,
         keyring: HandleKeyring | None = None,
+        time: Clock = SYSTEM,
     ) -> None:
         self._name = name
         self._config = config
@@ -91,7 +93,7 @@ class PopEngine:
         self._clock = clock
         self._rng = rng or random.Random()
         # This broker's own handle keys (made in its data dir on first start).
-        self._codec = HandleCodec(keyring or HandleKeyring.open(config))
+        self._codec = HandleCodec(keyring or HandleKeyring.open(config, time))
         self.keyring = self._codec.keyring
         self.locks = QueueLocks()
 

@@ -18,13 +18,13 @@ import json
 import logging
 import os
 import secrets
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from popmq.clock import SYSTEM, Clock
 from popmq.config import BrokerConfig
 from popmq.security.files import warn_if_exposed
 
@@ -128,9 +128,12 @@ def _identity(path: Path) -> tuple[int, int, int]:
 class HandleKeyring:
     """The keys of one broker, reloaded when the file changes."""
 
-    def __init__(self, path: Path | None, keys: list[HandleKey] | None = None) -> None:
+    def __init__(
+        self, path: Path | None, keys: list[HandleKey] | None = None, clock: Clock = SYSTEM
+    ) -> None:
         """From a keyring file, or (path None) from keys held in memory only (tests)."""
         self.path = path
+        self._time = clock  # when to look at the file again
         self._mtime: tuple[int, int, int] | None = None
         self._checked = 0.0
         self.active_id = ""
@@ -146,7 +149,7 @@ class HandleKeyring:
         self.active_id = active or keys[-1].key_id
 
     @classmethod
-    def open(cls, config: BrokerConfig) -> HandleKeyring:
+    def open(cls, config: BrokerConfig, clock: Clock = SYSTEM) -> HandleKeyring:
         """The broker's keyring; the default file is created with a random key if missing."""
         path = keyring_path(config)
         if config.handle_keys_file is None and not path.exists():
@@ -154,7 +157,7 @@ class HandleKeyring:
             write_keys(path, key.key_id, [key])
             log.info("broker %s: new receipt-handle key %s in %s", config.name, key.key_id, path)
         warn_if_exposed(path, "receipt-handle keys file")
-        return cls(path)
+        return cls(path, clock=clock)
 
     def _load(self) -> None:
         assert self.path is not None
@@ -167,7 +170,7 @@ class HandleKeyring:
 
     def refresh(self) -> None:
         """Pick up a rotation at most once a second; a bad new file keeps the old keys."""
-        now = time.monotonic()
+        now = self._time.monotonic()
         if self.path is None or now - self._checked < _RELOAD_EVERY_S:
             return
         self._checked = now

@@ -88,6 +88,9 @@ class ReviveService:
         # by checkpoint id; the first retry comes as soon as an interrupted revive's
         self.failures: FailureTracker[int] = FailureTracker(base_backoff_ms=_RETRY_FAILED_MS)
         self.dead_lettered = 0
+        # (group, the messages' first topic) -> messages sent to the group's DLQ since start
+        # (rocketmq_send_to_dlq_messages_total has both labels).
+        self.dead_lettered_by: dict[tuple[str, str], int] = {}
 
     def next_due_ms(self) -> int | None:
         return self._ledger.next_due_ms()
@@ -156,11 +159,18 @@ class ReviveService:
             dead.append(message)
             indexes.append(index)
         if dead:
-            await self._append_system(dlq_topic(ck.group), 0, dead)
+            await self._to_dlq(ck.group, dead)
         for index in indexes:
             self._ledger.revived(ck, index)
         self.dead_lettered += len(dead)
         return len(dead)
+
+    async def _to_dlq(self, group: str, messages: list[Message]) -> None:
+        await self._append_system(dlq_topic(group), 0, messages)
+        counts = self.dead_lettered_by
+        for message in messages:
+            key = (group, message.properties.get(PROP_ORIGIN_TOPIC, ""))
+            counts[key] = counts.get(key, 0) + 1
 
     def _read(self, ck: Checkpoint, index: int) -> StoredMessage | None:
         offset = ck.offsets[index]
@@ -205,7 +215,7 @@ class ReviveService:
         if retries:
             await self._timer.schedule(retries)
         if dead:
-            await self._append_system(dlq_topic(ck.group), 0, dead)
+            await self._to_dlq(ck.group, dead)
         for index in done:
             self._ledger.revived(ck, index)
         self.revived += len(retries)
@@ -233,7 +243,7 @@ class ReviveService:
             if stored is not None:
                 message = with_origin(stored, dlq_topic(ck.group))
                 message.reconsume_times = ck.attempts[index] + 1
-                await self._append_system(dlq_topic(ck.group), 0, [message])
+                await self._to_dlq(ck.group, [message])
                 self.dead_lettered += 1
             self._ledger.revived(ck, index)
         state = self._ledger.existing_queue(*ck.queue_key)
@@ -247,7 +257,7 @@ class ReviveService:
             message = with_origin(stored, dlq_topic(ck.group))
             message.reconsume_times = max(stored.reconsume_times, ck.attempts[index]) + 1
             message.delivery_timestamp_ms = 0
-            await self._append_system(dlq_topic(ck.group), 0, [message])
+            await self._to_dlq(ck.group, [message])
             self.dead_lettered += 1
         if ck.states[index] == EntryState.PENDING:  # not acked while we were writing
             self._ledger.revived(ck, index)

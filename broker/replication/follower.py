@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import grpc
@@ -67,6 +68,61 @@ class ReplicaFollower:
                 self.connected = False
             await self._clock.sleep(_BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)])
 
+    async def _stream(self, call: Any) -> None:
+        """Read batches while earlier ones are applied: whatever arrived meanwhile is applied
+        next as one group (one fsync per file), then each is acknowledged, in order."""
+        pending: list[pb.ReplicaBatch] = []
+        arrived = asyncio.Event()
+        ended = False
+        failure: list[BaseException] = []
+
+        async def read() -> None:
+            nonlocal ended
+            while True:
+                batch = await call.read()
+                if batch is grpc.aio.EOF:
+                    ended = True
+                    arrived.set()
+                    return
+                pending.append(batch)
+                arrived.set()
+
+        async def apply() -> None:
+            while pending or not ended:
+                if not pending:
+                    arrived.clear()
+                    await arrived.wait()
+                    continue
+                batches = pending[:]
+                pending.clear()
+                ends = await anyio.to_thread.run_sync(
+                    self._writer.apply_all, batches, self._role.epoch
+                )
+                self.batches += len(batches)
+                if not self.connected:
+                    log.info("replication: following %s at epoch %d from %d",
+                             self._role.leader_address, batches[0].epoch, ends[0])  # fmt: skip
+                self.connected = True
+                self.last_error = None
+                for batch, end in zip(batches, ends, strict=True):
+                    await call.write(
+                        pb.ReplicaReport(ack=pb.Ack(sequence=batch.sequence, commitlog_end=end))
+                    )
+
+        async with anyio.create_task_group() as group:
+
+            async def until_one_fails(work: Callable[[], Awaitable[None]]) -> None:
+                try:
+                    await work()
+                except Exception as error:  # the stream is over: run() retries
+                    failure.append(error)
+                    group.cancel_scope.cancel()
+
+            group.start_soon(until_one_fails, read)
+            group.start_soon(until_one_fails, apply)
+        if failure:
+            raise failure[0]
+
     async def _follow_once(self) -> None:
         channel = self._channel_factory(self._role.leader_address)
         try:
@@ -75,22 +131,7 @@ class ReplicaFollower:
             try:
                 hello = self._writer.hello(self._node, self._role.epoch)
                 await call.write(pb.ReplicaReport(hello=hello))
-                while True:
-                    batch = await call.read()
-                    if batch is grpc.aio.EOF:
-                        return
-                    end = await anyio.to_thread.run_sync(
-                        self._writer.apply, batch, self._role.epoch
-                    )
-                    self.batches += 1
-                    if not self.connected:
-                        log.info("replication: following %s at epoch %d from %d",
-                                 self._role.leader_address, batch.epoch, end)  # fmt: skip
-                    self.connected = True
-                    self.last_error = None
-                    await call.write(
-                        pb.ReplicaReport(ack=pb.Ack(sequence=batch.sequence, commitlog_end=end))
-                    )
+                await self._stream(call)
             finally:
                 call.cancel()
         finally:

@@ -83,7 +83,9 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
         self._clock = clock
         self._copy_keyring = copy_keyring
         self.in_sync = InSyncSet(node, config.max_lag_s, clock.monotonic)
-        self._progress = asyncio.Condition()
+        # Writes waiting on the barrier, oldest first: their targets and deadlines only grow.
+        self._waiters: deque[_Waiter] = deque()
+        self._waiter_added = asyncio.Event()
         self._kicks: set[asyncio.Event] = set()  # one per sender
         self._batch_ids = 0
         self._sessions: dict[str, int] = {}  # node -> stream generation
@@ -94,6 +96,7 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
 
     async def __aenter__(self) -> ReplicationLeader:
         self._tasks.spawn(self._watch_in_sync(), "in-sync")
+        self._tasks.spawn(self._expire_waiters(), "barrier-timeouts")
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -102,8 +105,7 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
     async def aclose(self) -> None:
         self._closed = True
         await self._tasks.aclose()
-        async with self._progress:
-            self._progress.notify_all()
+        self._settle()
 
     # -- the barrier -------------------------------------------------------------------------
     @property
@@ -129,7 +131,10 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
         return self.in_sync.with_change(Change(frozenset(), frozenset()))
 
     async def replicated(self) -> None:
-        """Return once what was written before this call is durable on the in-sync set."""
+        """Return once what was written before this call is durable on the in-sync set
+        (sync), or at once (async: the senders are woken to copy it right away)."""
+        for kick in self._kicks:
+            kick.set()
         if self._config.mode == "sync":
             await self._in_sync_durable()
         # The fence: a leader whose lease ran out meanwhile answers nothing.
@@ -137,32 +142,62 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
             raise RefusedError(Code.HA_NOT_AVAILABLE, "this node stopped leading during the write")
 
     async def _in_sync_durable(self) -> None:
-        target = self._batch_ids + 1
-        for kick in self._kicks:
-            kick.set()
-        try:
-            with anyio.fail_after(self._config.sync_timeout_ms / 1000):
-                async with self._progress:
-                    await self._progress.wait_for(lambda: self._done(target))
-        except TimeoutError:
-            raise RefusedError(
+        """Group commit: every write waiting here needs the next batch each in-sync follower
+        acknowledges, so one acknowledgement completes all the writes made before its batch
+        was taken (``_settle``), however many there are."""
+        waiter = _Waiter(
+            self._batch_ids + 1,
+            self._clock.monotonic() + self._config.sync_timeout_ms / 1000,
+            asyncio.get_running_loop().create_future(),
+        )
+        self._waiters.append(waiter)
+        self._waiter_added.set()
+        self._settle()  # no follower to wait for (min_in_sync 1), or closed
+        await waiter.future
+
+    def _settle(self) -> None:
+        """Answer the waiting writes whose batch every in-sync follower made durable; refuse
+        them all when the in-sync set shrank below min_in_sync."""
+        waiters = self._waiters
+        if not waiters:
+            return
+        if self._closed:
+            while waiters:
+                _answer(waiters.popleft().future)
+            return
+        members = self.in_sync.members
+        if 1 + len(members) < self.min_in_sync:
+            while waiters:
+                _answer(waiters.popleft().future, RefusedError(
+                    Code.HA_NOT_AVAILABLE,
+                    f"the in-sync set shrank below {self.min_in_sync} nodes during the write; "
+                    "it may be applied on this node only: retry it",
+                ))  # fmt: skip
+            return
+        followers = self.in_sync.followers
+        durable = min((followers[m].acked_id for m in members), default=None)
+        while waiters and (durable is None or waiters[0].target <= durable):
+            _answer(waiters.popleft().future)
+
+    async def _expire_waiters(self) -> None:
+        """Refuse each write still waiting at its deadline (SLAVE_PERSISTENCE_TIMEOUT)."""
+        waiters = self._waiters
+        while True:
+            while waiters and waiters[0].future.done():  # answered or cancelled
+                waiters.popleft()
+            if not waiters:
+                self._waiter_added.clear()
+                await self._waiter_added.wait()
+                continue
+            delay = waiters[0].deadline - self._clock.monotonic()
+            if delay > 0:
+                await self._clock.sleep(delay)
+                continue
+            _answer(waiters.popleft().future, RefusedError(
                 Code.SLAVE_PERSISTENCE_TIMEOUT,
                 f"the in-sync followers did not confirm within {self._config.sync_timeout_ms} "
                 "ms; the write may be applied: retry it",
-            ) from None
-
-    def _done(self, target: int) -> bool:
-        if self._closed:
-            return True
-        members = self.in_sync.members
-        if 1 + len(members) < self.min_in_sync:
-            raise RefusedError(
-                Code.HA_NOT_AVAILABLE,
-                f"the in-sync set shrank below {self.min_in_sync} nodes during the write; "
-                "it may be applied on this node only: retry it",
-            )
-        followers = self.in_sync.followers
-        return all(followers[m].acked_id >= target for m in members)
+            ))  # fmt: skip
 
     def status(self) -> list[FollowerStatus]:
         """Each follower seen in this epoch (for `admin cluster status` and metrics)."""
@@ -202,8 +237,7 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
                 self._log_change(grow)
             if self._reported != self.members:  # the first report, or one that failed
                 await self._report(self.members)
-            async with self._progress:
-                self._progress.notify_all()
+            self._settle()
 
     def _log_change(self, change: Change) -> None:
         log.info("replication: in-sync set of epoch %d is now %s (joined %s, left %s)",
@@ -234,8 +268,7 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
         self.in_sync.acked(node, batch_id, taken_at, complete, end)
         if complete and node not in self.in_sync.members:
             await self.reevaluate()
-        async with self._progress:
-            self._progress.notify_all()
+        self._settle()
 
     # -- the stream --------------------------------------------------------------------------
     async def Replicate(
@@ -406,6 +439,22 @@ async def _wait_for_work(kick: asyncio.Event, poll_s: float) -> None:
 def _min_position(data_dir: Path) -> int:
     segments = list_segments(data_dir)
     return segments[0][0] if segments else 0
+
+
+@dataclass(slots=True)
+class _Waiter:
+    target: int  # the first batch id taken after the write
+    deadline: float
+    future: asyncio.Future[None]
+
+
+def _answer(future: asyncio.Future[None], error: RefusedError | None = None) -> None:
+    if future.done():  # its caller was cancelled
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT

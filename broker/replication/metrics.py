@@ -1,8 +1,15 @@
 """Prometheus metrics of a node of a replicated group, served at its --metrics-port.
 
-The broker's own metrics come from whichever broker the node runs now (a follower runs none),
-plus ``popmq_broker_replication_*``: the role and epoch, the in-sync set's size, and each
-follower's lag as the leader sees it.
+One set, ``popmq_ha_*`` with labels ``group`` (the broker name every node of a group shares)
+and ``node``, whoever decides the role:
+
+- the role: ``popmq_ha_epoch``, ``popmq_ha_is_leader``, ``popmq_ha_has_leader``,
+  ``popmq_ha_in_sync_size``; from the election (popmq.broker.leader_gate.GroupCollector, with
+  ``popmq_ha_elections_won_total``) when etcd decides it, else from the static role here;
+- replication, as the leader sees it: ``popmq_ha_replication_lag_bytes`` and
+  ``popmq_ha_replication_lag_seconds`` per ``follower``.
+
+The broker's own metrics come from whichever broker the node runs now (a follower runs none).
 """
 
 from __future__ import annotations
@@ -16,66 +23,73 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+LABELS = ["group", "node"]
+
 
 class NodeCollector(Collector):
     def __init__(
         self,
-        broker_name: str,
+        group: str,
         node: Callable[[], str],
         role: Callable[[], GroupRole | None],
         broker: Callable[[], Broker | None],
         leader: Callable[[], ReplicationLeader | None],
+        *,
+        role_gauges: bool = True,
     ) -> None:
-        self._name, self._node, self._role = broker_name, node, role
+        self._group, self._node, self._role = group, node, role
         self._broker, self._leader = broker, leader
+        self._role_gauges = role_gauges  # False: the election's collector exports them
 
     def collect(self) -> Iterator[Metric]:
         broker = self._broker()
         if broker is not None:
             yield from broker.metrics.registry.collect()
-        labels = [self._name, self._node()]
-        role = self._role()
-        leading = GaugeMetricFamily(
-            "popmq_broker_replication_leader",
-            "1 while this node leads its broker group, 0 while it follows",
-            labels=["broker", "node"],
-        )
-        epoch = GaugeMetricFamily(
-            "popmq_broker_replication_epoch",
-            "The epoch of this node's role",
-            labels=["broker", "node"],
-        )
-        if role is not None:
-            leading.add_metric(labels, 1.0 if role.is_leader else 0.0)
-            epoch.add_metric(labels, float(role.epoch))
-        yield leading
-        yield epoch
         leader = self._leader()
-        in_sync = GaugeMetricFamily(
-            "popmq_broker_replication_in_sync_nodes",
-            "Nodes in the in-sync set, the leader counted (leaders only)",
-            labels=["broker", "node"],
-        )
+        if self._role_gauges:
+            yield from self._role_families(leader)
         lag_bytes = GaugeMetricFamily(
-            "popmq_broker_replication_lag_bytes",
-            "Commitlog bytes a follower has not acknowledged yet (leaders only)",
-            labels=["broker", "follower"],
+            "popmq_ha_replication_lag_bytes",
+            "Commitlog bytes a follower has not acknowledged yet (on the leader)",
+            labels=["group", "follower"],
         )
         lag_s = GaugeMetricFamily(
-            "popmq_broker_replication_lag_seconds",
-            "Seconds since a follower last caught up (leaders only)",
-            labels=["broker", "follower"],
+            "popmq_ha_replication_lag_seconds",
+            "Seconds since a follower last caught up (on the leader)",
+            labels=["group", "follower"],
         )
         if leader is not None:
-            in_sync.add_metric(labels, float(leader.in_sync.size))
             for follower in leader.status():
-                name = [self._name, follower.name]
+                name = [self._group, follower.name]
                 lag_bytes.add_metric(name, float(follower.lag_bytes))
                 if follower.lag_s is not None:
                     lag_s.add_metric(name, follower.lag_s)
-        yield in_sync
         yield lag_bytes
         yield lag_s
+
+    def _role_families(self, leader: ReplicationLeader | None) -> Iterator[Metric]:
+        labels = [self._group, self._node()]
+        role = self._role()
+        families = {
+            "popmq_ha_epoch": "the group's epoch as this node sees it (0: no leader)",
+            "popmq_ha_is_leader": "1 while this node leads its group",
+            "popmq_ha_has_leader": "1 while this node knows a leader of its group",
+            "popmq_ha_in_sync_size": "nodes in the group's in-sync set",
+        }
+        values: dict[str, float] = {}
+        if role is not None:
+            values = {
+                "popmq_ha_epoch": float(role.epoch),
+                "popmq_ha_is_leader": 1.0 if role.is_leader else 0.0,
+                "popmq_ha_has_leader": 1.0 if role.is_leader or role.leader_address else 0.0,
+            }
+        if leader is not None:  # a follower does not know the set: the leader exports it
+            values["popmq_ha_in_sync_size"] = float(leader.in_sync.size)
+        for name, text in families.items():
+            gauge = GaugeMetricFamily(name, text, labels=LABELS)
+            if name in values:
+                gauge.add_metric(labels, values[name])
+            yield gauge
 
 
 def node_registry(collector: NodeCollector) -> CollectorRegistry:

@@ -116,10 +116,12 @@ class ReplicatedNode:
     def leader(self) -> ReplicationLeader | None:
         return self._gate.leader
 
-    def metrics_registry(self) -> CollectorRegistry:
-        """The node's /metrics: the running broker's metrics and popmq_broker_replication_*."""
+    def metrics_registry(self, *, role_gauges: bool = True) -> CollectorRegistry:
+        """The node's /metrics: the running broker's metrics and popmq_ha_* (the role's
+        gauges only with ``role_gauges``: an elected node's come from its election)."""
         collector = NodeCollector(self._config.name, lambda: self.node, lambda: self.role,
-                                  self._running_broker, lambda: self._gate.leader)  # fmt: skip
+                                  self._running_broker, lambda: self._gate.leader,
+                                  role_gauges=role_gauges)  # fmt: skip
         return node_registry(collector)
 
     def _running_broker(self) -> Broker | None:

@@ -37,6 +37,8 @@ from popmq.broker.core import Broker
 from popmq.broker.local import LocalBrokerPort
 from popmq.broker.replication.leader import ReplicationLeader
 
+from popmq.lifecycle import AsyncClosing
+
 
 @dataclass(slots=True)
 class Leading:
@@ -45,7 +47,7 @@ class Leading:
     replication: ReplicationLeader
 
 
-class NodePort:
+class NodePort(AsyncClosing):
     def __init__(self, name: str) -> None:
         self._name = name
         self.leading: Leading | None = None
@@ -205,7 +207,7 @@ class NodePort:
     async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]:
         return await self._broker()[1].group_stats(group, topic)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         return None
 
 

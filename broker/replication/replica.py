@@ -63,6 +63,9 @@ class ReplicaWriter:
         self.data_dir = Path(data_dir)
         self._lock = DirLock(self.data_dir)
         self.history: epochs.EpochHistory | None = None
+        # Written since the last sync(): files to fsync, folders whose entries changed.
+        self._unsynced: set[Path] = set()
+        self._unsynced_dirs: set[Path] = set()
 
     def open(self) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -96,12 +99,54 @@ class ReplicaWriter:
     # -- applying (blocking: run in a worker thread) -----------------------------------------
     def apply(self, batch: pb.ReplicaBatch, known_epoch: int) -> int:
         """Make ``batch`` durable; return the commitlog end after it."""
+        return self.apply_all([batch], known_epoch)[0]
+
+    def apply_all(self, batches: list[pb.ReplicaBatch], known_epoch: int) -> list[int]:
+        """Make ``batches`` durable, in order, with one fsync per file they touched (a group
+        commit: a follower that fell behind by several batches pays one round of fsyncs);
+        return the commitlog end after each. Nothing is acknowledged before this returns."""
+        assert self.history is not None
+        ends = []
+        try:
+            for batch in batches:
+                ends.append(self._write(batch, known_epoch))
+        finally:
+            self.sync()  # what was written before a refusal is a valid prefix: keep it
+        if ends:
+            # The epochs of what this copy holds (an epoch not reached yet is left out), once
+            # the bytes they describe are durable.
+            end = ends[-1]
+            last = batches[len(ends) - 1]
+            self.history.replace(
+                [(e.epoch, e.start_offset) for e in last.epochs if e.start_offset <= end]
+            )
+        return ends
+
+    def sync(self) -> None:
+        for path in sorted(self._unsynced):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # deleted since (a later batch's reset or retention)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for folder in sorted(self._unsynced_dirs):
+            if folder.is_dir():
+                fsync_dir(folder)
+        self._unsynced.clear()
+        self._unsynced_dirs.clear()
+
+    def _write(self, batch: pb.ReplicaBatch, known_epoch: int) -> int:
         assert self.history is not None
         if batch.epoch < max(known_epoch, self.history.last_epoch):
             raise ReplicationError(
                 f"refused a batch of epoch {batch.epoch}: this node knows epoch "
                 f"{max(known_epoch, self.history.last_epoch)}"
             )
+        if batch.reset or batch.truncate_to >= 0:
+            self.sync()  # what came before is durable before anything is moved or cut
         if batch.reset:
             self._reset()
         if batch.truncate_to >= 0:
@@ -112,11 +157,7 @@ class ReplicaWriter:
                                   batch.commitlog_data)  # fmt: skip
         for change in batch.files:
             self._apply_file(change)
-        end = self.commitlog_end
-        # Keep the epochs of what this copy holds (an epoch not reached yet is left out).
-        history = [(e.epoch, e.start_offset) for e in batch.epochs if e.start_offset <= end]
-        self.history.replace(history)
-        return end
+        return self.commitlog_end
 
     def _reset(self) -> None:
         """Start over: what this node held is moved aside (never deleted: a leader started by
@@ -186,11 +227,11 @@ class ReplicaWriter:
             written = os.pwrite(fd, data, position - segment)
             if written != len(data):
                 raise OSError(f"short write to {path} ({written} of {len(data)} bytes)")
-            os.fsync(fd)
         finally:
             os.close(fd)
+        self._unsynced.add(path)
         if created:
-            fsync_dir(root)
+            self._unsynced_dirs.add(root)
 
     def _apply_file(self, change: pb.FileChange) -> None:
         path = self.data_dir / check_path(change.path)
@@ -200,6 +241,9 @@ class ReplicaWriter:
             fsync_dir(path.parent)
             return
         if change.kind == pb.FileChange.REPLACE:
+            # A document may refer to commitlog or log bytes written before it: those are
+            # durable first, as on the leader.
+            self.sync()
             tmp = path.with_name(path.name + ".replica")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
@@ -210,10 +254,12 @@ class ReplicaWriter:
             os.replace(tmp, path)
             fsync_dir(path.parent)
             return
+        if not path.exists():
+            self._unsynced_dirs.add(path.parent)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             os.ftruncate(fd, change.offset)
             os.pwrite(fd, change.data, change.offset)
-            os.fsync(fd)
         finally:
             os.close(fd)
+        self._unsynced.add(path)

@@ -5,7 +5,7 @@ OffsetOutOfRangeError; framing.py for any other append-only file of the broker.
 """
 
 from popmq.broker.store.errors import OffsetOutOfRangeError, OffsetPurgedError
-from popmq.broker.store.message_store import MessageStore, now_ms
+from popmq.broker.store.message_store import MessageStore
 from popmq.broker.store.reads import ReadResult
 from popmq.broker.store.topics import TopicMeta
 
@@ -15,5 +15,4 @@ __all__ = [
     "OffsetPurgedError",
     "ReadResult",
     "TopicMeta",
-    "now_ms",
 ]

@@ -47,21 +47,31 @@ class Checkpointer:
         self._lock = asyncio.Lock()
         self.flush_failures = 0  # failed periodic flushes (fsync or checkpoint)
         self.flush_failing = False  # whether the last one failed
+        # (position, extents) of the last checkpoint written: an idle store's flush has
+        # nothing new to make durable, so it writes no file (two metafiles with fsyncs,
+        # every flush interval, in every broker).
+        self._written: tuple[int, dict[str, list[int]]] | None = None
+        self.checkpoints_written = 0
 
-    async def checkpoint(self) -> None:
+    async def checkpoint(self, only_if_changed: bool = False) -> None:
         """Make the commitlog, the indexes, the consumer offsets and the checkpoint durable;
-        then delete the index files that retention emptied."""
+        then delete the index files that retention emptied. ``only_if_changed`` (the periodic
+        flush): write no file when nothing changed since the last checkpoint written."""
         async with self._lock:
             position = self._commitlog.write_position
             extents = self._index_extents()
             await self._group.wait_durable(position)
             paths = [p for idx in self._indexes.values() for p in idx.take_dirty_paths()]
+            doc = _extents_doc(extents)
+            unchanged = not paths and not self._offsets.dirty and self._written == (position, doc)
+            if only_if_changed and unchanged:
+                return  # nothing written since the last checkpoint: it still says it all
             offsets = self._offsets.snapshot() if self._offsets.dirty else None
             self._offsets.dirty = False
             # A future (not a task): the thread's work, which cancelling cannot stop.
             work = asyncio.get_running_loop().run_in_executor(
                 None,
-                functools.partial(self._write, paths, position, _extents_doc(extents), offsets),
+                functools.partial(self._write, paths, position, doc, offsets),
             )
             try:
                 try:
@@ -74,6 +84,7 @@ class Checkpointer:
                             await asyncio.shield(work)
                     raise
             except BaseException:
+                self._written = None
                 for idx in self._indexes.values():
                     idx.mark_all_dirty()
                 self._offsets.dirty = self._offsets.dirty or offsets is not None
@@ -87,6 +98,7 @@ class Checkpointer:
         self._commitlog.mark_durable(target, len(fds))
         extents = self._index_extents()
         paths = [p for idx in self._indexes.values() for p in idx.take_dirty_paths()]
+        self._written = None
         self._write(paths, target, _extents_doc(extents), self._offsets.snapshot())
         self._offsets.dirty = False
         self._delete_purged_index_files(extents)
@@ -104,7 +116,7 @@ class Checkpointer:
         while True:
             await timer.sleep(interval_s)
             try:
-                await self.checkpoint()
+                await self.checkpoint(only_if_changed=True)
             except Exception as exc:
                 self.flush_failures += 1
                 if not self.flush_failing:
@@ -151,6 +163,8 @@ class Checkpointer:
         if offsets is not None:
             metafile.write(self._dir / "consumer_offsets.json", offsets)
             self._offsets.written(offsets)
+        self._written = (position, extents)
+        self.checkpoints_written += 1
 
 
 def _extents_doc(extents: Extents) -> dict[str, list[int]]:

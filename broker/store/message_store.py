@@ -39,7 +39,6 @@ state_docs.py (small documents of other services).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -72,11 +71,7 @@ log = logging.getLogger(__name__)
 
 _RETENTION_INTERVAL_S = 10.0
 
-__all__ = ["ArrivalListener", "MessageStore", "ReadResult", "now_ms"]
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+__all__ = ["ArrivalListener", "MessageStore", "ReadResult"]
 
 
 class MessageStore:
@@ -87,7 +82,7 @@ class MessageStore:
         data_dir: Path,
         broker_name: str,
         config: StoreConfig,
-        clock: Callable[[], int] = now_ms,
+        clock: Callable[[], int] = SYSTEM.now_ms,
         *,
         timer: Clock = SYSTEM,
         index_entries_per_file: int = 300_000,
@@ -158,6 +153,11 @@ class MessageStore:
     def flush_failures(self) -> int:
         """Failed periodic flushes (fsync or checkpoint)."""
         return self._checkpointer.flush_failures
+
+    @property
+    def checkpoints_written(self) -> int:
+        """Checkpoints written (the periodic flush skips those with nothing new)."""
+        return self._checkpointer.checkpoints_written
 
     @property
     def flush_failing(self) -> bool:

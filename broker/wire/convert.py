@@ -148,6 +148,19 @@ def message_to_proto(message: Message) -> pb.Message:
     return _to_proto(message, pb.Message)
 
 
+def message_into(target: pb.Message, message: Message) -> None:
+    """``message_to_proto`` into an empty message, e.g. one added to a request: building a
+    message and then adding it would copy its body twice."""
+    for f in dataclasses.fields(message):
+        value = getattr(message, f.name)
+        if isinstance(value, list):
+            getattr(target, f.name).extend(value)
+        elif isinstance(value, dict):
+            getattr(target, f.name).update(value)
+        else:
+            setattr(target, f.name, value)
+
+
 def message_from_proto(msg: pb.Message) -> Message:
     return _from_proto(msg, Message)
 

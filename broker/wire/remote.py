@@ -53,10 +53,10 @@ from popmq.broker.contract.types import (
 from popmq.broker.wire import convert
 from popmq.broker.wire.coalesce import Coalescer
 from popmq.broker.wire.link import BrokerLink
-from popmq.broker.wire.request_link import LinkUnsupportedError, RequestLink
+from popmq.broker.wire.request_link import CALL_METHOD, LinkUnsupportedError, RequestLink
 
 from popmq.config import BrokerLinkConfig
-from popmq.lifecycle import TaskOwner
+from popmq.lifecycle import AsyncClosing, TaskOwner
 from popmq.pb.broker.v1 import broker_pb2 as pb
 from popmq.pb.broker.v1 import broker_pb2_grpc
 from popmq.security.link import broker_channel
@@ -73,6 +73,11 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     # Notice a broker that vanished without closing the connection (pod gone, cable cut).
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
+    # Re-dial a lost broker at least every second: grpc's backoff otherwise grows to 120 s,
+    # and every call to a broker that is back fails until the next attempt.
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 
 
@@ -105,7 +110,7 @@ def map_rpc_errors(broker: str) -> Iterator[None]:
         raise RefusedError(Code.INTERNAL_ERROR, f"broker {broker}: {detail}") from error
 
 
-class RemoteBrokerPort:
+class RemoteBrokerPort(AsyncClosing):
     """BrokerPort over a grpc.aio channel to one broker's BrokerGrpcServer."""
 
     def __init__(
@@ -170,10 +175,15 @@ class RemoteBrokerPort:
     def _start_link(self) -> RequestLink:
         """The request link and its coalescers, run by one task group for the port's life."""
         if self._requests is None:
-            stub = self._get_stub()
+            self._get_stub()
+            assert self._channel is not None
             settings = self._settings
+            # Frames go out already encoded (request_link.frame): no request serializer.
+            open_call = self._channel.stream_stream(
+                CALL_METHOD, response_deserializer=pb.LinkResponses.FromString
+            )
             self._requests = RequestLink(
-                self._name, stub.Call, streams=settings.streams, window=settings.window,
+                self._name, open_call, streams=settings.streams, window=settings.window,
                 max_request_bytes=MAX_MESSAGE_BYTES,
             )  # fmt: skip
             if settings.coalesce_ms > 0:
@@ -247,9 +257,9 @@ class RemoteBrokerPort:
 
     async def _send_now(self, key: tuple[str, int], messages: list[Message]) -> list[SendResult]:
         stub = self._get_stub()
-        request = pb.SendRequest(
-            messages=[convert.message_to_proto(m) for m in messages], queue_id=key[1]
-        )
+        request = pb.SendRequest(queue_id=key[1])
+        for message in messages:  # each body copied once, into the request
+            convert.message_into(request.messages.add(), message)
         response = await self._linked("send", stub.Send, request, self._deadline())
         return [convert.send_result_from_proto(r) for r in response.results]
 
@@ -435,7 +445,7 @@ class RemoteBrokerPort:
         response = await self._call(stub.GroupStats, request, self._deadline())
         return [convert.group_stats_from_proto(s) for s in response.stats]
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         if self._requests is not None:
             self._requests.close()
         owner, self._link_tasks = self._link_tasks, None

@@ -10,6 +10,10 @@ port's channel, so TLS and the cluster token apply as to every other call.
   or pull with a poll time) take no slot: they wait at the broker for up to their poll time, and
   thousands of them (bounded by the proxy's admission control and the broker's hold table)
   would otherwise keep every ack and send waiting behind them into its deadline.
+- Encoding: each request (and answer) is encoded once, when it is queued (``Encoded``): its
+  size is then known without encoding it again (upb's ByteSize encodes the whole message),
+  and a frame is the join of its items' pieces, written as bytes (no LinkRequests message is
+  built around them, which would copy every body once more).
 - Size: a write carries what is queued up to ``FRAME_BYTES`` (one larger item goes alone), so
   requests or answers that are each fine never add up past the transport's message limit,
   which would end the stream and fail every request on it. A single request past the limit
@@ -32,10 +36,11 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import anyio
 import grpc
+from google.protobuf.message import Message as ProtoMessage
 from opentelemetry import propagate, trace
 from popmq.broker.contract.errors import (
     BrokerAuthError,
@@ -64,11 +69,55 @@ FRAME_BYTES = 4 * 1024 * 1024
 LINK_HEADROOM_BYTES = 64 * 1024
 
 
-class _Sized(Protocol):
-    def ByteSize(self) -> int: ...  # protobuf's name
+CALL_METHOD = "/popmq.broker.v1.BrokerService/Call"
 
 
-S = TypeVar("S", bound=_Sized)
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field_head(number: int, length: int) -> bytes:
+    """The key and length of a length-delimited protobuf field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(length)
+
+
+class Encoded:
+    """One LinkRequest or LinkResponse, encoded once, in pieces joined only into the frame that
+    carries it. ``held``: bytes of a memory budget to give back once it is written."""
+
+    __slots__ = ("held", "parts", "size")
+
+    def __init__(self, parts: list[bytes], held: int = 0) -> None:
+        self.parts = parts
+        self.size = sum(len(part) for part in parts)
+        self.held = held
+
+
+def encode(envelope: ProtoMessage, kind: str, payload: bytes, held: int = 0) -> Encoded:
+    """``envelope`` (a LinkRequest or LinkResponse with its id, and trace context) with its
+    ``kind`` field set to the encoded ``payload``: protobuf reads concatenated encodings of a
+    message as one, so the payload is never copied into an envelope message first."""
+    number = envelope.DESCRIPTOR.fields_by_name[kind].number
+    head = envelope.SerializeToString() + _field_head(number, len(payload))
+    return Encoded([head, payload], held)
+
+
+def encoded(message: ProtoMessage) -> Encoded:
+    return Encoded([message.SerializeToString()])
+
+
+def frame(items: list[Encoded]) -> bytes:
+    """The bytes of a LinkRequests or LinkResponses message holding ``items`` (field 1)."""
+    parts: list[bytes] = []
+    for item in items:
+        parts.append(_field_head(1, item.size))
+        parts.extend(item.parts)
+    return b"".join(parts)
 
 
 class LinkUnsupportedError(BrokerUnavailableError):
@@ -83,14 +132,14 @@ class LinkStream:
         self._open_call = open_call
         self.window = asyncio.Semaphore(max(1, window))
         self.pending: dict[int, asyncio.Future[pb.LinkResponse]] = {}
-        self._outbox: asyncio.Queue[pb.LinkRequest | None] | None = None
+        self._outbox: asyncio.Queue[Encoded | None] | None = None
         self._wanted = asyncio.Event()
         self._call: Any = None
         self._closing = False
         self.connects = 0  # streams opened so far
         self.losses = 0  # streams that ended under the link
 
-    def put(self, request: pb.LinkRequest) -> None:
+    def put(self, request: Encoded) -> None:
         """Queue a request for the current stream (opening one if there is none)."""
         if self._outbox is None:
             self._outbox = asyncio.Queue()
@@ -99,7 +148,7 @@ class LinkStream:
 
     def cancel(self, request_id: int) -> None:
         if self._outbox is not None:
-            self._outbox.put_nowait(pb.LinkRequest(id=request_id, cancel=pb.LinkCancel()))
+            self._outbox.put_nowait(encoded(pb.LinkRequest(id=request_id, cancel=pb.LinkCancel())))
 
     def break_stream(self) -> None:
         """Cut the current stream as a network failure would (tests and chaos drills)."""
@@ -142,7 +191,7 @@ class LinkStream:
     def _lost(
         self,
         reason: str,
-        outbox: asyncio.Queue[pb.LinkRequest | None],
+        outbox: asyncio.Queue[Encoded | None],
         code: grpc.StatusCode | None = None,
     ) -> None:
         if self._outbox is outbox:
@@ -231,7 +280,8 @@ class RequestLink:
         carrier: dict[str, str] | None,
         held: bool,
     ) -> Any:
-        size = message.ByteSize()
+        payload = message.SerializeToString()  # the one encoding of this request
+        size = len(payload)
         # Alone, not with the stream's other requests (room kept for the link's own fields).
         if size > self._max_request_bytes - LINK_HEADROOM_BYTES:
             raise RefusedError(
@@ -248,10 +298,11 @@ class RequestLink:
                         asyncio.get_running_loop().create_future()
                     )
                     stream.pending[request_id] = waiter
-                    request = pb.LinkRequest(id=request_id, **{kind: message})
+                    envelope = pb.LinkRequest(id=request_id)
                     if carrier:
-                        request.trace_context.update(carrier)
-                    stream.put(request)
+                        envelope.trace_context.update(carrier)
+                    stream.put(encode(envelope, kind, payload))
+                    del payload  # queued; the frame holds it from here
                     answer = await waiter
         except TimeoutError:
             raise BrokerTimeoutError(
@@ -268,30 +319,29 @@ class RequestLink:
         return getattr(answer, kind)
 
 
-async def _drain(
-    outbox: asyncio.Queue[pb.LinkRequest | None],
-) -> AsyncIterator[pb.LinkRequests]:
-    """The stream's messages: the requests queued when gRPC asks, a frame per write."""
+async def _drain(outbox: asyncio.Queue[Encoded | None]) -> AsyncIterator[bytes]:
+    """The stream's messages (LinkRequests, encoded): the requests queued when gRPC asks, a
+    frame per write."""
     async for batch in frames(outbox):
-        yield pb.LinkRequests(requests=batch)
+        yield frame(batch)
 
 
-async def frames(queue: asyncio.Queue[S | None]) -> AsyncIterator[list[S]]:
+async def frames(queue: asyncio.Queue[Encoded | None]) -> AsyncIterator[list[Encoded]]:
     """What is queued when the writer asks, in lists of at most FRAME_BYTES (an item larger
     than that goes alone), until a None. Both ends of the Call stream write this way."""
-    carried: S | None = None  # the item that did not fit the previous frame
+    carried: Encoded | None = None  # the item that did not fit the previous frame
     while True:
         item = carried if carried is not None else await queue.get()
         carried = None
         if item is None:
             return
-        batch, size = [item], item.ByteSize()
+        batch, size = [item], item.size
         while not queue.empty():
             item = queue.get_nowait()
             if item is None:
                 yield batch
                 return
-            item_size = item.ByteSize()
+            item_size = item.size
             if size + item_size > FRAME_BYTES:
                 carried = item
                 break

@@ -10,8 +10,10 @@ The standard grpc.health.v1 service reports SERVING while the server runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -23,7 +25,14 @@ from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.watch import WatchKey, wait_visible
 from popmq.broker.wire import convert
-from popmq.broker.wire.request_link import LINK_HEADROOM_BYTES, frames
+from popmq.broker.wire.request_link import (
+    LINK_HEADROOM_BYTES,
+    Encoded,
+    encode,
+    encoded,
+    frame,
+    frames,
+)
 from popmq.broker.wire.undecodable import add_tolerant
 
 from popmq.budget import MemoryBudget
@@ -62,6 +71,27 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 ]
 
 
+# Bytes of the budget a pop or pull answer took while it is served on the request link: the
+# link gives them back once the answer's frame is written (a unary answer's, once encoded).
+_ANSWER_HELD: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "answer_held", default=None
+)
+
+
+def _add_servicer(servicer: Any, server: Any) -> None:
+    """The generated registration, except that Call writes frames already encoded (bytes)."""
+
+    class _RawCall:
+        def add_generic_rpc_handlers(self, handlers: Any) -> None:
+            server.add_generic_rpc_handlers(handlers)
+
+        def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+            call = handlers["Call"]._replace(response_serializer=None)
+            server.add_registered_method_handlers(service, {**handlers, "Call": call})
+
+    broker_pb2_grpc.add_BrokerServiceServicer_to_server(servicer, _RawCall())
+
+
 async def _answer(response_cls: type[R], work: Awaitable[R]) -> R:
     """Await the port call; turn a refusal into the response's status."""
     try:
@@ -82,11 +112,30 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         port: BrokerPort,
         max_message_bytes: int | None = None,
         max_inflight_bytes: int = BrokerConfig.model_fields["max_inflight_bytes"].default,
+        inflight_wait_ms: int = BrokerConfig.model_fields["inflight_wait_ms"].default,
     ) -> None:
         self._port = port
         self._max_message_bytes = max_message_bytes
-        # Sends in flight (popmq.budget): a crowd of large ones is refused, not OOM-killed.
-        self._budget = MemoryBudget(max_inflight_bytes, f"broker {port.name}")
+        # Sends and pop answers in flight (popmq.budget): a crowd of large ones is refused,
+        # not OOM-killed.
+        self._budget = MemoryBudget(
+            max_inflight_bytes, f"broker {port.name}", wait_ms=inflight_wait_ms
+        )
+
+    @contextlib.contextmanager
+    def _answer_held(self, size: int) -> Iterator[None]:
+        """``size`` bytes of an answer taken from the budget: handed to the request link (it
+        gives them back once written), or given back once the answer is encoded."""
+        self._budget.take(size)
+        held = _ANSWER_HELD.get()
+        if held is not None:
+            held.append(size)
+            yield
+            return
+        try:
+            yield
+        finally:
+            self._budget.release(size)
 
     async def Describe(self, request: pb.DescribeRequest, context: object) -> pb.DescribeResponse:
         return pb.DescribeResponse(status=convert.ok_status(), name=self._port.name)
@@ -95,8 +144,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     async def Send(self, request: pb.SendRequest, context: object) -> pb.SendResponse:
         async def work() -> pb.SendResponse:
-            async with self._budget.hold(request.ByteSize()):
-                messages = [convert.message_from_proto(m) for m in request.messages]
+            messages = [convert.message_from_proto(m) for m in request.messages]
+            # Not request.ByteSize(): upb encodes the whole request to measure it.
+            async with self._budget.hold(sum(len(m.body) for m in messages)):
                 results = await self._port.send(messages, request.queue_id)
             return pb.SendResponse(
                 status=convert.ok_status(),
@@ -109,8 +159,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     async def Pop(self, request: pb.PopRequest, context: object) -> pb.PopResponse:
         async def work() -> pb.PopResponse:
+            # The answer draws from the budget: wait for room before taking any message
+            # (refused, nothing was popped), then count what was taken until it is encoded.
+            await self._budget.room()
             result = await self._port.pop(convert.pop_request_from_proto(request))
-            return convert.pop_result_to_proto(result)
+            with self._answer_held(sum(len(m.message.body) for m in result.messages)):
+                return convert.pop_result_to_proto(result)
 
         return await _answer(pb.PopResponse, work())
 
@@ -250,14 +304,29 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         """The request link: each LinkRequest is served by the same method as its unary call,
         concurrently, and answered by id in completion order. Ends once the proxy closed its
         side and every request it sent was answered; the proxy's going away cancels them all."""
-        answers: asyncio.Queue[pb.LinkResponse | None] = asyncio.Queue()
+        answers: asyncio.Queue[Encoded | None] = asyncio.Queue()
         held: dict[int, anyio.CancelScope] = {}
+        unwritten: set[Encoded] = set()  # queued answers whose budget bytes are still out
+
+        def queue(answer: Encoded) -> None:
+            if answer.held:
+                unwritten.add(answer)
+            answers.put_nowait(answer)
+
+        def written(batch: list[Encoded]) -> None:
+            for answer in batch:
+                if answer in unwritten:
+                    unwritten.discard(answer)
+                    self._budget.release(answer.held)
 
         async def serve(request: pb.LinkRequest, kind: str, scope: anyio.CancelScope) -> None:
             with scope:  # the proxy's cancel for this id ends it, unanswered
                 await reply(request, kind)
 
         async def reply(request: pb.LinkRequest, kind: str) -> None:
+            taken: list[int] = []  # budget bytes the answer holds until it is written
+            token = _ANSWER_HELD.set(taken)
+            queued = False
             try:
                 method = getattr(self, _LINKED[kind])
                 if request.trace_context:  # the proxy traces this request: continue it
@@ -265,25 +334,39 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                         response = await method(getattr(request, kind), context)
                 else:
                     response = await method(getattr(request, kind), context)
+                payload = response.SerializeToString()  # the answer's one encoding
+                del response
+                limit = self._max_message_bytes or MAX_MESSAGE_BYTES
+                if len(payload) > limit - LINK_HEADROOM_BYTES:
+                    # Written, it would end the stream and fail every request on it: this one
+                    # fails alone (a pop's messages come back after their invisible time).
+                    log.warning(
+                        "a %s answer of %d bytes is past the link's message limit",
+                        kind, len(payload),
+                    )  # fmt: skip
+                    message = (
+                        f"the {kind} answer is {len(payload)} bytes, more than the broker "
+                        f"link's message limit ({limit}); ask for fewer messages "
+                        "(proxy.max_batch) or lower the body size limit (max_body_bytes)"
+                    )
+                    status = pb.Status(code=Code.PAYLOAD_TOO_LARGE, message=message)
+                    response_cls = type(getattr(pb.LinkResponse(), kind))
+                    payload = response_cls(status=status).SerializeToString()
+                queue(encode(pb.LinkResponse(id=request.id), kind, payload, held=sum(taken)))
+                queued = True
             finally:
+                _ANSWER_HELD.reset(token)
                 held.pop(request.id, None)
-            answer = pb.LinkResponse(id=request.id, **{kind: response})
-            size = answer.ByteSize()
-            limit = self._max_message_bytes or MAX_MESSAGE_BYTES
-            if size > limit - LINK_HEADROOM_BYTES:
-                # Written, it would end the stream and fail every request on it: this one
-                # fails alone (a pop's messages come back after their invisible time).
-                log.warning("a %s answer of %d bytes is past the link's message limit", kind, size)
-                status = pb.Status(code=Code.PAYLOAD_TOO_LARGE, message=(
-                    f"the {kind} answer is {size} bytes, more than the broker link's message "
-                    f"limit ({limit}); ask for fewer messages (proxy.max_batch) or "
-                    "lower the body size limit (max_body_bytes)"))  # fmt: skip
-                answer = pb.LinkResponse(id=request.id, **{kind: type(response)(status=status)})
-            answers.put_nowait(answer)
+                if not queued and taken:
+                    self._budget.release(sum(taken))
 
         async def write() -> None:  # the answers ready at a write, a bounded frame each
-            async for batch in frames(answers):
-                await context.write(pb.LinkResponses(responses=batch))
+            try:
+                async for batch in frames(answers):
+                    await context.write(frame(batch))
+                    written(batch)
+            finally:  # the stream ended: what was not written gives its budget back
+                written(list(unwritten))
 
         async with anyio.create_task_group() as stream:
             stream.start_soon(write)
@@ -300,7 +383,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                                 scope = held[request.id] = anyio.CancelScope()
                                 calls.start_soon(serve, request, kind, scope)
                             else:  # an empty call: answered empty, the proxy reports it
-                                answers.put_nowait(pb.LinkResponse(id=request.id))
+                                queue(encoded(pb.LinkResponse(id=request.id)))
             finally:
                 answers.put_nowait(None)
 
@@ -308,8 +391,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
     async def Pull(self, request: pb.PullRequest, context: object) -> pb.PullResponse:
         async def work() -> pb.PullResponse:
+            await self._budget.room()  # as Pop: nothing is read while the budget is full
             result = await self._port.pull(convert.pull_request_from_proto(request))
-            return convert.pull_result_to_proto(result)
+            with self._answer_held(sum(len(m.body) for m in result.messages)):
+                return convert.pull_result_to_proto(result)
 
         return await _answer(pb.PullResponse, work())
 
@@ -508,11 +593,11 @@ class BrokerGrpcServer:
         server = grpc.aio.server(options=server_options(limit), interceptors=interceptors or None)
         # Undecodable bodies answer INVALID_ARGUMENT with a rate-limited log line.
         add_tolerant(
-            broker_pb2_grpc.add_BrokerServiceServicer_to_server,
+            _add_servicer,
             BrokerServicer(
                 self._port,
                 config.max_message_bytes if config else None,
-                *([config.max_inflight_bytes] if config else []),
+                *([config.max_inflight_bytes, config.inflight_wait_ms] if config else []),
             ),
             server,
         )

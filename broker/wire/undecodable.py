@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+
+from popmq.clock import SYSTEM, Clock
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +32,16 @@ class Undecodable:
 class _Reporter:
     """Counts undecodable bodies and logs at most one WARNING line per interval."""
 
-    def __init__(self, count: Callable[[str], None] | None) -> None:
+    def __init__(self, count: Callable[[str], None] | None, clock: Clock = SYSTEM) -> None:
         self._count = count
+        self._time = clock
         self._next_log = 0.0
         self._suppressed = 0
 
     def __call__(self, bad: Undecodable) -> None:
         if self._count is not None:
             self._count(bad.method)
-        now = time.monotonic()
+        now = self._time.monotonic()
         if now < self._next_log:
             self._suppressed += 1
             return

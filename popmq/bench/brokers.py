@@ -61,7 +61,7 @@ async def remote_broker(
         yield port
     finally:
         if port is not None:
-            await port.close()
+            await port.aclose()
         if process.returncode is None:
             process.terminate()
             try:

@@ -15,6 +15,9 @@ every poller is waiting, it measures the steady state for ``duration_s``:
 - CPU seconds of the proxy and of the brokers over the window.
 
 Nothing is sent, so every answer is empty; a message received would be a bug (counted).
+
+With ``acl`` (the default) the proxy runs with an ACL (popmq.bench.acl) and the pollers sign
+every call, as the official clients do; the floor gets the same signed calls.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import anyio
 from prometheus_client.parser import text_string_to_metric_families
 
 from popmq.bench import progress as live
+from popmq.bench.acl import BenchAcl, write_bench_acl
 from popmq.bench.brokers import process_cpu_s
 from popmq.bench.process_stats import rss_mib
 from popmq.bench.table_text import grid
@@ -149,16 +153,22 @@ async def _brokers(count: int, root: Path, settings: Mapping[str, Any]) -> Async
             try:
                 await port.create_topic(TOPIC, QUEUES_PER_BROKER)
             finally:
-                await port.close()
+                await port.aclose()
         yield _Brokers(names, addresses, metrics, [c.pid for c in children])
 
 
 @contextlib.asynccontextmanager
 async def _proxy(
-    strategy: str, brokers: _Brokers, root: Path, settings: Mapping[str, Any]
+    strategy: str,
+    brokers: _Brokers,
+    root: Path,
+    settings: Mapping[str, Any],
+    acl: BenchAcl | None = None,
 ) -> AsyncIterator[_Child]:
     args = ["proxy", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
             "--strategy", strategy, *_set_flags(settings)]  # fmt: skip
+    if acl is not None:
+        args += ["--acl", str(acl.path)]
     for name, address in zip(brokers.names, brokers.addresses, strict=True):
         args += ["--broker", f"{name}={address}"]
     if strategy == "floor":
@@ -274,14 +284,17 @@ async def _run_strategy(
     strategy: str, brokers: _Brokers, root: Path, params: dict[str, Any]
 ) -> dict[str, Any]:
     from popmq.client.aio import AsyncClient
+    from popmq.client.security import ClientSecurity
 
     long_polls: int = params["long_polls"]
-    async with _proxy(strategy, brokers, root, params["proxy_settings"]) as proxy:
+    acl = write_bench_acl(root, TOPIC, GROUP) if params["acl"] else None
+    security = ClientSecurity(acl.access_key, acl.secret_key) if acl is not None else None
+    async with _proxy(strategy, brokers, root, params["proxy_settings"], acl) as proxy:
         metrics = proxy.lines.get("metrics")
         await asyncio.sleep(0.5)  # let the fresh process settle before its base RSS
         rss_base = _rss_mib(proxy.pid)
         stats = _Pollers()
-        clients = [AsyncClient(proxy.lines["address"], timeout_s=30.0)
+        clients = [AsyncClient(proxy.lines["address"], timeout_s=30.0, security=security)
                    for _ in range(params["channels"])]  # fmt: skip
         try:
             route = await clients[0].query_route(TOPIC)
@@ -400,6 +413,7 @@ async def bench_idle(
     proxy_settings: Mapping[str, Any] | None = None,
     broker_settings: Mapping[str, Any] | None = None,
     data_dir: str | None = None,
+    acl: bool = True,
 ) -> dict[str, Any]:
     """Run each strategy's proxy in front of the same brokers; return the figures.
 
@@ -423,9 +437,15 @@ async def bench_idle(
             "proxy.max_long_polls": max(long_polls, 10_000),
             "proxy.max_long_polls_per_group": max(long_polls, 2_000),
             "proxy.max_long_polls_per_client": max(long_polls, 1_000),
+            # With the ACL all of them are one access key's calls (a real fleet has many
+            # keys): its open-call cap (10,000) would refuse the last ones.
+            "proxy.max_streams_per_access_key": max(2 * long_polls, 10_000),
+            # ... and they share `channels` connections: 10,000 over 4 is past the per-
+            # connection stream cap (2,000), which resets the streams beyond it.
+            "proxy.max_streams_per_connection": max(2 * -(-long_polls // channels), 2_000),
             **(proxy_settings or {}),
         },
-        "broker_settings": dict(broker_settings or {}), "cpus": os.cpu_count(),
+        "broker_settings": dict(broker_settings or {}), "cpus": os.cpu_count(), "acl": acl,
     }  # fmt: skip
     base = data_dir or _ram_disk()
     runs = []
@@ -443,7 +463,8 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"idle: {p['long_polls']} concurrent long polls on {p['channels']} connections, "
         f"awaitDuration {p['await_ms']} ms, {p['brokers']} broker processes behind one "
-        f"proxy process, {p['duration_s']} s measured per strategy",
+        f"proxy process, {p['duration_s']} s measured per strategy; "
+        f"ACL {'on (signed calls)' if p.get('acl') else 'off'}",
         "",
     ]
     header = ["strategy", "recv/s", "broker RPC/s", "probe/s", "held pop", "held notify",
@@ -469,7 +490,31 @@ def format_table(result: dict[str, Any]) -> str:
         " holds; RSS: the proxy process before the long polls and at most with them; floor: a"
         " do-nothing grpc.aio server holding the same receives (popmq.bench.floor)",
     ]
+    lines += against_floor(result["runs"])
     return "\n".join(lines)
+
+
+def against_floor(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Each strategy against the floor, as issue 18's targets read: RSS <= the floor's + 50
+    MiB, CPU <= 1.2x the floor's, 0 broker RPC/s, 0 errors."""
+    floor = next((run for run in runs if run["strategy"] == "floor"), None)
+    if floor is None:
+        return []
+    lines = []
+    for run in runs:
+        if run is floor:
+            continue
+        rss = run["proxy_rss_mib"]["max"] - floor["proxy_rss_mib"]["max"]
+        cpu = run["cpu_s"]["proxy"] / max(floor["cpu_s"]["proxy"], 1e-9)
+        # A loaded machine answers fewer receives a second than the polls ask: per receive
+        # is the fairer CPU figure when the two differ.
+        per_receive = cpu * floor["receives_per_s"] / max(run["receives_per_s"], 1e-9)
+        lines.append(
+            f"{run['strategy']} vs floor: RSS {rss:+.0f} MiB (goal <= +50), CPU {cpu:.2f}x "
+            f"(goal <= 1.2; per receive {per_receive:.2f}x), broker RPC/s "
+            f"{run['broker_rpcs_per_s']:.0f} (goal 0), errors {run['client_errors']} (goal 0)"
+        )
+    return lines
 
 
 if __name__ == "__main__":  # python -m popmq.bench.idle [long_polls]

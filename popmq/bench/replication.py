@@ -9,10 +9,8 @@ ratios: the machine is shared.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -21,12 +19,11 @@ from typing import Any
 
 import anyio
 
-from popmq.bench.brokers import process_cpu_s, remote_broker
+from popmq.bench.brokers import process_cpu_s
+from popmq.bench.groups import create_topic_in_sync, replicated_group
 from popmq.bench.table_text import grid
-from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import Message
-from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.config import BrokerConfig, StoreConfig
 
 NAME = "bench-r"
@@ -34,57 +31,12 @@ TOPIC = "BenchReplication"
 
 
 @contextlib.asynccontextmanager
-async def _follower(root: Path, index: int, leader: str, nodes: int, mode: str,
-                    pids: list[int]) -> AsyncIterator[None]:  # fmt: skip
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "popmq", "broker", "--name", NAME, "--port", "0", "--data-dir",
-        str(root / f"node-{index}"), "--flush", "async", "--replication", mode, "--role",
-        "follower", "--leader", leader, "--min-in-sync", str(nodes), "--node-name",
-        f"node-{index}", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    pids.append(process.pid)
-    try:
-        assert process.stdout is not None
-        async with asyncio.timeout(30):
-            await process.stdout.readline()
-        yield
-    finally:
-        if process.returncode is None:
-            process.terminate()
-            await process.wait()
-
-
-@contextlib.asynccontextmanager
 async def _group(root: Path, setup: str, pids: list[int]) -> AsyncIterator[BrokerPort]:
     config = BrokerConfig(name=NAME, data_dir=root / "node-0", store=StoreConfig(flush="async"))
-    if setup == "none":
-        async with remote_broker(config, pids) as port:
-            yield port
-        return
     mode, _, count = setup.partition("-")
-    nodes = int(count)
-    extra = ("--replication", mode, "--role", "leader", "--epoch", "1", "--min-in-sync",
-             str(nodes if mode == "sync" else 1), "--node-name", "node-0")  # fmt: skip
-    async with remote_broker(config, pids, extra) as port, contextlib.AsyncExitStack() as stack:
-        assert isinstance(port, RemoteBrokerPort)
-        address = port.address
-        for index in range(1, nodes):
-            await stack.enter_async_context(
-                _follower(root, index, address, nodes if mode == "sync" else 1, mode, pids)
-            )
+    replicas = int(count) if count else 1
+    async with replicated_group(config, replicas, mode if mode != "none" else "off", pids) as port:
         yield port
-
-
-async def _create_topic(port: BrokerPort, queues: int) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            await port.create_topic(TOPIC, queues)
-            return
-        except RefusedError as refused:  # followers not in sync yet
-            if refused.code != Code.HA_NOT_AVAILABLE or time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
 
 
 async def _run(setup: str, messages: int, body_bytes: int, batch: int, producers: int,
@@ -92,7 +44,7 @@ async def _run(setup: str, messages: int, body_bytes: int, batch: int, producers
     pids: list[int] = []
     with tempfile.TemporaryDirectory(prefix="popmq-bench-repl-") as tmp:
         async with _group(Path(tmp), setup, pids) as port:
-            await _create_topic(port, queues)
+            await create_topic_in_sync(port, TOPIC, queues)
             body = b"x" * body_bytes
             counter = itertools.count()
             per_producer = messages // producers

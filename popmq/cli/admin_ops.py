@@ -299,6 +299,12 @@ def _cluster_status(args: argparse.Namespace) -> None:
     _table(("broker", "address", "reachable", "rtt_ms", "topics", "error"), rows,
            title=f"proxy {response.proxy} (popmq {response.version}), "
            f"{response.clients} clients")  # fmt: skip
+    if response.groups:  # replicated groups the proxy follows in etcd
+        _table(("group", "epoch", "node", "role", "in_sync", "lag_bytes", "lag_s", "state"),
+               [(g.name, g.epoch, n.name, n.role, "yes" if n.name in g.in_sync else "no",
+                 n.lag_bytes if n.lag_known else "-", n.lag_s if n.lag_known else "-",
+                 "draining" if g.draining else "") for g in response.groups for n in g.nodes],
+               title=f"{len(response.groups)} broker groups")  # fmt: skip
     down = [b.broker for b in response.brokers if not b.reachable]
     if down:  # exit 1, so scripts notice
         raise AdminError(f"unreachable brokers: {', '.join(down)}")

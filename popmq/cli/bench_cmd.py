@@ -89,7 +89,8 @@ def _e2e(args: argparse.Namespace) -> int:
         messages=args.messages, body_bytes=args.body_bytes, producers=args.producers,
         consumers=args.consumers, brokers=args.brokers, queues=args.queues,
         strategy=args.strategy, modes=tuple(args.mode), proxy_workers=tuple(args.proxy_workers),
-        transactions=args.transactions,
+        replicas=args.replicas, replication=args.replication, transactions=args.transactions,
+        acl=args.acl,
     )  # fmt: skip
 
 
@@ -139,7 +140,7 @@ def _idle(args: argparse.Namespace) -> int:
         "popmq.bench.idle", "bench_idle", "format_table", args.json,
         long_polls=args.long_polls, brokers=args.brokers, duration_s=args.duration,
         strategies=tuple(args.strategy), await_ms=args.await_ms, channels=args.channels,
-        ramp_s=args.ramp, proxy_settings=settings,
+        ramp_s=args.ramp, proxy_settings=settings, acl=args.acl,
     )  # fmt: skip
 
 
@@ -191,12 +192,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           "the same gRPC load on a server that does no work")  # fmt: skip
     e2e.add_argument("--proxy-workers", type=int, nargs="+", default=[1],
                      help="cluster mode: popmq proxy --workers N, one run per N")  # fmt: skip
+    e2e.add_argument("--replicas", type=int, default=1,
+                     help="cluster mode: also run it with every broker a replicated group of "
+                          "N nodes (leader + N-1 followers) and print the ratio")  # fmt: skip
+    e2e.add_argument("--replication", choices=("sync", "async"), default="sync",
+                     help="the replicated groups' mode (sync: --min-in-sync N)")  # fmt: skip
     e2e.add_argument(
         "--transactions",
         action="store_true",
         help="also run each mode with transactional messages (half send + commit + "
         "receive + ack), one message per send in both runs; prints the ratio",
     )
+    e2e.add_argument("--acl", action=argparse.BooleanOptionalAction, default=True,
+                     help="run the proxy with an ACL and sign every call, as issue 18 measures "
+                          "(the default; --no-acl: an open proxy)")  # fmt: skip
     e2e.add_argument("--json", help="also write the figures to this file")
     e2e.set_defaults(func=_e2e)
 
@@ -281,5 +290,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       "(default: awaitDuration)")  # fmt: skip
     idle.add_argument("--proxy-set", action="append", default=[], metavar="KEY=VALUE",
                       help="proxy config override, e.g. proxy.false_empty_probe=false")  # fmt: skip
+    idle.add_argument("--acl", action=argparse.BooleanOptionalAction, default=True,
+                      help="run the proxy with an ACL and sign every call, as issue 18 measures "
+                           "(the default; --no-acl: an open proxy)")  # fmt: skip
     idle.add_argument("--json", help="also write the figures to this file")
     idle.set_defaults(func=_idle)

@@ -259,7 +259,7 @@ async def _serve_elected_node(
             lease_ttl_s=config.etcd.lease_ttl_s,
             unclean_election=config.group.unclean_election,
         )
-        registry = node.metrics_registry()
+        registry = node.metrics_registry(role_gauges=False)  # GroupCollector has them
         with metrics_endpoint(config.metrics_port, registry, config.host) as http:
             if http is not None:  # stderr only: stdout's first line is the contract
                 log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)

@@ -183,7 +183,7 @@ async def _remaining(view: GroupView, token_file: str | None) -> list[str] | Non
     except Exception as exc:  # the leader is the operator's to fix; say what happened
         return [f"cannot ask leader {view.leader.name}: {exc}"]
     finally:
-        await port.close()
+        await port.aclose()
     return left
 
 

@@ -66,10 +66,10 @@ async def who_is(client: AdminClient, credentials: Credentials | None) -> Identi
         Grant(publish=g.publish, namespace=g.namespace or None)
         if g.publish
         else Grant(
-            subscribe=Subscription(
-                group=g.subscribe_group,
-                topics=None if g.any_topic else tuple(g.subscribe_topics),
-            ),
+            # any topic: `topics` left out (the model refuses an explicit None, a YAML typo)
+            subscribe=Subscription(group=g.subscribe_group)
+            if g.any_topic
+            else Subscription(group=g.subscribe_group, topics=tuple(g.subscribe_topics)),
             namespace=g.namespace or None,
         )
         for g in response.grants

@@ -6,21 +6,14 @@ Kept small: the console is a client of the admin API like `popmq admin`, nothing
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from popmq.broker.contract.errors import Code, RefusedError
-from popmq.broker.contract.types import Message
-from popmq.proxy.core import validate
 from popmq.proxy.core.admin import Admin
 from popmq.proxy.core.caller import CALLER
 from popmq.proxy.grpc import status as st
 
 from popmq.pb.admin.v1 import admin_pb2 as a
-
-MAX_TEST_BODY_BYTES = 4 * 1024 * 1024  # RocketMQ's default max message size
 
 
 class ConsoleOpsMixin:
@@ -59,20 +52,13 @@ class ConsoleOpsMixin:
         self, request: a.SendTestMessageRequest, context: object
     ) -> a.SendTestMessageResponse:
         async def work() -> a.SendTestMessageResponse:
-            topic = validate.topic_name(request.topic)
-            if len(request.body) > MAX_TEST_BODY_BYTES:
-                raise RefusedError(Code.MESSAGE_BODY_TOO_LARGE, "the body is over 4 MiB")
-            infos = await self.admin.cluster.topic_infos(topic)
-            broker = random.choice(list(infos))  # as a producer spreads its sends
-            message = Message(
-                topic=topic, body=request.body, tag=request.tag, keys=list(request.keys),
-                properties=dict(request.properties), born_timestamp_ms=int(time.time() * 1000),
-                born_host="popmq-console",
+            broker, message, sent = await self.admin.send_test_message(
+                request.topic, request.body, request.tag, list(request.keys),
+                dict(request.properties),
             )  # fmt: skip
-            sent = await self.admin.cluster.port(broker).send([message])
             view = a.StoredMessageView(
-                broker=broker, topic=topic, queue_id=sent[0].queue_id,
-                queue_offset=sent[0].queue_offset, message_id=sent[0].message_id,
+                broker=broker, topic=message.topic, queue_id=sent.queue_id,
+                queue_offset=sent.queue_offset, message_id=sent.message_id,
                 tag=request.tag, keys=list(request.keys), body_size=len(request.body),
                 born_timestamp_ms=message.born_timestamp_ms,
             )  # fmt: skip

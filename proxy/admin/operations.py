@@ -27,6 +27,18 @@ def _view(broker: str, m: StoredMessage, include_body: bool) -> a.StoredMessageV
     )  # fmt: skip
 
 
+def _group_status(group: dict[str, Any]) -> a.BrokerGroup:
+    return a.BrokerGroup(
+        name=group["name"], leader=group["leader"] or "", epoch=group["epoch"],
+        in_sync=group["in_sync"], draining=group["draining"],
+        nodes=[
+            a.GroupNode(name=n["name"], role=n["role"], lag_bytes=n["lag_bytes"] or 0,
+                        lag_s=n["lag_s"] or 0.0, lag_known=n["lag_bytes"] is not None)
+            for n in group["nodes"]
+        ],
+    )  # fmt: skip
+
+
 class OperationsMixin:
     """Mixed into AdminServicer (which provides ``admin`` and ``_answer``)."""
 
@@ -145,4 +157,5 @@ class OperationsMixin:
                 )
                 for b in status.brokers
             ],
+            groups=[_group_status(g) for g in status.groups],
         )  # fmt: skip

@@ -12,11 +12,13 @@ import asyncio
 import base64
 import dataclasses
 import json
+import logging
+import random
 import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
@@ -45,6 +47,7 @@ from popmq.proxy.registry import ClientInfo, ClientRegistry
 from prometheus_client import generate_latest
 
 from popmq.config import parse_duration_ms
+from popmq.coord.directory import status_json
 from popmq.errors import PopmqError
 from popmq.lifecycle import fan_out
 from popmq.metrics_http import build_version
@@ -53,6 +56,7 @@ DEFAULT_MAX_SCAN = 10_000
 DEFAULT_QUERY_LIMIT = 32
 DEFAULT_DLQ_LIMIT = 100
 PULL_BATCH = 256
+MAX_TEST_BODY_BYTES = 4 * 1024 * 1024  # RocketMQ's default max message size
 CLIENTS_PAGE = 500  # ListClients' page when the request names none
 MAX_CLIENTS_PAGE = 1_000
 
@@ -149,6 +153,19 @@ class QueueProgress:
 
 
 @dataclass(slots=True)
+class Accumulation:
+    """A group's backlog on a topic (its retry topic included), as RocketMQ's Admin counts it."""
+
+    inflight: int = 0  # delivered, not acked
+    accumulation: int = 0  # not acked (in flight or not delivered yet)
+    oldest_ms: int = 0  # age of the oldest message not acked
+
+    @property
+    def ready(self) -> int:
+        return max(self.accumulation - self.inflight, 0)
+
+
+@dataclass(slots=True)
 class OffsetReset:
     broker: str
     queue_id: int
@@ -187,6 +204,9 @@ class ClusterStatus:
     version: str
     brokers: list[BrokerStatus]
     clients: int
+    # The replicated groups followed in etcd, as `popmq admin cluster status --etcd --json`
+    # writes them (status_json): name, leader, epoch, in_sync, draining, nodes.
+    groups: list[dict[str, Any]] = field(default_factory=list)
 
 
 def broker_address(port: BrokerPort) -> str:
@@ -270,6 +290,10 @@ class Admin:
         self.metrics = metrics
         self.address = address
         self.bounds = bounds or ReadBounds()
+
+    @property
+    def cluster_name(self) -> str:
+        return self.metrics.cluster
 
     @property
     def proxy(self) -> str:
@@ -479,6 +503,48 @@ class Admin:
     def stats_text(self) -> str:
         """The proxy's metrics in Prometheus' text format."""
         return generate_latest(self.metrics.registry).decode()
+
+    def change_log_level(self, level: str) -> str:
+        """Set the level of popmq's loggers in this proxy process (RocketMQ's TRACE is DEBUG
+        here, WARN is WARNING); returns the level set."""
+        name = {"TRACE": "DEBUG", "WARN": "WARNING"}.get(level, level)
+        if name not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise RefusedError(Code.BAD_REQUEST, f"unknown log level {level!r}")
+        logging.getLogger("popmq").setLevel(name)
+        logging.getLogger("popmq").warning("log level of popmq's loggers set to %s", name)
+        return name
+
+    async def send_test_message(
+        self, topic: str, body: bytes, tag: str, keys: list[str], properties: dict[str, str]
+    ) -> tuple[str, Message, SendResult]:
+        """Send one message to a broker of ``topic`` picked at random (as a producer spreads
+        its sends): (broker, what was sent, the broker's result)."""
+        topic = validate.topic_name(topic)
+        if len(body) > MAX_TEST_BODY_BYTES:
+            raise RefusedError(Code.MESSAGE_BODY_TOO_LARGE, "the body is over 4 MiB")
+        infos = await self.cluster.topic_infos(topic)
+        broker = random.choice(list(infos))
+        message = Message(
+            topic=topic, body=body, tag=tag, keys=keys, properties=properties,
+            born_timestamp_ms=int(time.time() * 1000), born_host="popmq-console",
+        )  # fmt: skip
+        sent = await self.cluster.port(broker).send([message])
+        return broker, message, sent[0]
+
+    async def group_accumulation(self, group: str, topics: list[str]) -> dict[str, Accumulation]:
+        """The group's backlog per topic it consumed (or per topic of ``topics``), its retry
+        topic's counted with the topic it retries."""
+        rows: list[tuple[str, QueueProgress]] = []
+        for topic in topics or [""]:
+            rows += [(topic, row) for row in await self.consumer_progress(group, topic)]
+        found: dict[str, Accumulation] = {}
+        for topic, row in rows:
+            name = topic or _retried_topic(group, row.stats.topic)
+            into = found.setdefault(name, Accumulation())
+            into.inflight += row.stats.inflight
+            into.accumulation += row.stats.backlog
+            into.oldest_ms = max(into.oldest_ms, row.lag_latency_ms)
+        return found
 
     # -- consumer progress and offsets -------------------------------------------------------
     async def consumer_progress(self, group: str, topic: str = "") -> list[QueueProgress]:
@@ -703,4 +769,14 @@ class Admin:
             version=build_version(),
             brokers=list(brokers),
             clients=len(self.registry.clients()),
+            groups=cast(list[dict[str, Any]], status_json(self.cluster.group_views)["groups"]),
         )
+
+
+def _retried_topic(group: str, topic: str) -> str:
+    """The topic a retry topic of ``group`` retries (%RETRY%group+topic, or the V1
+    %RETRY%group_topic); ``topic`` itself for any other."""
+    for prefix in (f"{RETRY_PREFIX}{group}+", f"{RETRY_PREFIX}{group}_"):
+        if topic.startswith(prefix):
+            return topic[len(prefix) :]
+    return topic

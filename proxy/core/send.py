@@ -6,10 +6,12 @@ rest, as RocketMQ sends a batch to one queue.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
@@ -31,11 +33,33 @@ from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.config import ProxyConfig
 from popmq.lifecycle import fan_out
-from popmq.tracing import link_to, tracer
+from popmq.tracing import link_to, start_span
 
 MAX_RECALL_HANDLE_CHARS = 1024
+# A batch bound for one queue goes to its broker in chunks of about this many body bytes (one
+# larger message alone), one after the other: a 32 x 4 MiB batch is never one 128 MiB frame
+# copied again at each step (conversion, the link's frame, grpc's buffers, the broker's decode).
+SEND_CHUNK_BYTES = 4 * 1024 * 1024
 # Spreads batches moved off a broker that is down over the live ones.
 _spread = itertools.count()
+
+
+class LazyBody:
+    """A body left in the request it came in (a decoded protobuf) until its chunk is sent:
+    copying every body of a large batch out at once would hold the batch twice over."""
+
+    __slots__ = ("_read", "size")
+
+    def __init__(self, size: int, read: Callable[[], bytes]) -> None:
+        self.size = size
+        self._read = read
+
+    def read(self) -> bytes:
+        return self._read()
+
+
+def body_size(body: bytes | LazyBody) -> int:
+    return body.size if isinstance(body, LazyBody) else len(body)
 
 
 @dataclass(slots=True)
@@ -43,7 +67,7 @@ class OutgoingMessage:
     """A producer's message as it came (nothing checked yet)."""
 
     topic: str
-    body: bytes
+    body: bytes | LazyBody
     kind: str = "NORMAL"  # a MessageType name: NORMAL, FIFO, DELAY, TRANSACTION, LITE, ...
     gzip: bool = False  # the body is gzip-encoded
     lite_topic: bool = False  # it names a lite topic
@@ -70,7 +94,8 @@ class SendOutcome:
 
 
 def to_message(msg: OutgoingMessage, topic: str, peer: str = "") -> Message:
-    """A producer's message as the broker stores it (fields already checked)."""
+    """A producer's message as the broker stores it (fields already checked). A lazy body is
+    read here; ``Sender`` reads it only when its chunk is sent."""
     delivery_ms = 0
     if msg.delivery_time is not None:
         delivery_ms = timestamp_ms(msg.delivery_time, Code.ILLEGAL_DELIVERY_TIME, "delivery time")
@@ -82,7 +107,7 @@ def to_message(msg: OutgoingMessage, topic: str, peer: str = "") -> Message:
         properties[PROP_TRACE_CONTEXT] = msg.trace_context
     return Message(
         topic=topic,
-        body=msg.body,
+        body=msg.body.read() if isinstance(msg.body, LazyBody) else msg.body,
         tag=msg.tag,
         keys=list(msg.keys) if msg.keys else [],
         properties=properties,
@@ -116,16 +141,25 @@ class Sender:
             )
         return await self.cluster.port(broker).recall(topic, recall_handle)
 
-    def _checked(self, msg: OutgoingMessage, ctx: RequestContext) -> Message:
+    def _checked(
+        self, msg: OutgoingMessage, ctx: RequestContext
+    ) -> tuple[Message, LazyBody | None]:
+        """The message as the broker stores it, and its body if that is still to be read (the
+        message's own body is then empty until its chunk is sent)."""
         topic = validate.topic_name(msg.topic)
         limit = self.config.max_body_bytes
-        if len(msg.body) > limit:
+        size = body_size(msg.body)
+        if size > limit:
             raise refuse(
                 self.metrics, "body_size", Code.MESSAGE_BODY_TOO_LARGE,
-                f"message body is {len(msg.body)} bytes, more than the limit of {limit} "
+                f"message body is {size} bytes, more than the limit of {limit} "
                 "(proxy.max_body_bytes)",
             )  # fmt: skip
-        validate.body(msg.body, limit)
+        lazy = msg.body if isinstance(msg.body, LazyBody) else None
+        if lazy is None:
+            validate.body(msg.body, limit)  # type: ignore[arg-type]
+        elif size == 0:
+            raise RefusedError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
         if msg.gzip:
             raise RefusedError(Code.UNSUPPORTED, "gzip-encoded message bodies are not supported")
         transactional = msg.kind == "TRANSACTION"
@@ -159,14 +193,15 @@ class Sender:
                     Code.ILLEGAL_DELIVERY_TIME,
                     f"delivery time is more than {validate.MAX_DELAY_MS // 3_600_000} h ahead",
                 )
-        message = to_message(msg, topic, ctx.peer)
+        message = to_message(msg if lazy is None else dataclasses.replace(msg, body=b""),
+                             topic, ctx.peer)  # fmt: skip
         if transactional:
             message.properties[PROP_TRANSACTION] = "1"
             if msg.check_immunity_s is not None:
                 message.properties[PROP_CHECK_IMMUNITY] = str(msg.check_immunity_s)
         if not message.message_id:
             message.message_id = uuid.uuid4().hex.upper()
-        return message
+        return message, lazy
 
     async def send(self, outgoing: list[OutgoingMessage], ctx: RequestContext) -> list[SendOutcome]:
         """Check every message (the first bad one refuses the request), then store them:
@@ -179,17 +214,26 @@ class Sender:
                 f"{len(outgoing)} messages in one send; the limit is "
                 f"{self.config.max_send_messages} (proxy.max_send_messages)",
             )  # fmt: skip
-        messages = [self._checked(msg, ctx) for msg in outgoing]
-        with tracer().start_as_current_span("popmq.send") as span:
+        checked = [self._checked(msg, ctx) for msg in outgoing]
+        messages = [message for message, _ in checked]
+        bodies = [lazy for _, lazy in checked]
+        del checked
+        with start_span("popmq.send") as span:
             if span.is_recording():  # link each message to its producer's span
                 span.set_attribute("messaging.batch.message_count", len(messages))
                 for message in messages:
                     link = link_to(message.properties.get(PROP_TRACE_CONTEXT, ""))
                     if link is not None:
                         span.add_link(link.context)
-            return await self._send(messages)
+            return await self._send(messages, bodies)
 
-    async def _send(self, messages: list[Message]) -> list[SendOutcome]:
+    async def _send(
+        self, messages: list[Message], bodies: list[LazyBody | None]
+    ) -> list[SendOutcome]:
+        """Store each queue's messages, in chunks of about SEND_CHUNK_BYTES sent one after the
+        other; a lazy body (``bodies[i]``) is read only for its chunk and dropped after it. A
+        chunk that fails fails the rest of its queue's messages too (those before it are
+        stored), so a FIFO group never has a gap."""
         cluster = self.cluster
 
         # Batch by target queue: each FIFO message group has its queue, the rest share one.
@@ -210,12 +254,12 @@ class Sender:
                 shared[message.topic] = target
             batches[target].append(index)
 
-        async def store(target: QueueRef, indexes: list[int]) -> list[SendResult]:
-            batch = [messages[i] for i in indexes]
-            tried: set[str] = set()
+        async def store_chunk(
+            target: QueueRef, batch: list[Message], tried: set[str]
+        ) -> tuple[QueueRef, list[SendResult]]:
             while True:
                 try:
-                    return await cluster.port(target.broker).send(batch, target.queue_id)
+                    return target, await cluster.port(target.broker).send(batch, target.queue_id)
                 except BrokerUnavailableError:
                     # The broker is down: an unordered batch goes to a live one instead (a FIFO
                     # group keeps its queue, so its order holds; the client retries it).
@@ -229,13 +273,35 @@ class Sender:
                         raise
                     target = others[next(_spread) % len(others)]
 
+        def loaded(i: int) -> Message:
+            lazy = bodies[i]
+            return (
+                messages[i] if lazy is None else dataclasses.replace(messages[i], body=lazy.read())
+            )
+
+        async def store(target: QueueRef, indexes: list[int]) -> list[SendResult | Exception]:
+            results: list[SendResult | Exception] = []
+            tried: set[str] = set()
+            for chunk in _chunks(indexes, messages, bodies):
+                batch = [loaded(i) for i in chunk]
+                try:
+                    target, stored = await store_chunk(target, batch, tried)
+                except Exception as exc:
+                    return results + [exc] * (len(indexes) - len(results))
+                finally:
+                    del batch  # the chunk's bodies go now, not with the request
+                if len(stored) != len(chunk):
+                    error = RefusedError(Code.INTERNAL_ERROR, (
+                        f"broker {target.broker} answered {len(stored)} results to a send of "
+                        f"{len(chunk)} messages"))  # fmt: skip
+                    return results + [error] * (len(indexes) - len(results))
+                results.extend(stored)
+            return results
+
         targets = list(batches.items())
-        outcomes: list[list[SendResult] | BaseException]
+        outcomes: list[list[SendResult | Exception] | BaseException]
         if len(targets) == 1:  # the usual case: one batch needs no task of its own
-            try:
-                outcomes = [await store(*targets[0])]
-            except Exception as exc:
-                outcomes = [exc]
+            outcomes = [await store(*targets[0])]
         else:
             outcomes = await fan_out(
                 [store(target, indexes) for target, indexes in targets], return_exceptions=True
@@ -243,16 +309,35 @@ class Sender:
         outcomes_by_message: list[SendOutcome | None] = [None] * len(messages)
         for (_, indexes), outcome in zip(targets, outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                if not isinstance(outcome, Exception):
-                    raise outcome  # cancellation and the like
-                for i in indexes:
-                    outcomes_by_message[i] = SendOutcome(messages[i].message_id, error=outcome)
-                continue
+                raise outcome  # cancellation and the like (store() answers every Exception)
             for i, result in zip(indexes, outcome, strict=True):
-                outcomes_by_message[i] = SendOutcome(result.message_id, result=result)
+                if isinstance(result, Exception):
+                    outcomes_by_message[i] = SendOutcome(messages[i].message_id, error=result)
+                else:
+                    outcomes_by_message[i] = SendOutcome(result.message_id, result=result)
         for topic in unsettled:  # this send may have settled the topic's type: read it afresh
             cluster.forget_topic(topic)
         return [o for o in outcomes_by_message if o is not None]
+
+
+def _chunks(
+    indexes: list[int], messages: list[Message], bodies: list[LazyBody | None]
+) -> list[list[int]]:
+    """``indexes`` in order, cut into runs of at most SEND_CHUNK_BYTES of bodies (a larger
+    body alone)."""
+    chunks: list[list[int]] = []
+    chunk: list[int] = []
+    size = 0
+    for i in indexes:
+        lazy = bodies[i]
+        body = lazy.size if lazy is not None else len(messages[i].body)
+        if chunk and size + body > SEND_CHUNK_BYTES:
+            chunks.append(chunk)
+            chunk, size = [], 0
+        chunk.append(i)
+        size += body
+    chunks.append(chunk)
+    return chunks
 
 
 def _check_type(route: TopicRoute, message: Message) -> bool:

@@ -46,18 +46,21 @@ from prometheus_client import Counter
 from popmq.config import ProxyConfig
 from popmq.errors import Code
 from popmq.pb.admin.v1 import admin_pb2
+from popmq.pb.rocketmq.v2 import admin_pb2 as upstream_admin_pb2
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.security import signature
 from popmq.security.acl import AclFile, User
 from popmq.security.authn import Authenticator
-from popmq.security.errors import AccessDenied, forbidden
+from popmq.security.errors import UNAUTHORIZED, AccessDenied, forbidden
 from popmq.security.files import warn_if_exposed
 
 log = logging.getLogger(__name__)
 
 MESSAGING = "/apache.rocketmq.v2.MessagingService/"
 ADMIN = "/popmq.admin.v1.AdminService/"
+UPSTREAM_ADMIN = "/apache.rocketmq.v2.Admin/"  # rocketmq-apis' control plane: admin only
+GUARDED = (MESSAGING, ADMIN, UPSTREAM_ADMIN)
 _LOG_EVERY_S = 60.0
 REVOCATION_CHECK_S = 0.25  # how often an open Telemetry stream checks its user is still in
 
@@ -197,7 +200,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
         path: str = details.method
-        if path.startswith((MESSAGING, ADMIN)) and _method_descriptor(path) is not None:
+        if path.startswith(GUARDED) and _method_descriptor(path) is not None:
             # Who is calling is in the headers: a stranger is refused before grpc reads (and
             # buffers, up to the receive limit) one byte of the request.
             try:
@@ -208,7 +211,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         if cached is not None:
             return cached
         handler = await continuation(details)
-        if handler is None or not path.startswith((MESSAGING, ADMIN)):
+        if handler is None or not path.startswith(GUARDED):
             return handler  # health and reflection stay open
         wrapped = self._wrap(path, handler)
         self._wrapped[path] = wrapped
@@ -221,7 +224,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         method = path.rsplit("/", 1)[1]
         if path == ADMIN + "WhoAmI":  # anyone signed in may ask who they are
             allowed, needs = (lambda u: True), ""
-        elif path.startswith(ADMIN):
+        elif path.startswith((ADMIN, UPSTREAM_ADMIN)):
             allowed, needs = (lambda u: u.admin), "admin"
         else:
             allowed, needs = _rule(method, request)
@@ -288,6 +291,8 @@ class AccessGuard(grpc.aio.ServerInterceptor):
                     guard._open(user)
                 except AccessDenied as exc:
                     status = guard._refused(path, exc, context)
+                    if not _has_status(response_class):  # upstream's ChangeLogLevel
+                        await context.abort(_grpc_code(exc), status.message)
                     return _refused_response(response_class, method, request, status)
                 token = CALLER.set(_caller(user))
                 try:
@@ -413,6 +418,8 @@ def _unread_refusal(guard: AccessGuard, path: str, exc: AccessDenied) -> grpc.Rp
         return grpc.stream_stream_rpc_method_handler(stream, response_serializer=_serialize)
 
     async def unary(_requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        if not _has_status(response_class):  # upstream's ChangeLogLevel
+            await context.abort(_grpc_code(exc), guard._refused(path, exc, context).message)
         return frames(context)[0]
 
     return grpc.stream_unary_rpc_method_handler(unary, response_serializer=_serialize)
@@ -435,9 +442,22 @@ def _rebuild(make: Any, behavior: Any, handler: grpc.RpcMethodHandler) -> grpc.R
 def _method_descriptor(path: str) -> Any:
     """The method's descriptor; None for a path no guarded service has."""
     service, _, method = path.strip("/").rpartition("/")
-    pool_file = admin_pb2.DESCRIPTOR if path.startswith(ADMIN) else s.DESCRIPTOR
+    pool_file = (
+        admin_pb2.DESCRIPTOR if path.startswith(ADMIN)
+        else upstream_admin_pb2.DESCRIPTOR if path.startswith(UPSTREAM_ADMIN)
+        else s.DESCRIPTOR
+    )  # fmt: skip
     found = pool_file.services_by_name.get(service.rsplit(".", 1)[-1])
     return None if found is None else found.methods_by_name.get(method)
+
+
+def _has_status(response_class: type) -> bool:
+    return "status" in response_class.DESCRIPTOR.fields_by_name  # type: ignore[attr-defined]
+
+
+def _grpc_code(exc: AccessDenied) -> grpc.StatusCode:
+    unauthorized = exc.code == UNAUTHORIZED
+    return grpc.StatusCode.UNAUTHENTICATED if unauthorized else grpc.StatusCode.PERMISSION_DENIED
 
 
 def _response_class(path: str) -> type:

@@ -14,12 +14,16 @@ from popmq.broker.contract.types import (
     PoppedMessage,
     StoredMessage,
 )
-from popmq.proxy.core.send import OutgoingMessage, to_message
+from popmq.proxy.core.send import LazyBody, OutgoingMessage, to_message
 
 from popmq.pb.pool import Duration, Timestamp
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 
 INTERNAL_PROPERTY_PREFIX = "__popmq."
+# Bodies up to this size are copied out of the request at once; larger ones are read again
+# when their chunk is sent (popmq.proxy.core.send.LazyBody), so a batch of large bodies is
+# not held twice (in the decoded request and as bytes).
+EAGER_BODY_BYTES = 64 * 1024
 
 
 def timestamp(ms: int) -> Timestamp:
@@ -48,9 +52,14 @@ def outgoing_from_pb(msg: pb.Message) -> OutgoingMessage:
         kind = pb.MessageType.Name(props.message_type)
     except ValueError:
         kind = f"UNKNOWN({props.message_type})"
+    data = msg.body  # upb copies the body out at each read
+    body: bytes | LazyBody = data
+    if len(data) > EAGER_BODY_BYTES:
+        body = LazyBody(len(data), lambda: msg.body)
+    del data
     return OutgoingMessage(
         topic=msg.topic.name,
-        body=msg.body,
+        body=body,
         kind=kind,
         gzip=props.body_encoding == pb.GZIP,
         lite_topic=props.HasField("lite_topic"),

@@ -5,17 +5,30 @@ from __future__ import annotations
 from popmq.broker.contract.errors import Code
 from popmq.proxy.core.context import RequestContext
 from popmq.proxy.core.processor import ProxyCore
+from popmq.proxy.core.send import body_size
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import outgoing_from_pb
 
+from popmq.budget import MemoryBudget
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
 
 async def send_message(
-    core: ProxyCore, request: s.SendMessageRequest, ctx: RequestContext
+    core: ProxyCore,
+    request: s.SendMessageRequest,
+    ctx: RequestContext,
+    budget: MemoryBudget | None = None,
 ) -> s.SendMessageResponse:
-    outcomes = await core.sender.send([outgoing_from_pb(m) for m in request.messages], ctx)
+    outgoing = [outgoing_from_pb(m) for m in request.messages]
+    if budget is None:
+        outcomes = await core.sender.send(outgoing, ctx)
+    else:
+        # The bodies weigh (keys and properties are bounded); never request.ByteSize(): upb
+        # encodes the whole request to measure it (a 128 MiB batch: seconds, and twice its
+        # size in transient memory).
+        async with budget.hold(sum(body_size(m.body) for m in outgoing)):
+            outcomes = await core.sender.send(outgoing, ctx)
     ok = st.ok()
     failed: dict[int, pb.Status] = {}  # a failed batch: one status for all its messages
     codes = set()

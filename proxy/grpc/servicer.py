@@ -76,6 +76,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             config.max_inflight_bytes,
             "this proxy",
             self.metrics.budget_refusals.inc,
+            config.inflight_wait_ms,
         )
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -205,8 +206,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 )
 
         async def within_budget(core: ProxyCore, req: Any, ctx: RequestContext) -> Any:
-            async with self._budget.hold(req.ByteSize()):
-                return await send.send_message(core, req, ctx)
+            return await send.send_message(core, req, ctx, self._budget)
 
         return await self._unary(
             "SendMessage", within_budget, request, context, s.SendMessageResponse,

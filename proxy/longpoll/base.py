@@ -24,7 +24,7 @@ from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.errors import RefusedError, TransportError
 from popmq.lifecycle import AsyncClosing
-from popmq.tracing import link_to, tracer
+from popmq.tracing import link_to, start_span
 
 
 @dataclass(slots=True)
@@ -149,7 +149,7 @@ class StrategyBase(AsyncClosing):
             "popmq.strategy": self.label, "messaging.consumer.group.name": request.pop.group,
             "messaging.destination.name": request.pop.topic, "popmq.poll_ms": request.poll_ms,
         }  # fmt: skip
-        with tracer().start_as_current_span("popmq.receive", attributes=attributes) as span:
+        with start_span("popmq.receive", attributes) as span:
             messages = await self._receive(brokers, request)
             if span.is_recording():
                 span.set_attribute("messaging.batch.message_count", len(messages))

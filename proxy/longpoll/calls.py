@@ -30,7 +30,7 @@ from popmq.proxy.metrics import ProxyMetrics
 from popmq.clock import SYSTEM, Clock
 from popmq.errors import PopmqError
 from popmq.lifecycle import AsyncClosing, TaskOwner, fan_out
-from popmq.tracing import tracer
+from popmq.tracing import start_span
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class BrokerCalls(AsyncClosing):
             "popmq.broker": port.name,
             "popmq.poll_ms": request.poll_time_ms,
         }
-        with tracer().start_as_current_span("popmq.broker.pop", attributes=attributes) as span:
+        with start_span("popmq.broker.pop", attributes) as span:
             job = self.tasks.spawn(
                 self._pop_into(port, request, custody), f"pop:{port.name}", log_errors=False
             )
@@ -144,7 +144,7 @@ class BrokerCalls(AsyncClosing):
             "popmq.poll_ms": request.poll_time_ms,
         }
         try:
-            with tracer().start_as_current_span(f"popmq.broker.{kind}", attributes=attributes):
+            with start_span(f"popmq.broker.{kind}", attributes):
                 result: NotifyResult = await port.notify(request)
         finally:
             self.metrics.held_notifications.dec()

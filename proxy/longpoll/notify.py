@@ -7,12 +7,14 @@ Article 001's algorithm, per client long poll:
    ("does this group have a visible message?").
 3. A broker's positive notification puts it into the long poll's result queue and starts a
    consume task.
-4. A consume task takes one result and pops that broker; a lock lets only one consume task
-   of a long poll pop at a time, so one client poll never takes more than one batch.
+4. The long poll's own coroutine takes the results one at a time and pops that broker, so
+   one client poll never takes more than one batch. (It once started a consume task per
+   result in a task group of its own, serialised by a lock: the same order, but a task
+   group, a lock and an event for each of 10,000 idle long polls.)
 5. An empty pop means another client or proxy got the message first: that broker's
    notification is re-armed and the long poll goes on.
-6. The long poll ends when messages are found or at the deadline; every task it started is
-   cancelled then (they all live in one TaskGroup owned by the call).
+6. The long poll ends when messages are found or at the deadline (a pop in flight is
+   cancelled with it; custody releases what it popped).
 
 The notifications of step 2 are shared by every long poll of this proxy through the
 ``NotificationHub`` (``proxy.longpoll.hub``): one notification is held per broker and group,
@@ -24,12 +26,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
 
 import anyio
-from anyio.abc import TaskGroup
 from popmq.broker.contract.port import ConsumePort
 from popmq.broker.contract.types import PopRequest
 from popmq.proxy.longpoll.base import (
@@ -43,38 +43,34 @@ from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.longpoll.hub import NotificationHub, Subscription
 from popmq.proxy.metrics import ProxyMetrics
 
-from popmq.tracing import tracer
+from popmq.tracing import start_span
 
 
-@dataclass(eq=False)
 class _LongPoll:
-    """The state of one client long poll in its notify phase."""
+    """The state of one client long poll in its notify phase: what 10,000 idle long polls
+    hold each, so slots and nothing made before a signal needs it."""
 
-    request: LongPollRequest
-    deadline: float
-    custody: Custody
-    group: TaskGroup  # the long poll's own: its consume tasks end with it
-    consume: Callable[[_LongPoll], Coroutine[Any, Any, None]]  # the consume step
-    # 3. The result queue: subscriptions whose broker reported a message to this long poll.
-    # A plain deque (only put/get without waiting), made on the first signal: most idle
-    # long polls never get one, and 10,000 of them should not carry 10,000 asyncio.Queues.
-    results: deque[Subscription] | None = None
-    consume_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    found: asyncio.Event = field(default_factory=asyncio.Event)
-    closed: bool = False
-    refused: Exception | None = None  # a consume pop refused the request itself: ends the poll
+    __slots__ = ("closed", "found", "refused", "results", "wake")
+
+    def __init__(self) -> None:
+        # 3. The result queue: subscriptions whose broker reported a message to this long
+        # poll, made on the first signal (most idle long polls never get one).
+        self.results: deque[Subscription] | None = None
+        self.wake: asyncio.Future[None] | None = None  # set while the poll waits for a signal
+        self.found = False
+        self.closed = False
+        self.refused: Exception | None = None  # a pop refused the request itself: ends it
 
     def on_signal(self, sub: Subscription) -> bool:
         """The hub hands this long poll a broker's "has message"; False declines it."""
-        if self.closed or self.found.is_set():
-            return False
-        try:
-            self.group.start_soon(self.consume, self, name=f"consume:{sub.port.name}")
-        except RuntimeError:  # the task group is shutting down: this long poll is ending
+        if self.closed or self.found:
             return False
         if self.results is None:
             self.results = deque()
         self.results.append(sub)
+        wake = self.wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
         return True
 
 
@@ -105,7 +101,7 @@ class NotifyStrategy(StrategyBase):
         candidates = watches.candidates(brokers, request.pop)
         if candidates:
             first = self.picker.pick(candidates, request.preferred_broker)
-            with tracer().start_as_current_span("popmq.long_poll.first_pop"):
+            with start_span("popmq.long_poll.first_pop"):
                 try:
                     result = await self.calls.pop(
                         first, replace(request.pop, poll_time_ms=0), custody
@@ -128,7 +124,7 @@ class NotifyStrategy(StrategyBase):
         # 2. Notifications from every broker (shared through the hub); consume tasks as
         # they report.
         self.metrics.pop_with_notify.inc()
-        with tracer().start_as_current_span("popmq.long_poll.notify_wait"):
+        with start_span("popmq.long_poll.notify_wait"):
             await self._notify_wait(brokers, request, deadline, custody)
 
     async def _notify_wait(
@@ -138,19 +134,25 @@ class NotifyStrategy(StrategyBase):
         deadline: float,
         custody: Custody,
     ) -> None:
-        async with anyio.create_task_group() as group:
-            poll = _LongPoll(request, deadline, custody, group, self._consume_task)
-            subs = [self.hub.subscribe(port, request.pop, deadline, poll.on_signal)
-                    for port in brokers]  # fmt: skip
-            try:
-                await poll.found.wait()
-            finally:
-                # At once, whatever ended the long poll: signals this long poll holds go on
-                # to other subscribers, and notifications nobody else needs are cancelled.
-                poll.closed = True
-                with anyio.CancelScope(shield=True):  # runs to its end even when cancelled
-                    await self.hub.leave(subs)
-            group.cancel_scope.cancel()  # consume tasks still running: this poll has its batch
+        poll = _LongPoll()
+        subs = [self.hub.subscribe(port, request.pop, deadline, poll.on_signal)
+                for port in brokers]  # fmt: skip
+        try:
+            while not poll.found:
+                if not poll.results:
+                    poll.wake = asyncio.get_running_loop().create_future()
+                    try:
+                        await poll.wake
+                    finally:
+                        poll.wake = None
+                    continue
+                await self._consume(poll, request, custody)
+        finally:
+            # At once, whatever ended the long poll: signals this long poll holds go on to
+            # other subscribers, and notifications nobody else needs are cancelled.
+            poll.closed = True
+            with anyio.CancelScope(shield=True):  # runs to its end even when cancelled
+                await self.hub.leave(subs)
         if poll.refused is not None and not custody.count:
             raise poll.refused
 
@@ -160,38 +162,29 @@ class NotifyStrategy(StrategyBase):
         # still asks every broker that may have messages (an unanswered event, a lost link).
         return self.hub.watches.candidates(brokers, pop)
 
-    async def _consume_task(self, poll: _LongPoll) -> None:
-        # 4. One consume task at a time per long poll.
-        async with poll.consume_lock:
-            if not poll.results:
+    async def _consume(self, poll: _LongPoll, request: LongPollRequest, custody: Custody) -> None:
+        # 4. One pop at a time per long poll: the oldest result first.
+        assert poll.results
+        sub = poll.results.popleft()
+        port = sub.port
+        try:
+            with start_span("popmq.long_poll.consume", {"popmq.broker": port.name}):
+                result = await self.calls.pop(port, replace(request.pop, poll_time_ms=0), custody)
+        except Exception as exc:  # a failing broker must not end the others' watch
+            if is_refused_request(exc):
+                # ... but a refused request would be refused again at every signal: the
+                # receive ends with the refusal (a retry loop logged a line per attempt).
+                poll.refused = exc
+                poll.found = True
+                sub.pass_on()
                 return
-            sub = poll.results.popleft()
-            if poll.found.is_set():
-                sub.pass_on()  # this long poll has its batch: the next subscriber pops
-                return
-            port = sub.port
-            try:
-                with tracer().start_as_current_span(
-                    "popmq.long_poll.consume", attributes={"popmq.broker": port.name}
-                ):
-                    result = await self.calls.pop(
-                        port, replace(poll.request.pop, poll_time_ms=0), poll.custody
-                    )
-            except Exception as exc:  # a failing broker must not end the others' watch
-                if is_refused_request(exc):
-                    # ... but a refused request would be refused again at every signal: the
-                    # receive ends with the refusal (a retry loop logged a line per attempt).
-                    poll.refused = exc
-                    poll.found.set()
-                    sub.pass_on()
-                    return
-                self.calls.note_error("pop", exc, port)
-                sub.missed()
-                return
-            if poll.custody.count:
-                poll.found.set()  # 6. found: the caller cancels everything else
-                sub.used(result.rest_num)  # more left: the hub signals further subscribers
-                return
+            self.calls.note_error("pop", exc, port)
+            sub.missed()
+            return
+        if custody.count:
+            poll.found = True  # 6. found: the signals still queued go on when it leaves
+            sub.used(result.rest_num)  # more left: the hub signals further subscribers
+            return
         # 5. Empty: someone else got there first. The hub re-arms this broker's notification
         # (this long poll stays subscribed to it).
         sub.missed()

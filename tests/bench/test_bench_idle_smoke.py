@@ -33,3 +33,5 @@ async def test_bench_idle_small_run() -> None:
     assert runs["floor"]["broker_rpcs_per_s"] == 0  # the do-nothing server has no brokers
     table = format_table(result)
     assert "notify" in table and "broker RPC/s" in table
+    # With the ACL on (every poll signed), each strategy against the floor as issue 18 reads.
+    assert "ACL on (signed calls)" in table and "notify vs floor: RSS" in table

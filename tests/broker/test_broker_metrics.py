@@ -186,7 +186,7 @@ async def test_broker_process_serves_metrics(tmp_path: Path) -> None:
                 PopRequest("billing", "orders", max_messages=1, invisible_time_ms=60_000)
             )
         finally:
-            await remote.close()
+            await remote.aclose()
         url = f"http://127.0.0.1:{logged.group(1)}/metrics"
 
         def fetch() -> str:

@@ -110,13 +110,13 @@ async def test_cluster_token_keeps_strangers_out(tmp_path: Path, caplog) -> None
         # A deployment fault, said as one: never INTERNAL_ERROR, and it names the setting.
         assert refused.value.code is Code.INTERNAL_SERVER_ERROR
         assert "cluster_token_file" in refused.value.message
-        await intruder.close()
+        await intruder.aclose()
         streamed = RemoteBrokerPort(
             "b", address, link=BrokerLinkConfig(cluster_token_file=wrong, coalesce_ms=0)
         )
         with pytest.raises(BrokerAuthError, match="UNAUTHENTICATED"):  # on the request link
             await streamed.send([Message("orders", b"x")], 0)
-        await streamed.close()
+        await streamed.aclose()
         await _nothing_changed(broker)
 
         proxy = RemoteBrokerPort("b", address, link=BrokerLinkConfig(cluster_token_file=token_file))
@@ -125,7 +125,7 @@ async def test_cluster_token_keeps_strangers_out(tmp_path: Path, caplog) -> None
             await proxy.update_consumer_offset("billing", "orders", 0, 1)
             assert await broker.get_consumer_offset("billing", "orders", 0) == 1
         finally:
-            await proxy.close()
+            await proxy.aclose()
 
 
 async def test_mutual_tls_keeps_strangers_out(tmp_path: Path) -> None:
@@ -154,4 +154,4 @@ async def test_mutual_tls_keeps_strangers_out(tmp_path: Path) -> None:
             await proxy.update_consumer_offset("billing", "orders", 0, 2)
             assert await broker.get_consumer_offset("billing", "orders", 0) == 2
         finally:
-            await proxy.close()
+            await proxy.aclose()

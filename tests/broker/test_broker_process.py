@@ -76,7 +76,7 @@ async def test_serves_grpc_and_stops_cleanly_on_sigterm(tmp_path: Path, spawn) -
         with contextlib.suppress(RefusedError):
             await asyncio.wait_for(held, 5)
     finally:
-        await remote.close()
+        await remote.aclose()
 
     # Restarted on the same data: the store and the POP state are back.
     again = await spawn(data_dir, "broker-p")
@@ -94,7 +94,7 @@ async def test_serves_grpc_and_stops_cleanly_on_sigterm(tmp_path: Path, spawn) -
         assert not (await remote.pop(PopRequest("g", "t", poll_time_ms=300))).messages
         assert await again.terminate() == 0
     finally:
-        await remote.close()
+        await remote.aclose()
 
 
 async def test_port_in_use_fails_fast(tmp_path: Path, spawn) -> None:
@@ -179,7 +179,7 @@ async def test_kill_9_under_traffic_loses_nothing(tmp_path: Path, spawn) -> None
     killed_at = time.monotonic()
     await first.kill()
     await asyncio.wait_for(traffic, 10)
-    await remote.close()
+    await remote.aclose()
     assert not redelivered_after_ack, "acked messages redelivered in normal operation"
     acked_pre = set(acked_at)
     assert len(sent) > 20 and acked_pre and popped_pre - acked_pre, (len(sent), len(acked_pre))
@@ -207,7 +207,7 @@ async def test_kill_9_under_traffic_loses_nothing(tmp_path: Path, spawn) -> None
                 )
         assert await second.terminate() == 0
     finally:
-        await remote.close()
+        await remote.aclose()
 
     lost = sorted(missing - received)
     assert not lost, f"{len(lost)} acknowledged sends never delivered/acked: {lost[:10]}"

@@ -32,7 +32,7 @@ async def test_send_pop_ack_advances_offset(tmp_path) -> None:
         assert [p.message.body for p in rest.messages] == [b"m3", b"m4"]
         empty = await port.pop(PopRequest("g", "orders", invisible_time_ms=5000))
         assert empty.status == PopStatus.NO_MESSAGE and empty.messages == []
-        await port.close()
+        await port.aclose()
         stats = await port.group_stats("g", "orders")
         assert [(s.queue_id, s.consumer_offset, s.max_offset, s.inflight) for s in stats][1] == (
             1,

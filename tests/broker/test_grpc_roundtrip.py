@@ -45,7 +45,7 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
         try:
             yield Served(broker, remote)
         finally:
-            await remote.close()
+            await remote.aclose()
             await server.aclose(0)
 
 

@@ -165,7 +165,7 @@ class FakePort:
     ) -> GroupDeleted:
         return GroupDeleted()
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         return None
 
 
@@ -179,7 +179,7 @@ async def served() -> AsyncIterator[tuple[FakePort, BrokerGrpcServer, RemoteBrok
     try:
         yield fake, server, remote
     finally:
-        await remote.close()
+        await remote.aclose()
         await server.aclose(0)
 
 
@@ -285,7 +285,7 @@ async def test_long_poll_deadline_is_poll_time_plus_margin(served) -> None:
         assert 0.45 <= elapsed < 2.0
         await asyncio.wait_for(fake.released.wait(), 2)  # the broker let go too
     finally:
-        await remote.close()
+        await remote.aclose()
 
 
 async def test_server_stop_cancels_held_calls(served) -> None:
@@ -310,4 +310,4 @@ async def test_unreachable_broker_is_unavailable() -> None:
         assert caught.value.code is Code.INTERNAL_SERVER_ERROR
         assert not isinstance(caught.value, RefusedError)  # unreachable is not a refusal
     finally:
-        await remote.close()
+        await remote.aclose()

@@ -3,6 +3,7 @@ travels (files.py on the leader, replica.py on the follower), with no network in
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -261,3 +262,44 @@ async def test_a_follower_behind_retention_is_told_to_start_over(tmp_path: Path)
             snapshotter.take([(1, 0)], 0.0)  # never "complete" with nothing sent
     finally:
         await leader.aclose()
+
+
+async def test_batches_applied_as_a_group_are_fsynced_once_per_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower behind by several batches writes them all, then fsyncs each file once (and
+    records the epochs after that), with the same result as one batch at a time."""
+    leader = broker_at(tmp_path / "leader")
+    await leader.start()
+    snapshotter = DataSnapshotter(tmp_path / "leader", 0)
+    writer = ReplicaWriter(tmp_path / "follower")
+    writer.open()
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    try:
+        await leader.send([Message(topic="T", body=b"first")])
+        copy(tmp_path / "leader", writer, snapshotter)  # the files exist on both sides now
+        batches = []
+        for index in range(5):
+            await leader.send([Message(topic="T", body=f"m{index}".encode())])
+            snapshot = snapshotter.take([(1, 0)], 0.0)
+            batches.append(make_batch(tmp_path / "leader", snapshot, index + 2, 1, [(1, 0)]))
+        synced.clear()
+        ends = writer.apply_all(batches, known_epoch=0)
+        assert ends == sorted(ends) and ends[-1] == log_end(list_segments(tmp_path / "leader"))
+        assert len(synced) == 1  # the commitlog segment, once for five batches
+    finally:
+        writer.close()
+        await leader.aclose()
+    assert writer.history is not None and writer.history.entries == [(1, 0)]
+    follower = broker_at(tmp_path / "follower")
+    await follower.start()
+    try:
+        popped = await follower.pop(PopRequest("G", "T", max_messages=10))
+        assert sorted(m.message.body for m in popped.messages) == [
+            b"first",
+            *(f"m{i}".encode() for i in range(5)),
+        ]
+    finally:
+        await follower.aclose()

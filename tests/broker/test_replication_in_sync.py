@@ -190,3 +190,42 @@ async def test_a_shrink_that_cannot_be_recorded_keeps_the_member_waited_for(
         await asyncio.sleep(1.0)  # retried at the next evaluation
         assert leader.in_sync.members == set()
         assert roles.reports[-1] == (3, frozenset({"a0"}))
+
+
+async def test_one_acknowledgement_answers_every_write_made_before_its_batch(
+    tmp_path: Path,
+) -> None:
+    """Group commit: writes waiting on the barrier are all answered by the first batch taken
+    after them, whatever their number; a write after that batch waits for the next one."""
+    leader = make_leader(tmp_path, StaticRoleSource(ROLE))
+    loop = asyncio.get_running_loop()
+    async with leader:
+        leader.in_sync.connected("a1")
+        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        early = [asyncio.ensure_future(leader.replicated()) for _ in range(50)]
+        await asyncio.sleep(0.1)
+        batch = leader.next_batch_id()  # taken after the 50 writes
+        late = asyncio.ensure_future(leader.replicated())
+        await asyncio.sleep(0.1)
+        await leader.acknowledged("a1", batch, loop.time(), True, 0)
+        await asyncio.sleep(0)
+        assert all(w.done() and w.exception() is None for w in early)
+        assert not late.done()
+        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        await asyncio.wait_for(late, 0.1)
+
+
+async def test_a_cancelled_write_leaves_the_barrier_to_the_others(tmp_path: Path) -> None:
+    leader = make_leader(tmp_path, StaticRoleSource(ROLE), sync_timeout_ms=2_000)
+    loop = asyncio.get_running_loop()
+    async with leader:
+        leader.in_sync.connected("a1")
+        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        gone = asyncio.ensure_future(leader.replicated())
+        kept = asyncio.ensure_future(leader.replicated())
+        await asyncio.sleep(0.5)
+        gone.cancel()
+        with pytest.raises(RefusedError) as refused:
+            await kept  # still timed out at its own deadline
+        assert refused.value.code == Code.SLAVE_PERSISTENCE_TIMEOUT
+        assert loop.time() == pytest.approx(2.0, abs=0.01)

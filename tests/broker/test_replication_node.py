@@ -54,12 +54,14 @@ async def test_a_switchover_both_ways_keeps_every_message(tmp_path: Path) -> Non
             [s1] = a.leader.status()
             assert s1.name == "s1" and s1.in_sync and s1.lag_bytes == 0
             scraped = generate_latest(a.metrics_registry()).decode()
-            assert (
-                'popmq_broker_replication_in_sync_nodes{broker="broker-s",node="s0"} 2.0' in scraped
-            )
-            assert (
-                'popmq_broker_replication_lag_bytes{broker="broker-s",follower="s1"} 0.0' in scraped
-            )
+            assert 'popmq_ha_in_sync_size{group="broker-s",node="s0"} 2.0' in scraped
+            assert 'popmq_ha_is_leader{group="broker-s",node="s0"} 1.0' in scraped
+            assert 'popmq_ha_epoch{group="broker-s",node="s0"} 1.0' in scraped
+            assert 'popmq_ha_replication_lag_bytes{follower="s1",group="broker-s"} 0.0' in scraped
+            follower_page = generate_latest(b.metrics_registry()).decode()
+            assert 'popmq_ha_is_leader{group="broker-s",node="s1"} 0.0' in follower_page
+            assert 'popmq_ha_has_leader{group="broker-s",node="s1"} 1.0' in follower_page
+            assert "popmq_broker_replication" not in scraped + follower_page  # one set only
             assert "rocketmq_messages_in_total" in scraped or "popmq_broker_" in scraped
             await a.port.create_topic("T", 1)
             await a.port.send([Message(topic="T", body=f"e1-{i}".encode()) for i in range(5)])

@@ -55,7 +55,7 @@ async def port(process: BrokerProcess) -> AsyncIterator[RemoteBrokerPort]:
     try:
         yield remote
     finally:
-        await remote.close()
+        await remote.aclose()
 
 
 @asynccontextmanager

@@ -58,7 +58,7 @@ async def _served(
         try:
             yield local, remote
         finally:
-            await remote.close()
+            await remote.aclose()
             await server.aclose(0)
 
 
@@ -205,7 +205,7 @@ async def test_the_cluster_token_rides_the_streams(tmp_path: Path) -> None:
             assert watch.state is WatchState.HAS  # an event, not a lost link (UNKNOWN)
             watch.close()
         finally:
-            await remote.close()
+            await remote.aclose()
             await server.aclose(0)
 
 
@@ -328,5 +328,5 @@ async def test_a_broker_restarted_under_the_link_fails_what_was_in_flight_then_s
             assert result[0].code == Code.OK
             assert remote.request_link is not None and remote.request_link.in_flight == 0
         finally:
-            await remote.close()
+            await remote.aclose()
             await server.aclose(0)

@@ -27,7 +27,7 @@ class FakeCall:
 
     def __init__(
         self,
-        requests: AsyncIterator[pb.LinkRequests],
+        requests: AsyncIterator[bytes],
         answer: Callable[[pb.LinkRequest], list[pb.LinkResponse] | None],
     ) -> None:
         self._requests = requests
@@ -38,7 +38,8 @@ class FakeCall:
         pass
 
     async def __aiter__(self) -> AsyncIterator[pb.LinkResponses]:
-        async for batch in self._requests:
+        async for raw in self._requests:
+            batch = pb.LinkRequests.FromString(raw)  # frames go out encoded
             out: list[pb.LinkResponse] = []
             for request in batch.requests:
                 self.seen.append(request)
@@ -73,7 +74,7 @@ async def test_an_unexpected_stream_error_fails_its_requests_and_the_link_lives_
     callers (who have no deadline of their own) waited forever."""
     calls: list[FakeCall] = []
 
-    def open_call(requests: AsyncIterator[pb.LinkRequests]) -> FakeCall:
+    def open_call(requests: AsyncIterator[bytes]) -> FakeCall:
         kind = Exploding if not calls else FakeCall
         calls.append(kind(requests, lambda r: [_ok(r)]))
         return calls[-1]
@@ -117,7 +118,7 @@ async def test_a_stuck_broker_honours_deadlines_and_cancellations() -> None:
     each leaves the pending table, frees its window slot and tells the broker (LinkCancel)."""
     calls: list[FakeCall] = []
 
-    def open_call(requests: AsyncIterator[pb.LinkRequests]) -> FakeCall:
+    def open_call(requests: AsyncIterator[bytes]) -> FakeCall:
         calls.append(FakeCall(requests, lambda r: None))
         return calls[-1]
 

@@ -52,7 +52,7 @@ async def _remote(tmp_path: Path, coalesce_ms: float = 0) -> AsyncIterator[Remot
         try:
             yield remote
         finally:
-            await remote.close()
+            await remote.aclose()
             await server.aclose(0)
 
 
@@ -90,15 +90,35 @@ async def test_frames_split_at_the_byte_bound_and_end_at_none(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(request_link, "FRAME_BYTES", 1000)
-    queue: asyncio.Queue[pb.LinkResponse | None] = asyncio.Queue()
+    queue: asyncio.Queue[request_link.Encoded | None] = asyncio.Queue()
     sizes = [400, 400, 400, 3000, 10, 10]  # the 3000-byte one is larger than a frame
     for i, size in enumerate(sizes):
-        queue.put_nowait(pb.LinkResponse(id=i + 1, send=pb.SendResponse(
-            status=pb.Status(message="x" * size))))  # fmt: skip
+        answer = pb.SendResponse(status=pb.Status(message="x" * size)).SerializeToString()
+        queue.put_nowait(request_link.encode(pb.LinkResponse(id=i + 1), "send", answer))
     queue.put_nowait(None)
     got = [batch async for batch in request_link.frames(queue)]
-    assert [[r.id for r in batch] for batch in got] == [[1, 2], [3], [4], [5, 6]]
-    assert all(sum(r.ByteSize() for r in b) <= 1000 for b in got if len(b) > 1)
+    decoded = [pb.LinkResponses.FromString(request_link.frame(batch)) for batch in got]
+    assert [[r.id for r in frame.responses] for frame in decoded] == [[1, 2], [3], [4], [5, 6]]
+    assert all(frame.ByteSize() <= 1000 for frame in decoded if len(frame.responses) > 1)
+    assert decoded[2].responses[0].send.status.message == "x" * 3000
+
+
+def test_an_encoded_request_reads_as_the_message_it_stands_for() -> None:
+    """The link encodes each request once and joins the pieces into its frame (no message is
+    built around a body to be copied again): what the broker decodes is what was meant."""
+    send = pb.SendRequest(messages=[pb.Message(topic="t", body=b"\x00" * 300, keys=["k"])],
+                          queue_id=3)  # fmt: skip
+    envelope = pb.LinkRequest(id=2**40 + 7)
+    envelope.trace_context["traceparent"] = "00-abc-def-01"
+    items = [
+        request_link.encode(envelope, "send", send.SerializeToString()),
+        request_link.encoded(pb.LinkRequest(id=9, cancel=pb.LinkCancel())),
+    ]
+    frame = pb.LinkRequests.FromString(request_link.frame(items))
+    expected = pb.LinkRequest(id=2**40 + 7, send=send)
+    expected.trace_context["traceparent"] = "00-abc-def-01"
+    assert list(frame.requests) == [expected, pb.LinkRequest(id=9, cancel=pb.LinkCancel())]
+    assert items[0].size == expected.ByteSize()
 
 
 @pytest.mark.usefixtures("small_limits")

@@ -279,6 +279,33 @@ async def test_async_flush_task_fsyncs_periodically(store_factory) -> None:
     await store.aclose()  # idempotent
 
 
+async def test_idle_flushes_write_no_checkpoint(store_factory) -> None:
+    """The periodic flush writes the checkpoint (two metafiles, each fsynced) only when
+    something changed since the last one: an idle broker's disk stays quiet."""
+    store = store_factory(flush="async", flush_interval_ms=60_000)  # no flush of its own
+    store.create_topic("T", 1)
+    await store.start()
+    periodic = store._checkpointer.checkpoint  # what the flush loop calls, as it calls it
+
+    async def written_by_periodic_flush() -> int:
+        before = store.checkpoints_written
+        await periodic(only_if_changed=True)
+        return store.checkpoints_written - before
+
+    await written_by_periodic_flush()  # whatever start left to write
+    assert await written_by_periodic_flush() == 0  # idle: nothing new
+    await store.append("T", 0, [msg(b"a")])
+    assert await written_by_periodic_flush() == 1  # the append's position and index
+    assert await written_by_periodic_flush() == 0
+    store.set_consumer_offset("g", "T", 0, 1)
+    assert await written_by_periodic_flush() == 1  # a committed offset
+    assert await written_by_periodic_flush() == 0
+    before = store.checkpoints_written
+    await store.checkpoint()  # an explicit checkpoint (close, replication) always writes
+    assert store.checkpoints_written == before + 1
+    await store.aclose()
+
+
 async def test_cancelled_sync_append_does_not_break_group_commit(store_factory) -> None:
     store = store_factory(flush="sync")
     store.create_topic("T", 1)

@@ -37,7 +37,7 @@ async def test_halves_and_decisions_survive_kill_9(tmp_path: Path) -> None:
         await port.end_transaction("tx", committed.message_id, committed.transaction_id, True)
         await port.end_transaction("tx", rolled.message_id, rolled.transaction_id, False)
         await process.kill()
-        await port.close()
+        await port.aclose()
 
         await process.start()
         port = RemoteBrokerPort("broker-a", process.address)
@@ -53,7 +53,7 @@ async def test_halves_and_decisions_survive_kill_9(tmp_path: Path) -> None:
         await port.end_transaction("tx", open_.message_id, half.transaction_id, True)
         assert await _bodies(port, "g1") == [b"o"]
         await process.kill()
-        await port.close()
+        await port.aclose()
 
         await process.start()
         port = RemoteBrokerPort("broker-a", process.address)
@@ -61,5 +61,5 @@ async def test_halves_and_decisions_survive_kill_9(tmp_path: Path) -> None:
         assert await _bodies(port, "g2") == [b"c", b"o"]  # each delivered once, none lost
     finally:
         if port is not None:
-            await port.close()
+            await port.aclose()
         await process.kill()

@@ -39,19 +39,18 @@ async def _drain(port: LocalBrokerPort) -> list[str]:
 
 async def test_arrival_and_nack_fire(tmp_path: Path) -> None:
     async with running_broker(fast_broker_config(tmp_path)) as broker:
-        port = LocalBrokerPort(broker)
-        await port.create_topic(TOPIC, 2)
-        watch = await _armed(port)
-        await port.send([Message(topic=TOPIC, body=b"a")])
-        await _fired(watch)
-        handles = await _drain(port)
-        assert len(handles) == 1
-        watch.arm()
-        await asyncio.sleep(0.05)
-        assert watch.state is WatchState.ARMED
-        await port.change_invisible_time(GROUP, TOPIC, handles[0], 0)  # a nack
-        await _fired(watch)
-        await port.close()
+        async with LocalBrokerPort(broker) as port:  # a port closes as it leaves the block
+            await port.create_topic(TOPIC, 2)
+            watch = await _armed(port)
+            await port.send([Message(topic=TOPIC, body=b"a")])
+            await _fired(watch)
+            handles = await _drain(port)
+            assert len(handles) == 1
+            watch.arm()
+            await asyncio.sleep(0.05)
+            assert watch.state is WatchState.ARMED
+            await port.change_invisible_time(GROUP, TOPIC, handles[0], 0)  # a nack
+            await _fired(watch)
 
 
 async def test_delay_delivery_fires_when_due(tmp_path: Path) -> None:
@@ -63,7 +62,7 @@ async def test_delay_delivery_fires_when_due(tmp_path: Path) -> None:
         await port.send([Message(topic=TOPIC, body=b"later", delivery_timestamp_ms=due)])
         await _fired(watch)
         assert int(time.time() * 1000) >= due - 50  # not before it is due
-        await port.close()
+        await port.aclose()
 
 
 async def test_offset_reset_fires(tmp_path: Path) -> None:
@@ -77,4 +76,4 @@ async def test_offset_reset_fires(tmp_path: Path) -> None:
         await port.update_consumer_offset(GROUP, TOPIC, 0, 0)  # consume it all again
         await _fired(watch)
         assert len(await _drain(port)) == 1
-        await port.close()
+        await port.aclose()

@@ -148,7 +148,7 @@ async def _write_golden(data: Path, log_path: Path) -> None:
         await remote.ack(GROUP, TOPIC, [AckEntry(h) for h in handles[: len(handles) // 2]])
         await asyncio.sleep(0.5)  # checkpoints spilled, offsets and checkpoint flushed
     finally:
-        await remote.close()
+        await remote.aclose()
         await broker.kill()
 
 
@@ -168,7 +168,7 @@ async def _count_after_restart(data: Path, log_path: Path, row: Row) -> None:
                 offset = result.next_offset
         text = await asyncio.to_thread(broker.scrape)
     finally:
-        await remote.close()
+        await remote.aclose()
         await broker.kill()
     row.recovered = len(seen & {body(i) for i in range(MESSAGES)})
     for family in text_string_to_metric_families(text):

@@ -132,7 +132,7 @@ async def test_a_paused_leader_acknowledges_nothing_once_replaced(tmp_path: Path
                 refused += 1
                 await anyio.sleep(0.2)
         finally:
-            await direct.close()
+            await direct.aclose()
         async with AsyncClient(proxy.address, timeout_s=10) as client:
             with anyio.fail_after(RECOVERY_BOUND_S):
                 while True:
@@ -196,7 +196,7 @@ async def test_etcd_down_the_leader_fences_itself_and_serves_again(tmp_path: Pat
                             got = await client.receive("ce", queue, long_polling_ms=5_000)
                             seen.update(m.body for m in got)
         finally:
-            await leader.close()
+            await leader.aclose()
         print(f"\netcd killed: leader {first} refused writes after {fenced_s:.2f}s (lease "
               f"{LEASE_TTL_S} s); etcd back: sends acknowledged after {served_s:.2f}s; "
               f"{len(acknowledged)} acknowledged, all received")  # fmt: skip

@@ -166,7 +166,7 @@ async def test_topic_and_group_flood(tmp_path: Path) -> None:
         assert again.open_fds() < MAX_FDS - 64
         print(f"restart: {len(acked)} acknowledged sends read back in "
               f"{time.monotonic() - started:.1f} s, 0 lost")  # fmt: skip
-        await port.close()
+        await port.aclose()
         assert await again.terminate() == 0
     finally:
         await again.kill()

@@ -242,8 +242,9 @@ def _request(method_name: str) -> st.SearchStrategy[ProtoMessage]:
 class ServerThread:
     """ProxyServer + two brokers on their own loop (the test drives them over gRPC)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, extra_settings: dict[str, Any] | None = None) -> None:
         self.root = root
+        self.extra_settings = extra_settings or {}
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.brokers: list[Broker] = []
@@ -254,7 +255,7 @@ class ServerThread:
 
     def start(self) -> int:
         self.thread.start()
-        settings_ = dict(SETTINGS, **{"serve.data_dir": str(self.root)})
+        settings_ = dict(SETTINGS, **{"serve.data_dir": str(self.root)}, **self.extra_settings)
         config = load_config(None, settings_, environ={})
 
         async def up() -> int:

@@ -116,7 +116,7 @@ async def test_proxy_follows_the_leader_and_new_groups(tmp_path: Path) -> None:
                     assert refused.value.code == Code.HA_NOT_AVAILABLE
                     assert "follower" in refused.value.message
                 finally:
-                    await port.close()
+                    await port.aclose()
 
                 # kill -9 the leader: the other node is elected and the proxy moves to it.
                 killed_at = time.monotonic()
@@ -165,7 +165,7 @@ async def broker_max_offsets(address: str, group: str, topic: str) -> int:
     try:
         info = await port.get_topic(topic)
     finally:
-        await port.close()
+        await port.aclose()
     return sum(q.max_offset for q in info.queues)
 
 
@@ -285,7 +285,7 @@ async def test_a_paused_leader_acknowledges_nothing_once_replaced(tmp_path: Path
                     await port.send([Message("z", b"from the zombie")])
                 assert refused.value.code == Code.HA_NOT_AVAILABLE
             finally:
-                await port.close()
+                await port.aclose()
             new_leader, new_epoch = await wait_leader(etcd, "ga", 1)
             assert (new_leader, new_epoch > epoch) == (other, True)
 

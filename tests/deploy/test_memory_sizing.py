@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from deploykit import CHART_DIR
+from deploykit import CHART_DIR, container, render
 from popmq.proxy.server import grpc_options
 
 from popmq.config import (
@@ -52,8 +52,33 @@ def test_the_proxy_pod_fits_its_largest_request_and_budget(values: dict[str, Any
     )
 
 
-def test_the_old_proxy_limit_did_not_fit_a_maximal_batch() -> None:
-    """What this check caught: 1Gi could not hold one 32 x 4 MiB send on its way through."""
-    old = {**VALUES, "proxy": {**VALUES["proxy"], "resources": {"limits": {"memory": "1Gi"}}}}
+def test_a_smaller_proxy_limit_does_not_fit_a_maximal_batch() -> None:
+    """What this check catches: 512Mi cannot hold one 32 x 4 MiB send on its way through with
+    the defaults (1Gi could not either while a proxy held 10 copies of a request)."""
+    small = {**VALUES, "proxy": {**VALUES["proxy"], "resources": {"limits": {"memory": "512Mi"}}}}
     with pytest.raises(AssertionError):
-        test_the_proxy_pod_fits_its_largest_request_and_budget(old)
+        test_the_proxy_pod_fits_its_largest_request_and_budget(small)
+
+
+def test_the_proxy_limit_is_back_to_1gi() -> None:
+    """Fewer copies of a body (issue 20): the chart's proxy limit went back from 2Gi to 1Gi."""
+    assert quantity(VALUES["proxy"]["resources"]["limits"]["memory"]) == 1 << 30
+
+
+def test_both_containers_bound_glibc_arenas() -> None:
+    """MALLOC_ARENA_MAX reaches the broker and proxy containers (value mallocArenaMax), and is
+    left unset when the value is null."""
+
+    def arena_env(values: dict[str, Any] | None) -> list[str | None]:
+        out = render(values)
+        workloads = [*out.all("StatefulSet"), *out.all("Deployment")]
+        return [
+            {e["name"]: e.get("value") for e in container(w).get("env") or []}.get(
+                "MALLOC_ARENA_MAX"
+            )
+            for w in workloads
+            if w["metadata"]["name"].endswith(("-broker", "-proxy"))
+        ]
+
+    assert arena_env(None) == ["2", "2"]
+    assert set(arena_env({"mallocArenaMax": None})) == {None}

@@ -30,7 +30,7 @@ def _exported() -> set[str]:
     """Metric names popmq defines (the sources that name them)."""
     names: set[str] = set()
     for path in ("broker/metrics.py", "proxy/metrics.py", "popmq/metrics_http.py",
-                 "broker/leader_gate.py"):  # fmt: skip
+                 "broker/leader_gate.py", "broker/replication/metrics.py"):  # fmt: skip
         names |= set(re.findall(r'"((?:popmq|rocketmq)_[a-z_]+)"', (REPO / path).read_text()))
     return names | {"process_resident_memory_bytes", "process_cpu_seconds_total"}
 
@@ -127,3 +127,58 @@ def test_dashboard_file_is_generated() -> None:
 
 def test_cluster_label_is_configurable() -> None:
     assert PopmqConfig().broker.cluster == PopmqConfig().proxy.cluster == "DefaultCluster"
+
+
+def _script(name: str):  # type: ignore[no-untyped-def]
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(REPO / "scripts"))  # render_dashboard_png imports gen_dashboard
+    try:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    return module
+
+
+def test_dashboard_png_plots_every_panel_query() -> None:
+    """docs/img/dashboard.png is drawn from the dashboard's own targets: the renderer evaluates
+    each one (two scrapes of every series a query names); none is skipped or unreadable."""
+    render_png = _script("render_dashboard_png")
+    gen = _script("gen_dashboard")
+
+    def scrape(scale: float) -> dict:
+        out = {}
+        for panel in gen.PANELS:
+            for expr, _ in panel[2]:
+                for name in re.findall(r"\b((?:rocketmq|popmq|process)_[a-z_]+)", expr):
+                    labels = {"topic": "t", "consumer_group": "g", "strategy": "adaptive",
+                              "kind": "pop", "code": "OK", "broker": "b", "group": "g",
+                              "request_code": "SendMessage", "result": "found",
+                              "message_type": "normal", "node_id": "b", "pod": "p"}  # fmt: skip
+                    les = ["1", "10", "+Inf"] if name.endswith("_bucket") else [None]
+                    for n, le in enumerate(les):
+                        with_le = {**labels, "le": le} if le else labels
+                        out[(name, frozenset(with_le.items()))] = scale * (n + 1)
+        return out
+
+    samples = [(0.0, scrape(1.0)), (3.0, scrape(4.0))]
+    for title, _, targets in gen.PANELS:
+        for expr, legend in targets:
+            series = render_png.evaluate(expr, legend, samples)
+            assert series and all(points for points in series.values()), (title, expr)
+    # the shapes: a rate over the interval, an instant sum, a quantile inside its bucket
+    rate = render_png.evaluate("sum by (topic) (rate(rocketmq_messages_in_total[1m]))",
+                               "{{topic}}", samples)  # fmt: skip
+    assert rate == {"t": [(3.0, 1.0)]}
+    quantile = render_png.evaluate(
+        "histogram_quantile(0.5, sum by (le) (rate(rocketmq_rpc_latency_bucket[5m])))",
+        "p50",
+        samples,
+    )
+    assert quantile["p50"][0][1] == 1 + (10 - 1) * 0.5  # rank 1.5 of 3, inside (1, 10]
+    # The empties of the long-poll panel are among what the picture shows.
+    assert any("empty" in legend for *_, targets in gen.PANELS for _, legend in targets)

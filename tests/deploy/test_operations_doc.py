@@ -13,6 +13,7 @@ import yaml
 from deploykit import CHART_DIR, REPO, parse_cli
 from popmq.broker.contract.errors import Code
 from popmq.broker.contract.types import Message, PopRequest
+from popmq.broker.leader_gate import GroupCollector
 from popmq.broker.replication.metrics import NodeCollector
 from popmq.broker.replication.role import GroupRole
 from popmq.broker.testing import fast_broker_config, running_broker
@@ -106,17 +107,34 @@ async def test_every_broker_metric_named_exists_with_its_labels(tmp_path: Path) 
 
 
 def _replication_families() -> dict[str, set[str]]:
-    """The popmq_broker_replication_* families, as a leader with one follower exports them
-    (they exist only on a replicated node, never on the plain broker above)."""
+    """The popmq_ha_* families, as a static leader with one follower and an elected node
+    export them (they exist only on a node of a group, never on the plain broker above)."""
     follower = SimpleNamespace(name="a1", lag_bytes=0, lag_s=0.0)
     leader = SimpleNamespace(in_sync=SimpleNamespace(size=2), status=lambda: [follower])
     role = GroupRole(epoch=1, leader_name="a0", leader_address="127.0.0.1:1", is_leader=True)
     collector = NodeCollector("broker-a", lambda: "a0", lambda: role, lambda: None,
                               lambda: leader)  # type: ignore[arg-type,return-value]  # fmt: skip
+    member = SimpleNamespace(
+        settings=SimpleNamespace(group="broker-a", name="a0"), in_sync=["a0", "a1"],
+        role=SimpleNamespace(epoch=1, is_leader=True, has_leader=True), elections_won=1,
+    )  # fmt: skip
+    elected = GroupCollector(member)  # type: ignore[arg-type]
     return {
         family.name: {label for sample in family.samples for label in sample.labels}
-        for family in collector.collect()
+        for family in [*collector.collect(), *elected.collect()]
     }
+
+
+def test_every_group_metric_named_exists_with_its_labels() -> None:
+    """docs/operations.md's popmq_ha_* names and their label column are what nodes export."""
+    families = _replication_families()
+    named = set(re.findall(r"popmq_ha_\w+", DOC))
+    assert len(named) >= 7
+    for name in named:
+        assert _base(name, families), f"docs name {name}, which no group collector exports"
+    for name, labels in re.findall(r"^\| `(popmq_ha_\w+)`[^|]*\| ([^|]*) \|", DOC, re.M):
+        for label in re.findall(r"`(\w+)`", labels):
+            assert label in families[_base(name, families) or ""], f"{name}: no label {label}"
 
 
 def _commands() -> list[str]:

@@ -44,7 +44,7 @@ async def _cluster(
                 await server.start()
                 stack.push_async_callback(server.aclose, 0)
                 port: BrokerPort = RemoteBrokerPort(f"b{index}", server.address)
-                stack.push_async_callback(port.close)
+                stack.push_async_callback(port.aclose)
             else:
                 port = local
             ports.append(port)

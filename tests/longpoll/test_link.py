@@ -41,7 +41,7 @@ async def _remote_pair(root: Path) -> AsyncIterator[tuple[list[RemoteBrokerPort]
             await server.start()
             sides.append([local, server])
             port = RemoteBrokerPort(f"b{index}", server.address)
-            stack.push_async_callback(port.close)
+            stack.push_async_callback(port.aclose)
             ports.append(port)
         try:
             yield ports, sides

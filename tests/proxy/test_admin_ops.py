@@ -175,6 +175,34 @@ async def test_topic_route_and_cluster_status(cluster: Cluster) -> None:
         ("broker-0", True), ("broker-1", True),
     ]  # fmt: skip
     assert all(b.topics >= 1 and b.rtt_ms >= 0 for b in status.brokers)
+    assert list(status.groups) == []  # no groups followed in etcd
+
+
+async def test_cluster_status_shows_the_replicated_groups_followed_in_etcd(
+    cluster: Cluster,
+) -> None:
+    """Leaders, epochs, in-sync sets and lags, as `cluster status --etcd --json` has them:
+    what the console's /cluster shows next to the brokers."""
+    from popmq.coord.directory import GroupView, Lag, Leader
+
+    cluster.server.cluster.group_views = {
+        "g1": GroupView("g1", leader=Leader("g1-0", "h:1", 7),
+                        members={"g1-0": "h:1", "g1-1": "h:2"}, in_sync=["g1-0", "g1-1", "g1-2"],
+                        lag={"g1-1": Lag(4096, 0.25)}),
+        "g2": GroupView("g2", draining=True),
+    }  # fmt: skip
+    status = await _admin(cluster).ClusterStatus(a.ClusterStatusRequest())
+    g1, g2 = status.groups
+    assert (g1.name, g1.leader, g1.epoch, list(g1.in_sync)) == (
+        "g1",
+        "g1-0",
+        7,
+        ["g1-0", "g1-1", "g1-2"],
+    )
+    nodes = {n.name: (n.role, n.lag_bytes, n.lag_s, n.lag_known) for n in g1.nodes}
+    assert nodes == {"g1-0": ("leader", 0, 0.0, True), "g1-1": ("follower", 4096, 0.25, True),
+                     "g1-2": ("down", 0, 0.0, False)}  # fmt: skip
+    assert (g2.leader, g2.epoch, g2.draining) == ("", 0, True)
 
 
 async def test_clients_are_told_where_to_send_their_metrics(make_cluster: Any) -> None:

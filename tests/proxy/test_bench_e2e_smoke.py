@@ -31,3 +31,7 @@ async def test_bench_e2e_direct_proxy_floor_and_transactions() -> None:
     table = format_table(result)
     assert "floor" in table and "gRPC floor / proxy" in table
     assert "proxy: transactional / plain: msg/s" in table
+    # Measured with the ACL on (every call signed; the acks above got through it), and the
+    # ratios issue 18's done-when reads are printed.
+    assert result["params"]["acl"] is True and "ACL on (signed calls)" in table
+    assert result["proxy_cpu_over_floor"] > 0 and "proxy / floor server CPU µs/msg" in table

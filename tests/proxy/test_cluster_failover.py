@@ -22,7 +22,7 @@ class FakePort:
             raise BrokerUnavailableError(self.name, "connection refused")
         return GroupConfig(name, max_attempts=self.max_attempts)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         pass
 
 

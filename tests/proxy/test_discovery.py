@@ -23,7 +23,7 @@ class FakePort:
     async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
         return TopicInfo(topic, self.queues)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         self.closed = True
 
 
@@ -56,6 +56,7 @@ async def test_groups_come_move_and_go() -> None:
     assert made[0].closed and not made[1].closed and not made[2].closed
     groups.apply({"b": view("b", "h:2")})  # a's keys are gone: removed
     assert cluster.names == ["b"]
+    assert list(cluster.group_views) == ["b"]  # what cluster status shows
 
 
 async def test_a_group_without_leader_refuses_with_ha_not_available() -> None:

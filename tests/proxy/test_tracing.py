@@ -69,7 +69,7 @@ async def remote_cluster(provider: TracerProvider, tmp_path: Path) -> AsyncItera
     finally:
         await channel.close()
         await proxy.aclose(0.2)
-        await port.close()
+        await port.aclose()
         await broker_server.aclose(0.2)
         await broker.aclose()
 

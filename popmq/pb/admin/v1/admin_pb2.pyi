@@ -542,19 +542,51 @@ class BrokerStatus(_message.Message):
     error: str
     def __init__(self, broker: _Optional[str] = ..., address: _Optional[str] = ..., reachable: _Optional[bool] = ..., rtt_ms: _Optional[float] = ..., topics: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
+class GroupNode(_message.Message):
+    __slots__ = ("name", "role", "lag_bytes", "lag_s", "lag_known")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    LAG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAG_S_FIELD_NUMBER: _ClassVar[int]
+    LAG_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    lag_bytes: int
+    lag_s: float
+    lag_known: bool
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., lag_bytes: _Optional[int] = ..., lag_s: _Optional[float] = ..., lag_known: _Optional[bool] = ...) -> None: ...
+
+class BrokerGroup(_message.Message):
+    __slots__ = ("name", "leader", "epoch", "in_sync", "draining", "nodes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    leader: str
+    epoch: int
+    in_sync: _containers.RepeatedScalarFieldContainer[str]
+    draining: bool
+    nodes: _containers.RepeatedCompositeFieldContainer[GroupNode]
+    def __init__(self, name: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., in_sync: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., nodes: _Optional[_Iterable[_Union[GroupNode, _Mapping]]] = ...) -> None: ...
+
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("status", "proxy", "version", "brokers", "clients")
+    __slots__ = ("status", "proxy", "version", "brokers", "clients", "groups")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     PROXY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BROKERS_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     status: _definition_pb2.Status
     proxy: str
     version: str
     brokers: _containers.RepeatedCompositeFieldContainer[BrokerStatus]
     clients: int
-    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., proxy: _Optional[str] = ..., version: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerStatus, _Mapping]]] = ..., clients: _Optional[int] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[BrokerGroup]
+    def __init__(self, status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., proxy: _Optional[str] = ..., version: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[BrokerStatus, _Mapping]]] = ..., clients: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[BrokerGroup, _Mapping]]] = ...) -> None: ...
 
 class WhoAmIRequest(_message.Message):
     __slots__ = ()

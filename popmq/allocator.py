@@ -1,0 +1,100 @@
+"""Giving memory back to the system after a spike of large requests (glibc's ``malloc_trim``).
+
+A large request passes through many buffers on its way (grpc's receive buffer, its slices as
+bytes, the decoded protobuf, the link's frames); once they are freed, glibc keeps most of that
+memory in its heaps and arenas instead of returning it, so a process's RSS stays near its
+highest point long after a spike (docs/operations.md, "Memory after a spike"). ``malloc_trim``
+hands the free pages back. It walks every arena (a few ms for a few hundred MB), so it runs
+only when a memory budget drains after at least ``TRIM_AFTER_BYTES`` went through it, at most
+once per ``TRIM_INTERVAL_S``. Elsewhere than glibc (musl, macOS) it does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+# Trim once this much went through a budget since the last trim (small requests reuse what
+# they free; trimming after each would only cost time).
+TRIM_AFTER_BYTES = 32 * 1024 * 1024
+TRIM_INTERVAL_S = 1.0
+TRIM_DELAY_S = 0.2
+
+
+def _load_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_malloc_trim = _load_trim()
+
+
+def trim() -> bool:
+    """Return the free pages of every arena to the system; True if any were."""
+    if _malloc_trim is None:
+        return False
+    return bool(_malloc_trim(0))
+
+
+class Trimmer:
+    """Counts bytes released; trims ``delay_s`` after its owner drained past enough of them
+    (the request that was just released is freed by grpc after its handler returns, so a trim
+    at the release itself would miss it)."""
+
+    def __init__(
+        self,
+        after_bytes: int = TRIM_AFTER_BYTES,
+        interval_s: float = TRIM_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+        do_trim: Callable[[], bool] = trim,
+        delay_s: float = TRIM_DELAY_S,
+    ) -> None:
+        self._after_bytes = after_bytes
+        self._interval_s = interval_s
+        self._clock = clock
+        self._trim = do_trim
+        self._delay_s = delay_s
+        self._released = 0
+        self._last = float("-inf")
+        self._scheduled: asyncio.TimerHandle | None = None
+        self.trims = 0
+
+    def released(self, size: int, drained: bool) -> None:
+        """``size`` bytes were released; ``drained``: nothing is held any more."""
+        self._released += size
+        if not drained or self._released < self._after_bytes or self._scheduled is not None:
+            return
+        if self._clock() - self._last < self._interval_s:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): trim now
+            self._run()
+            return
+        self._scheduled = loop.call_later(self._delay_s, self._run)
+
+    def _run(self) -> None:
+        self._scheduled = None
+        self._last = self._clock()
+        self._released = 0
+        self.trims += 1
+        started = time.perf_counter()
+        self._trim()
+        log.debug(
+            "malloc_trim after a drained budget: %.1f ms", (time.perf_counter() - started) * 1e3
+        )

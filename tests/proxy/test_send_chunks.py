@@ -1,0 +1,83 @@
+"""A large batch goes to its broker in chunks (issue 20, fewer copies of a body): a queue's
+messages are sent SEND_CHUNK_BYTES of bodies at a time, one chunk after the other, and a body
+left in the request (LazyBody) is read only for its chunk; a failed chunk fails the rest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.contract.types import Message
+from popmq.proxy.core import send as send_module
+from popmq.proxy.core.context import RequestContext
+from popmq.proxy.core.send import LazyBody, OutgoingMessage, Sender
+from popmq.proxy.grpc.convert import EAGER_BODY_BYTES, outgoing_from_pb
+from proxy_support import Cluster, unique
+
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+
+CTX = RequestContext(client_id="chunks@1")
+
+
+def _record(sender: Sender, monkeypatch: pytest.MonkeyPatch, reads: list[int],
+            fail_call: int | None = None) -> list[tuple[list[int], list[int]]]:  # fmt: skip
+    """Each broker send: the body sizes it carried and the bodies read so far."""
+    sent: list[tuple[list[int], list[int]]] = []
+    for name in sender.cluster.names:
+        port = sender.cluster.port(name)
+
+        async def recording(messages: list[Message], queue_id: int = -1, real: Any = port.send):
+            sent.append(([len(m.body) for m in messages], list(reads)))
+            if fail_call is not None and len(sent) == fail_call:
+                raise RefusedError(Code.INTERNAL_ERROR, "chunk refused")
+            return await real(messages, queue_id)
+
+        monkeypatch.setattr(port, "send", recording)
+    return sent
+
+
+def _lazy(reads: list[int], i: int) -> LazyBody:
+    return LazyBody(400, lambda: reads.append(i) or bytes([65 + i]) * 400)
+
+
+async def test_bodies_are_read_chunk_by_chunk(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sender = cluster.server.core.sender
+    monkeypatch.setattr(send_module, "SEND_CHUNK_BYTES", 1000)
+    reads: list[int] = []
+    sent = _record(sender, monkeypatch, reads)
+    topic = unique("t")
+    outcomes = await sender.send([OutgoingMessage(topic, _lazy(reads, i)) for i in range(5)], CTX)
+    assert [o.error for o in outcomes] == [None] * 5
+    assert [sizes for sizes, _ in sent] == [[400, 400], [400, 400], [400]]
+    # Each chunk's bodies were read just before it went, not the whole batch at once.
+    assert [seen for _, seen in sent] == [[0, 1], [0, 1, 2, 3], [0, 1, 2, 3, 4]]
+    offsets = [o.result.queue_offset for o in outcomes if o.result is not None]
+    assert offsets == sorted(offsets) and len({o.result.queue_id for o in outcomes}) == 1  # type: ignore[union-attr]
+
+
+async def test_a_failed_chunk_fails_the_rest_and_keeps_what_was_stored(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sender = cluster.server.core.sender
+    monkeypatch.setattr(send_module, "SEND_CHUNK_BYTES", 1000)
+    reads: list[int] = []
+    sent = _record(sender, monkeypatch, reads, fail_call=2)
+    topic = unique("t")
+    outgoing = [OutgoingMessage(topic, _lazy(reads, i), message_group="g") for i in range(5)]
+    outcomes = await sender.send(outgoing, CTX)
+    assert [o.result is not None for o in outcomes] == [True, True, False, False, False]
+    assert {str(o.error) for o in outcomes[2:]} == {str(outcomes[2].error)}
+    assert len(sent) == 2  # nothing after the failed chunk was sent (a FIFO group has no gap)
+    assert reads == [0, 1, 2, 3]  # and the last body was never read
+
+
+def test_large_bodies_stay_in_the_request_until_sent() -> None:
+    small = pb.Message(topic=pb.Resource(name="t"), body=b"s" * EAGER_BODY_BYTES)
+    large = pb.Message(topic=pb.Resource(name="t"), body=b"L" * (EAGER_BODY_BYTES + 1))
+    assert outgoing_from_pb(small).body == b"s" * EAGER_BODY_BYTES
+    lazy = outgoing_from_pb(large).body
+    assert isinstance(lazy, LazyBody) and lazy.size == EAGER_BODY_BYTES + 1
+    assert lazy.read() == b"L" * (EAGER_BODY_BYTES + 1)
