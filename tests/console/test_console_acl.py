@@ -103,6 +103,29 @@ def test_non_admin_reads_only_its_grants_and_may_not_write(secured: dict[str, An
         assert reset.status_code == 403
 
 
+def test_a_group_page_shows_only_the_topics_the_grant_reaches(secured: dict[str, Any]) -> None:
+    """A grant on a group for some topics showed the group's progress on every topic it had
+    consumed (other users' topics' names, offsets and lags) through the console's own keys."""
+    endpoint, group, other = secured["endpoint"], unique("mygroup-wide"), secured["other"]
+    admin_call(endpoint, "UpdateGroup", a.UpdateGroupRequest(name=group, max_attempts=3), ADMIN)
+    for topic in (secured["mine"], other):
+        admin_call(endpoint, "SendTestMessage", a.SendTestMessageRequest(topic=topic, body=b"x"),
+                   ADMIN)  # fmt: skip
+        admin_call(endpoint, "ResetOffset",
+                   a.ResetOffsetRequest(group=group, topic=topic, latest=True), ADMIN)  # fmt: skip
+    with api(secured["url"], ADMIN) as http:
+        admin_view = http.get(f"/api/v1/groups/{group}").json()
+        seen = {q["topic"] for q in admin_view.get("queues", [])}
+        assert {secured["mine"], other} <= seen, admin_view  # the admin sees both
+    with api(secured["url"], APP) as http:
+        answer = http.get(f"/api/v1/groups/{group}")
+        assert answer.status_code == 200
+        seen = {q["topic"] for q in answer.json()["queues"]}
+        assert secured["mine"] in seen and not any(other in t for t in seen), seen
+        listed = {g["name"]: g for g in http.get("/api/v1/groups").json()["groups"]}
+        assert group in listed
+
+
 def test_console_without_its_own_keys_tells_a_non_admin_why(
     secured: dict[str, Any], tmp_path: Path
 ) -> None:
