@@ -228,7 +228,8 @@ async def groups(ask: Asker) -> dict[str, Any]:
         dlq = await ask.read("ListDlq", a.ListDlqRequest(group=name, limit=1))
         rows.append({
             **plain(summary.group), "brokers": list(summary.brokers),
-            **_progress(progress.queues), "inflight": summary.inflight,
+            **_progress([q for q in progress.queues if ask.identity.can_read_topic(q.topic)]),
+            "inflight": summary.inflight,
             "dlq": dlq.total, "online_clients": online.get(name, 0),
         })  # fmt: skip
     return {"groups": rows}
@@ -239,9 +240,12 @@ async def group(ask: Asker, name: str) -> dict[str, Any]:
     settings = await ask.read("GetGroup", a.GetGroupRequest(name=name))
     progress = await ask.read("ConsumerProgress", a.ConsumerProgressRequest(group=name))
     _, clients = await ask.read_clients(name)
+    # A grant on a group may cover only some of its topics: the others' progress (names,
+    # offsets, lags) is another user's (a retry topic goes with its topic).
+    queues = [q for q in progress.queues if ask.identity.can_read_topic(q.topic)]
     return {
-        **plain(settings.group), **_progress(progress.queues),
-        "queues": [plain(q) for q in progress.queues],
+        **plain(settings.group), **_progress(queues),
+        "queues": [plain(q) for q in queues],
         "clients": [plain(c) for c in clients],
     }  # fmt: skip
 
