@@ -151,3 +151,23 @@ async def test_health_service(cluster: Cluster) -> None:
         await stub.Check(health_pb2.HealthCheckRequest(service="nope"))
     except grpc.aio.AioRpcError as exc:
         assert exc.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_send_test_message_refuses_internal_properties_and_bad_tags(cluster: Cluster) -> None:
+    """SendTestMessage stored any property: `__popmq.transaction` made a half message no
+    producer would ever check back, `__popmq.tx_trace` a spoofed trace; a bad tag or key went
+    in too. It checks them as a producer's send does."""
+    admin = admin_pb2_grpc.AdminServiceStub(cluster.channel)
+    topic = unique("t")
+    assert (await cluster.route(topic)).status.code == Code.OK
+    for bad, code in (
+        (a.SendTestMessageRequest(topic=topic, body=b"x", properties={"__popmq.transaction": "1"}),
+         Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+        (a.SendTestMessageRequest(topic=topic, body=b"x", properties={"__popmq.tx_trace": "00"}),
+         Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+        (a.SendTestMessageRequest(topic=topic, body=b"x", tag="a|b"), Code.ILLEGAL_MESSAGE_TAG),
+        (a.SendTestMessageRequest(topic=topic, body=b"x", keys=[" "]), Code.ILLEGAL_MESSAGE_KEY),
+    ):  # fmt: skip
+        assert (await admin.SendTestMessage(bad)).status.code == code
+    fine = a.SendTestMessageRequest(topic=topic, body=b"x", tag="t", properties={"k": "v"})
+    assert (await admin.SendTestMessage(fine)).status.code == Code.OK
