@@ -522,6 +522,13 @@ class Admin:
         topic = validate.topic_name(topic)
         if len(body) > MAX_TEST_BODY_BYTES:
             raise RefusedError(Code.MESSAGE_BODY_TOO_LARGE, "the body is over 4 MiB")
+        # As a producer's send is checked: a __popmq.* property would be the broker's own
+        # (__popmq.transaction made a half message that no producer would ever check back).
+        validate.tag(tag)
+        if keys:
+            validate.keys(keys)
+        if properties:
+            validate.properties(properties)
         infos = await self.cluster.topic_infos(topic)
         broker = random.choice(list(infos))
         message = Message(
