@@ -139,8 +139,9 @@ def route_request(topic: str, endpoint: str) -> s.QueryRouteRequest:
     return s.QueryRouteRequest(topic=resource(topic), endpoints=endpoints_of(endpoint))
 
 
-def message_to_pb(message: Message) -> d.Message:
-    """A message to send. The client makes the id when the caller left it empty."""
+def message_to_pb(message: Message, transactional: bool = False) -> d.Message:
+    """A message to send. The client makes the id when the caller left it empty. A
+    transactional one is stored as a half message until EndTransaction decides it."""
     system = d.SystemProperties(
         keys=message.keys,
         message_id=message.message_id or new_message_id(),
@@ -160,15 +161,30 @@ def message_to_pb(message: Message) -> d.Message:
         system.delivery_timestamp.FromMilliseconds(message.delivery_timestamp_ms)
         if not message.message_group:
             system.message_type = d.DELAY
+    if transactional:
+        system.message_type = d.TRANSACTION
     out = d.Message(user_properties=message.properties, system_properties=system, body=message.body)
     out.topic.name = message.topic
     return out
 
 
-def send_request(messages: Sequence[Message]) -> s.SendMessageRequest:
+def send_request(messages: Sequence[Message], transactional: bool = False) -> s.SendMessageRequest:
     if not messages:
         raise ValueError("send needs at least one message")
-    return s.SendMessageRequest(messages=[message_to_pb(m) for m in messages])
+    return s.SendMessageRequest(messages=[message_to_pb(m, transactional) for m in messages])
+
+
+def end_transaction_request(
+    topic: str, message_id: str, transaction_id: str, commit: bool, from_check: bool
+) -> s.EndTransactionRequest:
+    request = s.EndTransactionRequest(
+        message_id=message_id,
+        transaction_id=transaction_id,
+        resolution=d.COMMIT if commit else d.ROLLBACK,
+        source=d.SOURCE_SERVER_CHECK if from_check else d.SOURCE_CLIENT,
+    )
+    request.topic.name = topic
+    return request
 
 
 def pull_request(
@@ -331,7 +347,9 @@ class ReceiveCollector:
 def send_receipts(response: s.SendMessageResponse, count: int) -> list[SendReceipt]:
     check_status(response.status, "SendMessage", ok=(Code.OK, Code.MULTIPLE_RESULTS))
     receipts = [
-        SendReceipt(e.message_id, e.offset, e.status.code or Code.OK, e.status.message)
+        SendReceipt(
+            e.message_id, e.offset, e.status.code or Code.OK, e.status.message, e.transaction_id
+        )
         for e in response.entries
     ]
     if len(receipts) != count:

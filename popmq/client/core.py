@@ -114,14 +114,27 @@ class ClientCore:
 
     # -- produce ----------------------------------------------------------------------------
 
-    def _send(self, messages: Sequence[Message]) -> Call[list[SendReceipt]]:
+    def _send(
+        self, messages: Sequence[Message], transactional: bool = False
+    ) -> Call[list[SendReceipt]]:
         """Messages of one topic in one request; one receipt per message. Never retried."""
         count = len(messages)
         return Call(
             "SendMessage",
-            codec.send_request(messages),
+            codec.send_request(messages, transactional),
             lambda response: codec.send_receipts(response, count),
             idempotent=False,
+        )
+
+    def _end_transaction(
+        self, topic: str, message_id: str, transaction_id: str, commit: bool, from_check: bool
+    ) -> Call[None]:
+        """COMMIT or ROLLBACK a half message. Idempotent at the broker (a repeat of the
+        decision taken answers OK), so the blocking client may retry it."""
+        return Call(
+            "EndTransaction",
+            codec.end_transaction_request(topic, message_id, transaction_id, commit, from_check),
+            lambda response: codec.check_status(response.status, "EndTransaction"),
         )
 
     # -- offset-based consumption --------------------------------------------------------

@@ -61,6 +61,7 @@ class SendReceipt:
     offset: int
     code: int  # RocketMQ Code of this entry (OK = 20000)
     detail: str = ""
+    transaction_id: str = ""  # a transactional send's: what EndTransaction names
 
 
 @dataclass(slots=True, frozen=True)

@@ -165,16 +165,28 @@ class Client(ClientCore):
 
     # -- produce ----------------------------------------------------------------------------
 
-    def send(self, messages: Sequence[Message]) -> list[SendReceipt]:
-        return self.send_async(messages).result()
+    def send(self, messages: Sequence[Message], transactional: bool = False) -> list[SendReceipt]:
+        return self.send_async(messages, transactional).result()
 
-    def send_async(self, messages: Sequence[Message]) -> PendingSend:
-        """Start one SendMessage (messages of one topic); keep several in flight to pipeline."""
-        call = self._send(messages)
+    def send_async(self, messages: Sequence[Message], transactional: bool = False) -> PendingSend:
+        """Start one SendMessage (messages of one topic); keep several in flight to pipeline.
+        Transactional messages stay half messages until end_transaction decides each."""
+        call = self._send(messages, transactional)
         future = self._stub.SendMessage.future(
             call.request, timeout=self.timeout_s, metadata=self._meta()
         )
         return PendingSend(future, call.decode, lambda e: self._unavailable(call.rpc, e))
+
+    def end_transaction(
+        self,
+        topic: str,
+        message_id: str,
+        transaction_id: str,
+        commit: bool,
+        from_check: bool = False,
+    ) -> None:
+        """EndTransaction COMMIT (commit=True) or ROLLBACK of one half message."""
+        self._run(self._end_transaction(topic, message_id, transaction_id, commit, from_check))
 
     # -- offset-based consumption --------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""popmq's Spark connector: format("popmq") for PySpark 4.3's Python Data Source API.
+"""popmq's Spark connector: format("popmq") for PySpark's Python Data Source API (>= 4.2).
 
     # installed with pip, PySpark finds format("popmq") by itself (the pyspark_popmq module);
     # popmq.spark.register(spark) does it explicitly (editable installs, old code).
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from popmq.spark.compat import MIN_PYSPARK  # first: refuses too old a PySpark
 from popmq.spark.datasource import PopmqDataSource
 from popmq.spark.options import OptionError
 from popmq.spark.pop_ack import AckReport, ack_messages, pop_foreach_batch
@@ -32,6 +33,7 @@ def register(spark: SparkSession) -> None:
 
 __all__ = [
     "FORMAT",
+    "MIN_PYSPARK",
     "AckReport",
     "DataLossError",
     "OptionError",

@@ -46,17 +46,24 @@ class PopmqDataSource(DataSource):
         return OffsetStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        options, ordered = self._write_setup(schema, overwrite)
+        options, ordered = self._write_setup(schema, overwrite, streaming=False)
         return BatchWriter(options, ordered)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        options, ordered = self._write_setup(schema, overwrite)
+        options, ordered = self._write_setup(schema, overwrite, streaming=True)
         return StreamWriter(options, ordered)
 
-    def _write_setup(self, schema: StructType, overwrite: bool):
+    def _write_setup(self, schema: StructType, overwrite: bool, streaming: bool):
         if overwrite:
             raise OptionError("topics are append-only: write with mode('append')")
         check_write_schema(schema)
         names = {field.name for field in schema.fields}
-        options = parse_write_options(self.options, has_topic_column="topic" in names)
+        options = parse_write_options(
+            self.options, has_topic_column="topic" in names, streaming=streaming
+        )
+        if options.exactly_once and names & {"message_group", "delivery_timestamp"}:
+            raise OptionError(
+                "exactlyOnce sends transactional messages, which can have neither a "
+                "'message_group' nor a 'delivery_timestamp' column"
+            )
         return options, "message_group" in names

@@ -152,6 +152,12 @@ class WriteOptions:
     topic: str  # may be empty when the DataFrame has a topic column
     send_batch_size: int
     max_inflight: int
+    # exactlyOnce: where the sink records each committed batch (a local or mounted directory)
+    commit_log: str | None = None
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.commit_log is not None
 
 
 _COMMON = {
@@ -182,7 +188,7 @@ READ_OPTIONS = _COMMON | {
     "minoffsetspertrigger",
     "maxtriggerdelay",
 }
-WRITE_OPTIONS = _COMMON | {"sendbatchsize", "maxinflight"}
+WRITE_OPTIONS = _COMMON | {"sendbatchsize", "maxinflight", "exactlyonce", "commitlogdir"}
 # Spark adds these on its own for some calls.
 _SPARK_OWNED = {"path", "checkpointlocation", "__partition_columns"}
 
@@ -253,6 +259,8 @@ def _display(lower: str) -> str:
         "maxmessages": "maxMessages",
         "sendbatchsize": "sendBatchSize",
         "maxinflight": "maxInflight",
+        "exactlyonce": "exactlyOnce",
+        "commitlogdir": "commitLogDir",
         "subscribepattern": "subscribePattern",
         "maxoffsetspertrigger": "maxOffsetsPerTrigger",
         "startingtimestamp": "startingTimestamp",
@@ -444,15 +452,58 @@ def _max_per_trigger(options: _Options) -> int | None:
     return ours if ours is not None else kafka
 
 
-def parse_write_options(raw: Mapping[str, str], has_topic_column: bool) -> WriteOptions:
+def parse_write_options(
+    raw: Mapping[str, str], has_topic_column: bool, streaming: bool = False
+) -> WriteOptions:
     options = _Options(raw, WRITE_OPTIONS, "df.write.format('popmq')")
     connection = _connection(options)
     topic = options.text("topic", "") or ""
     if not topic and not has_topic_column:
         raise OptionError("option 'topic' is required (or give the DataFrame a 'topic' column)")
+    commit_log = None
+    if options.boolean("exactlyOnce", False):
+        if has_topic_column or not topic:
+            raise OptionError(
+                "exactlyOnce writes one topic: give option 'topic' and no 'topic' column"
+            )
+        commit_log = _commit_log_dir(options, streaming)
     return WriteOptions(
         connection=connection,
         topic=topic,
         send_batch_size=options.integer("sendBatchSize", 64) or 1,
         max_inflight=options.integer("maxInflight", 8) or 1,
+        commit_log=commit_log,
     )
+
+
+# Under the query's checkpoint: the sink's record of committed batches (exactly_once.py).
+COMMIT_LOG_SUBDIR = "popmq-exactly-once"
+
+
+def _commit_log_dir(options: _Options, streaming: bool) -> str:
+    """commitLogDir, or for a stream <checkpointLocation>/popmq-exactly-once. Python's own
+    file calls write it, so it must be a local or mounted path (file: URIs are accepted)."""
+    given = options.text("commitLogDir")
+    if given is None and streaming:
+        checkpoint = options.text("checkpointLocation")
+        if checkpoint is not None:
+            given = str(Path(_local_path(checkpoint, "checkpointLocation")) / COMMIT_LOG_SUBDIR)
+    if given is None:
+        raise OptionError(
+            "exactlyOnce needs a directory for its commit log: a stream's option "
+            "'checkpointLocation', or option 'commitLogDir' (required for batch writes)"
+        )
+    return str(Path(_local_path(given, "commitLogDir")).absolute())
+
+
+def _local_path(value: str, name: str) -> str:
+    if value.startswith("file://"):
+        return value.removeprefix("file://")
+    if value.startswith("file:"):
+        return value.removeprefix("file:")
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value):
+        raise OptionError(
+            f"option '{name}'={value!r}: exactlyOnce keeps its commit log with Python's file "
+            "calls, so it needs a local or mounted path; give option 'commitLogDir'"
+        )
+    return value

@@ -37,6 +37,10 @@ SERVER_SETTINGS = {
     "proxy.min_invisible_ms": 500,
     "broker.pop.min_invisible_ms": 500,
     "broker.pop.time_scale": 0.01,  # retry backoff "1s" becomes 10 ms
+    # Orphaned half messages of the exactly-once sink are checked back within a second.
+    "broker.transaction.check_immunity_ms": 500,
+    "broker.transaction.check_interval_ms": 500,
+    "proxy.transaction_check_poll_ms": 100,
 }
 QUEUES_PER_BROKER = 2
 

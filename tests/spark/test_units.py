@@ -150,3 +150,12 @@ def test_connection_security_options() -> None:
     assert (str(mtls.cert_file), str(mtls.key_file)) == ("/c.pem", "/k.pem")
     with pytest.raises(OptionError, match="tlsKeyFile"):
         parse_read_options({"endpoint": "h:1", "topic": "t", "tlsCertFile": "/c.pem"}, False)
+
+
+def test_pyspark_older_than_4_2_is_refused_with_its_version() -> None:
+    from popmq.spark.compat import check_pyspark
+
+    check_pyspark("4.2.0")
+    check_pyspark("4.3.0")
+    with pytest.raises(ImportError, match=r"PySpark >= 4\.2.*this is PySpark 4\.1\.4"):
+        check_pyspark("4.1.4")
