@@ -126,6 +126,47 @@ def test_a_group_page_shows_only_the_topics_the_grant_reaches(secured: dict[str,
         assert group in listed
 
 
+def test_a_client_shows_a_non_admin_only_the_topics_its_grant_reaches(
+    secured: dict[str, Any],
+) -> None:
+    """A client of a group the user may see was listed with every topic it subscribed to,
+    other users' topics included (their names)."""
+    import grpc
+
+    from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+    from popmq.pb.rocketmq.v2 import service_pb2 as s
+    from popmq.pb.rocketmq.v2 import service_pb2_grpc
+    from popmq.security.signature import signed_metadata
+
+    group, client_id = unique("mygroup-c"), unique("client")
+    admin_call(secured["endpoint"], "UpdateGroup", a.UpdateGroupRequest(name=group, max_attempts=3),
+               ADMIN)  # fmt: skip
+    topics = [secured["mine"], secured["other"]]
+    settings = pb.Settings(
+        client_type=pb.SIMPLE_CONSUMER,
+        subscription=pb.Subscription(
+            group=pb.Resource(name=group),
+            subscriptions=[pb.SubscriptionEntry(topic=pb.Resource(name=t)) for t in topics],
+        ),
+    )
+    metadata = [*signed_metadata(*ADMIN), ("x-mq-client-id", client_id)]
+    with grpc.insecure_channel(secured["endpoint"]) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        answers = stub.Telemetry(iter([s.TelemetryCommand(settings=settings)]), metadata=metadata)
+        assert next(answers).status.code == 20000
+        answers.cancel()
+    with api(secured["url"], ADMIN) as http:
+        row = next(c for c in http.get("/api/v1/clients").json()["clients"]
+                   if c["client_id"] == client_id)  # fmt: skip
+        assert sorted(row["topics"]) == sorted(topics)
+    with api(secured["url"], APP) as http:
+        rows = [c for c in http.get("/api/v1/clients").json()["clients"]
+                if c["client_id"] == client_id]  # fmt: skip
+        assert [r["topics"] for r in rows] == [[secured["mine"]]], rows
+        page = http.get(f"/api/v1/groups/{group}").json()
+        assert [c["topics"] for c in page.get("clients", [])] == [[secured["mine"]]], page
+
+
 def test_console_without_its_own_keys_tells_a_non_admin_why(
     secured: dict[str, Any], tmp_path: Path
 ) -> None:
