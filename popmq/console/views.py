@@ -246,7 +246,7 @@ async def group(ask: Asker, name: str) -> dict[str, Any]:
     return {
         **plain(settings.group), **_progress(queues),
         "queues": [plain(q) for q in queues],
-        "clients": [plain(c) for c in clients],
+        "clients": [_client_row(ask.identity, c) for c in clients],
     }  # fmt: skip
 
 
@@ -357,13 +357,22 @@ async def clients(ask: Asker) -> dict[str, Any]:
     proxy, found = await ask.read_clients()
     identity = ask.identity
     rows = [
-        plain(c)
+        _client_row(identity, c)
         for c in found
         if identity.admin
         or (c.group and identity.can_see_group(c.group))
         or (c.topics and all(identity.can_read_topic(t) for t in c.topics))
     ]
     return {"proxy": proxy, "clients": rows}
+
+
+def _client_row(identity: Identity, client: Any) -> dict[str, Any]:
+    """A client as a user may see it: a non-admin sees only the topics its grants reach (a
+    client of a group it may see can also consume another user's topics)."""
+    row = plain(client)
+    if not identity.admin:
+        row["topics"] = [t for t in client.topics if identity.can_read_topic(t)]
+    return row
 
 
 # What /longpoll shows of the proxy's metrics (labels kept: strategy, mode, broker).
