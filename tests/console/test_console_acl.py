@@ -396,3 +396,30 @@ def test_a_stranger_guessing_a_key_does_not_lock_out_where_it_signs_in() -> None
     assert limiter.retry_after("10.0.0.1", "ops") > 0  # its own address bucket still counts
     limiter.failed("10.0.0.7", "k" * 100_000)
     assert max(len(key) for key in limiter._buckets) <= 100
+
+
+async def test_a_stranger_guessing_does_not_lock_out_an_api_caller_where_it_signs_in(
+    secured: dict[str, Any],
+) -> None:
+    """HTTP Basic on the API: as with /login's form, an address that has signed in as a key
+    is not held by that key's bucket, which strangers elsewhere can drain."""
+    import httpx
+
+    from popmq.console import login_limit
+    from popmq.console.app import build_app
+    from popmq.console.login_limit import LoginLimiter
+    from popmq.console.state import ConsoleState
+
+    state = ConsoleState(AdminTarget(secured["endpoint"]))
+    state.logins = LoginLimiter(clock=lambda: 0.0)
+    http = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=build_app(state)), base_url="http://testserver"
+    )
+    try:
+        assert (await http.get("/api/v1/whoami", auth=ADMIN)).status_code == 200
+        for i in range(login_limit.BURST):
+            state.logins.failed(f"10.6.6.{i}", ADMIN[0])
+        assert (await http.get("/api/v1/whoami", auth=ADMIN)).status_code == 200
+    finally:
+        await http.aclose()
+        await state.client.close()
