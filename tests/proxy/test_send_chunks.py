@@ -116,3 +116,27 @@ async def test_a_queue_batch_with_a_fifo_group_never_moves_to_another_broker(
     assert {name for name, groups in calls if "g" in groups} == {calls[0][0]}
     assert outcomes[0].result is not None
     assert [o.result is None for o in outcomes[1:]] == [True, True, True]
+
+
+async def test_a_client_gets_each_message_s_status_in_order_when_a_chunk_fails(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through SendMessage: the stored messages OK with their offsets, every later one the
+    failed chunk's error under its own message id, in the request's order; and exactly the
+    stored ones are delivered."""
+    sender = cluster.server.core.sender
+    monkeypatch.setattr(send_module, "SEND_CHUNK_BYTES", 1000)
+    reads: list[int] = []
+    sent = _record(sender, monkeypatch, reads, fail_call=2)
+    topic = unique("t")
+    bodies = [bytes([65 + i]) * 400 for i in range(5)]
+    response = await cluster.send(topic, *bodies, group="g")
+    ids = [e.message_id for e in response.entries]
+    assert len(ids) == 5 and len(set(ids)) == 5 and len(sent) == 2
+    assert response.status.code == Code.MULTIPLE_RESULTS
+    assert [e.status.code for e in response.entries] == [Code.OK] * 2 + [Code.INTERNAL_ERROR] * 3
+    assert "chunk refused" in response.entries[4].status.message
+    assert response.entries[1].offset == response.entries[0].offset + 1
+    _, received, _ = await cluster.receive(unique("g"), topic)
+    assert [m.body for m in received] == bodies[:2]
+    assert [m.system_properties.message_id for m in received] == ids[:2]
