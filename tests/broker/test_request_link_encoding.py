@@ -50,7 +50,9 @@ def link_requests(draw: st.DrawFn) -> tuple[pb.LinkRequest, Encoded]:
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(link_requests(), max_size=6))
-def test_a_frame_reads_as_the_requests_it_carries(items: list[tuple[pb.LinkRequest, Encoded]]) -> None:
+def test_a_frame_reads_as_the_requests_it_carries(
+    items: list[tuple[pb.LinkRequest, Encoded]],
+) -> None:
     data = frame([e for _, e in items])
     expected = pb.LinkRequests(requests=[m for m, _ in items])
     assert pb.LinkRequests.FromString(data) == expected
