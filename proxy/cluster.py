@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+import anyio
 from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
 from popmq.broker.contract.message_types import (
     CREATABLE,
@@ -133,6 +134,10 @@ class BrokerCluster(AsyncClosing):
         # queue and waits for it instead of moving (which would break its order).
         self._known_queues: dict[tuple[str, str], int] = {}
         self._draining: set[str] = set()  # brokers that take no new sends
+        # Set (and replaced) at each change of ports: receives waiting out a leader change
+        # ask the new leader at once (popmq.proxy.longpoll.base._poll_through_outages).
+        self._changed: anyio.Event | None = None  # made when first awaited (needs a loop)
+        self._change_listeners: set[Callable[[], None]] = set()
         # The replicated broker groups as etcd last said (proxy/discovery.py sets it; empty
         # without etcd): leaders, epochs, in-sync sets and lags, for cluster status.
         self.group_views: dict[str, GroupView] = {}
@@ -177,7 +182,32 @@ class BrokerCluster(AsyncClosing):
         self._ports[port.name] = port
         self._down_until.pop(port.name, None)
         self._routes.clear()
+        self._note_change()
         return old
+
+    def membership_changed(self) -> anyio.Event:
+        """An event set at the next put_port or remove_port."""
+        if self._changed is None:
+            self._changed = anyio.Event()
+        return self._changed
+
+    def listen_changes(self, listener: Callable[[], None], *, on: bool) -> None:
+        """Call ``listener`` at each put_port / remove_port (``on``), or stop calling it."""
+        if on:
+            self._change_listeners.add(listener)
+        else:
+            self._change_listeners.discard(listener)
+
+    def _note_change(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+        for listener in list(self._change_listeners):
+            listener()
+
+    def current_ports(self, names: Sequence[str]) -> list[BrokerPort]:
+        """The ports now behind these names (a name gone from the cluster is left out)."""
+        return [port for name in names if (port := self._ports.get(name)) is not None]
 
     def remove_port(self, name: str) -> BrokerPort | None:
         """Take a broker out (`popmq admin brokers remove`); its port, for the caller to close."""
@@ -186,6 +216,7 @@ class BrokerCluster(AsyncClosing):
         self._draining.discard(name)
         self._known_queues = {k: v for k, v in self._known_queues.items() if k[1] != name}
         self._routes.clear()
+        self._note_change()
         return old
 
     def set_draining(self, name: str, draining: bool) -> None:
@@ -214,8 +245,10 @@ class BrokerCluster(AsyncClosing):
                 return await port.get_topic(topic, auto_create=auto_create)
             except BrokerUnavailableError as exc:
                 # A broker that is down leaves the route (as a name server drops it) until
-                # it answers again; the others keep serving the topic.
-                log.warning("broker %s left out of the route of %s: %s", port.name, topic, exc)
+                # it answers again; the others keep serving the topic. Logged when it goes
+                # down, not at every lookup while it stays down (a leaderless group).
+                if not self.is_down(port.name):
+                    log.warning("broker %s left out of the route of %s: %s", port.name, topic, exc)
                 self._down_until[port.name] = self._clock.monotonic() + CACHE_TTL_S
                 unavailable.append(exc)
                 return None

@@ -77,6 +77,12 @@ class ProxyMetrics:
             "popmq_proxy_empty_responses", "Receive calls answered with no message",
             ["strategy"], registry=r,
         )  # fmt: skip
+        self.unavailable_receives = Counter(
+            "popmq_proxy_unavailable_receives",
+            "Receive calls that found every broker they could ask unavailable (down, or its "
+            "group without a leader) and waited for one instead of failing",
+            ["strategy"], registry=r,
+        )  # fmt: skip
         self.false_empty_responses = Counter(
             "popmq_proxy_false_empty_responses",
             "Empty answers while some broker held a visible message for the group",
@@ -174,6 +180,8 @@ class ProxyMetrics:
         )  # fmt: skip
         self.broker_links = _LinkCollector()
         r.register(self.broker_links)
+        self.broker_request_links = _RequestLinkCollector()
+        r.register(self.broker_request_links)
 
     def transaction_checks(self, count: int) -> None:
         if count:
@@ -189,8 +197,9 @@ class ProxyMetrics:
 
     def watch_links(self, ports: Sequence[Any]) -> None:
         """Report each broker link's losses and watches (``popmq proxy`` in front of remote
-        brokers; in-process ports have no link to lose)."""
+        brokers; in-process ports have no link to lose), and their request links' failures."""
         self.broker_links.ports = ports
+        self.broker_request_links.ports = ports
 
 
 class _LinkCollector(Collector):
@@ -218,3 +227,25 @@ class _LinkCollector(Collector):
                 watches.add_metric([port.name], link.watches)
         yield losses
         yield watches
+
+
+class _RequestLinkCollector(Collector):
+    """popmq_proxy_broker_request_link_failures read from the ports' request links at scrape
+    time (the link counts them: the broker layer knows nothing of the proxy's metrics)."""
+
+    _name = "popmq_proxy_broker_request_link_failures"  # what tests/deploy read off collectors
+    _labelnames = ("broker",)
+
+    def __init__(self) -> None:
+        self.ports: Sequence[Any] = ()
+
+    def collect(self) -> Iterator[Metric]:
+        failures = CounterMetricFamily(
+            self._name, "Requests to a broker failed because their request-link stream was lost",
+            labels=["broker"],
+        )  # fmt: skip
+        for port in self.ports:
+            link = getattr(port, "request_link", None)
+            if link is not None:
+                failures.add_metric([port.name], link.health.failures)
+        yield failures

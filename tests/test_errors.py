@@ -90,11 +90,15 @@ def test_broker_port_maps_grpc_errors_in_one_place(
     assert code_of(caught.value) == (code, caught.value.message)
 
 
-def test_only_transport_errors_mean_broker_down() -> None:
+def test_transport_errors_and_a_group_without_leader_mean_broker_down() -> None:
     assert is_broker_down(BrokerUnavailableError("b", "gone"))
     assert is_broker_down(BrokerTimeoutError("b", "slow"))
     assert not is_broker_down(RefusedError(Code.PROXY_TIMEOUT, "a refusal, whatever its code"))
     assert not is_broker_down(BrokerAuthError("b", "UNAUTHENTICATED"))
+    # A replicated group between leaders (issue 19): its next leader may serve the receive.
+    assert is_broker_down(RefusedError(Code.HA_NOT_AVAILABLE, "no leader"))
+    assert is_broker_down(RefusedError(Code.SLAVE_PERSISTENCE_TIMEOUT, "in-sync follower lost"))
+    assert not is_broker_down(RefusedError(Code.FORBIDDEN, "the client's own"))
 
 
 @pytest.mark.parametrize(

@@ -124,11 +124,45 @@ class LinkUnsupportedError(BrokerUnavailableError):
     """The broker has no Call method (an older broker): nothing was sent; use unary calls."""
 
 
+class LinkHealth:
+    """Whether a broker's request link works, shared by its streams: while the broker is down
+    every request opens a stream that fails, so the log says so once when it goes down and once
+    when it is back, and the failed requests are counted (``failures``), not logged one by one."""
+
+    def __init__(self, broker: str) -> None:
+        self._broker = broker
+        self.down = False
+        self.failures = 0  # requests failed by a lost stream, over the link's life
+
+    def lost(self, reason: str, requests: int) -> None:
+        self.failures += requests
+        if self.down:
+            log.debug("request link to broker %s still down (%s)", self._broker, reason)
+            return
+        self.down = True
+        log.warning(
+            "request link to broker %s is down (%s): requests fail as unavailable until it is "
+            "back (counted in popmq_proxy_broker_request_link_failures)", self._broker, reason,
+        )  # fmt: skip
+
+    def answered(self) -> None:
+        if self.down:
+            self.down = False
+            log.info("request link to broker %s is back", self._broker)
+
+
 class LinkStream:
     """One Call stream: requests out through a queue, answers matched to waiters by id."""
 
-    def __init__(self, broker: str, open_call: Callable[[Any], Any], window: int) -> None:
+    def __init__(
+        self,
+        broker: str,
+        open_call: Callable[[Any], Any],
+        window: int,
+        health: LinkHealth | None = None,
+    ) -> None:
         self._broker = broker
+        self.health = health if health is not None else LinkHealth(broker)
         self._open_call = open_call
         self.window = asyncio.Semaphore(max(1, window))
         self.pending: dict[int, asyncio.Future[pb.LinkResponse]] = {}
@@ -167,6 +201,7 @@ class LinkStream:
                 self._call = call = self._open_call(_drain(outbox))
                 self.connects += 1
                 async for answers in call:
+                    self.health.answered()
                     for answer in answers.responses:
                         waiter = self.pending.pop(answer.id, None)
                         if waiter is not None and not waiter.done():
@@ -201,10 +236,7 @@ class LinkStream:
         self._call = None
         if self.pending:
             self.losses += 1
-            log.warning(
-                "request link to broker %s lost (%s): %d requests in flight fail as "
-                "unavailable", self._broker, reason, len(self.pending),
-            )  # fmt: skip
+            self.health.lost(reason, len(self.pending))
         error: Exception
         if code == grpc.StatusCode.UNAUTHENTICATED:  # a deployment fault: say which
             error = BrokerAuthError(self._broker, reason)
@@ -236,7 +268,10 @@ class RequestLink:
         self._broker = broker
         # The transport's message limit: a request past it would end the stream it rides on.
         self._max_request_bytes = max_request_bytes
-        self.streams = [LinkStream(broker, open_call, window) for _ in range(max(1, streams))]
+        self.health = LinkHealth(broker)
+        self.streams = [
+            LinkStream(broker, open_call, window, self.health) for _ in range(max(1, streams))
+        ]
         self._turn = itertools.count()
         self._ids = itertools.count(1)
 

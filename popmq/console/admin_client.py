@@ -44,11 +44,14 @@ class AdminTarget:
 
 
 class ConsoleError(Exception):
-    def __init__(self, http_status: int, code: str, message: str) -> None:
+    def __init__(
+        self, http_status: int, code: str, message: str, retry_after: int | None = None
+    ) -> None:
         super().__init__(message)
         self.http_status = http_status
         self.code = code
         self.message = message
+        self.retry_after = retry_after  # seconds, for a 429's Retry-After
 
 
 def http_status_of(code: int) -> int:

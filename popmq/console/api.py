@@ -1,7 +1,8 @@
 """The JSON API under /api/v1/: everything the pages show, for scripts and tests.
 
 Authentication: HTTP Basic with an access key and secret key (or the pages' session cookie).
-No credentials on a proxy with an ACL: 401 with a Basic challenge. Writes take a JSON body
+No credentials on a proxy with an ACL: 401 with a Basic challenge; too many wrong key pairs:
+429 with Retry-After (login_limit.py, as the login form). Writes take a JSON body
 (application/json), which a cross-site form cannot send.
 """
 
@@ -24,7 +25,9 @@ Handler = Callable[[Asker, Request], Awaitable[dict[str, Any]]]
 
 
 def error_response(exc: ConsoleError) -> JSONResponse:
-    headers = {"WWW-Authenticate": 'Basic realm="popmq"'} if exc.http_status == 401 else None
+    headers = {"WWW-Authenticate": 'Basic realm="popmq"'} if exc.http_status == 401 else {}
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(exc.retry_after)
     return JSONResponse(
         {"error": {"code": exc.code, "message": exc.message}}, exc.http_status, headers=headers
     )

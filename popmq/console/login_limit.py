@@ -1,4 +1,5 @@
-"""How often /login may fail: a token bucket per client address and one per access key.
+"""How often signing in may fail (the /login form, and HTTP Basic on the API and pages): a token
+bucket per client address and one per access key.
 
 A wrong key pair costs its address and the access key it named one token each; with either
 bucket empty the form answers 429 with Retry-After, before the proxy is asked. So one address

@@ -74,7 +74,10 @@ def page(handler: Page) -> Callable[[Request], Awaitable[Response]]:
             if exc.http_status == 401:
                 return _login_redirect(request)
             me = ask.identity if ask is not None else None
-            return _render(request, "error.html", {"me": me, "error": exc}, exc.http_status)
+            response = _render(request, "error.html", {"me": me, "error": exc}, exc.http_status)
+            if exc.retry_after is not None:
+                response.headers["Retry-After"] = str(exc.retry_after)
+            return response
 
     return run
 

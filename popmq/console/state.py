@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
-from popmq.console.admin_client import AdminClient, AdminTarget, Credentials
+from popmq.console.admin_client import AdminClient, AdminTarget, ConsoleError, Credentials
 from popmq.console.identity import Sessions, basic_credentials, who_is
 from popmq.console.login_limit import LoginLimiter
 from popmq.console.views import Asker, Rates
@@ -35,8 +35,25 @@ class ConsoleState:
 
     async def asker(self, request: Request) -> Asker:
         """Who is asking (ConsoleError 401 if the proxy has an ACL and they do not sign in)."""
-        _, credentials = self.credentials_of(request)
-        identity = await who_is(self.client, credentials)
+        by_basic, credentials = self.credentials_of(request)
+        if not by_basic or credentials is None:
+            identity = await who_is(self.client, credentials)
+            return Asker(self.client, identity, self.reader)
+        # HTTP Basic names a key pair on every request: limited like /login's form, or the
+        # API would let a secret be guessed at the proxy's speed.
+        address = request.client.host if request.client else ""
+        wait = self.logins.retry_after(address, credentials.access_key)
+        if wait:
+            raise ConsoleError(
+                429, "TOO_MANY_REQUESTS", f"too many failed sign-ins: try again in {wait} s",
+                retry_after=wait,
+            )  # fmt: skip
+        try:
+            identity = await who_is(self.client, credentials)
+        except ConsoleError as exc:
+            if exc.http_status in (401, 403):
+                self.logins.failed(address, credentials.access_key)
+            raise
         return Asker(self.client, identity, self.reader)
 
 

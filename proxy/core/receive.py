@@ -10,23 +10,27 @@ carries the group, topic, batch, invisible time, filter and FIFO flag).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
+import anyio
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import (
     FILTER_SQL92,
     FilterExpression,
+    GroupConfig,
     PoppedMessage,
     PopRequest,
 )
 from popmq.proxy.admission import LongPollAdmission, refuse
-from popmq.proxy.cluster import BrokerCluster
+from popmq.proxy.cluster import BrokerCluster, TopicRoute
 from popmq.proxy.core import validate
 from popmq.proxy.core.context import RequestContext
 from popmq.proxy.core.times import SecondsNanos, invisible_duration_ms, polling_duration_ms
-from popmq.proxy.longpoll.base import LongPollRequest, LongPollStrategy
+from popmq.proxy.longpoll.base import LongPollRequest, LongPollStrategy, is_broker_down
+from popmq.proxy.longpoll.calls import BACKOFF_MAX_S, BACKOFF_START_S, remaining_ms
 from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.registry import ClientRegistry
 from popmq.proxy.renewal import HandleRenewer
@@ -184,8 +188,11 @@ class Receiver:
         )
         poll_ms = polling_time_ms(requested, ctx.remaining_ms(), config, self.load_reserve_ms())
         expression = filter_of(request.filter_kind, request.filter_expression)
-        route = await self.cluster.route(topic, create=ctx.create_topic(topic))
-        group_config = await self.cluster.group(group)
+        found = await self._route_and_group(topic, group, ctx, poll_ms)
+        if found is None:  # no broker answered within the poll time: an empty answer
+            pop = PopRequest(group=group, topic=topic, queue_id=-1, max_messages=1)
+            return ReceivePlan(brokers=[], long_poll=LongPollRequest(pop=pop, poll_ms=0))
+        route, group_config, poll_ms = found
         preferred = request.broker or None
         if preferred not in route.brokers:
             preferred = None
@@ -201,9 +208,42 @@ class Receiver:
         )
         return ReceivePlan(
             brokers=self.cluster.live_ports(list(route.brokers)),
-            long_poll=LongPollRequest(pop=pop, poll_ms=poll_ms, preferred_broker=preferred),
+            long_poll=LongPollRequest(
+                pop=pop, poll_ms=poll_ms, preferred_broker=preferred, source=self.cluster
+            ),
             renew_for=RenewFor(ctx.client_id, ctx.access_key) if auto_renew else None,
         )
+
+    async def _route_and_group(
+        self, topic: str, group: str, ctx: RequestContext, poll_ms: int
+    ) -> tuple[TopicRoute, GroupConfig, int] | None:
+        """The topic's route and the group's config, with the poll time left after finding
+        them. While no broker of the topic can answer (down, or its group has no leader: a
+        leader change), the receive waits for a change of ports within its poll time, as
+        the long poll itself does (docs/longpolling.md, "Brokers down or leaderless");
+        None if the poll time ran out first. A refusal (no such topic, ...) fails at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + poll_ms / 1000
+        backoff = BACKOFF_START_S
+        waited = False
+        while True:
+            try:
+                route = await self.cluster.route(topic, create=ctx.create_topic(topic))
+                config = await self.cluster.group(group)
+                return route, config, (remaining_ms(deadline) if waited else poll_ms)
+            except Exception as exc:
+                if not is_broker_down(exc):
+                    raise
+                if not waited:
+                    self.metrics.unavailable_receives.labels(self.strategy.name).inc()
+                    waited = True
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            changed = self.cluster.membership_changed()
+            with anyio.move_on_after(min(backoff, left)):
+                await changed.wait()
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def _is_push_consumer(self, ctx: RequestContext) -> bool:
         """Renewal needs a client this proxy hears from (telemetry/heartbeat), so it can stop

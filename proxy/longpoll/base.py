@@ -11,20 +11,38 @@ from __future__ import annotations
 import abc
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import anyio
 from popmq.broker.contract.port import ConsumePort
 from popmq.broker.contract.types import PROP_TRACE_CONTEXT, PoppedMessage, PopRequest
-from popmq.proxy.longpoll.calls import BrokerCalls
+from popmq.proxy.longpoll.calls import BACKOFF_MAX_S, BACKOFF_START_S, BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.metrics import ProxyMetrics
 
-from popmq.errors import RefusedError, TransportError
+from popmq.errors import Code, PopmqError, RefusedError, TransportError
 from popmq.lifecycle import AsyncClosing
 from popmq.tracing import link_to, start_span
+
+
+class BrokerSource(Protocol):
+    """Where a receive finds the current port of a broker (group) it was planned on: a
+    leader change replaces the port while the receive holds (the proxy's BrokerCluster)."""
+
+    def current_ports(self, names: Sequence[str]) -> Sequence[ConsumePort]:
+        """The ports now behind these names (names gone from the cluster are left out)."""
+        ...
+
+    def membership_changed(self) -> anyio.Event:
+        """An event set at the next change of ports (a new leader, a leaderless group)."""
+        ...
+
+    def listen_changes(self, listener: Callable[[], None], *, on: bool) -> None:
+        """Call ``listener`` at each change of ports (``on``), or stop calling it: a receive
+        waiting for notifications learns of a new leader without a task of its own."""
+        ...
 
 
 @dataclass(slots=True)
@@ -37,6 +55,9 @@ class LongPollRequest:
     poll_ms: int
     # The broker of the client's message_queue, if any (the plain pop strategy goes there).
     preferred_broker: str | None = None
+    # Where the brokers' current ports are found when every one of them is unavailable (a
+    # leader change): the receive waits for a change there and asks the new ports.
+    source: BrokerSource | None = None
 
 
 @runtime_checkable
@@ -94,10 +115,25 @@ def is_refused_request(exc: BaseException) -> bool:
     return 400 <= family < 500 and family not in (404, 408, 429)
 
 
+# A replicated group that cannot serve now: no leader, a fenced leader or a follower
+# (HA_NOT_AVAILABLE), or a write whose sync barrier timed out (its in-sync follower lost).
+_GROUP_UNAVAILABLE = frozenset(
+    {Code.HA_NOT_AVAILABLE, Code.MASTER_PERSISTENCE_TIMEOUT, Code.SLAVE_PERSISTENCE_TIMEOUT}
+)
+
+
 def is_broker_down(exc: BaseException) -> bool:
-    """A broker that cannot answer (down, unreachable, hung): another broker may serve the
-    receive. Any other error (a refused request) would be the same on every broker."""
-    return isinstance(exc, TransportError)
+    """A broker that cannot answer (down, unreachable, hung) or a broker group that cannot
+    serve now (a leader change): another broker, or the same group's next leader, may serve
+    the receive. Any other error (a refused request) would be the same on every broker."""
+    if isinstance(exc, TransportError):
+        return True
+    return isinstance(exc, PopmqError) and exc.code in _GROUP_UNAVAILABLE
+
+
+class PortsMoved(Exception):
+    """A held receive's broker got a new port (its group elected another leader): the base
+    polls the current ports for the rest of the poll time."""
 
 
 class StrategyBase(AsyncClosing):
@@ -122,6 +158,7 @@ class StrategyBase(AsyncClosing):
         # polls are 500 receives a second).
         self._long_polls = metrics.long_polls.labels(self.label)
         self._empty = metrics.empty_responses.labels(self.label)
+        self._unavailable = metrics.unavailable_receives.labels(self.label)
         self._latency = {result: metrics.receive_latency.labels(self.label, result)
                          for result in ("found", "empty", "cancelled", "error")}  # fmt: skip
         self.probe_false_empty = probe_false_empty
@@ -169,7 +206,7 @@ class StrategyBase(AsyncClosing):
         custody = Custody(lambda port, msgs: self.calls.release(port, request.pop, msgs))
         try:
             if request.poll_ms <= 0:
-                await self._poll(brokers, request, deadline, custody)
+                await self._poll_through_outages(brokers, request, deadline, custody)
             else:
                 # The deadline is a cancel scope: it cancels _poll (a broker's own timeout
                 # still raises); drain() ends it early the same way.
@@ -177,7 +214,7 @@ class StrategyBase(AsyncClosing):
                 self._held.add(scope)
                 try:
                     with scope:
-                        await self._poll(brokers, request, deadline, custody)
+                        await self._poll_through_outages(brokers, request, deadline, custody)
                 finally:
                     self._held.discard(scope)
         except BaseException as exc:
@@ -198,6 +235,54 @@ class StrategyBase(AsyncClosing):
                 targets = self._probe_targets(brokers, request.pop)
                 self.calls.probe_false_empty(targets, request.pop, self.label)
         return messages
+
+    async def _poll_through_outages(
+        self,
+        brokers: Sequence[ConsumePort],
+        request: LongPollRequest,
+        deadline: float,
+        custody: Custody,
+    ) -> None:
+        """``_poll``, but a receive whose every broker is unavailable (down, or its group
+        without a leader: a leader change) does not fail: it waits for the next change of
+        ports (or a back-off) and polls the current ports again, until messages are found or
+        the deadline ends it empty. Each strategy already skips one unavailable broker while
+        others answer; this is the case of all of them. A refused request still fails. The
+        outage stays visible: each broker call's error is counted and logged once per state
+        change (BrokerCalls.note_error), and these receives in unavailable_receives."""
+        names = [port.name for port in brokers]
+        backoff = BACKOFF_START_S
+        counted = False
+        while True:
+            try:
+                await self._poll(brokers, request, deadline, custody)
+                return
+            except PortsMoved:
+                if custody.count or request.source is None:
+                    return
+                brokers = request.source.current_ports(names) or brokers
+                continue
+            except Exception as exc:
+                if not is_broker_down(exc):
+                    raise
+                if custody.count:
+                    return  # popped before the error: hand those over
+                if not counted:
+                    self._unavailable.inc()
+                    counted = True
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0 or request.poll_ms <= 0:
+                return  # an empty answer: the client polls again
+            source = request.source
+            changed = source.membership_changed() if source is not None else None
+            with anyio.move_on_after(min(backoff, left)):
+                if changed is not None:
+                    await changed.wait()
+                else:
+                    await anyio.sleep_forever()
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            if source is not None:
+                brokers = source.current_ports(names) or brokers
 
     def _probe_targets(self, brokers: Sequence[ConsumePort], pop: PopRequest) -> list[ConsumePort]:
         """The brokers a false-empty probe asks (notify trusts armed watches: see there)."""

@@ -80,6 +80,9 @@ class BrokerCalls(AsyncClosing):
         self.fallback_invisible_ms = fallback_invisible_ms
         self.tasks = TaskOwner("longpoll-calls", grace_s=CLOSE_GRACE_S)
         self._probes: dict[tuple[Any, ...], _Probe] = {}
+        # Brokers whose last call failed, with the error's code: an outage (a leader change,
+        # a dead broker) is logged when it starts, changes and ends, not once per call.
+        self._failing: dict[str, str] = {}
         self._next_sweep = 0.0
 
     # -- pop -----------------------------------------------------------------------------------
@@ -115,10 +118,13 @@ class BrokerCalls(AsyncClosing):
             span.set_attribute("messaging.batch.message_count", len(result.messages))
             return result
 
-    @staticmethod
-    async def _pop_into(port: ConsumePort, request: PopRequest, custody: Custody) -> PopResult:
+    async def _pop_into(
+        self, port: ConsumePort, request: PopRequest, custody: Custody
+    ) -> PopResult:
         result = await port.pop(request)
         custody.keep(port, result.messages)  # no await in between: nothing is lost
+        if self._failing:
+            self._answered(port)
         return result
 
     async def hold_pop(
@@ -148,6 +154,8 @@ class BrokerCalls(AsyncClosing):
                 result: NotifyResult = await port.notify(request)
         finally:
             self.metrics.held_notifications.dec()
+        if self._failing:
+            self._answered(port)
         if result.polling_full:
             raise _PollingFull
         return result.has_message
@@ -181,9 +189,24 @@ class BrokerCalls(AsyncClosing):
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def note_error(self, kind: str, exc: Exception, port: ConsumePort) -> None:
+        """Count a failed broker call; log it when the broker's state changes (it answered
+        before, or failed with another code): a leader change or an outage makes thousands
+        of failed calls, and the metric counts them all."""
         code = exc.code.name if isinstance(exc, PopmqError) else type(exc).__name__
         self.metrics.broker_rpc_errors.labels(kind, code).inc()
-        log.warning("%s on %s failed: %s", kind, port.name, exc)
+        if self._failing.get(port.name) != code:
+            self._failing[port.name] = code
+            log.warning(
+                "%s on %s failed: %s (logged again when this changes; "
+                "popmq_proxy_broker_rpc_errors_total counts each)",
+                kind,
+                port.name,
+                exc,
+            )
+
+    def _answered(self, port: ConsumePort) -> None:
+        if self._failing.pop(port.name, None) is not None:
+            log.info("broker %s answers the long polls again", port.name)
 
     # -- background work -----------------------------------------------------------------------
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:

@@ -34,6 +34,7 @@ from popmq.broker.contract.port import ConsumePort
 from popmq.broker.contract.types import PopRequest
 from popmq.proxy.longpoll.base import (
     LongPollRequest,
+    PortsMoved,
     StrategyBase,
     is_broker_down,
     is_refused_request,
@@ -50,7 +51,7 @@ class _LongPoll:
     """The state of one client long poll in its notify phase: what 10,000 idle long polls
     hold each, so slots and nothing made before a signal needs it."""
 
-    __slots__ = ("closed", "found", "refused", "results", "wake")
+    __slots__ = ("closed", "found", "moved", "refused", "results", "wake")
 
     def __init__(self) -> None:
         # 3. The result queue: subscriptions whose broker reported a message to this long
@@ -60,6 +61,13 @@ class _LongPoll:
         self.found = False
         self.closed = False
         self.refused: Exception | None = None  # a pop refused the request itself: ends it
+        self.moved = False  # the cluster's ports changed: is one of ours a new leader's?
+
+    def on_ports_changed(self) -> None:
+        self.moved = True
+        wake = self.wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     def on_signal(self, sub: Subscription) -> bool:
         """The hub hands this long poll a broker's "has message"; False declines it."""
@@ -108,11 +116,14 @@ class NotifyStrategy(StrategyBase):
                     )
                 except Exception as exc:
                     # Guarded like the consume pops: a broker that is down (often one whose link
-                    # was just lost) must not fail the receive while others are up; its watch
-                    # reports when it is back.
-                    if len(brokers) == 1 or not is_broker_down(exc):
+                    # was just lost) or leaderless must not fail the receive while others are
+                    # up; its watch reports when it is back. If it is the only one, the base
+                    # waits for its group's next leader (_poll_through_outages).
+                    if not is_broker_down(exc):
                         raise
                     self.calls.note_error("pop", exc, first)
+                    if len(brokers) == 1:
+                        raise
                 else:
                     if result.rest_num == 0:
                         watches.popped_empty(first, request.pop)  # re-arm: the broker tells us
@@ -137,8 +148,17 @@ class NotifyStrategy(StrategyBase):
         poll = _LongPoll()
         subs = [self.hub.subscribe(port, request.pop, deadline, poll.on_signal)
                 for port in brokers]  # fmt: skip
+        source = request.source
+        if source is not None:  # a new leader's port: the old one's watch would never report
+            source.listen_changes(poll.on_ports_changed, on=True)
+        moved = False
         try:
             while not poll.found:
+                if poll.moved and source is not None:
+                    poll.moved = False
+                    if list(source.current_ports([p.name for p in brokers])) != list(brokers):
+                        moved = True
+                        break
                 if not poll.results:
                     poll.wake = asyncio.get_running_loop().create_future()
                     try:
@@ -151,10 +171,14 @@ class NotifyStrategy(StrategyBase):
             # At once, whatever ended the long poll: signals this long poll holds go on to
             # other subscribers, and notifications nobody else needs are cancelled.
             poll.closed = True
+            if source is not None:
+                source.listen_changes(poll.on_ports_changed, on=False)
             with anyio.CancelScope(shield=True):  # runs to its end even when cancelled
                 await self.hub.leave(subs)
         if poll.refused is not None and not custody.count:
             raise poll.refused
+        if moved and not custody.count:
+            raise PortsMoved  # the base polls the new ports (a new leader) for the time left
 
     def _probe_targets(self, brokers: Sequence[ConsumePort], pop: PopRequest) -> list[ConsumePort]:
         # A broker whose watch is armed on a live link has promised an event for anything

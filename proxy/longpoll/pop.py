@@ -35,9 +35,12 @@ class PopStrategy(StrategyBase):
                     await self.calls.hold_pop(port, request.pop, deadline, custody)
                 break
             except Exception as exc:
-                # A broker that is down: the next one serves this receive.
-                if turn == len(brokers) - 1 or not is_broker_down(exc):
+                # A broker that is down or leaderless: the next one serves this receive (if
+                # none can, the base waits for one: _poll_through_outages).
+                if not is_broker_down(exc):
                     raise
                 self.calls.note_error("pop", exc, port)
+                if turn == len(brokers) - 1:
+                    raise
         if custody.count:
             self.metrics.first_pop_hits.labels(self.label).inc()

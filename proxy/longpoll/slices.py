@@ -61,11 +61,14 @@ class SlicesStrategy(StrategyBase):
                     port, replace(request.pop, poll_time_ms=self.slice_ms), custody
                 )
             except Exception as exc:
-                # A broker that is down is skipped; the receive fails only if all are.
-                down.add(port.name)
-                if len(down) == len(brokers) or not is_broker_down(exc):
+                # A broker that is down or leaderless is skipped; if all are, the base waits
+                # for one (_poll_through_outages).
+                if not is_broker_down(exc):
                     raise
+                down.add(port.name)
                 self.calls.note_error("pop", exc, port)
+                if len(down) == len(brokers):
+                    raise
             if custody.count:
                 break
             turn += 1

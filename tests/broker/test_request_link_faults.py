@@ -5,6 +5,7 @@ left behind in the pending table."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -144,3 +145,77 @@ async def test_a_stuck_broker_honours_deadlines_and_cancellations() -> None:
                          (3, "send"), (3, "cancel")]  # fmt: skip
     finally:
         await _stop(runner)
+
+
+class Unavailable(FakeCall):
+    """A broker that is down: the stream fails as soon as a request goes out."""
+
+    async def __aiter__(self) -> AsyncIterator[pb.LinkResponses]:
+        async for _ in self._requests:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down"
+            )
+        yield pb.LinkResponses()  # pragma: no cover - makes this an async generator
+
+
+class AnswersOnce(FakeCall):
+    """A stream that answers its first frame, then ends (so the next request opens another)."""
+
+    async def __aiter__(self) -> AsyncIterator[pb.LinkResponses]:
+        async for answers in super().__aiter__():
+            yield answers
+            return
+
+
+async def test_a_down_broker_logs_once_per_change_of_state_and_counts_failures(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Regression: each request that failed while a broker was down logged a WARNING of its
+    own (a log flood during an outage). Now one line when it goes down, one when it is back,
+    and the failed requests are counted (popmq_proxy_broker_request_link_failures)."""
+    down = [True]
+
+    def open_call(requests: AsyncIterator[bytes]) -> FakeCall:
+        return (Unavailable if down[0] else AnswersOnce)(requests, lambda r: [_ok(r)])
+
+    link = RequestLink("b0", open_call, streams=2, window=8)  # the streams share one state
+    runner = await _running(link)
+    caplog.set_level(logging.DEBUG, logger="popmq.broker.wire.request_link")
+
+    def lines(level: int) -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == level]
+
+    try:
+        for _ in range(2):  # two outages: a line for each change, none per request
+            for _ in range(6):
+                with pytest.raises(BrokerUnavailableError):
+                    await link.request("send", pb.SendRequest(), 30)
+            down[0] = False
+            assert (await link.request("send", pb.SendRequest(), 30)).status.message == "ok"
+            down[0] = True
+        warnings = lines(logging.WARNING)
+        assert len(warnings) == 2 and all("is down" in w for w in warnings), warnings
+        assert lines(logging.INFO) == ["request link to broker b0 is back"] * 2
+        assert link.health.failures == 12 and not link.health.down
+    finally:
+        await _stop(runner)
+
+
+def test_request_link_failures_are_a_metric() -> None:
+    from popmq.proxy.metrics import ProxyMetrics
+
+    link = RequestLink("b0", lambda requests: None, streams=1, window=1)
+    link.health.lost("UNAVAILABLE: down", 3)
+
+    class Port:
+        name = "b0"
+        request_link = link
+
+    metrics = ProxyMetrics()
+    metrics.watch_links([Port()])
+    assert (
+        metrics.registry.get_sample_value(
+            "popmq_proxy_broker_request_link_failures_total", {"broker": "b0"}
+        )
+        == 3
+    )

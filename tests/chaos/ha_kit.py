@@ -141,8 +141,10 @@ class Traffic:
     send_failures: int = 0
     received: Counter[bytes] = field(default_factory=Counter)  # acked by the consumer
     delivered: Counter[bytes] = field(default_factory=Counter)  # received, acked or not
-    receive_errors: int = 0
+    receive_errors: int = 0  # issue 19: no receive may fail during a leader change
     last_receive_error = ""
+    ack_errors: int = 0  # an ack call that failed as a whole (its messages come back)
+    last_ack_error = ""
     producing: bool = True
 
     async def first_send(self) -> None:
@@ -179,18 +181,26 @@ class Traffic:
                 messages = await self.client.receive("cg", queue, batch_size=16,
                                                      invisible_ms=self.invisible_ms,
                                                      long_polling_ms=5_000)  # fmt: skip
-                self.delivered.update(m.body for m in messages)
-                if messages:
-                    outcomes = await self.client.ack(
-                        "cg", self.topic, [(m.message_id, m.receipt_handle) for m in messages]
-                    )
-                    for message, outcome in zip(messages, outcomes, strict=True):
-                        if outcome.ok:  # an unacked one comes back: counted then
-                            self.received[message.body] += 1
             except PopmqError as error:
                 self.receive_errors += 1
                 self.last_receive_error = str(error)
                 await anyio.sleep(0.1)
+                continue
+            self.delivered.update(m.body for m in messages)
+            if not messages:
+                continue
+            try:
+                outcomes = await self.client.ack(
+                    "cg", self.topic, [(m.message_id, m.receipt_handle) for m in messages]
+                )
+            except PopmqError as error:
+                self.ack_errors += 1
+                self.last_ack_error = str(error)
+                await anyio.sleep(0.1)
+                continue
+            for message, outcome in zip(messages, outcomes, strict=True):
+                if outcome.ok:  # an unacked one comes back: counted then
+                    self.received[message.body] += 1
 
     def sent_since(self, instant: float) -> bool:
         """Whether a send started after ``instant`` was acknowledged."""
@@ -222,4 +232,5 @@ class Traffic:
                 f"{len(self.lost())} lost, {self.duplicates()} duplicates, "
                 f"{len(self.unconsumed())} delivered with an unconfirmed ack and not again, "
                 f"{self.receive_errors} receive errors "
-                f"(last: {self.last_receive_error or '-'})")  # fmt: skip
+                f"(last: {self.last_receive_error or '-'}), {self.ack_errors} ack errors "
+                f"(last: {self.last_ack_error or '-'})")  # fmt: skip

@@ -99,6 +99,8 @@ async def test_kill_9_of_the_leader_three_times_loses_no_acknowledged_send(
         print("\n" + "\n".join(figures))
         print(traffic.summary())
         assert traffic.lost() == [], f"acknowledged sends lost: {traffic.lost()[:10]}"
+        # Issue 19: a receive during a leader change may end empty, never fail.
+        assert traffic.receive_errors == 0, traffic.summary()
 
 
 async def test_a_paused_leader_acknowledges_nothing_once_replaced(tmp_path: Path) -> None:

@@ -247,3 +247,46 @@ def test_the_login_limiter_table_is_bounded() -> None:
     for i in range(login_limit.MAX_BUCKETS + 50):
         limiter.failed(f"addr-{i}", "")
     assert len(limiter._buckets) == login_limit.MAX_BUCKETS
+
+
+def test_failed_basic_auth_on_the_api_is_limited_like_the_login_form(
+    secured: dict[str, Any],
+) -> None:
+    """The JSON API took a wrong Basic key pair without limit (a secret guessed at the proxy's
+    speed) while /login had a limit: the same buckets now count the API's failures, and an
+    empty one answers 429 with Retry-After, without asking the proxy."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, _basic_auth_is_limited(secured)).result(timeout=60)
+
+
+async def _basic_auth_is_limited(secured: dict[str, Any]) -> None:
+    import httpx
+
+    from popmq.console import login_limit
+    from popmq.console.app import build_app
+    from popmq.console.login_limit import LoginLimiter
+    from popmq.console.state import ConsoleState
+
+    now = [0.0]
+    state = ConsoleState(AdminTarget(secured["endpoint"]))
+    state.logins = LoginLimiter(clock=lambda: now[0])
+    http = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=build_app(state)), base_url="http://testserver"
+    )
+    try:
+        assert (await http.get("/api/v1/whoami", auth=ADMIN)).status_code == 200  # costs nothing
+        for _ in range(login_limit.BURST):
+            assert (await http.get("/api/v1/whoami", auth=(ADMIN[0], "guess"))).status_code == 401
+        limited = await http.get("/api/v1/topics", auth=ADMIN)  # even the right secret waits
+        assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+        assert limited.json()["error"]["code"] == "TOO_MANY_REQUESTS"
+        assert (await http.get("/api/v1/whoami", auth=APP)).status_code == 429  # same address
+        assert (await http.get("/cluster", auth=APP)).status_code == 429  # pages take Basic too
+        now[0] += 1 / login_limit.REFILL_PER_S + 0.1
+        assert (await http.get("/api/v1/whoami", auth=ADMIN)).status_code == 200
+    finally:
+        await http.aclose()
+        await state.client.close()

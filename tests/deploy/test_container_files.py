@@ -98,7 +98,14 @@ def test_dockerfile_is_multi_stage_slim_and_non_root() -> None:
     assert uid.isdigit() and int(uid) != 0, "numeric, so runAsNonRoot can check it"
     assert uid == str(yaml.safe_load((REPO / "helm/popmq/values.yaml").read_text())
                       ["podSecurityContext"]["runAsUser"])  # fmt: skip
-    assert any(kw == "RUN" and "pip install ." in rest for kw, rest in STAGES[0][1])
+    installs = [m for kw, rest in STAGES[0][1] if kw == "RUN"
+                for m in re.findall(r"pip install \"?\.(?:\[([^\]]*)\])?", rest)]  # fmt: skip
+    assert installs, "the build stage installs the package"
+    # Regression: the image installed `.` alone, so tracing.otlp_endpoint could not work in it.
+    extras = {e.strip() for found in installs for e in found.split(",") if e.strip()}
+    assert "otel" in extras, installs
+    known = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras <= set(known), extras - set(known)
 
 
 def test_dockerfile_entrypoint_and_default_command_parse_with_the_cli() -> None:

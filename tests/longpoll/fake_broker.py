@@ -45,7 +45,7 @@ class FakeBroker:
         self.steal_next_pops = 0  # pops that find the message gone (someone else got it)
         self.polling_full = 0  # held requests answered POLLING_FULL
         self.fail_notify: RefusedError | None = None
-        self.fail_pop: RefusedError | None = None
+        self.fail_pop: Exception | None = None  # raised by every pop (a refusal, an outage)
         self.on_pop_answer: Callable[[PopResult], None] | None = None
         self._arrived = asyncio.Event()
         self._pops = 0
