@@ -61,6 +61,26 @@ def test_a_disconnected_follower_leaves_at_once() -> None:
     assert in_sync.evaluate().left == {"a1"}
 
 
+def test_a_reconnected_follower_rejoins_only_once_it_caught_up_again() -> None:
+    """Its new stream may start over (an emptied disk: a reset) or be cut back: what it
+    acknowledged on the old one says nothing about what it holds now. Counted in sync at once,
+    an empty node could be recorded in the in-sync set and elected leader."""
+    clock = ManualClock()
+    in_sync = InSyncSet("a0", max_lag_s=15.0, clock=clock)
+    in_sync.connected("a1")
+    in_sync.acked("a1", 1, taken_at=100.0, complete=True, end=500)
+    in_sync.apply(in_sync.evaluate())
+    in_sync.disconnected("a1")
+    in_sync.apply(in_sync.evaluate())
+    clock.now = 101.0
+    in_sync.connected("a1")
+    assert not in_sync.evaluate()  # its last catch-up is 1 s old, but from the old stream
+    in_sync.acked("a1", 2, taken_at=101.0, complete=False, end=40)  # bootstrapping
+    assert not in_sync.evaluate()
+    in_sync.acked("a1", 3, taken_at=101.5, complete=True, end=500)
+    assert in_sync.evaluate().joined == {"a1"}
+
+
 class RecordingRoles(StaticRoleSource):
     """Records each report with the members the leader was waiting for at that moment."""
 
