@@ -8,19 +8,22 @@ JSON file, environment variables ``POPMQ_<SECTION>__<FIELD>`` (e.g.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 
 ENV_PREFIX = "POPMQ_"
@@ -205,7 +208,9 @@ class EtcdConfig(Section):
     etcd (a broker is a group of one; a proxy needs a --broker list)."""
 
     # Client URLs of the etcd members, e.g. ["http://etcd-0:2379", "http://etcd-1:2379"].
-    endpoints: list[str] = Field(default_factory=list)
+    # NoDecode: an environment value reaches _split as written (pydantic-settings would read
+    # it as JSON first, and a plain URL is not JSON).
+    endpoints: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Every key popmq writes lives under this prefix (several clusters can share one etcd).
     prefix: str = "/popmq/"
     # A node's lease: a leader that cannot renew it stops acknowledging after this long.
@@ -217,6 +222,11 @@ class EtcdConfig(Section):
     @classmethod
     def _split(cls, value: Any) -> Any:
         if isinstance(value, str):  # --etcd URL[,URL...] and POPMQ_*__ENDPOINTS
+            if value.lstrip().startswith("["):  # POPMQ_*__ENDPOINTS='["http://...", ...]'
+                try:
+                    return json.loads(value)
+                except ValueError:
+                    raise ValueError("endpoints: not a JSON list of URLs") from None
             return [url.strip() for url in value.split(",") if url.strip()]
         return value
 
@@ -519,6 +529,10 @@ class ConfigFileError(ValueError):
     """The --config file is not a mapping of sections."""
 
 
+class ConfigEnvError(ValueError):
+    """A POPMQ_* environment value that does not decode (a list or section not in JSON)."""
+
+
 class _YamlFile(PydanticBaseSettingsSource):
     """The --config file (YAML, so JSON too). A missing file is an error, not an empty config
     (pydantic-settings' own YAML source skips files that do not exist)."""
@@ -595,5 +609,11 @@ def load_config(
     settings_cls = _settings_class(
         None if path is None else Path(path), os.environ if environ is None else environ
     )
-    settings = settings_cls(**nested)
+    try:
+        settings = settings_cls(**nested)
+    except SettingsError as exc:  # pydantic-settings' own decoding, before validation
+        raise ConfigEnvError(
+            f"bad config: a {ENV_PREFIX}* environment value did not decode ({exc}); lists "
+            "and sections are written in JSON"
+        ) from None
     return PopmqConfig.model_validate(settings.model_dump())

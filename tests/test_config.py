@@ -64,3 +64,25 @@ def test_broker_data_dir_follows_its_name(tmp_path: Path) -> None:
     file = tmp_path / "c.yaml"
     file.write_text("broker:\n  name: broker-d\n  data_dir: /srv/popmq\n")
     assert load_config(str(file), {}, environ={}).broker.data_dir == Path("/srv/popmq")
+
+
+def test_etcd_endpoints_from_the_environment_as_a_comma_list_or_json() -> None:
+    """POPMQ_*__ETCD__ENDPOINTS=http://a:2379 (the form the validator's comment promises) was
+    JSON-decoded by pydantic-settings first: a SettingsError traceback, exit 1."""
+    one = {"POPMQ_BROKER__ETCD__ENDPOINTS": "http://127.0.0.1:2379"}
+    assert load_config(environ=one).broker.etcd.endpoints == ["http://127.0.0.1:2379"]
+    two = {"POPMQ_PROXY__ETCD__ENDPOINTS": "http://a:2379, http://b:2379"}
+    assert load_config(environ=two).proxy.etcd.endpoints == ["http://a:2379", "http://b:2379"]
+    listed = {"POPMQ_PROXY__ETCD__ENDPOINTS": '["http://a:2379", "http://b:2379"]'}
+    assert load_config(environ=listed).proxy.etcd.endpoints == ["http://a:2379", "http://b:2379"]
+
+
+def test_an_undecodable_environment_value_is_a_user_error() -> None:
+    """A POPMQ_* value pydantic-settings cannot decode (a list field given `[oops`) was a
+    SettingsError traceback (exit 1), not a one-line `bad config`."""
+    from popmq.cli.failures import user_message
+
+    with pytest.raises(Exception) as caught:
+        load_config(environ={"POPMQ_BROKER__POP__RETRY_LEVELS": "[oops"})
+    message = user_message(caught.value)
+    assert message is not None and "POPMQ_" in message.upper()

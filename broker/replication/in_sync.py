@@ -39,7 +39,12 @@ class InSyncSet:
     followers: dict[str, FollowerProgress] = field(default_factory=dict)
 
     def connected(self, node: str) -> None:
-        self.followers.setdefault(node, FollowerProgress()).connected = True
+        """A new stream from ``node``: it may start over (a reset) or be cut back, so what
+        its earlier streams caught up says nothing now; it is in sync again once it catches up
+        on this one."""
+        progress = self.followers.setdefault(node, FollowerProgress())
+        progress.connected = True
+        progress.caught_up_at = None
 
     def disconnected(self, node: str) -> None:
         progress = self.followers.get(node)

@@ -12,7 +12,7 @@ import re
 import yaml
 from pydantic import ValidationError
 
-from popmq.config import ConfigFileError
+from popmq.config import ConfigEnvError, ConfigFileError
 from popmq.errors import PopmqError
 from popmq.tracing import TracingUnavailable
 
@@ -49,6 +49,6 @@ def user_message(error: BaseException) -> str | None:
         match = _BIND_FAILED.search(str(error) + " ")
         if match:
             return f"cannot listen on {match.group(1)}: address in use or not available"
-    if isinstance(error, ConfigFileError):
+    if isinstance(error, ConfigFileError | ConfigEnvError):
         return str(error)
     return None

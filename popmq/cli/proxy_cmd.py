@@ -162,6 +162,8 @@ def refuse_broker_groups(config: PopmqConfig) -> None:
         asked.append(f"broker.group.name={broker.group.name}")
     if broker.etcd.endpoints:
         asked.append("broker.etcd.endpoints")
+    if config.proxy.etcd.endpoints:  # its proxy would follow etcd's groups beside its brokers
+        asked.append("proxy.etcd.endpoints")
     if asked:
         raise SystemExit(
             f"{', '.join(asked)}: popmq serve runs embedded brokers without replication or "

@@ -6,10 +6,17 @@ bucket empty the form answers 429 with Retry-After, before the proxy is asked. S
 cannot guess secrets quickly, and many addresses cannot guess one user's secret quickly. A
 successful sign-in costs nothing. The table is bounded: past MAX_BUCKETS the longest-idle
 buckets go (a full bucket forgotten is the same as a new one).
+
+A per-key bucket is also a way to lock a user out: anyone may fail as ``ops``. So an address
+that has signed in as a key (a bounded table, MAX_BUCKETS pairs) is held by its own address
+bucket only, not by that key's: a stranger's guesses keep new places waiting, never the
+admin's usual one. An access key is kept as a digest (its bucket must not keep a form field of
+any size).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections import OrderedDict
@@ -33,11 +40,23 @@ class LoginLimiter:
     refill_per_s: float = REFILL_PER_S
     clock: Callable[[], float] = time.monotonic
     _buckets: OrderedDict[str, _Bucket] = field(default_factory=OrderedDict)
+    _signed_in: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)
 
     def retry_after(self, address: str, access_key: str) -> int:
         """Seconds to wait before the next try (0: go ahead)."""
-        waits = [self._wait(key) for key in self._keys(address, access_key)]
+        keys = self._keys(address, access_key)
+        if (address, _digest(access_key)) in self._signed_in:
+            keys = keys[:1]  # only the address's own bucket (see the module's docstring)
+        waits = [self._wait(key) for key in keys]
         return max(waits, default=0)
+
+    def succeeded(self, address: str, access_key: str) -> None:
+        """``address`` signed in as ``access_key``: that key's bucket no longer holds it."""
+        pair = (address, _digest(access_key))
+        self._signed_in[pair] = None
+        self._signed_in.move_to_end(pair)
+        while len(self._signed_in) > MAX_BUCKETS:
+            self._signed_in.popitem(last=False)
 
     def failed(self, address: str, access_key: str) -> None:
         for key in self._keys(address, access_key):
@@ -48,7 +67,7 @@ class LoginLimiter:
     def _keys(address: str, access_key: str) -> list[str]:
         keys = [f"addr:{address}"]
         if access_key:
-            keys.append(f"key:{access_key}")
+            keys.append(f"key:{_digest(access_key)}")
         return keys
 
     def _wait(self, key: str) -> int:
@@ -72,3 +91,7 @@ class LoginLimiter:
             bucket.at = now
             self._buckets.move_to_end(key)
         return bucket
+
+
+def _digest(access_key: str) -> str:
+    return hashlib.sha256(access_key.encode(errors="surrogatepass")).hexdigest()

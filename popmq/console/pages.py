@@ -215,6 +215,7 @@ async def login(request: Request) -> Response:
         context = {"me": None, "next": target, "error": exc.message, "access_key": access_key}
         return _render(request, "login.html", context, exc.http_status)
     if identity.acl and credentials is not None:
+        state.logins.succeeded(address, access_key)
         state.sessions.close(request.session.get(SESSION_KEY))
         request.session[SESSION_KEY] = state.sessions.open(credentials)
     return RedirectResponse(target, 303)

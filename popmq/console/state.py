@@ -54,6 +54,8 @@ class ConsoleState:
             if exc.http_status in (401, 403):
                 self.logins.failed(address, credentials.access_key)
             raise
+        if identity.acl:  # as /login's form: a stranger's guesses no longer hold this address
+            self.logins.succeeded(address, credentials.access_key)
         return Asker(self.client, identity, self.reader)
 
 

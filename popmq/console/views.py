@@ -228,7 +228,8 @@ async def groups(ask: Asker) -> dict[str, Any]:
         dlq = await ask.read("ListDlq", a.ListDlqRequest(group=name, limit=1))
         rows.append({
             **plain(summary.group), "brokers": list(summary.brokers),
-            **_progress(progress.queues), "inflight": summary.inflight,
+            **_progress([q for q in progress.queues if ask.identity.can_read_topic(q.topic)]),
+            "inflight": summary.inflight,
             "dlq": dlq.total, "online_clients": online.get(name, 0),
         })  # fmt: skip
     return {"groups": rows}
@@ -239,10 +240,13 @@ async def group(ask: Asker, name: str) -> dict[str, Any]:
     settings = await ask.read("GetGroup", a.GetGroupRequest(name=name))
     progress = await ask.read("ConsumerProgress", a.ConsumerProgressRequest(group=name))
     _, clients = await ask.read_clients(name)
+    # A grant on a group may cover only some of its topics: the others' progress (names,
+    # offsets, lags) is another user's (a retry topic goes with its topic).
+    queues = [q for q in progress.queues if ask.identity.can_read_topic(q.topic)]
     return {
-        **plain(settings.group), **_progress(progress.queues),
-        "queues": [plain(q) for q in progress.queues],
-        "clients": [plain(c) for c in clients],
+        **plain(settings.group), **_progress(queues),
+        "queues": [plain(q) for q in queues],
+        "clients": [_client_row(ask.identity, c) for c in clients],
     }  # fmt: skip
 
 
@@ -353,13 +357,22 @@ async def clients(ask: Asker) -> dict[str, Any]:
     proxy, found = await ask.read_clients()
     identity = ask.identity
     rows = [
-        plain(c)
+        _client_row(identity, c)
         for c in found
         if identity.admin
         or (c.group and identity.can_see_group(c.group))
         or (c.topics and all(identity.can_read_topic(t) for t in c.topics))
     ]
     return {"proxy": proxy, "clients": rows}
+
+
+def _client_row(identity: Identity, client: Any) -> dict[str, Any]:
+    """A client as a user may see it: a non-admin sees only the topics its grants reach (a
+    client of a group it may see can also consume another user's topics)."""
+    row = plain(client)
+    if not identity.admin:
+        row["topics"] = [t for t in client.topics if identity.can_read_topic(t)]
+    return row
 
 
 # What /longpoll shows of the proxy's metrics (labels kept: strategy, mode, broker).

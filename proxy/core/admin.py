@@ -66,10 +66,18 @@ def _page_token(last: ClientInfo) -> str:
     return base64.urlsafe_b64encode(raw).decode()
 
 
+# A token we give out holds one client id (a header: grpc caps metadata at 8 KiB) and one
+# access key, far below this: a longer one is forged and refused before decoding. Nested JSON
+# arrays made json recurse too deep (RecursionError): refused too.
+_MAX_PAGE_TOKEN = 64 * 1024
+
+
 def _page_key(token: str) -> tuple[str, str]:
     try:
+        if len(token) > _MAX_PAGE_TOKEN:
+            raise ValueError("too long")
         key = json.loads(base64.urlsafe_b64decode(token.encode()))
-    except (ValueError, UnicodeError):
+    except (ValueError, UnicodeError, RecursionError):
         key = None
     if not (isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) for k in key)):
         raise RefusedError(Code.BAD_REQUEST, "page_token is not one this proxy gave out")
@@ -514,6 +522,13 @@ class Admin:
         topic = validate.topic_name(topic)
         if len(body) > MAX_TEST_BODY_BYTES:
             raise RefusedError(Code.MESSAGE_BODY_TOO_LARGE, "the body is over 4 MiB")
+        # As a producer's send is checked: a __popmq.* property would be the broker's own
+        # (__popmq.transaction made a half message that no producer would ever check back).
+        validate.tag(tag)
+        if keys:
+            validate.keys(keys)
+        if properties:
+            validate.properties(properties)
         infos = await self.cluster.topic_infos(topic)
         broker = random.choice(list(infos))
         message = Message(

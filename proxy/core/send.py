@@ -255,7 +255,7 @@ class Sender:
             batches[target].append(index)
 
         async def store_chunk(
-            target: QueueRef, batch: list[Message], tried: set[str]
+            target: QueueRef, batch: list[Message], tried: set[str], movable: bool
         ) -> tuple[QueueRef, list[SendResult]]:
             while True:
                 try:
@@ -265,7 +265,7 @@ class Sender:
                     # group keeps its queue, so its order holds; the client retries it).
                     cluster.note_unavailable(target.broker)
                     tried.add(target.broker)
-                    if batch[0].message_group:
+                    if not movable:
                         raise
                     route = await cluster.route(batch[0].topic)
                     others = [q for q in route.queues if q.broker not in tried]
@@ -282,10 +282,13 @@ class Sender:
         async def store(target: QueueRef, indexes: list[int]) -> list[SendResult | Exception]:
             results: list[SendResult | Exception] = []
             tried: set[str] = set()
+            # Unordered messages may share a FIFO group's queue: then no chunk of the queue's
+            # batch moves (a chunk's first message does not tell), or the group would be split.
+            movable = not any(messages[i].message_group for i in indexes)
             for chunk in _chunks(indexes, messages, bodies):
                 batch = [loaded(i) for i in chunk]
                 try:
-                    target, stored = await store_chunk(target, batch, tried)
+                    target, stored = await store_chunk(target, batch, tried, movable)
                 except Exception as exc:
                     return results + [exc] * (len(indexes) - len(results))
                 finally:

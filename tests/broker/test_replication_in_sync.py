@@ -61,6 +61,26 @@ def test_a_disconnected_follower_leaves_at_once() -> None:
     assert in_sync.evaluate().left == {"a1"}
 
 
+def test_a_reconnected_follower_rejoins_only_once_it_caught_up_again() -> None:
+    """Its new stream may start over (an emptied disk: a reset) or be cut back: what it
+    acknowledged on the old one says nothing about what it holds now. Counted in sync at once,
+    an empty node could be recorded in the in-sync set and elected leader."""
+    clock = ManualClock()
+    in_sync = InSyncSet("a0", max_lag_s=15.0, clock=clock)
+    in_sync.connected("a1")
+    in_sync.acked("a1", 1, taken_at=100.0, complete=True, end=500)
+    in_sync.apply(in_sync.evaluate())
+    in_sync.disconnected("a1")
+    in_sync.apply(in_sync.evaluate())
+    clock.now = 101.0
+    in_sync.connected("a1")
+    assert not in_sync.evaluate()  # its last catch-up is 1 s old, but from the old stream
+    in_sync.acked("a1", 2, taken_at=101.0, complete=False, end=40)  # bootstrapping
+    assert not in_sync.evaluate()
+    in_sync.acked("a1", 3, taken_at=101.5, complete=True, end=500)
+    assert in_sync.evaluate().joined == {"a1"}
+
+
 class RecordingRoles(StaticRoleSource):
     """Records each report with the members the leader was waiting for at that moment."""
 
@@ -229,3 +249,28 @@ async def test_a_cancelled_write_leaves_the_barrier_to_the_others(tmp_path: Path
             await kept  # still timed out at its own deadline
         assert refused.value.code == Code.SLAVE_PERSISTENCE_TIMEOUT
         assert loop.time() == pytest.approx(2.0, abs=0.01)
+
+
+async def test_the_barrier_waits_for_every_member_s_complete_batch_taken_after_the_write(
+    tmp_path: Path,
+) -> None:
+    """Two followers: acknowledgements in any order, an incomplete batch (it may not hold the
+    write), an older batch acknowledged late answer nothing until each member acknowledged a
+    complete batch taken after the write."""
+    leader = make_leader(tmp_path, StaticRoleSource(ROLE), min_in_sync=3)
+    loop = asyncio.get_running_loop()
+    async with leader:
+        for node in ("a1", "a2"):
+            leader.in_sync.connected(node)
+            await leader.acknowledged(node, leader.next_batch_id(), loop.time(), True, 0)
+        assert leader.in_sync.members == {"a1", "a2"}
+        stale = leader.next_batch_id()  # taken before the write, acknowledged after it
+        waiter = asyncio.ensure_future(leader.replicated())
+        await asyncio.sleep(0.1)
+        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        await leader.acknowledged("a2", leader.next_batch_id(), loop.time(), False, 0)
+        await leader.acknowledged("a2", stale, loop.time(), True, 0)
+        await asyncio.sleep(0.1)
+        assert not waiter.done()
+        await leader.acknowledged("a2", leader.next_batch_id(), loop.time(), True, 0)
+        await asyncio.wait_for(waiter, 0.1)

@@ -16,6 +16,8 @@ from popmq.cli import main
         (["broker.replication.mode=async"], "broker.replication.mode=async"),
         (["broker.etcd.endpoints=http://127.0.0.1:2379", "broker.group.name=ga"],
          "broker.group.name=ga"),
+        # Its proxy then followed etcd's groups and warned of etcd, beside its own brokers.
+        (["proxy.etcd.endpoints=http://127.0.0.1:2379"], "proxy.etcd.endpoints"),
     ],
 )  # fmt: skip
 def test_serve_refuses_replication_settings(

@@ -594,3 +594,35 @@ async def test_calls_and_clients_per_access_key_are_bounded(
         )
         == 1
     )
+
+
+async def test_cancelled_calls_give_their_places_back(make_cluster: Any, tmp_path: Path) -> None:
+    """A long poll or a Telemetry stream the client cancels must give back its place under
+    proxy.max_streams_per_access_key (a count that leaked would lock the user out for good)."""
+    cluster = await make_cluster(
+        brokers=1,
+        **{"proxy.acl": str(_write_acl(tmp_path)), "proxy.max_streams_per_access_key": 2},
+    )
+    cluster.signing = OWNER
+    topic, group = unique("t"), unique("g-own")
+    assert (await cluster.route(topic)).status.code == Code.OK
+    for _ in range(3):  # more rounds than places: any leak shows
+        polls = [
+            asyncio.create_task(cluster.receive(group, topic, poll_ms=20_000, client_id="cx"))
+            for _ in range(2)
+        ]
+        await asyncio.sleep(0.3)
+        for poll in polls:
+            poll.cancel()
+        await asyncio.gather(*polls, return_exceptions=True)
+        streams = [cluster.stub.Telemetry(metadata=cluster.metadata("cx")) for _ in range(2)]
+        settings = pb.Settings(
+            client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name=topic)])
+        )
+        for call in streams:
+            await call.write(s.TelemetryCommand(settings=settings))
+            assert (await call.read()).status.code == Code.OK
+        for call in streams:
+            call.cancel()
+        await asyncio.sleep(0.3)
+        assert (await cluster.route(topic)).status.code == Code.OK

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from popmq.broker.contract.errors import Code
@@ -131,6 +133,15 @@ async def test_list_clients_pages_its_answer(cluster: Cluster) -> None:
         assert (await admin.ListClients(bad)).status.code == Code.BAD_REQUEST
 
 
+async def test_list_clients_refuses_a_deeply_nested_page_token(cluster: Cluster) -> None:
+    """A forged token of nested JSON arrays made the decoder recurse past Python's limit:
+    INTERNAL_ERROR (a RecursionError) instead of BAD_REQUEST."""
+    admin = admin_pb2_grpc.AdminServiceStub(cluster.channel)
+    forged = base64.urlsafe_b64encode(b"[" * 100_000).decode()
+    answer = await admin.ListClients(a.ListClientsRequest(page_token=forged))
+    assert answer.status.code == Code.BAD_REQUEST, answer.status
+
+
 async def test_health_service(cluster: Cluster) -> None:
     stub = health_pb2_grpc.HealthStub(cluster.channel)
     for service in ("", "apache.rocketmq.v2.MessagingService"):
@@ -140,3 +151,23 @@ async def test_health_service(cluster: Cluster) -> None:
         await stub.Check(health_pb2.HealthCheckRequest(service="nope"))
     except grpc.aio.AioRpcError as exc:
         assert exc.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_send_test_message_refuses_internal_properties_and_bad_tags(cluster: Cluster) -> None:
+    """SendTestMessage stored any property: `__popmq.transaction` made a half message no
+    producer would ever check back, `__popmq.tx_trace` a spoofed trace; a bad tag or key went
+    in too. It checks them as a producer's send does."""
+    admin = admin_pb2_grpc.AdminServiceStub(cluster.channel)
+    topic = unique("t")
+    assert (await cluster.route(topic)).status.code == Code.OK
+    for bad, code in (
+        (a.SendTestMessageRequest(topic=topic, body=b"x", properties={"__popmq.transaction": "1"}),
+         Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+        (a.SendTestMessageRequest(topic=topic, body=b"x", properties={"__popmq.tx_trace": "00"}),
+         Code.ILLEGAL_MESSAGE_PROPERTY_KEY),
+        (a.SendTestMessageRequest(topic=topic, body=b"x", tag="a|b"), Code.ILLEGAL_MESSAGE_TAG),
+        (a.SendTestMessageRequest(topic=topic, body=b"x", keys=[" "]), Code.ILLEGAL_MESSAGE_KEY),
+    ):  # fmt: skip
+        assert (await admin.SendTestMessage(bad)).status.code == code
+    fine = a.SendTestMessageRequest(topic=topic, body=b"x", tag="t", properties={"k": "v"})
+    assert (await admin.SendTestMessage(fine)).status.code == Code.OK

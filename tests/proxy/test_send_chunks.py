@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from popmq.broker.contract.errors import Code, RefusedError
+from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
 from popmq.broker.contract.types import Message
 from popmq.proxy.core import send as send_module
 from popmq.proxy.core.context import RequestContext
@@ -81,3 +81,62 @@ def test_large_bodies_stay_in_the_request_until_sent() -> None:
     lazy = outgoing_from_pb(large).body
     assert isinstance(lazy, LazyBody) and lazy.size == EAGER_BODY_BYTES + 1
     assert lazy.read() == b"L" * (EAGER_BODY_BYTES + 1)
+
+
+async def test_a_queue_batch_with_a_fifo_group_never_moves_to_another_broker(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A FIFO group and unordered messages that share a queue go in one batch; when a later
+    chunk of it starts with an unordered message and its broker is down, it must not move
+    (with the FIFO messages in it, and every chunk after it) to another broker: the group
+    would be split over two queues."""
+    sender = cluster.server.core.sender
+    monkeypatch.setattr(send_module, "SEND_CHUNK_BYTES", 500)
+    real_pick = sender.cluster.pick_queue
+    monkeypatch.setattr(  # the group's queue and the round robin's land on the same queue
+        sender.cluster, "pick_queue", lambda route, group="": real_pick(route, "g")
+    )
+    calls: list[tuple[str, list[str]]] = []
+    for name in sender.cluster.names:
+        port = sender.cluster.port(name)
+
+        async def recording(messages: list[Message], queue_id: int = -1, real: Any = port.send,
+                            name: str = name) -> Any:  # fmt: skip
+            calls.append((name, [m.message_group for m in messages]))
+            if len(calls) == 2:
+                raise BrokerUnavailableError(name, "down for this test")
+            return await real(messages, queue_id)
+
+        monkeypatch.setattr(port, "send", recording)
+    topic = unique("t")
+    groups = ["g", None, "g", "g"]
+    outgoing = [OutgoingMessage(topic, bytes([65 + i]) * 400, message_group=group)
+                for i, group in enumerate(groups)]  # fmt: skip
+    outcomes = await sender.send(outgoing, CTX)
+    assert {name for name, groups in calls if "g" in groups} == {calls[0][0]}
+    assert outcomes[0].result is not None
+    assert [o.result is None for o in outcomes[1:]] == [True, True, True]
+
+
+async def test_a_client_gets_each_message_s_status_in_order_when_a_chunk_fails(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through SendMessage: the stored messages OK with their offsets, every later one the
+    failed chunk's error under its own message id, in the request's order; and exactly the
+    stored ones are delivered."""
+    sender = cluster.server.core.sender
+    monkeypatch.setattr(send_module, "SEND_CHUNK_BYTES", 1000)
+    reads: list[int] = []
+    sent = _record(sender, monkeypatch, reads, fail_call=2)
+    topic = unique("t")
+    bodies = [bytes([65 + i]) * 400 for i in range(5)]
+    response = await cluster.send(topic, *bodies, group="g")
+    ids = [e.message_id for e in response.entries]
+    assert len(ids) == 5 and len(set(ids)) == 5 and len(sent) == 2
+    assert response.status.code == Code.MULTIPLE_RESULTS
+    assert [e.status.code for e in response.entries] == [Code.OK] * 2 + [Code.INTERNAL_ERROR] * 3
+    assert "chunk refused" in response.entries[4].status.message
+    assert response.entries[1].offset == response.entries[0].offset + 1
+    _, received, _ = await cluster.receive(unique("g"), topic)
+    assert [m.body for m in received] == bodies[:2]
+    assert [m.system_properties.message_id for m in received] == ids[:2]
