@@ -52,5 +52,5 @@ async def test_a_broker_back_after_an_outage_is_reached_within_about_a_second(
                     await asyncio.sleep(0.05)
             assert time.monotonic() - back < 2.0
         finally:
-            await remote.close()
+            await remote.aclose()
             await server.aclose(0)
