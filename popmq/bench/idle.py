@@ -440,9 +440,11 @@ async def bench_idle(
             # With the ACL all of them are one access key's calls (a real fleet has many
             # keys): its open-call cap (10,000) would refuse the last ones.
             "proxy.max_streams_per_access_key": max(2 * long_polls, 10_000),
-            # ... and they share `channels` connections: 10,000 over 4 is past the per-
-            # connection stream cap (2,000), which resets the streams beyond it.
-            "proxy.max_streams_per_connection": max(2 * -(-long_polls // channels), 2_000),
+            # ... and they share connections: past the per-connection stream cap (2,000) the
+            # streams beyond it are reset. grpc pools subchannels across channels with the
+            # same target and arguments, so the `channels` clients may share ONE connection:
+            # the cap must cover every poll (3,000 polls on "4 channels" lost 2,288 receives).
+            "proxy.max_streams_per_connection": max(2 * long_polls, 2_000),
             **(proxy_settings or {}),
         },
         "broker_settings": dict(broker_settings or {}), "cpus": os.cpu_count(), "acl": acl,
@@ -461,7 +463,7 @@ async def bench_idle(
 def format_table(result: dict[str, Any]) -> str:
     p = result["params"]
     lines = [
-        f"idle: {p['long_polls']} concurrent long polls on {p['channels']} connections, "
+        f"idle: {p['long_polls']} concurrent long polls on {p['channels']} client channels, "
         f"awaitDuration {p['await_ms']} ms, {p['brokers']} broker processes behind one "
         f"proxy process, {p['duration_s']} s measured per strategy; "
         f"ACL {'on (signed calls)' if p.get('acl') else 'off'}",
