@@ -9,9 +9,9 @@ successful sign-in costs nothing.
 The table is bounded (MAX_BUCKETS), but forgetting must never free one it holds back: with an LRU
 anyone could fail from fresh addresses (or as fresh keys) until a drained bucket, say the
 admin key's, was pushed out and came back full. So room is made only from buckets that limit
-nobody: the longest-idle one that has refilled (the same as a new one), else the longest-idle
-one that still has a token. A table of nothing but empty buckets takes no new entry: a try
-that would need one waits (429) until one of them earns a token back.
+nobody: one of the longest idle that has refilled (the same as a new one), else the
+longest-idle one that still has a token. A table of nothing but empty buckets takes no new
+entry: a try that would need one waits (429) until one of them earns a token back.
 
 A per-key bucket is also a way to lock a user out: anyone may fail as ``ops``. So an address
 that has signed in as a key (a bounded table, MAX_BUCKETS pairs) is held by its own address
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 BURST = 10  # failed sign-ins allowed at once
 REFILL_PER_S = 1 / 6  # then one every 6 s (10 a minute)
 MAX_BUCKETS = 10_000
+_LOOK_FOR_FULL = 64  # making room looks this far for a refilled bucket before taking another
 
 
 @dataclass
@@ -113,7 +114,9 @@ class LoginLimiter:
             return True
         now = self.clock()
         spare = None
-        for key, bucket in self._buckets.items():  # longest idle first
+        for looked, (key, bucket) in enumerate(self._buckets.items()):  # longest idle first
+            if spare is not None and looked >= _LOOK_FOR_FULL:
+                break  # a bucket with a token will do: no whole-table scan per failure
             tokens = self._tokens(bucket, now)
             if tokens >= self.burst:
                 spare = key
