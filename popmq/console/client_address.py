@@ -41,14 +41,22 @@ def client_address(request: Request, trusted: Sequence[Network]) -> str:
     for hop in reversed(hops):
         if not hop:
             continue
-        if not _is_trusted(hop, trusted):
-            return hop if _is_address(hop) else peer  # a hop we cannot read: the proxy's
+        address = _host_of(hop)
+        if address is None:
+            return peer  # a hop we cannot read: counted as the proxy's own
+        if not _is_trusted(address, trusted):
+            return address
     return peer  # no header, or only trusted hops: the proxy itself is the client
 
 
-def _is_address(text: str) -> bool:
+def _host_of(hop: str) -> str | None:
+    """The IP address of one X-Forwarded-For entry (some proxies add the port:
+    ``203.0.113.7:5000``, ``[2001:db8::1]:443``), or None if it holds none."""
+    if hop.startswith("["):
+        hop = hop[1:].partition("]")[0]
+    elif hop.count(":") == 1:
+        hop = hop.partition(":")[0]
     try:
-        ipaddress.ip_address(text)
+        return str(ipaddress.ip_address(hop))
     except ValueError:
-        return False
-    return True
+        return None

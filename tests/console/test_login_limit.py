@@ -79,6 +79,9 @@ def test_x_forwarded_for_counts_only_from_trusted_proxies() -> None:
     assert client_address(chain, lbs) == "203.0.113.7"
     assert client_address(_request("10.0.0.5"), lbs) == "10.0.0.5"  # no header
     assert client_address(_request("10.0.0.5", "not-an-address"), lbs) == "10.0.0.5"
+    assert client_address(_request("10.0.0.5", "203.0.113.7:5000"), lbs) == "203.0.113.7"
+    assert client_address(_request("10.0.0.5", "[2001:db8::1]:443"), lbs) == "2001:db8::1"
+    assert client_address(_request("10.0.0.5", "2001:db8::1"), lbs) == "2001:db8::1"
     assert client_address(_request("10.0.0.5", "10.1.0.9"), lbs) == "10.0.0.5"  # all trusted
 
 
