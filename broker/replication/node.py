@@ -20,6 +20,7 @@ import grpc
 from popmq.broker.core import Broker
 from popmq.broker.local import LocalBrokerPort
 from popmq.broker.pop.handle_keys import keyring_path
+from popmq.broker.replication.completeness import holds_whole_copy
 from popmq.broker.replication.epochs import EpochHistory, StaleEpochError
 from popmq.broker.replication.files import list_segments, log_end
 from popmq.broker.replication.follower import MAX_MESSAGE_BYTES, ReplicaFollower
@@ -123,6 +124,11 @@ class ReplicatedNode:
                                   self._running_broker, lambda: self._gate.leader,
                                   role_gauges=role_gauges)  # fmt: skip
         return node_registry(collector)
+
+    def holds_whole_copy(self) -> bool:
+        """Whether this node's data may lead the group (the election asks before it
+        campaigns): not while it is emptied, or being reset or cut back (completeness.py)."""
+        return holds_whole_copy(Path(self._config.data_dir))
 
     def _running_broker(self) -> Broker | None:
         leading = self.port.leading

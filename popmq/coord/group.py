@@ -7,7 +7,9 @@ inside it the node
 - campaigns whenever the group has no leader and it may lead: one transaction comparing the
   leader key's ``create_revision`` with 0 and the in-sync key's ``mod_revision`` with the one
   just read, putting the leader key (bound to its lease) and an in-sync set of itself. Only a
-  node in the in-sync set may campaign, unless ``unclean_election`` (or the group is new);
+  node in the in-sync set may campaign, unless ``unclean_election`` (or the group is new),
+  and only while ``may_campaign()`` says its own copy is whole: the recorded set can still
+  name a node whose data was wiped, or is being reset, since it was recorded;
 - publishes its view as a ``GroupRole`` (``role``, ``await role_changed()``).
 
 Fencing: a leader may acknowledge writes only while ``may_write()``, which is false once its
@@ -84,9 +86,17 @@ def leader_role(kv: KeyValue | None, own_lease: int, own_name: str) -> GroupRole
 class GroupMember:
     """One node's view of its group; made by ``join_group``."""
 
-    def __init__(self, store: CoordStore, settings: MemberSettings) -> None:
+    def __init__(
+        self,
+        store: CoordStore,
+        settings: MemberSettings,
+        may_campaign: Callable[[], bool] | None = None,
+    ) -> None:
         self.store = store
         self.settings = settings
+        # Whether this node's own data may lead (a replicated node: its copy is whole).
+        self._may_campaign = may_campaign or (lambda: True)
+        self._declined = False  # logged once per stretch of declining
         self.keys = GroupKeys(settings.prefix, settings.group)
         self._role = NO_LEADER
         self._changed = anyio.Event()
@@ -258,7 +268,18 @@ class GroupMember:
     def _eligible(self, in_sync_kv: KeyValue | None) -> bool:
         if in_sync_kv is None or self.settings.unclean_election:
             return True  # a new group's first leader; or the operator accepted data loss
-        return self.settings.name in decode(in_sync_kv.value).get("members", [])
+        if self.settings.name not in decode(in_sync_kv.value).get("members", []):
+            return False
+        if not self._may_campaign():
+            if not self._declined:
+                log.warning("%s is in the in-sync set of group %s but its own copy is not "
+                            "whole (emptied, or being reset or cut back): it does not campaign "
+                            "until it has caught up", self.settings.name,
+                            self.settings.group)  # fmt: skip
+                self._declined = True
+            return False
+        self._declined = False
+        return True
 
     async def _campaign(self, in_sync_kv: KeyValue | None) -> None:
         name = self.settings.name
@@ -297,9 +318,14 @@ class GroupMember:
 
 
 @contextlib.asynccontextmanager
-async def join_group(store: CoordStore, settings: MemberSettings) -> AsyncIterator[GroupMember]:
-    """Be a member of ``settings.group`` until the block ends (see the module's doc)."""
-    member = GroupMember(store, settings)
+async def join_group(
+    store: CoordStore,
+    settings: MemberSettings,
+    may_campaign: Callable[[], bool] | None = None,
+) -> AsyncIterator[GroupMember]:
+    """Be a member of ``settings.group`` until the block ends (see the module's doc).
+    ``may_campaign``: whether this node's own data may lead now (default: always)."""
+    member = GroupMember(store, settings, may_campaign)
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(member._keep_lease)
