@@ -312,8 +312,7 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
             if node in self.in_sync.members:
                 failure: tuple[grpc.StatusCode, str] | None = (
                     grpc.StatusCode.UNAVAILABLE,
-                    "the leader could not record that this follower left the in-sync set; "
-                    "retry",
+                    "the leader could not record that this follower left the in-sync set; retry",
                 )
             else:
                 log.info("replication: %s follows from %d (truncate %d, reset %s)",

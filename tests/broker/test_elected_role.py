@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
 
@@ -80,9 +80,9 @@ async def test_a_wiped_node_still_named_in_sync_is_not_elected(
     must not campaign until its own copy is whole: elected empty, it served TOPIC_NOT_FOUND
     and would have reset every follower to its empty copy."""
     from popmq.broker.replication.epochs import EpochHistory
-    from popmq.cli.broker_cmd import serve_broker
 
-    from popmq.config import BrokerConfig, EtcdConfig, BrokerGroupConfig, ReplicationConfig
+    from popmq.cli.broker_cmd import serve_broker
+    from popmq.config import BrokerConfig, BrokerGroupConfig, EtcdConfig, ReplicationConfig
 
     caplog.set_level(logging.WARNING, logger="popmq.coord.group")
     data = tmp_path / "n1"  # wiped: nothing in it
@@ -101,14 +101,24 @@ async def test_a_wiped_node_still_named_in_sync_is_not_elected(
                 tasks.start_soon(partial(serve_broker, config, announce=lambda _: None,
                                          stop=stop))  # fmt: skip
                 with anyio.fail_after(10):  # it saw no leader, and declined to campaign
-                    while not any("does not campaign" in r.getMessage() for r in caplog.records):
-                        await anyio.sleep(0.05)
+                    await polled(lambda: any("does not campaign" in r.getMessage()
+                                             for r in caplog.records))  # fmt: skip
                 assert await store.get(keys.leader) is None
                 EpochHistory(data).begin(1, 0)  # as if it had caught up: its copy is whole
                 with anyio.fail_after(10):
-                    while (kv := await store.get(keys.leader)) is None:
+                    while True:
+                        kv = await store.get(keys.leader)
+                        if kv is not None:
+                            break
                         await anyio.sleep(0.05)
                 assert decode(kv.value)["name"] == "n1"
                 stop.set()
         finally:
             await store.aclose()
+
+
+async def polled(check: Callable[[], bool]) -> None:
+    while True:
+        if check():
+            return
+        await anyio.sleep(0.05)

@@ -310,7 +310,9 @@ class FakeStream:
 
 
 async def until(check: Callable[[], bool]) -> None:
-    while not check():
+    while True:
+        if check():
+            return
         await asyncio.sleep(0.01)
 
 
