@@ -112,6 +112,12 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
     def min_in_sync(self) -> int:
         return self._config.min_in_sync
 
+    def leads(self) -> bool:
+        """Whether this node may answer as the leader now: not closed, and not fenced by its
+        role source (a leader whose lease deadline passed answers nothing, reads included,
+        until a keepalive renews it; a successor may exist)."""
+        return not self._closed and self._roles.current().is_leader
+
     def check_available(self) -> None:
         """Refuse a write now when this node may no longer lead (its role source fenced it)
         or fewer than min_in_sync nodes are in sync."""

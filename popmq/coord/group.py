@@ -17,6 +17,11 @@ lease deadline has passed. The deadline is measured on the monotonic clock from 
 successful keepalive was *sent*, so it is never later than etcd's own expiry of the lease, and
 a paused or partitioned leader stops acknowledging before anyone else can be elected.
 
+A passed deadline is a fence, not a loss: the published role stays "leader" (``fenced`` is
+set, ``may_write()`` is false) until the key is *known* lost (etcd says the lease is gone, or
+the leader key is another's or absent). A late keepalive that finds the lease alive lifts the
+fence, and the node serves again without closing and reopening its broker.
+
 On a clean exit the lease is revoked: the leader key goes at once and another node takes over
 without waiting for the TTL.
 """
@@ -105,6 +110,9 @@ class GroupMember:
         self._lease_deadline = 0.0  # loop-clock time until which the lease surely holds
         self._in_sync: list[str] = []
         self.elections_won = 0
+        # The lease deadline passed while leading: no writes until a keepalive renews it.
+        # A plain attribute: metrics read it from their HTTP thread.
+        self.fenced = False
         self._listeners: list[Callable[[GroupRole], None]] = []
 
     # -- what the broker reads -------------------------------------------------------------
@@ -170,6 +178,7 @@ class GroupMember:
         elif previous.is_leader and not role.is_leader:
             log.warning("%s no longer leads group %s (epoch %d)", self.settings.name,
                         self.settings.group, previous.epoch)  # fmt: skip
+        self.fenced = False
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
         for listener in self._listeners:
@@ -180,6 +189,22 @@ class GroupMember:
             log.warning("%s fences itself in group %s: %s", self.settings.name,
                         self.settings.group, why)  # fmt: skip
             self._publish(NO_LEADER)
+
+    def _fence(self, why: str) -> None:
+        """The deadline passed while leading: may_write() already refuses; say so once, and
+        read the group at once (the key may be gone, or still ours)."""
+        if self._role.is_leader and not self.fenced:
+            log.warning("%s fences itself in group %s: %s; it leads again if a keepalive "
+                        "finds its lease alive", self.settings.name, self.settings.group,
+                        why)  # fmt: skip
+            self.fenced = True
+            self._wake.set()
+
+    def _unfence(self) -> None:
+        if self.fenced and self.may_write():
+            log.info("%s renewed its lease: it leads group %s again (epoch %d)",
+                     self.settings.name, self.settings.group, self._role.epoch)  # fmt: skip
+            self.fenced = False
 
     async def _register(self) -> None:
         ttl = self.settings.lease_ttl_s
@@ -201,6 +226,7 @@ class GroupMember:
                 sent = anyio.current_time()
                 ttl = await self.store.keepalive(self._lease)
                 self._lease_deadline = sent + ttl
+                self._unfence()
                 if warned:
                     log.info("%s reaches etcd again", settings.name)
                     warned = False
@@ -213,19 +239,20 @@ class GroupMember:
                     log.warning("%s cannot reach etcd: %s", settings.name, exc.message)
                     warned = True
                 if not self.may_write():
-                    self._step_down("its lease deadline passed without a keepalive")
+                    self._fence("its lease deadline passed without a keepalive")
                 await anyio.sleep(settings.retry_s)
 
     async def _fence_on_deadline(self) -> None:
-        """Publish the step-down when the lease deadline passes (may_write() already refuses
-        from that instant; this tells the broker and the metrics)."""
+        """Mark the fence when the lease deadline passes (may_write() already refuses from
+        that instant; this tells the logs and the metrics, and reads the group at once)."""
         while True:
-            if self._role.is_leader:
-                await anyio.sleep(max(self.lease_remaining_s(), 0.01))
-                if self._role.is_leader and not self.may_write():
-                    self._step_down("its lease deadline passed")
-            else:
+            if not self._role.is_leader:
                 await self.role_changed()
+            elif (remaining := self.lease_remaining_s()) > 0:
+                await anyio.sleep(max(remaining, 0.01))
+            else:
+                self._fence("its lease deadline passed")
+                await anyio.sleep(self.settings.retry_s)  # until a keepalive renews it
 
     async def _watch(self) -> None:
         while True:
@@ -248,7 +275,7 @@ class GroupMember:
                 self._step_down("its lease expired")
             except CoordUnavailableError:
                 if not self.may_write():
-                    self._step_down("etcd is unreachable and its lease deadline passed")
+                    self._fence("etcd is unreachable and its lease deadline passed")
 
     async def _refresh(self) -> None:
         kvs, _ = await self.store.get_prefix(self.keys.root)
@@ -260,10 +287,9 @@ class GroupMember:
             return
         if in_sync_kv is not None:
             self._in_sync = [str(m) for m in decode(in_sync_kv.value).get("members", [])]
-        role = leader_role(leader, self._lease, self.settings.name)
-        if role.is_leader and not self._lease_holds():
-            role = NO_LEADER  # our key, but the lease may already be gone at etcd
-        self._publish(role)
+        # Our key read back means our lease is alive at etcd now: still the leader, fenced
+        # (may_write() false) until a keepalive renews the deadline.
+        self._publish(leader_role(leader, self._lease, self.settings.name))
 
     def _eligible(self, in_sync_kv: KeyValue | None) -> bool:
         if in_sync_kv is None or self.settings.unclean_election:
