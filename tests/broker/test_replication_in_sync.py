@@ -377,3 +377,45 @@ async def test_a_closed_leader_records_no_in_sync_set(tmp_path: Path) -> None:
     await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
     await leader.reevaluate()
     assert roles.reports == reported
+
+
+async def test_a_bootstrapping_follower_is_in_sync_only_once_the_topics_reached_it(
+    tmp_path: Path,
+) -> None:
+    """The leader counts a follower that starts from nothing in sync only when it acknowledged
+    the batch that carried the documents (topics.log among them), not the clipped ones before
+    it (here: the bytes of the older epoch, which no batch may cross)."""
+    from popmq.broker.contract.types import Message
+    from popmq.broker.core import Broker
+    from popmq.broker.replication.files import list_segments, log_end
+
+    from popmq.config import BrokerConfig, StoreConfig
+
+    broker = Broker(BrokerConfig(name="broker-a", data_dir=tmp_path,
+                                 store=StoreConfig(flush="async")))  # fmt: skip
+    await broker.start()
+    await broker.create_topic("T", 1)
+    await broker.send([Message(topic="T", body=b"epoch 2")], 0)
+    middle = log_end(list_segments(tmp_path))
+    await broker.send([Message(topic="T", body=b"epoch 3")], 0)
+    await broker.aclose()
+    history = EpochHistory(tmp_path)
+    history.begin(2, 0)
+    history.begin(3, middle)
+    leader = ReplicationLeader(tmp_path, "a0", ROLE, StaticRoleSource(ROLE),
+                               ReplicationConfig(mode="sync", min_in_sync=2), history,
+                               clock=LoopClock())  # fmt: skip
+    async with leader:
+        stream = FakeStream("a1", leader)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(leader.Replicate, stream, stream)
+            await asyncio.wait_for(until(lambda: len(stream.batches) >= 2), 5)
+            first, second = stream.batches[:2]
+            assert first.reset and not first.complete and not first.files
+            assert second.complete and "topics.log" in {f.path for f in second.files}
+            stream.ack(1)
+            await asyncio.sleep(1.0)
+            assert "a1" not in leader.in_sync.members  # it holds bytes, not the topics
+            stream.ack(2)
+            await asyncio.wait_for(until(lambda: "a1" in leader.in_sync.members), 5)
+            tasks.cancel_scope.cancel()
