@@ -10,11 +10,11 @@ from popmq.broker.contract.types import Message
 from popmq.broker.core import Broker
 from popmq.broker.replication import epochs
 from popmq.broker.replication.completeness import holds_whole_copy
-from popmq.broker.replication.files import DataSnapshotter
-from popmq.broker.replication.leader import make_batch
+from popmq.broker.replication.files import DataSnapshotter, list_segments
 from popmq.broker.replication.replica import ReplicaWriter
 
 from popmq.config import BrokerConfig, StoreConfig
+from popmq.pb.replication.v1 import replication_pb2 as pb
 
 
 def broker_at(path: Path) -> Broker:
@@ -22,10 +22,19 @@ def broker_at(path: Path) -> Broker:
 
 
 def send_batch(source: Path, writer: ReplicaWriter, snapshotter: DataSnapshotter, sequence: int,
-               history: list[epochs.Entry], **first: object) -> bool:  # fmt: skip
-    """One batch from the leader's directory to the follower; whether it was complete."""
+               history: list[epochs.Entry], *, reset: bool = False,
+               truncate: int = -1) -> bool:  # fmt: skip
+    """One batch from the leader's directory to the follower, built as the leader builds it;
+    whether it was complete."""
     snapshot = snapshotter.take(history, 0.0)
-    batch = make_batch(source, snapshot, sequence, history[-1][0], history, **first)  # type: ignore[arg-type]
+    segments = list_segments(source)
+    batch = pb.ReplicaBatch(
+        sequence=sequence, epoch=history[-1][0], truncate_to=truncate, reset=reset,
+        epochs=[pb.EpochEntry(epoch=e, start_offset=s) for e, s in history],
+        commitlog_min=segments[0][0] if segments else 0,
+        commitlog_segment=snapshot.commitlog_segment, commitlog_offset=snapshot.commitlog_offset,
+        commitlog_data=snapshot.commitlog_data, files=snapshot.files, complete=snapshot.complete,
+    )  # fmt: skip
     writer.apply(batch, known_epoch=0)
     return snapshot.complete
 
