@@ -131,3 +131,29 @@ async def test_a_fenced_leader_answers_nothing_and_serves_again_on_the_same_brok
             group.cancel_scope.cancel()
     finally:
         await node.aclose()
+
+
+async def test_a_first_leader_that_fails_to_start_may_campaign_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new group's first leader records its epoch before its broker starts: a crash during
+    that start must not leave the group's only in-sync node without a history (it would never
+    campaign again: completeness.py)."""
+    from popmq.broker.core import Broker
+    from popmq.broker.replication.completeness import holds_whole_copy
+
+    async def crash(self: Broker) -> None:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(Broker, "start", crash)
+    settings = config(tmp_path, "s0")
+    node = ReplicatedNode(settings, StaticRoleSource(GroupRole(5, "broker-s", "", True)))
+    await node.start()
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(node.run)
+            await eventually(lambda: "cannot play its role" in node.port.refusal, "no failure")
+            group.cancel_scope.cancel()
+    finally:
+        await node.aclose()
+    assert holds_whole_copy(settings.data_dir)
