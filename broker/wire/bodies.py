@@ -122,7 +122,7 @@ def splitting_decoder(
     parse: Callable[[bytes], M], messages_field: int, body_field: int
 ) -> Callable[[bytes], M]:
     """A request deserializer: ``parse`` for small requests; for large ones, ``parse`` of the
-    request without its bodies, the bodies kept as views for ``bodies_of``."""
+    request without its bodies, the bodies kept as views for ``take_bodies``."""
 
     def decode(data: bytes) -> M:
         if len(data) < SPLIT_FROM_BYTES:
@@ -142,9 +142,12 @@ def splitting_decoder(
     return decode
 
 
-def bodies_of(request: object) -> list[memoryview | None] | None:
-    """The bodies ``splitting_decoder`` cut out of ``request`` (None: it was decoded whole)."""
+def take_bodies(request: object) -> list[memoryview | None] | None:
+    """The bodies ``splitting_decoder`` cut out of ``request`` (None: it was decoded whole),
+    taken out of the task's context: a task started later (which copies the context) must
+    not keep grpc's bytes of the request alive after the call."""
     held = _SPLIT.get()
     if held is None or held[0] is not request:
         return None
+    _SPLIT.set(None)
     return held[1]

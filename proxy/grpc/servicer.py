@@ -78,6 +78,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             self.metrics.budget_refusals.inc,
             config.inflight_wait_ms,
         )
+        budget = self._budget
+        self.metrics.inflight_bytes.set_function(lambda: budget.held)
 
     # -- plumbing ----------------------------------------------------------------------------
     def _record(self, method: str, code: int | str, started: float) -> None:
