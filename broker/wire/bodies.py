@@ -58,8 +58,8 @@ def _head(number: int, length: int) -> bytes:
 
 
 def _fields(data: memoryview, pos: int, end: int) -> list[tuple[int, int, int, int, int]]:
-    """(number, wire type, start, value start, end) of each field in data[pos:end], in order: the field's
-    bytes are data[start:end]; a length-delimited value's are data[value start:end]."""
+    """(number, wire type, start, value start, end) of each field in data[pos:end], in order:
+    the field's bytes are data[start:end]; a length-delimited value's, data[value start:end]."""
     out = []
     while pos < end:
         start = pos
@@ -85,7 +85,9 @@ def _fields(data: memoryview, pos: int, end: int) -> list[tuple[int, int, int, i
     return out
 
 
-def split(data: bytes, messages_field: int, body_field: int) -> tuple[bytes, list[memoryview | None]]:
+def split(
+    data: bytes, messages_field: int, body_field: int
+) -> tuple[bytes, list[memoryview | None]]:
     """``data`` (a request with a repeated message field) without its messages' bodies, and
     each message's body as a view of ``data`` (None: the message has none), in order."""
     view = memoryview(data)

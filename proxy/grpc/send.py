@@ -25,7 +25,9 @@ async def send_message(
     if bodies is None:
         outgoing = [outgoing_from_pb(m) for m in request.messages]
     else:
-        outgoing = [outgoing_from_pb(m, body) for m, body in zip(request.messages, bodies, strict=True)]
+        outgoing = [
+            outgoing_from_pb(m, body) for m, body in zip(request.messages, bodies, strict=True)
+        ]
     if budget is None:
         outcomes = await core.sender.send(outgoing, ctx)
     else:
