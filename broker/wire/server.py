@@ -25,6 +25,7 @@ from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.watch import WatchKey, wait_visible
 from popmq.broker.wire import convert
+from popmq.broker.wire.bodies import splitting_decoder, take_bodies
 from popmq.broker.wire.request_link import (
     LINK_HEADROOM_BYTES,
     Encoded,
@@ -143,8 +144,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     # -- produce -----------------------------------------------------------------------------
 
     async def Send(self, request: pb.SendRequest, context: object) -> pb.SendResponse:
+        bodies = take_bodies(request)  # a large batch's bodies, left in grpc's bytes of it
+
         async def work() -> pb.SendResponse:
             messages = [convert.message_from_proto(m) for m in request.messages]
+            if bodies is not None:
+                for message, body in zip(messages, bodies, strict=True):
+                    if body is not None:
+                        message.body = body.tobytes()
             # Not request.ByteSize(): upb encodes the whole request to measure it.
             async with self._budget.hold(sum(len(m.body) for m in messages)):
                 results = await self._port.send(messages, request.queue_id)
@@ -600,6 +607,8 @@ class BrokerGrpcServer:
                 *([config.max_inflight_bytes, config.inflight_wait_ms] if config else []),
             ),
             server,
+            # A large batch's bodies stay in grpc's bytes of it (views), not copied once more.
+            decoders={"Send": splitting_decoder(pb.SendRequest.FromString, 1, 2)},
         )
         for add_service in self._services:
             add_service(server)

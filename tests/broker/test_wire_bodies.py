@@ -5,13 +5,23 @@ decodes; the result is the request protobuf would decode, with the bodies beside
 from __future__ import annotations
 
 import contextvars
+from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 from google.protobuf.message import DecodeError
+from popmq.broker.contract.errors import Code
+from popmq.broker.contract.types import PopRequest
+from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.broker.wire import bodies as bodies_module
+from popmq.broker.wire import server as server_module
 from popmq.broker.wire.bodies import split, splitting_decoder, take_bodies
+from popmq.broker.wire.server import BrokerGrpcServer
 
 from popmq.pb.broker.v1 import broker_pb2 as bpb
+from popmq.pb.broker.v1 import broker_pb2_grpc
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
@@ -126,3 +136,42 @@ def test_a_malformed_request_gets_protobufs_own_verdict(
         return
     decoded, taken = _decode(data)
     assert decoded == expected and taken is None
+
+
+async def test_a_large_unary_send_to_a_broker_is_stored_from_the_request_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BrokerService.Send past SPLIT_FROM_BYTES: decoded without its bodies, each stored from
+    its view of grpc's bytes, intact, with the other fields as sent."""
+    taken: list[int] = []
+    real_take = server_module.take_bodies
+
+    def recording_take(request: Any) -> Any:
+        bodies = real_take(request)
+        taken.append(-1 if bodies is None else len(bodies))
+        return bodies
+
+    monkeypatch.setattr(server_module, "take_bodies", recording_take)
+    bodies = [bytes([65 + i]) * (400_000 + i) for i in range(3)] + [b"small"]
+    request = bpb.SendRequest(
+        messages=[
+            bpb.Message(topic="big", body=b, tag="T", message_id=f"m{i}")
+            for i, b in enumerate(bodies)
+        ],  # fmt: skip
+        queue_id=0,
+    )
+    async with running_broker(fast_broker_config(tmp_path / "b", name="broker-a")) as broker:
+        server = BrokerGrpcServer(LocalBrokerPort(broker), "127.0.0.1", 0)
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                answer = await broker_pb2_grpc.BrokerServiceStub(channel).Send(request, timeout=10)
+            assert answer.status.code == Code.OK, answer.status
+            assert taken == [4]
+            popped = await LocalBrokerPort(broker).pop(
+                PopRequest("g", "big", max_messages=32, invisible_time_ms=60_000)
+            )
+        finally:
+            await server.aclose(0)
+    got = sorted((m.message.message_id, m.message.body, m.message.tag) for m in popped.messages)
+    assert got == [(f"m{i}", b, "T") for i, b in enumerate(bodies)]
