@@ -157,7 +157,7 @@ async def test_a_large_unary_send_to_a_broker_is_stored_from_the_request_bytes(
         messages=[
             bpb.Message(topic="big", body=b, tag="T", message_id=f"m{i}")
             for i, b in enumerate(bodies)
-        ],  # fmt: skip
+        ],
         queue_id=0,
     )
     async with running_broker(fast_broker_config(tmp_path / "b", name="broker-a")) as broker:
