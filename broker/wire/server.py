@@ -73,7 +73,7 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 
 
 # Bytes of the budget a pop or pull answer took while it is served on the request link: the
-# link gives them back once the answer's frame is written (a unary answer's, once encoded).
+# link gives them back once the answer's frame is written (a unary answer's, once grpc sent it).
 _ANSWER_HELD: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
     "answer_held", default=None
 )
@@ -124,19 +124,28 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         )
 
     @contextlib.contextmanager
-    def _answer_held(self, size: int) -> Iterator[None]:
-        """``size`` bytes of an answer taken from the budget: handed to the request link (it
-        gives them back once written), or given back once the answer is encoded."""
+    def _answer_held(self, size: int, context: object) -> Iterator[None]:
+        """``size`` bytes of an answer taken from the budget until the answer is written: on the
+        request link, the link gives them back once the answer's frame is written; a unary
+        call's, once grpc has sent it (the call's done callback: the answer is encoded after
+        the handler returns, then written, and a slow reader can hold it that long)."""
         self._budget.take(size)
         held = _ANSWER_HELD.get()
         if held is not None:
             held.append(size)
             yield
             return
+        on_done = getattr(context, "add_done_callback", None)
+        returned = False
         try:
             yield
+            returned = on_done is not None
         finally:
-            self._budget.release(size)
+            if returned:
+                assert on_done is not None
+                on_done(lambda _context: self._budget.release(size))
+            else:  # failed, or no grpc call (in-process use): nothing is left to write
+                self._budget.release(size)
 
     async def Describe(self, request: pb.DescribeRequest, context: object) -> pb.DescribeResponse:
         return pb.DescribeResponse(status=convert.ok_status(), name=self._port.name)
@@ -170,7 +179,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             # (refused, nothing was popped), then count what was taken until it is encoded.
             await self._budget.room()
             result = await self._port.pop(convert.pop_request_from_proto(request))
-            with self._answer_held(sum(len(m.message.body) for m in result.messages)):
+            with self._answer_held(sum(len(m.message.body) for m in result.messages), context):
                 return convert.pop_result_to_proto(result)
 
         return await _answer(pb.PopResponse, work())
@@ -400,7 +409,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         async def work() -> pb.PullResponse:
             await self._budget.room()  # as Pop: nothing is read while the budget is full
             result = await self._port.pull(convert.pull_request_from_proto(request))
-            with self._answer_held(sum(len(m.body) for m in result.messages)):
+            with self._answer_held(sum(len(m.body) for m in result.messages), context):
                 return convert.pull_result_to_proto(result)
 
         return await _answer(pb.PullResponse, work())
