@@ -17,6 +17,7 @@ import yaml
 from popmq.broker.contract.errors import Code
 from popmq.proxy.grpc.access import access_guard
 from popmq.proxy.metrics import ProxyMetrics
+from popmq.security.authn import Authenticator
 from proxy_support import Cluster, message, unique
 
 from popmq.config import ProxyConfig
@@ -626,3 +627,31 @@ async def test_cancelled_calls_give_their_places_back(make_cluster: Any, tmp_pat
             call.cancel()
         await asyncio.sleep(0.3)
         assert (await cluster.route(topic)).status.code == Code.OK
+
+
+async def test_each_call_verifies_its_signature_once(
+    guarded: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard verifies a call's signature from its headers before reading the request, and
+    its permission check takes that user (not a second HMAC per call)."""
+    verified: list[str] = []
+    real = Authenticator.authenticate
+
+    def counting(self: Authenticator, headers: Any) -> Any:
+        user = real(self, headers)
+        verified.append(user.access_key)
+        return user
+
+    monkeypatch.setattr(Authenticator, "authenticate", counting)
+    topic = unique("t")
+    sent = await guarded.stub.SendMessage(
+        s.SendMessageRequest(messages=[message(topic, b"a")]), metadata=guarded.metadata()
+    )
+    assert sent.status.code == Code.OK
+    assert (await guarded.route(topic)).status.code == Code.OK
+    assert verified == [OWNER[0], OWNER[0]]  # two calls, one verification each
+    guarded.signing = OTHER  # and the check still applies this call's user's permissions
+    refused = await guarded.stub.SendMessage(
+        s.SendMessageRequest(messages=[message(topic, b"b")]), metadata=guarded.metadata()
+    )
+    assert refused.status.code == Code.FORBIDDEN
