@@ -17,7 +17,6 @@ import yaml
 from popmq.broker.contract.errors import Code
 from popmq.proxy.grpc.access import access_guard
 from popmq.proxy.metrics import ProxyMetrics
-from popmq.security.authn import Authenticator
 from proxy_support import Cluster, message, unique
 
 from popmq.config import ProxyConfig
@@ -25,6 +24,7 @@ from popmq.pb.admin.v1 import admin_pb2 as a
 from popmq.pb.admin.v1 import admin_pb2_grpc
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
+from popmq.security.authn import Authenticator
 
 OWNER = ("owner", "owner-secret-0001")
 OTHER = ("other", "other-secret-0001")
