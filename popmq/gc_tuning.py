@@ -4,15 +4,15 @@ A proxy holding 10,000 idle long polls keeps about 500,000 container objects ali
 for up to its awaitDuration, and 500 of them end and start again every second. With Python's
 default thresholds (700, 10, 10) that churn triggered a full collection every few seconds,
 each walking every live object: a fifth of the proxy's CPU under `popmq bench idle` went to
-the collector (measured with gc.callbacks: 4.6-5.3 s of 22-27 s), while full collections
+the collector (measured with gc.callbacks: 4.5-5.3 s of 22-27 s), while full collections
 found almost nothing to free (about 500 objects each; the young generations free the cycles
 a receive leaves behind). A larger young generation and rarer full collections keep that
 work small; the objects made while starting (modules, config, metrics) are frozen, so no
 collection walks them again.
 
-Full collections still happen (every ``_THRESHOLDS[0] * [1] * [2]`` net allocations, about
-every few minutes when idle, sooner under load), so cyclic garbage that reached the oldest
-generation stays bounded.
+Full collections still happen (the 25% rule of CPython permitting, once every
+``_THRESHOLDS[0] * [1] * [2]`` = 8 million net allocations instead of 70,000), so cyclic
+garbage that reached the oldest generation stays bounded.
 """
 
 from __future__ import annotations
