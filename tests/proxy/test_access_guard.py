@@ -24,6 +24,7 @@ from popmq.pb.admin.v1 import admin_pb2 as a
 from popmq.pb.admin.v1 import admin_pb2_grpc
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
+from popmq.security.authn import Authenticator
 
 OWNER = ("owner", "owner-secret-0001")
 OTHER = ("other", "other-secret-0001")
@@ -640,3 +641,31 @@ async def test_cancelled_calls_give_their_places_back(make_cluster: Any, tmp_pat
             call.cancel()
         # The places come back (soon: a leaked one never would)
         await eventually(route_admitted(cluster, topic), within_s=10)
+
+
+async def test_each_call_verifies_its_signature_once(
+    guarded: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard verifies a call's signature from its headers before reading the request, and
+    its permission check takes that user (not a second HMAC per call)."""
+    verified: list[str] = []
+    real = Authenticator.authenticate
+
+    def counting(self: Authenticator, headers: Any) -> Any:
+        user = real(self, headers)
+        verified.append(user.access_key)
+        return user
+
+    monkeypatch.setattr(Authenticator, "authenticate", counting)
+    topic = unique("t")
+    sent = await guarded.stub.SendMessage(
+        s.SendMessageRequest(messages=[message(topic, b"a")]), metadata=guarded.metadata()
+    )
+    assert sent.status.code == Code.OK
+    assert (await guarded.route(topic)).status.code == Code.OK
+    assert verified == [OWNER[0], OWNER[0]]  # two calls, one verification each
+    guarded.signing = OTHER  # and the check still applies this call's user's permissions
+    refused = await guarded.stub.SendMessage(
+        s.SendMessageRequest(messages=[message(topic, b"b")]), metadata=guarded.metadata()
+    )
+    assert refused.status.code == Code.FORBIDDEN
