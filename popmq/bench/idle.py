@@ -379,6 +379,10 @@ async def _measure(
             kind: round(sum(s.get(kind, 0.0) for s in held_brokers) / len(held_brokers), 1)
             for kind in kinds
         },
+        # The most seen at one sample: what a loaded machine's late pollers cannot pull down.
+        "held_on_brokers_max": {
+            kind: max(s.get(kind, 0.0) for s in held_brokers) for kind in kinds
+        },
         "proxy_held_notifications": round(sum(held_proxy) / len(held_proxy), 1),
         "proxy_rss_mib": {"base": round(rss_base, 1), "max": round(max(rss), 1)},
         "rss_kib_per_long_poll": round((max(rss) - rss_base) * 1024 / long_polls, 1),

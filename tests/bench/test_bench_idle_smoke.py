@@ -24,7 +24,9 @@ async def test_bench_idle_small_run() -> None:
     assert runs["pop"]["broker_rpcs_per_s_by_kind"]["pop"] > 0
     # pop: each long poll is a pop held on a broker; notify: one shared notification per
     # broker for the whole group, whatever the number of long polls.
-    assert runs["pop"]["held_on_brokers"]["pop"] > 15
+    # (The peak over the window's samples: on a loaded machine pollers re-poll late, so the
+    # mean or any one sample may catch many of them between polls.)
+    assert runs["pop"]["held_on_brokers_max"]["pop"] > 15
     assert runs["pop"]["held_on_brokers"].get("notify", 0) == 0
     assert runs["notify"]["held_on_brokers"]["notify"] <= 2
     assert runs["notify"]["held_on_brokers"].get("pop", 0) == 0

@@ -6,6 +6,7 @@ otel extra) into an in-memory exporter."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -157,7 +158,12 @@ async def test_message_trace_context_links_producer_and_consumer(remote_cluster:
         s.SendMessageRequest(messages=[sent]), metadata=cluster.metadata(), timeout=5
     )
     assert response.status.code == 20000
-    _, received, _ = await cluster.receive(group, topic)
+    # Receive until the message comes: one short poll may end empty on a loaded machine (the
+    # bound only limits a failure).
+    received: list[Any] = []
+    async with asyncio.timeout(30):
+        while not received:
+            _, received, _ = await cluster.receive(group, topic, poll_ms=2_000)
     assert [m.system_properties.trace_context for m in received] == [traceparent]
     linked = {
         span.name
