@@ -11,6 +11,12 @@ from popmq.broker.contract.types import AckEntry, Message, PopRequest
 from popmq.broker.testing import fast_broker_config, running_broker
 
 
+# The delay before delivery: every recall and "not due yet" check must land inside it, so
+# it leaves room for a loaded CI machine's stalls (the polls that take the kept message wait
+# for it: they return as soon as it is due).
+DELAY_MS = 2_500
+
+
 def _delayed(topic: str, body: bytes, delay_ms: int) -> Message:
     return Message(topic, body, delivery_timestamp_ms=int(time.time() * 1000) + delay_ms)
 
@@ -34,7 +40,9 @@ async def _refused(call, code: Code) -> RefusedError:
 async def test_recall_before_delivery_cancels_it(tmp_path) -> None:
     async with running_broker(fast_broker_config(tmp_path)) as broker:
         await broker.create_topic("d", 2, "DELAY")
-        keep, drop = await broker.send([_delayed("d", b"keep", 600), _delayed("d", b"drop", 600)])
+        keep, drop = await broker.send(
+            [_delayed("d", b"keep", DELAY_MS), _delayed("d", b"drop", DELAY_MS)]
+        )
         assert (
             keep.recall_handle and drop.recall_handle and keep.recall_handle != drop.recall_handle
         )
@@ -45,7 +53,7 @@ async def test_recall_before_delivery_cancels_it(tmp_path) -> None:
         )
         assert recalled == 1
         assert await _bodies(broker, "d", 0) == []  # not due yet
-        assert await _bodies(broker, "d", 3_000) == [b"keep"]
+        assert await _bodies(broker, "d", DELAY_MS + 10_000) == [b"keep"]
         await anyio.sleep(0.3)
         assert await _bodies(broker, "d", 300) == []  # the recalled one never comes
         # Once delivered, nothing is left to recall.
@@ -57,10 +65,12 @@ async def test_a_recall_survives_a_restart(tmp_path) -> None:
     config = fast_broker_config(tmp_path)
     async with running_broker(config) as broker:
         await broker.create_topic("d", 1, "DELAY")
-        _, drop = await broker.send([_delayed("d", b"keep", 1_500), _delayed("d", b"drop", 1_500)])
+        _, drop = await broker.send(
+            [_delayed("d", b"keep", DELAY_MS), _delayed("d", b"drop", DELAY_MS)]
+        )
         await broker.recall("d", drop.recall_handle)
     async with running_broker(config) as broker:
-        assert await _bodies(broker, "d", 4_000) == [b"keep"]
+        assert await _bodies(broker, "d", DELAY_MS + 10_000) == [b"keep"]
         await anyio.sleep(0.3)
         assert await _bodies(broker, "d", 300) == []
         assert broker.timer.pending == 0

@@ -12,6 +12,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from support.broker_process import kill_now
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 60.0  # generous: HA tests start several processes at once
 _ADDRESS = re.compile(r"listening on (\S+):(\d+)$")
@@ -46,12 +48,20 @@ class PopmqProcess:
                 preexec_fn=self._limit_fds if self.max_fds is not None else None,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )  # fmt: skip
-        assert self.proc.stdout is not None
+        try:
+            return await self._await_address()
+        except BaseException:
+            # A timeout (pytest-timeout, a cancel) or an exit while it starts must not leave
+            # the child running: kill it by PID at once, without awaiting, then re-raise.
+            kill_now(self.proc)
+            raise
+
+    async def _await_address(self) -> PopmqProcess:
+        assert self.proc is not None and self.proc.stdout is not None
         while True:
             try:
                 line = await asyncio.wait_for(self.proc.stdout.readline(), STARTUP_TIMEOUT_S)
             except TimeoutError:
-                await self.kill()
                 raise AssertionError(f"did not start:\n{self.log()}") from None
             if not line:
                 raise AssertionError(f"exited at start:\n{self.log()}")

@@ -257,19 +257,21 @@ def test_node_transactions_commit_rollback_and_check_back(
     consumer = open_node(endpoint, "simple", topics=[topic], group=group, await_s=1)
     producer = open_node(endpoint, "producer", topics=[topic], transactional=True)
     _ok(producer.call("set_decisions", decisions={"u-commit": "COMMIT", "u-roll": "ROLLBACK"}))
-    open_ = {}
-    for body in ("u-commit", "u-roll"):  # left open: the check-back decides them
-        open_[body] = _ok(producer.call("tx_send", topic=topic, message={"body": body},
-                                        end="none"))  # fmt: skip
     spec = {"body": "c1", "tag": "T", "keys": ["k1"], "properties": {"p": "v"}}
     committed = _ok(producer.call("tx_send", topic=topic, message=spec, end="commit"))
     assert committed["transaction_id"]
     _ok(producer.call("tx_send", topic=topic, message={"body": "r1"}, end="rollback"))
-    got = _ok(consumer.call("receive_until", count=1, timeout_s=5))["messages"]
-    (message,) = got  # the committed one (the open ones are immune from checks for 6 s)
+    got = _ok(consumer.call("receive_until", count=1, timeout_s=30))["messages"]
+    (message,) = got  # the committed one, by its commit (no check-back can commit anything)
     assert message["body"] == "c1" and message["message_id"] == committed["message_id"]
     assert message["tag"] == "T" and message["keys"] == ["k1"]
     assert message["properties"] == {"p": "v"}
+    # Opened only now: were they sent first, a loaded machine's slow calls could let their
+    # check-back (after 6 s of immunity) commit one before c1's receive above.
+    open_ = {}
+    for body in ("u-commit", "u-roll"):  # left open: the check-back decides them
+        open_[body] = _ok(producer.call("tx_send", topic=topic, message={"body": body},
+                                        end="none"))  # fmt: skip
     got = _ok(consumer.call("receive_until", count=1, timeout_s=30))["messages"]
     assert [m["body"] for m in got] == ["u-commit"]
     assert got[0]["message_id"] == open_["u-commit"]["message_id"]

@@ -6,6 +6,7 @@ and the metrics port from the log when ``metrics=True``; ``kill()`` is a kill -9
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -17,6 +18,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"^popmq broker (\S+) listening on (\S+):(\d+)$")
 METRICS = re.compile(rb"metrics on http://127\.0\.0\.1:(\d+)/metrics")
 STARTUP_TIMEOUT_S = 90.0  # only bounds a failure: a loaded CI machine starts slowly
+
+
+def kill_now(proc: asyncio.subprocess.Process | None) -> None:
+    """SIGKILL a child that has not exited, synchronously (safe while its start unwinds)."""
+    if proc is not None and proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
 
 
 class BrokerProcess:
@@ -44,11 +52,20 @@ class BrokerProcess:
                 *args, cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE, stderr=log,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )  # fmt: skip
-        assert self.proc.stdout is not None
+        try:
+            await self._await_startup(offset)
+        except BaseException:
+            # A timeout (pytest-timeout, a cancel) or a failed check while it starts must not
+            # leave the child running: kill it by PID at once, without awaiting (the loop may
+            # be closing), then let the error go on.
+            kill_now(self.proc)
+            raise
+
+    async def _await_startup(self, offset: int) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
         try:
             line = await asyncio.wait_for(self.proc.stdout.readline(), STARTUP_TIMEOUT_S)
         except TimeoutError:
-            await self.kill()
             raise AssertionError(f"broker did not start:\n{self.log_text()}") from None
         match = LISTENING.match(line.decode().strip())
         assert match, f"unexpected first line {line!r}:\n{self.log_text()}"
