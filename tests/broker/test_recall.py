@@ -10,7 +10,6 @@ from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import AckEntry, Message, PopRequest
 from popmq.broker.testing import fast_broker_config, running_broker
 
-
 # The delay before delivery: every recall and "not due yet" check must land inside it, so
 # it leaves room for a loaded CI machine's stalls (the polls that take the kept message wait
 # for it: they return as soon as it is due).

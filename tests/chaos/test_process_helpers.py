@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chaos.processes import PopmqProcess, broker_args, free_port
 from support.broker_process import BrokerProcess, kill_now
+
+from chaos.processes import PopmqProcess, broker_args, free_port
 
 pytestmark = pytest.mark.subprocess  # starts popmq
 

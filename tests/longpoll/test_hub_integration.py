@@ -7,8 +7,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from popmq.broker.contract.types import Message
 from popmq.broker.contract.port import BrokerPort
+from popmq.broker.contract.types import Message
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.notify import NotifyStrategy
 from popmq.proxy.metrics import ProxyMetrics
@@ -47,9 +47,11 @@ async def test_twenty_long_polls_hold_four_notifications_and_all_get_a_message(
         ]
         # Settled: every watch link up, one wait held per broker, one hub task per broker.
         await wait_until(
-            lambda: _links_up(ports)
-            and _held(brokers) == [1, 1, 1, 1]
-            and sample(metrics, "popmq_proxy_held_notification_tasks") == 4
+            lambda: (
+                _links_up(ports)
+                and _held(brokers) == [1, 1, 1, 1]
+                and sample(metrics, "popmq_proxy_held_notification_tasks") == 4
+            )
         )
         # One watch per broker for the whole group, not one per long poll (80): a link that
         # restarted re-sends its pending arm, which is not another arm.
