@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from google.protobuf.message import DecodeError
@@ -43,7 +44,9 @@ pads = st.sampled_from([0, 0, 0, 0, 1, 4, 5, 9])
 
 
 @st.composite
-def field(draw: st.DrawFn, numbers: st.SearchStrategy[int], payload: st.SearchStrategy[bytes]) -> bytes:
+def field(
+    draw: st.DrawFn, numbers: st.SearchStrategy[int], payload: st.SearchStrategy[bytes]
+) -> bytes:
     number = draw(numbers)
     wire = draw(st.sampled_from([0, 1, 2, 2, 2, 2, 3, 5, 6]))
     key = _varint(number << 3 | wire, draw(pads))
@@ -86,14 +89,14 @@ CASES = [(s.SendMessageRequest, 1, 4), (bpb.SendRequest, 1, 2)]
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_the_split_decodes_exactly_what_protobuf_decodes(
-    kind: type, messages_field: int, body_field: int, data: st.DataObject
+    kind: Any, messages_field: int, body_field: int, data: st.DataObject
 ) -> None:
     raw = data.draw(request(body_field))
     with every_request_split():
         check(kind, messages_field, body_field, raw)
 
 
-def check(kind: type, messages_field: int, body_field: int, raw: bytes) -> None:
+def check(kind: Any, messages_field: int, body_field: int, raw: bytes) -> None:
     try:
         expected = kind.FromString(raw)
     except DecodeError:
@@ -127,11 +130,24 @@ def every_request_split() -> Iterator[None]:
         bodies_module.SPLIT_FROM_BYTES = saved
 
 
-def test_an_overlong_key_protobuf_refuses_is_refused() -> None:
-    """upb reads a key as at most 5 bytes: a 6-byte key of the messages field is malformed,
-    and the split, which writes that field's key anew, must not make it acceptable."""
-    message = bytes([0x22, 1]) + b"x"  # body = "x"
-    raw = bytes([0x0A | 0x80, 0x80, 0x80, 0x80, 0x80, 0x00, len(message)]) + message
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # the messages field's key in 6 bytes (upb reads a key as at most 5)
+        bytes([0x8A, 0x80, 0x80, 0x80, 0x80, 0x00, 3, 0x22, 1]) + b"x",
+        # its length in 6 bytes
+        bytes([0x0A, 0x83, 0x80, 0x80, 0x80, 0x80, 0x00, 0x22, 1]) + b"x",
+        # the body's key in 6 bytes, and its length
+        bytes([0x0A, 8, 0xA2, 0x80, 0x80, 0x80, 0x80, 0x00, 1]) + b"x",
+        bytes([0x0A, 8, 0x22, 0x81, 0x80, 0x80, 0x80, 0x80, 0x00]) + b"x",
+        # a 5-byte key past 32 bits
+        bytes([0x8A, 0x80, 0x80, 0x80, 0x10, 3, 0x22, 1]) + b"x",
+    ],
+    ids=["messages-key", "messages-length", "body-key", "body-length", "key-past-32-bits"],
+)
+def test_an_overlong_varint_protobuf_refuses_is_refused(raw: bytes) -> None:
+    """The split writes the messages field's key and length anew and drops the body's: an
+    overlong one of them must not turn a request protobuf refuses into one it accepts."""
     with pytest.raises(DecodeError):
         s.SendMessageRequest.FromString(raw)
     with every_request_split(), pytest.raises(DecodeError):
