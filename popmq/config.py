@@ -8,6 +8,7 @@ JSON file, environment variables ``POPMQ_<SECTION>__<FIELD>`` (e.g.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -501,6 +502,41 @@ class ServeConfig(Section):
     console_port: int = Field(8080, ge=0, le=65535)
 
 
+class ConsoleConfig(Section):
+    """The web console (`popmq console`, and the one beside `popmq serve`)."""
+
+    # Reverse proxies (addresses or networks, e.g. ["10.0.0.5", "10.1.0.0/16"]) whose
+    # X-Forwarded-For names the client: the console's failed-sign-in limit counts per client
+    # address. Empty: X-Forwarded-For is ignored and the TCP peer is the client (a header
+    # anyone can write must not buy a fresh address per try). A comma list in the environment.
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):  # --trusted-proxy A,B and POPMQ_CONSOLE__TRUSTED_PROXIES
+            if value.lstrip().startswith("["):
+                try:
+                    return json.loads(value)
+                except ValueError:
+                    raise ValueError("trusted_proxies: not a JSON list of addresses") from None
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"trusted proxy {entry!r} is not an IP address or network (e.g. 10.0.0.5, "
+                    "10.1.0.0/16; host names are not resolved)"
+                ) from None
+        return value
+
+
 class TracingConfig(Section):
     """OpenTelemetry traces (the popmq[otel] extra); OTEL_EXPORTER_OTLP_ENDPOINT works too."""
 
@@ -514,6 +550,7 @@ class PopmqConfig(Section):
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    console: ConsoleConfig = Field(default_factory=ConsoleConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
 
 

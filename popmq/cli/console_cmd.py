@@ -2,6 +2,7 @@
 
     popmq console --endpoint 127.0.0.1:8081 [--host 127.0.0.1] [--port 8080]
         [--access-key KEY --secret-key SECRET] [--tls | --tls-ca FILE]
+        [--trusted-proxy ADDRESS[/BITS] ...] [--config FILE] [--set KEY=VALUE ...]
 
 With an ACL on the proxy, users sign in with their own keys; the console's own keys (an admin's,
 optional) let non-admin users read what their grants reach. Runs until SIGTERM or SIGINT.
@@ -15,11 +16,12 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import anyio
 
+from popmq.cli.common import config_from_args
 from popmq.cli.failures import UserError
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     console.add_argument(
         "--tls", action="store_true", help="connect with TLS, trusting the system's CAs"
     )
+    console.add_argument(
+        "--trusted-proxy", action="append", metavar="ADDRESS[/BITS]",
+        help="a reverse proxy whose X-Forwarded-For names the client (repeatable; "
+        "console.trusted_proxies; default none: the TCP peer is the client)",
+    )  # fmt: skip
+    console.add_argument(
+        "--config", default=argparse.SUPPRESS, metavar="FILE",
+        help="YAML/JSON config file (its console section); flags and --set override it",
+    )  # fmt: skip
+    console.add_argument(
+        "--set", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
+        help="override a config field, e.g. --set console.trusted_proxies=10.0.0.5",
+    )  # fmt: skip
     console.set_defaults(func=run)
 
 
@@ -72,12 +87,17 @@ def run(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     reader = Credentials(args.access_key, args.secret_key) if args.access_key else None
+    config = config_from_args(args, {"console.trusted_proxies": args.trusted_proxy})
 
     async def main() -> None:
+        from popmq.console.client_address import trusted_networks
         from popmq.console.server import serve_console
 
         # made in the loop: its gRPC channel belongs to it
-        state = ConsoleState(AdminTarget(args.endpoint, args.tls, args.tls_ca), reader)
+        state = ConsoleState(
+            AdminTarget(args.endpoint, args.tls, args.tls_ca), reader,
+            trusted_proxies=trusted_networks(config.console.trusted_proxies),
+        )  # fmt: skip
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -103,6 +123,7 @@ async def serve_with_console(
     console_port: int,
     tls: bool,
     announce: Callable[[str], None],
+    trusted_proxies: Sequence[str] = (),
 ) -> None:
     """Run `serve(announce, stop)` (the proxy) and, once it listens, the console on
     127.0.0.1:console_port against its admin API. A console that cannot start (port taken,
@@ -130,13 +151,16 @@ async def serve_with_console(
             return
         try:
             from popmq.console.admin_client import AdminTarget
+            from popmq.console.client_address import trusted_networks
             from popmq.console.server import serve_console
             from popmq.console.state import ConsoleState
         except ModuleNotFoundError:
             announce(f"popmq console: not started ({MISSING})")
             return
         endpoint = endpoints.get(ADMIN_LINE) or endpoints[PROXY_LINE]
-        state = ConsoleState(AdminTarget(endpoint))
+        state = ConsoleState(
+            AdminTarget(endpoint), trusted_proxies=trusted_networks(trusted_proxies)
+        )
         try:
             await serve_console(state, "127.0.0.1", console_port, announce, stop)
         except OSError as exc:

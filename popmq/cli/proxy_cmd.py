@@ -147,6 +147,7 @@ def run_serve(args: argparse.Namespace) -> int:
     with_console = serve_with_console(
         lambda announce, stop: serve(config, announce, stop),
         config.serve.console_port, config.proxy.tls.cert is not None, _announce,
+        config.console.trusted_proxies,
     )  # fmt: skip
     return _run("serve", config, with_console)
 

@@ -196,7 +196,7 @@ async def login(request: Request) -> Response:
     secret_key = str(form.get("secret_key", ""))
     target = _safe_next(str(form.get("next", "") or "/cluster"))
     state = state_of(request)
-    address = request.client.host if request.client else ""
+    address = state.address_of(request)
     wait = state.logins.retry_after(address, access_key)
     if wait:  # too many failed sign-ins from here, or for this access key
         context = {

@@ -44,8 +44,9 @@ async def serve_console(
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", lifespan="on", access_log=False,
         server_header=False,
-        # The peer's own address, never X-Forwarded-For: uvicorn trusts it from 127.0.0.1 by
-        # default, and anyone on this host could then name a new address per failed /login.
+        # The peer's own address, never uvicorn's reading of X-Forwarded-For: it trusts the
+        # header from 127.0.0.1 by default, and anyone on this host could then name a new
+        # address per failed /login. console.trusted_proxies is applied by client_address.py.
         proxy_headers=False,
     )  # fmt: skip
     server = _OwnedServer(config)

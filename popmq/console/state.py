@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 
 from popmq.console.admin_client import AdminClient, AdminTarget, ConsoleError, Credentials
+from popmq.console.client_address import Network, client_address
 from popmq.console.identity import Sessions, basic_credentials, who_is
 from popmq.console.login_limit import LoginLimiter
 from popmq.console.views import Asker, Rates
@@ -22,9 +23,15 @@ class ConsoleState:
     sessions: Sessions = field(default_factory=Sessions)
     rates: Rates = field(default_factory=Rates)
     logins: LoginLimiter = field(default_factory=LoginLimiter)
+    # console.trusted_proxies: whose X-Forwarded-For names the client (client_address.py)
+    trusted_proxies: tuple[Network, ...] = ()
 
     def __post_init__(self) -> None:
         self.client = AdminClient(self.target)
+
+    def address_of(self, request: Request) -> str:
+        """The client's address, for the failed-sign-in limit."""
+        return client_address(request, self.trusted_proxies)
 
     def credentials_of(self, request: Request) -> tuple[bool, Credentials | None]:
         """(came by Basic?, the key pair): HTTP Basic first, then the session cookie."""
@@ -41,7 +48,7 @@ class ConsoleState:
             return Asker(self.client, identity, self.reader)
         # HTTP Basic names a key pair on every request: limited like /login's form, or the
         # API would let a secret be guessed at the proxy's speed.
-        address = request.client.host if request.client else ""
+        address = self.address_of(request)
         wait = self.logins.retry_after(address, credentials.access_key)
         if wait:
             raise ConsoleError(

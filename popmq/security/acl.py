@@ -94,6 +94,12 @@ def owning_group(topic: str) -> str | None:
 
 
 NAMESPACE_SEPARATOR = "%"  # RocketMQ's NamespaceUtil form: NAMESPACE%name
+# RocketMQ's namespace rule, as the proxy's edge checks x-mq-namespace (proxy/grpc/namespace.py).
+_NAMESPACE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_NAMESPACE_RULE = (
+    "a namespace is a name, not a pattern: 1 to 64 characters, each a letter, a digit, "
+    "'_' or '-' (no '*', no '%'); leave `namespace` out for resources outside any namespace"
+)
 
 
 def _plain_in_namespace(name: str, namespace: str) -> str | None:
@@ -203,7 +209,15 @@ class Grant(_Strict):
 
     publish: str | None = None
     subscribe: Subscription | None = None
-    namespace: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    namespace: str | None = None
+
+    @field_validator("namespace", mode="before")
+    @classmethod
+    def _namespace_name(cls, value: Any) -> Any:
+        # Before pydantic's own checks: its message would be the raw regular expression.
+        if value is not None and not (isinstance(value, str) and _NAMESPACE.fullmatch(value)):
+            raise ValueError(_NAMESPACE_RULE)
+        return value
 
     @field_validator("subscribe", mode="before")
     @classmethod
@@ -315,7 +329,8 @@ def load_acl(path: str | Path) -> Acl:
     except ValidationError as exc:
         # Where and what, never the input values: they may hold secret keys.
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in error['loc']) or 'file'}: {error['msg']}"
+            f"{'.'.join(str(p) for p in error['loc']) or 'file'}: "
+            f"{error['msg'].removeprefix('Value error, ')}"
             for error in exc.errors()
         )
         raise ValueError(f"bad ACL file {path}: {problems}") from None

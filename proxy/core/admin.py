@@ -16,7 +16,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -213,22 +213,44 @@ def broker_address(port: BrokerPort) -> str:
     return getattr(port, "address", None) or "in-process"
 
 
-async def _scan(
-    port: BrokerPort, topic: str, queue_id: int, low: int, high: int
+async def _pick(
+    port: BrokerPort,
+    topic: str,
+    queue_id: int,
+    low: int,
+    high: int,
+    wanted: Callable[[StoredMessage], bool],
+    room: list[int],
+    refuse: Callable[[], RefusedError],
 ) -> list[StoredMessage]:
-    """Messages of one queue in [low, high), oldest first."""
+    """The ``wanted`` messages of one queue in [low, high), oldest first, holding no more
+    than ``room[0]`` bytes of them (``refuse()`` is raised before one more would pass it).
+    Each pull asks for as many messages as the room left fits at the largest size seen so
+    far (one while none is known), so what a pull hands over stays within the room too,
+    give or take one message larger than any before it."""
     out: list[StoredMessage] = []
+    largest = 0
     offset = low
     while offset < high:
-        result = await port.pull(
-            PullRequest(topic, queue_id, offset, max_messages=min(PULL_BATCH, high - offset))
-        )
+        fits = room[0] // largest if largest else 1
+        count = max(1, min(PULL_BATCH, high - offset, fits))
+        result = await port.pull(PullRequest(topic, queue_id, offset, max_messages=count))
         if result.status != PullStatus.FOUND or not result.messages:
             if result.next_offset <= offset:
                 break
             offset = result.next_offset
             continue
-        out += [m for m in result.messages if m.queue_offset < high]
+        for m in result.messages:
+            if m.queue_offset >= high:
+                continue
+            size = _held_bytes(m)
+            largest = max(largest, size)
+            if not wanted(m):
+                continue
+            if size > room[0]:
+                raise refuse()
+            room[0] -= size
+            out.append(m)
         offset = result.next_offset
     return out
 
@@ -696,27 +718,30 @@ class Admin:
             raise RefusedError(Code.BAD_REQUEST, "give message ids or --all (not both)")
         wanted = set(message_ids)
         dlq = f"{DLQ_PREFIX}{group}"
+
         # Found first, then resent: a missing id must leave every other one unsent. Only the
-        # chosen messages are kept, and their bodies only until each is sent again, so a
-        # large DLQ is read in PULL_BATCH chunks, never whole.
+        # chosen messages are kept, and their bodies only until each is sent again; the scan
+        # refuses before it would hold more than proxy.admin_scan_bytes of them.
+        def wanted_message(m: StoredMessage) -> bool:
+            return all_ or bool(wanted & {m.message_id, m.properties.get(PROP_ORIGIN_MESSAGE_ID)})
+
+        def too_much() -> RefusedError:
+            return RefusedError(
+                Code.BAD_REQUEST,
+                f"the messages to resend from {dlq} hold more than "
+                f"proxy.admin_scan_bytes ({self.bounds.scan_bytes} bytes): resend "
+                "them by message ids, in parts",
+            )
+
         chosen: list[Found] = []
-        held = 0
+        room = [self.bounds.scan_bytes]
         for broker, port, info in await self._dlq_on_brokers(group):
             for queue in info.queues:
-                for start in range(queue.min_offset, queue.max_offset, PULL_BATCH):
-                    end = min(start + PULL_BATCH, queue.max_offset)
-                    for m in await _scan(port, dlq, queue.queue_id, start, end):
-                        ids = {m.message_id, m.properties.get(PROP_ORIGIN_MESSAGE_ID)}
-                        if all_ or wanted & ids:
-                            chosen.append((broker, m))
-                            held += _held_bytes(m)
-                    if held > self.bounds.scan_bytes:
-                        raise RefusedError(
-                            Code.BAD_REQUEST,
-                            f"the messages to resend from {dlq} hold more than "
-                            f"proxy.admin_scan_bytes ({self.bounds.scan_bytes} bytes): resend "
-                            "them by message ids, in parts",
-                        )
+                picked = await _pick(
+                    port, dlq, queue.queue_id, queue.min_offset, queue.max_offset,
+                    wanted_message, room, too_much,
+                )  # fmt: skip
+                chosen += [(broker, m) for m in picked]
         chosen.sort(key=lambda item: item[1].store_timestamp_ms)
         missing = wanted - {
             i for _, m in chosen for i in (m.message_id, m.properties.get(PROP_ORIGIN_MESSAGE_ID))

@@ -282,7 +282,7 @@ async def test_long_poll_deadline_is_poll_time_plus_margin(served) -> None:
         elapsed = loop.time() - started
         assert caught.value.code is Code.PROXY_TIMEOUT
         assert not isinstance(caught.value, RefusedError)  # no answer is not a refusal
-        assert 0.45 <= elapsed < 2.0
+        assert 0.45 <= elapsed < 3.0  # the held call would never end: slack for a loaded CI
         await asyncio.wait_for(fake.released.wait(), 2)  # the broker let go too
     finally:
         await remote.aclose()

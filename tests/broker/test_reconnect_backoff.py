@@ -50,7 +50,9 @@ async def test_a_broker_back_after_an_outage_is_reached_within_about_a_second(
                 except PopmqError:
                     assert time.monotonic() - back < 10, "never reached again"
                     await asyncio.sleep(0.05)
-            assert time.monotonic() - back < 2.0
+            # The channel re-dials at least every 1 s (+20% jitter); grpc's default would wait
+            # out a backoff of several seconds by now. Slack for a loaded CI machine.
+            assert time.monotonic() - back < 3.0
         finally:
             await remote.aclose()
             await server.aclose(0)

@@ -77,6 +77,9 @@ def test_console_talks_to_the_proxy_admin_api_with_keys_from_a_secret() -> None:
     plain = parse_cli(container(_console(plain_out))["args"])
     assert plain.endpoint == "popmq-proxy:8081" and plain.tls_ca is None
     assert not [s for s in plain_out.all("Service") if s["metadata"]["name"].endswith("-admin")]
+    assert plain.trusted_proxy is None  # X-Forwarded-For ignored unless proxies are listed
+    behind = render({**ON, "console": {**ON["console"], "trustedProxies": ["10.1.0.0/16"]}})
+    assert parse_cli(container(_console(behind))["args"]).trusted_proxy == ["10.1.0.0/16"]
 
 
 def test_network_policy_lets_the_console_reach_the_proxies_and_its_users_reach_it() -> None:

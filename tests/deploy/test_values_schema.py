@@ -111,6 +111,8 @@ CHART_OWNED = {
     "serve",
     # replicated groups: set per group from brokerGroups (replication, minInSync) as flags
     "broker.replication",
+    # the console's pods: --trusted-proxy from console.trustedProxies
+    "console.trusted_proxies",
 }  # fmt: skip
 
 

@@ -18,7 +18,11 @@ async def test_bench_longpoll_small_run() -> None:
     assert notify["sent"] > 5
     assert notify["delivered"] == notify["sent"]
     assert notify["false_empty"] == 0
-    assert notify["latency_ms"]["p99"] < 500
+    # Far below the 1 s poll: woken by the watches. The median holds that on a loaded machine;
+    # the tail only counts beyond the event loop's own measured stalls (a busy CI machine
+    # stalls a process for 100s of ms, and a 1 s run has ~20 messages: p99 is the max).
+    assert notify["latency_ms"]["p50"] < 500
+    assert notify["latency_ms"]["p99"] < 500 + notify["loop_stall_ms"]["max"]
     # notify waits on the brokers' watch events (arms), not on held notify calls.
     assert notify["broker_rpcs"].get("watch_arm", 0) > 0
     assert runs["pop"]["broker_rpcs"].get("notify", 0) == 0

@@ -90,14 +90,15 @@ async def test_notify_delivers_a_message_from_another_broker_in_milliseconds(
         await wait_until(lambda: _held(brokers) == [1, 1, 1, 1], limit_s=5)
         assert len(_strategy_tasks()) == 4  # one notification task per broker
         await _send(ports[2])
-        async with asyncio.timeout(1):
+        async with asyncio.timeout(5):
             got = await receive
         latency = _latency_ms(got)
         assert [m.message.store_host for m in got] == ["b2"]
-        # A few ms in practice (docs/longpolling.md has the measured figures); the bound is
-        # loose because a busy shared machine can stall the process for 100+ ms, and still
-        # 40x below the 10 s poll that plain pop long polling would wait out.
-        assert latency < 250
+        # A few ms in practice (docs/longpolling.md has the measured figures). What delivered
+        # it is the watch on b2 (pop_with_notify, checked below): nothing else answers this
+        # poll before its 10 s. The bound only has to tell that from the poll's end, so it
+        # leaves a loaded CI machine (stalls of a second and more) plenty of room.
+        assert latency < 5_000
         await ports[2].ack("g", TOPIC, [AckEntry(got[0].receipt_handle)])
         # The group's watches linger (one broker-local waiter each, no calls) for the next
         # long poll; closing the strategy cancels them.
@@ -160,7 +161,7 @@ async def test_the_deadline_is_respected(tmp_path: Path) -> None:
         started = time.perf_counter()
         assert await strategy.receive(ports, make_request(400)) == []
         elapsed = time.perf_counter() - started
-        assert 0.39 <= elapsed < 1.5  # the deadline, not a watch, ended it
+        assert 0.39 <= elapsed < 3.0  # the deadline, not a watch, ended it (slack for CI)
         assert _held(brokers) == [1, 1, 1]  # the lingering watches, not the long poll
         await strategy.aclose()
         await wait_until(lambda: _held(brokers) == [0, 0, 0])

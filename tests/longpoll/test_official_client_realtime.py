@@ -20,6 +20,9 @@ pytestmark = [pytest.mark.subprocess, pytest.mark.client]
 
 ROUNDS = 6
 SETTLE_S = 0.7  # the consumer's receive is on the proxy by then
+# Room for a loaded 2-core machine (a send through the client's process and the delivery);
+# a receive that waited for the end of its 5 s poll still fails.
+HELD_MARGIN_S = 3.0
 
 
 @pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
@@ -47,6 +50,8 @@ def test_official_client_receives_in_real_time_from_four_brokers(tmp_path: Path)
             for index in range(ROUNDS):
                 waiting = pool.submit(consumer.call, "receive", max=16, invisible_s=15)
                 time.sleep(SETTLE_S)
+                # Latency from here: the Python client's born_timestamp has whole seconds only.
+                sent_at_ms = time.time() * 1000
                 sent = producer.call("send", messages=[{"body": f"realtime-{index}"}])
                 assert sent["ok"] and sent["results"][0]["ok"], sent
                 queues.add(sent["results"][0]["queue"])
@@ -54,12 +59,13 @@ def test_official_client_receives_in_real_time_from_four_brokers(tmp_path: Path)
                 assert answer["ok"], answer
                 assert [m["body"] for m in answer["messages"]] == [f"realtime-{index}"]
                 message = answer["messages"][0]
-                latencies.append(message["received_at_ms"] - message["born_timestamp"])
+                latencies.append(round(message["received_at_ms"] - sent_at_ms))
                 # held only until the message came, not for the 5 s awaitDuration
-                assert answer["elapsed_s"] < SETTLE_S + 1.5, answer["elapsed_s"]
+                assert answer["elapsed_s"] < SETTLE_S + HELD_MARGIN_S, answer["elapsed_s"]
                 assert consumer.call("ack", id=message["message_id"])["ok"]
         assert len(queues) > 1  # the messages really went to different queues
-        assert max(latencies) < 1_000, latencies  # send + delivery, milliseconds in practice
+        # send + delivery (milliseconds in practice), well under the 5 s awaitDuration
+        assert max(latencies) < HELD_MARGIN_S * 1000, latencies
     finally:
         for session in sessions:
             session.close()

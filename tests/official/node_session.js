@@ -150,13 +150,16 @@ class Session {
     for (const spec of cmd.messages) {
       const started = performance.now();
       try {
-        const receipt = await this.client.send(buildMessage(topic, spec));
+        const message = buildMessage(topic, spec);
+        const receipt = await this.client.send(message);
         results.push({
           ok: true,
           message_id: receipt.messageId,
           offset: receipt.offset,
           queue_id: receipt.messageQueue?.queueId ?? null,
           elapsed_s: (performance.now() - started) / 1000,
+          // the due time this session set (ms), for tests that check it came back unchanged
+          delivery_timestamp: message.deliveryTimestamp ? message.deliveryTimestamp.getTime() : null,
         });
       } catch (err) {
         results.push(errorPayload(err));

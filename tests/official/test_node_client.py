@@ -120,7 +120,9 @@ def test_node_client_roundtrip_and_empty_receive(
     # all acked: the next receive returns nothing, without error, after about awaitDuration
     empty = _ok(consumer.call("receive", max=16, invisible_s=15))
     assert empty["messages"] == []
-    assert 1.5 <= empty["elapsed_s"] <= 3.5
+    # Held for the client's 2 s, not the server's 5 s maximum; the upper bound leaves a
+    # loaded CI machine 2.5 s of slack and still tells the two apart.
+    assert 1.5 <= empty["elapsed_s"] <= 4.5
 
 
 def test_node_default_await_is_held_to_the_server_maximum(
@@ -169,14 +171,22 @@ def test_node_delay_message(serve_deployment: Deployment, open_node: OpenClient)
     producer = open_node(endpoint, "producer", topics=[topic])
     consumer = open_node(endpoint, "simple", topics=[topic], group=group, await_s=1)
     sent_ms = time.time() * 1000
-    _send(producer, topic, [{"body": "later", "delay_s": 2.5}])
-    early = _ok(consumer.call("receive", max=4, invisible_s=15))
-    assert early["messages"] == []
-    (message,) = _ok(consumer.call("receive_until", count=1, timeout_s=15))["messages"]
+    (sent,) = _send(producer, topic, [{"body": "later", "delay_s": 2.5}])
+    # The first receive (1 s) usually comes back empty; on a slow machine the send itself may
+    # take long enough for it to span the due time, so what is checked is the cause: no
+    # delivery before the message is due.
+    got = _ok(consumer.call("receive", max=4, invisible_s=15))["messages"]
+    for message in got:
+        _ok(consumer.call("ack", id=message["message_id"]))
+    if not got:
+        got = _ok(consumer.call("receive_until", count=1, timeout_s=15))["messages"]
+    (message,) = got
     assert message["body"] == "later" and not message["corrupted"]
     due = message["delivery_timestamp"]
-    assert due is not None and abs(due - (sent_ms + 2500)) < 1000  # the time the client set
-    assert message["received_at_ms"] >= due - 100  # not delivered before it was due
+    # The time the client set, to the millisecond (the session reports it: comparing with the
+    # test's own clock would also measure how long the message took to reach the session).
+    assert due == sent["delivery_timestamp"] and due >= int(sent_ms) + 2500
+    assert message["received_at_ms"] >= due  # not delivered before it was due
 
 
 def test_node_change_invisible_duration(

@@ -522,9 +522,10 @@ async def test_a_revoked_users_telemetry_stream_ends_soon_after_the_reload(
     loop = asyncio.get_running_loop()
     changed = loop.time()
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await asyncio.wait_for(call.read(), 5)
-    # The file is re-read at most once a second; the stream ends within a second after.
-    assert loop.time() - changed < 2.5
+        await asyncio.wait_for(call.read(), 10)
+    # The file is re-read at most once a second; the stream ends within a second after (the
+    # bound leaves a loaded CI machine slack: nothing else would ever end this stream).
+    assert loop.time() - changed < 5
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 

@@ -287,3 +287,49 @@ async def test_admin_reads_are_bounded_by_settings(make_cluster: Any) -> None:
     assert "admin_max_results" in too_many.status.message
     dlq = await admin.ListDlq(a.ListDlqRequest(group=unique("g"), limit=6))
     assert dlq.status.code == Code.BAD_REQUEST and "admin_max_results" in dlq.status.message
+
+
+async def test_resend_dlq_refuses_before_holding_past_scan_bytes(
+    make_cluster: Any, monkeypatch: Any
+) -> None:
+    """ResendDlq read a chunk of up to 256 dead letters before it checked
+    proxy.admin_scan_bytes (256 x 4 MiB: a GiB held before the refusal). Now no more than the
+    limit (and one message) is read before BAD_REQUEST, and a resend that fits still works."""
+    from popmq.broker.contract.types import PROP_ORIGIN_TOPIC, Message, PullRequest, PullResult
+
+    bounded = await make_cluster(brokers=1, **{"proxy.admin_scan_bytes": 1 << 20})
+    broker = bounded.brokers[0]
+    group, topic = unique("g"), await _topic(bounded)
+    dlq = f"%DLQ%{group}"
+    size = 200_000
+    sent = await broker._append_system(  # as the broker dead-letters: into queue 0
+        dlq,
+        0,
+        [
+            Message(topic=dlq, body=bytes([65 + i]) * size, properties={PROP_ORIGIN_TOPIC: topic})
+            for i in range(12)
+        ],
+    )  # 2.4 MB of dead letters: one pull of the old chunk took them all
+    pulled: list[int] = []
+    real_pull = broker.pull
+
+    async def counting_pull(request: PullRequest) -> PullResult:
+        result = await real_pull(request)
+        pulled.append(sum(len(m.body) for m in result.messages))
+        return result
+
+    monkeypatch.setattr(broker, "pull", counting_pull)
+    admin = _admin(bounded)
+    refused = await admin.ResendDlq(a.ResendDlqRequest(group=group, all=True))
+    assert refused.status.code == Code.BAD_REQUEST
+    assert "admin_scan_bytes" in refused.status.message
+    assert sum(pulled) <= (1 << 20) + size, pulled  # the limit and one message, no chunk
+    # by id, the newest one is found past the others (each pull fits in the room left)
+    pulled.clear()
+    last = sent[-1].message_id
+    one = await admin.ResendDlq(a.ResendDlqRequest(group=group, message_ids=[last]))
+    assert one.status.code == Code.OK, one.status
+    assert [m.topic for m in one.resent] == [topic]
+    assert max(pulled) <= (1 << 20) + size, pulled
+    _, again, _ = await bounded.receive(unique("c"), topic, batch=1)
+    assert [m.body[:1] for m in again] == [b"L"]

@@ -174,11 +174,11 @@ async def test_polling_time_out_of_range(cluster: Cluster) -> None:
     # a deadline too short for the minimum poll
     status, _, _ = await cluster.receive(group, topic, poll_ms=1_000, deadline_s=0.35)
     assert status.code == Code.ILLEGAL_POLLING_TIME
-    # above max is clamped, and never past the client's deadline
-    started = time.monotonic()
+    # above max is clamped, and never past the client's deadline: the whole answer came
+    # before grpc's 1.5 s deadline (else the call raises DEADLINE_EXCEEDED), which is the
+    # bound that matters; a clock read here would add a loaded machine's stalls to it.
     status, _, _ = await cluster.receive(group, topic, poll_ms=60_000, deadline_s=1.5)
     assert status.code == Code.MESSAGE_NOT_FOUND
-    assert time.monotonic() - started < 1.5
 
 
 @pytest.mark.parametrize("batch", [0, -1, 33, 1000])
@@ -279,7 +279,8 @@ async def test_client_disconnect_mid_long_poll(cluster: Cluster) -> None:
     await cluster.send(topic, b"after")
     started = time.monotonic()
     _, messages, _ = await cluster.receive(group, topic, poll_ms=2_000)
-    assert [m.body for m in messages] == [b"after"] and time.monotonic() - started < 1.0
+    # at once: well before the 2 s poll ends (slack for a loaded machine)
+    assert [m.body for m in messages] == [b"after"] and time.monotonic() - started < 1.8
     # and nothing of the cancelled call is left running
     await asyncio.sleep(0.2)
     left = sorted(t.get_name() for t in asyncio.all_tasks() - baseline)

@@ -201,18 +201,35 @@ users:
     assert prod.can_read_topic("prod%orders-1") and not prod.can_read_topic("orders-1")
 
 
+NAMESPACE_RULE = r"1 to 64 characters, each a letter, a digit, '_' or '-'"
+
+
 @pytest.mark.parametrize(
     ("grant", "problem"),
     [
         ("{publish: 'prod%orders'}", "namespace: NS"),
         ("{subscribe: {group: 'prod%g'}}", "namespace: NS"),
         ("{subscribe: {group: g, topics: ['%DLQ%prod%g']}}", "namespace: NS"),
-        ("{publish: t, namespace: 'pr*'}", "namespace"),
-        ("{publish: t, namespace: ''}", "namespace"),
+        ("{publish: t, namespace: 'pr*'}", NAMESPACE_RULE),
+        ("{publish: t, namespace: ''}", NAMESPACE_RULE),
+        ("{publish: t, namespace: 'prod%eu'}", NAMESPACE_RULE),
+        (f"{{publish: t, namespace: {'x' * 65}}}", NAMESPACE_RULE),
+        ("{publish: t, namespace: 7}", NAMESPACE_RULE),
     ],
 )
 def test_namespaces_in_grants_are_checked(tmp_path: Path, grant: str, problem: str) -> None:
     path = tmp_path / "acl.yaml"
     path.write_text(f"users: [{{access_key: a, secret_key: s, allow: [{grant}]}}]")
-    with pytest.raises(ValueError, match=problem):
+    with pytest.raises(ValueError, match=problem) as refused:
         load_acl(path)
+    # what a namespace may hold, where it is, and not pydantic's raw regular expression
+    assert "users.0.allow.0.namespace" in str(refused.value) or "namespace: NS" in problem
+    assert "pattern" not in str(refused.value).replace("not a pattern", "")
+
+
+def test_a_valid_namespace_loads(tmp_path: Path) -> None:
+    path = tmp_path / "acl.yaml"
+    path.write_text(
+        "users: [{access_key: a, secret_key: s, allow: [{publish: t, namespace: p-1_X}]}]"
+    )
+    assert load_acl(path).users[0].allow[0].namespace == "p-1_X"
