@@ -210,10 +210,10 @@ class GroupCollector(Collector):
         for name, text, value in (
             ("popmq_ha_epoch", "the group's epoch as this node sees it (0: no leader)",
              role.epoch),
-            # role, not may_write(): a scrape runs on the HTTP server's thread, off the loop
-            # (the role steps down when the lease deadline passes).
+            # role and fenced, not may_write(): a scrape runs on the HTTP server's thread, off
+            # the loop (fenced is set when the lease deadline passes).
             ("popmq_ha_is_leader", "1 while this node leads its group",
-             1 if role.is_leader else 0),
+             1 if role.is_leader and not member.fenced else 0),
             ("popmq_ha_has_leader", "1 while this node knows a leader of its group",
              1 if role.has_leader else 0),
             ("popmq_ha_in_sync_size", "nodes in the group's in-sync set",

@@ -30,12 +30,15 @@ from pydantic_settings import (
 ENV_PREFIX = "POPMQ_"
 
 # Copies of one request's bytes a process holds at its peak while serving it, measured with
-# psutil on real processes (docs/operations.md, sizing). The Helm chart's memory limits are
-# checked against these (tests/deploy/test_memory_sizing.py). A proxy's peak is grpc's own
-# receive (its C buffer, a bytes per slice and their join: 3 copies); after it the proxy holds
-# the request and its decoded protobuf and sends the messages on in 4 MiB chunks.
-BROKER_COPIES_PER_REQUEST = 4  # a 100 MiB unary send: +419 MB
-PROXY_COPIES_PER_REQUEST = 4  # a 32 x 4 MiB send (134 MB): +400..434 MB (it was +1,226 MB)
+# the kernel's peak RSS (VmHWM) on real processes (docs/operations.md, sizing; the chaos memory
+# tests assert them). The Helm chart's memory limits are checked against these
+# (tests/deploy/test_memory_sizing.py). grpcio's own receive holds 3 copies at once (its C
+# buffer, a bytes per slice, their join), before any handler runs; a large send is then decoded
+# without its bodies (popmq.broker.wire.bodies), so while it is served a proxy holds it about
+# once (grpc's bytes, which the bodies point into); a broker also copies the bodies it stores.
+BROKER_COPIES_PER_REQUEST = 4  # a 25 x 4 MiB unary send (105 MB): +382..384 MB (was +543..594)
+PROXY_COPIES_PER_REQUEST = 3  # a 32 x 4 MiB send (134 MB): +391..406 MB, grpc's receive
+PROXY_COPIES_WHILE_SERVED = 1  # the same send while the proxy sends it on: +167 MB (was +388)
 PROCESS_BASELINE_BYTES = 128 << 20  # an idle broker or proxy: ~80 MB, with room
 
 # RocketMQ's messageDelayLevel, the backoff between POP redeliveries.
@@ -440,7 +443,8 @@ class ProxyConfig(Section):
     # Bytes of sends and of receive answers in flight at once (popmq.budget): past it a call
     # waits inflight_wait_ms for room, then is refused with TOO_MANY_REQUESTS (a refused
     # receive's messages are released at once). The proxy holds about
-    # PROXY_COPIES_PER_REQUEST copies of what is in flight: see docs/operations.md, sizing.
+    # PROXY_COPIES_WHILE_SERVED copies of what is in flight (and grpc's receive, before the
+    # budget is asked, PROXY_COPIES_PER_REQUEST of one request): docs/operations.md, sizing.
     max_inflight_bytes: int = Field(160 * 1024 * 1024, ge=1 << 20)
     # How long a call over the budget waits for room: RocketMQ's waitTimeMillsInSendQueue.
     inflight_wait_ms: int = Field(200, ge=0, le=60_000)

@@ -242,7 +242,7 @@ class BrokerCluster(AsyncClosing):
 
         async def lookup(port: BrokerPort) -> TopicInfo | None:
             try:
-                return await port.get_topic(topic, auto_create=auto_create)
+                info = await port.get_topic(topic, auto_create=auto_create)
             except BrokerUnavailableError as exc:
                 # A broker that is down leaves the route (as a name server drops it) until
                 # it answers again; the others keep serving the topic. Logged when it goes
@@ -257,6 +257,10 @@ class BrokerCluster(AsyncClosing):
                     not_found.append(exc)
                     return None
                 raise
+            # It answered: not down (a mark left by a lost request link or an earlier lookup
+            # would else drop this answer below, and the route be TOPIC_NOT_FOUND).
+            self._down_until.pop(port.name, None)
+            return info
 
         # Brokers known to be down are left out until they are tried again (see is_down).
         ports = self.live_ports()

@@ -154,6 +154,11 @@ class ProxyMetrics:
             "flight were at proxy.max_inflight_bytes",
             registry=r,
         )  # fmt: skip
+        self.inflight_bytes = Gauge(
+            "popmq_proxy_inflight_bytes",
+            "Bytes of sends and receive answers in flight now (the memory budget's draw; at "
+            "most about proxy.max_inflight_bytes)", registry=r,
+        )  # fmt: skip
         self.stalled_streams = Counter(
             "popmq_proxy_stalled_streams",
             "Receive and pull streams ended because their client read nothing for "

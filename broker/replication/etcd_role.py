@@ -8,7 +8,10 @@ transaction, so a deposed leader's report fails and it learns at once that it lo
 Fencing: ``current()`` says "leader" only while the member may write, i.e. until the lease
 deadline measured from the last keepalive sent. Replication checks the role before a write
 and again after its barrier, so a leader that was paused or cut off from etcd past that
-deadline answers nothing, even before it has heard of its successor.
+deadline answers nothing, even before it has heard of its successor. ``wait_changed`` reports
+only what the election published, not the fence: a fenced leader keeps its broker open and
+serves again when a late keepalive finds its lease alive (same epoch), instead of closing and
+reopening it; a lost key is published, and ends its leading.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from popmq.broker.replication.role import GroupRole
 
 from popmq.coord import CoordUnavailableError, LeaseLostError
 from popmq.coord.group import GroupMember
-from popmq.coord.group import GroupRole as ElectedRole
 
 
 class DeposedError(Exception):
@@ -33,20 +35,25 @@ class ElectedRoleSource:
         self._member = member
 
     def current(self) -> GroupRole:
-        return self._mapped(self._member.role)
+        """The role now, fenced: "leader" only while the member may write."""
+        role = self._published()
+        if role.is_leader and not self._member.may_write():
+            return GroupRole(role.epoch, role.leader_name, role.leader_address, False)
+        return role
 
-    def _mapped(self, role: ElectedRole) -> GroupRole:
-        leads = role.is_leader and self._member.may_write()
+    def _published(self) -> GroupRole:
+        role = self._member.role
         return GroupRole(
             epoch=role.epoch,
             leader_name=role.leader_name,
             leader_address=role.leader_address,
-            is_leader=leads,
+            is_leader=role.is_leader,
         )
 
     async def wait_changed(self, seen: GroupRole) -> GroupRole:
+        """The next role the election publishes (a fence is not a change: see the module)."""
         while True:
-            role = self.current()
+            role = self._published()
             if role != seen:
                 return role
             await self._member.role_changed()

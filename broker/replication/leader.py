@@ -116,6 +116,12 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
     def min_in_sync(self) -> int:
         return self._config.min_in_sync
 
+    def leads(self) -> bool:
+        """Whether this node may answer as the leader now: not closed, and not fenced by its
+        role source (a leader whose lease deadline passed answers nothing, reads included,
+        until a keepalive renews it; a successor may exist)."""
+        return not self._closed and self._roles.current().is_leader
+
     def check_available(self) -> None:
         """Refuse a write now when this node may no longer lead (its role source fenced it)
         or fewer than min_in_sync nodes are in sync."""
@@ -249,6 +255,9 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
                  sorted(change.left))  # fmt: skip
 
     async def _report(self, members: frozenset[str]) -> bool:
+        if self._closed:
+            return False  # a closed leader records nothing: its successor (even of the same
+            # epoch, after a fence) reports its own set, and a late one would overwrite it
         if members == self._reported:
             return True
         try:
@@ -271,11 +280,21 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
         return self._batch_ids
 
     async def acknowledged(
-        self, node: str, batch_id: int, taken_at: float, complete: bool, end: int
+        self,
+        node: str,
+        batch_id: int,
+        taken_at: float,
+        complete: bool,
+        end: int,
+        generation: int | None = None,
     ) -> None:
-        """``node`` made batch ``batch_id`` (taken at ``taken_at``) durable."""
+        """``node`` made batch ``batch_id`` (taken at ``taken_at``) durable, on its stream
+        ``generation``. An acknowledgement read late from an older stream says nothing of the
+        copy now (the new stream may have reset or cut it): ignored."""
+        if generation is not None and self._sessions.get(node) != generation:
+            return
         self.in_sync.acked(node, batch_id, taken_at, complete, end)
-        if complete and node not in self.in_sync.members:
+        if complete and node not in self.in_sync.members and not self._closed:
             await self.reevaluate()
         self._settle()
 
@@ -297,13 +316,23 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
         generation = self._sessions.get(node, 0) + 1
         self._sessions[node] = generation
         self.in_sync.connected(node)
-        log.info("replication: %s follows from %d (truncate %d, reset %s)",
-                 node, start, truncate, reset)  # fmt: skip
         snapshotter = DataSnapshotter(self._dir, start, copy_keyring=self._copy_keyring)
-        session = _Session(self, node, snapshotter)
+        session = _Session(self, node, snapshotter, generation)
         self._kicks.add(session.kick)
         try:
-            failure = await session.run(reports, context, truncate, reset)
+            # This stream may reset or cut the follower's copy: it leaves the recorded in-sync
+            # set (where elections read it) before it is sent anything, and rejoins once it
+            # caught up again. Not recorded (etcd away): no stream now, the follower retries.
+            await self.reevaluate()
+            if node in self.in_sync.members:
+                failure: tuple[grpc.StatusCode, str] | None = (
+                    grpc.StatusCode.UNAVAILABLE,
+                    "the leader could not record that this follower left the in-sync set; retry",
+                )
+            else:
+                log.info("replication: %s follows from %d (truncate %d, reset %s)",
+                         node, start, truncate, reset)  # fmt: skip
+                failure = await session.run(reports, context, truncate, reset)
         finally:
             self._kicks.discard(session.kick)
             if self._sessions.get(node) == generation:
@@ -337,10 +366,13 @@ class _Session:
     # the follower's, for a longer barrier (p50 74-90 ms against 44-63 ms).
     WINDOW = 1
 
-    def __init__(self, leader: ReplicationLeader, node: str, snapshotter: DataSnapshotter) -> None:
+    def __init__(
+        self, leader: ReplicationLeader, node: str, snapshotter: DataSnapshotter, generation: int
+    ) -> None:
         self.leader = leader
         self.node = node
         self.snapshotter = snapshotter
+        self.generation = generation  # of the node's streams: acks of older ones are stale
         self.kick = asyncio.Event()
         # (sequence, batch id, taken at, complete) of each batch sent and not yet acknowledged
         self.in_flight: deque[tuple[int, int, float, bool]] = deque()
@@ -383,7 +415,7 @@ class _Session:
                 return
             _, batch_id, taken_at, complete = self.in_flight.popleft()
             await leader.acknowledged(self.node, batch_id, taken_at, complete,
-                                      report.ack.commitlog_end)  # fmt: skip
+                                      report.ack.commitlog_end, self.generation)  # fmt: skip
             async with self.space:
                 self.space.notify_all()
 

@@ -20,6 +20,7 @@ import grpc
 from popmq.broker.core import Broker
 from popmq.broker.local import LocalBrokerPort
 from popmq.broker.pop.handle_keys import keyring_path
+from popmq.broker.replication.completeness import holds_whole_copy, mark_complete
 from popmq.broker.replication.epochs import EpochHistory, StaleEpochError
 from popmq.broker.replication.files import list_segments, log_end
 from popmq.broker.replication.follower import MAX_MESSAGE_BYTES, ReplicaFollower
@@ -124,6 +125,11 @@ class ReplicatedNode:
                                   role_gauges=role_gauges)  # fmt: skip
         return node_registry(collector)
 
+    def holds_whole_copy(self) -> bool:
+        """Whether this node's data may lead the group (the election asks before it
+        campaigns): not while it is emptied, or being reset or cut back (completeness.py)."""
+        return holds_whole_copy(Path(self._config.data_dir))
+
     def _running_broker(self) -> Broker | None:
         leading = self.port.leading
         return leading.broker if leading is not None else None
@@ -177,14 +183,23 @@ class ReplicatedNode:
             )
             log.error("replication: %s", self.port.refusal)
             await anyio.sleep_forever()
+        data_dir = Path(config.data_dir)
+        if not list_segments(data_dir):
+            # Nothing written yet (a new group's first leader): its epoch starts at 0 whatever
+            # the broker does at start, and recorded now, a crash during that start leaves a
+            # copy that may campaign again (completeness.py wants a history).
+            history.begin(role.epoch, 0)
         broker = Broker(config, self._clock)
         await broker.start()
         try:
             try:
-                history.begin(role.epoch, log_end(list_segments(Path(config.data_dir))))
+                history.begin(role.epoch, log_end(list_segments(data_dir)))
             except StaleEpochError as error:
                 self.port.refusal = str(error)
                 await anyio.sleep_forever()
+            # What this node leads is the group's copy now (an unclean election may have
+            # picked a copy marked incomplete): it may campaign again later.
+            mark_complete(data_dir)
             own_keyring = keyring_path(config).parent == Path(config.data_dir)
             leader = ReplicationLeader(
                 Path(config.data_dir), self.node, role, roles, config.replication, history,

@@ -62,6 +62,12 @@ class NodePort(AsyncClosing):
         leading = self.leading
         if leading is None:
             raise RefusedError(Code.HA_NOT_AVAILABLE, self.refusal)
+        if not leading.replication.leads():
+            raise RefusedError(
+                Code.HA_NOT_AVAILABLE,
+                f"{self._name}: this node's lease to lead could not be renewed in time "
+                "(fenced); it answers again once renewed, or another node leads",
+            )
         return leading
 
     def _writer(self) -> Leading:

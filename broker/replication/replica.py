@@ -15,7 +15,7 @@ import shutil
 import time
 from pathlib import Path, PurePosixPath
 
-from popmq.broker.replication import epochs
+from popmq.broker.replication import completeness, epochs
 from popmq.broker.replication.files import (
     APPEND_LOGS,
     DOCUMENT_DIRS,
@@ -66,6 +66,9 @@ class ReplicaWriter:
         # Written since the last sync(): files to fsync, folders whose entries changed.
         self._unsynced: set[Path] = set()
         self._unsynced_dirs: set[Path] = set()
+        # completeness.py: marked before a reset or cut; cleared by a durable complete batch.
+        self._incomplete = False
+        self._completed = False  # a complete batch was applied after the last reset or cut
 
     def open(self) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -79,6 +82,7 @@ class ReplicaWriter:
         # Recovery after a promotion scans the whole commitlog and rebuilds every index.
         metafile.write(self.data_dir / "checkpoint.json", {"position": 0, "queues": {}})
         self.history = epochs.EpochHistory(self.data_dir)
+        self._incomplete = completeness.is_marked_incomplete(self.data_dir)
 
     def close(self) -> None:
         self._lock.release()
@@ -107,6 +111,7 @@ class ReplicaWriter:
         return the commitlog end after each. Nothing is acknowledged before this returns."""
         assert self.history is not None
         ends = []
+        self._completed = False
         try:
             for batch in batches:
                 ends.append(self._write(batch, known_epoch))
@@ -120,6 +125,9 @@ class ReplicaWriter:
             self.history.replace(
                 [(e.epoch, e.start_offset) for e in last.epochs if e.start_offset <= end]
             )
+            if self._incomplete and self._completed:  # every document is durable now
+                completeness.mark_complete(self.data_dir)
+                self._incomplete = False
         return ends
 
     def sync(self) -> None:
@@ -147,6 +155,9 @@ class ReplicaWriter:
             )
         if batch.reset or batch.truncate_to >= 0:
             self.sync()  # what came before is durable before anything is moved or cut
+            # Not electable until a complete batch is durable again (completeness.py).
+            completeness.mark_incomplete(self.data_dir, "reset" if batch.reset else "cut back")
+            self._incomplete, self._completed = True, False
         if batch.reset:
             self._reset()
         if batch.truncate_to >= 0:
@@ -157,6 +168,7 @@ class ReplicaWriter:
                                   batch.commitlog_data)  # fmt: skip
         for change in batch.files:
             self._apply_file(change)
+        self._completed = self._completed or batch.complete
         return self.commitlog_end
 
     def _reset(self) -> None:

@@ -25,6 +25,7 @@ from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.watch import WatchKey, wait_visible
 from popmq.broker.wire import convert
+from popmq.broker.wire.bodies import splitting_decoder, take_bodies
 from popmq.broker.wire.request_link import (
     LINK_HEADROOM_BYTES,
     Encoded,
@@ -72,7 +73,7 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 
 
 # Bytes of the budget a pop or pull answer took while it is served on the request link: the
-# link gives them back once the answer's frame is written (a unary answer's, once encoded).
+# link gives them back once the answer's frame is written (a unary answer's, once grpc sent it).
 _ANSWER_HELD: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
     "answer_held", default=None
 )
@@ -123,19 +124,28 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         )
 
     @contextlib.contextmanager
-    def _answer_held(self, size: int) -> Iterator[None]:
-        """``size`` bytes of an answer taken from the budget: handed to the request link (it
-        gives them back once written), or given back once the answer is encoded."""
+    def _answer_held(self, size: int, context: object) -> Iterator[None]:
+        """``size`` bytes of an answer taken from the budget until the answer is written: on the
+        request link, the link gives them back once the answer's frame is written; a unary
+        call's, once grpc has sent it (the call's done callback: the answer is encoded after
+        the handler returns, then written, and a slow reader can hold it that long)."""
         self._budget.take(size)
         held = _ANSWER_HELD.get()
         if held is not None:
             held.append(size)
             yield
             return
+        on_done = getattr(context, "add_done_callback", None)
+        returned = False
         try:
             yield
+            returned = on_done is not None
         finally:
-            self._budget.release(size)
+            if returned:
+                assert on_done is not None
+                on_done(lambda _context: self._budget.release(size))
+            else:  # failed, or no grpc call (in-process use): nothing is left to write
+                self._budget.release(size)
 
     async def Describe(self, request: pb.DescribeRequest, context: object) -> pb.DescribeResponse:
         return pb.DescribeResponse(status=convert.ok_status(), name=self._port.name)
@@ -143,8 +153,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
     # -- produce -----------------------------------------------------------------------------
 
     async def Send(self, request: pb.SendRequest, context: object) -> pb.SendResponse:
+        bodies = take_bodies(request)  # a large batch's bodies, left in grpc's bytes of it
+
         async def work() -> pb.SendResponse:
             messages = [convert.message_from_proto(m) for m in request.messages]
+            if bodies is not None:
+                for message, body in zip(messages, bodies, strict=True):
+                    if body is not None:
+                        message.body = body.tobytes()
             # Not request.ByteSize(): upb encodes the whole request to measure it.
             async with self._budget.hold(sum(len(m.body) for m in messages)):
                 results = await self._port.send(messages, request.queue_id)
@@ -163,7 +179,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             # (refused, nothing was popped), then count what was taken until it is encoded.
             await self._budget.room()
             result = await self._port.pop(convert.pop_request_from_proto(request))
-            with self._answer_held(sum(len(m.message.body) for m in result.messages)):
+            with self._answer_held(sum(len(m.message.body) for m in result.messages), context):
                 return convert.pop_result_to_proto(result)
 
         return await _answer(pb.PopResponse, work())
@@ -393,7 +409,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
         async def work() -> pb.PullResponse:
             await self._budget.room()  # as Pop: nothing is read while the budget is full
             result = await self._port.pull(convert.pull_request_from_proto(request))
-            with self._answer_held(sum(len(m.body) for m in result.messages)):
+            with self._answer_held(sum(len(m.body) for m in result.messages), context):
                 return convert.pull_result_to_proto(result)
 
         return await _answer(pb.PullResponse, work())
@@ -600,6 +616,8 @@ class BrokerGrpcServer:
                 *([config.max_inflight_bytes, config.inflight_wait_ms] if config else []),
             ),
             server,
+            # A large batch's bodies stay in grpc's bytes of it (views), not copied once more.
+            decoders={"Send": splitting_decoder(pb.SendRequest.FromString, 1, 2)},
         )
         for add_service in self._services:
             add_service(server)

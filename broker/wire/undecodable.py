@@ -151,13 +151,18 @@ def add_tolerant(
     servicer: Any,
     server: grpc.aio.Server,
     count: Callable[[str], None] | None = None,
+    decoders: dict[str, Callable[[bytes], Any]] | None = None,
 ) -> None:
     """``add_XServicer_to_server(servicer, server)`` with tolerant request decoding;
-    ``count(method)`` is called for every undecodable body (a metric)."""
+    ``count(method)`` is called for every undecodable body (a metric). ``decoders``: a
+    method's own request deserializer in place of the generated one, by method name."""
     capture = _Capture()
     add_to_server(servicer, capture)
     report = _Reporter(count)
     for service, handlers in capture.services.items():
+        for name, decode in (decoders or {}).items():
+            if name in handlers:
+                handlers[name] = handlers[name]._replace(request_deserializer=decode)
         guarded = tolerant_handlers(service, handlers, report)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, guarded),))
         server.add_registered_method_handlers(service, guarded)

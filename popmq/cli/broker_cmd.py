@@ -263,7 +263,10 @@ async def _serve_elected_node(
         with metrics_endpoint(config.metrics_port, registry, config.host) as http:
             if http is not None:  # stderr only: stdout's first line is the contract
                 log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)
-            async with join_group(store, settings) as member, anyio.create_task_group() as group:
+            async with (
+                join_group(store, settings, node.holds_whole_copy) as member,
+                anyio.create_task_group() as group,
+            ):
                 registry.register(GroupCollector(member))
                 group.start_soon(node.run, ElectedRoleSource(member))
                 group.start_soon(publish_lag, member, lambda: node.leader)

@@ -7,13 +7,20 @@ inside it the node
 - campaigns whenever the group has no leader and it may lead: one transaction comparing the
   leader key's ``create_revision`` with 0 and the in-sync key's ``mod_revision`` with the one
   just read, putting the leader key (bound to its lease) and an in-sync set of itself. Only a
-  node in the in-sync set may campaign, unless ``unclean_election`` (or the group is new);
+  node in the in-sync set may campaign, unless ``unclean_election`` (or the group is new),
+  and only while ``may_campaign()`` says its own copy is whole: the recorded set can still
+  name a node whose data was wiped, or is being reset, since it was recorded;
 - publishes its view as a ``GroupRole`` (``role``, ``await role_changed()``).
 
 Fencing: a leader may acknowledge writes only while ``may_write()``, which is false once its
 lease deadline has passed. The deadline is measured on the monotonic clock from when the last
 successful keepalive was *sent*, so it is never later than etcd's own expiry of the lease, and
 a paused or partitioned leader stops acknowledging before anyone else can be elected.
+
+A passed deadline is a fence, not a loss: the published role stays "leader" (``fenced`` is
+set, ``may_write()`` is false) until the key is *known* lost (etcd says the lease is gone, or
+the leader key is another's or absent). A late keepalive that finds the lease alive lifts the
+fence, and the node serves again without closing and reopening its broker.
 
 On a clean exit the lease is revoked: the leader key goes at once and another node takes over
 without waiting for the TTL.
@@ -84,9 +91,17 @@ def leader_role(kv: KeyValue | None, own_lease: int, own_name: str) -> GroupRole
 class GroupMember:
     """One node's view of its group; made by ``join_group``."""
 
-    def __init__(self, store: CoordStore, settings: MemberSettings) -> None:
+    def __init__(
+        self,
+        store: CoordStore,
+        settings: MemberSettings,
+        may_campaign: Callable[[], bool] | None = None,
+    ) -> None:
         self.store = store
         self.settings = settings
+        # Whether this node's own data may lead (a replicated node: its copy is whole).
+        self._may_campaign = may_campaign or (lambda: True)
+        self._declined = False  # logged once per stretch of declining
         self.keys = GroupKeys(settings.prefix, settings.group)
         self._role = NO_LEADER
         self._changed = anyio.Event()
@@ -95,6 +110,9 @@ class GroupMember:
         self._lease_deadline = 0.0  # loop-clock time until which the lease surely holds
         self._in_sync: list[str] = []
         self.elections_won = 0
+        # The lease deadline passed while leading: no writes until a keepalive renews it.
+        # A plain attribute: metrics read it from their HTTP thread.
+        self.fenced = False
         self._listeners: list[Callable[[GroupRole], None]] = []
 
     # -- what the broker reads -------------------------------------------------------------
@@ -160,6 +178,7 @@ class GroupMember:
         elif previous.is_leader and not role.is_leader:
             log.warning("%s no longer leads group %s (epoch %d)", self.settings.name,
                         self.settings.group, previous.epoch)  # fmt: skip
+        self.fenced = False
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
         for listener in self._listeners:
@@ -170,6 +189,22 @@ class GroupMember:
             log.warning("%s fences itself in group %s: %s", self.settings.name,
                         self.settings.group, why)  # fmt: skip
             self._publish(NO_LEADER)
+
+    def _fence(self, why: str) -> None:
+        """The deadline passed while leading: may_write() already refuses; say so once, and
+        read the group at once (the key may be gone, or still ours)."""
+        if self._role.is_leader and not self.fenced:
+            log.warning("%s fences itself in group %s: %s; it leads again if a keepalive "
+                        "finds its lease alive", self.settings.name, self.settings.group,
+                        why)  # fmt: skip
+            self.fenced = True
+            self._wake.set()
+
+    def _unfence(self) -> None:
+        if self.fenced and self.may_write():
+            log.info("%s renewed its lease: it leads group %s again (epoch %d)",
+                     self.settings.name, self.settings.group, self._role.epoch)  # fmt: skip
+            self.fenced = False
 
     async def _register(self) -> None:
         ttl = self.settings.lease_ttl_s
@@ -191,6 +226,7 @@ class GroupMember:
                 sent = anyio.current_time()
                 ttl = await self.store.keepalive(self._lease)
                 self._lease_deadline = sent + ttl
+                self._unfence()
                 if warned:
                     log.info("%s reaches etcd again", settings.name)
                     warned = False
@@ -203,19 +239,20 @@ class GroupMember:
                     log.warning("%s cannot reach etcd: %s", settings.name, exc.message)
                     warned = True
                 if not self.may_write():
-                    self._step_down("its lease deadline passed without a keepalive")
+                    self._fence("its lease deadline passed without a keepalive")
                 await anyio.sleep(settings.retry_s)
 
     async def _fence_on_deadline(self) -> None:
-        """Publish the step-down when the lease deadline passes (may_write() already refuses
-        from that instant; this tells the broker and the metrics)."""
+        """Mark the fence when the lease deadline passes (may_write() already refuses from
+        that instant; this tells the logs and the metrics, and reads the group at once)."""
         while True:
-            if self._role.is_leader:
-                await anyio.sleep(max(self.lease_remaining_s(), 0.01))
-                if self._role.is_leader and not self.may_write():
-                    self._step_down("its lease deadline passed")
-            else:
+            if not self._role.is_leader:
                 await self.role_changed()
+            elif (remaining := self.lease_remaining_s()) > 0:
+                await anyio.sleep(max(remaining, 0.01))
+            else:
+                self._fence("its lease deadline passed")
+                await anyio.sleep(self.settings.retry_s)  # until a keepalive renews it
 
     async def _watch(self) -> None:
         while True:
@@ -238,7 +275,7 @@ class GroupMember:
                 self._step_down("its lease expired")
             except CoordUnavailableError:
                 if not self.may_write():
-                    self._step_down("etcd is unreachable and its lease deadline passed")
+                    self._fence("etcd is unreachable and its lease deadline passed")
 
     async def _refresh(self) -> None:
         kvs, _ = await self.store.get_prefix(self.keys.root)
@@ -250,15 +287,25 @@ class GroupMember:
             return
         if in_sync_kv is not None:
             self._in_sync = [str(m) for m in decode(in_sync_kv.value).get("members", [])]
-        role = leader_role(leader, self._lease, self.settings.name)
-        if role.is_leader and not self._lease_holds():
-            role = NO_LEADER  # our key, but the lease may already be gone at etcd
-        self._publish(role)
+        # Our key read back means our lease is alive at etcd now: still the leader, fenced
+        # (may_write() false) until a keepalive renews the deadline.
+        self._publish(leader_role(leader, self._lease, self.settings.name))
 
     def _eligible(self, in_sync_kv: KeyValue | None) -> bool:
         if in_sync_kv is None or self.settings.unclean_election:
             return True  # a new group's first leader; or the operator accepted data loss
-        return self.settings.name in decode(in_sync_kv.value).get("members", [])
+        if self.settings.name not in decode(in_sync_kv.value).get("members", []):
+            return False
+        if not self._may_campaign():
+            if not self._declined:
+                log.warning("%s is in the in-sync set of group %s but its own copy is not "
+                            "whole (emptied, or being reset or cut back): it does not campaign "
+                            "until it has caught up", self.settings.name,
+                            self.settings.group)  # fmt: skip
+                self._declined = True
+            return False
+        self._declined = False
+        return True
 
     async def _campaign(self, in_sync_kv: KeyValue | None) -> None:
         name = self.settings.name
@@ -297,9 +344,14 @@ class GroupMember:
 
 
 @contextlib.asynccontextmanager
-async def join_group(store: CoordStore, settings: MemberSettings) -> AsyncIterator[GroupMember]:
-    """Be a member of ``settings.group`` until the block ends (see the module's doc)."""
-    member = GroupMember(store, settings)
+async def join_group(
+    store: CoordStore,
+    settings: MemberSettings,
+    may_campaign: Callable[[], bool] | None = None,
+) -> AsyncIterator[GroupMember]:
+    """Be a member of ``settings.group`` until the block ends (see the module's doc).
+    ``may_campaign``: whether this node's own data may lead now (default: always)."""
+    member = GroupMember(store, settings, may_campaign)
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(member._keep_lease)

@@ -45,18 +45,25 @@ def md5_hex(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest().upper()
 
 
-def outgoing_from_pb(msg: pb.Message) -> OutgoingMessage:
-    """A producer's message as the core checks it (each field read once)."""
+def outgoing_from_pb(msg: pb.Message, split_body: memoryview | None = None) -> OutgoingMessage:
+    """A producer's message as the core checks it (each field read once). ``split_body``: its
+    body as a view of the request's bytes, when the request was decoded without its bodies
+    (popmq.broker.wire.bodies); read into bytes only when the message is sent on."""
     props = msg.system_properties
     try:
         kind = pb.MessageType.Name(props.message_type)
     except ValueError:
         kind = f"UNKNOWN({props.message_type})"
-    data = msg.body  # upb copies the body out at each read
-    body: bytes | LazyBody = data
-    if len(data) > EAGER_BODY_BYTES:
-        body = LazyBody(len(data), lambda: msg.body)
-    del data
+    body: bytes | LazyBody
+    if split_body is not None:
+        view = split_body
+        body = LazyBody(len(view), view.tobytes) if len(view) > EAGER_BODY_BYTES else bytes(view)
+    else:
+        data = msg.body  # upb copies the body out at each read
+        body = data
+        if len(data) > EAGER_BODY_BYTES:
+            body = LazyBody(len(data), lambda: msg.body)
+        del data
     return OutgoingMessage(
         topic=msg.topic.name,
         body=body,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from popmq.broker.contract.errors import Code
+from popmq.broker.wire.bodies import take_bodies
 from popmq.proxy.core.context import RequestContext
 from popmq.proxy.core.processor import ProxyCore
 from popmq.proxy.core.send import body_size
@@ -20,7 +21,13 @@ async def send_message(
     ctx: RequestContext,
     budget: MemoryBudget | None = None,
 ) -> s.SendMessageResponse:
-    outgoing = [outgoing_from_pb(m) for m in request.messages]
+    bodies = take_bodies(request)  # a large batch's bodies, left in grpc's bytes of it
+    if bodies is None:
+        outgoing = [outgoing_from_pb(m) for m in request.messages]
+    else:
+        outgoing = [
+            outgoing_from_pb(m, body) for m, body in zip(request.messages, bodies, strict=True)
+        ]
     if budget is None:
         outcomes = await core.sender.send(outgoing, ctx)
     else:

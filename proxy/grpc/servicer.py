@@ -78,6 +78,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             self.metrics.budget_refusals.inc,
             config.inflight_wait_ms,
         )
+        budget = self._budget
+        self.metrics.inflight_bytes.set_function(lambda: budget.held)
 
     # -- plumbing ----------------------------------------------------------------------------
     def _record(self, method: str, code: int | str, started: float) -> None:
@@ -367,14 +369,26 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             self._record("PullMessage", failed.code, started)
             return
         code, text = offsets.pull_status(result)
-        with writes_within(context, self._stall_s) as write:
-            await write(s.PullMessageResponse(status=st.status(code, text)))
-            namespace = request.message_queue.topic.resource_namespace
-            for message in result.messages:
-                frame = s.PullMessageResponse()
-                stored_into(frame.message, message, namespace)
-                await write(frame)
-            await write(s.PullMessageResponse(next_offset=result.next_offset))
+        # The messages draw from the budget until written, as a receive's (a pull changes no
+        # state at the broker: a refused one is simply asked again).
+        size = sum(len(m.body) for m in result.messages)
+        try:
+            await self._budget.acquire(size)
+        except RefusedError as exc:
+            await self._write_quietly(context, s.PullMessageResponse(status=st.status_of(exc)))
+            self._record("PullMessage", exc.code, started)
+            return
+        try:
+            with writes_within(context, self._stall_s) as write:
+                await write(s.PullMessageResponse(status=st.status(code, text)))
+                namespace = request.message_queue.topic.resource_namespace
+                for message in result.messages:
+                    frame = s.PullMessageResponse()
+                    stored_into(frame.message, message, namespace)
+                    await write(frame)
+                await write(s.PullMessageResponse(next_offset=result.next_offset))
+        finally:
+            self._budget.release(size)
         self._record("PullMessage", code, started)
 
     async def _write_quietly(self, context: grpc.aio.ServicerContext, frame: Any) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -14,7 +17,7 @@ from support.etcd import EtcdCluster
 
 from popmq.coord.etcd import EtcdStore
 from popmq.coord.group import GroupMember, MemberSettings, join_group
-from popmq.coord.keys import GroupKeys, decode
+from popmq.coord.keys import GroupKeys, decode, encode
 
 pytestmark = [pytest.mark.wallclock, pytest.mark.subprocess]  # a real etcd
 
@@ -67,3 +70,55 @@ async def test_roles_in_sync_reports_and_the_fence(tmp_path: Path) -> None:
             # no leader for replication, before anyone has been elected.
             n0._lease_deadline = anyio.current_time()  # as if the keepalives stopped
             assert not source.current().is_leader
+
+
+async def test_a_wiped_node_still_named_in_sync_is_not_elected(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The in-sync set in etcd is what a leader last recorded: it may still name a node whose
+    data directory was emptied since (the leader died before recording the shrink). That node
+    must not campaign until its own copy is whole: elected empty, it served TOPIC_NOT_FOUND
+    and would have reset every follower to its empty copy."""
+    from popmq.broker.replication.epochs import EpochHistory
+
+    from popmq.cli.broker_cmd import serve_broker
+    from popmq.config import BrokerConfig, BrokerGroupConfig, EtcdConfig, ReplicationConfig
+
+    caplog.set_level(logging.WARNING, logger="popmq.coord.group")
+    data = tmp_path / "n1"  # wiped: nothing in it
+    async with EtcdCluster.started(tmp_path) as etcd:
+        store = EtcdStore(etcd.endpoints)
+        keys = GroupKeys("/popmq/", "g")
+        try:
+            await store.put(keys.in_sync, encode({"members": ["n0", "n1"]}))  # n0 is gone
+            config = BrokerConfig(
+                name="n1", port=0, data_dir=data, etcd=EtcdConfig(endpoints=etcd.endpoints,
+                lease_ttl_s=2), group=BrokerGroupConfig(name="g"),
+                replication=ReplicationConfig(mode="sync", min_in_sync=2),
+            )  # fmt: skip
+            stop = asyncio.Event()
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(partial(serve_broker, config, announce=lambda _: None,
+                                         stop=stop))  # fmt: skip
+                with anyio.fail_after(10):  # it saw no leader, and declined to campaign
+                    await polled(lambda: any("does not campaign" in r.getMessage()
+                                             for r in caplog.records))  # fmt: skip
+                assert await store.get(keys.leader) is None
+                EpochHistory(data).begin(1, 0)  # as if it had caught up: its copy is whole
+                with anyio.fail_after(10):
+                    while True:
+                        kv = await store.get(keys.leader)
+                        if kv is not None:
+                            break
+                        await anyio.sleep(0.05)
+                assert decode(kv.value)["name"] == "n1"
+                stop.set()
+        finally:
+            await store.aclose()
+
+
+async def polled(check: Callable[[], bool]) -> None:
+    while True:
+        if check():
+            return
+        await anyio.sleep(0.05)

@@ -11,14 +11,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from popmq.broker.contract.errors import Code
 from popmq.broker.contract.types import Message
 from popmq.broker.local import LocalBrokerPort
 from popmq.broker.testing import fast_broker_config, running_broker
-from popmq.broker.wire.server import BrokerServicer
+from popmq.broker.wire.server import BrokerGrpcServer, BrokerServicer
 
 from popmq.pb.broker.v1 import broker_pb2 as pb
+from popmq.pb.broker.v1 import broker_pb2_grpc
 
 BODY = 1000
 
@@ -104,3 +106,69 @@ async def test_an_answer_larger_than_the_budget_passes_and_then_frees_it(
             with contextlib.suppress(asyncio.CancelledError):
                 await call
         assert servicer._budget.held == 0
+
+
+class _UnaryContext:
+    """A unary call's context: its done callbacks run once grpc has sent the answer."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Any] = []
+
+    def add_done_callback(self, callback: Any) -> None:
+        self.callbacks.append(callback)
+
+    def done(self) -> None:
+        for callback in self.callbacks:
+            callback(self)
+
+
+@pytest.mark.parametrize("method", ["Pop", "Pull"])
+async def test_a_unary_answer_holds_its_budget_until_grpc_sent_it(
+    tmp_path: Path, method: str
+) -> None:
+    """Returned from the handler, a unary pop or pull answer is not written yet (grpc encodes
+    and sends it after): its bytes stay taken until the call is done."""
+    async with _servicer(tmp_path, limit=10 * BODY) as servicer:
+        context = _UnaryContext()
+        if method == "Pop":
+            answer: Any = await servicer.Pop(_pop(1).pop, context)
+        else:
+            request = pb.PullRequest(topic="t", queue_id=0, offset=0, max_messages=3)
+            answer = await servicer.Pull(request, context)
+        assert answer.status.code == Code.OK and len(answer.messages) == 3
+        assert servicer._budget.held == 3 * BODY
+        context.done()
+        assert servicer._budget.held == 0
+
+
+async def test_a_unary_pop_over_grpc_gives_its_budget_back_once_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through a real grpc server: the budget is still taken when the handler has returned,
+    and given back once the call is done."""
+    at_return: list[int] = []
+    real_pop = BrokerServicer.Pop
+
+    async def recording_pop(self: BrokerServicer, request: Any, context: Any) -> Any:
+        answer = await real_pop(self, request, context)
+        at_return.append(self._budget.held)
+        servicers.append(self)
+        return answer
+
+    servicers: list[BrokerServicer] = []
+    monkeypatch.setattr(BrokerServicer, "Pop", recording_pop)
+    async with running_broker(fast_broker_config(tmp_path / "b", name="b")) as broker:
+        port = LocalBrokerPort(broker)
+        await port.create_topic("t", 1)
+        await port.send([Message(topic="t", body=b"x" * BODY) for _ in range(3)])
+        server = BrokerGrpcServer(port, "127.0.0.1", 0)
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                stub = broker_pb2_grpc.BrokerServiceStub(channel)
+                answer = await stub.Pop(_pop(1).pop, timeout=10)
+            assert len(answer.messages) == 3
+            assert at_return == [3 * BODY]
+            await _until(lambda: servicers[0]._budget.held == 0)
+        finally:
+            await server.aclose(0)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
+import anyio
 import pytest
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.replication.epochs import EpochHistory
@@ -14,6 +16,7 @@ from popmq.broker.replication.role import GroupRole, StaticRoleSource
 
 from popmq.clock import LoopClock
 from popmq.config import ReplicationConfig
+from popmq.pb.replication.v1 import replication_pb2 as pb
 
 pytestmark = pytest.mark.looptime
 
@@ -274,3 +277,147 @@ async def test_the_barrier_waits_for_every_member_s_complete_batch_taken_after_t
         assert not waiter.done()
         await leader.acknowledged("a2", leader.next_batch_id(), loop.time(), True, 0)
         await asyncio.wait_for(waiter, 0.1)
+
+
+class FakeStream:
+    """One follower's Replicate stream, without gRPC: reports in, batches out."""
+
+    def __init__(self, node: str, leader: ReplicationLeader) -> None:
+        self.reports: asyncio.Queue[pb.ReplicaReport] = asyncio.Queue()
+        self.reports.put_nowait(pb.ReplicaReport(hello=pb.Hello(node=node)))  # an empty copy
+        self.batches: list[pb.ReplicaBatch] = []
+        self.wrote = asyncio.Event()
+        self.leader = leader
+        self.members_at_first_write: frozenset[str] | None = None
+
+    def __aiter__(self) -> FakeStream:
+        return self
+
+    async def __anext__(self) -> pb.ReplicaReport:
+        return await self.reports.get()
+
+    async def write(self, batch: pb.ReplicaBatch) -> None:
+        if not self.batches:
+            self.members_at_first_write = self.leader.members
+        self.batches.append(batch)
+        self.wrote.set()
+
+    async def abort(self, code: object, details: str) -> None:
+        raise RuntimeError(f"aborted: {code} {details}")
+
+    def ack(self, sequence: int) -> None:
+        self.reports.put_nowait(pb.ReplicaReport(ack=pb.Ack(sequence=sequence)))
+
+
+async def until(check: Callable[[], bool]) -> None:
+    while True:
+        if check():
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_a_reconnecting_follower_leaves_the_recorded_set_before_it_is_sent_anything(
+    tmp_path: Path,
+) -> None:
+    """A new stream may reset or cut the follower's copy (a wiped disk bootstraps from
+    nothing). Until the shrink is recorded, the election could pick that node while it holds
+    nothing: so the shrink is recorded before the first batch goes out, not at the next
+    evaluation."""
+    roles = RecordingRoles()
+    leader = roles.leader = make_leader(tmp_path, roles)
+    loop = asyncio.get_running_loop()
+    async with leader:
+        leader.in_sync.connected("a1")
+        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        assert roles.reports[-1] == (3, frozenset({"a0", "a1"}))
+        await asyncio.sleep(0.1)  # between two periodic evaluations
+        stream = FakeStream("a1", leader)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(leader.Replicate, stream, stream)
+            await asyncio.wait_for(stream.wrote.wait(), 5)
+            assert stream.batches[0].reset  # it starts over from nothing
+            assert stream.members_at_first_write == {"a0"}
+            assert roles.reports[-1] == (3, frozenset({"a0"}))
+            stream.ack(1)  # the complete batch: it holds everything now, and rejoins
+            await asyncio.wait_for(until(lambda: "a1" in leader.in_sync.members), 5)
+            assert roles.reports[-1] == (3, frozenset({"a0", "a1"}))
+            tasks.cancel_scope.cancel()
+
+
+async def test_a_late_ack_of_an_older_stream_does_not_count_as_caught_up(tmp_path: Path) -> None:
+    """An acknowledgement read from the old stream after the follower opened a new one (which
+    may have reset its copy) says nothing of what the follower holds now."""
+    leader = make_leader(tmp_path, StaticRoleSource(ROLE))
+    async with leader:
+        old, new = FakeStream("a1", leader), FakeStream("a1", leader)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(leader.Replicate, old, old)
+            await asyncio.wait_for(old.wrote.wait(), 5)
+            tasks.start_soon(leader.Replicate, new, new)  # e.g. the follower restarted, wiped
+            await asyncio.wait_for(new.wrote.wait(), 5)
+            old.ack(1)  # the old stream's complete batch, read only now
+            await asyncio.sleep(1.0)
+            assert "a1" not in leader.in_sync.members
+            assert leader.in_sync.followers["a1"].caught_up_at is None
+            new.ack(1)
+            await asyncio.wait_for(until(lambda: "a1" in leader.in_sync.members), 5)
+            tasks.cancel_scope.cancel()
+
+
+async def test_a_closed_leader_records_no_in_sync_set(tmp_path: Path) -> None:
+    """After a fence the node leads again through a new ReplicationLeader (same epoch): an
+    acknowledgement still read by the old one must not overwrite what the new one recorded."""
+    roles = StaticRoleSource(ROLE)
+    leader = make_leader(tmp_path, roles)
+    loop = asyncio.get_running_loop()
+    async with leader:
+        await asyncio.sleep(0.1)
+    reported = list(roles.reports)
+    leader.in_sync.connected("a1")
+    await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+    await leader.reevaluate()
+    assert roles.reports == reported
+
+
+async def test_a_bootstrapping_follower_is_in_sync_only_once_the_topics_reached_it(
+    tmp_path: Path,
+) -> None:
+    """The leader counts a follower that starts from nothing in sync only when it acknowledged
+    the batch that carried the documents (topics.log among them), not the clipped ones before
+    it (here: the bytes of the older epoch, which no batch may cross)."""
+    from popmq.broker.contract.types import Message
+    from popmq.broker.core import Broker
+    from popmq.broker.replication.files import list_segments, log_end
+
+    from popmq.config import BrokerConfig, StoreConfig
+
+    broker = Broker(BrokerConfig(name="broker-a", data_dir=tmp_path,
+                                 store=StoreConfig(flush="async")))  # fmt: skip
+    await broker.start()
+    await broker.create_topic("T", 1)
+    await broker.send([Message(topic="T", body=b"epoch 2")], 0)
+    middle = log_end(list_segments(tmp_path))
+    await broker.send([Message(topic="T", body=b"epoch 3")], 0)
+    await broker.aclose()
+    history = EpochHistory(tmp_path)
+    history.begin(2, 0)
+    history.begin(3, middle)
+    leader = ReplicationLeader(tmp_path, "a0", ROLE, StaticRoleSource(ROLE),
+                               ReplicationConfig(mode="sync", min_in_sync=2), history,
+                               clock=LoopClock())  # fmt: skip
+    async with leader:
+        stream = FakeStream("a1", leader)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(leader.Replicate, stream, stream)
+            await asyncio.wait_for(stream.wrote.wait(), 5)
+            first = stream.batches[0]
+            assert first.reset and not first.complete and not first.files
+            stream.ack(1)
+            await asyncio.sleep(1.0)
+            assert "a1" not in leader.in_sync.members  # it holds bytes, not the topics
+            await asyncio.wait_for(until(lambda: len(stream.batches) >= 2), 5)
+            second = stream.batches[1]
+            assert second.complete and "topics.log" in {f.path for f in second.files}
+            stream.ack(2)
+            await asyncio.wait_for(until(lambda: "a1" in leader.in_sync.members), 5)
+            tasks.cancel_scope.cancel()

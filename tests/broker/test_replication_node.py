@@ -85,3 +85,75 @@ async def test_a_switchover_both_ways_keeps_every_message(tmp_path: Path) -> Non
     finally:
         await a.aclose()
         await b.aclose()
+
+
+class FenceableRoles(StaticRoleSource):
+    """A role source whose leader can be fenced (its lease deadline passed) without a role
+    change, as the election does until it knows the key is lost."""
+
+    def __init__(self, role: GroupRole) -> None:
+        super().__init__(role)
+        self.fenced = False
+
+    def current(self) -> GroupRole:
+        role = super().current()
+        if self.fenced and role.is_leader:
+            return GroupRole(role.epoch, role.leader_name, role.leader_address, False)
+        return role
+
+
+async def test_a_fenced_leader_answers_nothing_and_serves_again_on_the_same_broker(
+    tmp_path: Path,
+) -> None:
+    roles = FenceableRoles(GroupRole(1, "broker-s", "", is_leader=True))
+    settings = config(tmp_path, "s0").model_copy(
+        update={"replication": ReplicationConfig(mode="sync", min_in_sync=1, node="s0")}
+    )
+    node = ReplicatedNode(settings, roles)
+    await node.start()
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(node.run)
+            await eventually(lambda: node.port.leading is not None, "s0 never led")
+            await node.port.create_topic("T", 1)
+            await node.port.send([Message(topic="T", body=b"before")])
+            leading = node.port.leading
+            roles.fenced = True  # the lease deadline passed: no reads, no writes
+            for call in (node.port.get_topic("T"), node.port.pop(PopRequest("G", "T")),
+                         node.port.send([Message(topic="T", body=b"no")])):  # fmt: skip
+                with pytest.raises(RefusedError) as refused:
+                    await call
+                assert refused.value.code == Code.HA_NOT_AVAILABLE
+            roles.fenced = False  # a late keepalive found the lease alive
+            assert node.port.leading is leading  # the same broker, never closed
+            popped = await node.port.pop(PopRequest("G", "T", max_messages=32))
+            assert [m.message.body for m in popped.messages] == [b"before"]
+            group.cancel_scope.cancel()
+    finally:
+        await node.aclose()
+
+
+async def test_a_first_leader_that_fails_to_start_may_campaign_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new group's first leader records its epoch before its broker starts: a crash during
+    that start must not leave the group's only in-sync node without a history (it would never
+    campaign again: completeness.py)."""
+    from popmq.broker.core import Broker
+    from popmq.broker.replication.completeness import holds_whole_copy
+
+    async def crash(self: Broker) -> None:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(Broker, "start", crash)
+    settings = config(tmp_path, "s0")
+    node = ReplicatedNode(settings, StaticRoleSource(GroupRole(5, "broker-s", "", True)))
+    await node.start()
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(node.run)
+            await eventually(lambda: "cannot play its role" in node.port.refusal, "no failure")
+            group.cancel_scope.cancel()
+    finally:
+        await node.aclose()
+    assert holds_whole_copy(settings.data_dir)

@@ -13,12 +13,19 @@
    within proxy.write_stall_timeout_ms, their long-poll slots freed and their messages
    visible again; the proxy stays small throughout.
 
-3 and 4 share one cluster (3 runs first, on a fresh proxy).
+5. The same maximal batch while the proxy sends it on (the broker paused, so the send waits in
+   the proxy's handler): the proxy holds it about once (PROXY_COPIES_WHILE_SERVED), its bodies
+   left in grpc's bytes of the request; it held it twice over while protobuf copied the bodies.
+6. A large unary send straight to a broker: BROKER_COPIES_PER_REQUEST copies at its peak.
+
+3 to 6 share one cluster (3 runs first, on a fresh proxy; 5 and 6 after 4, whose stalls
+depend on how much a fresh connection buffers).
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 import uuid
@@ -34,6 +41,11 @@ import yaml
 from popmq.broker.contract.errors import Code
 
 from chaos.processes import PopmqProcess, broker_args, free_port, proxy_args, sample, scrape
+from popmq.config import (
+    BROKER_COPIES_PER_REQUEST,
+    PROXY_COPIES_PER_REQUEST,
+    PROXY_COPIES_WHILE_SERVED,
+)
 from popmq.pb.broker.v1 import broker_pb2 as bpb
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
@@ -45,8 +57,28 @@ TOKEN = "cluster-token-0123456789abcdef"
 BIG = [("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)]
 
 
+def _high_water_mark(pid: int) -> int | None:
+    """The kernel's peak RSS of a process since its last reset (VmHWM), None where unknown."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _reset_high_water_mark(pid: int) -> bool:
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # 5: reset the peak RSS to the RSS
+    except OSError:
+        return False
+    return True
+
+
 class PeakRss:
-    """The highest RSS of a process, sampled every 20 ms in a thread while in use."""
+    """The highest RSS of a process while in use: the kernel's own peak where it can be reset
+    (exact), and samples every 20 ms in a thread (which can miss a short peak)."""
 
     def __init__(self, pid: int) -> None:
         self.process = psutil.Process(pid)
@@ -59,6 +91,7 @@ class PeakRss:
             while not self._stop.wait(0.02):
                 self.peak = max(self.peak, self.process.memory_info().rss)
 
+        exact = _reset_high_water_mark(self.process.pid)
         thread = threading.Thread(target=watch, daemon=True)
         thread.start()
         try:
@@ -66,6 +99,8 @@ class PeakRss:
         finally:
             self._stop.set()
             thread.join()
+            mark = _high_water_mark(self.process.pid) if exact else None
+            self.peak = max(self.peak, mark or 0)
 
     @property
     def growth_mb(self) -> float:
@@ -171,8 +206,10 @@ async def plain_cluster(
 BATCH, BODY = 32, 4 << 20  # what the defaults accept in one SendMessage
 # grpcio's own receive of a request holds 3 copies of it at once before any handler runs: the
 # C core's buffer, one bytes object per slice, then their join (a bare grpc.aio server grows
-# by 325-408 MB for this batch). What popmq adds on top must stay within the margin.
-GRPC_RECEIVE_COPIES = 3
+# by 404-406 MB for this batch, by its VmHWM): PROXY_COPIES_PER_REQUEST. What popmq adds on
+# top must stay within the margin. After the receive grpc keeps its bytes of the request until
+# the call ends; the handler points into them (popmq.broker.wire.bodies) and copies one
+# chunk's bodies at a time: PROXY_COPIES_WHILE_SERVED.
 MARGIN_MB = 64
 
 
@@ -204,7 +241,7 @@ async def test_one_maximal_batch_grows_a_cluster_proxy_by_little_more_than_grpc_
         after = psutil.Process(proxy.proc.pid).memory_info().rss
     assert answer.status.code == Code.OK, answer.status
     assert [e.status.code for e in answer.entries] == [Code.OK] * BATCH
-    bar = GRPC_RECEIVE_COPIES * len(raw) / MB + MARGIN_MB
+    bar = PROXY_COPIES_PER_REQUEST * len(raw) / MB + MARGIN_MB
     print(
         f"\nproxy: {rss.base / MB:.0f} -> peak {rss.peak / MB:.0f} MB (+{rss.growth_mb:.0f}, bar "
         f"{bar:.0f}), {after / MB:.0f} MB after; broker +{broker_rss.growth_mb:.0f} MB"
@@ -280,3 +317,93 @@ async def test_receivers_that_stop_reading_are_ended_and_their_polls_released(
     assert held == 0, f"{held} long polls still held after 40 s"
     assert ended >= READERS, f"{ended} of {READERS} stalled streams ended in 40 s"
     assert rss.peak / MB < 600
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_maximal_batch_is_held_about_once_while_the_proxy_serves_it(
+    plain_cluster: tuple[PopmqProcess, int, PopmqProcess],
+) -> None:
+    """Once grpc has received it, the proxy holds a 32 x 4 MiB batch about once while it sends
+    it on: grpc's bytes of it, which the decoded request's bodies only point into (the decoded
+    protobuf held every body a second time). The broker is paused so that the send waits in
+    the proxy's handler; the proxy's peak from then to the answer is what the handler holds."""
+    proxy, metrics, broker = plain_cluster
+    assert proxy.proc is not None and broker.proc is not None
+    request = s.SendMessageRequest()
+    for j in range(BATCH):
+        request.messages.append(_send_request("held", bytes([97 + j]) * BODY).messages[0])
+    raw = request.SerializeToString()
+    del request
+    meta = (("x-mq-client-id", "held@1"),)
+    async with grpc.aio.insecure_channel(proxy.address, options=BIG) as channel:
+        send = channel.unary_unary(
+            "/apache.rocketmq.v2.MessagingService/SendMessage",
+            request_serializer=lambda b: b,
+            response_deserializer=s.SendMessageResponse.FromString,
+        )
+        small = _send_request("held", b"warm").SerializeToString()  # routes, link, topic
+        assert (await send(small, metadata=meta, timeout=60)).status.code == Code.OK
+        await asyncio.sleep(0.5)  # the trim after the last test's send (0.2 s after it)
+        base = psutil.Process(proxy.proc.pid).memory_info().rss
+        broker.proc.send_signal(signal.SIGSTOP)
+        try:
+            call = send(raw, metadata=meta, timeout=120)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # the handler holds the batch's budget
+                page = await asyncio.to_thread(scrape, metrics)
+                if sample(page, "popmq_proxy_inflight_bytes") >= BATCH * BODY:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the send never reached the proxy's handler")
+            rss = PeakRss(proxy.proc.pid)
+            with rss.watching():
+                await asyncio.sleep(0.3)
+                broker.proc.send_signal(signal.SIGCONT)
+                answer = await call
+        finally:
+            broker.proc.send_signal(signal.SIGCONT)
+    assert answer.status.code == Code.OK, answer.status
+    held = (rss.peak - base) / MB
+    bar = PROXY_COPIES_WHILE_SERVED * len(raw) / MB + MARGIN_MB
+    print(f"\nproxy while serving: {base / MB:.0f} -> peak {rss.peak / MB:.0f} MB "
+          f"(+{held:.0f}, bar {bar:.0f})")  # fmt: skip
+    assert held <= bar, f"the proxy held +{held:.0f} MB while serving the send"
+
+
+BROKER_BATCH = 25  # 100 MiB of 4 MiB bodies in one unary Send (a broker takes up to 256 MiB)
+BROKER_MARGIN_MB = 32
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_large_unary_send_grows_a_broker_by_its_measured_copies(
+    plain_cluster: tuple[PopmqProcess, int, PopmqProcess],
+) -> None:
+    """A broker takes BROKER_COPIES_PER_REQUEST copies of a large send at its peak (grpc's
+    receive, then grpc's bytes and the bodies it stores); it took 5.2-5.7 while it decoded
+    the bodies with protobuf first."""
+    _proxy, _metrics, broker = plain_cluster
+    assert broker.proc is not None
+    request = bpb.SendRequest(queue_id=0)
+    for j in range(BROKER_BATCH):
+        request.messages.add(topic="direct", body=bytes([65 + j]) * BODY, message_id=f"d{j}")
+    raw = request.SerializeToString()
+    del request
+    async with grpc.aio.insecure_channel(broker.address, options=BIG) as channel:
+        send = channel.unary_unary(
+            "/popmq.broker.v1.BrokerService/Send",
+            request_serializer=lambda b: b,
+            response_deserializer=bpb.SendResponse.FromString,
+        )
+        warm = bpb.SendRequest(queue_id=0, messages=[bpb.Message(topic="direct", body=b"w")])
+        assert (await send(warm.SerializeToString(), timeout=60)).status.code == Code.OK
+        await asyncio.sleep(1.0)
+        rss = PeakRss(broker.proc.pid)
+        with rss.watching():
+            answer = await send(raw, timeout=120)
+    assert answer.status.code == Code.OK, answer.status
+    assert len(answer.results) == BROKER_BATCH
+    bar = BROKER_COPIES_PER_REQUEST * len(raw) / MB + BROKER_MARGIN_MB
+    copies = (rss.peak - rss.base) / len(raw)
+    print(f"\nbroker: +{rss.growth_mb:.0f} MB ({copies:.2f} copies, bar {bar:.0f})")
+    assert rss.growth_mb <= bar, f"the broker grew {rss.growth_mb:.0f} MB"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from popmq.broker.contract.errors import BrokerUnavailableError
-from popmq.broker.contract.types import GroupConfig
+from popmq.broker.contract.types import GroupConfig, QueueInfo, TopicInfo
 from popmq.proxy import cluster as cluster_module
 from popmq.proxy.cluster import BrokerCluster
 
@@ -52,3 +52,27 @@ async def test_a_broker_seen_down_is_asked_last() -> None:
     assert (await cluster.group("g2")).max_attempts == 2
     assert first.calls == calls
     assert [p.name for p in cluster.live_ports()] == ["b"]
+
+
+class TopicPort:
+    """A broker that knows topic T (2 queues)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
+        return TopicInfo(topic, 2, [QueueInfo(0, 0, 0), QueueInfo(1, 0, 0)], "NORMAL")
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_broker_marked_down_that_answers_a_route_lookup_is_routed() -> None:
+    """A leader change: the old leader's request link was lost (the group is marked down for a
+    few seconds), the new leader answers the route lookup. That answer is the route; it was
+    dropped as "only known-but-down brokers", and receives failed with TOPIC_NOT_FOUND."""
+    cluster = BrokerCluster([TopicPort("ga")])  # type: ignore[list-item]
+    cluster.note_unavailable("ga")  # as after "request link lost"
+    route = await cluster.route("T")
+    assert route.brokers == {"ga": 2}
+    assert not cluster.is_down("ga")

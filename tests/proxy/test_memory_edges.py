@@ -166,3 +166,50 @@ async def test_one_connection_holds_a_bounded_number_of_streams(make_cluster: An
     assert answer.status == health_pb2.HealthCheckResponse.SERVING
     for watch in watches[1:]:
         watch.cancel()
+
+
+def _inflight(cluster: Cluster) -> float:
+    return cluster.server.metrics.registry.get_sample_value("popmq_proxy_inflight_bytes") or 0.0
+
+
+async def _pull_frames(cluster: Cluster, group: str, topic: str) -> list[s.PullMessageResponse]:
+    """A pull of the one queue of ``topic`` that holds its message (the last answer)."""
+    frames: list[s.PullMessageResponse] = []
+    for queue in (await cluster.route(topic)).message_queues:
+        request = s.PullMessageRequest(
+            group=pb.Resource(name=group), message_queue=queue, offset=0, batch_size=4,
+            filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+        )  # fmt: skip
+        call = cluster.stub.PullMessage(request, metadata=cluster.metadata(), timeout=10)
+        frames = [f async for f in call]
+        kinds = {f.WhichOneof("content") for f in frames}
+        if "message" in kinds or frames[0].status.code == pb.TOO_MANY_REQUESTS:
+            return frames
+    return frames
+
+
+async def test_a_pull_past_the_memory_budget_is_too_many_requests(make_cluster: Any) -> None:
+    """A pull's messages draw from proxy.max_inflight_bytes until written, as a receive's:
+    while a stalled receive holds the budget a pull is refused with TOO_MANY_REQUESTS, and it
+    passes once the stalled stream is given up."""
+    cluster = await make_cluster(
+        brokers=1,
+        **{"proxy.write_stall_timeout_ms": 2_000, "proxy.max_inflight_bytes": COUNT * BODY},
+    )
+    topic, group = unique("t-budget"), unique("g-budget")
+    pulled_topic = unique("t-pulled")
+    await cluster.route(topic)
+    await cluster.route(pulled_topic)
+    await cluster.send(topic, *(bytes([65 + i]) * BODY for i in range(COUNT)))
+    await cluster.send(pulled_topic, b"p" * BODY)
+    stalled = cluster.stub.ReceiveMessage(
+        _receive_request(group, topic), metadata=cluster.metadata(), timeout=60
+    )
+    await eventually(lambda: _inflight(cluster) >= COUNT * BODY, within_s=10)
+    refused = await _pull_frames(cluster, unique("g-pull"), pulled_topic)
+    assert [f.status.code for f in refused] == [pb.TOO_MANY_REQUESTS]
+    await eventually(lambda: _stalled(cluster, "ReceiveMessage") == 1, within_s=10)
+    pulled = await _pull_frames(cluster, unique("g-pull"), pulled_topic)
+    assert pulled[0].status.code == pb.OK
+    assert [f.message.body for f in pulled if f.WhichOneof("content") == "message"] == [b"p" * BODY]
+    stalled.cancel()

@@ -12,7 +12,8 @@ from popmq.broker.contract.types import Message
 from popmq.proxy.core import send as send_module
 from popmq.proxy.core.context import RequestContext
 from popmq.proxy.core.send import LazyBody, OutgoingMessage, Sender
-from popmq.proxy.grpc.convert import EAGER_BODY_BYTES, outgoing_from_pb
+from popmq.proxy.grpc import send as send_grpc
+from popmq.proxy.grpc.convert import EAGER_BODY_BYTES, md5_hex, outgoing_from_pb
 from proxy_support import Cluster, unique
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -140,3 +141,30 @@ async def test_a_client_gets_each_message_s_status_in_order_when_a_chunk_fails(
     _, received, _ = await cluster.receive(unique("g"), topic)
     assert [m.body for m in received] == bodies[:2]
     assert [m.system_properties.message_id for m in received] == ids[:2]
+
+
+async def test_a_large_batch_s_bodies_are_sent_from_the_request_bytes(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through SendMessage, a batch past SPLIT_FROM_BYTES is decoded without its bodies
+    (popmq.broker.wire.bodies): each body goes to the broker from its view of grpc's bytes, and
+    comes back intact (with its digest), with the other fields as sent."""
+    taken: list[int] = []
+    real_take = send_grpc.take_bodies
+
+    def recording_take(request: Any) -> Any:
+        bodies = real_take(request)
+        taken.append(-1 if bodies is None else len(bodies))
+        return bodies
+
+    monkeypatch.setattr(send_grpc, "take_bodies", recording_take)
+    topic, group = unique("t"), unique("g")
+    bodies = [bytes([65 + i]) * (400_000 + i) for i in range(3)] + [b"small"]
+    response = await cluster.send(topic, *bodies, tag="TagA", keys=["k1"])
+    assert response.status.code == Code.OK, response.status
+    assert taken == [4]  # split: the request was past SPLIT_FROM_BYTES
+    _, received, _ = await cluster.receive(group, topic)
+    assert sorted(m.body for m in received) == sorted(bodies)
+    for m in received:
+        assert m.system_properties.body_digest.checksum == md5_hex(m.body)
+        assert m.system_properties.tag == "TagA" and list(m.system_properties.keys) == ["k1"]

@@ -1,0 +1,63 @@
+"""Whether a node's data directory holds a whole copy of its group's state, as the node itself
+knows it: what an election asks before this node may campaign.
+
+The in-sync set in etcd is what a leader last recorded; it can still name a node whose
+directory was wiped, or is being reset or cut back, since (a leader that died before
+recording the shrink, or an etcd that refused the write). Elected then, that node would open
+a broker without the topics, groups, offsets or POP state that decide delivery, and every
+follower would be reset to its empty copy. So the node keeps its own account:
+
+- a copy is **whole** when the directory has an epoch history (it led, or it applied a batch
+  of a leader, which always carries the leader's history) and no ``replication/incomplete``
+  marker;
+- the follower writes the marker, durably, before it applies a reset (bootstrap) or a cut,
+  and removes it once it has made a *complete* batch durable (one that carried every changed
+  document, taken when the leader's commitlog ended where the batch did).
+
+An emptied directory has no history: it is not whole until it has bootstrapped.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from popmq.broker.replication.epochs import EpochHistory
+from popmq.broker.store.framing import fsync_dir
+
+MARKER = Path("replication") / "incomplete"
+
+
+def mark_incomplete(data_dir: Path, why: str) -> None:
+    """Record, durably, that the copy is being reset or cut (before anything is changed)."""
+    path = Path(data_dir) / MARKER
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, why.encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(path.parent)
+
+
+def mark_complete(data_dir: Path) -> None:
+    """The copy is whole again (call once a complete batch is durable)."""
+    path = Path(data_dir) / MARKER
+    if path.exists():
+        path.unlink()
+        fsync_dir(path.parent)
+
+
+def is_marked_incomplete(data_dir: Path) -> bool:
+    return (Path(data_dir) / MARKER).exists()
+
+
+def holds_whole_copy(data_dir: Path) -> bool:
+    """Whether this directory may serve as the group's leader without losing state (see the
+    module's doc). Reads two small files: called when an election is due, not per request."""
+    if is_marked_incomplete(data_dir):
+        return False
+    return bool(EpochHistory(Path(data_dir)).entries)
