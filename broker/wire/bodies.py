@@ -33,10 +33,10 @@ class _Unexpected(Exception):
     """The encoding is not what the walk expects: protobuf decodes it (or refuses it)."""
 
 
-def _varint(data: memoryview, pos: int, end: int) -> tuple[int, int]:
+def _varint(data: memoryview, pos: int, end: int, most_bytes: int = 10) -> tuple[int, int]:
     value = shift = 0
     while True:
-        if pos >= end or shift > 63:
+        if pos >= end or shift >= 7 * most_bytes:
             raise _Unexpected
         byte = data[pos]
         pos += 1
@@ -44,6 +44,15 @@ def _varint(data: memoryview, pos: int, end: int) -> tuple[int, int]:
         if byte < 0x80:
             return value, pos
         shift += 7
+
+
+def _varint32(data: memoryview, pos: int, end: int) -> tuple[int, int]:
+    """A key or a length: protobuf refuses one longer than 5 bytes or past 32 bits, and the
+    split rewrites or drops some of them, so such a one is left to protobuf to refuse."""
+    value, pos = _varint(data, pos, end, 5)
+    if value >> 32:
+        raise _Unexpected
+    return value, pos
 
 
 def _head(number: int, length: int) -> bytes:
@@ -63,7 +72,7 @@ def _fields(data: memoryview, pos: int, end: int) -> list[tuple[int, int, int, i
     out = []
     while pos < end:
         start = pos
-        key, pos = _varint(data, pos, end)
+        key, pos = _varint32(data, pos, end)
         number, wire = key >> 3, key & 7
         if number == 0:
             raise _Unexpected
@@ -73,7 +82,7 @@ def _fields(data: memoryview, pos: int, end: int) -> list[tuple[int, int, int, i
         elif wire == 1:
             pos += 8
         elif wire == _LEN:
-            length, value = _varint(data, pos, end)
+            length, value = _varint32(data, pos, end)
             pos = value + length
         elif wire == 5:
             pos += 4

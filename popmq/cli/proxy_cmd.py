@@ -15,6 +15,7 @@ from typing import Any
 
 from popmq.cli.common import config_from_args, start_tracing_for
 from popmq.config import BrokerAddress, PopmqConfig
+from popmq.gc_tuning import tune_for_serving
 from popmq.security.files import owner_only_new_files, warn_if_data_exposed
 
 
@@ -207,6 +208,7 @@ def _run(command: str, config: PopmqConfig, main: Coroutine[Any, Any, None]) -> 
     except BaseException:
         main.close()
         raise
+    tune_for_serving()  # a long-poll server's object churn: see popmq.gc_tuning
     try:
         asyncio.run(main)
     except ValueError as exc:  # a bad ACL, certificate or token file: say which, no traceback

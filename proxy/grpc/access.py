@@ -33,6 +33,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import grpc
@@ -56,6 +57,9 @@ from popmq.security.errors import UNAUTHORIZED, AccessDenied, forbidden
 from popmq.security.files import warn_if_exposed
 
 log = logging.getLogger(__name__)
+# The user intercept_service verified for this call (grpc.aio runs a call's interceptors and
+# its handler in one task): check() takes it instead of verifying the signature again.
+_VERIFIED: ContextVar[tuple[str, User] | None] = ContextVar("popmq_verified", default=None)
 
 MESSAGING = "/apache.rocketmq.v2.MessagingService/"
 ADMIN = "/popmq.admin.v1.AdminService/"
@@ -204,9 +208,10 @@ class AccessGuard(grpc.aio.ServerInterceptor):
             # Who is calling is in the headers: a stranger is refused before grpc reads (and
             # buffers, up to the receive limit) one byte of the request.
             try:
-                self._authn.authenticate(_text_headers(details.invocation_metadata))
+                user = self._authn.authenticate(_text_headers(details.invocation_metadata))
             except AccessDenied as exc:
                 return _unread_refusal(self, path, exc)
+            _VERIFIED.set((path, user))
         cached = self._wrapped.get(path)
         if cached is not None:
             return cached
@@ -220,7 +225,11 @@ class AccessGuard(grpc.aio.ServerInterceptor):
     # -- the check -------------------------------------------------------------------------
     def check(self, path: str, request: Any, context: grpc.aio.ServicerContext) -> User:
         """The caller, if signed in and allowed; AccessDenied otherwise. Never touches data."""
-        user = self._authn.authenticate(_text_headers(context.invocation_metadata()))
+        verified = _VERIFIED.get()
+        if verified is not None and verified[0] == path:
+            user = verified[1]  # this call's headers, verified a moment ago
+        else:
+            user = self._authn.authenticate(_text_headers(context.invocation_metadata()))
         method = path.rsplit("/", 1)[1]
         if path == ADMIN + "WhoAmI":  # anyone signed in may ask who they are
             allowed, needs = (lambda u: True), ""

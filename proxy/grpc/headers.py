@@ -9,15 +9,25 @@ import grpc
 from popmq.proxy.core.caller import CALLER
 from popmq.proxy.core.context import RequestContext
 
-__all__ = ["RequestContext", "request_context"]
+__all__ = ["RequestContext", "request_context", "text_headers"]
 
 
-def request_context(context: grpc.aio.ServicerContext) -> RequestContext:
+def text_headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """The call's text headers by lower-case name (grpc.aio builds the metadata anew at each
+    invocation_metadata(): read it once per call)."""
     headers: dict[str, str] = {}
     for key, value in context.invocation_metadata() or ():
         if isinstance(value, bytes):  # binary (-bin) headers: not ours
             continue
         headers[key.lower()] = value
+    return headers
+
+
+def request_context(
+    context: grpc.aio.ServicerContext, headers: dict[str, str] | None = None
+) -> RequestContext:
+    if headers is None:
+        headers = text_headers(context)
     remaining = context.time_remaining()
     return RequestContext(
         client_id=headers.get("x-mq-client-id", ""),

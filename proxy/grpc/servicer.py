@@ -23,7 +23,7 @@ from popmq.proxy.core.transactions import OrphanCheck
 from popmq.proxy.grpc import clients, handles, offsets, routes, send
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import popped_into, stored_into, timestamp
-from popmq.proxy.grpc.headers import RequestContext, request_context
+from popmq.proxy.grpc.headers import RequestContext, request_context, text_headers
 from popmq.proxy.grpc.receive import receive_request
 from popmq.proxy.grpc.stall import WriterStalled, writes_within
 from popmq.proxy.metrics import ProxyMetrics
@@ -41,12 +41,8 @@ Resp = TypeVar("Resp")
 Translator = Callable[[ProxyCore, Any, RequestContext], Awaitable[Any]]
 
 
-def _poll_owner(ctx: RequestContext, context: grpc.aio.ServicerContext) -> str:
-    authorization = ""
-    for name, value in context.invocation_metadata() or ():
-        if name.lower() == "authorization" and isinstance(value, str):
-            authorization = value
-    return poll_owner(ctx.client_id, ctx.peer, authorization)
+def _poll_owner(ctx: RequestContext, headers: dict[str, str]) -> str:
+    return poll_owner(ctx.client_id, ctx.peer, headers.get("authorization", ""))
 
 
 def _now_ms() -> int:
@@ -218,10 +214,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     # -- POP consumption ---------------------------------------------------------------------
     async def ReceiveMessage(self, request, context):
         started = time.perf_counter()
-        ctx = request_context(context)
+        headers = text_headers(context)
+        ctx = request_context(context, headers)
         receiver = self.core.receiver
         # Admission first: a refused receive costs no broker call and answers at once.
-        client, group = _poll_owner(ctx, context), request.group.name
+        client, group = _poll_owner(ctx, headers), request.group.name
         try:
             receiver.admit(client, group)
         except Exception as exc:
@@ -334,10 +331,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     # -- offsets -----------------------------------------------------------------------------
     async def PullMessage(self, request, context):
         started = time.perf_counter()
-        ctx = request_context(context)
+        headers = text_headers(context)
+        ctx = request_context(context, headers)
         # A pull that may wait is a long poll like a receive: held under the same bounds.
         held = request.long_polling_timeout.ToMilliseconds() > 0
-        client, group = _poll_owner(ctx, context), request.group.name
+        client, group = _poll_owner(ctx, headers), request.group.name
         try:
             if held:
                 self.core.receiver.admit(client, group)

@@ -246,9 +246,13 @@ class NotificationHub(AsyncClosing):
     async def leave(self, subs: Iterable[Subscription]) -> None:
         """Unsubscribe at once, then wait until the notifications this cancelled are gone
         (so the broker holds nothing for a long poll that has ended)."""
-        ending = [task for sub in subs if (task := self.unsubscribe(sub)) is not None]
-        for job in ending:
+        for job in self.unsubscribe_all(subs):
             await job.wait()
+
+    def unsubscribe_all(self, subs: Iterable[Subscription]) -> list[Job[None]]:
+        """``leave`` without the wait: the notifications it cancelled, to wait for (most long
+        polls share their notifications with others and cancel none)."""
+        return [task for sub in subs if (task := self.unsubscribe(sub)) is not None]
 
     async def aclose(self) -> None:
         """Cancel every held notification (the proxy is stopping)."""

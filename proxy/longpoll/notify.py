@@ -173,8 +173,11 @@ class NotifyStrategy(StrategyBase):
             poll.closed = True
             if source is not None:
                 source.listen_changes(poll.on_ports_changed, on=False)
-            with anyio.CancelScope(shield=True):  # runs to its end even when cancelled
-                await self.hub.leave(subs)
+            ending = self.hub.unsubscribe_all(subs)
+            if ending:  # a shielded scope only when there is something to wait for
+                with anyio.CancelScope(shield=True):  # runs to its end even when cancelled
+                    for job in ending:
+                        await job.wait()
         if poll.refused is not None and not custody.count:
             raise poll.refused
         if moved and not custody.count:

@@ -176,6 +176,11 @@ async def test_kill_9_under_traffic_loses_nothing(tmp_path: Path, spawn) -> None
 
     traffic = asyncio.create_task(run_until_killed())
     await asyncio.sleep(3.0)
+    # ... and enough traffic, however slowly a loaded machine sends, before the kill.
+    deadline = time.monotonic() + 60
+    while len(sent) <= 40 or len(acked_at) <= 10:
+        assert time.monotonic() < deadline and not traffic.done(), (len(sent), len(acked_at))
+        await asyncio.sleep(0.1)
     killed_at = time.monotonic()
     await first.kill()
     await asyncio.wait_for(traffic, 10)

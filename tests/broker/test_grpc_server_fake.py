@@ -263,11 +263,11 @@ async def test_unexpected_failure_becomes_internal_error(served) -> None:
 async def test_cancelling_the_caller_releases_the_held_pop(served) -> None:
     fake, _, remote = served
     task = asyncio.create_task(remote.pop(PopRequest("g", "t", poll_time_ms=60_000)))
-    await asyncio.wait_for(fake.held.wait(), 2)
+    await asyncio.wait_for(fake.held.wait(), 10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.wait_for(fake.released.wait(), 2)
+    await asyncio.wait_for(fake.released.wait(), 10)
 
 
 @pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
@@ -283,7 +283,7 @@ async def test_long_poll_deadline_is_poll_time_plus_margin(served) -> None:
         assert caught.value.code is Code.PROXY_TIMEOUT
         assert not isinstance(caught.value, RefusedError)  # no answer is not a refusal
         assert 0.45 <= elapsed < 3.0  # the held call would never end: slack for a loaded CI
-        await asyncio.wait_for(fake.released.wait(), 2)  # the broker let go too
+        await asyncio.wait_for(fake.released.wait(), 10)  # the broker let go too
     finally:
         await remote.aclose()
 
@@ -291,9 +291,9 @@ async def test_long_poll_deadline_is_poll_time_plus_margin(served) -> None:
 async def test_server_stop_cancels_held_calls(served) -> None:
     fake, server, remote = served
     task = asyncio.create_task(remote.pop(PopRequest("g", "t", poll_time_ms=60_000)))
-    await asyncio.wait_for(fake.held.wait(), 2)
+    await asyncio.wait_for(fake.held.wait(), 10)
     await server.aclose(0.1)
-    await asyncio.wait_for(fake.released.wait(), 2)
+    await asyncio.wait_for(fake.released.wait(), 10)
     with pytest.raises(BrokerUnavailableError):
         await task
 

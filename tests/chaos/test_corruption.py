@@ -130,6 +130,23 @@ class Row:
         return max(self.recovered + self.quarantined - self.written, 0)
 
 
+async def _flushed(data: Path, within_s: float = 30.0) -> None:
+    """Wait until the files the scenarios damage hold what this run wrote: the acks' offsets
+    flushed, the pop journal and groups log written (a fixed sleep raced a loaded machine)."""
+    deadline = asyncio.get_running_loop().time() + within_s
+
+    def ready() -> bool:
+        offsets = data / "consumer_offsets.json"
+        if not offsets.exists() or f'"{GROUP}"' not in offsets.read_text():
+            return False
+        others = ("checkpoint.json", "pop/journal.log", "state/groups.log", "topics.log")
+        return all((data / name).exists() and (data / name).stat().st_size > 0 for name in others)
+
+    while not ready():
+        assert asyncio.get_running_loop().time() < deadline, "the broker never flushed"
+        await asyncio.sleep(0.1)
+
+
 async def _write_golden(data: Path, log_path: Path) -> None:
     broker = BrokerProcess(data, "chaos-a", log_path, *FAST)
     await broker.start()
@@ -146,7 +163,7 @@ async def _write_golden(data: Path, log_path: Path) -> None:
                                              invisible_time_ms=600_000))  # fmt: skip
         handles = [p.receipt_handle for p in popped.messages]
         await remote.ack(GROUP, TOPIC, [AckEntry(h) for h in handles[: len(handles) // 2]])
-        await asyncio.sleep(0.5)  # checkpoints spilled, offsets and checkpoint flushed
+        await _flushed(data)  # checkpoints spilled, offsets and checkpoint flushed
     finally:
         await remote.aclose()
         await broker.kill()
@@ -207,7 +224,7 @@ def format_rows(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)  # 27 broker starts: minutes on a loaded CI machine (a failure bound)
 async def test_damaged_files_never_lose_messages_silently(tmp_path: Path) -> None:
     golden = tmp_path / "golden"
     await _write_golden(golden, tmp_path / "golden.log")

@@ -18,6 +18,7 @@ import asyncio
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,6 +110,13 @@ async def _consume(
         tally.ack_failed.update(failed)
 
 
+async def _until(predicate: Callable[[], bool], what: str, within_s: float = 60.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"no {what} within {within_s} s"
+        await asyncio.sleep(0.1)
+
+
 async def _kill_round(
     endpoint: str, root: Path, brokers: dict[str, PopmqProcess], ports: dict[str, int], victim: str
 ) -> Tally:
@@ -119,16 +127,22 @@ async def _kill_round(
         await client.query_route(topic)  # creates the topic on both brokers
         producer = asyncio.create_task(_produce(client, topic, tally, stop_producer))
         consumer = asyncio.create_task(_consume(client, topic, group, tally, stop_consumer))
+        # Phases end on counts, not only on time: a loaded CI machine sends far fewer than
+        # one message per SEND_INTERVAL_S.
         await asyncio.sleep(2.0)  # steady state
+        await _until(lambda: len(tally.sent) >= 30, "steady-state sends")
         brokers[victim].process.send_signal(signal.SIGKILL)
         brokers[victim].process.wait(10)
         tally.down = True
         await asyncio.sleep(DOWN_S)
+        await _until(lambda: tally.received_down > 0, "a delivery while a broker was down")
         tally.down = False
         brokers[victim].stop()
         brokers[victim] = start_broker(victim, root, ports[victim])
         await asyncio.to_thread(brokers[victim].wait_listening, "broker")
         await asyncio.sleep(1.0)
+        restarted = len(tally.sent)
+        await _until(lambda: len(tally.sent) >= restarted + 25, "sends after the restart")
         stop_producer.set()
         await producer
         # Drain: everything acknowledged must arrive, unacked ones after their invisible time.

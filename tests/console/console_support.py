@@ -31,7 +31,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def console_url(process: PopmqProcess, timeout: float = 30) -> str:
+def console_url(process: PopmqProcess, timeout: float = 90) -> str:
     for line in process.reader.seen:
         match = re.search(CONSOLE_LINE, line)
         if match:

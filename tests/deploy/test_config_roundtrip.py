@@ -83,7 +83,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, str]]:
             process.wait()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)  # starts a process: slow on a loaded CI machine (a failure bound)
 def test_rendered_config_serves_a_client(served: tuple[str, str]) -> None:
     proxy, metrics = served
     with grpc.insecure_channel(proxy) as channel:

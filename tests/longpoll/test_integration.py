@@ -87,8 +87,10 @@ async def test_notify_delivers_a_message_from_another_broker_in_milliseconds(
     strategy = _notify(metrics)
     async with _cluster(tmp_path, 4, remote) as (ports, brokers):
         receive = asyncio.create_task(strategy.receive(ports, make_request(10_000, "b0")))
-        await wait_until(lambda: _held(brokers) == [1, 1, 1, 1], limit_s=5)
-        assert len(_strategy_tasks()) == 4  # one notification task per broker
+        # Settled: one notification task per broker, each held there. (On a loaded machine a
+        # watch link may miss its beat on the way, and the strategy pops that broker once
+        # to be safe, so this is waited for rather than read once.)
+        await wait_until(lambda: _held(brokers) == [1, 1, 1, 1] and len(_strategy_tasks()) == 4)
         await _send(ports[2])
         async with asyncio.timeout(5):
             got = await receive
@@ -146,7 +148,7 @@ async def test_two_proxies_race_for_one_message_and_the_loser_keeps_waiting(
         notifications = "popmq_proxy_broker_rpcs_total"
         assert sample(loser_metrics, notifications, kind="watch_arm") >= 4
         await _send(ports[0])
-        async with asyncio.timeout(1):
+        async with asyncio.timeout(10):  # at once in practice; a deadline for a failure only
             assert len(await loser) == 1
         await proxy_a.aclose()
         await proxy_b.aclose()

@@ -198,11 +198,11 @@ def test_node_change_invisible_duration(
     consumer = open_node(endpoint, "simple", topics=[topic], group=group, await_s=1)
     _send(producer, topic, [{"body": "hold-on"}])
     (message,) = _ok(
-        consumer.call("receive_until", count=1, timeout_s=15, invisible_s=2, ack=False)
-    )["messages"]
+        consumer.call("receive_until", count=1, timeout_s=15, invisible_s=3, ack=False)
+    )["messages"]  # 3 s: the change must reach the proxy before (slack for a loaded CI)
     changed = _ok(consumer.call("change_invisible", id=message["message_id"], invisible_s=8))
     assert changed["receipt_handle"] and changed["receipt_handle"] != changed["old_receipt_handle"]
-    time.sleep(2.5)  # past the first invisible time: the change keeps it hidden
+    time.sleep(3.5)  # past the first invisible time: the change keeps it hidden
     assert _ok(consumer.call("receive", max=4, invisible_s=15))["messages"] == []
     # the replaced handle no longer works; the new one does
     _ok(consumer.call("set_handle", id=message["message_id"],

@@ -43,8 +43,8 @@ async def test_held_receive_ends_empty_when_the_proxy_stops(make_cluster, strate
     assert answered_s < 5, f"the held receive took {answered_s:.2f} s to end"
 
     # Nothing left holding on the brokers or running in the proxy.
-    await eventually(lambda: held_anywhere(cluster) == 0, within_s=2)
-    await eventually(lambda: asyncio.all_tasks() <= before | {asyncio.current_task()}, 2)
+    await eventually(lambda: held_anywhere(cluster) == 0, within_s=10)
+    await eventually(lambda: asyncio.all_tasks() <= before | {asyncio.current_task()}, 10)
     # New calls are refused (the port is closed), and nothing was popped on the way out: a
     # message sent now is there for the next consumer.
     with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -67,7 +67,8 @@ async def test_a_receive_arriving_while_draining_is_answered_empty_without_broke
     before = {kind: calls.labels(kind)._value.get() for kind in ("pop", "notify")}
     ports = [LocalBrokerPort(b) for b in cluster.brokers]
     request = LongPollRequest(PopRequest(group, topic, invisible_time_ms=60_000), poll_ms=5_000)
-    assert await asyncio.wait_for(strategy.receive(ports, request), 0.5) == []
+    # at once, not after its 5 s poll (slack for a loaded machine)
+    assert await asyncio.wait_for(strategy.receive(ports, request), 2.5) == []
     assert {kind: calls.labels(kind)._value.get() for kind in ("pop", "notify")} == before
     # The message stayed where it was.
     found = [

@@ -42,3 +42,28 @@ async def test_a_write_that_waits_past_the_timeout_stalls() -> None:
                 await write(frame)
     assert context.written == [0, 1]
     assert loop.time() - started == pytest.approx(2.0)
+
+
+@pytest.mark.looptime
+async def test_time_between_writes_does_not_count() -> None:
+    # The stream's one timer fires while no write waits: it looks again later, nothing stalls.
+    context = _SlowReader([0.1, 0.1])
+    with writes_within(context, 1.0) as write:  # type: ignore[arg-type]
+        await write(0)
+        await asyncio.sleep(3.0)
+        await write(1)
+    assert context.written == [0, 1]
+
+
+@pytest.mark.looptime
+async def test_a_stall_after_a_pause_is_still_caught() -> None:
+    context = _SlowReader([0.1, 5.0])
+    loop = asyncio.get_running_loop()
+    with pytest.raises(WriterStalled):
+        with writes_within(context, 1.0) as write:  # type: ignore[arg-type]
+            await write(0)
+            await asyncio.sleep(2.5)
+            paused = loop.time()
+            await write(1)
+    assert context.written == [0]
+    assert loop.time() - paused == pytest.approx(1.0, abs=0.01)

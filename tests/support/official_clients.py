@@ -24,6 +24,10 @@ REPO = Path(__file__).resolve().parents[2]
 CLIENT_PYTHON = REPO / ".venv-client" / "bin" / "python"
 SESSION_SCRIPT = REPO / "tests" / "official" / "python_session.py"
 
+# A process's start (imports, first listen) can take tens of seconds on a loaded 2-core CI
+# machine: a deadline that only bounds a failure.
+STARTUP_TIMEOUT_S = 90.0
+
 # Small time scales: whole-second client durations, fast revive and retry backoff.
 SERVER_SETTINGS = [
     "proxy.min_long_polling_ms=1000",
@@ -85,7 +89,7 @@ class PopmqProcess:
         )
         self.reader = LineReader(self.process.stdout)
 
-    def wait_listening(self, what: str = "proxy", timeout: float = 30) -> int:
+    def wait_listening(self, what: str = "proxy", timeout: float = STARTUP_TIMEOUT_S) -> int:
         try:
             match = self.reader.wait_for(rf"popmq {what}.* listening on [\w.]+:(\d+)", timeout)
         except (TimeoutError, EOFError) as exc:
@@ -93,7 +97,7 @@ class PopmqProcess:
             raise RuntimeError(f"{exc}\n--- log ---\n{self.log_path.read_text()[-3000:]}") from None
         return int(match.group(1))
 
-    def stop(self, timeout: float = 15) -> int:
+    def stop(self, timeout: float = 30) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -147,7 +151,7 @@ class ClientSession:
         self,
         config: dict[str, Any],
         home: Path,
-        start_timeout: float = 30,
+        start_timeout: float = STARTUP_TIMEOUT_S,
         command: list[str] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
@@ -181,10 +185,12 @@ class ClientSession:
         return self.stderr_path.read_text()[-3000:]
 
     def call(self, op: str, timeout: float = 30, **args: Any) -> dict[str, Any]:
+        """Run one op; waits `timeout`, or longer for an op that runs up to its own
+        `timeout_s` (receive_until, push_collect...): that plus 30 s of slack."""
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps({"op": op, **args}) + "\n")
         self.process.stdin.flush()
-        return self._answer(timeout)
+        return self._answer(max(timeout, float(args.get("timeout_s", 0)) + 30))
 
     def close(self, timeout: float = 15) -> None:
         if self.process.poll() is None and self.process.stdin is not None:
