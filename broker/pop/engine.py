@@ -427,6 +427,29 @@ class PopEngine:
         self._journal.flush()
         return results
 
+    def hand_back(self, group: str, topic: str, receipt_handles: list[str]) -> int:
+        """Popped messages no consumer received (their answer was never given: a replicated
+        pop whose barrier failed) go back to their queues, visible at once and with no
+        delivery attempt counted, instead of after their invisible time. Returns how many."""
+        now = self._clock()
+        woken: set[tuple[str, int]] = set()
+        count = 0
+        for text in receipt_handles:
+            try:
+                _, ck, index = self._resolve(group, topic, text, now)
+            except RefusedError:
+                continue  # acked, changed or revived meanwhile: nothing to hand back
+            if ck.states[index] != EntryState.PENDING:
+                continue
+            self._ledger.release(ck, index, attempted=False)
+            woken.add((ck.topic, ck.queue_id))
+            count += 1
+        self._ledger.flush_commits()
+        self._journal.flush()
+        for queue_topic, queue_id in woken:
+            self._hold.wake(queue_topic, group, queue_id)
+        return count
+
     def _wake_if_unblocked(self, ck: Checkpoint) -> None:
         state = self._ledger.existing_queue(*ck.queue_key)
         if state is not None and not state.inflight:

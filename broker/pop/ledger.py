@@ -185,11 +185,13 @@ class CheckpointLedger:
         """The message no longer exists in the store."""
         self._finish_offset(ck, index, EntryState.DROPPED)
 
-    def release(self, ck: Checkpoint, index: int) -> None:
-        """FIFO: the message goes back to its queue, to be redelivered in order."""
+    def release(self, ck: Checkpoint, index: int, *, attempted: bool = True) -> None:
+        """The message goes back to its queue, to be redelivered in place (FIFO: in order);
+        ``attempted`` False: it never reached a consumer, so it counts no delivery attempt."""
         self._set(ck, index, EntryState.RELEASED)
         queue = self.queue(*ck.queue_key)
-        moved = queue.release(ck.offsets[index], ck, ck.attempts[index] + 1)
+        attempts = ck.attempts[index] + 1 if attempted else ck.attempts[index]
+        moved = queue.release(ck.offsets[index], ck, attempts)
         self._changed(ck.queue_key, queue, moved)
 
     def change(

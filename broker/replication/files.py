@@ -87,6 +87,7 @@ class _LogState:
     ino: int = -1
     sent: int = 0
     prefix_crc: int = 0
+    mtime_ns: int = -1  # as last sent: unchanged (inode, size, mtime) means nothing to read
 
 
 def _prefix_crc(path: Path, size: int) -> int:
@@ -102,6 +103,12 @@ class Snapshot:
     files: list[pb.FileChange]
     complete: bool
     taken_at: float  # the leader's monotonic clock when it was taken
+    commitlog_min: int = 0  # the leader's first commitlog position (retention)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing changed since the last snapshot (the follower holds all of it)."""
+        return self.complete and not self.commitlog_data and not self.files
 
 
 @dataclass(slots=True)
@@ -121,17 +128,20 @@ class DataSnapshotter:
         # written before they were (all in this one loop turn anyway).
         docs = self._documents()
         logs = self._append_logs()
-        segment, data, complete = self._commitlog(history)
+        segments = list_segments(self.data_dir)
+        segment, data, complete = self._commitlog(history, segments)
+        first = segments[0][0] if segments else 0
         if not complete:
             # A clipped commitlog: the documents may refer to bytes not in this batch. Send
             # them once the commitlog has caught up (their state stays "unsent").
             self._forget(docs, logs)
-            return Snapshot(segment, self.position - len(data), data, [], False, now)
-        return Snapshot(segment, self.position - len(data), data, logs + docs, True, now)
+            return Snapshot(segment, self.position - len(data), data, [], False, now, first)
+        return Snapshot(segment, self.position - len(data), data, logs + docs, True, now, first)
 
     # -- commitlog ---------------------------------------------------------------------------
-    def _commitlog(self, history: list[epochs.Entry]) -> tuple[int, bytes, bool]:
-        segments = list_segments(self.data_dir)
+    def _commitlog(
+        self, history: list[epochs.Entry], segments: list[tuple[int, int]]
+    ) -> tuple[int, bytes, bool]:
         end = log_end(segments)
         if segments and self.position < segments[0][0]:
             raise FollowerBehindRetention(
@@ -175,20 +185,24 @@ class DataSnapshotter:
                 continue
             state = self._logs.setdefault(name, _LogState())
             size = stat.st_size
+            if (stat.st_ino, size, stat.st_mtime_ns) == (state.ino, state.sent, state.mtime_ns):
+                continue  # untouched since it was sent: no read (most logs, most batches)
             rewritten = (
                 stat.st_ino != state.ino
                 or size < state.sent
                 or _prefix_crc(path, state.sent) != state.prefix_crc
             )
             if not rewritten and size == state.sent:
+                state.mtime_ns = stat.st_mtime_ns
                 continue
             start = 0 if rewritten else state.sent
             with open(path, "rb") as file:
                 data = os.pread(file.fileno(), size - start, start)
             kind = pb.FileChange.REPLACE if rewritten else pb.FileChange.APPEND
             changes.append(pb.FileChange(path=name, kind=kind, offset=start, data=data))
-            state.ino, state.sent = stat.st_ino, start + len(data)
-            state.prefix_crc = _prefix_crc(path, state.sent)
+            if rewritten or state.sent < _PREFIX_BYTES:  # else its first bytes were checked
+                state.prefix_crc = _prefix_crc(path, start + len(data))
+            state.ino, state.sent, state.mtime_ns = stat.st_ino, start + len(data), stat.st_mtime_ns
         return changes
 
     # -- small documents ---------------------------------------------------------------------
@@ -207,6 +221,13 @@ class DataSnapshotter:
         present = set()
         for name in self._document_names():
             path = self.data_dir / name
+            try:
+                seen = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if self._docs.get(name) == (seen.st_ino, seen.st_mtime_ns, seen.st_size):
+                present.add(name)  # unchanged: one stat, no open
+                continue
             try:
                 with open(path, "rb") as file:
                     stat = os.fstat(file.fileno())

@@ -9,6 +9,7 @@ with HA_NOT_AVAILABLE, naming the leader: a follower serves no writes and no rea
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from popmq.broker.contract.errors import Code, RefusedError
@@ -96,7 +97,16 @@ class NodePort(AsyncClosing):
         leading = self._leader()
         result = await leading.port.pop(request)
         if result.messages:
-            await self._replicated(leading, journal=True)
+            try:
+                await self._replicated(leading, journal=True)
+            except BaseException:
+                # Refused (timeout, in-sync set shrank, fenced) or cancelled (the caller gave
+                # up): nobody gets these messages; they are visible again at once rather than
+                # after the invisible time.
+                handles = [m.receipt_handle for m in result.messages]
+                with contextlib.suppress(RefusedError):  # stopped: they revive when due
+                    leading.broker.engine.hand_back(request.group, request.topic, handles)
+                raise
         return result
 
     async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:

@@ -10,8 +10,9 @@ receive (batch 32), then ack what they got, until every message is acked.
   number of ``popmq broker`` processes (the Helm chart's topology); the server CPU is reported
   for the proxy and for the brokers separately;
   with ``--replicas N`` the same cluster runs again with every broker a replicated group of
-  N nodes (``--replication sync|async``, static roles: popmq.bench.groups) and the ratio of
-  the two is printed;
+  N nodes, once per ``--replication`` mode (sync, async or both, in that order; static roles:
+  popmq.bench.groups; sync with ``--min-in-sync``, default N), and the ratio of each to the
+  unreplicated cluster is printed;
 - ``floor``:  the same gRPC load against a server that does no work (popmq.bench.floor):
   the ceiling of any Python grpc.aio proxy with this load generator on this machine.
 
@@ -215,13 +216,14 @@ async def _cluster_brokers(params: dict[str, Any], root: Path) -> AsyncIterator[
 
     pids: list[int] = []
     replicas, replication = params.get("group_replicas", 1), params.get("group_replication", "off")
+    min_in_sync = params.get("group_min_in_sync")
     async with contextlib.AsyncExitStack() as stack:
         flags: list[str] = []
         for index in range(params["brokers"]):
             name = f"broker-{index}"
             config = BrokerConfig(name=name, data_dir=root / name)
             port = await stack.enter_async_context(
-                replicated_group(config, replicas, replication, pids)
+                replicated_group(config, replicas, replication, pids, min_in_sync)
             )
             await create_topic_in_sync(port, TOPIC, params["queues"])
             await port.create_topic(TX_TOPIC, params["queues"], "TRANSACTION")
@@ -495,7 +497,8 @@ async def bench_e2e(
     transactions: bool = False,
     acl: bool = True,
     replicas: int = 1,
-    replication: str = "sync",
+    replication: str | Sequence[str] = "sync",
+    min_in_sync: int | None = None,
 ) -> dict[str, Any]:
     """Run each mode on fresh brokers; return the JSON-serialisable figures."""
     workers = (proxy_workers,) if isinstance(proxy_workers, int) else tuple(proxy_workers)
@@ -504,12 +507,13 @@ async def bench_e2e(
         raise ValueError(f"unknown modes {sorted(unknown)}: choose from {MODES}")
     if transactions:  # one message per send, as a transactional producer sends
         send_batch = 1
+    replication_modes = [replication] if isinstance(replication, str) else list(replication)
     params = {
         "messages": messages, "body_bytes": body_bytes, "producers": producers,
         "consumers": consumers, "brokers": brokers, "queues": queues, "send_batch": send_batch,
         "receive_batch": receive_batch, "channels": channels, "strategy": strategy,
         "proxy_workers": list(workers), "transactions": transactions, "replicas": replicas,
-        "replication": replication, "acl": acl,
+        "replication": replication_modes, "min_in_sync": min_in_sync or replicas, "acl": acl,
     }  # fmt: skip
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="popmq-bench-e2e-") as tmp:
@@ -522,9 +526,10 @@ async def bench_e2e(
                 # --replicas N: the unreplicated cluster, then each broker a group of N nodes.
                 groups = [("off", 1)]
                 if mode == "cluster" and replicas > 1:
-                    groups.append((replication, replicas))
+                    groups += [(each, replicas) for each in replication_modes]
                 for group_mode, group_size in groups:
-                    name = base if group_size == 1 else _replicated_name(base, params)
+                    name = (base if group_size == 1
+                            else _replicated_name(base, group_mode, params))  # fmt: skip
                     root = Path(tmp) / name
                     root.mkdir()
                     # With transactions, the transactional run follows the plain one on the
@@ -532,7 +537,8 @@ async def bench_e2e(
                     run_params = {**params, "mode": mode, "proxy_workers": count, "name": name,
                                   "variants": (False, True) if transactions and mode != "floor"
                                   else (False,), "group_replicas": group_size,
-                                  "group_replication": group_mode}  # fmt: skip
+                                  "group_replication": group_mode,
+                                  "group_min_in_sync": params["min_in_sync"]}  # fmt: skip
                     for suffix, figures in (await run(run_params, root)).items():
                         results[name + suffix] = figures
     result: dict[str, Any] = {"params": params, "results": results}
@@ -540,18 +546,20 @@ async def bench_e2e(
         result["proxy_overhead"] = round(
             results["direct"]["msgs_per_s"] / max(results["proxy"]["msgs_per_s"], 1), 2
         )
-    replicated = _replicated_name("cluster", params)
-    if replicated in results and "cluster" in results:
-        # What replication costs, same run (issue 19's goal for sync with 3 nodes: >= 0.6).
-        result["replicated_over_cluster"] = {
-            "msgs_per_s": round(
-                results[replicated]["msgs_per_s"] / max(results["cluster"]["msgs_per_s"], 1), 2
-            ),
-            "send_msgs_per_s": round(
-                results[replicated]["send_msgs_per_s"]
-                / max(results["cluster"]["send_msgs_per_s"], 1), 2
-            ),
-        }  # fmt: skip
+    for each in replication_modes:
+        replicated = _replicated_name("cluster", each, params)
+        if replicated in results and "cluster" in results:
+            # What replication costs, same run (issue 19's goal for sync with 3 nodes: >= 0.6).
+            result.setdefault("replicated_over_cluster", {})[replicated] = {
+                "msgs_per_s": round(
+                    results[replicated]["msgs_per_s"] / max(results["cluster"]["msgs_per_s"], 1),
+                    2,
+                ),
+                "send_msgs_per_s": round(
+                    results[replicated]["send_msgs_per_s"]
+                    / max(results["cluster"]["send_msgs_per_s"], 1), 2
+                ),
+            }  # fmt: skip
     if "floor" in results and "proxy" in results:
         # How far the proxy is from what gRPC alone allows (1.0: the proxy costs nothing).
         result["floor_over_proxy"] = round(
@@ -609,8 +617,8 @@ async def bench_e2e(
     return result
 
 
-def _replicated_name(name: str, params: dict[str, Any]) -> str:
-    return f"{name}-{params['replication']}-r{params['replicas']}"
+def _replicated_name(name: str, mode: str, params: dict[str, Any]) -> str:
+    return f"{name}-{mode}-r{params['replicas']}"
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -658,12 +666,15 @@ def format_table(result: dict[str, Any]) -> str:
             f"{name}: transactional / plain: msg/s {ratio['msgs_per_s']}x, server CPU µs/msg "
             f"{ratio['server_cpu_us_per_msg']}x"
         ]
-    if "replicated_over_cluster" in result:
-        ratio = result["replicated_over_cluster"]
+    for name, ratio in result.get("replicated_over_cluster", {}).items():
+        goal = " (goal >= 0.6)" if "-sync-" in name else ""
         lines += [
-            f"{_replicated_name('cluster', p)} / cluster: e2e msg/s {ratio['msgs_per_s']} "
-            f"(goal >= 0.6), send msg/s {ratio['send_msgs_per_s']}"
+            f"{name} / cluster: e2e msg/s {ratio['msgs_per_s']}{goal}, send msg/s "
+            f"{ratio['send_msgs_per_s']}"
         ]
+    if result.get("replicated_over_cluster"):
+        lines += [f"replicated groups: {p['replicas']} nodes, sync with --min-in-sync "
+                  f"{p['min_in_sync']}"]  # fmt: skip
     for key, ratio in result.items():
         if key.startswith("cluster-w") and key.endswith("_over_cluster"):
             name = key.removesuffix("_over_cluster")

@@ -2,7 +2,8 @@
 
 ``popmq broker --replication MODE --role leader|follower`` on 127.0.0.1: the roles are given
 by flags (no etcd), so a benchmark measures replication itself, not elections. With sync, the
-leader's ``--min-in-sync`` is the group's size: every answer waits for every node.
+leader's ``--min-in-sync`` is the group's size unless told otherwise; either way every answer
+waits for every node of the in-sync set.
 """
 
 from __future__ import annotations
@@ -21,20 +22,22 @@ from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.config import BrokerConfig
 
 
-def _min_in_sync(replicas: int, mode: str) -> int:
-    return replicas if mode == "sync" else 1
+def _min_in_sync(replicas: int, mode: str, wanted: int | None = None) -> int:
+    if mode != "sync":
+        return 1
+    return min(wanted, replicas) if wanted else replicas
 
 
 @contextlib.asynccontextmanager
 async def _follower(
-    config: BrokerConfig, index: int, leader: str, replicas: int, mode: str, pids: list[int]
+    config: BrokerConfig, index: int, leader: str, min_in_sync: int, mode: str, pids: list[int]
 ) -> AsyncIterator[None]:
     data_dir = Path(config.data_dir).parent / f"{Path(config.data_dir).name}-{index}"
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "popmq", "broker", "--name", config.name, "--port", "0",
         "--data-dir", str(data_dir), "--flush", config.store.flush, "--replication", mode,
         "--role", "follower", "--leader", leader, "--min-in-sync",
-        str(_min_in_sync(replicas, mode)), "--node-name", f"{config.name}-{index}",
+        str(min_in_sync), "--node-name", f"{config.name}-{index}",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     pids.append(process.pid)
@@ -56,19 +59,25 @@ async def _follower(
 
 @contextlib.asynccontextmanager
 async def replicated_group(
-    config: BrokerConfig, replicas: int, mode: str, pids: list[int]
+    config: BrokerConfig,
+    replicas: int,
+    mode: str,
+    pids: list[int],
+    min_in_sync: int | None = None,
 ) -> AsyncIterator[RemoteBrokerPort]:
     """A leader (on ``config.data_dir``) and ``replicas - 1`` followers (beside it); yields
-    the leader's port. ``replicas`` 1 with mode ``off`` is a plain broker."""
+    the leader's port. ``replicas`` 1 with mode ``off`` is a plain broker. With sync, the
+    leader's ``--min-in-sync`` is ``min_in_sync`` (default: every node)."""
+    quorum = _min_in_sync(replicas, mode, min_in_sync)
     extra: tuple[str, ...] = ()
     if mode != "off":
         extra = ("--replication", mode, "--role", "leader", "--epoch", "1", "--min-in-sync",
-                 str(_min_in_sync(replicas, mode)), "--node-name", f"{config.name}-0")  # fmt: skip
+                 str(quorum), "--node-name", f"{config.name}-0")  # fmt: skip
     async with remote_broker(config, pids, extra) as port, contextlib.AsyncExitStack() as stack:
         assert isinstance(port, RemoteBrokerPort)
         for index in range(1, replicas if mode != "off" else 1):
             await stack.enter_async_context(
-                _follower(config, index, port.address, replicas, mode, pids)
+                _follower(config, index, port.address, quorum, mode, pids)
             )
         yield port
 

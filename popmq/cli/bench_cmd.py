@@ -89,7 +89,8 @@ def _e2e(args: argparse.Namespace) -> int:
         messages=args.messages, body_bytes=args.body_bytes, producers=args.producers,
         consumers=args.consumers, brokers=args.brokers, queues=args.queues,
         strategy=args.strategy, modes=tuple(args.mode), proxy_workers=tuple(args.proxy_workers),
-        replicas=args.replicas, replication=args.replication, transactions=args.transactions,
+        replicas=args.replicas, replication=tuple(args.replication),
+        min_in_sync=args.min_in_sync, transactions=args.transactions,
         acl=args.acl,
     )  # fmt: skip
 
@@ -195,8 +196,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e2e.add_argument("--replicas", type=int, default=1,
                      help="cluster mode: also run it with every broker a replicated group of "
                           "N nodes (leader + N-1 followers) and print the ratio")  # fmt: skip
-    e2e.add_argument("--replication", choices=("sync", "async"), default="sync",
-                     help="the replicated groups' mode (sync: --min-in-sync N)")  # fmt: skip
+    e2e.add_argument("--replication", choices=("sync", "async"), nargs="+", default=["sync"],
+                     help="the replicated groups' modes, one run each (sync async: both, in "
+                          "the same run as the unreplicated cluster)")  # fmt: skip
+    e2e.add_argument("--min-in-sync", type=int, default=None,
+                     help="sync groups' --min-in-sync (default: --replicas)")  # fmt: skip
     e2e.add_argument(
         "--transactions",
         action="store_true",

@@ -30,7 +30,7 @@ def copy(source: Path, writer: ReplicaWriter, snapshotter: DataSnapshotter, epoc
     while True:
         snapshot = snapshotter.take(history or [(epoch, 0)], 0.0)
         sent += 1
-        batch = make_batch(source, snapshot, sent, epoch, history or [(epoch, 0)],
+        batch = make_batch(snapshot, sent, epoch, history or [(epoch, 0)],
                            **(first if sent == 1 else {}))  # type: ignore[arg-type]  # fmt: skip
         writer.apply(batch, known_epoch=0)
         if snapshot.complete:
@@ -284,7 +284,7 @@ async def test_batches_applied_as_a_group_are_fsynced_once_per_file(
         for index in range(5):
             await leader.send([Message(topic="T", body=f"m{index}".encode())])
             snapshot = snapshotter.take([(1, 0)], 0.0)
-            batches.append(make_batch(tmp_path / "leader", snapshot, index + 2, 1, [(1, 0)]))
+            batches.append(make_batch(snapshot, index + 2, 1, [(1, 0)]))
         synced.clear()
         ends = writer.apply_all(batches, known_epoch=0)
         assert ends == sorted(ends) and ends[-1] == log_end(list_segments(tmp_path / "leader"))
