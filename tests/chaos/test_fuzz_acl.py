@@ -4,12 +4,12 @@ popmq's AdminService, rocketmq-apis' Admin and grpc's Health (its Watch aside).
 
 The proxy of tests/chaos/test_fuzz.py (a real ProxyServer over two in-process brokers, on its
 own loop) with `proxy.acl`; every case is one call of one of those RPCs (Telemetry included)
-with a random, mutated or undecodable body, made as nobody (no signature), with a bad signature, with an unknown access key, as a limited user or as an
-admin. Every answer must be a RocketMQ status other than INTERNAL_ERROR, or gRPC
-INVALID_ARGUMENT for an undecodable body (an answer without a RocketMQ status: gRPC's
-UNAUTHENTICATED, PERMISSION_DENIED or INVALID_ARGUMENT; health: NOT_FOUND for an unknown
-service); never gRPC UNKNOWN or INTERNAL; the proxy logs no
-traceback, and answers a plain route lookup at the end.
+with a random, mutated or undecodable body, made as nobody (no signature), with a bad
+signature, with an unknown access key, as a limited user or as an admin. Every answer must be
+a RocketMQ status other than INTERNAL_ERROR, or gRPC INVALID_ARGUMENT for an undecodable body
+(an answer without a RocketMQ status: gRPC's UNAUTHENTICATED, PERMISSION_DENIED or
+INVALID_ARGUMENT; health: NOT_FOUND for an unknown service); never gRPC UNKNOWN or INTERNAL;
+the proxy logs no traceback, and answers a plain route lookup at the end.
 
 POPMQ_FUZZ_ACL_CASES sets the number of cases (default 400: about 10 s on the 2-core dev VM,
 most of it hypothesis building requests); derandomized, so a run is repeatable. A long run:
@@ -29,13 +29,12 @@ import grpc
 import pytest
 from google.protobuf import text_format
 from google.protobuf.message import Message as ProtoMessage
+from grpc_health.v1 import health_pb2 as h
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from popmq.broker.contract.errors import Code
 
 from chaos.test_fuzz import GROUP, HANDLES, TEMPLATES, TOPIC, ServerThread, _fill, _message
-from grpc_health.v1 import health_pb2 as h
-
 from popmq.pb.admin.v1 import admin_pb2 as a
 from popmq.pb.rocketmq.v2 import admin_pb2 as upstream
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
