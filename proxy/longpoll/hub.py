@@ -6,8 +6,12 @@ pops; N-1 pops come back empty). The hub holds ONE notification per **channel** 
 (broker, group, topic, filter, fifo) -- while at least one long poll subscribes to it, and
 turns the broker's "has message" into a **signal** for one subscriber at a time:
 
-- the signal goes to the oldest subscriber that does not hold one already (a subscriber that
-  cannot use it, because its long poll already has messages, declines: the next one gets it);
+- the signal goes to the subscriber with the most time left that does not hold one already
+  (ties: the oldest; a subscriber that cannot use it, because its long poll already has
+  messages, declines: the next one gets it). Not the oldest: with polls of equal length the
+  oldest is the one about to end, and messages it pops just as its client's poll ends are
+  popped for nobody and must be handed back (a sparse message was popped and handed back
+  again and again that way);
 - the subscriber reports what its pop did: ``used(rest_num)`` (it took messages; if the pop
   left more behind, the signal goes on to as many further subscribers as that backlog needs,
   at most ``MAX_PARALLEL_SIGNALS`` at once), ``missed()`` (an empty pop: someone else took the
@@ -96,7 +100,7 @@ class _Channel:
         self.key = key
         self.port: ConsumePort = key[0]
         self.pop = pop  # group, topic, filter, fifo of every notification request
-        self.subscribers: dict[Subscription, None] = {}  # oldest first
+        self.subscribers: dict[Subscription, None] = {}  # oldest first (signals: see hand_out)
         self.holders: set[Subscription] = set()  # subscribers holding a signal now
         self.task: Job[None] | None = None  # the held notification, when armed
         self.latest = 0.0  # the latest deadline of any subscriber so far (loop clock)
@@ -105,13 +109,13 @@ class _Channel:
 
     # -- signals ---------------------------------------------------------------------------
     def hand_out(self, count: int, skip: Subscription | None = None) -> None:
-        """Give a signal to up to ``count`` subscribers (not ``skip``), oldest first; arm the
-        notification if no signal is out afterwards."""
+        """Give a signal to up to ``count`` subscribers (not ``skip``), the most time left
+        first; arm the notification if no signal is out afterwards."""
         handed = 0
         if count > 0:
-            # on_signal only queues work (it never subscribes or leaves), so iterating the
-            # live dict is safe.
-            for sub in self.subscribers:
+            # Subscribers come in deadline order mostly, so this sort is about linear; it
+            # is stable, so equal deadlines keep the oldest first.
+            for sub in sorted(self.subscribers, key=_deadline, reverse=True):
                 if sub is skip or sub in self.holders:
                     continue
                 self.holders.add(sub)
@@ -184,6 +188,10 @@ class _Channel:
             self.hand_out(1)
         # Not found: every subscriber's deadline has passed; they are leaving. One that
         # subscribes meanwhile arms a new notification.
+
+
+def _deadline(sub: Subscription) -> float:
+    return sub.deadline
 
 
 class NotificationHub(AsyncClosing):

@@ -93,6 +93,9 @@ class FakePort:
     ) -> ChangeInvisibleResult:
         raise RefusedError(Code.INVALID_RECEIPT_HANDLE, f"stale handle {receipt_handle}")
 
+    async def hand_back(self, group: str, topic: str, receipt_handles: list[str]) -> int:
+        return sum(1 for handle in receipt_handles if handle.startswith("rh-"))
+
     async def notify(self, request: NotifyRequest) -> NotifyResult:
         return NotifyResult(has_message=request.topic == "busy")
 
