@@ -237,6 +237,32 @@ async def test_subscriptions_directly(metrics: ProxyMetrics) -> None:
     await hub.aclose()
 
 
+async def test_long_polls_that_leave_do_not_pile_up_in_the_choice_of_who_is_signalled(
+    metrics: ProxyMetrics,
+) -> None:
+    """The signal order is a heap whose entries of departed long polls go lazily: thousands
+    of short polls coming and going beside a long one must not grow it without bound."""
+    broker = FakeBroker("b")
+    hub = NotificationHub(BrokerCalls(metrics))
+    pop = PopRequest(group="g", topic="t", max_messages=1)
+    now = asyncio.get_running_loop().time()
+    signalled: list[str] = []
+
+    def on_signal(name: str) -> Callable[[Subscription], bool]:
+        return lambda sub: signalled.append(name) is None
+
+    stays = hub.subscribe(broker, pop, now + 30, on_signal("stays"))
+    for _ in range(2_000):  # each leaves before anything arrives
+        hub.unsubscribe(hub.subscribe(broker, pop, now + 1, on_signal("short")))
+    assert len(stays.channel.by_time_left) <= 2 * 1 + 16 + 1
+    late = hub.subscribe(broker, pop, now + 60, on_signal("late"))
+    await wait_until(lambda: broker.held == 1)
+    broker.put(1)
+    await wait_until(lambda: signalled == ["late"])  # the most time left
+    await hub.leave([stays, late])
+    await hub.aclose()
+
+
 async def test_random_arrivals_and_departures_leave_no_message_behind(
     metrics: ProxyMetrics, fakes: list[FakeBroker]
 ) -> None:
