@@ -11,7 +11,9 @@ the new one starts: a static switch, or an election's.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,22 @@ from popmq.pb.replication.v1 import replication_pb2_grpc
 from popmq.security.link import broker_channel
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Promotion:
+    """What opening the store cost when this node last began to lead (its recovery walk)."""
+
+    seconds: float
+    records_scanned: int
+    bytes_scanned: int
+
+    @classmethod
+    def of(cls, broker: Broker, seconds: float) -> Promotion:
+        report = broker.store.recovery
+        if report is None:
+            return cls(seconds, 0, 0)
+        return cls(seconds, report.records_scanned, report.bytes_scanned)
 
 
 # How long a follower's stream waits for this node to start leading before it is refused. A
@@ -108,6 +126,7 @@ class ReplicatedNode:
         self.node = config.replication.node or ""
         self.role: GroupRole | None = None
         self.follower: ReplicaFollower | None = None
+        self.promotion: Promotion | None = None  # the last time this node opened its store
 
     @property
     def bound_port(self) -> int:
@@ -122,7 +141,8 @@ class ReplicatedNode:
         gauges only with ``role_gauges``: an elected node's come from its election)."""
         collector = NodeCollector(self._config.name, lambda: self.node, lambda: self.role,
                                   self._running_broker, lambda: self._gate.leader,
-                                  role_gauges=role_gauges)  # fmt: skip
+                                  role_gauges=role_gauges,
+                                  promotion=lambda: self.promotion)  # fmt: skip
         return node_registry(collector)
 
     def holds_whole_copy(self) -> bool:
@@ -190,7 +210,12 @@ class ReplicatedNode:
             # copy that may campaign again (completeness.py wants a history).
             history.begin(role.epoch, 0)
         broker = Broker(config, self._clock)
+        started = time.monotonic()
         await broker.start()
+        self.promotion = Promotion.of(broker, time.monotonic() - started)
+        log.info("replication: %s opened its store for epoch %d in %.3f s (walked %d records, "
+                 "%d bytes of commitlog)", self.node, role.epoch, self.promotion.seconds,
+                 self.promotion.records_scanned, self.promotion.bytes_scanned)  # fmt: skip
         try:
             try:
                 history.begin(role.epoch, log_end(list_segments(data_dir)))
