@@ -22,7 +22,7 @@ import grpc
 from popmq.broker.core import Broker
 from popmq.broker.local import LocalBrokerPort
 from popmq.broker.pop.handle_keys import keyring_path
-from popmq.broker.replication.completeness import holds_whole_copy, mark_complete
+from popmq.broker.replication.completeness import holds_data, holds_whole_copy, mark_complete
 from popmq.broker.replication.epochs import EpochHistory, StaleEpochError
 from popmq.broker.replication.files import list_segments, log_end
 from popmq.broker.replication.follower import MAX_MESSAGE_BYTES, ReplicaFollower
@@ -149,6 +149,11 @@ class ReplicatedNode:
         """Whether this node's data may lead the group (the election asks before it
         campaigns): not while it is emptied, or being reset or cut back (completeness.py)."""
         return holds_whole_copy(Path(self._config.data_dir))
+
+    def holds_data(self) -> bool:
+        """Whether this node's directory holds any data (an unclean election never elects
+        an emptied node in a group that had a leader)."""
+        return holds_data(Path(self._config.data_dir))
 
     def _running_broker(self) -> Broker | None:
         leading = self.port.leading
