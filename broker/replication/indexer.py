@@ -27,12 +27,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from popmq.broker.replication.files import list_segments, segment_path
+from popmq.broker.replication.files import list_segments, log_end, segment_path
 from popmq.broker.store import metafile
 from popmq.broker.store.codec import decode_header, tag_hash
 from popmq.broker.store.file_budget import FileBudget, fsync_paths
 from popmq.broker.store.framing import HEADER_SIZE, fsync_dir, walk_frames
-from popmq.broker.store.queue_index import ENTRY, QueueIndex
+from popmq.broker.store.queue_index import ENTRY, HOLE_SIZE, IndexDamaged, QueueIndex
 from popmq.broker.store.recovery import RECORD_RESYNC, QueueKey, queue_key_text
 from popmq.broker.store.topics import LOG_NAME, TOPICS_RESYNC
 
@@ -96,10 +96,72 @@ class ReplicaIndexer:
 
     # -- the writer's hooks ------------------------------------------------------------------
     def start(self) -> None:
-        """Start from nothing (what the writer found is not trusted: see ReplicaWriter)."""
+        """Start from nothing: no index, a checkpoint at position 0."""
+        self._close_indexes()
         shutil.rmtree(self._dir / "index", ignore_errors=True)
         self.position = 0
         self._write_checkpoint(twice=True)
+
+    def resume(self) -> None:
+        """Go on from the checkpoint this directory holds (this indexer's, or the store's when
+        the node led): every role change starts a new follower, and indexing the whole log
+        again each time would make the next promotion walk it. What does not check out
+        (an index file missing or short, a last entry that is not its record) starts over."""
+        try:
+            resumed = self._resume()
+        except (IndexerStopped, IndexDamaged, OSError, ValueError) as error:
+            log.info("replication: indexing this copy from the start (%s)", error)
+            resumed = False
+        if not resumed:
+            self.start()
+
+    def _resume(self) -> bool:
+        doc = metafile.read(self._dir / CHECKPOINT).body
+        if not isinstance(doc, dict) or int(doc.get("position", 0)) <= 0:
+            return False
+        position = int(doc["position"])
+        segments = list_segments(self._dir)
+        if not segments or not segments[0][0] <= position <= log_end(segments):
+            return False
+        expected: dict[str, list[int]] = dict(doc.get("queues", {}))
+        self._refresh_topics()
+        for name, topic in self._topics.items():
+            if topic.since >= position:  # created after the checkpoint: only older leftovers
+                shutil.rmtree(self._dir / "index" / name, ignore_errors=True)
+                continue
+            for queue_id in range(topic.queue_count):
+                key = (name, queue_id)
+                index = self._open_index(key)
+                # entries written after the checkpoint may be torn or missing: dropped
+                first = index.bisect(index.first_offset, index.max_offset, lambda e: e[0],
+                                     position)  # fmt: skip
+                index.truncate(first)
+                top = expected.get(queue_key_text(*key), [0, 0])[1]
+                if index.max_offset < top or not self._last_entry_matches(key, index):
+                    raise IndexerStopped(f"the index of {name}/{queue_id} does not match")
+        self.position = position
+        self._write_checkpoint(twice=True)
+        log.info("replication: indexing this copy from position %d (its checkpoint)", position)
+        return True
+
+    def _last_entry_matches(self, key: QueueKey, index: QueueIndex) -> bool:
+        if index.max_offset == index.first_offset:
+            return True
+        offset = index.max_offset - 1
+        position, size, _, _ = index.entry(offset)
+        if size == HOLE_SIZE:
+            return True
+        start = max((s for s, _ in list_segments(self._dir) if s <= position), default=None)
+        if start is None:
+            return True  # purged by retention: nothing left to check against
+        with open(segment_path(self._dir, start), "rb") as file:
+            frame = os.pread(file.fileno(), size, position - start)
+        found = [p for _, _, p in walk_frames(frame, 0, RECORD_RESYNC.prefix,
+                                              RECORD_RESYNC.accept)]  # fmt: skip
+        if len(found) != 1 or found[0] is None or len(found[0]) + HEADER_SIZE != size:
+            return False
+        header = decode_header(found[0])
+        return (header.topic, header.queue_id, header.queue_offset) == (*key, offset)
 
     def applied(self, end: int, complete: bool) -> None:
         """A batch ending at ``end`` is durable; ``complete``: the documents describe it."""

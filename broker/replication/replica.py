@@ -72,9 +72,9 @@ class ReplicaWriter:
     def open(self) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._lock.acquire()
-        # What a store or an earlier follower left describes a log that may have been cut
-        # since: indexed again from the start, in the background (indexer.py).
-        self.indexer.start()
+        # Go on indexing from the checkpoint an earlier follower or this node's store left
+        # (indexer.py); a cut or reset of the log adjusts the indexes before it happens.
+        self.indexer.resume()
         self.history = epochs.EpochHistory(self.data_dir)
         self._incomplete = completeness.is_marked_incomplete(self.data_dir)
 
