@@ -109,6 +109,23 @@ def role_from_config(config: BrokerConfig) -> GroupRole:
     )
 
 
+def replication_link(config: BrokerConfig) -> BrokerLinkConfig:
+    """How a follower reaches its leader's port: as that port is guarded (the same TLS as
+    the broker port, and the cluster token). Certificates and keys come from files only."""
+    tls, repl = config.tls, config.replication
+    cert, key = repl.tls_cert, repl.tls_key
+    if cert is None and tls.client_ca is not None:  # the leader asks for a client certificate
+        cert, key = tls.cert, tls.key
+    return BrokerLinkConfig(
+        cluster_token_file=config.cluster_token_file,
+        tls=tls.enabled,
+        ca=repl.tls_ca or tls.client_ca,
+        cert=cert if tls.enabled else None,
+        key=key if tls.enabled else None,
+        server_name=repl.tls_server_name,
+    )
+
+
 class ReplicatedNode:
     def __init__(
         self, config: BrokerConfig, roles: RoleSource | None = None, *, clock: Clock = SYSTEM
@@ -272,7 +289,7 @@ class ReplicatedNode:
             writer.close()
 
     def _channel_factory(self) -> Callable[[str], grpc.aio.Channel]:
-        link = BrokerLinkConfig(cluster_token_file=self._config.cluster_token_file)
+        link = replication_link(self._config)
         options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
