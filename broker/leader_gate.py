@@ -231,3 +231,10 @@ class GroupCollector(Collector):
         )
         won.add_metric(values, member.elections_won)
         yield won
+        declined = CounterMetricFamily(
+            "popmq_ha_empty_copy_declines",
+            "times this node declined to lead because its copy holds no data (even with "
+            "unclean election)", labels=labels,
+        )  # fmt: skip
+        declined.add_metric(values, member.empty_copy_declines)
+        yield declined
