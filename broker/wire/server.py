@@ -160,7 +160,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             if bodies is not None:
                 for message, body in zip(messages, bodies, strict=True):
                     if body is not None:
-                        message.body = body.tobytes()
+                        message.body = body  # the store writes it from grpc's bytes
             # Not request.ByteSize(): upb encodes the whole request to measure it.
             async with self._budget.hold(sum(len(m.body) for m in messages)):
                 results = await self._port.send(messages, request.queue_id)
