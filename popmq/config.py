@@ -289,11 +289,24 @@ class ReplicationConfig(Section):
     role: Literal["leader", "follower"] = "leader"
     epoch: int = Field(1, ge=1)
     leader: str | None = None
+    # Replication streams run on the broker port, so with broker.tls a follower dials its
+    # leader over TLS. tls_ca: the CA to verify the leader's certificate (default: tls.client_ca
+    # when set, the usual single-CA set-up, else the system's trusted roots). tls_cert/tls_key:
+    # the certificate a follower presents when the port asks for one (tls.client_ca set;
+    # default: this node's own tls.cert/tls.key, which must then allow client authentication).
+    # tls_server_name: the name to expect in the leader's certificate when it differs from the
+    # host of its advertised address.
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_server_name: str | None = None
 
     @model_validator(mode="after")
     def _follower_needs_leader(self) -> ReplicationConfig:
         if self.mode != "off" and self.role == "follower" and not self.leader:
             raise ValueError("replication.role follower needs replication.leader (host:port)")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("replication needs both tls_cert and tls_key")
         return self
 
 

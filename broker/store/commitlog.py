@@ -104,7 +104,7 @@ class CommitLog:
         durable: int,
         resync: Resync,
     ) -> int:
-        """Walk every frame from ``scan_from`` (a segment start) to the end, calling
+        """Walk every frame from ``scan_from`` (a segment start, or a frame's) to the end, calling
         ``on_record(position, payload)`` for each valid frame and ``on_damage(start, end,
         reason, data)`` for each damaged run of bytes, then resyncing at the next valid frame
         (found by ``resync``), so damage inside the log never hides what follows it.
@@ -121,19 +121,21 @@ class CommitLog:
         while index < len(self._segments):
             seg = self._segments[index]
             last = index + 1 == len(self._segments)
-            data = self._read_segment(seg)
+            # The first segment may be walked from a frame inside it: only that part is read.
+            skip = min(max(0, scan_from - seg.start), seg.size)
+            data = os.pread(self._fd_for(seg), seg.size - skip, skip) if seg.size > skip else b""
             for offset, end, payload in walk_frames(data, 0, resync.prefix, resync.accept):
                 if payload is not None:
-                    on_record(seg.start + offset, payload)
+                    on_record(seg.start + skip + offset, payload)
                     continue
-                start = seg.start + offset
-                if last and end == seg.size:
+                start = seg.start + skip + offset
+                if last and skip + end == seg.size:
                     reason = TORN_TAIL if start >= durable else DAMAGED
-                    on_damage(start, seg.start + end, reason, bytes(data[offset:end]))
-                    self._truncate_segment(seg, offset)
+                    on_damage(start, seg.start + skip + end, reason, bytes(data[offset:end]))
+                    self._truncate_segment(seg, skip + offset)
                     cut += end - offset
                 else:
-                    on_damage(start, seg.start + end, DAMAGED, bytes(data[offset:end]))
+                    on_damage(start, seg.start + skip + end, DAMAGED, bytes(data[offset:end]))
             if not last and seg.end < self._segments[index + 1].start:
                 on_damage(seg.end, self._segments[index + 1].start, MISSING, b"")
             index += 1

@@ -206,6 +206,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
 
         return await _answer(pb.ChangeInvisibleTimeResponse, work())
 
+    async def HandBack(self, request: pb.HandBackRequest, context: object) -> pb.HandBackResponse:
+        async def work() -> pb.HandBackResponse:
+            count = await self._port.hand_back(
+                request.group, request.topic, list(request.receipt_handles)
+            )
+            return pb.HandBackResponse(status=convert.ok_status(), handed_back=count)
+
+        return await _answer(pb.HandBackResponse, work())
+
     async def Notify(self, request: pb.NotifyRequest, context: object) -> pb.NotifyResponse:
         async def work() -> pb.NotifyResponse:
             result = await self._port.notify(convert.notify_request_from_proto(request))
