@@ -624,6 +624,10 @@ class Broker:
         self._metrics.invisible_changed()
         return result
 
+    async def hand_back(self, group: str, topic: str, receipt_handles: list[str]) -> int:
+        self._require_started()
+        return self.engine.hand_back(group, topic, receipt_handles)
+
     async def notify(self, request: NotifyRequest) -> NotifyResult:
         self._require_started()
         return await self.engine.notify(request)

@@ -102,6 +102,10 @@ class LeaderGatedPort(AsyncClosing):
         self._check()
         return result
 
+    async def hand_back(self, group: str, topic: str, receipt_handles: list[str]) -> int:
+        self._check()
+        return await self._port.hand_back(group, topic, receipt_handles)
+
     async def notify(self, request: NotifyRequest) -> NotifyResult:
         self._check()
         return await self._port.notify(request)

@@ -35,8 +35,9 @@ ENV_PREFIX = "POPMQ_"
 # (tests/deploy/test_memory_sizing.py). grpcio's own receive holds 3 copies at once (its C
 # buffer, a bytes per slice, their join), before any handler runs; a large send is then decoded
 # without its bodies (popmq.broker.wire.bodies), so while it is served a proxy holds it about
-# once (grpc's bytes, which the bodies point into); a broker also copies the bodies it stores.
-BROKER_COPIES_PER_REQUEST = 4  # a 25 x 4 MiB unary send (105 MB): +382..384 MB (was +543..594)
+# once (grpc's bytes, which the bodies point into), and a broker writes the bodies it stores
+# from there (popmq.broker.store.writer): both peak in grpc's receive.
+BROKER_COPIES_PER_REQUEST = 3  # a 25 x 4 MiB unary send (105 MB): +315..316 MB (was +382..594)
 PROXY_COPIES_PER_REQUEST = 3  # a 32 x 4 MiB send (134 MB): +391..406 MB, grpc's receive
 PROXY_COPIES_WHILE_SERVED = 1  # the same send while the proxy sends it on: +167 MB (was +388)
 PROCESS_BASELINE_BYTES = 128 << 20  # an idle broker or proxy: ~80 MB, with room
