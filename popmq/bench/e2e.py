@@ -5,7 +5,9 @@ receive (batch 32), then ack what they got, until every message is acked.
 
 - ``direct``: the load generator calls in-process brokers (LocalBrokerPort) itself;
 - ``proxy``:  the load generator talks apache.rocketmq.v2 over gRPC to a ``popmq serve``
-  process (proxy + the same number of embedded brokers) -- what a RocketMQ client does;
+  process (proxy + the same number of embedded brokers) -- what a RocketMQ client does; the
+  console runs too (on a free port), and the measurement starts once it has started: its
+  start-up (importing its web stack) is not serving;
 - ``cluster``: the same gRPC load against one ``popmq proxy`` process in front of the same
   number of ``popmq broker`` processes (the Helm chart's topology); the server CPU is reported
   for the proxy and for the brokers separately;
