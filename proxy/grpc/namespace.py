@@ -106,7 +106,7 @@ def _walk_plan(descriptor: Descriptor) -> tuple[tuple[str, bool, bool, bool], ..
         (
             field.name,
             field.is_repeated,
-            field.message_type.full_name == RESOURCE,
+            field.message_type is not None and field.message_type.full_name == RESOURCE,
             field.name == "group",
         )
         for field in _resource_fields(descriptor)
