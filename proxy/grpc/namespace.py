@@ -34,6 +34,8 @@ SERVICE_PREFIX = "/apache.rocketmq.v2.MessagingService/"
 HEADER = "x-mq-namespace"
 # RocketMQ's namespace rule: its name characters, without the separator, at most 64.
 _NAMESPACE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+# Wrapped handlers kept by (method, x-mq-namespace header); past this many, forgotten at once.
+_WRAPPED_MAX = 1024
 
 
 def qualify(namespace: str, name: str, *, group: bool = False) -> str:
@@ -96,22 +98,42 @@ def _contains_resource(descriptor: Descriptor, _seen: frozenset[str] = frozenset
     return False
 
 
+@cache
+def _walk_plan(descriptor: Descriptor) -> tuple[tuple[str, bool, bool, bool], ...]:
+    """(field name, repeated, is a Resource, is the group) for each of ``_resource_fields``:
+    read once per message type, not per request (every request is walked)."""
+    return tuple(
+        (
+            field.name,
+            field.is_repeated,
+            field.message_type is not None and field.message_type.full_name == RESOURCE,
+            field.name == "group",
+        )
+        for field in _resource_fields(descriptor)
+    )
+
+
 def _resources(message: Message) -> list[tuple[d.Resource, bool]]:
     """(Resource, is-a-group) pairs in message."""
     found: list[tuple[d.Resource, bool]] = []
-    if not isinstance(message, Message):  # an undecodable body: its guard answers it
-        return found
-    for field in _resource_fields(message.DESCRIPTOR):
-        is_repeated = field.is_repeated
-        if not is_repeated and not message.HasField(field.name):
-            continue
-        values = getattr(message, field.name) if is_repeated else [getattr(message, field.name)]
-        for value in values:
-            if field.message_type is not None and field.message_type.full_name == RESOURCE:
-                found.append((value, field.name == "group"))
-            else:
-                found.extend(_resources(value))
+    if isinstance(message, Message):  # else an undecodable body: its guard answers it
+        _collect(message, found)
     return found
+
+
+def _collect(message: Message, found: list[tuple[d.Resource, bool]]) -> None:
+    for name, repeated, is_resource, is_group in _walk_plan(message.DESCRIPTOR):
+        if repeated:
+            values = getattr(message, name)
+        elif message.HasField(name):
+            values = (getattr(message, name),)
+        else:
+            continue
+        if is_resource:
+            found.extend((value, is_group) for value in values)
+        else:
+            for value in values:
+                _collect(value, found)
 
 
 def qualify_request(message: Message, header_namespace: str) -> None:
@@ -157,6 +179,9 @@ def _status_frame(method: str, error: RefusedError) -> Message:
 
 
 class NamespaceInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self) -> None:
+        self._wrapped: dict[tuple[str, str], tuple[Any, grpc.RpcMethodHandler]] = {}
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -165,8 +190,28 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or not details.method.startswith(SERVICE_PREFIX):
             return handler
-        header = dict(details.invocation_metadata or ()).get(HEADER, "")
+        header = ""
+        for key, value in details.invocation_metadata or ():
+            if key == HEADER:
+                header = value
         method = details.method
+        # The wrapper depends only on the handler, the method and the header: made once for
+        # each (a new closure and handler per call cost every RPC), while the inner handler is
+        # the same one (the access guard's cached wrapper; a refusal is a new one each time).
+        key = (method, header)
+        cached = self._wrapped.get(key)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, header, method)
+        if len(header) <= 64:  # a namespace's longest; longer headers are refused anyway
+            if len(self._wrapped) >= _WRAPPED_MAX:  # namespaces are the clients' to make up
+                self._wrapped.clear()
+            self._wrapped[key] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(
+        self, handler: grpc.RpcMethodHandler, header: str, method: str
+    ) -> grpc.RpcMethodHandler:
         # _replace, not grpc.*_rpc_method_handler: those import grpc._utilities on every
         # call (3% of an idle proxy's samples at 500 receives/s under py-spy).
         if handler.unary_unary:

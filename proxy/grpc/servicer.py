@@ -36,6 +36,8 @@ from popmq.pb.rocketmq.v2 import service_pb2_grpc
 
 # Commands and check-backs waiting for a Telemetry stream (a client sends few commands).
 _TELEMETRY_BUFFER = 64
+# Code(code).name is an enum lookup per RPC; the names by value are read once.
+_CODE_NAMES: dict[int, str] = {code.value: code.name for code in Code}
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Translator = Callable[[ProxyCore, Any, RequestContext], Awaitable[Any]]
@@ -82,10 +84,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if isinstance(code, str):
             name = code
         else:
-            try:
-                name = Code(code).name
-            except ValueError:
-                name = str(code)
+            name = _CODE_NAMES.get(code) or str(code)
         counter = self._counters.get((method, name))
         if counter is None:
             counter = self._counters[method, name] = self.metrics.rpc_requests.labels(method, name)

@@ -82,3 +82,44 @@ async def test_yielding_stream_servicers_are_mapped_too() -> None:
     assert [(f.message.topic.name, f.message.topic.resource_namespace) for f in frames] == [
         ("t", "ns1")
     ]
+
+
+async def test_wrapped_handlers_are_kept_per_method_header_and_handler() -> None:
+    """The interceptor makes a wrapper once per (method, namespace header, inner handler):
+    another header gets its own namespace, and a new inner handler (the access guard's
+    refusal is one per call) is never answered with a wrapper of the old one."""
+    from types import SimpleNamespace
+
+    import grpc
+    from popmq.proxy.grpc.namespace import NamespaceInterceptor
+
+    async def behavior(request, context):  # type: ignore[no-untyped-def]
+        return s.QueryRouteResponse(
+            message_queues=[pb.MessageQueue(topic=pb.Resource(name=request.topic.name))]
+        )
+
+    method = "/apache.rocketmq.v2.MessagingService/QueryRoute"
+    first, second = (grpc.unary_unary_rpc_method_handler(behavior) for _ in range(2))
+    interceptor = NamespaceInterceptor()
+
+    async def wrap(handler, namespace: str):  # type: ignore[no-untyped-def]
+        async def continuation(details):  # type: ignore[no-untyped-def]
+            return handler
+
+        details = SimpleNamespace(
+            method=method, invocation_metadata=(("x-mq-namespace", namespace),)
+        )
+        return await interceptor.intercept_service(continuation, details)
+
+    ns1 = await wrap(first, "ns1")
+    assert await wrap(first, "ns1") is ns1
+    ns2 = await wrap(first, "ns2")
+    assert ns2 is not ns1
+    fresh = await wrap(second, "ns1")
+    assert fresh is not ns1
+    for wrapped, space in ((ns1, "ns1"), (ns2, "ns2"), (fresh, "ns1")):
+        request = s.QueryRouteRequest(topic=pb.Resource(name="orders"))
+        response = await wrapped.unary_unary(request, None)
+        assert request.topic.name == f"{space}%orders"  # the servicer saw the inside name
+        (queue,) = response.message_queues
+        assert (queue.topic.name, queue.topic.resource_namespace) == ("orders", space)
