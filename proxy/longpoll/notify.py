@@ -146,8 +146,9 @@ class NotifyStrategy(StrategyBase):
         custody: Custody,
     ) -> None:
         poll = _LongPoll()
-        subs = [self.hub.subscribe(port, request.pop, deadline, poll.on_signal)
-                for port in brokers]  # fmt: skip
+        on_signal = poll.on_signal  # one bound method for every subscription, not one each
+        subscribe = self.hub.subscribe
+        subs = [subscribe(port, request.pop, deadline, on_signal) for port in brokers]
         source = request.source
         if source is not None:  # a new leader's port: the old one's watch would never report
             source.listen_changes(poll.on_ports_changed, on=True)
