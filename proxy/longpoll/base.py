@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import itertools
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -136,10 +137,22 @@ class PortsMoved(Exception):
     polls the current ports for the rest of the poll time."""
 
 
+class Held(Protocol):
+    """What drain() ends early: a held receive's cancel scope, or the wait of a strategy
+    that keeps its deadline itself."""
+
+    def cancel(self) -> None: ...
+
+
 class StrategyBase(AsyncClosing):
     """Deadline, custody, metrics and false-empty probe around one strategy's ``_poll``."""
 
     name = "base"
+    # A strategy that keeps the deadline itself (a timer on its wait, a cancel scope from
+    # ``until`` around each broker call) runs without a scope around the whole long poll:
+    # an idle long poll then holds a timer, not a scope (about 1 KiB each, tracemalloc), and
+    # ends at its deadline without a cancellation thrown through its frames.
+    keeps_deadline = False
 
     def __init__(
         self,
@@ -164,7 +177,7 @@ class StrategyBase(AsyncClosing):
         self.probe_false_empty = probe_false_empty
         self.picker = BrokerPicker()
         # The deadlines of the receives holding now, so drain() can bring them forward.
-        self._held: set[anyio.CancelScope] = set()  # deadlines of the held long polls
+        self._held: set[Held] = set()  # deadlines of the held long polls
         self.draining = False
 
     @abc.abstractmethod
@@ -214,7 +227,7 @@ class StrategyBase(AsyncClosing):
         self._long_polls.inc()
         custody = Custody(lambda port, msgs: self.calls.release(port, request.pop, msgs))
         try:
-            if request.poll_ms <= 0:
+            if request.poll_ms <= 0 or self.keeps_deadline:
                 await self._poll_through_outages(brokers, request, deadline, custody)
             else:
                 # The deadline is a cancel scope: it cancels _poll (a broker's own timeout
@@ -284,11 +297,13 @@ class StrategyBase(AsyncClosing):
                 return  # an empty answer: the client polls again
             source = request.source
             changed = source.membership_changed() if source is not None else None
-            with anyio.move_on_after(min(backoff, left)):
+            with self.until(asyncio.get_running_loop().time() + min(backoff, left)):
                 if changed is not None:
                     await changed.wait()
                 else:
                     await anyio.sleep_forever()
+            if self.draining:
+                return
             backoff = min(backoff * 2, BACKOFF_MAX_S)
             if source is not None:
                 brokers = source.current_ports(names) or brokers
@@ -297,9 +312,23 @@ class StrategyBase(AsyncClosing):
         """The brokers a false-empty probe asks (notify trusts armed watches: see there)."""
         return list(brokers)
 
+    @contextlib.contextmanager
+    def until(self, deadline: float) -> Iterator[anyio.CancelScope]:
+        """A cancel scope to ``deadline`` that drain() ends too: one step of a strategy that
+        keeps its deadline itself (check ``cancel_called`` after it)."""
+        scope = anyio.CancelScope(deadline=deadline)
+        if self.draining:
+            scope.cancel()
+        self._held.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._held.discard(scope)
+
     def drain(self) -> None:
         self.draining = True
-        for scope in self._held:
+        for scope in list(self._held):
             # Cancelling the scope ends _poll exactly as the deadline would: broker calls
             # are cancelled and whatever was popped is handed over (or released).
             scope.cancel()
