@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import inspect
 import re
-from contextvars import ContextVar
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from functools import cache
 from typing import Any
 
@@ -97,22 +97,42 @@ def _contains_resource(descriptor: Descriptor, _seen: frozenset[str] = frozenset
     return False
 
 
+@cache
+def _walk_plan(descriptor: Descriptor) -> tuple[tuple[str, bool, bool, bool], ...]:
+    """(field name, repeated, is a Resource, is the group) for each of ``_resource_fields``:
+    read once per message type, not per request (every request is walked)."""
+    return tuple(
+        (
+            field.name,
+            field.is_repeated,
+            field.message_type is not None and field.message_type.full_name == RESOURCE,
+            field.name == "group",
+        )
+        for field in _resource_fields(descriptor)
+    )
+
+
 def _resources(message: Message) -> list[tuple[d.Resource, bool]]:
     """(Resource, is-a-group) pairs in message."""
     found: list[tuple[d.Resource, bool]] = []
-    if not isinstance(message, Message):  # an undecodable body: its guard answers it
-        return found
-    for field in _resource_fields(message.DESCRIPTOR):
-        is_repeated = field.is_repeated
-        if not is_repeated and not message.HasField(field.name):
-            continue
-        values = getattr(message, field.name) if is_repeated else [getattr(message, field.name)]
-        for value in values:
-            if field.message_type is not None and field.message_type.full_name == RESOURCE:
-                found.append((value, field.name == "group"))
-            else:
-                found.extend(_resources(value))
+    if isinstance(message, Message):  # else an undecodable body: its guard answers it
+        _collect(message, found)
     return found
+
+
+def _collect(message: Message, found: list[tuple[d.Resource, bool]]) -> None:
+    for name, repeated, is_resource, is_group in _walk_plan(message.DESCRIPTOR):
+        if repeated:
+            values = getattr(message, name)
+        elif message.HasField(name):
+            values = (getattr(message, name),)
+        else:
+            continue
+        if is_resource:
+            found.extend((value, is_group) for value in values)
+        else:
+            for value in values:
+                _collect(value, found)
 
 
 def qualify_request(message: Message, header_namespace: str) -> None:

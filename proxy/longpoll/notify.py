@@ -222,8 +222,9 @@ class NotifyStrategy(StrategyBase):
         sub = poll.results.popleft()
         port = sub.port
         try:
-            with self.until(deadline) as scope, start_span(
-                "popmq.long_poll.consume", {"popmq.broker": port.name}
+            with (
+                self.until(deadline) as scope,
+                start_span("popmq.long_poll.consume", {"popmq.broker": port.name}),
             ):
                 result = await self.calls.pop(port, replace(request.pop, poll_time_ms=0), custody)
             if scope.cancel_called:
