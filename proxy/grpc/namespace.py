@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from functools import cache
 from typing import Any
 
@@ -34,8 +35,6 @@ SERVICE_PREFIX = "/apache.rocketmq.v2.MessagingService/"
 HEADER = "x-mq-namespace"
 # RocketMQ's namespace rule: its name characters, without the separator, at most 64.
 _NAMESPACE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-# Wrapped handlers kept by (method, x-mq-namespace header); past this many, forgotten at once.
-_WRAPPED_MAX = 1024
 
 
 def qualify(namespace: str, name: str, *, group: bool = False) -> str:
@@ -178,48 +177,48 @@ def _status_frame(method: str, error: RefusedError) -> Message:
     return response
 
 
+# The x-mq-namespace header of the call being served: set by the interceptor in the call's own
+# task (grpc.aio runs interceptors and the handler there) and read by the wrapped behaviors,
+# so a wrapped handler serves every call of its method (no closure made per call, kept by each
+# held long poll).
+_HEADER: ContextVar[str] = ContextVar("popmq_namespace_header", default="")
+
+
 class NamespaceInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self) -> None:
-        self._wrapped: dict[tuple[str, str], tuple[Any, grpc.RpcMethodHandler]] = {}
+        # method -> (the handler grpc gave, our wrapper of it): wrapped once, not per call.
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or not details.method.startswith(SERVICE_PREFIX):
+        handler = await continuation(details)  # every call: the guard checks each one
+        method = details.method
+        if handler is None or not method.startswith(SERVICE_PREFIX):
             return handler
         header = ""
         for key, value in details.invocation_metadata or ():
             if key == HEADER:
                 header = value
-        method = details.method
-        # The wrapper depends only on the handler, the method and the header: made once for
-        # each (a new closure and handler per call cost every RPC), while the inner handler is
-        # the same one (the access guard's cached wrapper; a refusal is a new one each time).
-        key = (method, header)
-        cached = self._wrapped.get(key)
+        _HEADER.set(header)
+        cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        wrapped = self._wrap(handler, header, method)
-        if len(header) <= 64:  # a namespace's longest; longer headers are refused anyway
-            if len(self._wrapped) >= _WRAPPED_MAX:  # namespaces are the clients' to make up
-                self._wrapped.clear()
-            self._wrapped[key] = (handler, wrapped)
+        wrapped = self._wrap(handler, method)
+        self._wrapped[method] = (handler, wrapped)
         return wrapped
 
-    def _wrap(
-        self, handler: grpc.RpcMethodHandler, header: str, method: str
-    ) -> grpc.RpcMethodHandler:
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         # _replace, not grpc.*_rpc_method_handler: those import grpc._utilities on every
         # call (3% of an idle proxy's samples at 500 receives/s under py-spy).
         if handler.unary_unary:
-            return handler._replace(unary_unary=self._unary(handler, header, method))
+            return handler._replace(unary_unary=self._unary(handler, method))
         if handler.unary_stream:
-            return handler._replace(unary_stream=self._unary_stream(handler, header, method))
+            return handler._replace(unary_stream=self._unary_stream(handler, method))
         if handler.stream_stream:
-            return handler._replace(stream_stream=self._stream_stream(handler, header))
+            return handler._replace(stream_stream=self._stream_stream(handler))
         return handler
 
     @staticmethod
@@ -229,12 +228,11 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
                 return resource.resource_namespace
         return header
 
-    def _unary(
-        self, handler: grpc.RpcMethodHandler, header: str, method: str
-    ) -> Callable[..., Any]:
+    def _unary(self, handler: grpc.RpcMethodHandler, method: str) -> Callable[..., Any]:
         behavior = handler.unary_unary
 
         async def call(request: Message, context: grpc.aio.ServicerContext) -> Message:
+            header = _HEADER.get()
             namespace = self._namespace_of(request, header)
             if namespace:
                 try:
@@ -248,14 +246,13 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
 
         return call
 
-    def _unary_stream(
-        self, handler: grpc.RpcMethodHandler, header: str, method: str
-    ) -> Callable[..., Any]:
+    def _unary_stream(self, handler: grpc.RpcMethodHandler, method: str) -> Callable[..., Any]:
         behavior = handler.unary_stream
         if inspect.isasyncgenfunction(behavior):  # a servicer that yields its frames
-            return self._unary_stream_yielding(handler, header, method)
+            return self._unary_stream_yielding(handler, method)
 
         async def call(request: Message, context: grpc.aio.ServicerContext) -> None:
+            header = _HEADER.get()
             namespace = self._namespace_of(request, header)
             if not namespace:
                 await behavior(request, context)
@@ -270,13 +267,14 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
         return call
 
     def _unary_stream_yielding(
-        self, handler: grpc.RpcMethodHandler, header: str, method: str
+        self, handler: grpc.RpcMethodHandler, method: str
     ) -> Callable[..., Any]:
         behavior = handler.unary_stream
 
         async def call(
             request: Message, context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Message]:
+            header = _HEADER.get()
             namespace = self._namespace_of(request, header)
             if namespace:
                 try:
@@ -291,12 +289,13 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
 
         return call
 
-    def _stream_stream(self, handler: grpc.RpcMethodHandler, header: str) -> Callable[..., Any]:
+    def _stream_stream(self, handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
         behavior = handler.stream_stream
 
         async def call(
             requests: AsyncIterator[Message], context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Message]:
+            header = _HEADER.get()
             seen: dict[str, str] = {"namespace": header}
 
             async def qualified() -> AsyncIterator[Message]:

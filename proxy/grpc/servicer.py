@@ -47,6 +47,14 @@ def _poll_owner(ctx: RequestContext, headers: dict[str, str]) -> str:
     return poll_owner(ctx.client_id, ctx.peer, headers.get("authorization", ""))
 
 
+def _long_poll_context(context: grpc.aio.ServicerContext) -> tuple[RequestContext, str]:
+    """The call's context and its admission key. The headers dict stays here: a held long
+    poll keeps only what it uses (10,000 idle ones each held theirs, ~1.3 KiB, tracemalloc)."""
+    headers = text_headers(context)
+    ctx = request_context(context, headers)
+    return ctx, _poll_owner(ctx, headers)
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -213,11 +221,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     # -- POP consumption ---------------------------------------------------------------------
     async def ReceiveMessage(self, request, context):
         started = time.perf_counter()
-        headers = text_headers(context)
-        ctx = request_context(context, headers)
+        ctx, client = _long_poll_context(context)
         receiver = self.core.receiver
         # Admission first: a refused receive costs no broker call and answers at once.
-        client, group = _poll_owner(ctx, headers), request.group.name
+        group = request.group.name
         try:
             receiver.admit(client, group)
         except Exception as exc:
@@ -330,11 +337,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     # -- offsets -----------------------------------------------------------------------------
     async def PullMessage(self, request, context):
         started = time.perf_counter()
-        headers = text_headers(context)
-        ctx = request_context(context, headers)
+        ctx, client = _long_poll_context(context)
         # A pull that may wait is a long poll like a receive: held under the same bounds.
         held = request.long_polling_timeout.ToMilliseconds() > 0
-        client, group = _poll_owner(ctx, headers), request.group.name
+        group = request.group.name
         try:
             if held:
                 self.core.receiver.admit(client, group)

@@ -66,7 +66,7 @@ async def test_bad_namespaced_names_are_refused_with_rocketmq_codes(cluster) -> 
 
 async def test_yielding_stream_servicers_are_mapped_too() -> None:
     import grpc
-    from popmq.proxy.grpc.namespace import NamespaceInterceptor
+    from popmq.proxy.grpc.namespace import _HEADER, NamespaceInterceptor
 
     async def behavior(request, context):  # type: ignore[no-untyped-def]
         frame = s.ReceiveMessageResponse()
@@ -75,7 +75,8 @@ async def test_yielding_stream_servicers_are_mapped_too() -> None:
 
     handler = grpc.unary_stream_rpc_method_handler(behavior)
     method = "/apache.rocketmq.v2.MessagingService/ReceiveMessage"
-    wrapped = NamespaceInterceptor()._unary_stream(handler, "ns1", method)
+    wrapped = NamespaceInterceptor()._unary_stream(handler, method)
+    _HEADER.set("ns1")  # the call's x-mq-namespace, as intercept_service sets it
     request = s.ReceiveMessageRequest(message_queue=pb.MessageQueue(topic=pb.Resource(name="t")))
     frames = [frame async for frame in wrapped(request, None)]
     assert request.message_queue.topic.name == "ns1%t"  # the servicer saw the inside name
@@ -84,42 +85,33 @@ async def test_yielding_stream_servicers_are_mapped_too() -> None:
     ]
 
 
-async def test_wrapped_handlers_are_kept_per_method_header_and_handler() -> None:
-    """The interceptor makes a wrapper once per (method, namespace header, inner handler):
-    another header gets its own namespace, and a new inner handler (the access guard's
-    refusal is one per call) is never answered with a wrapper of the old one."""
+async def test_one_wrapped_handler_serves_each_call_with_its_own_namespace() -> None:
+    """The interceptor wraps a method's handler once and reads each call's x-mq-namespace
+    header in the call's task: consecutive calls of the same method keep their namespaces."""
     from types import SimpleNamespace
 
     import grpc
     from popmq.proxy.grpc.namespace import NamespaceInterceptor
 
-    async def behavior(request, context):  # type: ignore[no-untyped-def]
-        return s.QueryRouteResponse(
-            message_queues=[pb.MessageQueue(topic=pb.Resource(name=request.topic.name))]
-        )
+    seen: list[str] = []
 
+    async def behavior(request, context):  # type: ignore[no-untyped-def]
+        seen.append(request.topic.name)
+        return s.QueryRouteResponse()
+
+    handler = grpc.unary_unary_rpc_method_handler(behavior)
     method = "/apache.rocketmq.v2.MessagingService/QueryRoute"
-    first, second = (grpc.unary_unary_rpc_method_handler(behavior) for _ in range(2))
     interceptor = NamespaceInterceptor()
 
-    async def wrap(handler, namespace: str):  # type: ignore[no-untyped-def]
-        async def continuation(details):  # type: ignore[no-untyped-def]
-            return handler
+    async def continuation(details):  # type: ignore[no-untyped-def]
+        return handler
 
-        details = SimpleNamespace(
-            method=method, invocation_metadata=(("x-mq-namespace", namespace),)
-        )
-        return await interceptor.intercept_service(continuation, details)
-
-    ns1 = await wrap(first, "ns1")
-    assert await wrap(first, "ns1") is ns1
-    ns2 = await wrap(first, "ns2")
-    assert ns2 is not ns1
-    fresh = await wrap(second, "ns1")
-    assert fresh is not ns1
-    for wrapped, space in ((ns1, "ns1"), (ns2, "ns2"), (fresh, "ns1")):
-        request = s.QueryRouteRequest(topic=pb.Resource(name="orders"))
-        response = await wrapped.unary_unary(request, None)
-        assert request.topic.name == f"{space}%orders"  # the servicer saw the inside name
-        (queue,) = response.message_queues
-        assert (queue.topic.name, queue.topic.resource_namespace) == ("orders", space)
+    wrapped = []
+    for namespace in ("ns1", "ns2", ""):
+        metadata = (("x-mq-namespace", namespace),) if namespace else ()
+        details = SimpleNamespace(method=method, invocation_metadata=metadata)
+        served = await interceptor.intercept_service(continuation, details)
+        wrapped.append(served.unary_unary)
+        await served.unary_unary(s.QueryRouteRequest(topic=pb.Resource(name="t")), None)
+    assert seen == ["ns1%t", "ns2%t", "t"]
+    assert wrapped[0] is wrapped[1] is wrapped[2]  # wrapped once, not per call
