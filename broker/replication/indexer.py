@@ -14,8 +14,8 @@ or from before a topic's ``since``, are skipped, as recovery skips them. Before 
 cuts its commitlog back, the indexes are cut to match and the checkpoint is lowered, durably;
 a reset drops them. Anything unexpected (a queue offset that does not follow its index, a
 damaged frame, a topic the table gains with records below the indexed position: the table
-went back with a leader change) stops the indexer: the checkpoint goes back to position 0 and a promotion
-walks everything, as before: slower, never wrong.
+went back with a leader change) stops the indexer: the checkpoint goes back to position 0
+and a promotion walks everything, as before: slower, never wrong.
 """
 
 from __future__ import annotations
