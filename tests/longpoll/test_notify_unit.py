@@ -244,3 +244,36 @@ async def test_a_true_empty_answer_is_not_a_false_empty(
     assert sample(metrics, "popmq_proxy_empty_responses_total", strategy="notify") == 1
     assert sample(metrics, "popmq_proxy_false_empty_responses_total", strategy="notify") == 0
     assert sample(metrics, "popmq_proxy_broker_rpcs_total", kind="notify_probe") == 4
+
+
+async def test_an_idle_receive_holds_a_timer_not_a_cancel_scope_and_ends_at_its_deadline(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    import anyio
+
+    strategy = _strategy(metrics)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    receive = asyncio.create_task(strategy.receive(fakes, make_request(5_000)))
+    await wait_until(lambda: all(b.held == 1 for b in fakes))
+    # What drain() would end: the poll's own wait (10,000 idle polls held a scope each).
+    assert len(strategy._held) == 1
+    assert not isinstance(next(iter(strategy._held)), anyio.CancelScope)
+    assert await receive == []
+    assert loop.time() - started == pytest.approx(5.0, abs=0.001)
+    assert not strategy._held
+    assert sample(metrics, "popmq_proxy_held_notification_tasks") == 0
+
+
+async def test_drain_ends_an_idle_notify_receive_at_once(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    strategy = _strategy(metrics)
+    loop = asyncio.get_running_loop()
+    receive = asyncio.create_task(strategy.receive(fakes, make_request(5_000)))
+    await wait_until(lambda: all(b.held == 1 for b in fakes))
+    drained = loop.time()
+    strategy.drain()
+    assert await receive == []
+    assert loop.time() - drained < 0.01
+    assert all(b.held == 0 for b in fakes)
