@@ -119,6 +119,7 @@ class Broker:
         # The background loops (revive, timer, pop journal): cancelled at once on stop.
         self._tasks = TaskOwner(f"broker:{config.name}", grace_s=0)
         self._started = False
+        self._stopping = False  # aclose() began: refusals say "retry elsewhere"
         self._journal: PopJournal | None = None
         self._ledger: CheckpointLedger | None = None
         self._engine: PopEngine | None = None
@@ -192,6 +193,7 @@ class Broker:
     async def start(self) -> None:
         if self._started:
             return
+        self._stopping = False
         self._store.open()
         try:
             self._open_pop_state()
@@ -283,6 +285,7 @@ class Broker:
         if not self._started:
             return
         self._started = False
+        self._stopping = True
         self._hold.close()  # held long polls answer now (with what is there)
         await self._tasks.aclose()
         self._store.remove_arrival_listener(self._on_arrival)
@@ -392,8 +395,15 @@ class Broker:
         return await self._store.append(topic, queue_id, messages)
 
     def _require_started(self) -> None:
-        if not self._started:
-            raise RefusedError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
+        if self._started:
+            return
+        if self._stopping:
+            # Shutting down (a rolling restart, a leader stepping down): the same request
+            # succeeds on another broker or on this one's successor, so the code is one a
+            # proxy and a client retry (as a group without a leader answers), not an error.
+            raise RefusedError(Code.HA_NOT_AVAILABLE,
+                               f"broker {self.name} is stopping: retry the request")  # fmt: skip
+        raise RefusedError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
 
     # -- produce --------------------------------------------------------------------------
     def _topic_for_send(self, message: Message) -> TopicMeta:
@@ -613,6 +623,10 @@ class Broker:
         )
         self._metrics.invisible_changed()
         return result
+
+    async def hand_back(self, group: str, topic: str, receipt_handles: list[str]) -> int:
+        self._require_started()
+        return self.engine.hand_back(group, topic, receipt_handles)
 
     async def notify(self, request: NotifyRequest) -> NotifyResult:
         self._require_started()

@@ -102,6 +102,10 @@ class LeaderGatedPort(AsyncClosing):
         self._check()
         return result
 
+    async def hand_back(self, group: str, topic: str, receipt_handles: list[str]) -> int:
+        self._check()
+        return await self._port.hand_back(group, topic, receipt_handles)
+
     async def notify(self, request: NotifyRequest) -> NotifyResult:
         self._check()
         return await self._port.notify(request)
@@ -227,3 +231,10 @@ class GroupCollector(Collector):
         )
         won.add_metric(values, member.elections_won)
         yield won
+        declined = CounterMetricFamily(
+            "popmq_ha_empty_copy_declines",
+            "times this node declined to lead because its copy holds no data (even with "
+            "unclean election)", labels=labels,
+        )  # fmt: skip
+        declined.add_metric(values, member.empty_copy_declines)
+        yield declined

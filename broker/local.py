@@ -73,6 +73,7 @@ class LocalBrokerPort(AsyncClosing):
     pop = forward(Broker.pop)
     ack = forward(Broker.ack)
     change_invisible_time = forward(Broker.change_invisible_time)
+    hand_back = forward(Broker.hand_back)
     notify = forward(Broker.notify)
     forward_to_dlq = forward(Broker.forward_to_dlq)
     pull = forward(Broker.pull)

@@ -35,8 +35,9 @@ ENV_PREFIX = "POPMQ_"
 # (tests/deploy/test_memory_sizing.py). grpcio's own receive holds 3 copies at once (its C
 # buffer, a bytes per slice, their join), before any handler runs; a large send is then decoded
 # without its bodies (popmq.broker.wire.bodies), so while it is served a proxy holds it about
-# once (grpc's bytes, which the bodies point into); a broker also copies the bodies it stores.
-BROKER_COPIES_PER_REQUEST = 4  # a 25 x 4 MiB unary send (105 MB): +382..384 MB (was +543..594)
+# once (grpc's bytes, which the bodies point into), and a broker writes the bodies it stores
+# from there (popmq.broker.store.writer): both peak in grpc's receive.
+BROKER_COPIES_PER_REQUEST = 3  # a 25 x 4 MiB unary send (105 MB): +315..316 MB (was +382..594)
 PROXY_COPIES_PER_REQUEST = 3  # a 32 x 4 MiB send (134 MB): +391..406 MB, grpc's receive
 PROXY_COPIES_WHILE_SERVED = 1  # the same send while the proxy sends it on: +167 MB (was +388)
 PROCESS_BASELINE_BYTES = 128 << 20  # an idle broker or proxy: ~80 MB, with room
@@ -288,11 +289,24 @@ class ReplicationConfig(Section):
     role: Literal["leader", "follower"] = "leader"
     epoch: int = Field(1, ge=1)
     leader: str | None = None
+    # Replication streams run on the broker port, so with broker.tls a follower dials its
+    # leader over TLS. tls_ca: the CA to verify the leader's certificate (default: tls.client_ca
+    # when set, the usual single-CA set-up, else the system's trusted roots). tls_cert/tls_key:
+    # the certificate a follower presents when the port asks for one (tls.client_ca set;
+    # default: this node's own tls.cert/tls.key, which must then allow client authentication).
+    # tls_server_name: the name to expect in the leader's certificate when it differs from the
+    # host of its advertised address.
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_server_name: str | None = None
 
     @model_validator(mode="after")
     def _follower_needs_leader(self) -> ReplicationConfig:
         if self.mode != "off" and self.role == "follower" and not self.leader:
             raise ValueError("replication.role follower needs replication.leader (host:port)")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("replication needs both tls_cert and tls_key")
         return self
 
 
@@ -433,6 +447,11 @@ class ProxyConfig(Section):
     # grpcMaxInboundMessageSize, 32 maximal bodies plus 2 MiB. Each request is decoded (into
     # memory) before it is authenticated: lower it where batch sends are small and memory is.
     max_request_bytes: int | None = Field(None, ge=1024)
+    # Bytes of one request (a Telemetry command) of any MessagingService method but
+    # SendMessage: the largest legal one, an ack of 1,024 entries with 4,096-character handles,
+    # takes ~4.3 MiB. A larger one is refused RESOURCE_EXHAUSTED before it is decoded (8 acks
+    # of 64 MiB of handles, decoded, grew a proxy by a gigabyte).
+    max_small_request_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024)
     # A ReceiveMessage or PullMessage stream whose client takes no frame for this long is
     # ended: its unsent messages are released (visible again at once), its long-poll slot freed.
     write_stall_timeout_ms: int = Field(30_000, ge=100)

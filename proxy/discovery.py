@@ -63,7 +63,8 @@ class LeaderlessPort(AsyncClosing):
     async def _call(self, *args: Any, **kwargs: Any) -> NoReturn:
         self._refuse()
 
-    send = pop = ack = recall = change_invisible_time = notify = forward_to_dlq = pull = _call
+    send = pop = ack = recall = change_invisible_time = hand_back = notify = forward_to_dlq = _call
+    pull = _call
     end_transaction = claim_transaction_checks = list_transactions = _call
     get_consumer_offset = update_consumer_offset = offset_for_timestamp = _call
     create_topic = get_topic = list_topics = delete_topic = _call

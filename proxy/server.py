@@ -183,6 +183,8 @@ class ProxyServer:
             lambda method: self.metrics.rpc_requests.labels(method, "INVALID_ARGUMENT").inc(),
             # A large batch's bodies stay in grpc's bytes of it (views), not copied once more.
             {"SendMessage": splitting_decoder(s.SendMessageRequest.FromString, 1, 4)},
+            small_request_bytes=proxy.max_small_request_bytes,
+            large_methods=frozenset({"SendMessage"}),
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if proxy.admin_port is None:

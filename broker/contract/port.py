@@ -1,6 +1,6 @@
 """BrokerPort: everything a proxy (or a tool) may ask of one broker, and its narrower parts.
 
-ConsumePort (pop, notify, change invisible time) is what the long-poll strategies hold;
+ConsumePort (pop, notify, change invisible time, hand back) is what the long-poll strategies hold;
 MessagingPort adds send, ack, DLQ and offsets; AdminPort is topics and groups. BrokerPort is
 both, plus close(). Take the narrowest one a component needs.
 
@@ -57,6 +57,12 @@ class ConsumePort(_Named, Protocol):
     async def change_invisible_time(
         self, group: str, topic: str, receipt_handle: str, invisible_time_ms: int
     ) -> ChangeInvisibleResult: ...
+
+    async def hand_back(self, group: str, topic: str, receipt_handles: list[str]) -> int:
+        """Give back popped messages no consumer received: visible at once, no delivery
+        attempt counted (FIFO: in place, in order). Handles no longer pending (acked,
+        changed, expired) are skipped. Returns how many were handed back."""
+        ...
 
     async def notify(self, request: NotifyRequest) -> NotifyResult: ...
 

@@ -45,7 +45,9 @@ class Message:
     """A message as a producer hands it to a broker."""
 
     topic: str
-    body: bytes
+    # A memoryview for a large send's body, left where grpc received it (broker.wire.bodies):
+    # the store writes it from there. Whatever keeps a message past its send copies it.
+    body: bytes | memoryview
     tag: str = ""
     keys: list[str] = field(default_factory=list)
     properties: dict[str, str] = field(default_factory=dict)
@@ -64,7 +66,7 @@ class StoredMessage:
     topic: str
     queue_id: int
     queue_offset: int
-    body: bytes
+    body: bytes | memoryview  # a view only in what the store's append returns
     tag: str
     keys: list[str]
     properties: dict[str, str]

@@ -14,6 +14,9 @@ class EntryState(enum.IntEnum):
     REVIVED = 3  # written to the retry topic or the DLQ
     RELEASED = 4  # FIFO: back in its queue for redelivery in place
     DROPPED = 5  # the message is gone from the store (retention)
+    # Handed back undelivered (no consumer received it): back in its queue like RELEASED,
+    # with no delivery attempt counted; its own state so a replayed journal counts none either.
+    HANDED_BACK = 6
 
 
 # States after which the offset is finished for the group (the consumer offset may pass it).

@@ -428,9 +428,14 @@ class PopEngine:
         return results
 
     def hand_back(self, group: str, topic: str, receipt_handles: list[str]) -> int:
-        """Popped messages no consumer received (their answer was never given: a replicated
-        pop whose barrier failed) go back to their queues, visible at once and with no
-        delivery attempt counted, instead of after their invisible time. Returns how many."""
+        """Popped messages no consumer received (a proxy's long poll ended before it could
+        deliver them; a replicated pop whose barrier failed) go back to their queues, visible
+        at once and with no delivery attempt counted, instead of through the retry topic with
+        its back-off (a change of invisible time to 0 is a failed delivery). FIFO: in place,
+        in order, and the queue is free again once nothing else is in flight. Handles no
+        longer pending (acked, changed, expired, unknown) are skipped. Returns how many."""
+        check_group(group)
+        check_topic(topic, allow_dlq=True)
         now = self._clock()
         woken: set[tuple[str, int]] = set()
         count = 0

@@ -188,7 +188,7 @@ class CheckpointLedger:
     def release(self, ck: Checkpoint, index: int, *, attempted: bool = True) -> None:
         """The message goes back to its queue, to be redelivered in place (FIFO: in order);
         ``attempted`` False: it never reached a consumer, so it counts no delivery attempt."""
-        self._set(ck, index, EntryState.RELEASED)
+        self._set(ck, index, EntryState.RELEASED if attempted else EntryState.HANDED_BACK)
         queue = self.queue(*ck.queue_key)
         attempts = ck.attempts[index] + 1 if attempted else ck.attempts[index]
         moved = queue.release(ck.offsets[index], ck, attempts)
@@ -290,6 +290,8 @@ class CheckpointLedger:
                     queue.done_ahead.add(offset)
                 elif state == EntryState.RELEASED:
                     queue.attempts[offset] = ck.attempts[index] + 1
+                elif state == EntryState.HANDED_BACK:
+                    queue.attempts[offset] = ck.attempts[index]  # never delivered
         live = 0
         for ck in cks:
             if not ck.pending:

@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 
 from popmq.broker.replication.epochs import EpochHistory
+from popmq.broker.replication.files import list_segments, log_end
 from popmq.broker.store.framing import fsync_dir
 
 MARKER = Path("replication") / "incomplete"
@@ -61,3 +62,12 @@ def holds_whole_copy(data_dir: Path) -> bool:
     if is_marked_incomplete(data_dir):
         return False
     return bool(EpochHistory(Path(data_dir)).entries)
+
+
+def holds_data(data_dir: Path) -> bool:
+    """Whether the directory holds any of its group's data (an epoch history or commitlog
+    bytes): false for an emptied one. Even an unclean election never elects such a node in a
+    group that had a leader (popmq.coord.group)."""
+    if EpochHistory(Path(data_dir)).entries:
+        return True
+    return log_end(list_segments(Path(data_dir))) > 0

@@ -46,6 +46,10 @@ class ReplicaFollower:
         self.connected = False
         self.last_error: str | None = None
 
+    @property
+    def writer(self) -> ReplicaWriter:
+        return self._writer
+
     async def run(self) -> None:
         """Follow until cancelled."""
         failures = 0
@@ -90,6 +94,9 @@ class ReplicaFollower:
         async def apply() -> None:
             while pending or not ended:
                 if not pending:
+                    if self._writer.indexing_due():  # idle: index what was applied
+                        await anyio.to_thread.run_sync(self._writer.index_some)
+                        continue
                     arrived.clear()
                     await arrived.wait()
                     continue
@@ -108,6 +115,8 @@ class ReplicaFollower:
                     await call.write(
                         pb.ReplicaReport(ack=pb.Ack(sequence=batch.sequence, commitlog_end=end))
                     )
+                if self._writer.indexing_due():  # a chunk after the acks, even under load
+                    await anyio.to_thread.run_sync(self._writer.index_some)
 
         async with anyio.create_task_group() as group:
 

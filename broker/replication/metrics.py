@@ -7,7 +7,9 @@ and ``node``, whoever decides the role:
   ``popmq_ha_in_sync_size``; from the election (popmq.broker.leader_gate.GroupCollector, with
   ``popmq_ha_elections_won_total``) when etcd decides it, else from the static role here;
 - replication, as the leader sees it: ``popmq_ha_replication_lag_bytes`` and
-  ``popmq_ha_replication_lag_seconds`` per ``follower``.
+  ``popmq_ha_replication_lag_seconds`` per ``follower``;
+- the last promotion: ``popmq_ha_promotion_seconds`` (opening the store) and the commitlog
+  records and bytes its recovery walked (``popmq_ha_promotion_scanned_records|bytes``).
 
 The broker's own metrics come from whichever broker the node runs now (a follower runs none).
 """
@@ -15,6 +17,7 @@ The broker's own metrics come from whichever broker the node runs now (a followe
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from popmq.broker.core import Broker
 from popmq.broker.replication.leader import ReplicationLeader
@@ -22,6 +25,9 @@ from popmq.broker.replication.role import GroupRole
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from popmq.broker.replication.node import Promotion
 
 LABELS = ["group", "node"]
 
@@ -36,10 +42,12 @@ class NodeCollector(Collector):
         leader: Callable[[], ReplicationLeader | None],
         *,
         role_gauges: bool = True,
+        promotion: Callable[[], Promotion | None] = lambda: None,
     ) -> None:
         self._group, self._node, self._role = group, node, role
         self._broker, self._leader = broker, leader
         self._role_gauges = role_gauges  # False: the election's collector exports them
+        self._promotion = promotion
 
     def collect(self) -> Iterator[Metric]:
         broker = self._broker()
@@ -66,6 +74,30 @@ class NodeCollector(Collector):
                     lag_s.add_metric(name, follower.lag_s)
         yield lag_bytes
         yield lag_s
+        yield from self._promotion_families()
+
+    def _promotion_families(self) -> Iterator[Metric]:
+        promotion = self._promotion()
+        families = {
+            "popmq_ha_promotion_seconds": "seconds this node took to open its store when it "
+            "last began to lead",
+            "popmq_ha_promotion_scanned_records": "commitlog records its recovery walked then "
+            "(a follower's indexes cover the rest)",
+            "popmq_ha_promotion_scanned_bytes": "commitlog bytes its recovery walked then",
+        }
+        values = {}
+        if promotion is not None:
+            values = {
+                "popmq_ha_promotion_seconds": promotion.seconds,
+                "popmq_ha_promotion_scanned_records": float(promotion.records_scanned),
+                "popmq_ha_promotion_scanned_bytes": float(promotion.bytes_scanned),
+            }
+        labels = [self._group, self._node()]
+        for name, text in families.items():
+            gauge = GaugeMetricFamily(name, text, labels=LABELS)
+            if name in values:
+                gauge.add_metric(labels, values[name])
+            yield gauge
 
     def _role_families(self, leader: ReplicationLeader | None) -> Iterator[Metric]:
         labels = [self._group, self._node()]

@@ -11,7 +11,9 @@ the new one starts: a static switch, or an election's.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ import grpc
 from popmq.broker.core import Broker
 from popmq.broker.local import LocalBrokerPort
 from popmq.broker.pop.handle_keys import keyring_path
-from popmq.broker.replication.completeness import holds_whole_copy, mark_complete
+from popmq.broker.replication.completeness import holds_data, holds_whole_copy, mark_complete
 from popmq.broker.replication.epochs import EpochHistory, StaleEpochError
 from popmq.broker.replication.files import list_segments, log_end
 from popmq.broker.replication.follower import MAX_MESSAGE_BYTES, ReplicaFollower
@@ -39,6 +41,22 @@ from popmq.pb.replication.v1 import replication_pb2_grpc
 from popmq.security.link import broker_channel
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Promotion:
+    """What opening the store cost when this node last began to lead (its recovery walk)."""
+
+    seconds: float
+    records_scanned: int
+    bytes_scanned: int
+
+    @classmethod
+    def of(cls, broker: Broker, seconds: float) -> Promotion:
+        report = broker.store.recovery
+        if report is None:
+            return cls(seconds, 0, 0)
+        return cls(seconds, report.records_scanned, report.bytes_scanned)
 
 
 # How long a follower's stream waits for this node to start leading before it is refused. A
@@ -91,6 +109,23 @@ def role_from_config(config: BrokerConfig) -> GroupRole:
     )
 
 
+def replication_link(config: BrokerConfig) -> BrokerLinkConfig:
+    """How a follower reaches its leader's port: as that port is guarded (the same TLS as
+    the broker port, and the cluster token). Certificates and keys come from files only."""
+    tls, repl = config.tls, config.replication
+    cert, key = repl.tls_cert, repl.tls_key
+    if cert is None and tls.client_ca is not None:  # the leader asks for a client certificate
+        cert, key = tls.cert, tls.key
+    return BrokerLinkConfig(
+        cluster_token_file=config.cluster_token_file,
+        tls=tls.enabled,
+        ca=repl.tls_ca or tls.client_ca,
+        cert=cert if tls.enabled else None,
+        key=key if tls.enabled else None,
+        server_name=repl.tls_server_name,
+    )
+
+
 class ReplicatedNode:
     def __init__(
         self, config: BrokerConfig, roles: RoleSource | None = None, *, clock: Clock = SYSTEM
@@ -108,6 +143,7 @@ class ReplicatedNode:
         self.node = config.replication.node or ""
         self.role: GroupRole | None = None
         self.follower: ReplicaFollower | None = None
+        self.promotion: Promotion | None = None  # the last time this node opened its store
 
     @property
     def bound_port(self) -> int:
@@ -122,13 +158,19 @@ class ReplicatedNode:
         gauges only with ``role_gauges``: an elected node's come from its election)."""
         collector = NodeCollector(self._config.name, lambda: self.node, lambda: self.role,
                                   self._running_broker, lambda: self._gate.leader,
-                                  role_gauges=role_gauges)  # fmt: skip
+                                  role_gauges=role_gauges,
+                                  promotion=lambda: self.promotion)  # fmt: skip
         return node_registry(collector)
 
     def holds_whole_copy(self) -> bool:
         """Whether this node's data may lead the group (the election asks before it
         campaigns): not while it is emptied, or being reset or cut back (completeness.py)."""
         return holds_whole_copy(Path(self._config.data_dir))
+
+    def holds_data(self) -> bool:
+        """Whether this node's directory holds any data (an unclean election never elects
+        an emptied node in a group that had a leader)."""
+        return holds_data(Path(self._config.data_dir))
 
     def _running_broker(self) -> Broker | None:
         leading = self.port.leading
@@ -190,7 +232,12 @@ class ReplicatedNode:
             # copy that may campaign again (completeness.py wants a history).
             history.begin(role.epoch, 0)
         broker = Broker(config, self._clock)
+        started = time.monotonic()
         await broker.start()
+        self.promotion = Promotion.of(broker, time.monotonic() - started)
+        log.info("replication: %s opened its store for epoch %d in %.3f s (walked %d records, "
+                 "%d bytes of commitlog)", self.node, role.epoch, self.promotion.seconds,
+                 self.promotion.records_scanned, self.promotion.bytes_scanned)  # fmt: skip
         try:
             try:
                 history.begin(role.epoch, log_end(list_segments(data_dir)))
@@ -242,7 +289,7 @@ class ReplicatedNode:
             writer.close()
 
     def _channel_factory(self) -> Callable[[str], grpc.aio.Channel]:
-        link = BrokerLinkConfig(cluster_token_file=self._config.cluster_token_file)
+        link = replication_link(self._config)
         options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

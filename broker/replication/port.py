@@ -127,6 +127,20 @@ class NodePort(AsyncClosing):
         await self._replicated(leading, journal=True)
         return result
 
+    async def hand_back(self, group: str, topic: str, receipt_handles: list[str]) -> int:
+        """Like a change of invisible time, the entries' new state travels in the pop
+        journal. Allowed while the in-sync set is short (it only makes messages visible
+        sooner, as a failed pop barrier does); once handed back here the messages are
+        visible on the leader, so a barrier that fails afterwards is not an error: a
+        follower promoted without the record revives them when their invisible time ends."""
+        leading = self._leader()
+        leading.broker.journal_in_flight()  # the entries' state changes are journaled
+        count = await leading.port.hand_back(group, topic, receipt_handles)
+        if count:
+            with contextlib.suppress(RefusedError):
+                await self._replicated(leading, journal=True)
+        return count
+
     async def recall(self, topic: str, recall_handle: str) -> str:
         leading = self._writer()
         message_id = await leading.port.recall(topic, recall_handle)

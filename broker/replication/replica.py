@@ -1,9 +1,10 @@
 """Applying the leader's batches on a follower: its data directory becomes a copy of the
 leader's, durable (fsynced) before each batch is acknowledged.
 
-While a node follows, nothing else opens its data directory (the store's LOCK is held), and
-what the broker derives from the commitlog (queue indexes, ``checkpoint.json``) is removed,
-since its commitlog may be cut and rewritten: a promoted follower rebuilds them at start.
+While a node follows, nothing else opens its data directory (the store's LOCK is held). What
+the broker derives from the commitlog (queue indexes, ``checkpoint.json``) is not copied: the
+follower builds it from what it applied (indexer.py), so a promoted follower's store walks
+only the commitlog written since the follower's last checkpoint.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import shutil
 import time
 from pathlib import Path, PurePosixPath
 
@@ -24,7 +24,7 @@ from popmq.broker.replication.files import (
     log_end,
     segment_path,
 )
-from popmq.broker.store import metafile
+from popmq.broker.replication.indexer import ReplicaIndexer
 from popmq.broker.store.files import DirLock
 from popmq.broker.store.framing import fsync_dir
 
@@ -32,8 +32,6 @@ from popmq.pb.replication.v1 import replication_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-# Removed when following (derived, or describing a log that may be cut).
-_DERIVED = ("index", "checkpoint.json", "checkpoint.json.prev")
 # Removed by a reset (bootstrap): everything the leader sends again.
 _REPLICATED = ("commitlog", "topics.log", "pop", "state", "consumer_offsets.json",
                "consumer_offsets.json.prev", "FORMAT", "handle-keys.json")  # fmt: skip
@@ -69,23 +67,30 @@ class ReplicaWriter:
         # completeness.py: marked before a reset or cut; cleared by a durable complete batch.
         self._incomplete = False
         self._completed = False  # a complete batch was applied after the last reset or cut
+        self.indexer = ReplicaIndexer(self.data_dir)
 
     def open(self) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._lock.acquire()
-        for name in _DERIVED:
-            path = self.data_dir / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
-        # Recovery after a promotion scans the whole commitlog and rebuilds every index.
-        metafile.write(self.data_dir / "checkpoint.json", {"position": 0, "queues": {}})
+        # Go on indexing from the checkpoint an earlier follower or this node's store left
+        # (indexer.py); a cut or reset of the log adjusts the indexes before it happens.
+        self.indexer.resume()
         self.history = epochs.EpochHistory(self.data_dir)
         self._incomplete = completeness.is_marked_incomplete(self.data_dir)
 
     def close(self) -> None:
-        self._lock.release()
+        try:
+            self.indexer.close()
+        finally:
+            self._lock.release()
+
+    def indexing_due(self) -> bool:
+        return self.indexer.due
+
+    def index_some(self) -> None:
+        """Index a chunk of what was applied (blocking: a worker thread; never while a batch
+        is applied: the follower calls both in turn)."""
+        self.indexer.index_some()
 
     @property
     def commitlog_end(self) -> int:
@@ -117,6 +122,8 @@ class ReplicaWriter:
                 ends.append(self._write(batch, known_epoch))
         finally:
             self.sync()  # what was written before a refusal is a valid prefix: keep it
+        for batch, end in zip(batches, ends, strict=False):
+            self.indexer.applied(end, batch.complete)
         if ends:
             # The epochs of what this copy holds (an epoch not reached yet is left out), once
             # the bytes they describe are durable.
@@ -159,8 +166,10 @@ class ReplicaWriter:
             completeness.mark_incomplete(self.data_dir, "reset" if batch.reset else "cut back")
             self._incomplete, self._completed = True, False
         if batch.reset:
+            self.indexer.before_reset()
             self._reset()
         if batch.truncate_to >= 0:
+            self.indexer.before_cut(batch.truncate_to)
             self._truncate(batch.truncate_to)
         self._drop_below(batch.commitlog_min)
         if batch.commitlog_data:
@@ -222,9 +231,13 @@ class ReplicaWriter:
 
     def _drop_below(self, minimum: int) -> None:
         segments = list_segments(self.data_dir)
+        first = None
         for (start, _), (next_start, _) in itertools.pairwise(segments):
             if next_start <= minimum:
                 segment_path(self.data_dir, start).unlink()
+                first = next_start
+        if first is not None:
+            self.indexer.after_drop(first)
 
     def _write_commitlog(self, segment: int, position: int, data: bytes) -> None:
         root = self.data_dir / "commitlog"

@@ -90,6 +90,22 @@ def encode_record(
 ) -> bytes:
     """Encode a message as stored. ``topic`` and ``store_host`` come pre-encoded (hot path);
     ``message_id`` replaces the message's own (the store makes one when it is empty)."""
+    head = encode_record_head(message, topic, queue_id, queue_offset, store_timestamp_ms,
+                              store_host, message_id)  # fmt: skip
+    return head + message.body
+
+
+def encode_record_head(
+    message: Message,
+    topic: bytes,
+    queue_id: int,
+    queue_offset: int,
+    store_timestamp_ms: int,
+    store_host: bytes,
+    message_id: str | None = None,
+) -> bytes:
+    """The record without its body, which comes last: the record is this followed by
+    ``message.body``, so a writer can write a large body from where it is (no copy)."""
     tag = message.tag.encode()
     message_id_bytes = (message.message_id if message_id is None else message_id).encode()
     group = message.message_group.encode()
@@ -124,7 +140,7 @@ def encode_record(
             f"65535 bytes, numbers must be non-negative where unsigned): {exc}",
         ) from None
     return b"".join((header, topic, tag, message_id_bytes, group, born_host, store_host, keys,
-                     properties, body))  # fmt: skip
+                     properties))  # fmt: skip
 
 
 def decode_record(payload: bytes | memoryview) -> StoredMessage:

@@ -9,9 +9,10 @@ segment of its own). Only the last segment is written to; retention deletes from
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,13 +20,19 @@ from popmq.broker.store.damage import DAMAGED, MISSING, TORN_TAIL
 from popmq.broker.store.file_budget import FileBudget
 from popmq.broker.store.framing import (
     HEADER_SIZE,
+    Frame,
     Resync,
     check_frame,
+    frame_length,
     fsync_dir,
     walk_frames,
 )
 
 log = logging.getLogger(__name__)
+
+# Buffers per pwritev call: the kernel refuses more than IOV_MAX at once (1024 on Linux and
+# macOS).
+_MOST_BUFFERS = 1024
 
 _NAME_DIGITS = 20
 
@@ -97,7 +104,7 @@ class CommitLog:
         durable: int,
         resync: Resync,
     ) -> int:
-        """Walk every frame from ``scan_from`` (a segment start) to the end, calling
+        """Walk every frame from ``scan_from`` (a segment start, or a frame's) to the end, calling
         ``on_record(position, payload)`` for each valid frame and ``on_damage(start, end,
         reason, data)`` for each damaged run of bytes, then resyncing at the next valid frame
         (found by ``resync``), so damage inside the log never hides what follows it.
@@ -114,19 +121,21 @@ class CommitLog:
         while index < len(self._segments):
             seg = self._segments[index]
             last = index + 1 == len(self._segments)
-            data = self._read_segment(seg)
+            # The first segment may be walked from a frame inside it: only that part is read.
+            skip = min(max(0, scan_from - seg.start), seg.size)
+            data = os.pread(self._fd_for(seg), seg.size - skip, skip) if seg.size > skip else b""
             for offset, end, payload in walk_frames(data, 0, resync.prefix, resync.accept):
                 if payload is not None:
-                    on_record(seg.start + offset, payload)
+                    on_record(seg.start + skip + offset, payload)
                     continue
-                start = seg.start + offset
-                if last and end == seg.size:
+                start = seg.start + skip + offset
+                if last and skip + end == seg.size:
                     reason = TORN_TAIL if start >= durable else DAMAGED
-                    on_damage(start, seg.start + end, reason, bytes(data[offset:end]))
-                    self._truncate_segment(seg, offset)
+                    on_damage(start, seg.start + skip + end, reason, bytes(data[offset:end]))
+                    self._truncate_segment(seg, skip + offset)
                     cut += end - offset
                 else:
-                    on_damage(start, seg.start + end, DAMAGED, bytes(data[offset:end]))
+                    on_damage(start, seg.start + skip + end, DAMAGED, bytes(data[offset:end]))
             if not last and seg.end < self._segments[index + 1].start:
                 on_damage(seg.end, self._segments[index + 1].start, MISSING, b"")
             index += 1
@@ -195,32 +204,44 @@ class CommitLog:
         return self._handles.get(seg.path)
 
     # -- append and read ---------------------------------------------------------------------
-    def append(self, frames: list[bytes]) -> list[int]:
-        """Write frames (already encoded) to the page cache; return each one's position."""
+    def append(self, frames: Sequence[Frame]) -> list[int]:
+        """Write frames (already encoded, each one or more buffers) to the page cache; return
+        each one's position."""
         positions: list[int] = []
-        pending: list[bytes] = []
+        pending: list[bytes | memoryview] = []
         seg = self._segments[-1]
         size = seg.size
         for frame in frames:
-            if size and size + len(frame) > self._segment_bytes:
+            length = frame_length(frame)
+            if size and size + length > self._segment_bytes:
                 self._write(seg, pending, size)
                 pending = []
                 seg = self._roll()
                 size = 0
             positions.append(seg.start + size)
-            pending.append(frame)
-            size += len(frame)
+            pending.extend(frame)
+            size += length
         self._write(seg, pending, size)
         return positions
 
-    def _write(self, seg: Segment, frames: list[bytes], new_size: int) -> None:
-        if not frames:
+    def _write(self, seg: Segment, buffers: list[bytes | memoryview], new_size: int) -> None:
+        """Write ``buffers`` at the end of the active segment as they are (pwritev: a large
+        body is written from where it is, grpc's bytes of the request, never joined)."""
+        if not buffers:
             return
-        data = frames[0] if len(frames) == 1 else b"".join(frames)
-        written = os.pwrite(self._active_fd, data, seg.size)
-        if written != len(data):  # a full disk: keep the log consistent, then fail loudly
-            os.ftruncate(self._active_fd, seg.size)
-            raise OSError(f"short write to the commitlog ({written} of {len(data)} bytes)")
+        at = seg.size
+        try:
+            for start in range(0, len(buffers), _MOST_BUFFERS):
+                batch = buffers[start : start + _MOST_BUFFERS]
+                expected = sum(len(b) for b in batch)
+                written = os.pwritev(self._active_fd, batch, at)
+                if written != expected:
+                    raise OSError(f"short write to the commitlog ({written} of {expected} bytes)")
+                at += written
+        except OSError:  # a full disk: keep the log consistent, then fail loudly
+            with contextlib.suppress(OSError):  # recovery cuts a torn tail if this fails too
+                os.ftruncate(self._active_fd, seg.size)
+            raise
         seg.size = new_size
 
     def _roll(self) -> Segment:

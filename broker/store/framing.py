@@ -33,6 +33,26 @@ def encode_frame(payload: bytes) -> bytes:
     return _pack_header(size, _crc32(payload)) + payload
 
 
+# A frame as written: its header, then its payload in one or more parts.
+Frame = tuple[bytes | memoryview, ...]
+
+
+def frame_length(frame: Frame) -> int:
+    return sum(len(part) for part in frame)
+
+
+def frame_header(*parts: bytes | memoryview) -> bytes:
+    """The header of a frame whose payload is ``parts`` in order (written after it as they
+    are, so a large part is never joined into a new buffer)."""
+    size = crc = 0
+    for part in parts:
+        size += len(part)
+        crc = _crc32(part, crc)
+    if size == 0 or size > MAX_FRAME_PAYLOAD:
+        raise ValueError(f"frame payload must be 1..{MAX_FRAME_PAYLOAD} bytes, got {size}")
+    return _pack_header(size, crc)
+
+
 def check_frame(data: bytes | memoryview, offset: int) -> int:
     """Length of the valid frame's payload at ``offset``, or -1 when torn or corrupt."""
     end = len(data)

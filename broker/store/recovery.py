@@ -69,6 +69,7 @@ RECORD_RESYNC = Resync(bytes([RECORD_VERSION]), _decodable)
 class RecoveryReport:
     scanned_from: int = 0
     records_scanned: int = 0
+    bytes_scanned: int = 0  # commitlog bytes walked (the tail, and any rebuild's walk)
     bytes_cut: int = 0
     entries_readded: int = 0
     rebuilt_queues: list[str] = field(default_factory=list)
@@ -103,6 +104,9 @@ class Recovery:
         self._indexes = indexes
         self._damaged = set(damaged)
         self._checkpoint_position = int((checkpoint or {}).get("position", 0))
+        # A follower's checkpoint (replication/indexer.py): it walked and checked every frame
+        # below its position, so the walk starts there, not at the segment's start.
+        self._exact_start = bool((checkpoint or {}).get("from_replica", False))
         # "topic/queue" -> [first offset held in an index file, max offset] at the checkpoint
         self._expected: dict[str, list[int]] = dict((checkpoint or {}).get("queues", {}))
         self.report = RecoveryReport()
@@ -121,6 +125,8 @@ class Recovery:
 
     def run(self) -> RecoveryReport:
         scan_from = self._log.segment_start_for(self._checkpoint_position)
+        if self._exact_start and scan_from <= self._checkpoint_position <= self._log.write_position:
+            scan_from = self._checkpoint_position
         inconsistent = self._log.first_inconsistent_start()
         if inconsistent is not None:
             scan_from = min(scan_from, inconsistent)
@@ -149,6 +155,7 @@ class Recovery:
             self._checkpoint_position,
             RECORD_RESYNC,
         )
+        self.report.bytes_scanned += max(0, self._log.write_position - scan_from)
         self._write_pending(pending)
         for key, index in self._indexes.items():
             first, top = self._expected.get(queue_key_text(*key), (0, 0))
@@ -361,6 +368,8 @@ class Recovery:
     def _rebuild(self, keys: set[QueueKey]) -> None:
         pending: dict[QueueKey, _Pending] = {}
         since = min(self._topics[topic].since for topic, _ in keys)
+        walked = self._log.write_position - max(since, self._log.min_position)
+        self.report.bytes_scanned += max(0, walked)
         self._last_damage = -1
         self._log.scan(
             since, self._collector(pending, keys, strict=False), self._on_damage, RECORD_RESYNC

@@ -306,6 +306,26 @@ class RemoteBrokerPort(AsyncClosing):
         )
         return convert.change_invisible_from_proto(response)
 
+    async def hand_back(self, group: str, topic: str, receipt_handles: list[str]) -> int:
+        """Unary (a rare call, off the hot path). A broker from before HandBack answers
+        UNIMPLEMENTED: refused with NOT_IMPLEMENTED, which callers take as "use a change of
+        invisible time instead"."""
+        stub = self._get_stub()
+        request = pb.HandBackRequest(group=group, topic=topic, receipt_handles=receipt_handles)
+        try:
+            response = await self._call(stub.HandBack, request, self._deadline())
+        except BrokerUnavailableError as error:
+            cause = error.__cause__
+            if (
+                isinstance(cause, grpc.aio.AioRpcError)
+                and cause.code() == grpc.StatusCode.UNIMPLEMENTED
+            ):
+                raise RefusedError(
+                    Code.NOT_IMPLEMENTED, f"broker {self._name} does not know HandBack"
+                ) from error
+            raise
+        return int(response.handed_back)
+
     async def notify(self, request: NotifyRequest) -> NotifyResult:
         stub = self._get_stub()
         response = await self._linked(

@@ -160,7 +160,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             if bodies is not None:
                 for message, body in zip(messages, bodies, strict=True):
                     if body is not None:
-                        message.body = body.tobytes()
+                        message.body = body  # the store writes it from grpc's bytes
             # Not request.ByteSize(): upb encodes the whole request to measure it.
             async with self._budget.hold(sum(len(m.body) for m in messages)):
                 results = await self._port.send(messages, request.queue_id)
@@ -205,6 +205,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
             return convert.change_invisible_to_proto(result)
 
         return await _answer(pb.ChangeInvisibleTimeResponse, work())
+
+    async def HandBack(self, request: pb.HandBackRequest, context: object) -> pb.HandBackResponse:
+        async def work() -> pb.HandBackResponse:
+            count = await self._port.hand_back(
+                request.group, request.topic, list(request.receipt_handles)
+            )
+            return pb.HandBackResponse(status=convert.ok_status(), handed_back=count)
+
+        return await _answer(pb.HandBackResponse, work())
 
     async def Notify(self, request: pb.NotifyRequest, context: object) -> pb.NotifyResponse:
         async def work() -> pb.NotifyResponse:

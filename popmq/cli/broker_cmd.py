@@ -264,7 +264,7 @@ async def _serve_elected_node(
             if http is not None:  # stderr only: stdout's first line is the contract
                 log.info("metrics on http://%s:%d/metrics", config.host, http.server_port)
             async with (
-                join_group(store, settings, node.holds_whole_copy) as member,
+                join_group(store, settings, node.holds_whole_copy, node.holds_data) as member,
                 anyio.create_task_group() as group,
             ):
                 registry.register(GroupCollector(member))

@@ -9,7 +9,12 @@ inside it the node
   just read, putting the leader key (bound to its lease) and an in-sync set of itself. Only a
   node in the in-sync set may campaign, unless ``unclean_election`` (or the group is new),
   and only while ``may_campaign()`` says its own copy is whole: the recorded set can still
-  name a node whose data was wiped, or is being reset, since it was recorded;
+  name a node whose data was wiped, or is being reset, since it was recorded. An unclean
+  election lets a node outside the set lead (losing what only the set held), but never a node
+  whose copy holds no data at all (``holds_data()`` false: a wiped node) once the group has
+  had a leader: it would start the group empty and reset every node that comes back with
+  data. When only such nodes remain, the election is refused loudly (an ERROR naming the
+  way out, ``popmq_ha_empty_copy_declines``) rather than wiping the group;
 - publishes its view as a ``GroupRole`` (``role``, ``await role_changed()``).
 
 Fencing: a leader may acknowledge writes only while ``may_write()``, which is false once its
@@ -96,11 +101,17 @@ class GroupMember:
         store: CoordStore,
         settings: MemberSettings,
         may_campaign: Callable[[], bool] | None = None,
+        holds_data: Callable[[], bool] | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
         # Whether this node's own data may lead (a replicated node: its copy is whole).
         self._may_campaign = may_campaign or (lambda: True)
+        # Whether its copy holds any data at all (false: emptied): an unclean election's floor.
+        self._holds_data = holds_data or (lambda: True)
+        self._published_data: bool | None = None  # "data" in the member key as last put
+        self.empty_copy_declines = 0  # stretches of refusing to lead with an empty copy
+        self._declined_empty = False
         self._declined = False  # logged once per stretch of declining
         self.keys = GroupKeys(settings.prefix, settings.group)
         self._role = NO_LEADER
@@ -210,10 +221,16 @@ class GroupMember:
         ttl = self.settings.lease_ttl_s
         sent = anyio.current_time()
         lease = await self.store.grant(ttl)
-        member = encode({"name": self.settings.name, "address": self.settings.address})
-        await self.store.put(self.keys.member(self.settings.name), member, lease)
+        await self._put_member(lease)
         self._lease, self._lease_deadline = lease, sent + ttl
         self._wake.set()
+
+    async def _put_member(self, lease: int) -> None:
+        data = self._holds_data()
+        member = encode({"name": self.settings.name, "address": self.settings.address,
+                         "data": data})  # fmt: skip
+        await self.store.put(self.keys.member(self.settings.name), member, lease)
+        self._published_data = data
 
     async def _keep_lease(self) -> None:
         settings = self.settings
@@ -282,7 +299,9 @@ class GroupMember:
         by_key = {kv.key: kv for kv in kvs}
         leader = by_key.get(self.keys.leader)
         in_sync_kv = by_key.get(self.keys.in_sync)
-        if leader is None and self._lease and self._eligible(in_sync_kv):
+        if self._lease and self._holds_data() != self._published_data:
+            await self._put_member(self._lease)  # emptied, or bootstrapped since
+        if leader is None and self._lease and self._eligible(in_sync_kv, kvs):
             await self._campaign(in_sync_kv)
             return
         if in_sync_kv is not None:
@@ -291,9 +310,15 @@ class GroupMember:
         # (may_write() false) until a keepalive renews the deadline.
         self._publish(leader_role(leader, self._lease, self.settings.name))
 
-    def _eligible(self, in_sync_kv: KeyValue | None) -> bool:
-        if in_sync_kv is None or self.settings.unclean_election:
-            return True  # a new group's first leader; or the operator accepted data loss
+    def _eligible(self, in_sync_kv: KeyValue | None, kvs: list[KeyValue]) -> bool:
+        if in_sync_kv is None:
+            return True  # a new group's first leader
+        if self.settings.unclean_election:  # the operator accepted losing the last writes
+            if self._holds_data():
+                self._declined_empty = False
+                return True
+            self._decline_empty(kvs)
+            return False
         if self.settings.name not in decode(in_sync_kv.value).get("members", []):
             return False
         if not self._may_campaign():
@@ -306,6 +331,35 @@ class GroupMember:
             return False
         self._declined = False
         return True
+
+    def _decline_empty(self, kvs: list[KeyValue]) -> None:
+        """An emptied copy never leads a group that had a leader, unclean or not: said once
+        per stretch, loudly when no live node has data (the group cannot serve)."""
+        if self._declined_empty:
+            return
+        self._declined_empty = True
+        self.empty_copy_declines += 1
+        members = self.keys.root + b"members/"
+        with_data = sorted(
+            str(info.get("name", "?"))
+            for kv in kvs
+            if kv.key.startswith(members)
+            and (info := decode(kv.value)).get("data", True)
+            and info.get("name") != self.settings.name
+        )
+        group = self.settings.group
+        if with_data:
+            log.warning("%s holds no data: it does not campaign in group %s while nodes with "
+                        "data are live (%s)", self.settings.name, group,
+                        ", ".join(with_data))  # fmt: skip
+            return
+        log.error("group %s has no leader and no live node with data: %s holds none (emptied "
+                  "data directory) and will not lead, even with unclean election, since that "
+                  "would start the group empty and reset any node that comes back with its "
+                  "data. Bring back a node with its data directory; or, to give up the "
+                  "group's data, stop its nodes, `popmq admin brokers remove %s --force`, and "
+                  "start them again",
+                  group, self.settings.name, group)  # fmt: skip
 
     async def _campaign(self, in_sync_kv: KeyValue | None) -> None:
         name = self.settings.name
@@ -348,10 +402,13 @@ async def join_group(
     store: CoordStore,
     settings: MemberSettings,
     may_campaign: Callable[[], bool] | None = None,
+    holds_data: Callable[[], bool] | None = None,
 ) -> AsyncIterator[GroupMember]:
     """Be a member of ``settings.group`` until the block ends (see the module's doc).
-    ``may_campaign``: whether this node's own data may lead now (default: always)."""
-    member = GroupMember(store, settings, may_campaign)
+    ``may_campaign``: whether this node's own data may lead now (default: always);
+    ``holds_data``: whether it holds any data (default: yes; false: never leads an existing
+    group, even with unclean election)."""
+    member = GroupMember(store, settings, may_campaign, holds_data)
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(member._keep_lease)

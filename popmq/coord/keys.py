@@ -2,7 +2,8 @@
 
 Under ``PREFIX`` (default ``/popmq/``), per group ``G``:
 
-- ``groups/G/members/NODE``: ``{"name", "address"}``, bound to the node's lease (present
+- ``groups/G/members/NODE``: ``{"name", "address", "data"}`` ("data": whether its copy holds
+  any data, for an unclean election), bound to the node's lease (present
   while the node is alive);
 - ``groups/G/leader``: ``{"name", "address"}`` of the leader, bound to its lease. Its
   ``create_revision`` is the group's **epoch** (the fencing token; it only grows);

@@ -20,7 +20,7 @@ def _view(broker: str, m: StoredMessage, include_body: bool) -> a.StoredMessageV
         message_id=m.message_id, tag=m.tag, keys=list(m.keys),
         born_timestamp_ms=m.born_timestamp_ms, store_timestamp_ms=m.store_timestamp_ms,
         reconsume_times=m.reconsume_times, body_size=len(m.body),
-        body=m.body if include_body else b"",
+        body=bytes(m.body) if include_body else b"",
         origin_topic=m.properties.get(PROP_ORIGIN_TOPIC, ""),
         origin_message_id=m.properties.get(PROP_ORIGIN_MESSAGE_ID, ""),
         properties={k: v for k, v in m.properties.items() if not k.startswith("__popmq.")},

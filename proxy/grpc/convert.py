@@ -38,7 +38,7 @@ def duration(ms: int) -> Duration:
     return value
 
 
-def md5_hex(data: bytes) -> str:
+def md5_hex(data: bytes | memoryview) -> str:
     """The body digest every official client verifies alike: MD5 in upper-case hex, as
     RocketMQ's proxy sends. (CRC32 is not: the Node.js client compares it as a decimal string,
     the Python client as hex, so one of them would flag every message as corrupted.)"""
@@ -119,7 +119,7 @@ def stored_into(msg: pb.Message, stored: StoredMessage, namespace: str = "") -> 
             }
         msg.user_properties.update(properties)
     # Fields are set in place: building sub-messages and copying them in costs twice as much.
-    msg.body = stored.body
+    msg.body = bytes(stored.body)  # the same object for bytes (a broker's record)
     msg.topic.name = topic
     if namespace:
         msg.topic.resource_namespace = namespace

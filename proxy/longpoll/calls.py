@@ -219,13 +219,33 @@ class BrokerCalls(AsyncClosing):
     async def _release(
         self, port: ConsumePort, pop: PopRequest, messages: list[PoppedMessage]
     ) -> None:
-        for popped in messages:
-            outcome = await self._release_one(port, pop, popped)
-            self.metrics.released_messages.labels(outcome).inc()
+        """Hand the messages back: visible at once, no delivery attempt counted ('handed_back';
+        'gone' for those no longer pending: acked, expired or changed meanwhile). A broker
+        without hand-back gets a change of invisible time to 0 per message, as before (which
+        it counts as a failed delivery)."""
+        released = self.metrics.released_messages
+        handles = [popped.receipt_handle for popped in messages]
+        try:
+            self.metrics.broker_rpcs.labels("hand_back").inc()
+            count = await port.hand_back(pop.group, pop.topic, handles)
+        except PopmqError as exc:
+            if exc.code is not Code.NOT_IMPLEMENTED:
+                log.warning("could not release %d message(s) on %s: %s",
+                            len(messages), port.name, exc)  # fmt: skip
+                released.labels("kept").inc(len(messages))
+                return
+        else:
+            released.labels("handed_back").inc(count)
+            if count < len(messages):
+                released.labels("gone").inc(len(messages) - count)
+            return
+        for popped in messages:  # an older broker
+            released.labels(await self._release_one(port, pop, popped)).inc()
 
     async def _release_one(self, port: ConsumePort, pop: PopRequest, popped: PoppedMessage) -> str:
-        """'visible_now', 'shortened' (the broker's minimum applied) or 'kept' (the message
-        comes back at its original invisible time, as it would without a release)."""
+        """Without hand-back: 'visible_now' (through the retry topic, one delivery attempt
+        counted), 'shortened' (the broker's minimum applied) or 'kept' (the message comes back
+        at its original invisible time, as it would without a release)."""
         handle = popped.receipt_handle
         try:
             self.metrics.broker_rpcs.labels("change_invisible").inc()

@@ -6,8 +6,12 @@ pops; N-1 pops come back empty). The hub holds ONE notification per **channel** 
 (broker, group, topic, filter, fifo) -- while at least one long poll subscribes to it, and
 turns the broker's "has message" into a **signal** for one subscriber at a time:
 
-- the signal goes to the oldest subscriber that does not hold one already (a subscriber that
-  cannot use it, because its long poll already has messages, declines: the next one gets it);
+- the signal goes to the subscriber with the most time left that does not hold one already
+  (ties: the oldest; a subscriber that cannot use it, because its long poll already has
+  messages, declines: the next one gets it). Not the oldest: with polls of equal length the
+  oldest is the one about to end, and messages it pops just as its client's poll ends are
+  popped for nobody and must be handed back (a sparse message was popped and handed back
+  again and again that way);
 - the subscriber reports what its pop did: ``used(rest_num)`` (it took messages; if the pop
   left more behind, the signal goes on to as many further subscribers as that backlog needs,
   at most ``MAX_PARALLEL_SIGNALS`` at once), ``missed()`` (an empty pop: someone else took the
@@ -32,6 +36,7 @@ deadline) stays in ``proxy.longpoll.notify``; the hub only shares the notificati
 from __future__ import annotations
 
 import asyncio
+import heapq
 import math
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
@@ -97,6 +102,11 @@ class _Channel:
         self.port: ConsumePort = key[0]
         self.pop = pop  # group, topic, filter, fifo of every notification request
         self.subscribers: dict[Subscription, None] = {}  # oldest first
+        # Who gets a signal first: a heap on (latest deadline, oldest), so a signal costs
+        # O(log n) however many long polls wait. Entries of subscribers that left are
+        # dropped when they surface, or all at once when they are the heap's majority.
+        self.by_time_left: list[tuple[float, int, Subscription]] = []
+        self._order = 0
         self.holders: set[Subscription] = set()  # subscribers holding a signal now
         self.task: Job[None] | None = None  # the held notification, when armed
         self.latest = 0.0  # the latest deadline of any subscriber so far (loop clock)
@@ -105,26 +115,47 @@ class _Channel:
 
     # -- signals ---------------------------------------------------------------------------
     def hand_out(self, count: int, skip: Subscription | None = None) -> None:
-        """Give a signal to up to ``count`` subscribers (not ``skip``), oldest first; arm the
-        notification if no signal is out afterwards."""
+        """Give a signal to up to ``count`` subscribers (not ``skip``), the most time left
+        first; arm the notification if no signal is out afterwards."""
         handed = 0
         if count > 0:
-            # on_signal only queues work (it never subscribes or leaves), so iterating the
-            # live dict is safe.
-            for sub in self.subscribers:
+            heap = self.by_time_left
+            looked_at: list[tuple[float, int, Subscription]] = []  # go back in afterwards
+            # on_signal only queues work (it never subscribes or leaves).
+            while handed < count and heap:
+                entry = heapq.heappop(heap)
+                sub = entry[2]
+                if sub not in self.subscribers:
+                    continue  # it left: its entry goes
+                looked_at.append(entry)
                 if sub is skip or sub in self.holders:
                     continue
                 self.holders.add(sub)
                 if sub.on_signal(sub):
                     handed += 1
-                    if handed == count:
-                        break
                 else:
                     self.holders.discard(sub)
+            for entry in looked_at:
+                heapq.heappush(heap, entry)
             if handed == 0:
                 self.misses += 1  # everyone declined: re-look after a pause, never spin
         if not self.holders:
             self.arm()
+
+    def add(self, sub: Subscription) -> None:
+        self.subscribers[sub] = None
+        self._order += 1
+        heapq.heappush(self.by_time_left, (-sub.deadline, self._order, sub))
+        self.latest = max(self.latest, sub.deadline)
+
+    def remove(self, sub: Subscription) -> bool:
+        """Forget ``sub``; False if it was not subscribed."""
+        if self.subscribers.pop(sub, False) is False:
+            return False
+        if len(self.by_time_left) > 2 * len(self.subscribers) + 16:  # mostly departed ones
+            self.by_time_left = [e for e in self.by_time_left if e[2] in self.subscribers]
+            heapq.heapify(self.by_time_left)
+        return True
 
     def resolve(self, sub: Subscription, *, rest_num: int | None, missed: bool) -> None:
         if sub not in self.holders:
@@ -218,8 +249,7 @@ class NotificationHub(AsyncClosing):
         if channel is None:
             channel = self._channels[key] = _Channel(self, key, pop)
         sub = Subscription(channel, deadline, pop.max_messages, on_signal)
-        channel.subscribers[sub] = None
-        channel.latest = max(channel.latest, deadline)
+        channel.add(sub)
         channel.arm()  # no-op while armed or while a signal is out
         return sub
 
@@ -227,7 +257,7 @@ class NotificationHub(AsyncClosing):
         """Remove a subscription now; a signal it held goes on to the next subscriber.
         Returns the channel's notification task when this cancelled it (last one out)."""
         channel = sub.channel
-        if channel.subscribers.pop(sub, False) is False:
+        if not channel.remove(sub):
             return None
         held = sub in channel.holders
         channel.holders.discard(sub)

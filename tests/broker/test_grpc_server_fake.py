@@ -44,6 +44,8 @@ from popmq.broker.contract.types import (
 from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.broker.wire.server import SERVICE_NAME, BrokerGrpcServer
 
+from popmq.pb.broker.v1 import broker_pb2_grpc
+
 
 class FakePort:
     """Answers from memory; pops with poll_time_ms hold until cancelled (and say so)."""
@@ -92,6 +94,9 @@ class FakePort:
         self, group: str, topic: str, receipt_handle: str, invisible_time_ms: int
     ) -> ChangeInvisibleResult:
         raise RefusedError(Code.INVALID_RECEIPT_HANDLE, f"stale handle {receipt_handle}")
+
+    async def hand_back(self, group: str, topic: str, receipt_handles: list[str]) -> int:
+        return sum(1 for handle in receipt_handles if handle.startswith("rh-"))
 
     async def notify(self, request: NotifyRequest) -> NotifyResult:
         return NotifyResult(has_message=request.topic == "busy")
@@ -236,6 +241,27 @@ async def test_calls_round_trip(served) -> None:
     assert (check.message.body, check.message.keys, check.message.properties) == (
         b"half", ["k"], {"p": "v"})  # fmt: skip
     assert await remote.list_transactions() == [HalfMessageInfo("t", "m9", "t1.x", 123, 2, True)]
+
+
+async def test_hand_back_round_trips_and_an_older_broker_says_not_implemented(served) -> None:
+    _, _, remote = served
+    assert await remote.hand_back("g", "t", ["rh-1", "stale", "rh-2"]) == 2
+    # A broker from before HandBack: the generated servicer answers UNIMPLEMENTED, which the
+    # port turns into NOT_IMPLEMENTED (the proxy then changes the invisible time instead).
+    older = grpc.aio.server()
+    broker_pb2_grpc.add_BrokerServiceServicer_to_server(
+        broker_pb2_grpc.BrokerServiceServicer(), older
+    )
+    bound = older.add_insecure_port("127.0.0.1:0")
+    await older.start()
+    port = RemoteBrokerPort("older", f"127.0.0.1:{bound}", rpc_timeout_s=2.0)
+    try:
+        with pytest.raises(RefusedError) as refused:
+            await port.hand_back("g", "t", ["rh-1"])
+        assert refused.value.code is Code.NOT_IMPLEMENTED
+    finally:
+        await port.aclose()
+        await older.stop(0)
 
 
 async def test_broker_errors_keep_their_code(served) -> None:

@@ -82,3 +82,39 @@ async def test_a_cancelled_replicated_pop_hands_its_messages_back(tmp_path: Path
                 await pop
             again = await local.pop(POP)
             assert [m.message.body for m in again.messages] == [b"one"]
+
+
+async def test_a_proxys_hand_back_reaches_the_journal_and_answers_past_a_failed_barrier(
+    tmp_path: Path,
+) -> None:
+    """The proxy hands back what its long poll could not deliver: the entry's new state is in
+    the pop journal (what followers copy and a promoted node replays), and the messages are
+    visible on the leader at once even when the barrier then times out (no error: the
+    release did happen)."""
+    config = fast_broker_config(tmp_path / "a0")
+    settings = ReplicationConfig(mode="sync", min_in_sync=2, sync_timeout_ms=2_000)
+    async with running_broker(config, LoopClock()) as broker:
+        local = LocalBrokerPort(broker)
+        await local.create_topic("T", 1)
+        await local.send([Message(topic="T", body=b"one")])
+        leader = ReplicationLeader(
+            tmp_path / "a0", "a0", ROLE, StaticRoleSource(ROLE), settings,
+            EpochHistory(tmp_path / "a0"), clock=LoopClock(),
+        )  # fmt: skip
+        async with leader:
+            node = NodePort("broker-a")
+            node.leading = Leading(broker, local, leader)
+            popped = (await local.pop(POP)).messages  # answered; its client then left
+            handles = [m.receipt_handle for m in popped]
+            await leader.reevaluate()
+            leader.in_sync.connected("a1")  # in sync once, then silent: the barrier fails
+            loop = asyncio.get_running_loop()
+            await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+            await leader.reevaluate()
+            started = loop.time()
+            assert await node.hand_back("G", "T", handles) == 1
+            assert loop.time() - started >= 2  # it waited out the barrier's sync timeout
+            journal = (tmp_path / "a0" / "pop" / "journal.log").read_bytes()
+            assert b'"s":6' in journal  # HANDED_BACK
+            again = (await local.pop(POP)).messages
+            assert [(m.message.body, m.delivery_attempt) for m in again] == [(b"one", 1)]

@@ -134,3 +134,34 @@ async def holds(check: Callable[[], bool]) -> None:
         if check():
             return
         await anyio.sleep(0.05)
+
+
+async def test_an_unclean_election_never_elects_an_emptied_node(etcd: EtcdCluster) -> None:
+    """A wiped node must not lead a group that had a leader, even with unclean election
+    (it would start the group empty and reset every node that comes back with data): it
+    waits for a node with data, and says so loudly when none is live."""
+    async with node(etcd, "n0") as n0:
+        await until(n0, lambda r: r.is_leader, 5)
+    # n0 led and left. n1 comes with an emptied directory and unclean election.
+    store = EtcdStore(etcd.endpoints, timeout_s=0.5)
+    settings = MemberSettings("g", "n1", "127.0.0.1:101", lease_ttl_s=TTL_S,
+                              poll_interval_s=0.3, retry_s=0.2, unclean_election=True)  # fmt: skip
+    empty = True
+    try:
+        async with join_group(store, settings, holds_data=lambda: not empty) as n1:
+            await anyio.sleep(2 * TTL_S)
+            assert not n1.role.has_leader, "an emptied node was elected"
+            assert n1.empty_copy_declines == 1  # one stretch, said once
+            member = await store.get(GroupKeys("/popmq/", "g").member("n1"))
+            assert member is not None and decode(member.value)["data"] is False
+            # n2 holds data (out of sync): the unclean election elects it, not n1.
+            async with node(etcd, "n2", unclean_election=True) as n2:
+                await until(n2, lambda r: r.is_leader, 5)
+                await until(n1, lambda r: r.leader_name == "n2", 5)
+            # n2 left; n1 bootstrapped meanwhile (its copy holds data now): it may lead.
+            empty = False
+            await until(n1, lambda r: r.is_leader, 10)
+            member = await store.get(GroupKeys("/popmq/", "g").member("n1"))
+            assert member is not None and decode(member.value)["data"] is True
+    finally:
+        await store.aclose()

@@ -468,6 +468,13 @@ def test_every_security_file_comes_from_a_secret(
         )
         assert (broker.tls_client_ca is not None) == bool(brokers.get("mutual"))
         assert (proxy.broker_tls_cert is not None) == bool(brokers.get("mutual"))
+        # replication runs on the broker port: followers verify their leader with its CA
+        [replication_ca] = [s.split("=", 1)[1] for s in getattr(broker, "set", None) or []
+                            if s.startswith("broker.replication.tls_ca=")]  # fmt: skip
+        assert (
+            _mounted(out.one("StatefulSet"), replication_ca)[0]["secretName"]
+            == brokers["secretName"]
+        )
     admin_port = values["proxy"].get("adminPort")  # null removes the key
     assert proxy.admin_port == admin_port
     ports = {p["name"]: p["containerPort"] for p in container(out.one("Deployment"))["ports"]}

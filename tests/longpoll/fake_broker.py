@@ -1,6 +1,6 @@
 """A BrokerPort double whose messages appear on cue, for unit tests of the strategies.
 
-Only what the strategies use is real (pop, notify, change_invisible_time); pop and notify
+Only what the strategies use is real (pop, notify, change_invisible_time, hand_back); pop and notify
 hold like a broker's long polls, and ``held`` counts the requests being held right now, so a
 test can assert that nothing is left waiting on the broker.
 """
@@ -32,14 +32,18 @@ def now_ms() -> int:
 
 
 class FakeBroker:
-    def __init__(self, name: str, *, min_invisible_ms: int = 0) -> None:
+    def __init__(
+        self, name: str, *, min_invisible_ms: int = 0, knows_hand_back: bool = True
+    ) -> None:
         self._name = name
         self.min_invisible_ms = min_invisible_ms
+        self.knows_hand_back = knows_hand_back  # False: a broker from before HandBack
         self.visible: list[StoredMessage] = []
         self.inflight: dict[str, StoredMessage] = {}
         self.held = 0  # pop / notify requests waiting right now
         self.max_concurrent_pops = 0
-        self.calls: list[str] = []  # "pop", "pop-held", "notify", "change_invisible"
+        self.calls: list[str] = []  # "pop", "pop-held", "notify", "change_invisible", "hand_back"
+        self.handed_back: list[str] = []  # receipt handles given back by hand_back
         self.changes: list[int] = []  # invisible times asked for by change_invisible_time
         # Cues a test can set:
         self.steal_next_pops = 0  # pops that find the message gone (someone else got it)
@@ -163,3 +167,19 @@ class FakeBroker:
         new_handle = receipt_handle + "+"
         self.inflight[new_handle] = message
         return ChangeInvisibleResult(new_handle, now_ms() + invisible_time_ms)
+
+    async def hand_back(self, group: str, topic: str, receipt_handles: list[str]) -> int:
+        self.calls.append("hand_back")
+        await asyncio.sleep(0)
+        if not self.knows_hand_back:
+            raise RefusedError(Code.NOT_IMPLEMENTED, f"broker {self._name} does not know HandBack")
+        count = 0
+        for handle in receipt_handles:
+            message = self.inflight.pop(handle, None)
+            if message is not None:  # acked or changed meanwhile: skipped
+                self.handed_back.append(handle)
+                self.visible.append(message)
+                count += 1
+        if count:
+            self._wake()
+        return count

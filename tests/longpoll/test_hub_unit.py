@@ -68,29 +68,33 @@ async def test_many_long_polls_hold_one_notification_per_broker(
     await assert_no_tasks_beyond(before)
 
 
-async def test_one_message_is_popped_once_by_the_oldest_long_poll(
+async def test_one_message_is_popped_once_by_the_long_poll_with_the_most_time_left(
     metrics: ProxyMetrics, fakes: list[FakeBroker]
 ) -> None:
+    """Not the oldest: with polls of equal length that is the one about to end, and a message
+    it pops as its client's poll ends reaches nobody (it is handed back, again and again)."""
     strategy = _strategy(metrics)
     polls: list[asyncio.Task[Any]] = []
-    for count in range(1, 11):  # subscribe in a known order
-        polls += _receives(strategy, fakes, 1)
+    # Subscribed in this order; the two 5 s polls differ by the time between them.
+    for count, poll_ms in enumerate([3_000, 9_000, 5_000, 7_000, 5_000], start=1):
+        polls.append(asyncio.create_task(strategy.receive(fakes, make_request(poll_ms))))
         await wait_until(lambda n=count: _pops(fakes) == n)
-    await _subscribed(strategy, fakes, 10)
-    first_pops = fakes[2].calls.count("pop")
-    fakes[2].put(1)
-    done, pending = await asyncio.wait(polls, return_when=asyncio.FIRST_COMPLETED)
-    assert done == {polls[0]}  # the oldest waiting long poll got it
-    assert [m.message.store_host for m in polls[0].result()] == ["b2"]
-    # The other nine keep waiting on a re-armed notification; nobody else popped.
-    await wait_until(lambda: fakes[2].held == 1)
-    assert fakes[2].calls.count("pop") == first_pops + 1
-    assert _pops(fakes) == 10 + 1
-    assert all(not p.done() for p in pending)
-    # The next message goes to the next oldest.
-    fakes[0].put(1)
-    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-    assert done == {polls[1]}
+        await asyncio.sleep(0.01)
+    await _subscribed(strategy, fakes, 5)
+    served: list[int] = []
+    for _ in range(len(polls)):
+        pops = fakes[2].calls.count("pop")
+        fakes[2].put(1)
+        pending = [p for p in polls if not p.done()]
+        done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1
+        (winner,) = done
+        assert [m.message.store_host for m in winner.result()] == ["b2"]
+        assert fakes[2].calls.count("pop") == pops + 1  # popped once, by the one signalled
+        served.append(polls.index(winner))
+        await wait_until(lambda: fakes[2].held == 1 or all(p.done() for p in polls))
+    # 9 s, 7 s, the later 5 s, the earlier 5 s, then the 3 s poll (the oldest) last.
+    assert served == [1, 3, 4, 2, 0]
     await _finish(polls)
 
 
@@ -131,7 +135,8 @@ async def test_the_signal_goes_on_when_the_chosen_long_poll_is_cancelled(
     metrics: ProxyMetrics, fakes: list[FakeBroker]
 ) -> None:
     strategy = _strategy(metrics)
-    chosen = _receives(strategy, fakes, 1)[0]
+    # The most time left: the signal goes to it first.
+    chosen = asyncio.create_task(strategy.receive(fakes, make_request(9_000)))
     await wait_until(lambda: _pops(fakes) == 1)
     others = _receives(strategy, fakes, 2)
     await _subscribed(strategy, fakes, 3)
@@ -229,6 +234,32 @@ async def test_subscriptions_directly(metrics: ProxyMetrics) -> None:
     await hub.leave([*subs[1:], other_group])
     assert broker.held == 0
     assert hub.channels == 0
+    await hub.aclose()
+
+
+async def test_long_polls_that_leave_do_not_pile_up_in_the_choice_of_who_is_signalled(
+    metrics: ProxyMetrics,
+) -> None:
+    """The signal order is a heap whose entries of departed long polls go lazily: thousands
+    of short polls coming and going beside a long one must not grow it without bound."""
+    broker = FakeBroker("b")
+    hub = NotificationHub(BrokerCalls(metrics))
+    pop = PopRequest(group="g", topic="t", max_messages=1)
+    now = asyncio.get_running_loop().time()
+    signalled: list[str] = []
+
+    def on_signal(name: str) -> Callable[[Subscription], bool]:
+        return lambda sub: signalled.append(name) is None
+
+    stays = hub.subscribe(broker, pop, now + 30, on_signal("stays"))
+    for _ in range(2_000):  # each leaves before anything arrives
+        hub.unsubscribe(hub.subscribe(broker, pop, now + 1, on_signal("short")))
+    assert len(stays.channel.by_time_left) <= 2 * 1 + 16 + 1
+    late = hub.subscribe(broker, pop, now + 60, on_signal("late"))
+    await wait_until(lambda: broker.held == 1)
+    broker.put(1)
+    await wait_until(lambda: signalled == ["late"])  # the most time left
+    await hub.leave([stays, late])
     await hub.aclose()
 
 

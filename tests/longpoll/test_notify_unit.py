@@ -159,15 +159,35 @@ async def test_messages_popped_as_the_client_leaves_become_visible_again(
     await asyncio.gather(receive, return_exceptions=True)
     assert receive.cancelled()
     await strategy.aclose()
-    assert len(fakes[2].visible) == 2  # released, visible again at once
-    assert fakes[2].changes == [0, 0]
+    assert len(fakes[2].visible) == 2  # handed back, visible again at once
+    assert len(fakes[2].handed_back) == 2
+    assert fakes[2].changes == []  # not a change of invisible time: that counts an attempt
+    assert sample(metrics, "popmq_proxy_released_messages_total", outcome="handed_back") == 2
+
+
+async def test_release_to_a_broker_without_hand_back_changes_the_invisible_time(
+    metrics: ProxyMetrics,
+) -> None:
+    broker = FakeBroker("older", knows_hand_back=False)
+    strategy = _strategy(metrics)
+    receive = asyncio.create_task(strategy.receive([broker], make_request(5_000)))
+    await wait_until(lambda: broker.held == 1)
+    broker.on_pop_answer = lambda r: (
+        r.messages and asyncio.get_running_loop().call_soon(receive.cancel)
+    )
+    broker.put(2)
+    await asyncio.gather(receive, return_exceptions=True)
+    await strategy.aclose()
+    assert broker.calls.count("hand_back") == 1  # one call for the batch, then the fallback
+    assert broker.changes == [0, 0]
+    assert len(broker.visible) == 2
     assert sample(metrics, "popmq_proxy_released_messages_total", outcome="visible_now") == 2
 
 
 async def test_release_falls_back_to_the_brokers_minimum_invisible_time(
     metrics: ProxyMetrics,
 ) -> None:
-    broker = FakeBroker("strict", min_invisible_ms=10_000)
+    broker = FakeBroker("strict", min_invisible_ms=10_000, knows_hand_back=False)
     strategy = _strategy(metrics, fallback_ms=10_000)
     receive = asyncio.create_task(strategy.receive([broker], make_request(5_000)))
     await wait_until(lambda: broker.held == 1)

@@ -52,6 +52,10 @@ class _SlowAnswerBroker:
         self.released.append(receipt_handle)
         return ChangeInvisibleResult(receipt_handle, 0)
 
+    async def hand_back(self, group: str, topic: str, receipt_handles: list[str]) -> int:
+        self.released.extend(receipt_handles)
+        return len(receipt_handles)
+
 
 async def test_a_cancelled_pop_releases_what_the_broker_popped() -> None:
     broker = _SlowAnswerBroker()

@@ -323,7 +323,7 @@ async def test_undelivered_messages_are_released_quickly(cluster: Cluster) -> No
         _, got, _ = await cluster.receive(group, topic, poll_ms=1_000)
     assert [m.body for m in got] == [b"orphan"]
     assert time.monotonic() - started < 3  # well before the 60 s invisible time
-    released = cluster.server.metrics.released_messages.labels("visible_now")._value.get()
+    released = cluster.server.metrics.released_messages.labels("handed_back")._value.get()
     assert released >= 1
 
 

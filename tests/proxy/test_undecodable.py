@@ -75,3 +75,29 @@ async def test_undecodable_admin_bodies_answer_invalid_argument(
         path = f"/popmq.admin.v1.AdminService/{method}"
         assert await _unary(cluster.channel, path) == grpc.StatusCode.INVALID_ARGUMENT, method
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+async def test_oversized_requests_of_small_methods_are_refused_before_decoding(
+    make_cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 20, defect 10: 8 acks of 64 MiB of handles were decoded (and echoed back), a
+    gigabyte of proxy. Any method but SendMessage takes proxy.max_small_request_bytes at most:
+    past it, RESOURCE_EXHAUSTED, without decoding; a send of that size goes through."""
+    caplog.set_level(logging.WARNING)
+    cluster = await make_cluster(brokers=1, **{"proxy.max_small_request_bytes": 65_536})
+    big = b"\x0a" + b"\xff" * 70_000  # neither decodable nor small
+    ack = cluster.channel.unary_unary(MESSAGING + "AckMessage")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await ack(big, timeout=5)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "65536" in (err.value.details() or "")
+    telemetry = cluster.channel.stream_stream(MESSAGING + "Telemetry")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _frame in telemetry(iter([big]), timeout=5):
+            pass
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    await cluster.route("sized")
+    sent = await cluster.send("sized", b"x" * 70_000)
+    assert sent.status.code == 20000
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    assert any("oversized AckMessage" in r.getMessage() for r in caplog.records)

@@ -280,6 +280,24 @@ class ChangeInvisibleTimeResponse(_message.Message):
     invisible_until_ms: int
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., receipt_handle: _Optional[str] = ..., invisible_until_ms: _Optional[int] = ...) -> None: ...
 
+class HandBackRequest(_message.Message):
+    __slots__ = ("group", "topic", "receipt_handles")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    receipt_handles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HandBackResponse(_message.Message):
+    __slots__ = ("status", "handed_back")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    HANDED_BACK_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    handed_back: int
+    def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., handed_back: _Optional[int] = ...) -> None: ...
+
 class NotifyRequest(_message.Message):
     __slots__ = ("group", "topic", "queue_id", "poll_time_ms", "filter", "fifo")
     GROUP_FIELD_NUMBER: _ClassVar[int]

@@ -61,6 +61,11 @@ class BrokerServiceStub:
                 request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeRequest.SerializeToString,
                 response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeResponse.FromString,
                 _registered_method=True)
+        self.HandBack = channel.unary_unary(
+                '/popmq.broker.v1.BrokerService/HandBack',
+                request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.HandBackRequest.SerializeToString,
+                response_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.HandBackResponse.FromString,
+                _registered_method=True)
         self.Notify = channel.unary_unary(
                 '/popmq.broker.v1.BrokerService/Notify',
                 request_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.NotifyRequest.SerializeToString,
@@ -199,6 +204,12 @@ class BrokerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ChangeInvisibleTime(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HandBack(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -359,6 +370,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.ChangeInvisibleTime,
                     request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeRequest.FromString,
                     response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeResponse.SerializeToString,
+            ),
+            'HandBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.HandBack,
+                    request_deserializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.HandBackRequest.FromString,
+                    response_serializer=popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.HandBackResponse.SerializeToString,
             ),
             'Notify': grpc.unary_unary_rpc_method_handler(
                     servicer.Notify,
@@ -603,6 +619,33 @@ class BrokerService:
             '/popmq.broker.v1.BrokerService/ChangeInvisibleTime',
             popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeRequest.SerializeToString,
             popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.ChangeInvisibleTimeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HandBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popmq.broker.v1.BrokerService/HandBack',
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.HandBackRequest.SerializeToString,
+            popmq_dot_pb_dot_broker_dot_v1_dot_broker__pb2.HandBackResponse.FromString,
             options,
             channel_credentials,
             insecure,
