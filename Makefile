@@ -97,11 +97,14 @@ etcd:
 test: install client-venv chromium $(if $(HAVE_NODE),node-client) etcd lint
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
-# The fast inner loop: lint, then every test that starts no other process. Tests that start
-# popmq, a client, Spark's JVM or the CLI are marked `subprocess` and left out (tests/conftest.py
-# fails an unmarked test that starts one, so the selection stays honest).
+# The fast inner loop: lint, then every test that starts no other process and does not wait on
+# real time. Tests that start popmq, a client, Spark's JVM or the CLI are marked `subprocess`
+# (tests/conftest.py fails an unmarked test that starts one, so the selection stays honest); the
+# few end-to-end timing tests are marked `wallclock` (a real 9 s broker outage, say). Both run in
+# `make test`. Property tests try a quarter of their examples here (QUICK_PROPERTIES,
+# tests/support/examples.py); `make test` tries them all.
 check: install lint
-	$(PY) -m pytest $(XDIST) -m "not subprocess" -q $(PYTEST_ARGS)
+	QUICK_PROPERTIES=1 $(PY) -m pytest $(XDIST) -m "not subprocess and not wallclock" -q $(PYTEST_ARGS)
 
 protos: install
 	$(PY) scripts/gen_protos.py
