@@ -406,12 +406,10 @@ class Broker:
         raise RefusedError(Code.INTERNAL_ERROR, f"broker {self.name} is not started")
 
     # -- produce --------------------------------------------------------------------------
-    def _topic_for_send(self, message: Message) -> TopicMeta:
-        """The message's topic (created on first use), refusing a message whose type does not
-        fit it (MESSAGE_PROPERTY_CONFLICT_WITH_TYPE). A topic still without a type (made by a
-        route lookup) takes this first message's type."""
-        kind = message_kind(message.message_group, message.delivery_timestamp_ms,
-                            PROP_TRANSACTION in message.properties)  # fmt: skip
+    def _topic_for_send(self, message: Message, kind: MessageType) -> TopicMeta:
+        """The message's topic (created on first use), refusing a message whose type (`kind`)
+        does not fit it (MESSAGE_PROPERTY_CONFLICT_WITH_TYPE). A topic still without a type
+        (made by a route lookup) takes this first message's type."""
         meta = self._store.get_topic(message.topic)
         if meta is None:
             return self._auto_create_topic(message.topic, kind)
@@ -458,8 +456,13 @@ class Broker:
         arrivals: dict[tuple[str, str], list[int]] = defaultdict(list)  # RocketMQ's metrics
         for message in messages:
             self._check_message(message)
+        topics: dict[tuple[str, MessageType], TopicMeta] = {}  # a batch shares its topic
         for position, message in enumerate(messages):
-            meta = self._topic_for_send(message)
+            kind = message_kind(message.message_group, message.delivery_timestamp_ms,
+                                PROP_TRANSACTION in message.properties)  # fmt: skip
+            meta = topics.get((message.topic, kind))
+            if meta is None:
+                meta = topics[message.topic, kind] = self._topic_for_send(message, kind)
             if queue_id >= 0:
                 if queue_id >= meta.queue_count:
                     raise RefusedError(

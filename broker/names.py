@@ -19,6 +19,7 @@ longest topic gives a 255-character retry topic, and its DLQ topic (125) is a va
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from popmq.broker.contract.errors import Code, RefusedError
 
@@ -105,16 +106,38 @@ def group_problem(name: object) -> str | None:
     return None
 
 
+# Names already found acceptable, by how they were checked: a message's topic is checked at
+# the proxy's edge and again in its broker, per message (several µs each with the regular
+# expression). Only accepted names are kept, at most _ACCEPTED_MAX (then forgotten at once),
+# so a client making up names gains nothing and costs a bounded set.
+_ACCEPTED_MAX = 4096
+_accepted_topics: set[tuple[str, bool, bool]] = set()
+_accepted_groups: set[str] = set()
+
+
+def _accept(accepted: set[Any], key: Any) -> None:
+    if len(accepted) >= _ACCEPTED_MAX:
+        accepted.clear()
+    accepted.add(key)
+
+
 def check_topic(topic: str, *, user: bool = True, allow_dlq: bool = False) -> str:
     """ILLEGAL_TOPIC unless ``topic`` is acceptable (see ``topic_problem``)."""
+    key = (topic, user, allow_dlq)
+    if type(topic) is str and key in _accepted_topics:
+        return topic
     problem = topic_problem(topic, user=user, allow_dlq=allow_dlq)
     if problem is not None:
         raise RefusedError(Code.ILLEGAL_TOPIC, problem)
+    _accept(_accepted_topics, key)
     return topic
 
 
 def check_group(group: str) -> str:
+    if type(group) is str and group in _accepted_groups:
+        return group
     problem = group_problem(group)
     if problem is not None:
         raise RefusedError(Code.ILLEGAL_CONSUMER_GROUP, problem)
+    _accept(_accepted_groups, group)
     return group

@@ -54,7 +54,7 @@ def trim() -> bool:
 class Trimmer:
     """Counts bytes released; trims ``delay_s`` after its owner drained past enough of them
     (the request that was just released is freed by grpc after its handler returns, so a trim
-    at the release itself would miss it)."""
+    at the release itself would miss it), or once ``interval_s`` since the last trim passed."""
 
     def __init__(
         self,
@@ -79,14 +79,16 @@ class Trimmer:
         self._released += size
         if not drained or self._released < self._after_bytes or self._scheduled is not None:
             return
-        if self._clock() - self._last < self._interval_s:
-            return
+        # Within the interval of the last trim: trim once it has passed, never drop it (what
+        # was freed since would otherwise stay until the next spike).
+        wait = max(self._delay_s, self._last + self._interval_s - self._clock())
         try:
             loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop (a synchronous caller): trim now
-            self._run()
+        except RuntimeError:  # no loop (a synchronous caller): trim now, if it is time
+            if self._clock() - self._last >= self._interval_s:
+                self._run()
             return
-        self._scheduled = loop.call_later(self._delay_s, self._run)
+        self._scheduled = loop.call_later(wait, self._run)
 
     def _run(self) -> None:
         self._scheduled = None

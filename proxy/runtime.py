@@ -12,7 +12,6 @@ from typing import Any
 
 import anyio
 from popmq.broker.contract.port import BrokerPort
-from popmq.broker.metrics import merged_registry
 from popmq.proxy.broker_watch import watch_brokers
 from popmq.proxy.discovery import GroupFollower
 from popmq.proxy.metrics import ProxyMetrics
@@ -20,7 +19,6 @@ from popmq.proxy.server import ProxyServer
 from prometheus_client import CollectorRegistry
 
 from popmq.config import PopmqConfig
-from popmq.coord.etcd import EtcdStore
 from popmq.coord.store import CoordStore, CoordUnavailableError
 from popmq.metrics_http import metrics_endpoint
 
@@ -88,7 +86,11 @@ async def serve_proxy(
     proxy = config.proxy
     # `popmq serve`: the embedded brokers' metrics are served on the proxy's endpoint too.
     brokers = embedded_registries(ports)
-    registry = merged_registry([metrics.registry, *brokers]) if brokers else metrics.registry
+    registry = metrics.registry
+    if brokers:  # imported here: the broker's metrics module brings its store's types along
+        from popmq.broker.metrics import merged_registry
+
+        registry = merged_registry([metrics.registry, *brokers])
     metrics_port = proxy.metrics_port
     default_port = metrics_port is None and bool(brokers) and config.serve.metrics_port is not None
     if default_port:  # `popmq serve`: metrics on by default
@@ -102,6 +104,8 @@ async def serve_proxy(
         # `popmq proxy --etcd`: brokers are the groups registered in etcd, followed live.
         store = follower = None
         if proxy.etcd.endpoints:
+            from popmq.coord.etcd import EtcdStore  # httpx (and rich, click) only with etcd
+
             store = EtcdStore(proxy.etcd.endpoints, timeout_s=proxy.etcd.request_timeout_s)
             stack.push_async_callback(store.aclose)
             follower = await _follow_etcd_first(config, server, store)

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Sequence
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.wire.bodies import splitting_decoder
 from popmq.broker.wire.undecodable import add_tolerant
@@ -26,6 +26,7 @@ from popmq.proxy.core.processor import ProxyCore
 from popmq.proxy.grpc.access import access_guard
 from popmq.proxy.grpc.namespace import NamespaceInterceptor
 from popmq.proxy.grpc.servicer import MessagingServicer
+from popmq.proxy.health import ProxyHealth
 from popmq.proxy.longpoll import make_strategy
 from popmq.proxy.longpoll.base import LongPollStrategy
 from popmq.proxy.metrics import ProxyMetrics
@@ -144,7 +145,7 @@ class ProxyServer:
         )
         self._server: grpc.aio.Server | None = None
         self._admin_server: grpc.aio.Server | None = None
-        self._health = health.aio.HealthServicer()
+        self._health = ProxyHealth()
         self.port = 0
         self.admin_port: int | None = None  # bound port of the admin listener, if separate
 
@@ -186,7 +187,8 @@ class ProxyServer:
             small_request_bytes=proxy.max_small_request_bytes,
             large_methods=frozenset({"SendMessage"}),
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        # Tolerant as well: an undecodable health check answers INVALID_ARGUMENT, no traceback.
+        add_tolerant(health_pb2_grpc.add_HealthServicer_to_server, self._health, server)
         if proxy.admin_port is None:
             self._add_admin(server)
         client_port_services = SERVED_SERVICES if proxy.admin_port is None else (MESSAGING_SERVICE,)
@@ -202,7 +204,7 @@ class ProxyServer:
                 ]
             )
             self._add_admin(admin)
-            health_pb2_grpc.add_HealthServicer_to_server(self._health, admin)
+            add_tolerant(health_pb2_grpc.add_HealthServicer_to_server, self._health, admin)
             enable_reflection(admin, [ADMIN_SERVICE, UPSTREAM_ADMIN_SERVICE, HEALTH_SERVICE])
             self.admin_port = _bind(admin, proxy.host, proxy.admin_port, credentials)
             await admin.start()

@@ -93,11 +93,13 @@ async def test_a_drained_budget_trims_after_enough_bytes() -> None:
     await asyncio.sleep(0.5)
     assert trims == [pytest.approx(0.2)]
     async with budget.hold(600), budget.hold(600):
-        pass  # drained again, within the interval: no trim
-    await asyncio.sleep(0.5)
+        pass  # drained again, within the interval: trimmed once the interval has passed
+    await asyncio.sleep(0.4)
     assert len(trims) == 1
+    await asyncio.sleep(0.4)
+    assert trims == [pytest.approx(0.2), pytest.approx(1.2)]  # not dropped
     await asyncio.sleep(1)
     async with budget.hold(1000):
         pass
     await asyncio.sleep(0.5)
-    assert len(trims) == 2
+    assert len(trims) == 3

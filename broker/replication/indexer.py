@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint.json"
 # As MessageStore's default: the files a promoted store opens are the same files.
 ENTRIES_PER_FILE = 300_000
-CHUNK_BYTES = 4 << 20  # walked per call: bounds how long a batch waits behind indexing
+CHUNK_BYTES = 1 << 20  # walked per call (~50 ms): bounds how long a batch waits behind it
 CHECKPOINT_EVERY_S = 1.0
 _OPEN_FILES = 64
 

@@ -1,6 +1,7 @@
 """What a promotion costs with a large commitlog: opening the store of a follower's copy
-with the indexes the follower kept (broker/replication/indexer.py) against without them (what
-every promotion did before: a walk of the whole commitlog).
+with the indexes the follower kept (broker/replication/indexer.py), all of them or all but the
+last 8 MiB, against without them (what every promotion did before: a walk of the whole
+commitlog).
 
 Not a test: ``python -m popmq.bench.promotion_scan [MB] [DIR]`` prints one JSON line.
 """
@@ -25,6 +26,7 @@ from popmq.config import StoreConfig
 
 BODY = 1024
 QUEUES = 8
+TAIL_BYTES = 8 << 20  # the third case: promoted with this much not indexed yet
 
 
 async def _fill(data_dir: Path, megabytes: int) -> int:
@@ -73,6 +75,13 @@ def run(megabytes: int, root: Path) -> dict[str, float | int]:
     indexer.start()
     indexer.applied(end, complete=True)
     started = time.perf_counter()
+    while indexer.position < end - TAIL_BYTES:  # a tail not indexed yet when promoted
+        indexer.index_some()
+    indexer.close()
+    tail = _open_seconds(data_dir)
+    indexer = ReplicaIndexer(data_dir)
+    indexer.resume()
+    indexer.applied(end, complete=True)
     while indexer.behind:
         indexer.index_some()
     indexing_s = time.perf_counter() - started
@@ -87,6 +96,9 @@ def run(megabytes: int, root: Path) -> dict[str, float | int]:
         "after_open_s": round(after[0], 3),
         "after_records_walked": after[1],
         "after_bytes_walked": after[2],
+        "tail_open_s": round(tail[0], 3),
+        "tail_records_walked": tail[1],
+        "tail_bytes_walked": tail[2],
         "follower_indexing_s": round(indexing_s, 3),
     }
 

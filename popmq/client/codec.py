@@ -163,8 +163,9 @@ def message_to_pb(message: Message, transactional: bool = False) -> d.Message:
             system.message_type = d.DELAY
     if transactional:
         system.message_type = d.TRANSACTION
-    out = d.Message(user_properties=message.properties, system_properties=system,
-                    body=bytes(message.body))
+    out = d.Message(
+        user_properties=message.properties, system_properties=system, body=bytes(message.body)
+    )
     out.topic.name = message.topic
     return out
 

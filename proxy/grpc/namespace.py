@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from functools import cache
 from typing import Any
 
@@ -96,22 +97,42 @@ def _contains_resource(descriptor: Descriptor, _seen: frozenset[str] = frozenset
     return False
 
 
+@cache
+def _walk_plan(descriptor: Descriptor) -> tuple[tuple[str, bool, bool, bool], ...]:
+    """(field name, repeated, is a Resource, is the group) for each of ``_resource_fields``:
+    read once per message type, not per request (every request is walked)."""
+    return tuple(
+        (
+            field.name,
+            field.is_repeated,
+            field.message_type is not None and field.message_type.full_name == RESOURCE,
+            field.name == "group",
+        )
+        for field in _resource_fields(descriptor)
+    )
+
+
 def _resources(message: Message) -> list[tuple[d.Resource, bool]]:
     """(Resource, is-a-group) pairs in message."""
     found: list[tuple[d.Resource, bool]] = []
-    if not isinstance(message, Message):  # an undecodable body: its guard answers it
-        return found
-    for field in _resource_fields(message.DESCRIPTOR):
-        is_repeated = field.is_repeated
-        if not is_repeated and not message.HasField(field.name):
-            continue
-        values = getattr(message, field.name) if is_repeated else [getattr(message, field.name)]
-        for value in values:
-            if field.message_type is not None and field.message_type.full_name == RESOURCE:
-                found.append((value, field.name == "group"))
-            else:
-                found.extend(_resources(value))
+    if isinstance(message, Message):  # else an undecodable body: its guard answers it
+        _collect(message, found)
     return found
+
+
+def _collect(message: Message, found: list[tuple[d.Resource, bool]]) -> None:
+    for name, repeated, is_resource, is_group in _walk_plan(message.DESCRIPTOR):
+        if repeated:
+            values = getattr(message, name)
+        elif message.HasField(name):
+            values = (getattr(message, name),)
+        else:
+            continue
+        if is_resource:
+            found.extend((value, is_group) for value in values)
+        else:
+            for value in values:
+                _collect(value, found)
 
 
 def qualify_request(message: Message, header_namespace: str) -> None:
@@ -156,25 +177,48 @@ def _status_frame(method: str, error: RefusedError) -> Message:
     return response
 
 
+# The x-mq-namespace header of the call being served: set by the interceptor in the call's own
+# task (grpc.aio runs interceptors and the handler there) and read by the wrapped behaviors,
+# so a wrapped handler serves every call of its method (no closure made per call, kept by each
+# held long poll).
+_HEADER: ContextVar[str] = ContextVar("popmq_namespace_header", default="")
+
+
 class NamespaceInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self) -> None:
+        # method -> (the handler grpc gave, our wrapper of it): wrapped once, not per call.
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or not details.method.startswith(SERVICE_PREFIX):
-            return handler
-        header = dict(details.invocation_metadata or ()).get(HEADER, "")
+        handler = await continuation(details)  # every call: the guard checks each one
         method = details.method
+        if handler is None or not method.startswith(SERVICE_PREFIX):
+            return handler
+        header = ""
+        for key, value in details.invocation_metadata or ():
+            if key == HEADER:
+                header = value
+        _HEADER.set(header)
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         # _replace, not grpc.*_rpc_method_handler: those import grpc._utilities on every
         # call (3% of an idle proxy's samples at 500 receives/s under py-spy).
         if handler.unary_unary:
-            return handler._replace(unary_unary=self._unary(handler, header, method))
+            return handler._replace(unary_unary=self._unary(handler, method))
         if handler.unary_stream:
-            return handler._replace(unary_stream=self._unary_stream(handler, header, method))
+            return handler._replace(unary_stream=self._unary_stream(handler, method))
         if handler.stream_stream:
-            return handler._replace(stream_stream=self._stream_stream(handler, header))
+            return handler._replace(stream_stream=self._stream_stream(handler))
         return handler
 
     @staticmethod
@@ -184,12 +228,11 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
                 return resource.resource_namespace
         return header
 
-    def _unary(
-        self, handler: grpc.RpcMethodHandler, header: str, method: str
-    ) -> Callable[..., Any]:
+    def _unary(self, handler: grpc.RpcMethodHandler, method: str) -> Callable[..., Any]:
         behavior = handler.unary_unary
 
         async def call(request: Message, context: grpc.aio.ServicerContext) -> Message:
+            header = _HEADER.get()
             namespace = self._namespace_of(request, header)
             if namespace:
                 try:
@@ -203,14 +246,13 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
 
         return call
 
-    def _unary_stream(
-        self, handler: grpc.RpcMethodHandler, header: str, method: str
-    ) -> Callable[..., Any]:
+    def _unary_stream(self, handler: grpc.RpcMethodHandler, method: str) -> Callable[..., Any]:
         behavior = handler.unary_stream
         if inspect.isasyncgenfunction(behavior):  # a servicer that yields its frames
-            return self._unary_stream_yielding(handler, header, method)
+            return self._unary_stream_yielding(handler, method)
 
         async def call(request: Message, context: grpc.aio.ServicerContext) -> None:
+            header = _HEADER.get()
             namespace = self._namespace_of(request, header)
             if not namespace:
                 await behavior(request, context)
@@ -225,13 +267,14 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
         return call
 
     def _unary_stream_yielding(
-        self, handler: grpc.RpcMethodHandler, header: str, method: str
+        self, handler: grpc.RpcMethodHandler, method: str
     ) -> Callable[..., Any]:
         behavior = handler.unary_stream
 
         async def call(
             request: Message, context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Message]:
+            header = _HEADER.get()
             namespace = self._namespace_of(request, header)
             if namespace:
                 try:
@@ -246,12 +289,13 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
 
         return call
 
-    def _stream_stream(self, handler: grpc.RpcMethodHandler, header: str) -> Callable[..., Any]:
+    def _stream_stream(self, handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
         behavior = handler.stream_stream
 
         async def call(
             requests: AsyncIterator[Message], context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Message]:
+            header = _HEADER.get()
             seen: dict[str, str] = {"namespace": header}
 
             async def qualified() -> AsyncIterator[Message]:

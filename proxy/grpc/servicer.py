@@ -36,6 +36,8 @@ from popmq.pb.rocketmq.v2 import service_pb2_grpc
 
 # Commands and check-backs waiting for a Telemetry stream (a client sends few commands).
 _TELEMETRY_BUFFER = 64
+# Code(code).name is an enum lookup per RPC; the names by value are read once.
+_CODE_NAMES: dict[int, str] = {code.value: code.name for code in Code}
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Translator = Callable[[ProxyCore, Any, RequestContext], Awaitable[Any]]
@@ -43,6 +45,14 @@ Translator = Callable[[ProxyCore, Any, RequestContext], Awaitable[Any]]
 
 def _poll_owner(ctx: RequestContext, headers: dict[str, str]) -> str:
     return poll_owner(ctx.client_id, ctx.peer, headers.get("authorization", ""))
+
+
+def _long_poll_context(context: grpc.aio.ServicerContext) -> tuple[RequestContext, str]:
+    """The call's context and its admission key. The headers dict stays here: a held long
+    poll keeps only what it uses (10,000 idle ones each held theirs, ~1.3 KiB, tracemalloc)."""
+    headers = text_headers(context)
+    ctx = request_context(context, headers)
+    return ctx, _poll_owner(ctx, headers)
 
 
 def _now_ms() -> int:
@@ -82,10 +92,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if isinstance(code, str):
             name = code
         else:
-            try:
-                name = Code(code).name
-            except ValueError:
-                name = str(code)
+            name = _CODE_NAMES.get(code) or str(code)
         counter = self._counters.get((method, name))
         if counter is None:
             counter = self._counters[method, name] = self.metrics.rpc_requests.labels(method, name)
@@ -214,11 +221,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     # -- POP consumption ---------------------------------------------------------------------
     async def ReceiveMessage(self, request, context):
         started = time.perf_counter()
-        headers = text_headers(context)
-        ctx = request_context(context, headers)
+        ctx, client = _long_poll_context(context)
         receiver = self.core.receiver
         # Admission first: a refused receive costs no broker call and answers at once.
-        client, group = _poll_owner(ctx, headers), request.group.name
+        group = request.group.name
         try:
             receiver.admit(client, group)
         except Exception as exc:
@@ -331,11 +337,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     # -- offsets -----------------------------------------------------------------------------
     async def PullMessage(self, request, context):
         started = time.perf_counter()
-        headers = text_headers(context)
-        ctx = request_context(context, headers)
+        ctx, client = _long_poll_context(context)
         # A pull that may wait is a long poll like a receive: held under the same bounds.
         held = request.long_polling_timeout.ToMilliseconds() > 0
-        client, group = _poll_owner(ctx, headers), request.group.name
+        group = request.group.name
         try:
             if held:
                 self.core.receiver.admit(client, group)

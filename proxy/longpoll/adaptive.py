@@ -10,8 +10,8 @@ happens at ``threshold`` requests/s and the switch back only below
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Literal
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Literal
 
 from popmq.broker.contract.port import ConsumePort
 from popmq.broker.contract.types import PoppedMessage
@@ -73,10 +73,11 @@ class AdaptiveStrategy:
         self.metrics.adaptive_switches.labels(mode).inc()
         self._show_mode()
 
-    async def receive(
+    def receive(
         self, brokers: Sequence[ConsumePort], request: LongPollRequest
-    ) -> list[PoppedMessage]:
-        return await self._strategies[self.decide()].receive(brokers, request)
+    ) -> Coroutine[Any, Any, list[PoppedMessage]]:
+        # The chosen strategy's coroutine itself: no frame of ours held per idle long poll.
+        return self._strategies[self.decide()].receive(brokers, request)
 
     def drain(self) -> None:
         for strategy in self._strategies.values():

@@ -17,6 +17,8 @@ Release = Callable[[ConsumePort, list[PoppedMessage]], None]
 
 
 class Custody:
+    __slots__ = ("_held", "_open", "_release")  # one per held long poll
+
     def __init__(self, release: Release) -> None:
         self._release = release
         self._held: list[tuple[ConsumePort, list[PoppedMessage]]] = []

@@ -52,7 +52,7 @@ class _LongPoll:
     """The state of one client long poll in its notify phase: what 10,000 idle long polls
     hold each, so slots and nothing made before a signal needs it."""
 
-    __slots__ = ("closed", "found", "moved", "refused", "results", "wake")
+    __slots__ = ("closed", "ended", "found", "moved", "refused", "results", "wake")
 
     def __init__(self) -> None:
         # 3. The result queue: subscriptions whose broker reported a message to this long
@@ -60,9 +60,18 @@ class _LongPoll:
         self.results: deque[Subscription] | None = None
         self.wake: asyncio.Future[None] | None = None  # set while the poll waits for a signal
         self.found = False
+        self.ended = False  # its deadline passed, or the proxy drains: answer with what it has
         self.closed = False
         self.refused: Exception | None = None  # a pop refused the request itself: ends it
         self.moved = False  # the cluster's ports changed: is one of ours a new leader's?
+
+    def cancel(self) -> None:
+        """The deadline's timer, or drain(): end the wait (not a cancellation: the long poll
+        leaves its loop and answers, as a cancel scope at the deadline made it)."""
+        self.ended = True
+        wake = self.wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     def on_ports_changed(self) -> None:
         self.moved = True
@@ -72,7 +81,7 @@ class _LongPoll:
 
     def on_signal(self, sub: Subscription) -> bool:
         """The hub hands this long poll a broker's "has message"; False declines it."""
-        if self.closed or self.found:
+        if self.closed or self.found or self.ended:
             return False
         if self.results is None:
             self.results = deque()
@@ -85,6 +94,8 @@ class _LongPoll:
 
 class NotifyStrategy(StrategyBase):
     name = "notify"
+    # A timer on the wait and a scope around each pop (StrategyBase.keeps_deadline).
+    keeps_deadline = True
 
     def __init__(
         self,
@@ -112,9 +123,12 @@ class NotifyStrategy(StrategyBase):
             first = self.picker.pick(candidates, request.preferred_broker)
             with start_span("popmq.long_poll.first_pop"):
                 try:
-                    result = await self.calls.pop(
-                        first, replace(request.pop, poll_time_ms=0), custody
-                    )
+                    with self.until(deadline) as scope:
+                        result = await self.calls.pop(
+                            first, replace(request.pop, poll_time_ms=0), custody
+                        )
+                    if scope.cancel_called:
+                        return  # the deadline (or drain): answer with what custody holds
                 except Exception as exc:
                     # Guarded like the consume pops: a broker that is down (often one whose link
                     # was just lost) or leaderless must not fail the receive while others are
@@ -131,7 +145,7 @@ class NotifyStrategy(StrategyBase):
                     if custody.count:
                         self.metrics.first_pop_hits.labels(self.label).inc()
                         return
-        if remaining_ms(deadline) == 0:
+        if remaining_ms(deadline) == 0 or self.draining:
             return
         # 2. Notifications from every broker (shared through the hub); consume tasks as
         # they report.
@@ -147,28 +161,38 @@ class NotifyStrategy(StrategyBase):
         custody: Custody,
     ) -> None:
         poll = _LongPoll()
-        subs = [self.hub.subscribe(port, request.pop, deadline, poll.on_signal)
-                for port in brokers]  # fmt: skip
+        on_signal = poll.on_signal  # one bound method for every subscription, not one each
+        subscribe = self.hub.subscribe
+        subs = [subscribe(port, request.pop, deadline, on_signal) for port in brokers]
         source = request.source
         if source is not None:  # a new leader's port: the old one's watch would never report
             source.listen_changes(poll.on_ports_changed, on=True)
         moved = False
+        # The deadline: a timer ends the wait (and drain() the same way) instead of a cancel
+        # scope held by each idle long poll.
+        loop = asyncio.get_running_loop()
+        timer = loop.call_at(deadline, poll.cancel)
+        self._held.add(poll)
+        if self.draining:
+            poll.cancel()
         try:
-            while not poll.found:
+            while not poll.found and not poll.ended:
                 if poll.moved and source is not None:
                     poll.moved = False
                     if list(source.current_ports([p.name for p in brokers])) != list(brokers):
                         moved = True
                         break
                 if not poll.results:
-                    poll.wake = asyncio.get_running_loop().create_future()
+                    poll.wake = loop.create_future()
                     try:
                         await poll.wake
                     finally:
                         poll.wake = None
                     continue
-                await self._consume(poll, request, custody)
+                await self._consume(poll, request, deadline, custody)
         finally:
+            timer.cancel()
+            self._held.discard(poll)
             # At once, whatever ended the long poll: signals this long poll holds go on to
             # other subscribers, and notifications nobody else needs are cancelled.
             poll.closed = True
@@ -190,14 +214,24 @@ class NotifyStrategy(StrategyBase):
         # still asks every broker that may have messages (an unanswered event, a lost link).
         return self.hub.watches.candidates(brokers, pop)
 
-    async def _consume(self, poll: _LongPoll, request: LongPollRequest, custody: Custody) -> None:
+    async def _consume(
+        self, poll: _LongPoll, request: LongPollRequest, deadline: float, custody: Custody
+    ) -> None:
         # 4. One pop at a time per long poll: the oldest result first.
         assert poll.results
         sub = poll.results.popleft()
         port = sub.port
         try:
-            with start_span("popmq.long_poll.consume", {"popmq.broker": port.name}):
+            with (
+                self.until(deadline) as scope,
+                start_span("popmq.long_poll.consume", {"popmq.broker": port.name}),
+            ):
                 result = await self.calls.pop(port, replace(request.pop, poll_time_ms=0), custody)
+            if scope.cancel_called:
+                # The deadline (or drain) cut the pop: the long poll ends with what custody
+                # holds, and leaving passes this signal on (it still holds it).
+                poll.ended = True
+                return
         except Exception as exc:  # a failing broker must not end the others' watch
             if is_refused_request(exc):
                 # ... but a refused request would be refused again at every signal: the

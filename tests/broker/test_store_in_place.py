@@ -56,7 +56,7 @@ async def test_a_write_that_fails_half_way_leaves_no_partial_frames(
     store.create_topic("T", 1)
     await store.append("T", 0, [Message("T", b"before")])
     [segment] = store._commitlog.segments
-    size = os.path.getsize(segment.path)
+    size = segment.path.stat().st_size
     real = os.pwritev
     calls = []
 
@@ -69,7 +69,7 @@ async def test_a_write_that_fails_half_way_leaves_no_partial_frames(
     monkeypatch.setattr(commitlog_module.os, "pwritev", fail_second)
     with pytest.raises(RefusedError, match="store write failed"):
         await store.append("T", 0, [Message("T", b"x" * 10) for _ in range(600)])
-    assert calls[0] == 1024 and os.path.getsize(segment.path) == size
+    assert calls[0] == 1024 and segment.path.stat().st_size == size
     monkeypatch.setattr(commitlog_module.os, "pwritev", real)
     await store.append("T", 0, [Message("T", b"after")])
     assert [m.body for m in store.read("T", 0, 0, 10).messages] == [b"before", b"after"]

@@ -1,13 +1,15 @@
-"""Fuzz every RPC of both services with an ACL on (issue 20: "a fuzz run with an ACL on, over
-every service, Telemetry and admin included").
+"""Fuzz every RPC of every service the proxy's port serves with an ACL on (issue 20: "a fuzz
+run with an ACL on, over every service, Telemetry and admin included"): MessagingService,
+popmq's AdminService, rocketmq-apis' Admin and grpc's Health (its Watch aside).
 
 The proxy of tests/chaos/test_fuzz.py (a real ProxyServer over two in-process brokers, on its
-own loop) with `proxy.acl`; every case is one call of a MessagingService or AdminService RPC
-(Telemetry included) with a random, mutated or undecodable body, made as nobody (no
-signature), with a bad signature, with an unknown access key, as a limited user or as an
-admin. Every answer must be a RocketMQ status other than INTERNAL_ERROR, or gRPC
-INVALID_ARGUMENT for an undecodable body; never gRPC UNKNOWN or INTERNAL; the proxy logs no
-traceback, and answers a plain route lookup at the end.
+own loop) with `proxy.acl`; every case is one call of one of those RPCs (Telemetry included)
+with a random, mutated or undecodable body, made as nobody (no signature), with a bad
+signature, with an unknown access key, as a limited user or as an admin. Every answer must be
+a RocketMQ status other than INTERNAL_ERROR, or gRPC INVALID_ARGUMENT for an undecodable body
+(an answer without a RocketMQ status: gRPC's UNAUTHENTICATED, PERMISSION_DENIED or
+INVALID_ARGUMENT; health: NOT_FOUND for an unknown service); never gRPC UNKNOWN or INTERNAL;
+the proxy logs no traceback, and answers a plain route lookup at the end.
 
 POPMQ_FUZZ_ACL_CASES sets the number of cases (default 400: about 10 s on the 2-core dev VM,
 most of it hypothesis building requests); derandomized, so a run is repeatable. A long run:
@@ -27,12 +29,14 @@ import grpc
 import pytest
 from google.protobuf import text_format
 from google.protobuf.message import Message as ProtoMessage
+from grpc_health.v1 import health_pb2 as h
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from popmq.broker.contract.errors import Code
 
 from chaos.test_fuzz import GROUP, HANDLES, TEMPLATES, TOPIC, ServerThread, _fill, _message
 from popmq.pb.admin.v1 import admin_pb2 as a
+from popmq.pb.rocketmq.v2 import admin_pb2 as upstream
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.security.signature import signed_metadata
@@ -40,7 +44,14 @@ from popmq.security.signature import signed_metadata
 CASES = int(os.environ.get("POPMQ_FUZZ_ACL_CASES", "400"))
 MESSAGING = s.DESCRIPTOR.services_by_name["MessagingService"]
 ADMIN = a.DESCRIPTOR.services_by_name["AdminService"]
+UPSTREAM = upstream.DESCRIPTOR.services_by_name["Admin"]  # rocketmq-apis' admin
+HEALTH = h.DESCRIPTOR.services_by_name["Health"]
+MODULES = {MESSAGING: s, ADMIN: a, UPSTREAM: upstream, HEALTH: h}
 INTERNAL = {Code.INTERNAL_ERROR, Code.INTERNAL_SERVER_ERROR}
+STATUSLESS_CODES = {
+    grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+}  # fmt: skip
 ROOT, APP = ("root", "root-secret-0001"), ("app", "app-secret-0001")
 ACL = f"""
 users:
@@ -90,13 +101,20 @@ WHO = ["nobody", "bad-signature", "unknown-key", "garbled", "app", "app", "admin
 
 
 def _methods() -> list[tuple[Any, Any]]:
-    return [(MESSAGING, m) for m in MESSAGING.methods] + [(ADMIN, m) for m in ADMIN.methods]
+    """Every RPC the proxy's port serves; health's Watch aside (it answers until cancelled)."""
+    return [
+        (service, method)
+        for service in (MESSAGING, ADMIN, UPSTREAM, HEALTH)
+        for method in service.methods
+        if (service, method.name) != (HEALTH, "Watch")
+    ]
 
 
 def _request(service: Any, method: Any) -> st.SearchStrategy[ProtoMessage | bytes]:
-    module = s if service is MESSAGING else a
+    module = MODULES[service]
     cls = getattr(module, method.input_type.name)
-    text = (TEMPLATES if service is MESSAGING else ADMIN_TEMPLATES).get(method.name, "")
+    templates = {MESSAGING: TEMPLATES, ADMIN: ADMIN_TEMPLATES}.get(service, {})
+    text = templates.get(method.name, "")
     if HANDLES:
         text = text.replace('"x.y"', f'"{HANDLES[0]}"')
     template = text_format.Parse(text, cls())
@@ -164,10 +182,14 @@ def _identity(data: Any) -> bytes:
     return data if isinstance(data, bytes) else data.SerializeToString()
 
 
+def _has_status(service: Any, out: Any) -> bool:
+    """Whether the answer carries a RocketMQ status (health's `status` is its own enum)."""
+    return service is not HEALTH and "status" in out.DESCRIPTOR.fields_by_name
+
+
 def _call(chan: grpc.Channel, service: Any, method: Any, request: Any, who: str) -> list[Any]:
     path = f"/{service.full_name}/{method.name}"
-    module = s if service is MESSAGING else a
-    out = getattr(module, method.output_type.name)
+    out = getattr(MODULES[service], method.output_type.name)
     metadata = _who(who)
     try:
         if method.client_streaming and method.server_streaming:
@@ -183,9 +205,15 @@ def _call(chan: grpc.Channel, service: Any, method: Any, request: Any, who: str)
         TALLY[f"grpc:{error.code().name}"] += 1
         if error.code() == grpc.StatusCode.INVALID_ARGUMENT and isinstance(request, bytes):
             return []
+        if not _has_status(service, out) and error.code() in STATUSLESS_CODES:
+            return []  # an answer with no RocketMQ status refuses with gRPC's own code
+        if service is HEALTH and error.code() == grpc.StatusCode.NOT_FOUND:
+            return []  # the health protocol's answer for a service it does not know
         raise AssertionError(
             f"{method.name} as {who}: gRPC {error.code()} {error.details()} for {request!r}"
         ) from None
+    if not _has_status(service, out):
+        return []
     return [answer.status for answer in answers if answer.HasField("status")]
 
 

@@ -31,9 +31,9 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psutil

@@ -15,6 +15,7 @@ from popmq.broker.contract.errors import Code
 from popmq.broker.contract.types import Message, PopRequest
 from popmq.broker.leader_gate import GroupCollector
 from popmq.broker.replication.metrics import NodeCollector
+from popmq.broker.replication.node import Promotion
 from popmq.broker.replication.role import GroupRole
 from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.proxy.metrics import ProxyMetrics
@@ -113,11 +114,12 @@ def _replication_families() -> dict[str, set[str]]:
     leader = SimpleNamespace(in_sync=SimpleNamespace(size=2), status=lambda: [follower])
     role = GroupRole(epoch=1, leader_name="a0", leader_address="127.0.0.1:1", is_leader=True)
     collector = NodeCollector("broker-a", lambda: "a0", lambda: role, lambda: None,
-                              lambda: leader)  # type: ignore[arg-type,return-value]  # fmt: skip
+                              lambda: leader,  # type: ignore[arg-type,return-value]
+                              promotion=lambda: Promotion(0.1, 0, 0))  # fmt: skip
     member = SimpleNamespace(
         settings=SimpleNamespace(group="broker-a", name="a0"), in_sync=["a0", "a1"],
         role=SimpleNamespace(epoch=1, is_leader=True, has_leader=True), elections_won=1,
-        fenced=False,
+        fenced=False, empty_copy_declines=0,
     )  # fmt: skip
     elected = GroupCollector(member)  # type: ignore[arg-type]
     return {

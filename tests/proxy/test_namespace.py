@@ -66,7 +66,7 @@ async def test_bad_namespaced_names_are_refused_with_rocketmq_codes(cluster) -> 
 
 async def test_yielding_stream_servicers_are_mapped_too() -> None:
     import grpc
-    from popmq.proxy.grpc.namespace import NamespaceInterceptor
+    from popmq.proxy.grpc.namespace import _HEADER, NamespaceInterceptor
 
     async def behavior(request, context):  # type: ignore[no-untyped-def]
         frame = s.ReceiveMessageResponse()
@@ -75,10 +75,43 @@ async def test_yielding_stream_servicers_are_mapped_too() -> None:
 
     handler = grpc.unary_stream_rpc_method_handler(behavior)
     method = "/apache.rocketmq.v2.MessagingService/ReceiveMessage"
-    wrapped = NamespaceInterceptor()._unary_stream(handler, "ns1", method)
+    wrapped = NamespaceInterceptor()._unary_stream(handler, method)
+    _HEADER.set("ns1")  # the call's x-mq-namespace, as intercept_service sets it
     request = s.ReceiveMessageRequest(message_queue=pb.MessageQueue(topic=pb.Resource(name="t")))
     frames = [frame async for frame in wrapped(request, None)]
     assert request.message_queue.topic.name == "ns1%t"  # the servicer saw the inside name
     assert [(f.message.topic.name, f.message.topic.resource_namespace) for f in frames] == [
         ("t", "ns1")
     ]
+
+
+async def test_one_wrapped_handler_serves_each_call_with_its_own_namespace() -> None:
+    """The interceptor wraps a method's handler once and reads each call's x-mq-namespace
+    header in the call's task: consecutive calls of the same method keep their namespaces."""
+    from types import SimpleNamespace
+
+    import grpc
+    from popmq.proxy.grpc.namespace import NamespaceInterceptor
+
+    seen: list[str] = []
+
+    async def behavior(request, context):  # type: ignore[no-untyped-def]
+        seen.append(request.topic.name)
+        return s.QueryRouteResponse()
+
+    handler = grpc.unary_unary_rpc_method_handler(behavior)
+    method = "/apache.rocketmq.v2.MessagingService/QueryRoute"
+    interceptor = NamespaceInterceptor()
+
+    async def continuation(details):  # type: ignore[no-untyped-def]
+        return handler
+
+    wrapped = []
+    for namespace in ("ns1", "ns2", ""):
+        metadata = (("x-mq-namespace", namespace),) if namespace else ()
+        details = SimpleNamespace(method=method, invocation_metadata=metadata)
+        served = await interceptor.intercept_service(continuation, details)
+        wrapped.append(served.unary_unary)
+        await served.unary_unary(s.QueryRouteRequest(topic=pb.Resource(name="t")), None)
+    assert seen == ["ns1%t", "ns2%t", "t"]
+    assert wrapped[0] is wrapped[1] is wrapped[2]  # wrapped once, not per call

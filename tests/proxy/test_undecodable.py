@@ -101,3 +101,24 @@ async def test_oversized_requests_of_small_methods_are_refused_before_decoding(
     assert sent.status.code == 20000
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
     assert any("oversized AckMessage" in r.getMessage() for r in caplog.records)
+
+
+async def test_the_health_service_answers_every_rpc_without_a_traceback(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by the ACL fuzz over every service (issue 20): an undecodable health Check raised
+    out of grpc's deserializer (UNKNOWN, a traceback logged), and List, which grpcio's health
+    servicer leaves unimplemented, logged a NotImplementedError traceback per call."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    caplog.set_level(logging.WARNING)
+    assert await _unary(cluster.channel, "/grpc.health.v1.Health/Check") == (
+        grpc.StatusCode.INVALID_ARGUMENT
+    )
+    listed = await health_pb2_grpc.HealthStub(cluster.channel).List(
+        health_pb2.HealthListRequest(), timeout=5
+    )
+    serving = health_pb2.HealthCheckResponse.SERVING
+    assert listed.statuses[""].status == serving
+    assert listed.statuses["apache.rocketmq.v2.MessagingService"].status == serving
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
