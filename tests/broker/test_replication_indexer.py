@@ -9,7 +9,8 @@ from pathlib import Path
 from popmq.broker.contract.types import Message, PopRequest
 from popmq.broker.core import Broker
 from popmq.broker.replication import epochs
-from popmq.broker.replication.files import DataSnapshotter, list_segments, log_end
+from popmq.broker.replication.files import DataSnapshotter, list_segments, log_end, segment_path
+from popmq.broker.replication.indexer import ReplicaIndexer
 from popmq.broker.replication.leader import make_batch
 from popmq.broker.replication.replica import ReplicaWriter
 
@@ -85,5 +86,46 @@ async def test_a_cut_follower_keeps_its_indexes_and_promotes_without_a_walk(
         assert not promoted.store.faults.damage and not promoted.store.faults.metadata
         popped = await promoted.pop(PopRequest("G", "T", 0, max_messages=32))
         assert [m.message.body for m in popped.messages] == [b"e1-0", b"e1-1", b"e1-2", b"e2-0"]
+    finally:
+        await promoted.aclose()
+
+
+def tear(path: Path) -> None:
+    with open(path, "ab") as segment:
+        segment.write(b"\x40\x00\x00\x00torn")  # a frame header promising more than follows
+
+
+async def test_recovery_walks_from_a_followers_checkpoint_and_cuts_a_torn_tail(
+    tmp_path: Path,
+) -> None:
+    """Recovery starts mid-segment at a follower's checkpoint: records after it are indexed,
+    a torn tail after them is cut exactly (its offsets are relative to that start)."""
+    data = tmp_path / "copy"
+    broker = broker_at(data)
+    await broker.start()
+    await broker.create_topic("T", 1)
+    await broker.send([Message(topic="T", body=f"m{i}".encode() * 50) for i in range(10)], 0)
+    await broker.aclose()
+    end = log_end(list_segments(data))
+    indexer = ReplicaIndexer(data)
+    indexer.start()  # as a follower that copied this log
+    indexer.applied(end, complete=True)
+    indexer.index_some(max_bytes=end // 2)  # part of it: stops at a record's end
+    assert 0 < indexer.position < end
+    walked_from = indexer.position
+    indexer.close()
+    [(start, _)] = list_segments(data)
+    tear(segment_path(data, start))
+    promoted = broker_at(data)
+    await promoted.start()
+    try:
+        report = promoted.store.recovery
+        assert report is not None
+        assert report.scanned_from == walked_from and report.bytes_cut == 8
+        assert 0 < report.records_scanned < 10 and report.holes == 0
+        popped = await promoted.pop(PopRequest("G", "T", 0, max_messages=32))
+        assert [m.message.body for m in popped.messages] == [
+            f"m{i}".encode() * 50 for i in range(10)
+        ]
     finally:
         await promoted.aclose()
