@@ -24,6 +24,8 @@ INTERNAL_PROPERTY_PREFIX = "__popmq."
 # when their chunk is sent (popmq.proxy.core.send.LazyBody), so a batch of large bodies is
 # not held twice (in the decoded request and as bytes).
 EAGER_BODY_BYTES = 64 * 1024
+# MessageType names by number (MessageType.Name() per message is a descriptor lookup).
+_MESSAGE_TYPES: dict[int, str] = {v.number: v.name for v in pb.MessageType.DESCRIPTOR.values}
 
 
 def timestamp(ms: int) -> Timestamp:
@@ -50,10 +52,8 @@ def outgoing_from_pb(msg: pb.Message, split_body: memoryview | None = None) -> O
     body as a view of the request's bytes, when the request was decoded without its bodies
     (popmq.broker.wire.bodies); read into bytes only when the message is sent on."""
     props = msg.system_properties
-    try:
-        kind = pb.MessageType.Name(props.message_type)
-    except ValueError:
-        kind = f"UNKNOWN({props.message_type})"
+    message_type = props.message_type
+    kind = _MESSAGE_TYPES.get(message_type) or f"UNKNOWN({message_type})"
     body: bytes | LazyBody
     if split_body is not None:
         view = split_body

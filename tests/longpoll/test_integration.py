@@ -188,8 +188,11 @@ async def test_a_client_leaving_cancels_everything(tmp_path: Path, remote: bool)
         assert sample(metrics, "popmq_proxy_held_notification_tasks") == 0
 
 
-async def test_messages_popped_for_a_departed_client_are_visible_again(tmp_path: Path) -> None:
-    async with _cluster(tmp_path, 2) as (ports, brokers):
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "grpc"])
+async def test_messages_popped_for_a_departed_client_are_visible_again(
+    tmp_path: Path, remote: bool
+) -> None:
+    async with _cluster(tmp_path, 2, remote) as (ports, brokers):
         metrics = ProxyMetrics()
         strategy = _notify(metrics)
         receive = asyncio.create_task(strategy.receive(ports, make_request(10_000, "b0")))

@@ -110,3 +110,15 @@ def test_producer_times_read_like_protobuf_and_invalid_ones_are_refused() -> Non
     with pytest.raises(RefusedError) as err:
         message_from_pb(broken, "orders")
     assert err.value.code == Code.BAD_REQUEST and "ValueError" not in str(err.value)
+
+
+def test_outgoing_messages_carry_their_types_name_and_unknown_ones_say_so() -> None:
+    from popmq.proxy.grpc.convert import outgoing_from_pb
+
+    for number, name in ((pb.NORMAL, "NORMAL"), (pb.FIFO, "FIFO"), (pb.TRANSACTION, "TRANSACTION"),
+                         (pb.MESSAGE_TYPE_UNSPECIFIED, "MESSAGE_TYPE_UNSPECIFIED")):  # fmt: skip
+        msg = pb.Message(body=b"x", system_properties=pb.SystemProperties(message_type=number))
+        assert outgoing_from_pb(msg).kind == name
+    future = pb.Message(body=b"x")
+    future.system_properties.message_type = 99  # a type newer than our protocol files
+    assert outgoing_from_pb(future).kind == "UNKNOWN(99)"
