@@ -448,9 +448,9 @@ class ProxyConfig(Section):
     # memory) before it is authenticated: lower it where batch sends are small and memory is.
     max_request_bytes: int | None = Field(None, ge=1024)
     # Bytes of one request (a Telemetry command) of any MessagingService method but
-    # SendMessage: the largest legal one, an ack of 1,024 entries with 4,096-character handles,
-    # takes ~4.3 MiB. A larger one is refused RESOURCE_EXHAUSTED before it is decoded (8 acks
-    # of 64 MiB of handles, decoded, grew a proxy by a gigabyte).
+    # SendMessage, and of any admin RPC: the largest legal one, an ack of 1,024 entries with
+    # 4,096-character handles, takes ~4.3 MiB. A larger one is refused RESOURCE_EXHAUSTED
+    # before it is decoded (8 acks of 64 MiB of handles, decoded, grew a proxy by a gigabyte).
     max_small_request_bytes: int = Field(8 * 1024 * 1024, ge=64 * 1024)
     # A ReceiveMessage or PullMessage stream whose client takes no frame for this long is
     # ended: its unsent messages are released (visible again at once), its long-poll slot freed.

@@ -232,8 +232,9 @@ class ProxyServer:
         def undecodable(method: str) -> None:
             self.metrics.rpc_requests.labels(method, "INVALID_ARGUMENT").inc()
 
-        add_admin_service(server, self.core.admin, undecodable)
-        add_upstream_admin_service(server, self.core.admin, undecodable)
+        small = self.config.proxy.max_small_request_bytes
+        add_admin_service(server, self.core.admin, undecodable, small)
+        add_upstream_admin_service(server, self.core.admin, undecodable, small)
 
     async def __aenter__(self) -> ProxyServer:
         await self.start()  # returns once the server is bound and serving

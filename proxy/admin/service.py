@@ -222,7 +222,10 @@ class AdminServicer(OperationsMixin, ConsoleOpsMixin, admin_pb2_grpc.AdminServic
 
 
 def add_admin_service(
-    server: grpc.aio.Server, admin: Admin, count_undecodable: Callable[[str], None] | None = None
+    server: grpc.aio.Server,
+    admin: Admin,
+    count_undecodable: Callable[[str], None] | None = None,
+    small_request_bytes: int | None = None,
 ) -> None:
     # Undecodable bodies answer INVALID_ARGUMENT (counted, logged at a bounded rate), as on
     # the MessagingService: never UNKNOWN with a traceback.
@@ -231,4 +234,5 @@ def add_admin_service(
         AdminServicer(admin),
         server,
         count_undecodable,
+        small_request_bytes=small_request_bytes,  # every admin request is small
     )

@@ -226,11 +226,15 @@ class UpstreamAdminServicer(admin_pb2_grpc.AdminServicer):
 
 
 def add_upstream_admin_service(
-    server: grpc.aio.Server, admin: Admin, count_undecodable: Callable[[str], None] | None = None
+    server: grpc.aio.Server,
+    admin: Admin,
+    count_undecodable: Callable[[str], None] | None = None,
+    small_request_bytes: int | None = None,
 ) -> None:
     add_tolerant(
         admin_pb2_grpc.add_AdminServicer_to_server,
         UpstreamAdminServicer(admin),
         server,
         count_undecodable,
+        small_request_bytes=small_request_bytes,  # every admin request is small
     )

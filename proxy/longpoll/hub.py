@@ -6,12 +6,14 @@ pops; N-1 pops come back empty). The hub holds ONE notification per **channel** 
 (broker, group, topic, filter, fifo) -- while at least one long poll subscribes to it, and
 turns the broker's "has message" into a **signal** for one subscriber at a time:
 
-- the signal goes to the subscriber with the most time left that does not hold one already
-  (ties: the oldest; a subscriber that cannot use it, because its long poll already has
-  messages, declines: the next one gets it). Not the oldest: with polls of equal length the
-  oldest is the one about to end, and messages it pops just as its client's poll ends are
-  popped for nobody and must be handed back (a sparse message was popped and handed back
-  again and again that way);
+- the signal goes to the oldest subscriber that does not hold one already and has at least
+  ``ENDING_S`` left (a subscriber that cannot use it, because its long poll already has
+  messages, declines: the next one gets it); only when every one is about to end, to the one
+  with the most time left. Not a poll about to end: messages it pops just as its client's
+  poll ends are popped for nobody and must be handed back (a sparse message was popped and
+  handed back again and again that way). Not always the most time left either: that is
+  whoever re-polled last, so one consumer of a group got every sparse message while the
+  others waited out their whole polls;
 - the subscriber reports what its pop did: ``used(rest_num)`` (it took messages; if the pop
   left more behind, the signal goes on to as many further subscribers as that backlog needs,
   at most ``MAX_PARALLEL_SIGNALS`` at once), ``missed()`` (an empty pop: someone else took the
@@ -36,7 +38,6 @@ deadline) stays in ``proxy.longpoll.notify``; the hub only shares the notificati
 from __future__ import annotations
 
 import asyncio
-import heapq
 import math
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
@@ -48,6 +49,9 @@ from popmq.proxy.longpoll.watches import WatchRegistry
 
 from popmq.lifecycle import AsyncClosing, Job, TaskOwner
 
+# A long poll with less time left than this is about to end: a signal goes to it only when
+# every other subscriber is about to end too (what it pops could reach its client too late).
+ENDING_S = 1.0
 # How many subscribers a pop's leftover backlog may signal at once; more pops on the same
 # broker at the same moment mostly find its queues locked by each other.
 MAX_PARALLEL_SIGNALS = 4
@@ -102,11 +106,6 @@ class _Channel:
         self.port: ConsumePort = key[0]
         self.pop = pop  # group, topic, filter, fifo of every notification request
         self.subscribers: dict[Subscription, None] = {}  # oldest first
-        # Who gets a signal first: a heap on (latest deadline, oldest), so a signal costs
-        # O(log n) however many long polls wait. Entries of subscribers that left are
-        # dropped when they surface, or all at once when they are the heap's majority.
-        self.by_time_left: list[tuple[float, int, Subscription]] = []
-        self._order = 0
         self.holders: set[Subscription] = set()  # subscribers holding a signal now
         self.task: Job[None] | None = None  # the held notification, when armed
         self.latest = 0.0  # the latest deadline of any subscriber so far (loop clock)
@@ -115,47 +114,51 @@ class _Channel:
 
     # -- signals ---------------------------------------------------------------------------
     def hand_out(self, count: int, skip: Subscription | None = None) -> None:
-        """Give a signal to up to ``count`` subscribers (not ``skip``), the most time left
-        first; arm the notification if no signal is out afterwards."""
+        """Give a signal to up to ``count`` subscribers (not ``skip``): the oldest first of
+        those not about to end, then those about to end, the most time left first; arm the
+        notification if no signal is out afterwards."""
         handed = 0
         if count > 0:
-            heap = self.by_time_left
-            looked_at: list[tuple[float, int, Subscription]] = []  # go back in afterwards
-            # on_signal only queues work (it never subscribes or leaves).
-            while handed < count and heap:
-                entry = heapq.heappop(heap)
-                sub = entry[2]
-                if sub not in self.subscribers:
-                    continue  # it left: its entry goes
-                looked_at.append(entry)
+            ending_by = asyncio.get_running_loop().time() + ENDING_S
+            ending: list[Subscription] = []
+            # The oldest first: a walk over the few that hold a signal or are about to end
+            # (they leave within ENDING_S), not a sort of every waiting poll. on_signal only
+            # queues work (it never subscribes or leaves), so walking the live dict is safe.
+            for sub in self.subscribers:
+                if handed >= count:
+                    break
                 if sub is skip or sub in self.holders:
                     continue
-                self.holders.add(sub)
-                if sub.on_signal(sub):
+                if sub.deadline < ending_by:
+                    ending.append(sub)
+                elif self._give(sub):
                     handed += 1
-                else:
-                    self.holders.discard(sub)
-            for entry in looked_at:
-                heapq.heappush(heap, entry)
+            if handed < count and ending:
+                ending.sort(key=_deadline, reverse=True)  # stable: ties keep the oldest first
+                for sub in ending:
+                    if handed >= count:
+                        break
+                    if self._give(sub):
+                        handed += 1
             if handed == 0:
                 self.misses += 1  # everyone declined: re-look after a pause, never spin
         if not self.holders:
             self.arm()
 
+    def _give(self, sub: Subscription) -> bool:
+        self.holders.add(sub)
+        if sub.on_signal(sub):
+            return True
+        self.holders.discard(sub)
+        return False
+
     def add(self, sub: Subscription) -> None:
         self.subscribers[sub] = None
-        self._order += 1
-        heapq.heappush(self.by_time_left, (-sub.deadline, self._order, sub))
         self.latest = max(self.latest, sub.deadline)
 
     def remove(self, sub: Subscription) -> bool:
         """Forget ``sub``; False if it was not subscribed."""
-        if self.subscribers.pop(sub, False) is False:
-            return False
-        if len(self.by_time_left) > 2 * len(self.subscribers) + 16:  # mostly departed ones
-            self.by_time_left = [e for e in self.by_time_left if e[2] in self.subscribers]
-            heapq.heapify(self.by_time_left)
-        return True
+        return self.subscribers.pop(sub, False) is not False
 
     def resolve(self, sub: Subscription, *, rest_num: int | None, missed: bool) -> None:
         if sub not in self.holders:
@@ -215,6 +218,10 @@ class _Channel:
             self.hand_out(1)
         # Not found: every subscriber's deadline has passed; they are leaving. One that
         # subscribes meanwhile arms a new notification.
+
+
+def _deadline(sub: Subscription) -> float:
+    return sub.deadline
 
 
 class NotificationHub(AsyncClosing):

@@ -18,9 +18,8 @@ Article 001's algorithm, per client long poll:
 
 The notifications of step 2 are shared by every long poll of this proxy through the
 ``NotificationHub`` (``proxy.longpoll.hub``): one notification is held per broker and group,
-not one per long poll, and a "has message" goes to ONE waiting long poll (the one with the
-most time left), which
-passes it on when its pop leaves more behind, finds nothing, or is not needed.
+not one per long poll, and a "has message" goes to ONE waiting long poll (the oldest not
+about to end), which passes it on when its pop leaves more behind, finds nothing, or is not needed.
 """
 
 from __future__ import annotations

@@ -68,15 +68,16 @@ async def test_many_long_polls_hold_one_notification_per_broker(
     await assert_no_tasks_beyond(before)
 
 
-async def test_one_message_is_popped_once_by_the_long_poll_with_the_most_time_left(
+async def test_one_message_is_popped_once_by_the_oldest_long_poll_not_about_to_end(
     metrics: ProxyMetrics, fakes: list[FakeBroker]
 ) -> None:
-    """Not the oldest: with polls of equal length that is the one about to end, and a message
-    it pops as its client's poll ends reaches nobody (it is handed back, again and again)."""
+    """Not a poll about to end (less than ENDING_S left): a message it pops as its client's
+    poll ends reaches nobody (it is handed back, again and again). Those get a signal only
+    when nobody else waits, the most time left first."""
     strategy = _strategy(metrics)
     polls: list[asyncio.Task[Any]] = []
-    # Subscribed in this order; the two 5 s polls differ by the time between them.
-    for count, poll_ms in enumerate([3_000, 9_000, 5_000, 7_000, 5_000], start=1):
+    # Subscribed in this order, 10 ms apart; the 800 ms and 500 ms polls are about to end.
+    for count, poll_ms in enumerate([800, 9_000, 5_000, 500, 7_000], start=1):
         polls.append(asyncio.create_task(strategy.receive(fakes, make_request(poll_ms))))
         await wait_until(lambda n=count: _pops(fakes) == n)
         await asyncio.sleep(0.01)
@@ -93,8 +94,8 @@ async def test_one_message_is_popped_once_by_the_long_poll_with_the_most_time_le
         assert fakes[2].calls.count("pop") == pops + 1  # popped once, by the one signalled
         served.append(polls.index(winner))
         await wait_until(lambda: fakes[2].held == 1 or all(p.done() for p in polls))
-    # 9 s, 7 s, the later 5 s, the earlier 5 s, then the 3 s poll (the oldest) last.
-    assert served == [1, 3, 4, 2, 0]
+    # The oldest with time left first (9 s, 5 s, 7 s), then those about to end (800, 500 ms).
+    assert served == [1, 2, 4, 0, 3]
     await _finish(polls)
 
 
@@ -240,8 +241,8 @@ async def test_subscriptions_directly(metrics: ProxyMetrics) -> None:
 async def test_long_polls_that_leave_do_not_pile_up_in_the_choice_of_who_is_signalled(
     metrics: ProxyMetrics,
 ) -> None:
-    """The signal order is a heap whose entries of departed long polls go lazily: thousands
-    of short polls coming and going beside a long one must not grow it without bound."""
+    """Thousands of short polls coming and going beside a long one leave nothing behind in
+    the channel, and the signal goes to the oldest poll not about to end."""
     broker = FakeBroker("b")
     hub = NotificationHub(BrokerCalls(metrics))
     pop = PopRequest(group="g", topic="t", max_messages=1)
@@ -254,11 +255,11 @@ async def test_long_polls_that_leave_do_not_pile_up_in_the_choice_of_who_is_sign
     stays = hub.subscribe(broker, pop, now + 30, on_signal("stays"))
     for _ in range(2_000):  # each leaves before anything arrives
         hub.unsubscribe(hub.subscribe(broker, pop, now + 1, on_signal("short")))
-    assert len(stays.channel.by_time_left) <= 2 * 1 + 16 + 1
+    assert list(stays.channel.subscribers) == [stays]
     late = hub.subscribe(broker, pop, now + 60, on_signal("late"))
     await wait_until(lambda: broker.held == 1)
     broker.put(1)
-    await wait_until(lambda: signalled == ["late"])  # the most time left
+    await wait_until(lambda: signalled == ["stays"])  # the oldest, with 30 s left
     await hub.leave([stays, late])
     await hub.aclose()
 
@@ -309,3 +310,32 @@ async def test_random_arrivals_and_departures_leave_no_message_behind(
     assert max(latencies.values()) < 500, sorted(latencies.values())[-5:]
     assert strategy.hub.channels == 0
     assert sample(metrics, "popmq_proxy_held_notification_tasks") == 0
+
+
+async def test_sparse_messages_are_shared_by_consumers_whose_polls_have_time_left(
+    metrics: ProxyMetrics,
+) -> None:
+    """Two consumers of a group re-poll as soon as they get a message; messages come one at
+    a time, far apart. Each poll has seconds left, so none is about to end: the one waiting
+    longest gets the next message. (Most time left first gave every message to whoever had
+    just re-polled: one consumer got them all while the other waited out its whole poll.)"""
+    broker = FakeBroker("b")
+    strategy = _strategy(metrics)
+    got = {"a": 0, "b": 0}
+
+    async def consumer(name: str) -> None:
+        while True:
+            messages = await strategy.receive([broker], make_request(20_000))
+            got[name] += len(messages)
+            await asyncio.sleep(0.01)  # processing, then the next long poll
+
+    clients = [asyncio.create_task(consumer("a"))]
+    await wait_until(lambda: broker.held == 1)
+    clients.append(asyncio.create_task(consumer("b")))
+    await wait_until(lambda: broker.calls.count("pop") == 2)
+    for sent in range(1, 21):
+        broker.put(1)
+        await wait_until(lambda n=sent: sum(got.values()) == n)
+        await asyncio.sleep(0.5)  # sparse: both consumers are waiting again long before
+    await _finish(clients)
+    assert min(got.values()) >= 8, got

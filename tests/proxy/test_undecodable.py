@@ -81,8 +81,9 @@ async def test_oversized_requests_of_small_methods_are_refused_before_decoding(
     make_cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 20, defect 10: 8 acks of 64 MiB of handles were decoded (and echoed back), a
-    gigabyte of proxy. Any method but SendMessage takes proxy.max_small_request_bytes at most:
-    past it, RESOURCE_EXHAUSTED, without decoding; a send of that size goes through."""
+    gigabyte of proxy. Any method but SendMessage (the admin services' included) takes
+    proxy.max_small_request_bytes at most: past it, RESOURCE_EXHAUSTED, without decoding; a
+    send of that size goes through."""
     caplog.set_level(logging.WARNING)
     cluster = await make_cluster(brokers=1, **{"proxy.max_small_request_bytes": 65_536})
     big = b"\x0a" + b"\xff" * 70_000  # neither decodable nor small
@@ -96,6 +97,13 @@ async def test_oversized_requests_of_small_methods_are_refused_before_decoding(
         async for _frame in telemetry(iter([big]), timeout=5):
             pass
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    for admin in (
+        "/popmq.admin.v1.AdminService/ListTopics",
+        "/apache.rocketmq.v2.Admin/ChangeLogLevel",
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await cluster.channel.unary_unary(admin)(big, timeout=5)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, admin
     await cluster.route("sized")
     sent = await cluster.send("sized", b"x" * 70_000)
     assert sent.status.code == 20000
