@@ -181,7 +181,7 @@ class ProxyServer:
             service_pb2_grpc.add_MessagingServiceServicer_to_server,
             MessagingServicer(self.core, self.metrics, proxy, self.streams),
             server,
-            lambda method: self.metrics.rpc_requests.labels(method, "INVALID_ARGUMENT").inc(),
+            self._count_refused_body,
             # A large batch's bodies stay in grpc's bytes of it (views), not copied once more.
             {"SendMessage": splitting_decoder(s.SendMessageRequest.FromString, 1, 4)},
             small_request_bytes=proxy.max_small_request_bytes,
@@ -229,12 +229,13 @@ class ProxyServer:
         from popmq.proxy.admin.service import add_admin_service  # the admin API is optional
         from popmq.proxy.admin.upstream import add_upstream_admin_service
 
-        def undecodable(method: str) -> None:
-            self.metrics.rpc_requests.labels(method, "INVALID_ARGUMENT").inc()
-
         small = self.config.proxy.max_small_request_bytes
-        add_admin_service(server, self.core.admin, undecodable, small)
-        add_upstream_admin_service(server, self.core.admin, undecodable, small)
+        add_admin_service(server, self.core.admin, self._count_refused_body, small)
+        add_upstream_admin_service(server, self.core.admin, self._count_refused_body, small)
+
+    def _count_refused_body(self, method: str, code: str) -> None:
+        """An undecodable (INVALID_ARGUMENT) or oversized (RESOURCE_EXHAUSTED) request."""
+        self.metrics.rpc_requests.labels(method, code).inc()
 
     async def __aenter__(self) -> ProxyServer:
         await self.start()  # returns once the server is bound and serving

@@ -29,18 +29,24 @@ from popmq.broker.store.framing import fsync_dir
 MARKER = Path("replication") / "incomplete"
 
 
+RESET = "reset"
+
+
 def mark_incomplete(data_dir: Path, why: str) -> None:
-    """Record, durably, that the copy is being reset or cut (before anything is changed)."""
+    """Record, durably, that the copy is being reset or cut (before anything is changed). A
+    reset overrides a cut's marker: what is left is a bootstrap from nothing (holds_data)."""
     path = Path(data_dir) / MARKER
-    if path.exists():
+    if path.exists() and (why != RESET or _marker_reason(path) == RESET):
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp = path.with_name(path.name + ".tmp")  # replaced whole: never an empty marker
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, why.encode() + b"\n")
         os.fsync(fd)
     finally:
         os.close(fd)
+    os.replace(tmp, path)
     fsync_dir(path.parent)
 
 
@@ -56,6 +62,13 @@ def is_marked_incomplete(data_dir: Path) -> bool:
     return (Path(data_dir) / MARKER).exists()
 
 
+def _marker_reason(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace").strip()
+    except FileNotFoundError:
+        return None
+
+
 def holds_whole_copy(data_dir: Path) -> bool:
     """Whether this directory may serve as the group's leader without losing state (see the
     module's doc). Reads two small files: called when an election is due, not per request."""
@@ -67,7 +80,12 @@ def holds_whole_copy(data_dir: Path) -> bool:
 def holds_data(data_dir: Path) -> bool:
     """Whether the directory holds any of its group's data (an epoch history or commitlog
     bytes): false for an emptied one. Even an unclean election never elects such a node in a
-    group that had a leader (popmq.coord.group)."""
+    group that had a leader (popmq.coord.group). A copy being bootstrapped after a reset
+    holds none either until it is whole: its history and first commitlog bytes come before
+    any topic, offset or POP state (a clipped batch carries no document), and elected it
+    would open the group without them and cut back every node that returns with its data."""
+    if _marker_reason(Path(data_dir) / MARKER) == RESET:
+        return False
     if EpochHistory(Path(data_dir)).entries:
         return True
     return log_end(list_segments(Path(data_dir))) > 0

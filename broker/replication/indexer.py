@@ -13,8 +13,9 @@ Only commitlog bytes covered by a *complete* batch are indexed: the topic table
 or from before a topic's ``since``, are skipped, as recovery skips them. Before the writer
 cuts its commitlog back, the indexes are cut to match and the checkpoint is lowered, durably;
 a reset drops them. Anything unexpected (a queue offset that does not follow its index, a
-damaged frame) stops the indexer: the checkpoint goes back to position 0 and a promotion
-walks everything, as before: slower, never wrong.
+damaged frame, a topic the table gains with records below the indexed position: the table
+went back with a leader change) stops the indexer: the checkpoint goes back to position 0
+and a promotion walks everything, as before: slower, never wrong.
 """
 
 from __future__ import annotations
@@ -315,6 +316,18 @@ class ReplicaIndexer:
         if seen == self._topics_seen:
             return
         topics = read_topic_table(path)
+        segments = list_segments(self._dir)
+        floor = segments[0][0] if segments else 0
+        for name, topic in topics.items():
+            known = self._topics.get(name)
+            if (known is None or known.since != topic.since) and max(topic.since, floor) < (
+                self.position
+            ):
+                # A topic the table did not hold when its records were passed (the table went
+                # back with a leader change, after this copy applied a deletion): they are
+                # not in its index, or were dropped from it.
+                raise IndexerStopped(f"topic {name} (since {topic.since}) appeared in the "
+                                     f"topic table after position {self.position}")  # fmt: skip
         for name, old in self._topics.items():
             new = topics.get(name)
             if new is None or new.since != old.since:  # deleted, or deleted and created again

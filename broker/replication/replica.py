@@ -163,7 +163,9 @@ class ReplicaWriter:
         if batch.reset or batch.truncate_to >= 0:
             self.sync()  # what came before is durable before anything is moved or cut
             # Not electable until a complete batch is durable again (completeness.py).
-            completeness.mark_incomplete(self.data_dir, "reset" if batch.reset else "cut back")
+            completeness.mark_incomplete(
+                self.data_dir, completeness.RESET if batch.reset else "cut back"
+            )
             self._incomplete, self._completed = True, False
         if batch.reset:
             self.indexer.before_reset()

@@ -44,17 +44,18 @@ _TRIMMER = Trimmer()
 
 
 class _Reporter:
-    """Counts undecodable bodies and logs at most one WARNING line per interval."""
+    """Counts refused bodies (``count(method, code name)``: undecodable INVALID_ARGUMENT,
+    oversized RESOURCE_EXHAUSTED) and logs at most one WARNING line per interval."""
 
-    def __init__(self, count: Callable[[str], None] | None, clock: Clock = SYSTEM) -> None:
+    def __init__(self, count: Callable[[str, str], None] | None, clock: Clock = SYSTEM) -> None:
         self._count = count
         self._time = clock
         self._next_log = 0.0
         self._suppressed = 0
 
     def __call__(self, bad: Undecodable) -> None:
-        if self._count is not None and not isinstance(bad, TooLarge):  # an INVALID_ARGUMENT
-            self._count(bad.method)
+        if self._count is not None:
+            self._count(bad.method, _code(bad).name)
         now = self._time.monotonic()
         if now < self._next_log:
             self._suppressed += 1
@@ -182,13 +183,13 @@ def add_tolerant(
     add_to_server: Callable[[Any, Any], None],
     servicer: Any,
     server: grpc.aio.Server,
-    count: Callable[[str], None] | None = None,
+    count: Callable[[str, str], None] | None = None,
     decoders: dict[str, Callable[[bytes], Any]] | None = None,
     small_request_bytes: int | None = None,
     large_methods: frozenset[str] = frozenset(),
 ) -> None:
     """``add_XServicer_to_server(servicer, server)`` with tolerant request decoding;
-    ``count(method)`` is called for every undecodable body (a metric). ``decoders``: a
+    ``count(method, code name)`` is called for every refused body (a metric). ``decoders``: a
     method's own request deserializer in place of the generated one, by method name.
     ``small_request_bytes``: the bound of a request (a stream's each) of every method not in
     ``large_methods``; a larger one is refused RESOURCE_EXHAUSTED without being decoded."""

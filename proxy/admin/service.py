@@ -224,7 +224,7 @@ class AdminServicer(OperationsMixin, ConsoleOpsMixin, admin_pb2_grpc.AdminServic
 def add_admin_service(
     server: grpc.aio.Server,
     admin: Admin,
-    count_undecodable: Callable[[str], None] | None = None,
+    count_undecodable: Callable[[str, str], None] | None = None,
     small_request_bytes: int | None = None,
 ) -> None:
     # Undecodable bodies answer INVALID_ARGUMENT (counted, logged at a bounded rate), as on

@@ -228,7 +228,7 @@ class UpstreamAdminServicer(admin_pb2_grpc.AdminServicer):
 def add_upstream_admin_service(
     server: grpc.aio.Server,
     admin: Admin,
-    count_undecodable: Callable[[str], None] | None = None,
+    count_undecodable: Callable[[str, str], None] | None = None,
     small_request_bytes: int | None = None,
 ) -> None:
     add_tolerant(

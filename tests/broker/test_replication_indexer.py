@@ -129,3 +129,49 @@ async def test_recovery_walks_from_a_followers_checkpoint_and_cuts_a_torn_tail(
         ]
     finally:
         await promoted.aclose()
+
+
+async def test_a_topic_deleted_on_a_leader_that_lost_its_epoch_is_indexed_again(
+    tmp_path: Path,
+) -> None:
+    """f applies its leader's deletion of T (a0 dies before a1 has it): f's indexer drops T's
+    index. a1 leads with T still there, so f's topic table goes back to holding T: the records
+    of T that f's index no longer holds must not be missing once f is promoted."""
+    a0, a1, f = tmp_path / "a0", tmp_path / "a1", tmp_path / "f"
+    old = broker_at(a0)
+    await old.start()
+    await old.create_topic("T", 1)
+    await old.send([Message(topic="T", body=f"e1-{i}".encode()) for i in range(3)], 0)
+    for target in (a1, f):
+        writer = ReplicaWriter(target)
+        writer.open()
+        copy(writer, DataSnapshotter(a0, 0), [(1, 0)])
+        writer.close()
+    shared_end = log_end(list_segments(f))
+    await old.delete_topic("T")  # only f gets this and the write after it
+    await old.send([Message(topic="U", body=b"lost")], 0)
+    follower = ReplicaWriter(f)
+    follower.open()
+    copy(follower, DataSnapshotter(a0, shared_end), [(1, 0)])
+    f_end = log_end(list_segments(f))
+    follower.close()
+    await old.aclose()
+
+    new = broker_at(a1)
+    await new.start()
+    history = [(1, 0), (2, shared_end)]
+    await new.send([Message(topic="T", body=b"e2-0")], 0)
+    point = epochs.consistent_point(history, log_end(list_segments(a1)), [(1, 0)], f_end)
+    back = ReplicaWriter(f)
+    back.open()
+    copy(back, DataSnapshotter(a1, point), history, truncate=point)
+    back.close()
+    await new.aclose()
+
+    promoted = broker_at(f)
+    await promoted.start()
+    try:
+        popped = await promoted.pop(PopRequest("G", "T", 0, max_messages=32))
+        assert [m.message.body for m in popped.messages] == [b"e1-0", b"e1-1", b"e1-2", b"e2-0"]
+    finally:
+        await promoted.aclose()

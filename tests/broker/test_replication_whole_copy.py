@@ -9,7 +9,7 @@ from pathlib import Path
 from popmq.broker.contract.types import Message
 from popmq.broker.core import Broker
 from popmq.broker.replication import epochs
-from popmq.broker.replication.completeness import holds_whole_copy
+from popmq.broker.replication.completeness import holds_data, holds_whole_copy
 from popmq.broker.replication.files import DataSnapshotter, list_segments
 from popmq.broker.replication.replica import ReplicaWriter
 
@@ -134,3 +134,40 @@ async def test_a_former_leader_cut_back_is_whole_again_after_its_first_complete_
         assert holds_whole_copy(a0)
     finally:
         back.close()
+
+
+async def test_a_copy_bootstrapping_from_nothing_holds_no_data_even_for_an_unclean_election(
+    tmp_path: Path,
+) -> None:
+    """holds_data() is what even an unclean election asks (popmq.coord.group): a node that was
+    reset and has received only commitlog bytes (no topics, offsets or POP state: a clipped
+    batch carries no document) has an epoch history and bytes, yet elected it would open the
+    group without its topics and cut every node that came back with its data to its few
+    bytes. Its copy counts as empty until the bootstrap completes, even when it had been
+    marked incomplete for a cut first (the marker then says reset)."""
+    source, copy = tmp_path / "leader", tmp_path / "follower"
+    leader = broker_at(source)
+    await leader.start()
+    history = [(1, 0)]
+    try:
+        await leader.create_topic("T", 1)
+        await leader.send([Message(topic="T", body=b"z" * 1000) for _ in range(10)], 0)
+        writer = ReplicaWriter(copy)
+        writer.open()
+        try:
+            snapshotter = DataSnapshotter(source, 0, max_bytes=64)
+            # a cut first (to 0, nothing to cut), then a reset in the same incomplete stretch
+            assert not send_batch(source, writer, snapshotter, 1, history, truncate=0)
+            snapshotter = DataSnapshotter(source, 0, max_bytes=4096)
+            assert not send_batch(source, writer, snapshotter, 2, history, reset=True)
+            assert writer.commitlog_end > 0 and epochs.EpochHistory(copy).entries
+            assert not holds_data(copy)
+            sequence, complete = 2, False
+            while not complete:
+                sequence += 1
+                complete = send_batch(source, writer, snapshotter, sequence, history)
+            assert holds_data(copy) and holds_whole_copy(copy)
+        finally:
+            writer.close()
+    finally:
+        await leader.aclose()

@@ -109,6 +109,10 @@ async def test_oversized_requests_of_small_methods_are_refused_before_decoding(
     assert sent.status.code == 20000
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
     assert any("oversized AckMessage" in r.getMessage() for r in caplog.records)
+    refused = cluster.server.metrics.registry.get_sample_value
+    for method in ("AckMessage", "Telemetry", "ListTopics", "ChangeLogLevel"):  # counted too
+        labels = {"method": method, "code": "RESOURCE_EXHAUSTED"}
+        assert refused("popmq_proxy_rpc_requests_total", labels) == 1, method
 
 
 async def test_the_health_service_answers_every_rpc_without_a_traceback(
