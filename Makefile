@@ -18,8 +18,13 @@ PYTEST_ARGS ?=
 # `make test TEST_WORKERS=0` runs them in this process, one after another.
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile
+# Bytecode caches on for the suite: where the environment turns them off
+# (PYTHONDONTWRITEBYTECODE, as some sandboxes do), every worker would compile popmq and rewrite
+# and compile ~330 test modules again on every run (about 9 s of CPU per worker).
+check test lint: export PYTHONDONTWRITEBYTECODE =
 
-.PHONY: run test check install client-venv node-client chromium etcd lint protos clean
+.PHONY: run test check install client-venv node-client chromium etcd lint lint-ruff lint-format \
+	lint-imports lint-types protos clean FORCE
 
 # `make run` needs popmq and its console; `make install` (tests, lint) adds the test and Spark
 # extras.
@@ -59,16 +64,30 @@ run: $(VENV)/.runnable
 	$(VENV)/bin/popmq serve --host 127.0.0.1 --port 8081 --brokers 3 --data-dir ./data
 
 # The layer check and mypy read the package as it installs (broker/ and proxy/ land inside
-# popmq; mypy does not follow the editable install's folder mapping), so lint builds that tree
-# into build/layers first. mypy's settings are in pyproject.toml ([tool.mypy]); its cache lives
-# outside build/layers, so a second lint checks only what changed.
+# popmq; mypy does not follow the editable install's folder mapping), so lint lays that tree out
+# in build/layers first (scripts/layers_tree.py: hard links, setup.py's mapping). mypy's settings
+# are in pyproject.toml ([tool.mypy]); its cache lives outside build/layers, so a second lint
+# checks only what changed. The four checks are independent: `lint` runs them in parallel and
+# fails when any fails (run one alone with `make lint-types`, say).
 lint: install
+	$(MAKE) --no-print-directory -j 4 lint-ruff lint-format lint-imports lint-types
+
+lint-ruff:
 	$(PY) -m ruff check .
+
+lint-format:
 	$(PY) -m ruff format --check .
-	rm -rf build/layers build/lib build/bdist.*  # a stale in-tree build brings back moved modules
-	$(PY) -m pip install -q --no-deps --no-build-isolation --target build/layers . > /dev/null
+
+build/layers: FORCE
+	$(PY) scripts/layers_tree.py build/layers
+
+lint-imports: build/layers
 	cd build/layers && ../../$(VENV)/bin/lint-imports --config ../../pyproject.toml
+
+lint-types: build/layers
 	cd build/layers && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml --cache-dir ../../.mypy_cache -p popmq
+
+FORCE:
 
 # The HA tests start real etcd members (Debian 12's etcd-server, etcd 3.4); CI runs as root.
 # Nothing to do where etcd is already on the PATH.
@@ -78,11 +97,14 @@ etcd:
 test: install client-venv chromium $(if $(HAVE_NODE),node-client) etcd lint
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
-# The fast inner loop: lint, then every test that starts no other process. Tests that start
-# popmq, a client, Spark's JVM or the CLI are marked `subprocess` and left out (tests/conftest.py
-# fails an unmarked test that starts one, so the selection stays honest).
+# The fast inner loop: lint, then every test that starts no other process and does not wait on
+# real time. Tests that start popmq, a client, Spark's JVM or the CLI are marked `subprocess`
+# (tests/conftest.py fails an unmarked test that starts one, so the selection stays honest); the
+# few end-to-end timing tests are marked `wallclock` (a real 9 s broker outage, say). Both run in
+# `make test`. Property tests try a quarter of their examples here (QUICK_PROPERTIES,
+# tests/support/examples.py); `make test` tries them all.
 check: install lint
-	$(PY) -m pytest $(XDIST) -m "not subprocess" -q $(PYTEST_ARGS)
+	QUICK_PROPERTIES=1 $(PY) -m pytest $(XDIST) -m "not subprocess and not wallclock" -q $(PYTEST_ARGS)
 
 protos: install
 	$(PY) scripts/gen_protos.py

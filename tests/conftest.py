@@ -1,7 +1,7 @@
-"""Suite-wide rules. ``make check`` runs ``-m "not subprocess"``: the tests that start no other
-process (popmq servers, official clients, Spark's JVM, the CLI). So that selection stays honest,
-a test not marked ``subprocess`` that starts one (in the test or in any fixture it sets up)
-fails at once and names the marker."""
+"""Suite-wide rules. ``make check`` runs ``-m "not subprocess and not wallclock"``: the tests
+that start no other process (popmq servers, official clients, Spark's JVM, the CLI) and do not
+measure real time. So that selection stays honest, a test not marked ``subprocess`` that starts
+one (in the test or in any fixture it sets up) fails at once and names the marker."""
 
 from __future__ import annotations
 

@@ -185,16 +185,13 @@ class ReplicaWriter:
     def _reset(self) -> None:
         """Start over: what this node held is moved aside (never deleted: a leader started by
         mistake on an empty directory must not cost the data), then copied afresh."""
-        aside = self._aside("replaced")
-        moved = []
-        for name in _REPLICATED:
-            path = self.data_dir / name
-            if path.exists():
+        moved = [name for name in _REPLICATED if (self.data_dir / name).exists()]
+        if moved:  # (a fresh follower holds nothing: no empty folder in quarantine/)
+            aside = self._aside("replaced")
+            for name in moved:
                 target = aside / name
                 target.parent.mkdir(parents=True, exist_ok=True)
-                path.replace(target)
-                moved.append(name)
-        if moved:
+                (self.data_dir / name).replace(target)
             log.warning("replication: this node shares no history with its leader; its data (%s) "
                         "was moved to %s and is copied afresh from the leader",
                         ", ".join(moved), aside)  # fmt: skip

@@ -213,26 +213,40 @@ def broker_address(port: BrokerPort) -> str:
     return getattr(port, "address", None) or "in-process"
 
 
+@dataclass(slots=True)
+class _Spot:
+    """A dead letter chosen for a resend, found: where it is and how much it holds (its body
+    is not kept while the rest of the DLQ is read)."""
+
+    broker: str
+    queue_id: int
+    offset: int
+    ids: tuple[str, str]  # its message id and its origin's
+    size: int  # _held_bytes
+
+
 async def _pick(
     port: BrokerPort,
+    broker: str,
     topic: str,
     queue_id: int,
-    low: int,
-    high: int,
+    span: tuple[int, int],
     wanted: Callable[[StoredMessage], bool],
     room: list[int],
     refuse: Callable[[], RefusedError],
-) -> list[StoredMessage]:
-    """The ``wanted`` messages of one queue in [low, high), oldest first, holding no more
-    than ``room[0]`` bytes of them (``refuse()`` is raised before one more would pass it).
-    Each pull asks for as many messages as the room left fits at the largest size seen so
-    far (one while none is known), so what a pull hands over stays within the room too,
-    give or take one message larger than any before it."""
-    out: list[StoredMessage] = []
-    largest = 0
-    offset = low
+    window: int,
+    largest: list[int],
+) -> list[_Spot]:
+    """Where the ``wanted`` messages of one queue in ``span`` [low, high) are, oldest first,
+    their sizes counted against ``room[0]`` (``refuse()`` is raised before they would pass
+    it). Only their places are kept, so each pull asks for as many messages as ``window``
+    fits at the largest size seen so far (``largest[0]``, shared by the queues; one while none
+    is known): what a pull hands over stays within it, give or take one message larger than
+    any before it, however many were chosen already."""
+    out: list[_Spot] = []
+    offset, high = span
     while offset < high:
-        fits = room[0] // largest if largest else 1
+        fits = window // largest[0] if largest[0] else 1
         count = max(1, min(PULL_BATCH, high - offset, fits))
         result = await port.pull(PullRequest(topic, queue_id, offset, max_messages=count))
         if result.status != PullStatus.FOUND or not result.messages:
@@ -244,14 +258,47 @@ async def _pick(
             if m.queue_offset >= high:
                 continue
             size = _held_bytes(m)
-            largest = max(largest, size)
+            largest[0] = max(largest[0], size)
             if not wanted(m):
                 continue
             if size > room[0]:
                 raise refuse()
             room[0] -= size
-            out.append(m)
+            ids = (m.message_id, m.properties.get(PROP_ORIGIN_MESSAGE_ID, ""))
+            out.append(_Spot(broker, queue_id, m.queue_offset, ids, size))
         offset = result.next_offset
+    return out
+
+
+async def _fetch(port: BrokerPort, topic: str, spots: list[_Spot]) -> list[StoredMessage]:
+    """The messages at ``spots`` (one queue's, oldest first) read again, consecutive offsets
+    in one pull: what is read is what was counted. A message no longer there (retention ran
+    meanwhile) is MESSAGE_NOT_FOUND, before anything is sent."""
+    out: list[StoredMessage] = []
+    at = 0
+    while at < len(spots):
+        first = spots[at]
+        run = 1
+        while (
+            at + run < len(spots)
+            and run < PULL_BATCH
+            and spots[at + run].offset == first.offset + run
+        ):
+            run += 1
+        result = await port.pull(PullRequest(topic, first.queue_id, first.offset, max_messages=run))
+        got = {m.queue_offset: m for m in result.messages}
+        for spot in spots[at : at + run]:
+            m = got.get(spot.offset)
+            if m is None and spot is not first and spot.offset >= result.next_offset:
+                break  # the pull stopped short (its byte bound): the next one starts here
+            if m is None or m.message_id != spot.ids[0]:
+                raise RefusedError(
+                    Code.MESSAGE_NOT_FOUND,
+                    f"{spot.ids[0]} left {topic} before it was resent (retention?); "
+                    "nothing was resent",
+                )
+            out.append(m)
+            at += 1
     return out
 
 
@@ -719,9 +766,10 @@ class Admin:
         wanted = set(message_ids)
         dlq = f"{DLQ_PREFIX}{group}"
 
-        # Found first, then resent: a missing id must leave every other one unsent. Only the
-        # chosen messages are kept, and their bodies only until each is sent again; the scan
-        # refuses before it would hold more than proxy.admin_scan_bytes of them.
+        # Found first, then resent: a missing id must leave every other one unsent. The scan
+        # keeps where the chosen messages are and counts their bytes: it refuses before they
+        # would pass proxy.admin_scan_bytes. Then they alone are read again (and their bodies
+        # kept only until each is sent again).
         def wanted_message(m: StoredMessage) -> bool:
             return all_ or bool(wanted & {m.message_id, m.properties.get(PROP_ORIGIN_MESSAGE_ID)})
 
@@ -733,23 +781,30 @@ class Admin:
                 "them by message ids, in parts",
             )
 
-        chosen: list[Found] = []
-        room = [self.bounds.scan_bytes]
+        room = [self.bounds.scan_bytes]  # what the chosen ones may still hold
+        largest = [0]
+        spots: list[_Spot] = []
+        ports: dict[str, BrokerPort] = {}
         for broker, port, info in await self._dlq_on_brokers(group):
+            ports[broker] = port
             for queue in info.queues:
-                picked = await _pick(
-                    port, dlq, queue.queue_id, queue.min_offset, queue.max_offset,
-                    wanted_message, room, too_much,
+                spots += await _pick(
+                    port, broker, dlq, queue.queue_id, (queue.min_offset, queue.max_offset),
+                    wanted_message, room, too_much, self.bounds.scan_bytes, largest,
                 )  # fmt: skip
-                chosen += [(broker, m) for m in picked]
-        chosen.sort(key=lambda item: item[1].store_timestamp_ms)
-        missing = wanted - {
-            i for _, m in chosen for i in (m.message_id, m.properties.get(PROP_ORIGIN_MESSAGE_ID))
-        }
+        missing = wanted - {i for spot in spots for i in spot.ids if i}
         if missing:
             raise RefusedError(
                 Code.MESSAGE_NOT_FOUND, f"not in {DLQ_PREFIX}{group}: {sorted(missing)}"
             )
+        # All of them read again before any is sent.
+        chosen: list[Found] = []
+        by_queue: dict[tuple[str, int], list[_Spot]] = {}
+        for spot in spots:
+            by_queue.setdefault((spot.broker, spot.queue_id), []).append(spot)
+        for (broker, _), queue_spots in by_queue.items():
+            chosen += [(broker, m) for m in await _fetch(ports[broker], dlq, queue_spots)]
+        chosen.sort(key=lambda item: item[1].store_timestamp_ms)
         resent: list[Resent] = []
         for broker, m in chosen:  # oldest first, in their original order
             origin = m.properties.get(PROP_ORIGIN_TOPIC)

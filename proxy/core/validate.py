@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from popmq.broker import names
 from popmq.broker.contract.errors import Code, RefusedError
 
@@ -36,8 +38,11 @@ def group_name(name: str) -> str:
     return names.check_group(name)
 
 
+_CONTROL_CHAR = re.compile("[\x00-\x1f\x7f]")
+
+
 def _has_control_chars(text: str) -> bool:
-    return any(ord(ch) < 32 or ord(ch) == 127 for ch in text)
+    return _CONTROL_CHAR.search(text) is not None  # (a Python loop took 3 s over 16 MiB)
 
 
 def tag(value: str) -> str:
@@ -51,15 +56,15 @@ def tag(value: str) -> str:
 def keys(values: list[str]) -> list[str]:
     size = len(values)  # the separators
     for key in values:
-        if not key.strip() or _has_control_chars(key):
-            raise RefusedError(
-                Code.ILLEGAL_MESSAGE_KEY, "message keys must not be blank or contain control chars"
-            )
         size += len(key.encode())
-        if size > MAX_KEYS_BYTES:
+        if size > MAX_KEYS_BYTES:  # before a key's characters are read: it may be 16 MiB
             raise RefusedError(
                 Code.ILLEGAL_MESSAGE_KEY,
                 f"message keys take more than {MAX_KEYS_BYTES} bytes ({len(values)} keys)",
+            )
+        if not key.strip() or _has_control_chars(key):
+            raise RefusedError(
+                Code.ILLEGAL_MESSAGE_KEY, "message keys must not be blank or contain control chars"
             )
     return values
 

@@ -62,7 +62,9 @@ async def test_recovered_checkpoint_acks_with_its_old_handle(tmp_path) -> None:
 
 async def test_delay_messages_and_group_configs_survive_restart(tmp_path) -> None:
     config = fast_broker_config(tmp_path)
-    due = int(time.time() * 1000) + 300
+    # Due 2 s out: a loaded machine may take a good part of a second to open the broker, and
+    # the first pop must still come before the message is due (it failed at 300 ms).
+    due = int(time.time() * 1000) + 2000
     async with running_broker(config) as broker:
         await broker.update_group(GroupConfig("g", max_attempts=5, retry_levels=["2s"], fifo=True))
         await broker.send([Message("t", b"later", delivery_timestamp_ms=due)], 0)
@@ -70,7 +72,7 @@ async def test_delay_messages_and_group_configs_survive_restart(tmp_path) -> Non
     async with running_broker(config) as broker:
         group = await broker.get_group("g")
         assert (group.max_attempts, group.retry_levels, group.fifo) == (5, ["2s"], True)
-        (late,) = (await broker.pop(_pop(1000, poll_ms=3000))).messages
+        (late,) = (await broker.pop(_pop(1000, poll_ms=10_000))).messages
         assert late.message.body == b"later"
         assert time.time() * 1000 >= due
 

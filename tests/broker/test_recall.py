@@ -2,22 +2,29 @@
 delivery time cancels the delivery, durably; after it, NOT_FOUND; a forged, altered, foreign
 or other-topic handle is refused."""
 
-import time
-
 import anyio
 import pytest
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import AckEntry, Message, PopRequest
 from popmq.broker.testing import fast_broker_config, running_broker
 
-# The delay before delivery: every recall and "not due yet" check must land inside it, so
-# it leaves room for a loaded CI machine's stalls (the polls that take the kept message wait
-# for it: they return as soon as it is due).
+from popmq.clock import LoopClock
+
+# Virtual time (looptime, the brokers on a LoopClock): the delays pass without waiting.
+pytestmark = pytest.mark.looptime
+
+# The delay before delivery: every recall and "not due yet" check lands inside it (the polls
+# that take the kept message wait for it: they return as soon as it is due).
 DELAY_MS = 2_500
 
 
-def _delayed(topic: str, body: bytes, delay_ms: int) -> Message:
-    return Message(topic, body, delivery_timestamp_ms=int(time.time() * 1000) + delay_ms)
+@pytest.fixture
+def clock() -> LoopClock:
+    return LoopClock()
+
+
+def _delayed(clock: LoopClock, topic: str, body: bytes, delay_ms: int) -> Message:
+    return Message(topic, body, delivery_timestamp_ms=clock.now_ms() + delay_ms)
 
 
 async def _bodies(broker, topic: str, poll_ms: int) -> list[bytes]:
@@ -36,11 +43,11 @@ async def _refused(call, code: Code) -> RefusedError:
     return err.value
 
 
-async def test_recall_before_delivery_cancels_it(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+async def test_recall_before_delivery_cancels_it(tmp_path, clock) -> None:
+    async with running_broker(fast_broker_config(tmp_path), clock) as broker:
         await broker.create_topic("d", 2, "DELAY")
         keep, drop = await broker.send(
-            [_delayed("d", b"keep", DELAY_MS), _delayed("d", b"drop", DELAY_MS)]
+            [_delayed(clock, "d", b"keep", DELAY_MS), _delayed(clock, "d", b"drop", DELAY_MS)]
         )
         assert (
             keep.recall_handle and drop.recall_handle and keep.recall_handle != drop.recall_handle
@@ -60,30 +67,30 @@ async def test_recall_before_delivery_cancels_it(tmp_path) -> None:
         assert keep.message_id in err.message
 
 
-async def test_a_recall_survives_a_restart(tmp_path) -> None:
+async def test_a_recall_survives_a_restart(tmp_path, clock) -> None:
     config = fast_broker_config(tmp_path)
-    async with running_broker(config) as broker:
+    async with running_broker(config, clock) as broker:
         await broker.create_topic("d", 1, "DELAY")
         _, drop = await broker.send(
-            [_delayed("d", b"keep", DELAY_MS), _delayed("d", b"drop", DELAY_MS)]
+            [_delayed(clock, "d", b"keep", DELAY_MS), _delayed(clock, "d", b"drop", DELAY_MS)]
         )
         await broker.recall("d", drop.recall_handle)
-    async with running_broker(config) as broker:
+    async with running_broker(config, clock) as broker:
         assert await _bodies(broker, "d", DELAY_MS + 10_000) == [b"keep"]
         await anyio.sleep(0.3)
         assert await _bodies(broker, "d", 300) == []
         assert broker.timer.pending == 0
 
 
-async def test_forged_foreign_and_misdirected_handles_are_refused(tmp_path) -> None:
+async def test_forged_foreign_and_misdirected_handles_are_refused(tmp_path, clock) -> None:
     async with (
-        running_broker(fast_broker_config(tmp_path / "a", "broker-a")) as broker,
-        running_broker(fast_broker_config(tmp_path / "b", "broker-b")) as other,
+        running_broker(fast_broker_config(tmp_path / "a", "broker-a"), clock) as broker,
+        running_broker(fast_broker_config(tmp_path / "b", "broker-b"), clock) as other,
     ):
         await broker.create_topic("d", 1, "MIXED")
         await other.create_topic("d", 1, "MIXED")
-        (mine,) = await broker.send([_delayed("d", b"x", 60_000)])
-        (theirs,) = await other.send([_delayed("d", b"y", 60_000)])
+        (mine,) = await broker.send([_delayed(clock, "d", b"x", 60_000)])
+        (theirs,) = await other.send([_delayed(clock, "d", b"y", 60_000)])
         handle = mine.recall_handle
         prefix, sealed = handle.rsplit(".", 1)
         flipped = sealed[:-2] + ("A" if sealed[-2] != "A" else "B") + sealed[-1]
@@ -108,12 +115,12 @@ async def test_forged_foreign_and_misdirected_handles_are_refused(tmp_path) -> N
         assert await broker.recall("d", handle) == mine.message_id  # the real one still works
 
 
-async def test_a_replayed_recall_is_logged_once(tmp_path, caplog) -> None:
+async def test_a_replayed_recall_is_logged_once(tmp_path, clock, caplog) -> None:
     """A sender replaying one handle gets the same answer each time; the log and the metric
     count the message once (a replay loop must not fill the broker's log)."""
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), clock) as broker:
         await broker.create_topic("d", 1, "DELAY")
-        (sent,) = await broker.send([_delayed("d", b"x", 60_000)])
+        (sent,) = await broker.send([_delayed(clock, "d", b"x", 60_000)])
         with caplog.at_level("INFO", logger="popmq.broker.core"):
             for _ in range(50):
                 assert await broker.recall("d", sent.recall_handle) == sent.message_id

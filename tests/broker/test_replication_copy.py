@@ -163,6 +163,17 @@ async def test_a_reset_moves_the_old_data_aside(tmp_path: Path) -> None:
     assert b"precious" in segment.read_bytes()
 
 
+def test_a_reset_of_an_empty_node_leaves_no_empty_quarantine_folder(tmp_path: Path) -> None:
+    writer = ReplicaWriter(tmp_path / "node")
+    writer.open()
+    try:
+        writer.apply(pb.ReplicaBatch(sequence=1, epoch=1, truncate_to=-1, reset=True), 0)
+        assert writer.commitlog_end == 0
+    finally:
+        writer.close()
+    assert not (tmp_path / "node" / "quarantine").exists()  # nothing was held, nothing kept
+
+
 async def test_a_follower_refuses_a_batch_of_an_older_epoch(tmp_path: Path) -> None:
     writer = ReplicaWriter(tmp_path)
     writer.open()

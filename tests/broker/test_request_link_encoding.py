@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from popmq.broker.wire import request_link
 from popmq.broker.wire.request_link import Encoded, encode, encoded, frame, frames
+from support.examples import examples
 
 from popmq.pb.broker.v1 import broker_pb2 as pb
 
@@ -48,7 +49,7 @@ def link_requests(draw: st.DrawFn) -> tuple[pb.LinkRequest, Encoded]:
     return expected, encode(envelope, kind, payload_message.SerializeToString())
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(link_requests(), max_size=6))
 def test_a_frame_reads_as_the_requests_it_carries(
     items: list[tuple[pb.LinkRequest, Encoded]],
@@ -63,7 +64,7 @@ def test_a_frame_reads_as_the_requests_it_carries(
         assert data == expected.SerializeToString()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(ids, st.sampled_from(["send", "pop", "ack", "pull"]),
                           st.binary(max_size=200)), max_size=5))  # fmt: skip
 def test_a_frame_reads_as_the_answers_it_carries(rows: list[tuple[int, str, bytes]]) -> None:
@@ -80,7 +81,7 @@ def test_a_frame_reads_as_the_answers_it_carries(rows: list[tuple[int, str, byte
     assert data == expected.SerializeToString()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(min_value=1, max_value=5000), max_size=30),
        st.integers(min_value=1, max_value=9000))  # fmt: skip
 def test_frames_keep_the_order_and_the_bound(sizes: list[int], bound: int) -> None:

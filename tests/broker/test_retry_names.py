@@ -3,8 +3,9 @@ written in the old form (``%RETRY%group_topic``) before an upgrade are still del
 
 from __future__ import annotations
 
-import time
+import asyncio
 
+import pytest
 from popmq.broker.contract.errors import Code
 from popmq.broker.contract.types import (
     PROP_ORIGIN_TOPIC,
@@ -18,11 +19,17 @@ from popmq.broker.core import Broker
 from popmq.broker.names import parse_retry_topic
 from popmq.broker.testing import fast_broker_config, running_broker
 
+from popmq.clock import LoopClock
+
+# Virtual time (looptime, the brokers on a LoopClock): each drain's 1.5 s passes at once.
+pytestmark = pytest.mark.looptime
+
 
 async def _drain(broker: Broker, group: str, topic: str, seconds: float = 1.5) -> list:
     got: list = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while loop.time() < deadline:
         request = PopRequest(group, topic, max_messages=16, invisible_time_ms=60_000,
                              poll_time_ms=100)  # fmt: skip
         result = await broker.pop(request)
@@ -41,7 +48,7 @@ def test_retry_topic_names_are_injective() -> None:
 
 
 async def test_groups_with_colliding_v1_names_get_only_their_own_retries(tmp_path) -> None:
-    async with running_broker(fast_broker_config(tmp_path)) as broker:
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
         await broker.send([Message("c", b"for a_b")])
         await broker.send([Message("b_c", b"for a")])
         for group, topic in (("a_b", "c"), ("a", "b_c")):
@@ -58,9 +65,10 @@ async def test_old_form_retry_messages_survive_an_upgrade(tmp_path) -> None:
     """A data dir with messages in ``%RETRY%a_b_c``, which both a_b/c and a/b_c map to in the
     old form: after a restart each group gets exactly its own (by origin topic), and acks."""
     config = fast_broker_config(tmp_path)
+    clock = LoopClock()
     legacy = legacy_retry_topic("a_b", "c")
     assert legacy == legacy_retry_topic("a", "b_c") == "%RETRY%a_b_c"
-    async with running_broker(config) as broker:
+    async with running_broker(config, clock) as broker:
         await broker.send([Message("c", b"seed c")])
         await broker.send([Message("b_c", b"seed b_c")])
         broker.store.create_topic(legacy, 1)
@@ -74,7 +82,7 @@ async def test_old_form_retry_messages_survive_an_upgrade(tmp_path) -> None:
             ),
         ]
         await broker.store.append(legacy, 0, old)
-    async with running_broker(config) as broker:  # the old data is on disk now
+    async with running_broker(config, clock) as broker:  # the old data is on disk now
         got_ab = await _drain(broker, "a_b", "c")
         got_a = await _drain(broker, "a", "b_c")
         assert sorted(m.message.body for m in got_ab) == [

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.sql92 import compile_sql92
+from support.examples import examples
 
 TOKENS = [
     "a", "b", "TAGS", "x.y", "$p", "'s'", "'it''s'", "''", "1", "-2", "3.5", "1e3", "07",
@@ -27,7 +28,7 @@ def _refused_cleanly(expression: str) -> None:
     assert err.value.code == Code.ILLEGAL_FILTER_EXPRESSION
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.sampled_from(TOKENS), max_size=14), PROPS, st.sampled_from(["", "TagA"]))
 def test_token_soup_compiles_or_is_refused(tokens: list[str], props, tag: str) -> None:
     expression = " ".join(tokens)
@@ -39,7 +40,7 @@ def test_token_soup_compiles_or_is_refused(tokens: list[str], props, tag: str) -
     assert matches(tag, props) in (True, False)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(max_size=40))
 def test_arbitrary_text_compiles_or_is_refused(text: str) -> None:
     try:
@@ -102,7 +103,7 @@ EXPRESSIONS = st.recursive(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(EXPRESSIONS, st.one_of(st.none(), st.integers(-4, 4)))
 def test_generated_expressions_agree_with_the_reference(expression, a) -> None:
     text, reference = expression

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from popmq.broker.wire import bodies as bodies_module
 from popmq.broker.wire.bodies import splitting_decoder, take_bodies
+from support.examples import examples
 
 from popmq.pb.broker.v1 import broker_pb2 as bpb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
@@ -86,7 +87,7 @@ CASES = [(s.SendMessageRequest, 1, 4), (bpb.SendRequest, 1, 2)]
 
 
 @pytest.mark.parametrize(("kind", "messages_field", "body_field"), CASES)
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_the_split_decodes_exactly_what_protobuf_decodes(
     kind: Any, messages_field: int, body_field: int, data: st.DataObject

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import shlex
 from pathlib import Path
@@ -93,8 +94,13 @@ def _fill(command: str, where: Path) -> list[str]:
     return words
 
 
+# The real parser, built once (a build takes about 0.2 s; hundreds of spans are checked):
+# parsing leaves it unchanged.
+_parser = functools.cache(build_parser)
+
+
 def _innermost(argv: list[str]) -> argparse.ArgumentParser:
-    parser = build_parser()
+    parser = _parser()
     for word in argv:
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction) and word in action.choices:
@@ -104,7 +110,7 @@ def _innermost(argv: list[str]) -> argparse.ArgumentParser:
 
 def _parses(argv: list[str]) -> bool:
     try:
-        build_parser().parse_args(argv)
+        _parser().parse_args(argv)
     except SystemExit:
         return False
     return True

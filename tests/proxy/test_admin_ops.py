@@ -333,3 +333,66 @@ async def test_resend_dlq_refuses_before_holding_past_scan_bytes(
     assert max(pulled) <= (1 << 20) + size, pulled
     _, again, _ = await bounded.receive(unique("c"), topic, batch=1)
     assert [m.body[:1] for m in again] == [b"L"]
+
+
+async def test_resend_by_ids_reads_in_chunks_after_the_chosen_ones_fill_the_room(
+    make_cluster: Any, monkeypatch: Any
+) -> None:
+    """ResendDlq by ids held the chosen messages while it read on, and each pull asked for no
+    more than the room they left fits: once they filled most of proxy.admin_scan_bytes, the
+    rest of the DLQ came one message a pull. Now only their places are held during the scan
+    (their bytes still counted), so pulls stay large; the chosen ones alone are read again."""
+    from popmq.broker.contract.types import PROP_ORIGIN_TOPIC, Message, PullRequest, PullResult
+
+    bounded = await make_cluster(brokers=1, **{"proxy.admin_scan_bytes": 1 << 20})
+    broker = bounded.brokers[0]
+    group, topic = unique("g"), await _topic(bounded)
+    dlq = f"%DLQ%{group}"
+    big = [bytes([65 + i]) * 100_000 for i in range(9)]  # 900 KB chosen of the 1 MiB
+    small = [b"s%d" % i for i in range(200)]
+    sent = await broker._append_system(
+        dlq,
+        0,
+        [Message(topic=dlq, body=b, properties={PROP_ORIGIN_TOPIC: topic}) for b in big + small],
+    )
+    pulls: list[int] = []
+    real_pull = broker.pull
+
+    async def counting_pull(request: PullRequest) -> PullResult:
+        result = await real_pull(request)
+        pulls.append(sum(len(m.body) for m in result.messages))
+        return result
+
+    monkeypatch.setattr(broker, "pull", counting_pull)
+    wanted = [m.message_id for m in sent[:9]] + [sent[-1].message_id]
+    resent = await _admin(bounded).ResendDlq(a.ResendDlqRequest(group=group, message_ids=wanted))
+    assert resent.status.code == Code.OK, resent.status
+    assert len(resent.resent) == 10
+    # 209 dead letters, 10 at a pull at the largest size seen (one a pull once the big ones
+    # left 124 KB), and 2 pulls to read the chosen ones again
+    assert len(pulls) <= 30, pulls
+    assert max(pulls) <= (1 << 20) + 100_000, pulls  # each pull still within the bound
+    _, again, _ = await bounded.receive(unique("c"), topic, batch=16)
+    assert sorted(m.body[:2] for m in again) == sorted([b[:2] for b in big] + [small[-1][:2]])
+
+
+async def test_resend_reads_the_chosen_ones_again_past_a_pulls_byte_bound(
+    make_cluster: Any,
+) -> None:
+    """The chosen dead letters are read again in runs of consecutive offsets; a run larger than
+    one pull hands over (the broker's 8 MiB read) goes on where the pull stopped."""
+    from popmq.broker.contract.types import PROP_ORIGIN_TOPIC, Message
+
+    cluster = await make_cluster(brokers=1)
+    broker = cluster.brokers[0]
+    group, topic = unique("g"), await _topic(cluster)
+    dlq = f"%DLQ%{group}"
+    bodies = [bytes([65 + i]) * 3_500_000 for i in range(3)]  # 10.5 MB: two reads
+    await broker._append_system(
+        dlq, 0, [Message(topic=dlq, body=b, properties={PROP_ORIGIN_TOPIC: topic}) for b in bodies]
+    )
+    resent = await _admin(cluster).ResendDlq(a.ResendDlqRequest(group=group, all=True))
+    assert resent.status.code == Code.OK, resent.status
+    assert [m.topic for m in resent.resent] == [topic] * 3
+    _, again, _ = await cluster.receive(unique("c"), topic, batch=8)
+    assert sorted(m.body for m in again) == bodies
