@@ -10,17 +10,23 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
+import anyio
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import AckEntry, AckEntryResult
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core import validate
 from popmq.proxy.core.times import SecondsNanos, invisible_duration_ms
+from popmq.proxy.longpoll.base import is_broker_down
+from popmq.proxy.longpoll.calls import BACKOFF_MAX_S, BACKOFF_START_S
 from popmq.proxy.renewal import HandleRenewer
 
 from popmq.config import ProxyConfig
 from popmq.errors import PopmqError
 
 MAX_ACK_ENTRIES = 1024
+# How long an ack to a replicated group between leaders waits for the next one: a failover
+# takes 2-3 s (docs/reliability.md), and the official clients give an ack 3 s or more.
+ACK_LEADER_WAIT_S = 2.5
 
 
 class Handles:
@@ -62,7 +68,7 @@ class Handles:
         async def ack_on(broker: str, indexes: list[int]) -> None:
             batch = [entries[i] for i in indexes]
             try:
-                answers = await cluster.port(broker).ack(group, topic, batch)
+                answers = await self._ack_through_leader_change(broker, group, topic, batch)
             except PopmqError as exc:  # the whole call failed: every entry shares its code
                 answers = [
                     AckEntryResult(e.receipt_handle, e.message_id, int(exc.code), exc.message)
@@ -78,6 +84,30 @@ class Handles:
                 for broker, indexes in by_broker.items():
                     tasks.create_task(ack_on(broker, indexes))
         return [r for r in results if r is not None]
+
+    async def _ack_through_leader_change(
+        self, broker: str, group: str, topic: str, batch: list[AckEntry]
+    ) -> list[AckEntryResult]:
+        """An ack to a replicated group that cannot answer now (its leader died with the ack's
+        request link, or no leader yet) is tried again on the group's next leader, within
+        ACK_LEADER_WAIT_S: the new leader accepts the old one's handles, and an entry the old
+        leader had acked and copied answers OK again (an ack is applied once). A broker that
+        is not in a replicated group gets no next leader: its failure is answered at once."""
+        cluster = self.cluster
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ACK_LEADER_WAIT_S
+        backoff = BACKOFF_START_S
+        while True:
+            changed = cluster.membership_changed()  # before the call: a change during it counts
+            try:
+                return await cluster.port(broker).ack(group, topic, batch)
+            except PopmqError as exc:
+                left = deadline - loop.time()
+                if broker not in cluster.group_views or not is_broker_down(exc) or left <= 0:
+                    raise
+            with anyio.move_on_after(min(backoff, left)):
+                await changed.wait()
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     async def change_invisible_time(
         self, group: str, topic: str, handle: str, invisible_time: SecondsNanos

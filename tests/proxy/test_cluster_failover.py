@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import base64
+
+import anyio
 import pytest
-from popmq.broker.contract.errors import BrokerUnavailableError
-from popmq.broker.contract.types import GroupConfig, QueueInfo, TopicInfo
+from popmq.broker.contract.errors import BrokerUnavailableError, Code
+from popmq.broker.contract.types import (
+    AckEntry,
+    AckEntryResult,
+    GroupConfig,
+    QueueInfo,
+    TopicInfo,
+)
 from popmq.proxy import cluster as cluster_module
 from popmq.proxy.cluster import BrokerCluster
+from popmq.proxy.core.handles import Handles
+
+from popmq.config import ProxyConfig
+from popmq.coord.directory import GroupView
 
 
 class FakePort:
@@ -76,3 +89,63 @@ async def test_a_broker_marked_down_that_answers_a_route_lookup_is_routed() -> N
     route = await cluster.route("T")
     assert route.brokers == {"ga": 2}
     assert not cluster.is_down("ga")
+
+
+class AckPort:
+    """A broker group's leader for acks: a dead one loses the request link."""
+
+    def __init__(self, name: str, alive: bool) -> None:
+        self.name = name
+        self.alive = alive
+        self.acked: list[str] = []
+        self.tried = anyio.Event()
+
+    async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:
+        self.tried.set()
+        if not self.alive:
+            raise BrokerUnavailableError(self.name, "request link lost")
+        self.acked += [e.receipt_handle for e in entries]
+        return [AckEntryResult(e.receipt_handle, e.message_id, Code.OK) for e in entries]
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _NoRenewals:
+    async def take(self, handle: str) -> str:
+        return handle
+
+
+def _handle_of(broker: str) -> str:
+    return "2." + base64.urlsafe_b64encode(broker.encode()).decode().rstrip("=") + ".k1.sealed"
+
+
+@pytest.mark.parametrize("replicated", [True, False])
+async def test_an_ack_caught_by_a_leader_change_goes_to_the_next_leader(replicated: bool) -> None:
+    """bench failover counted acks failed at the client ("request link lost") when the leader
+    of their group died: a replicated group's ack now waits for the next leader, which accepts
+    the old one's handles; a broker of no replicated group fails the ack at once."""
+    old, new = AckPort("ga", alive=False), AckPort("ga", alive=True)
+    cluster = BrokerCluster([old])  # type: ignore[list-item]
+    if replicated:
+        cluster.group_views = {"ga": GroupView("ga")}
+    handles = Handles(ProxyConfig(), cluster, _NoRenewals())  # type: ignore[arg-type]
+    handle = _handle_of("ga")
+    results: list[AckEntryResult] = []
+
+    async def ack() -> None:
+        results.extend(await handles.ack("g", "T", [AckEntry(handle, "m1")]))
+
+    async def elect() -> None:
+        await old.tried.wait()
+        cluster.put_port(new)  # type: ignore[arg-type]
+
+    with anyio.fail_after(10):  # a failure bound only: the retry follows the change at once
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(ack)
+            tasks.start_soon(elect)
+    (result,) = results
+    if replicated:
+        assert (result.code, new.acked) == (Code.OK, [handle])
+    else:
+        assert result.code != Code.OK and new.acked == []
