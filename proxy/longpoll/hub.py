@@ -6,10 +6,11 @@ pops; N-1 pops come back empty). The hub holds ONE notification per **channel** 
 (broker, group, topic, filter, fifo) -- while at least one long poll subscribes to it, and
 turns the broker's "has message" into a **signal** for one subscriber at a time:
 
-- the signal goes to the oldest subscriber that does not hold one already and has at least
-  ``ENDING_S`` left (a subscriber that cannot use it, because its long poll already has
-  messages, declines: the next one gets it); only when every one is about to end, to the one
-  with the most time left. Not a poll about to end: messages it pops just as its client's
+- the signal goes to the oldest subscriber that does not hold one already and is not about to
+  end (at least ``ENDING_S`` left, or ``ENDING_SHARE`` of a shorter wait; a subscriber that
+  cannot use it, because its long poll already has messages, declines: the next one gets
+  it); only when every one is about to end, to the one with the most time left. Not a poll
+  about to end: messages it pops just as its client's
   poll ends are popped for nobody and must be handed back (a sparse message was popped and
   handed back again and again that way). Not always the most time left either: that is
   whoever re-polled last, so one consumer of a group got every sparse message while the
@@ -49,9 +50,12 @@ from popmq.proxy.longpoll.watches import WatchRegistry
 
 from popmq.lifecycle import AsyncClosing, Job, TaskOwner
 
-# A long poll with less time left than this is about to end: a signal goes to it only when
-# every other subscriber is about to end too (what it pops could reach its client too late).
+# A long poll with less time left than this, or than ENDING_SHARE of the wait it subscribed
+# for, is about to end: a signal goes to it only when every other subscriber is about to end
+# too (what it pops could reach its client too late). The share keeps short polls (1 s, as
+# `bench e2e` sets) from all counting as ending, which gave every message to the newest.
 ENDING_S = 1.0
+ENDING_SHARE = 0.2
 # How many subscribers a pop's leftover backlog may signal at once; more pops on the same
 # broker at the same moment mostly find its queues locked by each other.
 MAX_PARALLEL_SIGNALS = 4
@@ -68,11 +72,15 @@ OnSignal = Callable[["Subscription"], bool]
 class Subscription:
     """One long poll's interest in one channel."""
 
-    __slots__ = ("channel", "deadline", "on_signal", "want")
+    __slots__ = ("channel", "deadline", "ending_at", "on_signal", "want")
 
-    def __init__(self, channel: _Channel, deadline: float, want: int, on_signal: OnSignal):
+    def __init__(
+        self, channel: _Channel, deadline: float, want: int, on_signal: OnSignal, now: float
+    ):
         self.channel = channel
         self.deadline = deadline
+        # From then on it is about to end (ENDING_S, or ENDING_SHARE of a shorter wait).
+        self.ending_at = deadline - min(ENDING_S, ENDING_SHARE * max(deadline - now, 0.0))
         self.want = max(want, 1)  # messages one pop of this long poll takes at most
         self.on_signal = on_signal
 
@@ -119,7 +127,7 @@ class _Channel:
         notification if no signal is out afterwards."""
         handed = 0
         if count > 0:
-            ending_by = asyncio.get_running_loop().time() + ENDING_S
+            now = asyncio.get_running_loop().time()
             ending: list[Subscription] = []
             # The oldest first: a walk over the few that hold a signal or are about to end
             # (they leave within ENDING_S), not a sort of every waiting poll. on_signal only
@@ -129,7 +137,7 @@ class _Channel:
                     break
                 if sub is skip or sub in self.holders:
                     continue
-                if sub.deadline < ending_by:
+                if sub.ending_at < now:
                     ending.append(sub)
                 elif self._give(sub):
                     handed += 1
@@ -255,7 +263,8 @@ class NotificationHub(AsyncClosing):
         channel = self._channels.get(key)
         if channel is None:
             channel = self._channels[key] = _Channel(self, key, pop)
-        sub = Subscription(channel, deadline, pop.max_messages, on_signal)
+        now = asyncio.get_running_loop().time()
+        sub = Subscription(channel, deadline, pop.max_messages, on_signal, now)
         channel.add(sub)
         channel.arm()  # no-op while armed or while a signal is out
         return sub

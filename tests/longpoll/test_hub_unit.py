@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from popmq.broker.contract.types import PopRequest, PopResult
+from popmq.proxy.longpoll import hub as hub_module
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.hub import NotificationHub, Subscription
 from popmq.proxy.longpoll.notify import NotifyStrategy
@@ -69,11 +70,14 @@ async def test_many_long_polls_hold_one_notification_per_broker(
 
 
 async def test_one_message_is_popped_once_by_the_oldest_long_poll_not_about_to_end(
-    metrics: ProxyMetrics, fakes: list[FakeBroker]
+    metrics: ProxyMetrics, fakes: list[FakeBroker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Not a poll about to end (less than ENDING_S left): a message it pops as its client's
     poll ends reaches nobody (it is handed back, again and again). Those get a signal only
     when nobody else waits, the most time left first."""
+    # Every wait counts in full (no share of it), so the 800 ms and 500 ms polls are about to
+    # end from their start; the share is tested below.
+    monkeypatch.setattr(hub_module, "ENDING_SHARE", 1.0)
     strategy = _strategy(metrics)
     polls: list[asyncio.Task[Any]] = []
     # Subscribed in this order, 10 ms apart; the 800 ms and 500 ms polls are about to end.
@@ -337,5 +341,32 @@ async def test_sparse_messages_are_shared_by_consumers_whose_polls_have_time_lef
         broker.put(1)
         await wait_until(lambda n=sent: sum(got.values()) == n)
         await asyncio.sleep(0.5)  # sparse: both consumers are waiting again long before
+    await _finish(clients)
+    assert min(got.values()) >= 8, got
+
+
+async def test_short_polls_are_not_all_about_to_end(metrics: ProxyMetrics) -> None:
+    """With 1 s polls (bench e2e's) every poll had less than ENDING_S left from its start, so
+    each signal went to the most time left, the poll that re-polled last: one consumer got
+    every message and the others' polls ended empty. A poll counts as ending only in the last
+    ENDING_SHARE of its wait, so the oldest waiting poll gets the message."""
+    broker = FakeBroker("b")
+    strategy = _strategy(metrics)
+    got = {"a": 0, "b": 0}
+
+    async def consumer(name: str) -> None:
+        while True:
+            messages = await strategy.receive([broker], make_request(1_000))
+            got[name] += len(messages)
+            await asyncio.sleep(0.01)
+
+    clients = [asyncio.create_task(consumer("a"))]
+    await wait_until(lambda: broker.held == 1)
+    clients.append(asyncio.create_task(consumer("b")))
+    await wait_until(lambda: broker.calls.count("pop") == 2)
+    for sent in range(1, 21):
+        broker.put(1)
+        await wait_until(lambda n=sent: sum(got.values()) == n)
+        await asyncio.sleep(0.05)  # both wait again, far from their polls' ends
     await _finish(clients)
     assert min(got.values()) >= 8, got
