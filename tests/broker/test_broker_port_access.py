@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from popmq.broker.contract.errors import BrokerAuthError, Code
+from popmq.broker.contract.errors import BrokerAuthError, BrokerUnavailableError, Code
 from popmq.broker.contract.types import Message
 from popmq.broker.core import Broker
 from popmq.broker.local import LocalBrokerPort
@@ -114,8 +114,19 @@ async def test_cluster_token_keeps_strangers_out(tmp_path: Path, caplog) -> None
         streamed = RemoteBrokerPort(
             "b", address, link=BrokerLinkConfig(cluster_token_file=wrong, coalesce_ms=0)
         )
-        with pytest.raises(BrokerAuthError, match="UNAUTHENTICATED"):  # on the request link
-            await streamed.send([Message("orders", b"x")], 0)
+        # On the request link. grpcio's aio client can report a stream the server refused as
+        # INTERNAL "Internal error from Core" when its write of the first request loses the
+        # race with the refusal (grpc/grpc#36066, open): that one answer is tolerated, never a
+        # stored message, and the refusal must come through as itself in one of ten tries.
+        refusals = []
+        for _ in range(10):
+            with pytest.raises((BrokerAuthError, BrokerUnavailableError)) as err:
+                await streamed.send([Message("orders", b"x")], 0)
+            if not isinstance(err.value, BrokerAuthError):
+                assert "Internal error from Core" in str(err.value), err.value
+            refusals.append(err.value)
+        auth = [e for e in refusals if isinstance(e, BrokerAuthError)]
+        assert auth and all("UNAUTHENTICATED" in str(e) for e in auth), refusals
         await streamed.aclose()
         await _nothing_changed(broker)
 
