@@ -177,7 +177,7 @@ POLL_MS = 10_000
 REQUEST_TIMEOUT_MS = 3_000  # the official clients' deadline: awaitDuration + requestTimeout
 PROXY_LONG_POLL_BOUND = 1_500
 CHANNELS = 32
-STAGGER_S = 0.002  # 2,000 polls start over 4 s: a fleet starting, all held at once before 10 s
+STAGGER_S = 0.004  # 2,000 polls start over 8 s: a fleet starting, all held at once before 10 s
 
 
 async def test_long_polls_over_thousands_of_groups_are_all_answered(tmp_path: Path) -> None:
