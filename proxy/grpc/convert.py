@@ -16,6 +16,7 @@ from popmq.broker.contract.types import (
     StoredMessage,
 )
 from popmq.proxy.core.send import LazyBody, OutgoingMessage, to_message
+from popmq.proxy.grpc.namespace import unqualify
 
 from popmq.pb.pool import Duration, Timestamp
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -107,12 +108,13 @@ def stored_into(msg: pb.Message, stored: StoredMessage, namespace: str = "") -> 
     _fill(msg, stored, namespace)
 
 
-def _fill(msg: pb.Message, stored: StoredMessage, namespace: str) -> Any:
+def _fill(msg: pb.Message, stored: StoredMessage, namespace: str, unqualify_for: str = "") -> Any:
     """``stored_into``; returns the message's system properties (``popped_into`` adds to
     them). Every delivered message passes here: fields are set in place (building
     sub-messages and copying them in costs twice as much), user properties one by one (the
     map's ``update`` goes through Python's MutableMapping, item by item, with more checks),
-    times inline (a call each was a tenth of this function)."""
+    times inline (a call each was a tenth of this function). ``unqualify_for``: see
+    ``popped_into``."""
     topic = stored.topic
     message_id = stored.message_id
     properties = stored.properties
@@ -128,6 +130,10 @@ def _fill(msg: pb.Message, stored: StoredMessage, namespace: str) -> Any:
         for key, value in properties.items():
             if not key.startswith(INTERNAL_PROPERTY_PREFIX):
                 user[key] = value
+    if unqualify_for:
+        client_topic = unqualify(unqualify_for, topic)
+        if client_topic != topic:
+            topic, namespace = client_topic, unqualify_for
     body = stored.body
     msg.body = bytes(body)  # the same object for bytes (a broker's record)
     resource = msg.topic
@@ -182,9 +188,18 @@ def popped_to_pb(popped: PoppedMessage, now_ms: int, namespace: str = "") -> pb.
     return msg
 
 
-def popped_into(msg: pb.Message, popped: PoppedMessage, now_ms: int, namespace: str = "") -> None:
-    """``popped_to_pb`` into an empty message (see ``stored_into``)."""
-    system = _fill(msg, popped.message, namespace)
+def popped_into(
+    msg: pb.Message,
+    popped: PoppedMessage,
+    now_ms: int,
+    namespace: str = "",
+    unqualify_for: str = "",
+) -> None:
+    """``popped_to_pb`` into an empty message (see ``stored_into``). ``unqualify_for``: the
+    namespace the call is served in; the topic leaves as the client names it (what
+    ``namespace.unqualify_response`` does to a whole frame, done here once per message
+    instead of walking every frame's Resources)."""
+    system = _fill(msg, popped.message, namespace, unqualify_for)
     system.receipt_handle = popped.receipt_handle
     system.delivery_attempt = popped.message.reconsume_times + 1
     left = popped.invisible_until_ms - now_ms

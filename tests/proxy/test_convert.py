@@ -148,3 +148,29 @@ def test_transactional_message_type_trace_context_and_namespace() -> None:
     # Every property a producer set reaches the consumer; popmq's own (__popmq.*) do not.
     assert "app" in msg.user_properties
     assert not [key for key in msg.user_properties if key.startswith("__popmq.")]
+
+
+def test_a_frame_built_unqualified_equals_the_interceptors_walk_of_it() -> None:
+    """popped_into(..., unqualify_for=ns) gives the frame the namespace interceptor's
+    unqualify_response made of a frame built with inside names, for every kind of name."""
+    from popmq.proxy.grpc.convert import popped_into
+    from popmq.proxy.grpc.namespace import unqualify_response
+
+    from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+    cases = [
+        ("ns%orders", {}),
+        ("other%orders", {}),
+        ("orders", {}),
+        (retry_topic("ns%g", "ns%orders"), {PROP_ORIGIN_TOPIC: "ns%orders"}),
+        ("%DLQ%ns%g", {}),
+    ]
+    for topic, properties in cases:
+        popped = PoppedMessage(stored(topic=topic, properties=properties), "H", 9)
+        for request_namespace in ("", "ns"):
+            walked = s.ReceiveMessageResponse()
+            popped_into(walked.message, popped, 5, request_namespace)
+            unqualify_response(walked, "ns")
+            built = s.ReceiveMessageResponse()
+            popped_into(built.message, popped, 5, request_namespace, "ns")
+            assert built == walked, (topic, request_namespace)
