@@ -102,10 +102,13 @@ def stored_to_pb(stored: StoredMessage, namespace: str = "") -> pb.Message:
     return msg
 
 
-def stored_into(msg: pb.Message, stored: StoredMessage, namespace: str = "") -> None:
+def stored_into(
+    msg: pb.Message, stored: StoredMessage, namespace: str = "", unqualify_for: str = ""
+) -> None:
     """``stored_to_pb`` into an empty message, e.g. the one inside a response frame (building
-    a message and then copying it into the frame would copy the body too)."""
-    _fill(msg, stored, namespace)
+    a message and then copying it into the frame would copy the body too). ``unqualify_for``:
+    as ``popped_into``'s."""
+    _fill(msg, stored, namespace, unqualify_for)
 
 
 def _fill(msg: pb.Message, stored: StoredMessage, namespace: str, unqualify_for: str = "") -> Any:

@@ -385,13 +385,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await self._write_quietly(context, s.PullMessageResponse(status=st.status_of(exc)))
             self._record("PullMessage", exc.code, started)
             return
+        own_context, served_namespace = served_in(context)  # as in _receive
         try:
-            with writes_within(context, self._stall_s) as write:
+            with writes_within(own_context, self._stall_s) as write:
                 await write(s.PullMessageResponse(status=st.status(code, text)))
                 namespace = request.message_queue.topic.resource_namespace
                 for message in result.messages:
                     frame = s.PullMessageResponse()
-                    stored_into(frame.message, message, namespace)
+                    stored_into(frame.message, message, namespace, served_namespace)
                     await write(frame)
                 await write(s.PullMessageResponse(next_offset=result.next_offset))
         finally:

@@ -159,3 +159,37 @@ async def test_received_messages_leave_in_the_clients_namespace_without_a_walk_p
         ]
     assert topics == [("orders", "ns1"), ("orders", "ns1")]
     assert not [m for m in walked if isinstance(m, s.ReceiveMessageResponse) and m.message.body]
+
+
+async def test_pulled_messages_leave_in_the_clients_namespace_without_a_walk_per_frame(
+    cluster, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """PullMessage's frames too are built with the client's names, not walked one by one."""
+    from popmq.proxy.grpc import namespace
+    from proxy_support import message
+
+    metadata = _metadata(cluster, "ns1")
+    sent = await cluster.stub.SendMessage(
+        s.SendMessageRequest(messages=[message("orders", b"a")]), metadata=metadata, timeout=5
+    )
+    entry = sent.entries[0]
+    assert entry.status.code == Code.OK
+    walked: list[object] = []
+    real = namespace.unqualify_response
+    monkeypatch.setattr(
+        namespace, "unqualify_response", lambda m, ns: (walked.append(m), real(m, ns))[1]
+    )
+    routes = await cluster.stub.QueryRoute(
+        s.QueryRouteRequest(topic=pb.Resource(name="orders")), metadata=metadata
+    )
+    pulled = []
+    for queue in routes.message_queues:
+        request = s.PullMessageRequest(
+            group=pb.Resource(name="reader"), message_queue=queue, offset=0, batch_size=8
+        )
+        call = cluster.stub.PullMessage(request, metadata=metadata, timeout=5)
+        pulled += [f.message async for f in call if f.WhichOneof("content") == "message"]
+    assert [(m.topic.name, m.topic.resource_namespace, m.body) for m in pulled] == [
+        ("orders", "ns1", b"a")
+    ]
+    assert not [m for m in walked if isinstance(m, s.PullMessageResponse) and m.message.body]
