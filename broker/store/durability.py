@@ -1,6 +1,9 @@
 """Durability: the checkpoint (commitlog, indexes, consumer offsets and checkpoint.json made
-durable together) and the flush loop that runs it every ``flush_interval_ms`` and applies
-retention every few seconds. See message_store.py for what each flush mode promises."""
+durable together) and the flush loop. Every ``flush_interval_ms`` the loop fsyncs the commitlog
+and writes the consumer offsets that changed (what an answer's durability rests on); every
+``checkpoint_interval_ms`` it writes a whole checkpoint instead (the indexes' fsync and
+checkpoint.json only bound how much commitlog recovery re-reads); retention every few seconds.
+See message_store.py for what each flush mode promises."""
 
 from __future__ import annotations
 
@@ -91,6 +94,31 @@ class Checkpointer:
                 raise
             self._delete_purged_index_files(extents)
 
+    async def flush(self) -> None:
+        """The periodic flush between checkpoints: fsync the commitlog and write the consumer
+        offsets if they changed, as a checkpoint would, without the indexes' fsyncs and
+        checkpoint.json (a metafile with two fsyncs and a directory fsync)."""
+        async with self._lock:
+            await self._group.wait_durable(self._commitlog.write_position)
+            if not self._offsets.dirty:
+                return
+            offsets = self._offsets.snapshot()
+            self._offsets.dirty = False
+            work = asyncio.get_running_loop().run_in_executor(
+                None, functools.partial(self._write_offsets, offsets)
+            )
+            try:
+                try:
+                    await asyncio.shield(work)
+                except asyncio.CancelledError:
+                    while not work.done():  # as in checkpoint(): keep the lock until it is done
+                        with contextlib.suppress(BaseException):
+                            await asyncio.shield(work)
+                    raise
+            except BaseException:
+                self._offsets.dirty = True
+                raise
+
     def checkpoint_now(self) -> None:
         """checkpoint() for synchronous callers (open): everything fsynced inline."""
         target, fds, dir_dirty = self._commitlog.flush_targets()
@@ -109,14 +137,21 @@ class Checkpointer:
         timer: Clock,
         retention_interval_s: float,
         apply_retention: Callable[[], object],
+        checkpoint_interval_s: float = 0.0,
     ) -> None:
-        """Checkpoint every interval_s and apply retention every retention_interval_s, until
+        """Flush every interval_s, writing a whole checkpoint instead once checkpoint_interval_s
+        passed since the last one, and apply retention every retention_interval_s, until
         cancelled; a failing flush is counted and logged once until it works again."""
         next_retention = timer.monotonic() + retention_interval_s
+        next_checkpoint = timer.monotonic() + checkpoint_interval_s
         while True:
             await timer.sleep(interval_s)
             try:
-                await self.checkpoint(only_if_changed=True)
+                if timer.monotonic() >= next_checkpoint:
+                    await self.checkpoint(only_if_changed=True)
+                    next_checkpoint = timer.monotonic() + checkpoint_interval_s
+                else:
+                    await self.flush()
             except Exception as exc:
                 self.flush_failures += 1
                 if not self.flush_failing:
@@ -161,10 +196,13 @@ class Checkpointer:
         fsync_paths(paths)
         metafile.write(self._dir / "checkpoint.json", {"position": position, "queues": extents})
         if offsets is not None:
-            metafile.write(self._dir / "consumer_offsets.json", offsets)
-            self._offsets.written(offsets)
+            self._write_offsets(offsets)
         self._written = (position, extents)
         self.checkpoints_written += 1
+
+    def _write_offsets(self, offsets: list[list[Any]]) -> None:
+        metafile.write(self._dir / "consumer_offsets.json", offsets)
+        self._offsets.written(offsets)
 
 
 def _extents_doc(extents: Extents) -> dict[str, list[int]]:

@@ -25,9 +25,11 @@ Durability (``StoreConfig.flush``):
   machine (power cut, kernel panic) can lose what was acknowledged in the last
   ``flush_interval_ms`` before it.
 
-In both modes the flush task also fsyncs the queue indexes and writes the checkpoint and the
-consumer offsets every ``flush_interval_ms`` (and at close), so committed consumer offsets can
-lag by that interval after a machine crash; indexes are rebuilt from the commitlog anyway.
+In both modes the flush task also writes the consumer offsets that changed every
+``flush_interval_ms`` (and at close), so committed consumer offsets can lag by that interval
+after a machine crash. It fsyncs the queue indexes and writes checkpoint.json every
+``checkpoint_interval_ms`` (and at close): those make nothing acknowledged durable (recovery
+rebuilds indexes from the commitlog past the checkpoint), they bound what recovery re-reads.
 Messages are readable as soon as they are written, before their fsync.
 
 The store is this facade over parts with one job each: startup.py (metadata and the topic
@@ -241,7 +243,7 @@ class MessageStore:
         if self._task is None:
             loop = self._checkpointer.flush_loop(
                 self._config.flush_interval_ms / 1000, self._timer, self._retention_interval_s,
-                self.apply_retention,
+                self.apply_retention, self._config.checkpoint_interval_ms / 1000,
             )  # fmt: skip
             self._task = self._tasks.spawn(loop, "store-flush")
 

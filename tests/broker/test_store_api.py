@@ -9,6 +9,7 @@ from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message
 from popmq.broker.store import OffsetOutOfRangeError, TopicMeta
 from popmq.broker.store.framing import HEADER_SIZE, iter_frames
+from popmq.clock import LoopClock
 
 
 def msg(body: bytes, tag: str = "", **kw: object) -> Message:
@@ -303,6 +304,30 @@ async def test_idle_flushes_write_no_checkpoint(store_factory) -> None:
     before = store.checkpoints_written
     await store.checkpoint()  # an explicit checkpoint (close, replication) always writes
     assert store.checkpoints_written == before + 1
+    await store.aclose()
+
+
+@pytest.mark.looptime
+async def test_flushes_between_checkpoints_sync_the_log_and_offsets_only(store_factory) -> None:
+    """Every flush interval the commitlog is fsynced and changed consumer offsets written
+    (what answers rest on); the indexes' fsyncs and checkpoint.json, which only bound what
+    recovery re-reads, every checkpoint interval."""
+    loop = asyncio.get_running_loop()
+    store = store_factory(flush="async", flush_interval_ms=500, checkpoint_interval_ms=10_000,
+                          timer=LoopClock())  # fmt: skip
+    store.create_topic("T", 1)
+    await store.start()
+    checkpoints, fsyncs, started = store.checkpoints_written, store.commitlog_fsyncs, loop.time()
+    await store.append("T", 0, [msg(b"a")])
+    store.set_consumer_offset("g", "T", 0, 1)
+    while store.durable_consumer_offset("g", "T", 0) != 1:
+        await asyncio.sleep(0.1)
+    assert store.commitlog_fsyncs > fsyncs
+    assert store.checkpoints_written == checkpoints  # not yet: the first flush was not one
+    assert loop.time() - started < 2
+    while store.checkpoints_written == checkpoints:
+        await asyncio.sleep(0.5)
+    assert loop.time() - started >= 10
     await store.aclose()
 
 
