@@ -64,7 +64,8 @@ async def test_hundreds_of_queues_keep_descriptors_bounded(store_factory) -> Non
 async def test_a_failing_flush_makes_sends_wait_for_their_own_fsync(
     store_factory, monkeypatch, caplog
 ) -> None:
-    store = store_factory(flush_interval_ms=10)
+    # Every flush a checkpoint: the failure is injected into the checkpoint's file writes.
+    store = store_factory(flush_interval_ms=10, checkpoint_interval_ms=10)
     store.create_topic("t", 1)
     await store.start()
 
@@ -89,3 +90,32 @@ async def test_a_failing_flush_makes_sends_wait_for_their_own_fsync(
         await store.append("t", 0, [Message(topic="t", body=b"not durable")])
     assert err.value.code == Code.MASTER_PERSISTENCE_TIMEOUT
     monkeypatch.undo()
+
+
+async def test_a_failing_offsets_write_between_checkpoints_counts_and_is_retried(
+    store_factory, monkeypatch
+) -> None:
+    """Flushes between checkpoints write only the consumer offsets: one that fails is a
+    failing flush too, and the offsets stay to be written by the next one."""
+    store = store_factory(flush_interval_ms=10, checkpoint_interval_ms=60_000)
+    store.create_topic("t", 1)
+    await store.start()
+    real_write = store._checkpointer._write_offsets
+
+    def emfile(*_args: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(store._checkpointer, "_write_offsets", emfile)
+    store.set_consumer_offset("g", "t", 0, 3)
+    for _ in range(500):  # the flush loop runs every 10 ms
+        if store.flush_failing:
+            break
+        await asyncio.sleep(0.01)
+    assert store.flush_failing and store.durable_consumer_offset("g", "t", 0) == -1
+    monkeypatch.setattr(store._checkpointer, "_write_offsets", real_write)
+    for _ in range(500):
+        if store.durable_consumer_offset("g", "t", 0) == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert store.durable_consumer_offset("g", "t", 0) == 3
+    assert not store.flush_failing
