@@ -107,14 +107,14 @@ async def test_a_failing_offsets_write_between_checkpoints_counts_and_is_retried
 
     monkeypatch.setattr(store._checkpointer, "_write_offsets", emfile)
     store.set_consumer_offset("g", "t", 0, 3)
-    for _ in range(500):  # the flush loop runs every 10 ms
+    for _ in range(1000):  # the flush loop runs every 10 ms
         if store.flush_failing:
             break
         await asyncio.sleep(0.01)
     assert store.flush_failing and store.durable_consumer_offset("g", "t", 0) == -1
     monkeypatch.setattr(store._checkpointer, "_write_offsets", real_write)
-    for _ in range(500):
-        if store.durable_consumer_offset("g", "t", 0) == 3:
+    for _ in range(1000):  # written (in the thread), then the loop sees the flush worked
+        if store.durable_consumer_offset("g", "t", 0) == 3 and not store.flush_failing:
             break
         await asyncio.sleep(0.01)
     assert store.durable_consumer_offset("g", "t", 0) == 3
