@@ -10,8 +10,8 @@ only the commitlog written since the follower's last checkpoint.
 from __future__ import annotations
 
 import itertools
-import math
 import logging
+import math
 import os
 import time
 from pathlib import Path, PurePosixPath
