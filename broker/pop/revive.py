@@ -288,9 +288,8 @@ class ReviveService:
                 self._ledger.dropped(ck, index)
                 log_gone(ck.group, ck.topic, ck.queue_id, [ck.offsets[index]],
                          "asked to be forwarded to the DLQ")  # fmt: skip
-                raise RefusedError(
-                    Code.MESSAGE_NOT_FOUND, f"cannot forward to the DLQ: the message is {GONE_REASON}"
-                )
+                reason = f"cannot forward to the DLQ: the message is {GONE_REASON}"
+                raise RefusedError(Code.MESSAGE_NOT_FOUND, reason)
             message = with_origin(stored, dlq_topic(ck.group))
             message.reconsume_times = max(stored.reconsume_times, ck.attempts[index]) + 1
             message.delivery_timestamp_ms = 0

@@ -69,8 +69,8 @@ async def test_an_expired_entry_whose_message_is_gone_is_logged_and_counted(
             await asyncio.sleep(3)  # both leases end; the revive loop ran many times
         assert broker.started
         assert _gone_total(broker) == 2
-        lines = [r.getMessage() for r in caplog.records if "no longer in the store" in r.getMessage()]
-        assert lines, [r.getMessage() for r in caplog.records]
+        logged = [r.getMessage() for r in caplog.records]
+        assert any("no longer in the store" in line for line in logged), logged
         # Nothing comes back (there is nothing to deliver) and the queue moves on.
         pop_all = PopRequest(GROUP, TOPIC, queue_id=0, max_messages=32, invisible_time_ms=1_000)
         again = (await broker.pop(pop_all)).messages
@@ -103,3 +103,24 @@ async def test_a_handed_back_message_that_is_gone_is_logged_and_counted(
         assert again and again[0].message.queue_offset == broker.store.min_offset(TOPIC, 0)
         assert _gone_total(broker) == 1
         assert any("no longer in the store" in r.getMessage() for r in caplog.records)
+
+
+async def test_forwarding_a_message_that_is_gone_answers_message_not_found(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running_broker(_config(tmp_path), LoopClock()) as broker:
+        await broker.send([Message(TOPIC, b"x" * 500)], 0)
+        pop = PopRequest(GROUP, TOPIC, queue_id=0, max_messages=1, invisible_time_ms=60_000)
+        (popped,) = (await broker.pop(pop)).messages
+        await _purge_first(broker, [0])
+        with caplog.at_level(logging.WARNING, logger="popmq.broker"):
+            with pytest.raises(RefusedError) as refused:
+                await broker.forward_to_dlq(GROUP, TOPIC, popped.receipt_handle)
+        assert refused.value.code == Code.MESSAGE_NOT_FOUND
+        assert "no longer in the store" in refused.value.message
+        assert _gone_total(broker) == 1
+        assert any("no longer in the store" in r.getMessage() for r in caplog.records)
+        with pytest.raises(RefusedError) as again:  # settled: a retry says why
+            await broker.forward_to_dlq(GROUP, TOPIC, popped.receipt_handle)
+        assert again.value.code == Code.INVALID_RECEIPT_HANDLE
+        assert "no longer in the store" in again.value.message

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 from popmq.broker.contract.types import AckEntry, Message, PopRequest
@@ -83,7 +82,9 @@ async def test_the_message_being_written_when_the_stream_failed_counts_as_delive
     config = make_config(
         tmp_path, **{"proxy.write_stall_timeout_ms": STALL_MS, "proxy.strategy": "pop"}
     )
-    async with running_broker(fast_broker_config(tmp_path / "b", revive_scan_interval_ms=200), LoopClock()) as broker:
+    async with running_broker(
+        fast_broker_config(tmp_path / "b", revive_scan_interval_ms=200), LoopClock()
+    ) as broker:
         port = LocalBrokerPort(broker)
         await port.send([Message(TOPIC, body) for body in (b"m0", b"m1", b"m2")], 0)
         server = ProxyServer(config, [port])
@@ -117,7 +118,9 @@ async def test_the_client_can_ack_the_message_whose_write_was_in_doubt(tmp_path:
     config = make_config(
         tmp_path, **{"proxy.write_stall_timeout_ms": STALL_MS, "proxy.strategy": "pop"}
     )
-    async with running_broker(fast_broker_config(tmp_path / "b", revive_scan_interval_ms=200), LoopClock()) as broker:
+    async with running_broker(
+        fast_broker_config(tmp_path / "b", revive_scan_interval_ms=200), LoopClock()
+    ) as broker:
         port = LocalBrokerPort(broker)
         await port.send([Message(TOPIC, b"only")], 0)
         server = ProxyServer(config, [port])
@@ -131,9 +134,7 @@ async def test_the_client_can_ack_the_message_whose_write_was_in_doubt(tmp_path:
         finally:
             await server.cluster.aclose()
         (got,) = client.messages  # the frame got through after all; the client acks it
-        (result,) = await port.ack(
-            GROUP, TOPIC, [AckEntry(got.system_properties.receipt_handle)]
-        )
+        (result,) = await port.ack(GROUP, TOPIC, [AckEntry(got.system_properties.receipt_handle)])
         assert result.code == 20000, result.message
         await asyncio.sleep(INVISIBLE_MS / 1000 + 5)
         assert (await port.pop(_pop())).messages == []  # never delivered twice
