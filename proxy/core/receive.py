@@ -263,11 +263,14 @@ class Receiver:
             )  # fmt: skip
         return popped
 
-    def keep_in_doubt(self) -> None:
+    def keep_in_doubt(self, message: PoppedMessage) -> None:
         """A message whose write to the client began when the stream failed: it may have
         reached the client, so it counts as delivered and is not released. It keeps its
-        lease (and its auto-renewal): the client's ack works, and if none comes it returns
-        when the lease ends, with a delivery attempt counted like any un-acked message."""
+        lease: the client's ack works, and if none comes it returns when the lease ends,
+        with a delivery attempt counted like any un-acked message. Its auto-renewal stops
+        (a push consumer that never saw it would never nack it: renewed, it could stay
+        invisible for renew_max_ms), so the lease is at most the current slice."""
+        self.renewer.forget([message.receipt_handle])
         self.metrics.released_messages.labels("in_doubt").inc()
 
     def release_unsent(self, plan: ReceivePlan, unsent: list[PoppedMessage]) -> None:

@@ -299,7 +299,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             # away").
             receiver.release_unsent(plan, popped[sent + writing :])
             if writing:
-                receiver.keep_in_doubt()
+                receiver.keep_in_doubt(popped[sent])
             if not isinstance(exc, WriterStalled):
                 self._record("ReceiveMessage", "CLIENT_GONE", started)
             raise

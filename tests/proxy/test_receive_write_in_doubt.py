@@ -140,3 +140,22 @@ async def test_the_client_can_ack_the_message_whose_write_was_in_doubt(tmp_path:
         assert (await port.pop(_pop())).messages == []  # never delivered twice
         in_doubt = server.metrics.released_messages.labels("in_doubt")._value.get()
         assert in_doubt == 1
+
+
+async def test_an_in_doubt_message_is_no_longer_renewed(tmp_path: Path) -> None:
+    """A push consumer that never saw the frame would never nack it: renewed, the message
+    could stay invisible for renew_max_ms. Its lease is its current slice."""
+    config = make_config(tmp_path)
+    async with running_broker(fast_broker_config(tmp_path / "b"), LoopClock()) as broker:
+        port = LocalBrokerPort(broker)
+        await port.send([Message(TOPIC, b"m")], 0)
+        server = ProxyServer(config, [port])
+        try:
+            popped = (await port.pop(_pop())).messages
+            server.renewer.track("c@1", GROUP, TOPIC, popped)
+            assert len(server.renewer) == 1
+            server.core.receiver.keep_in_doubt(popped[0])
+            assert len(server.renewer) == 0
+        finally:
+            await server.tasks.aclose()
+            await server.cluster.aclose()
