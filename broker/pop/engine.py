@@ -417,7 +417,8 @@ class PopEngine:
         if state == EntryState.REVIVED and now < ck.invisible_until_ms:
             # Revives come only after the deadline: before it, only a client's forward.
             raise _invalid("the message was already forwarded to the dead-letter queue")
-        if (ck.ck_id, index) in self._ledger.forwarding:
+        forwarding = self._ledger.forwarding
+        if forwarding and (ck.ck_id, index) in forwarding:
             raise _invalid("the message is being forwarded to the dead-letter queue")
         if state != EntryState.PENDING or now >= ck.invisible_until_ms:
             raise _expired(ck.invisible_until_ms)
