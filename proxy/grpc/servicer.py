@@ -271,7 +271,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await self._finish_receive(context, st.status_of(exc))
             self._record("ReceiveMessage", exc.code, started)
             return
-        sent = 0
+        sent = 0  # messages written
+        writing = False  # popped[sent] is being written
         stall_s = self._stall_s
         # A namespaced call's frames are built as the client names things, once each,
         # and written past the namespace interceptor's per-frame walk.
@@ -284,13 +285,21 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 for message in popped:
                     frame = s.ReceiveMessageResponse()
                     popped_into(frame.message, message, now, namespace, served_namespace)
+                    writing = True
                     await write(frame)
+                    writing = False
                     sent += 1
                 await write(s.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms())))
         except BaseException as exc:
-            # The client is gone or stopped reading: whatever it did not take becomes
-            # visible again at once.
-            receiver.release_unsent(plan, popped[sent:])
+            # The client is gone or stopped reading: what was never written becomes visible
+            # again at once. A message whose write began counts as delivered: its frame may
+            # have reached the client (a write is queued in grpc-core before it completes),
+            # so it keeps its lease; handed back, it would be delivered twice with no
+            # attempt counted (docs/longpolling.md, "Messages popped for a client that went
+            # away").
+            receiver.release_unsent(plan, popped[sent + writing :])
+            if writing:
+                receiver.keep_in_doubt(popped[sent])
             if not isinstance(exc, WriterStalled):
                 self._record("ReceiveMessage", "CLIENT_GONE", started)
             raise
