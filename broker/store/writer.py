@@ -86,6 +86,53 @@ class QueueWriter:
         this returns relative to the fsync."""
         if not messages:
             return []
+        ids, base, now = await self._write(topic, topic_bytes, queue_id, index, messages)
+        return [
+            StoredMessage(
+                topic=topic,
+                queue_id=queue_id,
+                queue_offset=base + i,
+                body=message.body,
+                tag=message.tag,
+                keys=list(message.keys),
+                properties=dict(message.properties),
+                message_id=ids[i],
+                message_group=message.message_group,
+                delivery_timestamp_ms=message.delivery_timestamp_ms,
+                born_timestamp_ms=message.born_timestamp_ms,
+                born_host=message.born_host,
+                store_timestamp_ms=now,
+                store_host=self._broker_name,
+                reconsume_times=message.reconsume_times,
+            )
+            for i, message in enumerate(messages)
+        ]
+
+    async def append_ids(
+        self,
+        topic: str,
+        topic_bytes: bytes,
+        queue_id: int,
+        index: QueueIndex,
+        messages: list[Message],
+    ) -> tuple[list[str], int]:
+        """``append`` for a caller that needs only each message's id and the first one's
+        queue offset (a producer's send): no stored copy of every message is built."""
+        if not messages:
+            return [], index.max_offset
+        ids, base, _ = await self._write(topic, topic_bytes, queue_id, index, messages)
+        return ids, base
+
+    async def _write(
+        self,
+        topic: str,
+        topic_bytes: bytes,
+        queue_id: int,
+        index: QueueIndex,
+        messages: list[Message],
+    ) -> tuple[list[str], int, int]:
+        """Write (and, as configured, wait durable) ``messages``: their ids, the first one's
+        queue offset and the store time."""
         now = self._clock()
         if now < self.last_store_ts:  # keep store times ordered for offset_for_timestamp
             now = self.last_store_ts
@@ -124,28 +171,8 @@ class QueueWriter:
             ) from exc
         if self._sync or self._checkpointer.flush_failing:
             await self._wait_durable(positions[-1] + frame_length(frames[-1]))
-        stored = [
-            StoredMessage(
-                topic=topic,
-                queue_id=queue_id,
-                queue_offset=base + i,
-                body=message.body,
-                tag=message.tag,
-                keys=list(message.keys),
-                properties=dict(message.properties),
-                message_id=ids[i],
-                message_group=message.message_group,
-                delivery_timestamp_ms=message.delivery_timestamp_ms,
-                born_timestamp_ms=message.born_timestamp_ms,
-                born_host=message.born_host,
-                store_timestamp_ms=now,
-                store_host=self._broker_name,
-                reconsume_times=message.reconsume_times,
-            )
-            for i, message in enumerate(messages)
-        ]
         self._notify(topic, queue_id, base + len(messages), {m.tag for m in messages})
-        return stored
+        return ids, base, now
 
     async def _wait_durable(self, position: int) -> None:
         """Group-commit fsync up to ``position``; a failure refuses the send (never an
