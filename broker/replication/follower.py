@@ -98,7 +98,9 @@ class ReplicaFollower:
                         await anyio.to_thread.run_sync(self._writer.index_some)
                         continue
                     arrived.clear()
-                    await arrived.wait()
+                    # until a batch arrives, or indexing is due (it waits to do more at once)
+                    with anyio.move_on_after(self._writer.indexing_due_in()):
+                        await arrived.wait()
                     continue
                 batches = pending[:]
                 pending.clear()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import time
 from pathlib import Path, PurePosixPath
@@ -68,10 +69,15 @@ class ReplicaWriter:
         self._incomplete = False
         self._completed = False  # a complete batch was applied after the last reset or cut
         self.indexer = ReplicaIndexer(self.data_dir)
+        # The commitlog's segments as this writer last saw them (None: list them again); kept
+        # up to date by its own writes, as nothing else writes the directory while it follows.
+        # Listing (a stat per segment) twice per batch was a visible share of a follower's CPU.
+        self._segments: list[tuple[int, int]] | None = None
 
     def open(self) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._lock.acquire()
+        self._segments = None
         # Go on indexing from the checkpoint an earlier follower or this node's store left
         # (indexer.py); a cut or reset of the log adjusts the indexes before it happens.
         self.indexer.resume()
@@ -87,17 +93,28 @@ class ReplicaWriter:
     def indexing_due(self) -> bool:
         return self.indexer.due
 
+    def indexing_due_in(self) -> float:
+        """Seconds until indexing is due (infinite: not until more is applied)."""
+        wait = self.indexer.due_in()
+        return math.inf if wait is None else wait
+
     def index_some(self) -> None:
         """Index a chunk of what was applied (blocking: a worker thread; never while a batch
         is applied: the follower calls both in turn)."""
         self.indexer.index_some()
 
+    def _listed(self) -> list[tuple[int, int]]:
+        if self._segments is None:
+            self._segments = list_segments(self.data_dir)
+        return self._segments
+
     @property
     def commitlog_end(self) -> int:
-        return log_end(list_segments(self.data_dir))
+        return log_end(self._listed())
 
     def hello(self, node: str, known_epoch: int) -> pb.Hello:
         assert self.history is not None
+        self._segments = None  # a new stream: look at the directory afresh
         return pb.Hello(
             node=node,
             epochs=[pb.EpochEntry(epoch=e, start_offset=s) for e, s in self.history.entries],
@@ -197,6 +214,7 @@ class ReplicaWriter:
                         ", ".join(moved), aside)  # fmt: skip
         assert self.history is not None
         self.history.clear()
+        self._segments = None
         fsync_dir(self.data_dir)
 
     def _aside(self, kind: str) -> Path:
@@ -212,6 +230,7 @@ class ReplicaWriter:
                     if start + size > position or (start == position and start > 0)]  # fmt: skip
         if not segments:
             return
+        self._segments = None
         aside = self._aside("truncated")
         cut = 0
         for start, size in segments:
@@ -232,13 +251,14 @@ class ReplicaWriter:
                     aside)  # fmt: skip
 
     def _drop_below(self, minimum: int) -> None:
-        segments = list_segments(self.data_dir)
+        segments = self._listed()
         first = None
         for (start, _), (next_start, _) in itertools.pairwise(segments):
             if next_start <= minimum:
-                segment_path(self.data_dir, start).unlink()
+                segment_path(self.data_dir, start).unlink(missing_ok=True)
                 first = next_start
         if first is not None:
+            self._segments = None
             self.indexer.after_drop(first)
 
     def _write_commitlog(self, segment: int, position: int, data: bytes) -> None:
@@ -256,6 +276,18 @@ class ReplicaWriter:
         self._unsynced.add(path)
         if created:
             self._unsynced_dirs.add(root)
+        self._grew(segment, position - segment + len(data))
+
+    def _grew(self, segment: int, size: int) -> None:
+        """Segment ``segment`` now holds at least ``size`` bytes (a pwrite never shrinks)."""
+        segments = self._listed()
+        for index in range(len(segments) - 1, -1, -1):
+            start, known = segments[index]
+            if start == segment:
+                segments[index] = (start, max(known, size))
+                return
+        segments.append((segment, size))
+        segments.sort()
 
     def _apply_file(self, change: pb.FileChange) -> None:
         path = self.data_dir / check_path(change.path)

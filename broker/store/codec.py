@@ -67,14 +67,22 @@ def _encode_properties(properties: dict[str, str]) -> bytes:
 
 
 def _decode_strings(data: bytes | memoryview, start: int, end: int) -> list[str]:
+    # The field is copied out once and split as bytes: slicing a memoryview per string and
+    # decoding it cost about twice as much (a message's keys and properties, every read).
+    raw = bytes(data[start:end])
+    size_of = _unpack_u32
     items: list[str] = []
-    pos = start
-    while pos < end:
-        (size,) = _unpack_u32(data, pos)
-        pos += 4
-        items.append(str(data[pos : pos + size], "utf-8"))
-        pos += size
-    if pos != end:
+    pos = 0
+    stop = len(raw)
+    try:
+        while pos < stop:
+            (size,) = size_of(raw, pos)
+            pos += 4
+            items.append(raw[pos : pos + size].decode())
+            pos += size
+    except struct.error:
+        raise ValueError("string list overruns its field") from None
+    if pos != stop:
         raise ValueError("string list overruns its field")
     return items
 
@@ -154,22 +162,31 @@ def decode_record(payload: bytes | memoryview) -> StoredMessage:
     if version != RECORD_VERSION:
         raise ValueError(f"unknown record version {version}")
     pos = HEADER_SIZE
-    end = pos + topic_len + tag_len + id_len + group_len + born_host_len + store_host_len
-    end += keys_len + props_len + body_len
+    names_end = pos + topic_len + tag_len + id_len + group_len + born_host_len + store_host_len
+    end = names_end + keys_len + props_len + body_len
     if end != len(payload):
         raise ValueError("record length does not match its header")
-    topic = str(payload[pos : pos + topic_len], "utf-8")
-    pos += topic_len
-    tag = str(payload[pos : pos + tag_len], "utf-8")
-    pos += tag_len
-    message_id = str(payload[pos : pos + id_len], "utf-8")
-    pos += id_len
-    group = str(payload[pos : pos + group_len], "utf-8")
-    pos += group_len
-    born_host = str(payload[pos : pos + born_host_len], "utf-8")
-    pos += born_host_len
-    store_host = str(payload[pos : pos + store_host_len], "utf-8")
-    pos += store_host_len
+    # The six names lie side by side: mostly ASCII, then one decode and six slices (a decode
+    # each, from a memoryview slice each, was a fifth of a record's decoding).
+    names = bytes(payload[pos:names_end])
+    a = topic_len
+    b = a + tag_len
+    c = b + id_len
+    d = c + group_len
+    e = d + born_host_len
+    if names.isascii():
+        text = names.decode("ascii")
+        topic, tag, message_id, group = text[:a], text[a:b], text[b:c], text[c:d]
+        born_host, store_host = text[d:e], text[e:]
+    else:
+        topic, tag, message_id = (
+            str(names[:a], "utf-8"),
+            str(names[a:b], "utf-8"),
+            str(names[b:c], "utf-8"),
+        )
+        group, born_host = str(names[c:d], "utf-8"), str(names[d:e], "utf-8")
+        store_host = str(names[e:], "utf-8")
+    pos = names_end
     keys = _decode_strings(payload, pos, pos + keys_len) if keys_len else []
     pos += keys_len
     properties: dict[str, str] = {}
@@ -180,23 +197,10 @@ def decode_record(payload: bytes | memoryview) -> StoredMessage:
         properties = dict(zip(flat[::2], flat[1::2], strict=True))
     pos += props_len
     body = bytes(payload[pos : pos + body_len])
-    return StoredMessage(
-        topic=topic,
-        queue_id=queue_id,
-        queue_offset=queue_offset,
-        body=body,
-        tag=tag,
-        keys=keys,
-        properties=properties,
-        message_id=message_id,
-        message_group=group,
-        delivery_timestamp_ms=delivery_ts,
-        born_timestamp_ms=born_ts,
-        born_host=born_host,
-        store_timestamp_ms=store_ts,
-        store_host=store_host,
-        reconsume_times=reconsume,
-    )
+    return StoredMessage(  # positional: keywords cost a third more for 15 fields
+        topic, queue_id, queue_offset, body, tag, keys, properties, message_id, group,
+        delivery_ts, born_ts, born_host, store_ts, store_host, reconsume,
+    )  # fmt: skip
 
 
 def decode_header(payload: bytes | memoryview) -> RecordHeader:

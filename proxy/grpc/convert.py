@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from popmq.broker.contract.types import (
     PROP_ORIGIN_MESSAGE_ID,
@@ -15,6 +16,7 @@ from popmq.broker.contract.types import (
     StoredMessage,
 )
 from popmq.proxy.core.send import LazyBody, OutgoingMessage, to_message
+from popmq.proxy.grpc.namespace import unqualify
 
 from popmq.pb.pool import Duration, Timestamp
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -100,56 +102,87 @@ def stored_to_pb(stored: StoredMessage, namespace: str = "") -> pb.Message:
     return msg
 
 
-def stored_into(msg: pb.Message, stored: StoredMessage, namespace: str = "") -> None:
+def stored_into(
+    msg: pb.Message, stored: StoredMessage, namespace: str = "", unqualify_for: str = ""
+) -> None:
     """``stored_to_pb`` into an empty message, e.g. the one inside a response frame (building
-    a message and then copying it into the frame would copy the body too)."""
+    a message and then copying it into the frame would copy the body too). ``unqualify_for``:
+    as ``popped_into``'s."""
+    _fill(msg, stored, namespace, unqualify_for)
+
+
+def _fill(msg: pb.Message, stored: StoredMessage, namespace: str, unqualify_for: str = "") -> Any:
+    """``stored_into``; returns the message's system properties (``popped_into`` adds to
+    them). Every delivered message passes here: fields are set in place (building
+    sub-messages and copying them in costs twice as much), user properties one by one (the
+    map's ``update`` goes through Python's MutableMapping, item by item, with more checks),
+    times inline (a call each was a tenth of this function). ``unqualify_for``: see
+    ``popped_into``."""
     topic = stored.topic
     message_id = stored.message_id
     properties = stored.properties
+    system = msg.system_properties
     if properties:
         if topic.startswith(RETRY_PREFIX):
             topic = properties.get(PROP_ORIGIN_TOPIC, topic)
             message_id = properties.get(PROP_ORIGIN_MESSAGE_ID, message_id)
         trace_context = properties.get(PROP_TRACE_CONTEXT)
         if trace_context:
-            msg.system_properties.trace_context = trace_context
-        if any(key.startswith(INTERNAL_PROPERTY_PREFIX) for key in properties):
-            properties = {
-                k: v for k, v in properties.items() if not k.startswith(INTERNAL_PROPERTY_PREFIX)
-            }
-        msg.user_properties.update(properties)
-    # Fields are set in place: building sub-messages and copying them in costs twice as much.
-    msg.body = bytes(stored.body)  # the same object for bytes (a broker's record)
-    msg.topic.name = topic
+            system.trace_context = trace_context
+        user = msg.user_properties
+        for key, value in properties.items():
+            if not key.startswith(INTERNAL_PROPERTY_PREFIX):
+                user[key] = value
+    if unqualify_for:
+        client_topic = unqualify(unqualify_for, topic)
+        if client_topic != topic:
+            topic, namespace = client_topic, unqualify_for
+    body = stored.body
+    msg.body = bytes(body)  # the same object for bytes (a broker's record)
+    resource = msg.topic
+    resource.name = topic
     if namespace:
-        msg.topic.resource_namespace = namespace
-    system = msg.system_properties
+        resource.resource_namespace = namespace
     system.message_id = message_id
     if stored.keys:
         system.keys.extend(stored.keys)
     digest = system.body_digest
     digest.type = pb.MD5
-    digest.checksum = md5_hex(stored.body)
+    digest.checksum = md5_hex(body)
     system.body_encoding = pb.IDENTITY
-    _set_ms(system.born_timestamp, stored.born_timestamp_ms)
+    ms = stored.born_timestamp_ms
+    stamp = system.born_timestamp
+    if ms >= 0:
+        stamp.seconds, millis = divmod(ms, 1000)
+        stamp.nanos = millis * 1_000_000
+    else:
+        stamp.FromMilliseconds(ms)
     system.born_host = stored.born_host
-    _set_ms(system.store_timestamp, stored.store_timestamp_ms)
+    ms = stored.store_timestamp_ms
+    stamp = system.store_timestamp
+    if ms >= 0:
+        stamp.seconds, millis = divmod(ms, 1000)
+        stamp.nanos = millis * 1_000_000
+    else:
+        stamp.FromMilliseconds(ms)
     system.store_host = stored.store_host
     system.queue_id = stored.queue_id
     system.queue_offset = stored.queue_offset
     if stored.tag:
         system.tag = stored.tag
-    if PROP_TRANSACTION in stored.properties:
+    delivery = stored.delivery_timestamp_ms
+    if PROP_TRANSACTION in properties:
         system.message_type = pb.TRANSACTION
     elif stored.message_group:
         system.message_group = stored.message_group
         system.message_type = pb.FIFO
-    elif stored.delivery_timestamp_ms > 0:
+    elif delivery > 0:
         system.message_type = pb.DELAY
     else:
         system.message_type = pb.NORMAL
-    if stored.delivery_timestamp_ms > 0:
-        _set_ms(system.delivery_timestamp, stored.delivery_timestamp_ms)
+    if delivery > 0:
+        _set_ms(system.delivery_timestamp, delivery)
+    return system
 
 
 def popped_to_pb(popped: PoppedMessage, now_ms: int, namespace: str = "") -> pb.Message:
@@ -158,13 +191,27 @@ def popped_to_pb(popped: PoppedMessage, now_ms: int, namespace: str = "") -> pb.
     return msg
 
 
-def popped_into(msg: pb.Message, popped: PoppedMessage, now_ms: int, namespace: str = "") -> None:
-    """``popped_to_pb`` into an empty message (see ``stored_into``)."""
-    stored_into(msg, popped.message, namespace)
-    system = msg.system_properties
+def popped_into(
+    msg: pb.Message,
+    popped: PoppedMessage,
+    now_ms: int,
+    namespace: str = "",
+    unqualify_for: str = "",
+) -> None:
+    """``popped_to_pb`` into an empty message (see ``stored_into``). ``unqualify_for``: the
+    namespace the call is served in; the topic leaves as the client names it (what
+    ``namespace.unqualify_response`` does to a whole frame, done here once per message
+    instead of walking every frame's Resources)."""
+    system = _fill(msg, popped.message, namespace, unqualify_for)
     system.receipt_handle = popped.receipt_handle
-    system.delivery_attempt = popped.delivery_attempt
-    _set_ms(system.invisible_duration, max(popped.invisible_until_ms - now_ms, 0))
+    system.delivery_attempt = popped.message.reconsume_times + 1
+    left = popped.invisible_until_ms - now_ms
+    invisible = system.invisible_duration
+    if left > 0:
+        invisible.seconds, millis = divmod(left, 1000)
+        invisible.nanos = millis * 1_000_000
+    else:
+        invisible.seconds = 0  # present, and zero
 
 
 def _set_ms(value: Timestamp | Duration, ms: int) -> None:

@@ -168,6 +168,16 @@ class _Context:
         return getattr(self._context, name)
 
 
+def served_in(context: Any) -> tuple[Any, str]:
+    """(the call's own context, the namespace it is served in) for a streaming call this
+    interceptor wrapped, else (context, ""). A servicer that builds its frames already
+    unqualified (convert.popped_into's ``unqualify_for``) writes them to the call's own
+    context: no walk of each frame's Resources (4-8 µs a delivered message)."""
+    if isinstance(context, _Context):
+        return context._context, context._namespace
+    return context, ""
+
+
 def _status_frame(method: str, error: RefusedError) -> Message:
     """The method's response carrying the refusal as a RocketMQ Status (never a gRPC error)."""
     service = s.DESCRIPTOR.services_by_name["MessagingService"]

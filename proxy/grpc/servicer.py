@@ -24,6 +24,7 @@ from popmq.proxy.grpc import clients, handles, offsets, routes, send
 from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import popped_into, stored_into, timestamp
 from popmq.proxy.grpc.headers import RequestContext, request_context, text_headers
+from popmq.proxy.grpc.namespace import served_in
 from popmq.proxy.grpc.receive import receive_request
 from popmq.proxy.grpc.stall import WriterStalled, writes_within
 from popmq.proxy.metrics import ProxyMetrics
@@ -272,14 +273,17 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return
         sent = 0
         stall_s = self._stall_s
+        # A namespaced call's frames are built as the client names things, once each,
+        # and written past the namespace interceptor's per-frame walk.
+        own_context, served_namespace = served_in(context)
         try:
-            with writes_within(context, stall_s) as write:
+            with writes_within(own_context, stall_s) as write:
                 await write(s.ReceiveMessageResponse(status=st.ok()))
                 now = _now_ms()
                 namespace = request.message_queue.topic.resource_namespace
                 for message in popped:
                     frame = s.ReceiveMessageResponse()
-                    popped_into(frame.message, message, now, namespace)
+                    popped_into(frame.message, message, now, namespace, served_namespace)
                     await write(frame)
                     sent += 1
                 await write(s.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms())))
@@ -381,13 +385,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await self._write_quietly(context, s.PullMessageResponse(status=st.status_of(exc)))
             self._record("PullMessage", exc.code, started)
             return
+        own_context, served_namespace = served_in(context)  # as in _receive
         try:
-            with writes_within(context, self._stall_s) as write:
+            with writes_within(own_context, self._stall_s) as write:
                 await write(s.PullMessageResponse(status=st.status(code, text)))
                 namespace = request.message_queue.topic.resource_namespace
                 for message in result.messages:
                     frame = s.PullMessageResponse()
-                    stored_into(frame.message, message, namespace)
+                    stored_into(frame.message, message, namespace, served_namespace)
                     await write(frame)
                 await write(s.PullMessageResponse(next_offset=result.next_offset))
         finally:

@@ -178,3 +178,28 @@ def test_framed_log_appends_flushes_and_truncates_a_torn_tail(tmp_path: Path) ->
     again = FramedLog(path)
     assert [p for _, p in again.iter_from()][-1] == b"after"
     again.close()
+
+
+def test_an_inner_length_ending_short_of_a_length_word_is_a_value_error() -> None:
+    """decode_record promises ValueError for anything that is not a record (readers catch
+    that one): a key claiming fewer bytes than it has, so that the next length word would
+    run past the record's end, once escaped as struct.error."""
+    payload = bytearray(roundtrip(Message(topic="t", body=b"", keys=["abc"]))[0])
+    start = payload.index(b"\x03\x00\x00\x00abc")
+    struct.pack_into("<I", payload, start, 1)  # "a", then a length word of only "bc"
+    with pytest.raises(ValueError):
+        decode_record(bytes(payload))
+
+
+def test_names_keys_and_properties_roundtrip_beyond_ascii() -> None:
+    message = Message(
+        topic="tøpic", body=b"", tag="tåg", keys=["ключ", ""], properties={"é": "ü", "": ""},
+        message_id="id€", message_group="grüppe", born_host="hôst",
+    )  # fmt: skip
+    payload = encode_record(message, "tøpic".encode(), 1, 2, 3, "bröker".encode())
+    stored = decode_record(memoryview(payload))
+    assert (stored.topic, stored.tag, stored.message_id, stored.message_group) == (
+        "tøpic", "tåg", "id€", "grüppe",
+    )  # fmt: skip
+    assert (stored.born_host, stored.store_host) == ("hôst", "bröker")
+    assert stored.keys == ["ключ", ""] and stored.properties == {"é": "ü", "": ""}

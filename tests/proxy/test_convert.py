@@ -122,3 +122,55 @@ def test_outgoing_messages_carry_their_types_name_and_unknown_ones_say_so() -> N
     future = pb.Message(body=b"x")
     future.system_properties.message_type = 99  # a type newer than our protocol files
     assert outgoing_from_pb(future).kind == "UNKNOWN(99)"
+
+
+def test_an_expired_invisible_time_is_sent_as_zero_not_left_out() -> None:
+    """A message whose invisible time ran out before its frame was built still carries the
+    field (zero), as protobuf's own conversion sets it: clients read it without a presence check."""
+    msg = popped_to_pb(PoppedMessage(stored(), "H", 1_000), 5_000)
+    props = msg.system_properties
+    assert props.HasField("invisible_duration")
+    assert props.invisible_duration.ToMilliseconds() == 0
+    assert props.HasField("delivery_attempt") and props.HasField("queue_offset")
+
+
+def test_transactional_message_type_trace_context_and_namespace() -> None:
+    from popmq.broker.contract.types import PROP_TRACE_CONTEXT, PROP_TRANSACTION
+
+    committed = stored(
+        properties={PROP_TRANSACTION: "true", PROP_TRACE_CONTEXT: "00-abc-01", "app": "x"},
+        message_group="",
+    )
+    msg = popped_to_pb(PoppedMessage(committed, "H", 0), 0, "ns1")
+    assert msg.system_properties.message_type == pb.TRANSACTION
+    assert msg.system_properties.trace_context == "00-abc-01"
+    assert msg.topic.resource_namespace == "ns1" and msg.topic.name == "orders"
+    # Every property a producer set reaches the consumer; popmq's own (__popmq.*) do not.
+    assert "app" in msg.user_properties
+    assert not [key for key in msg.user_properties if key.startswith("__popmq.")]
+
+
+def test_a_frame_built_unqualified_equals_the_interceptors_walk_of_it() -> None:
+    """popped_into(..., unqualify_for=ns) gives the frame the namespace interceptor's
+    unqualify_response made of a frame built with inside names, for every kind of name."""
+    from popmq.proxy.grpc.convert import popped_into
+    from popmq.proxy.grpc.namespace import unqualify_response
+
+    from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+    cases = [
+        ("ns%orders", {}),
+        ("other%orders", {}),
+        ("orders", {}),
+        (retry_topic("ns%g", "ns%orders"), {PROP_ORIGIN_TOPIC: "ns%orders"}),
+        ("%DLQ%ns%g", {}),
+    ]
+    for topic, properties in cases:
+        popped = PoppedMessage(stored(topic=topic, properties=properties), "H", 9)
+        for request_namespace in ("", "ns"):
+            walked = s.ReceiveMessageResponse()
+            popped_into(walked.message, popped, 5, request_namespace)
+            unqualify_response(walked, "ns")
+            built = s.ReceiveMessageResponse()
+            popped_into(built.message, popped, 5, request_namespace, "ns")
+            assert built == walked, (topic, request_namespace)

@@ -115,3 +115,81 @@ async def test_one_wrapped_handler_serves_each_call_with_its_own_namespace() -> 
         await served.unary_unary(s.QueryRouteRequest(topic=pb.Resource(name="t")), None)
     assert seen == ["ns1%t", "ns2%t", "t"]
     assert wrapped[0] is wrapped[1] is wrapped[2]  # wrapped once, not per call
+
+
+async def test_received_messages_leave_in_the_clients_namespace_without_a_walk_per_frame(
+    cluster, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Delivered messages name their topic as the client does (``orders`` in ``ns1``), for a
+    namespace given by header or by Resource; their frames are built that way once (no
+    interceptor walk of each written frame: ``unqualify_response`` is not called for them)."""
+    from popmq.proxy.grpc import namespace
+    from proxy_support import message
+
+    metadata = _metadata(cluster, "ns1")
+    sent = await cluster.stub.SendMessage(
+        s.SendMessageRequest(messages=[message("orders", b"a"), message("orders", b"b")]),
+        metadata=metadata,
+        timeout=5,
+    )
+    assert [e.status.code for e in sent.entries] == [Code.OK, Code.OK]
+    walked: list[object] = []
+    real = namespace.unqualify_response
+    monkeypatch.setattr(
+        namespace, "unqualify_response", lambda m, ns: (walked.append(m), real(m, ns))[1]
+    )
+    topics = []
+    for resource_namespace in ("", "ns1"):  # the header alone, then the Resource too
+        request = s.ReceiveMessageRequest(
+            group=pb.Resource(name="g", resource_namespace=resource_namespace),
+            message_queue=pb.MessageQueue(
+                topic=pb.Resource(name="orders", resource_namespace=resource_namespace)
+            ),
+            filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+            batch_size=1,
+        )
+        request.invisible_duration.FromMilliseconds(5_000)
+        request.long_polling_timeout.FromMilliseconds(1_000)
+        call = cluster.stub.ReceiveMessage(request, metadata=metadata, timeout=5)
+        frames = [frame async for frame in call]
+        topics += [
+            (f.message.topic.name, f.message.topic.resource_namespace)
+            for f in frames
+            if f.WhichOneof("content") == "message"
+        ]
+    assert topics == [("orders", "ns1"), ("orders", "ns1")]
+    assert not [m for m in walked if isinstance(m, s.ReceiveMessageResponse) and m.message.body]
+
+
+async def test_pulled_messages_leave_in_the_clients_namespace_without_a_walk_per_frame(
+    cluster, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """PullMessage's frames too are built with the client's names, not walked one by one."""
+    from popmq.proxy.grpc import namespace
+    from proxy_support import message
+
+    metadata = _metadata(cluster, "ns1")
+    sent = await cluster.stub.SendMessage(
+        s.SendMessageRequest(messages=[message("orders", b"a")]), metadata=metadata, timeout=5
+    )
+    entry = sent.entries[0]
+    assert entry.status.code == Code.OK
+    walked: list[object] = []
+    real = namespace.unqualify_response
+    monkeypatch.setattr(
+        namespace, "unqualify_response", lambda m, ns: (walked.append(m), real(m, ns))[1]
+    )
+    routes = await cluster.stub.QueryRoute(
+        s.QueryRouteRequest(topic=pb.Resource(name="orders")), metadata=metadata
+    )
+    pulled = []
+    for queue in routes.message_queues:
+        request = s.PullMessageRequest(
+            group=pb.Resource(name="reader"), message_queue=queue, offset=0, batch_size=8
+        )
+        call = cluster.stub.PullMessage(request, metadata=metadata, timeout=5)
+        pulled += [f.message async for f in call if f.WhichOneof("content") == "message"]
+    assert [(m.topic.name, m.topic.resource_namespace, m.body) for m in pulled] == [
+        ("orders", "ns1", b"a")
+    ]
+    assert not [m for m in walked if isinstance(m, s.PullMessageResponse) and m.message.body]
