@@ -377,7 +377,8 @@ class PopEngine:
         if handle.group_hash != group_hash(group):
             raise _invalid(f"the handle was not issued to consumer group {group!r}")
         if handle.topic != topic and handle.topic not in (  # (names built only for a retry)
-            retry_topic(group, topic), legacy_retry_topic(group, topic)
+            retry_topic(group, topic),
+            legacy_retry_topic(group, topic),
         ):
             raise _invalid(f"the handle is for topic {handle.topic!r}, not {topic!r}")
         ck = self._ledger.find(handle.checkpoint_id)
