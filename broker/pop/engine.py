@@ -387,7 +387,10 @@ class PopEngine:
             raise _invalid(f"the handle belongs to broker {handle.broker!r}, not {self._name!r}")
         if handle.group_hash != group_hash(group):
             raise _invalid(f"the handle was not issued to consumer group {group!r}")
-        if handle.topic not in (topic, retry_topic(group, topic), legacy_retry_topic(group, topic)):
+        if handle.topic != topic and handle.topic not in (  # (names built only for a retry)
+            retry_topic(group, topic),
+            legacy_retry_topic(group, topic),
+        ):
             raise _invalid(f"the handle is for topic {handle.topic!r}, not {topic!r}")
         ck = self._ledger.find(handle.checkpoint_id)
         index = handle.index

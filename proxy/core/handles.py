@@ -46,8 +46,9 @@ class Handles:
         cluster = self.cluster
         results: list[AckEntryResult | None] = [None] * len(entries)
         by_broker: dict[str, list[int]] = defaultdict(list)
-        for entry in entries:  # a PushConsumer acks with the handle it got: use the latest
-            entry.receipt_handle = await self.renewer.take(entry.receipt_handle)
+        if len(self.renewer):  # a PushConsumer acks with the handle it got: use the latest
+            for entry in entries:
+                entry.receipt_handle = await self.renewer.take(entry.receipt_handle)
         for index, entry in enumerate(entries):
             if len(entry.receipt_handle) > validate.MAX_RECEIPT_HANDLE_LENGTH:
                 # Not one of ours: refused, and not echoed back at the caller's size.

@@ -241,12 +241,17 @@ class Sender:
         shared: dict[str, QueueRef] = {}
         routes: dict[str, TopicRoute] = {}  # a request's messages nearly always share one topic
         unsettled: set[str] = set()  # topics still without a type on some broker
+        checked: set[tuple[str, MessageType]] = set()  # (topic, type) pairs the route took
         for index, message in enumerate(messages):
             route = routes.get(message.topic)
             if route is None:
                 route = routes[message.topic] = await cluster.route(message.topic)
-            if _check_type(route, message):
-                unsettled.add(message.topic)
+            kind = message_kind(message.message_group, message.delivery_timestamp_ms,
+                                PROP_TRANSACTION in message.properties)  # fmt: skip
+            if (message.topic, kind) not in checked:  # once per type and topic in a request
+                checked.add((message.topic, kind))
+                if _check_type(route, kind):
+                    unsettled.add(message.topic)
             if message.message_group:
                 target = cluster.pick_queue(route, message.message_group)
             else:
@@ -343,12 +348,10 @@ def _chunks(
     return chunks
 
 
-def _check_type(route: TopicRoute, message: Message) -> bool:
-    """Refuse a message whose type the topic does not take, as its route says (each broker
-    checks its own copy again; checking here too keeps copies that are still untyped from
-    taking another type). True if some copy is still untyped."""
-    kind = message_kind(message.message_group, message.delivery_timestamp_ms,
-                        PROP_TRANSACTION in message.properties)  # fmt: skip
+def _check_type(route: TopicRoute, kind: MessageType) -> bool:
+    """Refuse a message whose type (``kind``) the topic does not take, as its route says (each
+    broker checks its own copy again; checking here too keeps copies that are still untyped
+    from taking another type). True if some copy is still untyped."""
     if kind.value not in route.accepts:
         raise RefusedError(
             Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
