@@ -286,7 +286,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         # in this table) per key it invents.
         known = bool(credential) and self._authn.acl.user(credential) is not None
         key = (credential if known else "", method, exc.code)
-        now = time.monotonic()
+        now = time.monotonic()  # a log-rate bound for the operator: real time, no logic waits on it
         if now - self._last_logged.get(key, -_LOG_EVERY_S) >= _LOG_EVERY_S:
             self._last_logged[key] = now
             log.warning(
