@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pool
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from popmq.pb.pool import POOL
 
@@ -48,8 +48,30 @@ class ChainedPools:
         return self._first(lambda pool: pool.FindAllExtensions(message), message.full_name)
 
 
-def enable_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> None:
-    """Serve grpc.reflection.v1alpha.ServerReflection listing service_names (and itself)."""
+class _GenericOnly:
+    """The server as generated registration code sees it, minus registered methods."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
+        pass  # served through the generic handler above
+
+
+def enable_reflection(
+    server: grpc.aio.Server, service_names: Iterable[str], *, registered: bool = True
+) -> None:
+    """Serve grpc.reflection.v1alpha.ServerReflection listing service_names (and itself).
+    ``registered=False``: through the generic handler only (as add_tolerant's: a registered
+    method costs every call the server accepts a little)."""
     names = [*service_names, reflection.SERVICE_NAME]
     pools = ChainedPools(POOL, descriptor_pool.Default())
-    reflection.enable_server_reflection(names, server, pool=pools)
+    if registered:
+        reflection.enable_server_reflection(names, server, pool=pools)
+    else:  # what enable_server_reflection does for a grpc.aio server, minus registration
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            reflection.aio.ReflectionServicer(names, pool=pools), _GenericOnly(server)
+        )

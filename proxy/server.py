@@ -188,11 +188,13 @@ class ProxyServer:
             large_methods=frozenset({"SendMessage"}),
         )
         # Tolerant as well: an undecodable health check answers INVALID_ARGUMENT, no traceback.
-        add_tolerant(health_pb2_grpc.add_HealthServicer_to_server, self._health, server)
+        add_tolerant(
+            health_pb2_grpc.add_HealthServicer_to_server, self._health, server, registered=False
+        )
         if proxy.admin_port is None:
             self._add_admin(server)
         client_port_services = SERVED_SERVICES if proxy.admin_port is None else (MESSAGING_SERVICE,)
-        enable_reflection(server, [*client_port_services, HEALTH_SERVICE])
+        enable_reflection(server, [*client_port_services, HEALTH_SERVICE], registered=False)
         self.port = _bind(server, proxy.host, proxy.port, credentials)
         self.proxy_address.bind(proxy.host, self.port)
         if proxy.admin_port is not None:

@@ -235,4 +235,5 @@ def add_admin_service(
         server,
         count_undecodable,
         small_request_bytes=small_request_bytes,  # every admin request is small
+        registered=False,  # rarely called: costs the client calls nothing (add_tolerant)
     )

@@ -237,4 +237,5 @@ def add_upstream_admin_service(
         server,
         count_undecodable,
         small_request_bytes=small_request_bytes,  # every admin request is small
+        registered=False,  # rarely called: costs the client calls nothing (add_tolerant)
     )

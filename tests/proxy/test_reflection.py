@@ -105,6 +105,28 @@ async def test_proxy_health_per_service(cluster) -> None:  # type: ignore[no-unt
     }  # fmt: skip
 
 
+async def test_proxy_registers_only_the_client_methods(make_cluster, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """For every call it accepts, grpc.aio's server awaits one pending future per registered
+    method (asyncio.wait over all of them): admin, health and reflection, rarely called, are
+    served through generic handlers only, and still answer."""
+    registered: list[str] = []
+    original = grpc.aio._server.Server.add_registered_method_handlers
+
+    def record(server: Any, service: str, handlers: Any) -> None:
+        registered.append(service)
+        original(server, service, handlers)
+
+    monkeypatch.setattr(grpc.aio._server.Server, "add_registered_method_handlers", record)
+    cluster = await make_cluster(brokers=1)
+    assert registered == [MESSAGING]
+    serving = health_pb2.HealthCheckResponse.SERVING
+    answers = await asyncio.to_thread(_health, cluster.address, ["", ADMIN])
+    assert answers == {"": serving, ADMIN: serving}
+    admin = await asyncio.to_thread(_reflect, cluster.address, ADMIN)
+    assert {MESSAGING, ADMIN, HEALTH, REFLECTION} <= admin["services"]
+    assert "ListTopics" in admin["methods"]
+
+
 async def test_broker_reflection_and_health(tmp_path: Path) -> None:
     async with running_broker(fast_broker_config(tmp_path / "b", name="broker-a")) as broker:
         server = BrokerGrpcServer(LocalBrokerPort(broker), "127.0.0.1", 0)
