@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from popmq.proxy.core.context import RequestContext
 from popmq.proxy.core.times import SecondsNanos, timestamp_ms
 from popmq.proxy.metrics import ProxyMetrics
 
+from popmq.clock import SYSTEM, Clock
 from popmq.config import ProxyConfig
 from popmq.lifecycle import fan_out
 from popmq.tracing import link_to, start_span
@@ -120,10 +120,17 @@ def to_message(msg: OutgoingMessage, topic: str, peer: str = "") -> Message:
 
 
 class Sender:
-    def __init__(self, config: ProxyConfig, cluster: BrokerCluster, metrics: ProxyMetrics) -> None:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        cluster: BrokerCluster,
+        metrics: ProxyMetrics,
+        clock: Clock = SYSTEM,
+    ) -> None:
         self.config = config
         self.cluster = cluster
         self.metrics = metrics
+        self.clock = clock  # how far ahead a delivery time is
 
     async def recall(self, topic: str, recall_handle: str) -> str:
         """RecallMessage: cancel a delay message before its delivery time; its message id.
@@ -187,7 +194,7 @@ class Sender:
             )
         if msg.delivery_time is not None:
             due_ms = timestamp_ms(msg.delivery_time, Code.ILLEGAL_DELIVERY_TIME, "delivery time")
-            delay = due_ms - int(time.time() * 1000)
+            delay = due_ms - self.clock.now_ms()
             if delay > validate.MAX_DELAY_MS:
                 raise RefusedError(
                     Code.ILLEGAL_DELIVERY_TIME,
