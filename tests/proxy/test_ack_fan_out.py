@@ -33,6 +33,9 @@ class Port:
 
 
 class _NoRenewals:
+    def __len__(self) -> int:
+        return 0
+
     async def take(self, handle: str) -> str:
         return handle
 
