@@ -4,9 +4,10 @@ The leader does not send its queue indexes (they are derived from the commitlog)
 them, a promoted follower's store had to walk its whole commitlog at start to rebuild every
 index: seconds per hundred megabytes, added to every failover. So the follower indexes what
 it applied, as the store would, a bounded chunk at a time after its acknowledgements (never
-before one), and now and then makes the indexes durable and writes ``checkpoint.json`` saying
-how far they go, flagged ``from_replica`` (recovery.py then starts its walk at that very
-position: every frame below it was checked here).
+before one; once enough waits, ``INDEX_AT_BYTES`` or ``INDEX_EVERY_S``), and now and then
+makes the indexes durable and writes ``checkpoint.json`` saying how far they go, flagged
+``from_replica`` (recovery.py then starts its walk at that very position: every frame below
+it was checked here).
 
 Only commitlog bytes covered by a *complete* batch are indexed: the topic table
 (``topics.log``, replicated) describes them then. Records of topics the table does not hold,
@@ -25,6 +26,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,8 +89,15 @@ class IndexerStopped(Exception):
 
 
 class ReplicaIndexer:
-    def __init__(self, data_dir: Path, *, entries_per_file: int = ENTRIES_PER_FILE) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        entries_per_file: int = ENTRIES_PER_FILE,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._dir = Path(data_dir)
+        self._monotonic = monotonic
         self._per_file = entries_per_file
         self._handles = FileBudget(_OPEN_FILES)
         self._indexes: dict[QueueKey, QueueIndex] = {}
@@ -176,7 +185,7 @@ class ReplicaIndexer:
         if complete:
             self.indexable_end = max(self.indexable_end, end)
             if self._behind_since is None and self.behind:
-                self._behind_since = time.monotonic()
+                self._behind_since = self._monotonic()
 
     def before_reset(self) -> None:
         """Everything is copied afresh: drop the indexes."""
@@ -220,7 +229,7 @@ class ReplicaIndexer:
         applied)."""
         if self.stopped:
             return None
-        now = time.monotonic()
+        now = self._monotonic()
         waits = []
         if self.behind:
             if self.indexable_end - self.position >= INDEX_AT_BYTES:
@@ -244,10 +253,10 @@ class ReplicaIndexer:
                 if self.position == before:
                     raise IndexerStopped(f"no record found at {before}")
                 # what is left (a chunk's worth more) is indexed by the next call at once
-                self._behind_since = time.monotonic() - INDEX_EVERY_S if self.behind else None
+                self._behind_since = self._monotonic() - INDEX_EVERY_S if self.behind else None
             if (
                 self._checkpointed != self.position
-                and time.monotonic() - self._checkpointed_at >= CHECKPOINT_EVERY_S
+                and self._monotonic() - self._checkpointed_at >= CHECKPOINT_EVERY_S
             ):
                 self._write_checkpoint()
         except (IndexerStopped, OSError, ValueError) as error:
@@ -379,7 +388,7 @@ class ReplicaIndexer:
         doc = {"position": self.position, "queues": queues, "from_replica": True}
         for _ in range(2 if twice else 1):
             metafile.write(self._dir / CHECKPOINT, doc)
-        self._checkpointed, self._checkpointed_at = self.position, time.monotonic()
+        self._checkpointed, self._checkpointed_at = self.position, self._monotonic()
 
     def _stop(self, why: str) -> None:
         log.warning("replication: the follower stops indexing its copy (%s); a promotion "

@@ -73,6 +73,7 @@ class ReplicaWriter:
         # up to date by its own writes, as nothing else writes the directory while it follows.
         # Listing (a stat per segment) twice per batch was a visible share of a follower's CPU.
         self._segments: list[tuple[int, int]] | None = None
+        self._checked: dict[str, Path] = {}  # file names the leader sent, checked (check_path)
 
     def open(self) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -290,7 +291,9 @@ class ReplicaWriter:
         segments.sort()
 
     def _apply_file(self, change: pb.FileChange) -> None:
-        path = self.data_dir / check_path(change.path)
+        path = self._checked.get(change.path)
+        if path is None:  # checked once per name: a journal append comes with most batches
+            path = self._checked[change.path] = self.data_dir / check_path(change.path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if change.kind == pb.FileChange.DELETE:
             path.unlink(missing_ok=True)
