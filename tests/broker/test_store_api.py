@@ -9,6 +9,7 @@ from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import Message
 from popmq.broker.store import OffsetOutOfRangeError, TopicMeta
 from popmq.broker.store.framing import HEADER_SIZE, iter_frames
+
 from popmq.clock import LoopClock
 
 
@@ -342,13 +343,19 @@ async def test_flushes_between_checkpoints_sync_the_log_and_offsets_only(store_f
     checkpoints, fsyncs, started = store.checkpoints_written, store.commitlog_fsyncs, loop.time()
     await store.append("T", 0, [msg(b"a")])
     store.set_consumer_offset("g", "T", 0, 1)
-    while store.durable_consumer_offset("g", "T", 0) != 1:
+    for _ in range(100):
+        if store.durable_consumer_offset("g", "T", 0) == 1:
+            break
         await asyncio.sleep(0.1)
+    assert store.durable_consumer_offset("g", "T", 0) == 1
     assert store.commitlog_fsyncs > fsyncs
     assert store.checkpoints_written == checkpoints  # not yet: the first flush was not one
     assert loop.time() - started < 2
-    while store.checkpoints_written == checkpoints:
+    for _ in range(100):
+        if store.checkpoints_written > checkpoints:
+            break
         await asyncio.sleep(0.5)
+    assert store.checkpoints_written > checkpoints
     assert loop.time() - started >= 10
     await store.aclose()
 
