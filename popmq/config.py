@@ -73,11 +73,12 @@ class StoreConfig(Section):
     # async flush: at most this much acknowledged data can be lost on a power cut / kill -9
     # of the machine (a process crash alone loses nothing written to the page cache).
     flush_interval_ms: int = Field(500, ge=1)
-    # The queue indexes' fsync and checkpoint.json (recovery's start point) only: they make
-    # nothing acknowledged durable (recovery rebuilds indexes from the commitlog), they bound
-    # how much commitlog a restart after a crash re-reads. RocketMQ flushes its checkpoint
-    # file on a "thorough" flush only (flushConsumeQueueThoroughInterval, 60 s); 10 s here.
-    checkpoint_interval_ms: int = Field(10_000, ge=1)
+    # The queue indexes' fsyncs and checkpoint.json (recovery's start point); 0: at every
+    # flush (the default). They make nothing acknowledged durable, but recovery notices a
+    # commitlog tail lost after a crash (a deleted last segment) only by the extents of a
+    # checkpoint that saw it: a longer interval saves flush-thread CPU (a metafile and an
+    # fsync per index file) and widens that window.
+    checkpoint_interval_ms: int = Field(0, ge=0)
     segment_bytes: int = Field(64 * 1024 * 1024, ge=4096)
     retention_hours: float = Field(72.0, gt=0)
     retention_bytes: int = Field(0, ge=0)  # 0 = no size limit

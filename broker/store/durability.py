@@ -1,8 +1,8 @@
 """Durability: the checkpoint (commitlog, indexes, consumer offsets and checkpoint.json made
 durable together) and the flush loop. Every ``flush_interval_ms`` the loop fsyncs the commitlog
 and writes the consumer offsets that changed (what an answer's durability rests on); every
-``checkpoint_interval_ms`` it writes a whole checkpoint instead (the indexes' fsync and
-checkpoint.json only bound how much commitlog recovery re-reads); retention every few seconds.
+``checkpoint_interval_ms`` (0: every time) it writes a whole checkpoint instead (the indexes'
+fsyncs and checkpoint.json); retention every few seconds.
 See message_store.py for what each flush mode promises."""
 
 from __future__ import annotations

@@ -27,9 +27,10 @@ Durability (``StoreConfig.flush``):
 
 In both modes the flush task also writes the consumer offsets that changed every
 ``flush_interval_ms`` (and at close), so committed consumer offsets can lag by that interval
-after a machine crash. It fsyncs the queue indexes and writes checkpoint.json every
-``checkpoint_interval_ms`` (and at close): those make nothing acknowledged durable (recovery
-rebuilds indexes from the commitlog past the checkpoint), they bound what recovery re-reads.
+after a machine crash. It fsyncs the queue indexes and writes checkpoint.json at every flush
+too, or every ``checkpoint_interval_ms`` when set (and at close): those make nothing
+acknowledged durable, but recovery notices a lost commitlog tail only from a checkpoint's
+extents, so a longer interval widens that window.
 Messages are readable as soon as they are written, before their fsync.
 
 The store is this facade over parts with one job each: startup.py (metadata and the topic
