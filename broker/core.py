@@ -489,12 +489,10 @@ class Broker:
                 immediate[(meta.name, target)].append((position, message))
         results: list[SendResult | None] = [None] * len(messages)
         for (topic, target), items in immediate.items():
-            stored = await self._store.append(topic, target, [m for _, m in items])
-            self._metrics.stored(topic, len(stored))
-            for (position, _), record in zip(items, stored, strict=True):
-                results[position] = SendResult(
-                    record.message_id, topic, target, record.queue_offset, self.name
-                )
+            ids, base = await self._store.append_ids(topic, target, [m for _, m in items])
+            self._metrics.stored(topic, len(ids))
+            for offset, ((position, _), message_id) in enumerate(zip(items, ids, strict=True)):
+                results[position] = SendResult(message_id, topic, target, base + offset, self.name)
         if delayed:
             records = await self._timer.schedule([(m, t, q) for _, m, t, q in delayed])
             delayed_per_topic: dict[str, int] = defaultdict(int)

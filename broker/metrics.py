@@ -397,6 +397,7 @@ class BrokerSnapshot:
     revived: int
     dead_lettered: int
     timer_pending: int
+    inflight_gone: int
     data_dir: Path
     transactions_pending: int = 0
     # Per background loop ("timer", "revive"): failed attempts, and entries parked.
@@ -429,6 +430,7 @@ def take_snapshot(broker: Broker, now_ms: Callable[[], int]) -> BrokerSnapshot |
         revived=revive.revived,
         dead_lettered=revive.dead_lettered,
         timer_pending=broker.timer.pending,
+        inflight_gone=broker.engine.gone_inflight,
         transactions_pending=broker.transactions.pending,
         data_dir=broker.store.data_dir,
         loop_failures={
@@ -584,6 +586,10 @@ class BrokerStateCollector(Collector):
         yield _counter("popmq_broker_dead_lettered_messages",
                        "Messages moved to a dead-letter queue (max attempts reached, or asked "
                        "by the client)", b, snap.dead_lettered)  # fmt: skip
+        yield _counter("popmq_broker_inflight_gone_messages",
+                       "Popped, un-acked messages whose body retention deleted before they "
+                       "came due: finished without a delivery (each batch is logged)", b,
+                       snap.inflight_gone)  # fmt: skip
         yield _gauge(
             "popmq_broker_timer_pending_messages",
             "Delay messages and retries waiting in the timer",

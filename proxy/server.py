@@ -157,7 +157,7 @@ class ProxyServer:
         proxy = self.config.proxy
         # Namespaces first (the client's names become NAMESPACE%name), then authentication and
         # permissions on those real resource names (None: open, logged as such), TLS on both ports.
-        guard = access_guard(proxy, self.metrics)
+        guard = access_guard(proxy, self.metrics, self.streams)
         # Tracing first (refused calls are traced too), then namespaces (the client's names
         # become NAMESPACE%name), then the access guard on those real resource names.
         interceptors: list[grpc.aio.ServerInterceptor] = [

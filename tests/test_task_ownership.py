@@ -1,7 +1,9 @@
-"""Guard: shipped code starts tasks only through a task group or popmq.lifecycle.TaskOwner.
+"""Guard: shipped code starts tasks only through an AnyIO task group or popmq.lifecycle.TaskOwner.
 
-No ``asyncio.gather`` (use popmq.lifecycle.fan_out: a failure cancels the siblings) and no bare
-``asyncio.create_task`` / ``loop.create_task`` / ``ensure_future`` outside the owner type."""
+One task-group library, AnyIO: no ``asyncio.TaskGroup`` (it wraps a body's own error in an
+ExceptionGroup and ignores cancel scopes). No ``asyncio.gather`` (use popmq.lifecycle.fan_out: a
+failure cancels the siblings) and no bare ``asyncio.create_task`` / ``loop.create_task`` /
+``ensure_future`` outside the owner type."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ SHIPPED = ["broker", "proxy", "popmq", "pyspark_popmq"]
 # The one place that may create a raw task: the owner's host task.
 OWNER = ROOT / "popmq" / "lifecycle.py"
 GATHER = re.compile(r"\basyncio\.gather\(")
+ASYNCIO_GROUP = re.compile(r"\bTaskGroup\(|\basyncio\.TaskGroup\b")
 # Bare task creation: asyncio.create_task(, loop.create_task(, get_running_loop().create_task(,
-# ensure_future(. `group.create_task` on an asyncio.TaskGroup is a task group owner: allowed.
+# ensure_future(.
 BARE = re.compile(r"(\basyncio\.create_task\(|\bloop\(?\)?\.create_task\(|"
                   r"get_running_loop\(\)\.create_task\(|\bensure_future\()")  # fmt: skip
 
@@ -55,3 +58,7 @@ def test_no_asyncio_gather_in_shipped_code() -> None:
 
 def test_no_bare_task_creation_outside_the_owner() -> None:
     assert _hits(BARE, skip=OWNER) == []
+
+
+def test_one_task_group_library_anyio() -> None:
+    assert _hits(ASYNCIO_GROUP) == []

@@ -34,6 +34,7 @@ from popmq.broker.contract.types import (
     retry_topic,
 )
 from popmq.broker.pop.checkpoint import Checkpoint, EntryState
+from popmq.broker.pop.gone import GONE_REASON, log_gone
 from popmq.broker.pop.groups import GroupRegistry
 from popmq.broker.pop.handle import HandleCodec, ReceiptHandle, group_hash
 from popmq.broker.pop.handle_keys import HandleKeyring
@@ -96,6 +97,12 @@ class PopEngine:
         self._codec = HandleCodec(keyring or HandleKeyring.open(config, time))
         self.keyring = self._codec.keyring
         self.locks = QueueLocks()
+
+    @property
+    def gone_inflight(self) -> int:
+        """Entries finished because their message was no longer in the store when they came
+        due (popmq_broker_inflight_gone_messages_total)."""
+        return self._ledger.gone
 
     # -- validation -----------------------------------------------------------------------
     def _queue_count(self, topic: str) -> int:
@@ -250,16 +257,20 @@ class PopEngine:
             if room <= 0 or (fifo and state.inflight):
                 return self._rest(topic, queue_id, state.pop_offset, max_offset, tags)
             picked: list[StoredMessage] = []
+            gone: list[int] = []
             for offset in state.take_released(room):
                 message = self._read_at(topic, queue_id, offset)
-                if (
-                    message is None
-                    or (tags is not None and message.tag not in tags)
-                    or (select is not None and not select(message))
+                if message is None:
+                    gone.append(offset)
+                    self._ledger.finish_gone_offset(group, topic, queue_id, offset)
+                elif (tags is not None and message.tag not in tags) or (
+                    select is not None and not select(message)
                 ):
                     self._ledger.finish_offset(group, topic, queue_id, offset)
                 else:
                     picked.append(message)
+            if gone:
+                log_gone(group, topic, queue_id, gone, "released for redelivery")
             cursor = state.pop_offset
             while len(picked) < room and cursor < max_offset:
                 if select is not None and scan.left <= 0:
@@ -376,7 +387,10 @@ class PopEngine:
             raise _invalid(f"the handle belongs to broker {handle.broker!r}, not {self._name!r}")
         if handle.group_hash != group_hash(group):
             raise _invalid(f"the handle was not issued to consumer group {group!r}")
-        if handle.topic not in (topic, retry_topic(group, topic), legacy_retry_topic(group, topic)):
+        if handle.topic != topic and handle.topic not in (  # (names built only for a retry)
+            retry_topic(group, topic),
+            legacy_retry_topic(group, topic),
+        ):
             raise _invalid(f"the handle is for topic {handle.topic!r}, not {topic!r}")
         ck = self._ledger.find(handle.checkpoint_id)
         index = handle.index
@@ -401,6 +415,14 @@ class PopEngine:
             raise _invalid("superseded by change_invisible_time: use the newest handle")
         if state == EntryState.ACKED:
             return handle, ck, index
+        if state == EntryState.DROPPED:
+            raise _invalid(f"the message is {GONE_REASON}; it will not be redelivered")
+        if state == EntryState.REVIVED and now < ck.invisible_until_ms:
+            # Revives come only after the deadline: before it, only a client's forward.
+            raise _invalid("the message was already forwarded to the dead-letter queue")
+        forwarding = self._ledger.forwarding
+        if forwarding and (ck.ck_id, index) in forwarding:
+            raise _invalid("the message is being forwarded to the dead-letter queue")
         if state != EntryState.PENDING or now >= ck.invisible_until_ms:
             raise _expired(ck.invisible_until_ms)
         return handle, ck, index
@@ -481,12 +503,16 @@ class PopEngine:
         return ChangeInvisibleResult(text, until)
 
     def take_for_dlq(self, group: str, topic: str, receipt_handle: str) -> tuple[Checkpoint, int]:
-        """The pending entry a forward_to_dlq request names (validated like an ack)."""
+        """The pending entry a forward_to_dlq request names (validated like an ack), claimed
+        for the forward before anything awaits: until ReviveService.forward_to_dlq ends, an
+        ack, hand-back, change, revive or second forward of it is refused or skipped, so the
+        message cannot end up both in the DLQ and delivered again."""
         check_group(group)
         check_topic(topic, allow_dlq=True)
         _, ck, index = self._resolve(group, topic, receipt_handle, self._clock())
         if ck.states[index] != EntryState.PENDING:
             raise _invalid("the message was already acked")
+        self._ledger.forwarding.add((ck.ck_id, index))
         return ck, index
 
     # -- notify ---------------------------------------------------------------------------

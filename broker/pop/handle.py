@@ -147,6 +147,13 @@ class HandleCodec:
         )
 
 
+# A handle's broker part (base64) -> the name it decodes to: a proxy routes, and a broker
+# opens, every handle of an ack by it, and a cluster has a few brokers. Bounded: a caller's
+# made-up names must not grow it.
+_BROKER_NAMES: dict[str, str] = {}
+_BROKER_NAMES_MAX = 256
+
+
 def _split(text: str) -> tuple[str, str, str]:
     if not isinstance(text, str) or text.count(".") != 3:
         raise _malformed("expected 2.<broker>.<key id>.<sealed>")
@@ -155,10 +162,15 @@ def _split(text: str) -> tuple[str, str, str]:
         raise _malformed(f"unknown version {version[:8]!r}")
     if not broker or not key_id or not sealed:
         raise _malformed("empty part")
-    try:
-        name = _b64decode(broker).decode()
-    except (binascii.Error, ValueError):
-        raise _malformed("bad broker name encoding") from None
+    name = _BROKER_NAMES.get(broker)
+    if name is None:
+        try:
+            name = _b64decode(broker).decode()
+        except (binascii.Error, ValueError):
+            raise _malformed("bad broker name encoding") from None
+        if len(_BROKER_NAMES) >= _BROKER_NAMES_MAX:
+            _BROKER_NAMES.clear()
+        _BROKER_NAMES[broker] = name
     return name, key_id, sealed
 
 

@@ -49,6 +49,13 @@ class CheckpointLedger:
         self._recent: OrderedDict[int, Checkpoint] = OrderedDict()
         self._revive_heap: list[tuple[int, int]] = []  # (invisible_until_ms, ck_id)
         self._spill_queue: deque[Checkpoint] = deque()  # memory checkpoints, oldest first
+        # In-flight or released entries whose message was no longer in the store when they
+        # came due (retention removed it): finished without a delivery, counted, never silent.
+        self.gone = 0
+        # Pending entries a client's forward_to_dlq has claimed while it writes the DLQ copy,
+        # as (checkpoint id, index): nothing else may settle them meanwhile (a hand-back or a
+        # revive would deliver the message again besides the DLQ copy).
+        self.forwarding: set[tuple[int, int]] = set()
 
     # -- queues ---------------------------------------------------------------------------
     def queue(self, group: str, topic: str, queue_id: int) -> QueueState:
@@ -170,9 +177,14 @@ class CheckpointLedger:
         self._changed(ck.queue_key, queue, queue.mark_done(ck.offsets[index], ck))
 
     def finish_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        """An offset no checkpoint holds is done (e.g. a released message that is gone)."""
+        """An offset no checkpoint holds is done (e.g. a released message the filter skips)."""
         queue = self.queue(group, topic, queue_id)
         self._changed((group, topic, queue_id), queue, queue.mark_done(offset))
+
+    def finish_gone_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """A released offset whose message is no longer in the store is done (counted)."""
+        self.gone += 1
+        self.finish_offset(group, topic, queue_id, offset)
 
     def ack(self, ck: Checkpoint, index: int) -> None:
         self._finish_offset(ck, index, EntryState.ACKED)
@@ -182,7 +194,8 @@ class CheckpointLedger:
         self._finish_offset(ck, index, EntryState.REVIVED)
 
     def dropped(self, ck: Checkpoint, index: int) -> None:
-        """The message no longer exists in the store."""
+        """The message no longer exists in the store (counted; the caller logs it)."""
+        self.gone += 1
         self._finish_offset(ck, index, EntryState.DROPPED)
 
     def release(self, ck: Checkpoint, index: int, *, attempted: bool = True) -> None:

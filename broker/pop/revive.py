@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from popmq.broker.contract.errors import RefusedError
+from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import (
     PROP_ORIGIN_MESSAGE_ID,
     PROP_ORIGIN_OFFSET,
@@ -32,6 +32,7 @@ from popmq.broker.contract.types import (
 from popmq.broker.isolation import FailureTracker, describe
 from popmq.broker.names import parse_retry_topic
 from popmq.broker.pop.checkpoint import Checkpoint, EntryState
+from popmq.broker.pop.gone import GONE_REASON, log_gone
 from popmq.broker.pop.groups import GroupRegistry
 from popmq.broker.pop.hold import HoldTable
 from popmq.broker.pop.journal import PopJournal
@@ -147,10 +148,11 @@ class ReviveService:
         """Park every pending message of ``ck`` in its group's DLQ and mark it done there."""
         dead: list[Message] = []
         indexes: list[int] = []
-        for index in ck.pending_indexes():
+        gone: list[int] = []
+        for index in self._due_indexes(ck):
             stored = self._read(ck, index)
             if stored is None:
-                self._ledger.dropped(ck, index)
+                gone.append(index)
                 continue
             message = with_origin(stored, dlq_topic(ck.group))
             message.reconsume_times = max(stored.reconsume_times, ck.attempts[index]) + 1
@@ -158,6 +160,7 @@ class ReviveService:
             message.properties[PROP_PARKED_REASON] = reason[:500]
             dead.append(message)
             indexes.append(index)
+        self._drop_gone(ck, gone, "due to be parked in the DLQ")
         if dead:
             await self._to_dlq(ck.group, dead)
         for index in indexes:
@@ -171,6 +174,27 @@ class ReviveService:
         for message in messages:
             key = (group, message.properties.get(PROP_ORIGIN_TOPIC, ""))
             counts[key] = counts.get(key, 0) + 1
+
+    def _due_indexes(self, ck: Checkpoint) -> list[int]:
+        """The pending entries of ``ck`` to revive now. One a client's forward_to_dlq has
+        claimed is left to that forward (reviving it too would deliver it again besides its
+        DLQ copy); the checkpoint is looked at again shortly in case the forward fails."""
+        pending = ck.pending_indexes()
+        claimed = self._ledger.forwarding
+        if not claimed:
+            return pending
+        free = [index for index in pending if (ck.ck_id, index) not in claimed]
+        if len(free) < len(pending):
+            self._ledger.reschedule(ck, self._clock() + _RETRY_FAILED_MS)
+        return free
+
+    def _drop_gone(self, ck: Checkpoint, gone: list[int], when: str) -> None:
+        """Finish entries whose message is no longer in the store: logged and counted."""
+        for index in gone:
+            self._ledger.dropped(ck, index)
+        if gone:
+            offsets = [ck.offsets[index] for index in gone]
+            log_gone(ck.group, ck.topic, ck.queue_id, offsets, when)
 
     def _read(self, ck: Checkpoint, index: int) -> StoredMessage | None:
         offset = ck.offsets[index]
@@ -192,11 +216,12 @@ class ReviveService:
         retries: list[tuple[Message, str, int]] = []
         dead: list[Message] = []
         done: list[int] = []
+        gone: list[int] = []
         config = self._groups.settings(ck.group)
-        for index in ck.pending_indexes():
+        for index in self._due_indexes(ck):
             stored = self._read(ck, index)
             if stored is None:
-                self._ledger.dropped(ck, index)
+                gone.append(index)
                 continue
             reconsume = stored.reconsume_times + 1
             if reconsume >= max_attempts:
@@ -212,6 +237,7 @@ class ReviveService:
                 message.delivery_timestamp_ms = now + self._groups.retry_delay_ms(config, reconsume)
                 retries.append((message, target, 0))
             done.append(index)
+        self._drop_gone(ck, gone, "due for redelivery")
         if retries:
             await self._timer.schedule(retries)
         if dead:
@@ -233,36 +259,48 @@ class ReviveService:
 
     async def _release_fifo(self, ck: Checkpoint, max_attempts: int) -> None:
         released = False
-        for index in ck.pending_indexes():
+        for index in self._due_indexes(ck):
             if ck.attempts[index] + 1 < max_attempts:
-                self._ledger.release(ck, index)
+                self._ledger.release(ck, index)  # a gone one is seen when popped again
                 self.revived += 1
                 released = True
                 continue
             stored = self._read(ck, index)
-            if stored is not None:
-                message = with_origin(stored, dlq_topic(ck.group))
-                message.reconsume_times = ck.attempts[index] + 1
-                await self._to_dlq(ck.group, [message])
-                self.dead_lettered += 1
+            if stored is None:
+                self._drop_gone(ck, [index], "due to go to the DLQ")
+                continue
+            message = with_origin(stored, dlq_topic(ck.group))
+            message.reconsume_times = ck.attempts[index] + 1
+            await self._to_dlq(ck.group, [message])
+            self.dead_lettered += 1
             self._ledger.revived(ck, index)
         state = self._ledger.existing_queue(*ck.queue_key)
         if released or (state is not None and not state.inflight):
             self._hold.wake(ck.topic, ck.group, ck.queue_id)
 
     async def forward_to_dlq(self, ck: Checkpoint, index: int) -> None:
-        """Client-requested: move one popped message to the DLQ now and mark it done."""
-        stored = self._read(ck, index)
-        if stored is not None:
+        """Client-requested: move one popped message to the DLQ now and mark it done. The
+        entry was claimed by PopEngine.take_for_dlq; the claim ends here, whatever happens
+        (if the DLQ write fails, the entry is still pending and revives at its deadline)."""
+        try:
+            stored = self._read(ck, index)
+            if stored is None:
+                self._ledger.dropped(ck, index)
+                log_gone(ck.group, ck.topic, ck.queue_id, [ck.offsets[index]],
+                         "asked to be forwarded to the DLQ")  # fmt: skip
+                reason = f"cannot forward to the DLQ: the message is {GONE_REASON}"
+                raise RefusedError(Code.MESSAGE_NOT_FOUND, reason)
             message = with_origin(stored, dlq_topic(ck.group))
             message.reconsume_times = max(stored.reconsume_times, ck.attempts[index]) + 1
             message.delivery_timestamp_ms = 0
             await self._to_dlq(ck.group, [message])
             self.dead_lettered += 1
-        if ck.states[index] == EntryState.PENDING:  # not acked while we were writing
-            self._ledger.revived(ck, index)
-        self._ledger.flush_commits()
-        self._journal.flush()
+            if ck.states[index] == EntryState.PENDING:  # claimed: nothing settled it meanwhile
+                self._ledger.revived(ck, index)
+        finally:
+            self._ledger.forwarding.discard((ck.ck_id, index))
+            self._ledger.flush_commits()
+            self._journal.flush()
         if ck.fifo:
             state = self._ledger.existing_queue(*ck.queue_key)
             if state is not None and not state.inflight:

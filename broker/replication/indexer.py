@@ -4,9 +4,10 @@ The leader does not send its queue indexes (they are derived from the commitlog)
 them, a promoted follower's store had to walk its whole commitlog at start to rebuild every
 index: seconds per hundred megabytes, added to every failover. So the follower indexes what
 it applied, as the store would, a bounded chunk at a time after its acknowledgements (never
-before one; once enough waits, ``INDEX_AT_BYTES`` or ``INDEX_EVERY_S``), and now and then makes the indexes durable and writes ``checkpoint.json`` saying
-how far they go, flagged ``from_replica`` (recovery.py then starts its walk at that very
-position: every frame below it was checked here).
+before one; once enough waits, ``INDEX_AT_BYTES`` or ``INDEX_EVERY_S``), and now and then
+makes the indexes durable and writes ``checkpoint.json`` saying how far they go, flagged
+``from_replica`` (recovery.py then starts its walk at that very position: every frame below
+it was checked here).
 
 Only commitlog bytes covered by a *complete* batch are indexed: the topic table
 (``topics.log``, replicated) describes them then. Records of topics the table does not hold,

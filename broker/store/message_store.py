@@ -326,6 +326,17 @@ class MessageStore:
             topic, self._queues.topic_bytes[topic], queue_id, index, messages
         )
 
+    async def append_ids(
+        self, topic: str, queue_id: int, messages: list[Message]
+    ) -> tuple[list[str], int]:
+        """``append`` answering only the messages' ids and the first one's queue offset (a
+        send needs no stored copy of each message)."""
+        self._check_open()
+        index = self._queue(topic, queue_id)
+        return await self._writer.append_ids(
+            topic, self._queues.topic_bytes[topic], queue_id, index, messages
+        )
+
     def add_arrival_listener(self, callback: ArrivalListener) -> None:
         """``callback(topic, queue_id, new_max_offset, tags)`` after every successful append
         (after the fsync in sync mode). Exceptions are logged, never raised into append."""

@@ -39,6 +39,7 @@ class QueueIndex:
         self._dir = directory
         self._per_file = entries_per_file
         self._handles = handles
+        self._paths: dict[int, Path] = {}  # file start -> its path
         self._starts: list[int] = []
         self._active_count = 0  # entries in the last file
         self._dirty: set[int] = set()  # starts of files written since the last flush
@@ -97,7 +98,12 @@ class QueueIndex:
         self._dir_dirty = True
 
     def _path(self, start: int) -> Path:
-        return self._dir / f"{start:0{_NAME_DIGITS}d}"
+        path = self._paths.get(start)  # every append looks its file up: build its path once
+        if path is None:
+            if len(self._paths) > 64:
+                self._paths.clear()
+            path = self._paths[start] = self._dir / f"{start:0{_NAME_DIGITS}d}"
+        return path
 
     # -- offsets -----------------------------------------------------------------------------
     @property

@@ -16,7 +16,7 @@ from popmq.broker.contract.types import Message, StoredMessage
 from popmq.broker.store.codec import encode_record_head, tag_hash
 from popmq.broker.store.commitlog import CommitLog
 from popmq.broker.store.durability import Checkpointer
-from popmq.broker.store.framing import Frame, frame_header, frame_length
+from popmq.broker.store.framing import FRAME_HEADER, Frame, frame_header
 from popmq.broker.store.group_commit import GroupCommit
 from popmq.broker.store.queue_index import ENTRY, QueueIndex
 
@@ -25,6 +25,7 @@ from popmq.clock import Clock
 log = logging.getLogger(__name__)
 _WRITE_FAILURE_LOG_EVERY_S = 10.0
 _pack_entry = ENTRY.pack
+FRAME_HEADER_SIZE = FRAME_HEADER.size
 # A body this large is written from where it is (for a large send, a view of grpc's bytes of
 # the request) rather than joined with its record's head: one copy less of it while it is
 # stored. Smaller ones are joined: one write buffer per frame costs less than two.
@@ -86,45 +87,8 @@ class QueueWriter:
         this returns relative to the fsync."""
         if not messages:
             return []
-        now = self._clock()
-        if now < self.last_store_ts:  # keep store times ordered for offset_for_timestamp
-            now = self.last_store_ts
-        self.last_store_ts = now
-        base = index.max_offset
-        host = self._host_bytes
-        hashes = self._tag_hashes
-        frames: list[Frame] = []
-        ids: list[str] = []
-        for i, message in enumerate(messages):
-            message_id = message.message_id or self._ids.next()
-            ids.append(message_id)
-            head = encode_record_head(message, topic_bytes, queue_id, base + i, now, host,
-                                      message_id)  # fmt: skip
-            body = message.body
-            if len(body) >= WRITE_IN_PLACE_FROM:
-                frames.append((frame_header(head, body) + head, body))
-            else:
-                frames.append((b"".join((frame_header(head, body), head, body)),))
-        try:
-            positions = self._commitlog.append(frames)
-            entries = []
-            for message, position, frame in zip(messages, positions, frames, strict=True):
-                code = hashes.get(message.tag)
-                if code is None:
-                    if len(hashes) > 4096:
-                        hashes.clear()
-                    code = hashes[message.tag] = tag_hash(message.tag)
-                entries.append(_pack_entry(position, frame_length(frame), code, now))
-            index.append(b"".join(entries))
-        except OSError as exc:
-            self._count_write_failure(exc)
-            raise RefusedError(
-                Code.MASTER_PERSISTENCE_TIMEOUT,
-                f"store write failed, the message was not stored: {exc}",
-            ) from exc
-        if self._sync or self._checkpointer.flush_failing:
-            await self._wait_durable(positions[-1] + frame_length(frames[-1]))
-        stored = [
+        ids, base, now = await self._write(topic, topic_bytes, queue_id, index, messages)
+        return [
             StoredMessage(
                 topic=topic,
                 queue_id=queue_id,
@@ -144,8 +108,74 @@ class QueueWriter:
             )
             for i, message in enumerate(messages)
         ]
+
+    async def append_ids(
+        self,
+        topic: str,
+        topic_bytes: bytes,
+        queue_id: int,
+        index: QueueIndex,
+        messages: list[Message],
+    ) -> tuple[list[str], int]:
+        """``append`` for a caller that needs only each message's id and the first one's
+        queue offset (a producer's send): no stored copy of every message is built."""
+        if not messages:
+            return [], index.max_offset
+        ids, base, _ = await self._write(topic, topic_bytes, queue_id, index, messages)
+        return ids, base
+
+    async def _write(
+        self,
+        topic: str,
+        topic_bytes: bytes,
+        queue_id: int,
+        index: QueueIndex,
+        messages: list[Message],
+    ) -> tuple[list[str], int, int]:
+        """Write (and, as configured, wait durable) ``messages``: their ids, the first one's
+        queue offset and the store time."""
+        now = self._clock()
+        if now < self.last_store_ts:  # keep store times ordered for offset_for_timestamp
+            now = self.last_store_ts
+        self.last_store_ts = now
+        base = index.max_offset
+        host = self._host_bytes
+        hashes = self._tag_hashes
+        frames: list[Frame] = []
+        lengths: list[int] = []  # each frame's, counted once (the index entries need them)
+        ids: list[str] = []
+        for i, message in enumerate(messages):
+            message_id = message.message_id or self._ids.next()
+            ids.append(message_id)
+            head = encode_record_head(message, topic_bytes, queue_id, base + i, now, host,
+                                      message_id)  # fmt: skip
+            body = message.body
+            lengths.append(FRAME_HEADER_SIZE + len(head) + len(body))
+            if len(body) >= WRITE_IN_PLACE_FROM:
+                frames.append((frame_header(head, body) + head, body))
+            else:
+                frames.append((b"".join((frame_header(head, body), head, body)),))
+        try:
+            positions = self._commitlog.append(frames)
+            entries = []
+            for message, position, length in zip(messages, positions, lengths, strict=True):
+                code = hashes.get(message.tag)
+                if code is None:
+                    if len(hashes) > 4096:
+                        hashes.clear()
+                    code = hashes[message.tag] = tag_hash(message.tag)
+                entries.append(_pack_entry(position, length, code, now))
+            index.append(b"".join(entries))
+        except OSError as exc:
+            self._count_write_failure(exc)
+            raise RefusedError(
+                Code.MASTER_PERSISTENCE_TIMEOUT,
+                f"store write failed, the message was not stored: {exc}",
+            ) from exc
+        if self._sync or self._checkpointer.flush_failing:
+            await self._wait_durable(positions[-1] + lengths[-1])
         self._notify(topic, queue_id, base + len(messages), {m.tag for m in messages})
-        return stored
+        return ids, base, now
 
     async def _wait_durable(self, position: int) -> None:
         """Group-commit fsync up to ``position``; a failure refuses the send (never an

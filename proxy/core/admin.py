@@ -46,6 +46,7 @@ from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.registry import ClientInfo, ClientRegistry
 from prometheus_client import generate_latest
 
+from popmq.clock import SYSTEM, Clock
 from popmq.config import parse_duration_ms
 from popmq.coord.directory import status_json
 from popmq.errors import PopmqError
@@ -353,7 +354,9 @@ class Admin:
         metrics: ProxyMetrics,
         address: ProxyAddress,
         bounds: ReadBounds | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
+        self.clock = clock  # born times of console sends, consumer lag
         self.cluster = cluster
         self.registry = registry
         self.metrics = metrics
@@ -602,7 +605,7 @@ class Admin:
         broker = random.choice(list(infos))
         message = Message(
             topic=topic, body=body, tag=tag, keys=keys, properties=properties,
-            born_timestamp_ms=int(time.time() * 1000), born_host="popmq-console",
+            born_timestamp_ms=self.clock.now_ms(), born_host="popmq-console",
         )  # fmt: skip
         sent = await self.cluster.port(broker).send([message])
         return broker, message, sent[0]
@@ -637,7 +640,7 @@ class Admin:
                     for r in rows
                 ):
                     continue
-                now_ms = int(time.time() * 1000)
+                now_ms = self.clock.now_ms()
                 for row in rows:
                     latency = 0
                     if row.backlog:
@@ -838,7 +841,7 @@ class Admin:
     async def cluster_status(self) -> ClusterStatus:
         async def probe(name: str, port: BrokerPort) -> BrokerStatus:
             status = BrokerStatus(broker=name, address=broker_address(port))
-            started = time.perf_counter()
+            started = time.perf_counter()  # a measurement for the reader, not a deadline
             try:
                 async with asyncio.timeout(5):
                     topics = await port.list_topics()

@@ -6,10 +6,11 @@ The gRPC edge fills it from the request's x-mq-* headers, its peer and its deadl
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from popmq.proxy.core.caller import Caller
+
+from popmq.clock import SYSTEM, Clock
 
 
 @dataclass(slots=True)
@@ -21,10 +22,12 @@ class RequestContext:
     namespace: str = ""
     request_id: str = ""
     peer: str = ""
-    # time.monotonic() at which the client's deadline expires; None when it set none.
+    # clock.monotonic() at which the client's deadline expires; None when it set none.
     deadline: float | None = None
     # The signed-in caller (None: authentication is off).
     caller: Caller | None = None
+    # What the deadline is read against (a virtual one in tests).
+    clock: Clock = SYSTEM
 
     @property
     def access_key(self) -> str:
@@ -41,4 +44,8 @@ class RequestContext:
     def remaining_ms(self) -> int | None:
         if self.deadline is None:
             return None
-        return int((self.deadline - time.monotonic()) * 1000)
+        return int((self.deadline - self.clock.monotonic()) * 1000)
+
+    def past_deadline(self) -> bool:
+        """Has the client's deadline passed (it has seen DEADLINE_EXCEEDED)?"""
+        return self.deadline is not None and self.clock.monotonic() > self.deadline

@@ -22,6 +22,7 @@ from popmq.proxy.renewal import HandleRenewer
 
 from popmq.config import ProxyConfig
 from popmq.errors import PopmqError
+from popmq.lifecycle import fan_out
 
 MAX_ACK_ENTRIES = 1024
 # How long an ack to a replicated group between leaders waits for the next one: a failover
@@ -46,8 +47,9 @@ class Handles:
         cluster = self.cluster
         results: list[AckEntryResult | None] = [None] * len(entries)
         by_broker: dict[str, list[int]] = defaultdict(list)
-        for entry in entries:  # a PushConsumer acks with the handle it got: use the latest
-            entry.receipt_handle = await self.renewer.take(entry.receipt_handle)
+        if len(self.renewer):  # a PushConsumer acks with the handle it got: use the latest
+            for entry in entries:
+                entry.receipt_handle = await self.renewer.take(entry.receipt_handle)
         for index, entry in enumerate(entries):
             if len(entry.receipt_handle) > validate.MAX_RECEIPT_HANDLE_LENGTH:
                 # Not one of ours: refused, and not echoed back at the caller's size.
@@ -80,9 +82,7 @@ class Handles:
         if len(by_broker) == 1:  # handles of one receive come from one broker: no task needed
             await ack_on(*next(iter(by_broker.items())))
         else:  # one task per broker, owned here: a failure cancels the others, nothing dangles
-            async with asyncio.TaskGroup() as tasks:
-                for broker, indexes in by_broker.items():
-                    tasks.create_task(ack_on(broker, indexes))
+            await fan_out(ack_on(broker, indexes) for broker, indexes in by_broker.items())
         return [r for r in results if r is not None]
 
     async def _ack_through_leader_change(

@@ -23,6 +23,7 @@ from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.registry import ClientRegistry
 from popmq.proxy.renewal import HandleRenewer
 
+from popmq.clock import SYSTEM, Clock
 from popmq.config import PopmqConfig
 
 
@@ -38,17 +39,18 @@ class ProxyCore:
         renewer: HandleRenewer,
         metrics: ProxyMetrics,
         address: ProxyAddress,
+        clock: Clock = SYSTEM,
     ) -> None:
         proxy = config.proxy
         self.address = address
         self.routes = Routes(cluster, registry, config.broker.pop.share_queue_num)
         self.clients = Clients(proxy, cluster, registry)
-        self.sender = Sender(proxy, cluster, metrics)
+        self.sender = Sender(proxy, cluster, metrics, clock)
         self.receiver = Receiver(proxy, cluster, strategy, admission, registry, renewer, metrics)
         self.handles = Handles(proxy, cluster, renewer)
         self.offsets = Offsets(proxy, cluster)
         bounds = ReadBounds(proxy.admin_max_scan, proxy.admin_max_results, proxy.admin_scan_bytes)
-        self.admin = Admin(cluster, registry, metrics, address, bounds)
+        self.admin = Admin(cluster, registry, metrics, address, bounds, clock)
         self.transactions = Transactions(
             cluster, ProducerChannels(), metrics, proxy.transaction_check_poll_ms
         )

@@ -263,6 +263,16 @@ class Receiver:
             )  # fmt: skip
         return popped
 
+    def keep_in_doubt(self, message: PoppedMessage) -> None:
+        """A message whose write to the client began when the stream failed: it may have
+        reached the client, so it counts as delivered and is not released. It keeps its
+        lease: the client's ack works, and if none comes it returns when the lease ends,
+        with a delivery attempt counted like any un-acked message. Its auto-renewal stops
+        (a push consumer that never saw it would never nack it: renewed, it could stay
+        invisible for renew_max_ms), so the lease is at most the current slice."""
+        self.renewer.forget([message.receipt_handle])
+        self.metrics.released_messages.labels("in_doubt").inc()
+
     def release_unsent(self, plan: ReceivePlan, unsent: list[PoppedMessage]) -> None:
         """Messages popped for a client that vanished: make them visible again at once, in
         the background (the request that popped them is gone), on the long polls' one release

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from popmq.proxy.core.context import RequestContext
 from popmq.proxy.core.times import SecondsNanos, timestamp_ms
 from popmq.proxy.metrics import ProxyMetrics
 
+from popmq.clock import SYSTEM, Clock
 from popmq.config import ProxyConfig
 from popmq.lifecycle import fan_out
 from popmq.tracing import link_to, start_span
@@ -120,10 +120,17 @@ def to_message(msg: OutgoingMessage, topic: str, peer: str = "") -> Message:
 
 
 class Sender:
-    def __init__(self, config: ProxyConfig, cluster: BrokerCluster, metrics: ProxyMetrics) -> None:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        cluster: BrokerCluster,
+        metrics: ProxyMetrics,
+        clock: Clock = SYSTEM,
+    ) -> None:
         self.config = config
         self.cluster = cluster
         self.metrics = metrics
+        self.clock = clock  # how far ahead a delivery time is
 
     async def recall(self, topic: str, recall_handle: str) -> str:
         """RecallMessage: cancel a delay message before its delivery time; its message id.
@@ -187,7 +194,7 @@ class Sender:
             )
         if msg.delivery_time is not None:
             due_ms = timestamp_ms(msg.delivery_time, Code.ILLEGAL_DELIVERY_TIME, "delivery time")
-            delay = due_ms - int(time.time() * 1000)
+            delay = due_ms - self.clock.now_ms()
             if delay > validate.MAX_DELAY_MS:
                 raise RefusedError(
                     Code.ILLEGAL_DELIVERY_TIME,
@@ -241,12 +248,17 @@ class Sender:
         shared: dict[str, QueueRef] = {}
         routes: dict[str, TopicRoute] = {}  # a request's messages nearly always share one topic
         unsettled: set[str] = set()  # topics still without a type on some broker
+        checked: set[tuple[str, MessageType]] = set()  # (topic, type) pairs the route took
         for index, message in enumerate(messages):
             route = routes.get(message.topic)
             if route is None:
                 route = routes[message.topic] = await cluster.route(message.topic)
-            if _check_type(route, message):
-                unsettled.add(message.topic)
+            kind = message_kind(message.message_group, message.delivery_timestamp_ms,
+                                PROP_TRANSACTION in message.properties)  # fmt: skip
+            if (message.topic, kind) not in checked:  # once per type and topic in a request
+                checked.add((message.topic, kind))
+                if _check_type(route, kind):
+                    unsettled.add(message.topic)
             if message.message_group:
                 target = cluster.pick_queue(route, message.message_group)
             else:
@@ -343,12 +355,10 @@ def _chunks(
     return chunks
 
 
-def _check_type(route: TopicRoute, message: Message) -> bool:
-    """Refuse a message whose type the topic does not take, as its route says (each broker
-    checks its own copy again; checking here too keeps copies that are still untyped from
-    taking another type). True if some copy is still untyped."""
-    kind = message_kind(message.message_group, message.delivery_timestamp_ms,
-                        PROP_TRANSACTION in message.properties)  # fmt: skip
+def _check_type(route: TopicRoute, kind: MessageType) -> bool:
+    """Refuse a message whose type (``kind``) the topic does not take, as its route says (each
+    broker checks its own copy again; checking here too keeps copies that are still untyped
+    from taking another type). True if some copy is still untyped."""
     if kind.value not in route.accepts:
         raise RefusedError(
             Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,

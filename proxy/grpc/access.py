@@ -46,6 +46,7 @@ from prometheus_client import Counter
 
 from popmq.config import ProxyConfig
 from popmq.errors import Code
+from popmq.lifecycle import TaskOwner
 from popmq.pb.admin.v1 import admin_pb2
 from popmq.pb.rocketmq.v2 import admin_pb2 as upstream_admin_pb2
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -164,6 +165,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         refusals: Counter,
         max_calls_per_key: int = 10_000,
         open_calls: dict[str, int] | None = None,
+        watchers: TaskOwner | None = None,
     ) -> None:
         self._authn = authenticator
         self._metrics = metrics
@@ -173,11 +175,19 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         self._max_calls = max_calls_per_key
         # Calls open now, by access key, over every listener (shared with for_another_server).
         self.open_calls: dict[str, int] = {} if open_calls is None else open_calls
+        # Owns each open Telemetry stream's revocation watch (the server's stream owner, closed
+        # with it). Not a task group inside the stream: a generator must not yield inside one.
+        self._watchers = TaskOwner("revocation-watch", grace_s=0) if watchers is None else watchers
 
     def for_another_server(self) -> AccessGuard:
         """The same users for another listener: wrapped handlers are cached per server."""
         return AccessGuard(
-            self._authn, self._metrics, self._refusals, self._max_calls, self.open_calls
+            self._authn,
+            self._metrics,
+            self._refusals,
+            self._max_calls,
+            self.open_calls,
+            self._watchers,
         )
 
     def _open(self, user: User) -> None:
@@ -276,7 +286,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         # in this table) per key it invents.
         known = bool(credential) and self._authn.acl.user(credential) is not None
         key = (credential if known else "", method, exc.code)
-        now = time.monotonic()
+        now = time.monotonic()  # a log-rate bound for the operator: real time, no logic waits on it
         if now - self._last_logged.get(key, -_LOG_EVERY_S) >= _LOG_EVERY_S:
             self._last_logged[key] = now
             log.warning(
@@ -371,21 +381,21 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
                 # A user removed from the ACL (or given a new secret) loses the open stream too.
                 revoked: list[bool] = []
+                watch = guard._end_when_revoked(user, context, revoked)
+                watcher = guard._watchers.spawn(watch, "revocation-watch")
                 try:
-                    async with asyncio.TaskGroup() as watch:
-                        watcher = watch.create_task(guard._end_when_revoked(user, context, revoked))
-                        try:
-                            async for answer in inner(allowed_commands(), context):
-                                yield answer
-                            if refused:
-                                first = refused[0]
-                                yield response_class(status=guard._refused(path, first, context))
-                        finally:
-                            watcher.cancel()
+                    async for answer in inner(allowed_commands(), context):
+                        yield answer
+                    if refused:
+                        first = refused[0]
+                        yield response_class(status=guard._refused(path, first, context))
                 except Exception:
                     if not revoked:
                         raise
                     # Aborted for the revocation: the reads that failed with it say nothing new.
+                finally:
+                    if watcher is not None:  # cancel works from any task (a finalizer's, too)
+                        watcher.cancel()
 
             return _rebuild(grpc.stream_stream_rpc_method_handler, bidi, handler)
         return handler  # no such method in the guarded services
@@ -473,8 +483,11 @@ def _response_class(path: str) -> type:
     return message_factory.GetMessageClass(_method_descriptor(path).output_type)
 
 
-def access_guard(config: ProxyConfig, metrics: ProxyMetrics) -> AccessGuard | None:
-    """The guard for the configured ACL; None (open, a WARNING) without one."""
+def access_guard(
+    config: ProxyConfig, metrics: ProxyMetrics, watchers: TaskOwner | None = None
+) -> AccessGuard | None:
+    """The guard for the configured ACL; None (open, a WARNING) without one. Its stream watches
+    run in watchers (the server's stream owner)."""
     if config.acl is None:
         log.warning(
             "authentication is OFF: anyone who can reach this proxy may publish, consume and "
@@ -501,5 +514,9 @@ def access_guard(config: ProxyConfig, metrics: ProxyMetrics) -> AccessGuard | No
     )
     log.info("authentication on: %d users from %s", len(acl.acl.users), config.acl)
     return AccessGuard(
-        Authenticator(acl, verifier), metrics, refusals, config.max_streams_per_access_key
+        Authenticator(acl, verifier),
+        metrics,
+        refusals,
+        config.max_streams_per_access_key,
+        watchers=watchers,
     )

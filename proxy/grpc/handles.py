@@ -21,19 +21,17 @@ async def ack_message(
     asked = [AckEntry(e.receipt_handle, e.message_id) for e in request.entries]
     results = await core.handles.ack(request.group.name, request.topic.name, asked)
     statuses: dict[tuple[int, str], pb.Status] = {}  # nearly every entry shares one status
-    entries = []
+    response = s.AckMessageResponse()
+    add = response.entries.add  # built in place: a list of entries would be copied in again
     for r in results:
         status = statuses.get((r.code, r.message))
         if status is None:
             status = statuses[r.code, r.message] = st.status(r.code, r.message)
-        entries.append(
-            s.AckMessageResultEntry(
-                message_id=r.message_id, receipt_handle=r.receipt_handle, status=status
-            )
-        )
+        add(message_id=r.message_id, receipt_handle=r.receipt_handle, status=status)
     code = st.combined_code([Code(c) for c in {c for c, _ in statuses}])
-    message = entries[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
-    return s.AckMessageResponse(status=st.status(code, message), entries=entries)
+    message = response.entries[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
+    response.status.CopyFrom(st.status(code, message))
+    return response
 
 
 async def change_invisible_duration(

@@ -3,11 +3,11 @@ the core's RequestContext."""
 
 from __future__ import annotations
 
-import time
-
 import grpc
 from popmq.proxy.core.caller import CALLER
 from popmq.proxy.core.context import RequestContext
+
+from popmq.clock import SYSTEM, Clock
 
 __all__ = ["RequestContext", "request_context", "text_headers"]
 
@@ -24,7 +24,9 @@ def text_headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
 
 
 def request_context(
-    context: grpc.aio.ServicerContext, headers: dict[str, str] | None = None
+    context: grpc.aio.ServicerContext,
+    headers: dict[str, str] | None = None,
+    clock: Clock = SYSTEM,
 ) -> RequestContext:
     if headers is None:
         headers = text_headers(context)
@@ -37,6 +39,7 @@ def request_context(
         namespace=headers.get("x-mq-namespace", ""),
         request_id=headers.get("x-mq-request-id", ""),
         peer=context.peer() or "",
-        deadline=None if remaining is None else time.monotonic() + remaining,
+        deadline=None if remaining is None else clock.monotonic() + remaining,
         caller=CALLER.get(),
+        clock=clock,
     )

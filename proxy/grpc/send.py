@@ -39,29 +39,28 @@ async def send_message(
     ok = st.ok()
     failed: dict[int, pb.Status] = {}  # a failed batch: one status for all its messages
     codes = set()
-    entries = []
+    response = s.SendMessageResponse()
+    add = response.entries.add  # built in place: a list of entries would be copied in again
     for outcome in outcomes:
+        result = outcome.result
         if outcome.error is None:
-            assert outcome.result is not None
+            assert result is not None
             codes.add(Code.OK)
-            entries.append(
-                s.SendResultEntry(
-                    status=ok,
-                    message_id=outcome.result.message_id,
-                    offset=outcome.result.queue_offset,
-                    recall_handle=outcome.result.recall_handle,
-                    transaction_id=outcome.result.transaction_id,
-                )
-            )
+            entry = add(status=ok, message_id=result.message_id, offset=result.queue_offset)
+            if result.recall_handle:  # empty fields are not set: each costs a copy
+                entry.recall_handle = result.recall_handle
+            if result.transaction_id:
+                entry.transaction_id = result.transaction_id
             continue
         status = failed.get(id(outcome.error))
         if status is None:
             status = failed[id(outcome.error)] = st.status_of(outcome.error)
             codes.add(Code(status.code))
-        entries.append(s.SendResultEntry(status=status, message_id=outcome.message_id))
+        add(status=status, message_id=outcome.message_id)
     code = st.combined_code(list(codes))
-    summary = entries[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
-    return s.SendMessageResponse(status=st.status(code, summary), entries=entries)
+    summary = response.entries[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
+    response.status.CopyFrom(st.status(code, summary))
+    return response
 
 
 async def end_transaction(

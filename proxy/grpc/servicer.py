@@ -57,6 +57,7 @@ def _long_poll_context(context: grpc.aio.ServicerContext) -> tuple[RequestContex
 
 
 def _now_ms() -> int:
+    # The delivery timestamp is a stamp for the client's clock, not a deadline: real wall time.
     return int(time.time() * 1000)
 
 
@@ -101,6 +102,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if timer is None:
             timer = self._timers[method] = self.metrics.rpc_latency.labels(method)
         counter.inc()
+        # RPC latency for metrics (started = time.perf_counter() at the call's start, the same
+        # in every handler): a measurement of real elapsed time that no logic reads.
         elapsed = time.perf_counter() - started
         timer.observe(elapsed)
         self.metrics.observe_rpc(method, name, elapsed)
@@ -239,7 +242,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             self._stalled("ReceiveMessage", started)
         finally:
             receiver.leave(client, group)
-            if ctx.deadline is not None and time.monotonic() > ctx.deadline:
+            if ctx.past_deadline():
                 # Our answer left after the client's deadline: it saw DEADLINE_EXCEEDED.
                 self.metrics.late_answers.inc()
 
@@ -271,7 +274,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await self._finish_receive(context, st.status_of(exc))
             self._record("ReceiveMessage", exc.code, started)
             return
-        sent = 0
+        sent = 0  # messages written
+        writing = False  # popped[sent] is being written
         stall_s = self._stall_s
         # A namespaced call's frames are built as the client names things, once each,
         # and written past the namespace interceptor's per-frame walk.
@@ -284,13 +288,21 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 for message in popped:
                     frame = s.ReceiveMessageResponse()
                     popped_into(frame.message, message, now, namespace, served_namespace)
+                    writing = True
                     await write(frame)
+                    writing = False
                     sent += 1
                 await write(s.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms())))
         except BaseException as exc:
-            # The client is gone or stopped reading: whatever it did not take becomes
-            # visible again at once.
-            receiver.release_unsent(plan, popped[sent:])
+            # The client is gone or stopped reading: what was never written becomes visible
+            # again at once. A message whose write began counts as delivered: its frame may
+            # have reached the client (a write is queued in grpc-core before it completes),
+            # so it keeps its lease; handed back, it would be delivered twice with no
+            # attempt counted (docs/longpolling.md, "Messages popped for a client that went
+            # away").
+            receiver.release_unsent(plan, popped[sent + writing :])
+            if writing:
+                receiver.keep_in_doubt(popped[sent])
             if not isinstance(exc, WriterStalled):
                 self._record("ReceiveMessage", "CLIENT_GONE", started)
             raise

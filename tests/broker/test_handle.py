@@ -176,3 +176,24 @@ def test_keyring_from_a_given_file_is_never_written(tmp_path) -> None:
     bad.write_text('{"active": "x", "keys": []}')
     with pytest.raises(KeyringError, match="active key"):
         HandleKeyring.open(BrokerConfig(data_dir=tmp_path, handle_keys_file=bad))
+
+
+def test_remembered_broker_names_are_bounded_and_refuse_what_they_refused() -> None:
+    """Broker parts are decoded once and remembered (every handle of an ack names the same
+    broker); made-up ones cannot grow the memory past its bound, and a part that failed to
+    decode is refused every time, never remembered."""
+    from popmq.broker.pop import handle as handle_module
+
+    codec = _codec()
+    text = codec.encode(_handle())
+    assert peek_broker_name(text) == peek_broker_name(text) == "broker-a"
+    for i in range(handle_module._BROKER_NAMES_MAX * 3):
+        name = base64.urlsafe_b64encode(f"made-up-{i}".encode()).rstrip(b"=").decode()
+        assert peek_broker_name(f"2.{name}.k.s") == f"made-up-{i}"
+        assert len(handle_module._BROKER_NAMES) <= handle_module._BROKER_NAMES_MAX
+    for _ in range(2):
+        with pytest.raises(RefusedError) as err:
+            peek_broker_name("2.!!.k.s")
+        assert err.value.code == Code.INVALID_RECEIPT_HANDLE
+    assert "!!" not in handle_module._BROKER_NAMES
+    assert codec.decode(text).broker == "broker-a"

@@ -15,6 +15,28 @@ def msg(body: bytes, tag: str = "", **kw: object) -> Message:
     return Message(topic="T", body=body, tag=tag, **kw)  # type: ignore[arg-type]
 
 
+async def test_append_ids_stores_as_append_does(store_factory) -> None:
+    """A send's append answers only ids and the first offset; what it stores reads back
+    exactly as ``append`` would have stored it, after earlier appends' offsets."""
+    store = store_factory(clock=lambda: 7_000)
+    store.create_topic("T", 1)
+    await store.append("T", 0, [msg(b"before", message_id="ID0")])
+    ids, base = await store.append_ids(
+        "T", 0, [msg(b"one", "TagA", keys=["k"], properties={"a": "1"}, message_id="ID1"),
+                 msg(b"two", message_id="")],
+    )  # fmt: skip
+    assert base == 1
+    assert ids[0] == "ID1" and ids[1]  # an empty id is given one
+    read = store.read("T", 0, 0, 10).messages
+    assert [(m.queue_offset, m.message_id, bytes(m.body)) for m in read] == [
+        (0, "ID0", b"before"), (1, "ID1", b"one"), (2, ids[1], b"two"),
+    ]  # fmt: skip
+    assert (read[1].tag, read[1].keys, read[1].properties) == ("TagA", ["k"], {"a": "1"})
+    assert read[1].store_timestamp_ms == 7_000
+    assert await store.append_ids("T", 0, []) == ([], 3)
+    await store.aclose()
+
+
 async def test_topics_are_durable_and_validated(store_factory) -> None:
     store = store_factory()
     assert store.create_topic("orders", 4) == TopicMeta("orders", 4)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import pytest_asyncio
 from popmq.broker.core import Broker
 from popmq.broker.local import LocalBrokerPort
 from popmq.proxy.server import ProxyServer
@@ -17,8 +19,8 @@ from proxy_support import Cluster, make_config
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
 
 
-@pytest.fixture
-async def make_cluster(tmp_path: Path) -> AsyncIterator[Any]:
+@asynccontextmanager
+async def cluster_factory(tmp_path: Path) -> AsyncIterator[Any]:
     """Factory: make_cluster(brokers=2, **config overrides) -> Cluster; all closed at the end."""
     opened: list[Cluster] = []
     started_brokers: list[Broker] = []
@@ -46,12 +48,30 @@ async def make_cluster(tmp_path: Path) -> AsyncIterator[Any]:
         opened.append(cluster)
         return cluster
 
-    yield factory
-    for cluster in opened:
-        await cluster.channel.close()
-        await cluster.server.aclose(0.2)
-    for broker in started_brokers:
-        await broker.aclose()
+    try:
+        yield factory
+    finally:
+        for cluster in opened:
+            await cluster.channel.close()
+            await cluster.server.aclose(0.2)
+        for broker in started_brokers:
+            await broker.aclose()
+
+
+@pytest.fixture
+async def make_cluster(tmp_path: Path) -> AsyncIterator[Any]:
+    """Factory: make_cluster(brokers=2, **config overrides) -> Cluster; all closed at the end."""
+    async with cluster_factory(tmp_path) as factory:
+        yield factory
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def module_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
+    """One default cluster for a module's tests that only read and write their own unique
+    topics and groups (their tests run with ``pytest.mark.asyncio(loop_scope="module")``):
+    a cluster's start and stop cost more than most such checks."""
+    async with cluster_factory(tmp_path_factory.mktemp("cluster")) as factory:
+        yield await factory()
 
 
 @pytest.fixture

@@ -493,13 +493,24 @@ async def test_an_undecodable_telemetry_frame_is_refused_cleanly_with_an_acl(
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 
 
-async def test_strangers_are_refused_before_their_request_is_read(guarded: Cluster) -> None:
+async def test_strangers_are_refused_before_their_request_is_read(
+    make_cluster: Any, tmp_path: Path
+) -> None:
     """Issue 20, defect 1: an unsigned call is answered UNAUTHORIZED from its headers; a body
-    past the receive limit (which would fail in the transport if it were read) shows it."""
-    guarded.signing = None
-    huge = s.SendMessageRequest(messages=[message("t-x", b"x" * (200 << 20))])
+    past the receive limit (which would fail in the transport if it were read) shows it. The
+    limit is lowered to 1 MiB (proxy.max_request_bytes): a request past grpc's own 200 MiB
+    costs seconds of CPU to build and send, for the same check."""
+    guarded = await make_cluster(
+        brokers=1,
+        **{"proxy.acl": str(_write_acl(tmp_path)), "proxy.max_request_bytes": 1 << 20},
+    )
+    huge = s.SendMessageRequest(messages=[message("t-x", b"x" * (2 << 20))])
     answer = await guarded.stub.SendMessage(huge, metadata=guarded.metadata(), timeout=30)
     assert answer.status.code == Code.UNAUTHORIZED
+    guarded.signing = OWNER  # signed, the same request is read, and fails in the transport
+    with pytest.raises(grpc.aio.AioRpcError) as read:
+        await guarded.stub.SendMessage(huge, metadata=guarded.metadata(), timeout=30)
+    assert read.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 async def test_a_revoked_users_telemetry_stream_ends_soon_after_the_reload(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from popmq.broker.contract.errors import Code
 from proxy_support import Cluster, unique
@@ -13,6 +14,14 @@ from popmq.pb.admin.v1 import admin_pb2 as a
 from popmq.pb.admin.v1 import admin_pb2_grpc
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+# One cluster for the module's checks (each uses its own topics and groups).
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest.fixture(scope="module")
+def cluster(module_cluster: Cluster) -> Cluster:
+    return module_cluster
 
 
 async def test_topics_lifecycle_with_backlog(cluster: Cluster) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
 from popmq.broker.contract.errors import Code
 from proxy_support import Cluster, unique
 
@@ -14,6 +15,16 @@ from popmq.pb.admin.v1 import admin_pb2 as a
 from popmq.pb.admin.v1 import admin_pb2_grpc
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+# One cluster for the module's checks (each uses its own topics and groups); the few that
+# need their own configuration make one on the test's own loop.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+OWN_CLUSTER = pytest.mark.asyncio(loop_scope="function")
+
+
+@pytest.fixture(scope="module")
+def cluster(module_cluster: Cluster) -> Cluster:
+    return module_cluster
 
 
 def _admin(cluster: Cluster) -> admin_pb2_grpc.AdminServiceStub:
@@ -179,18 +190,19 @@ async def test_topic_route_and_cluster_status(cluster: Cluster) -> None:
 
 
 async def test_cluster_status_shows_the_replicated_groups_followed_in_etcd(
-    cluster: Cluster,
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Leaders, epochs, in-sync sets and lags, as `cluster status --etcd --json` has them:
     what the console's /cluster shows next to the brokers."""
     from popmq.coord.directory import GroupView, Lag, Leader
 
-    cluster.server.cluster.group_views = {
+    views = {
         "g1": GroupView("g1", leader=Leader("g1-0", "h:1", 7),
                         members={"g1-0": "h:1", "g1-1": "h:2"}, in_sync=["g1-0", "g1-1", "g1-2"],
                         lag={"g1-1": Lag(4096, 0.25)}),
         "g2": GroupView("g2", draining=True),
     }  # fmt: skip
+    monkeypatch.setattr(cluster.server.cluster, "group_views", views)  # the module's cluster
     status = await _admin(cluster).ClusterStatus(a.ClusterStatusRequest())
     g1, g2 = status.groups
     assert (g1.name, g1.leader, g1.epoch, list(g1.in_sync)) == (
@@ -205,6 +217,7 @@ async def test_cluster_status_shows_the_replicated_groups_followed_in_etcd(
     assert (g2.leader, g2.epoch, g2.draining) == ("", 0, True)
 
 
+@OWN_CLUSTER
 async def test_clients_are_told_where_to_send_their_metrics(make_cluster: Any) -> None:
     """proxy.client_metrics_endpoint goes to clients in Settings.metric; off without it."""
     from test_clients_and_assignment import _settings
@@ -258,6 +271,7 @@ async def test_list_and_delete_groups_across_brokers(cluster: Cluster) -> None:
     assert got.status.code == Code.CONSUMER_GROUP_NOT_FOUND and got.group.max_attempts != 3
 
 
+@OWN_CLUSTER
 async def test_admin_reads_are_bounded_by_settings(make_cluster: Any) -> None:
     """An admin could make the proxy read a whole topic into memory (QueryMessages max_scan and
     limit, ListDlq limit had no upper bound): asking past proxy.admin_max_scan/_max_results is
@@ -289,6 +303,7 @@ async def test_admin_reads_are_bounded_by_settings(make_cluster: Any) -> None:
     assert dlq.status.code == Code.BAD_REQUEST and "admin_max_results" in dlq.status.message
 
 
+@OWN_CLUSTER
 async def test_resend_dlq_refuses_before_holding_past_scan_bytes(
     make_cluster: Any, monkeypatch: Any
 ) -> None:
@@ -335,6 +350,7 @@ async def test_resend_dlq_refuses_before_holding_past_scan_bytes(
     assert [m.body[:1] for m in again] == [b"L"]
 
 
+@OWN_CLUSTER
 async def test_resend_by_ids_reads_in_chunks_after_the_chosen_ones_fill_the_room(
     make_cluster: Any, monkeypatch: Any
 ) -> None:
@@ -376,6 +392,7 @@ async def test_resend_by_ids_reads_in_chunks_after_the_chosen_ones_fill_the_room
     assert sorted(m.body[:2] for m in again) == sorted([b[:2] for b in big] + [small[-1][:2]])
 
 
+@OWN_CLUSTER
 async def test_resend_reads_the_chosen_ones_again_past_a_pulls_byte_bound(
     make_cluster: Any,
 ) -> None:

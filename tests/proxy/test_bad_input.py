@@ -17,6 +17,16 @@ from proxy_support import Cluster, message, unique
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
+# One cluster for the module's checks (each uses its own topics and groups); the few that
+# need their own configuration make one on the test's own loop.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+OWN_CLUSTER = pytest.mark.asyncio(loop_scope="function")
+
+
+@pytest.fixture(scope="module")
+def cluster(module_cluster: Cluster) -> Cluster:
+    return module_cluster
+
 
 def _tampered(handle: str) -> str:
     """The same handle with one byte of its sealed part changed."""
@@ -107,6 +117,7 @@ async def test_bad_names(cluster: Cluster, topic: str, group: str, code: Code) -
         assert (await cluster.route(topic)).status.code == code
 
 
+@OWN_CLUSTER
 async def test_unknown_topic_without_auto_create(make_cluster) -> None:
     cluster = await make_cluster(brokers=1, **{"broker.topics.auto_create": False})
     topic = unique("missing")
@@ -116,6 +127,7 @@ async def test_unknown_topic_without_auto_create(make_cluster) -> None:
     assert status.code == Code.TOPIC_NOT_FOUND
 
 
+@OWN_CLUSTER
 async def test_empty_and_oversize_bodies(make_cluster) -> None:
     cluster = await make_cluster(brokers=1, **{"proxy.max_body_bytes": 1024})
     topic = unique("t")
@@ -167,6 +179,7 @@ async def test_invisible_time_out_of_range(cluster: Cluster) -> None:
 
 
 @pytest.mark.wallclock  # real timing, generous bounds (see pyproject markers)
+@OWN_CLUSTER
 async def test_polling_time_out_of_range(make_cluster) -> None:
     # What a poll clamped to the deadline leaves for its answer: 1 s here. RocketMQ's default
     # (100 ms) is less than a loaded CI machine may stall this process (proxy and client share

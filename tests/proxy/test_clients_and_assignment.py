@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from popmq.broker.contract.errors import Code
 from popmq.broker.contract.types import ConsumeMode, GroupConfig
 from proxy_support import Cluster, unique
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
+
+# One cluster for the module's checks (each uses its own topics and groups); the few that
+# need their own configuration make one on the test's own loop.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+OWN_CLUSTER = pytest.mark.asyncio(loop_scope="function")
+
+
+@pytest.fixture(scope="module")
+def cluster(module_cluster: Cluster) -> Cluster:
+    return module_cluster
 
 
 async def _settings(cluster: Cluster, settings: pb.Settings, client_id: str) -> pb.Settings:
@@ -110,6 +121,7 @@ async def test_pop_assignment_shares_all_brokers_with_few_consumers(cluster: Clu
     assert first == second == [("broker-0", -1), ("broker-1", -1)]
 
 
+@OWN_CLUSTER
 async def test_pop_assignment_with_many_consumers_shares_each_queue_twice(
     make_cluster,
 ) -> None:

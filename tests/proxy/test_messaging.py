@@ -12,6 +12,16 @@ from proxy_support import Cluster, eventually, unique
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 
+# One cluster for the module's checks (each uses its own topics and groups); the few that
+# need their own configuration make one on the test's own loop.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+OWN_CLUSTER = pytest.mark.asyncio(loop_scope="function")
+
+
+@pytest.fixture(scope="module")
+def cluster(module_cluster: Cluster) -> Cluster:
+    return module_cluster
+
 
 async def test_route_lists_every_broker_queue_at_the_proxy_address(cluster: Cluster) -> None:
     topic = unique("route")
@@ -153,6 +163,7 @@ async def test_delay_message_waits_for_its_delivery_time(cluster: Cluster) -> No
     assert got[0].system_properties.message_type == pb.DELAY
 
 
+@OWN_CLUSTER
 async def test_two_proxies_receive_on_one_ack_on_the_other(make_cluster) -> None:
     first: Cluster = await make_cluster(brokers=2)
     # a second proxy over the same brokers
@@ -284,6 +295,7 @@ async def test_forward_to_dead_letter_queue(cluster: Cluster) -> None:
     assert bad.status.code == Code.INVALID_RECEIPT_HANDLE
 
 
+@OWN_CLUSTER
 async def test_advertised_address_goes_into_routes(make_cluster) -> None:
     cluster = await make_cluster(
         brokers=1, **{"proxy.advertise_host": "mq.example.com", "proxy.advertise_port": 9876}

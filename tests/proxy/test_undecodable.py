@@ -12,6 +12,17 @@ from popmq.broker.local import LocalBrokerPort
 from popmq.broker.wire.server import BrokerGrpcServer
 from proxy_support import Cluster
 
+# One cluster for the module's checks (each uses its own topics and groups); the few that
+# need their own configuration make one on the test's own loop.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+OWN_CLUSTER = pytest.mark.asyncio(loop_scope="function")
+
+
+@pytest.fixture(scope="module")
+def cluster(module_cluster: Cluster) -> Cluster:
+    return module_cluster
+
+
 GARBAGE = b"\xff\xff\xff\xff not protobuf"
 MESSAGING = "/apache.rocketmq.v2.MessagingService/"
 
@@ -77,6 +88,7 @@ async def test_undecodable_admin_bodies_answer_invalid_argument(
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 
 
+@OWN_CLUSTER
 async def test_oversized_requests_of_small_methods_are_refused_before_decoding(
     make_cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
