@@ -113,3 +113,23 @@ async def test_a_fifo_forward_of_a_gone_message_frees_the_queue_at_once(tmp_path
         (after,) = (await waiting).messages
         assert after.message.queue_offset == broker.store.min_offset(TOPIC, 0)
         assert loop.time() - settled < 1.0, "the waiting pop slept through its poll time"
+
+
+async def test_fifo_order_holds_around_an_in_doubt_message(tmp_path: Path) -> None:
+    """The proxy's failed stream: m0's write began (in doubt: it keeps its lease), m1 and m2
+    were never written (handed back). The queue stays blocked behind m0; when m0's lease
+    ends the three come back in order, m0 with one more attempt counted."""
+    async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
+        await broker.send([Message(TOPIC, f"m{i}".encode(), message_group="o")
+                           for i in range(3)], 0)  # fmt: skip
+        pop = PopRequest(GROUP, TOPIC, queue_id=0, max_messages=3, invisible_time_ms=1_000,
+                         fifo=True)  # fmt: skip
+        m0, m1, m2 = (await broker.pop(pop)).messages
+        assert await broker.hand_back(GROUP, TOPIC, [m1.receipt_handle, m2.receipt_handle]) == 2
+        assert (await broker.pop(pop)).messages == []  # blocked behind m0, in doubt
+        waiting = PopRequest(GROUP, TOPIC, queue_id=0, max_messages=3, invisible_time_ms=1_000,
+                             poll_time_ms=10_000, fifo=True)  # fmt: skip
+        again = (await broker.pop(waiting)).messages
+        assert [(m.message.body, m.delivery_attempt) for m in again] == [
+            (b"m0", 2), (b"m1", 1), (b"m2", 1)
+        ]  # fmt: skip
