@@ -506,7 +506,8 @@ class PopEngine:
         """The pending entry a forward_to_dlq request names (validated like an ack), claimed
         for the forward before anything awaits: until ReviveService.forward_to_dlq ends, an
         ack, hand-back, change, revive or second forward of it is refused or skipped, so the
-        message cannot end up both in the DLQ and delivered again."""
+        message cannot end up both in the DLQ and delivered again (short of a forward failing
+        or cancelled after its copy was written: then it revives, a duplicate, never lost)."""
         check_group(group)
         check_topic(topic, allow_dlq=True)
         _, ck, index = self._resolve(group, topic, receipt_handle, self._clock())

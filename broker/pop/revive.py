@@ -301,7 +301,7 @@ class ReviveService:
             self._ledger.forwarding.discard((ck.ck_id, index))
             self._ledger.flush_commits()
             self._journal.flush()
-        if ck.fifo:
-            state = self._ledger.existing_queue(*ck.queue_key)
-            if state is not None and not state.inflight:
-                self._hold.wake(ck.topic, ck.group, ck.queue_id)
+            if ck.fifo:  # settled either way (moved, or gone: MESSAGE_NOT_FOUND): unblocked
+                state = self._ledger.existing_queue(*ck.queue_key)
+                if state is not None and not state.inflight:
+                    self._hold.wake(ck.topic, ck.group, ck.queue_id)
