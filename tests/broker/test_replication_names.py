@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from popmq.broker.replication.replica import ReplicaWriter, ReplicationError, check_path
+from popmq.broker.replication.replica import ReplicationError, ReplicaWriter, check_path
 
 from popmq.pb.replication.v1 import replication_pb2 as pb
 
