@@ -38,17 +38,25 @@ _REPLICATED = ("commitlog", "topics.log", "pop", "state", "consumer_offsets.json
                "consumer_offsets.json.prev", "FORMAT", "handle-keys.json")  # fmt: skip
 
 
+# File names a writer remembers as checked (a few logs and documents are sent again and again).
+_CHECKED_NAMES = 1024
+
+
 class ReplicationError(Exception):
     """A batch this follower must refuse (older epoch, bad path): the stream ends."""
 
 
 def check_path(name: str) -> str:
-    """A file name the leader may write: one of the replicated files, nothing else."""
-    parts = PurePosixPath(name).parts
+    """A file name the leader may write: one of the replicated files, in its one spelling
+    (the follower caches names by their text), nothing else. A NUL byte is refused here: the
+    OS would raise ValueError, which ends the follower's role instead of its stream."""
     if name in APPEND_LOGS or name in DOCUMENTS:
         return name
+    parts = PurePosixPath(name).parts
     if (
-        len(parts) == 2
+        "\0" not in name
+        and "/".join(parts) == name  # not "state//a.json", "state/./a.json", "state/a.json/"
+        and len(parts) == 2
         and parts[0] in DOCUMENT_DIRS
         and parts[1].endswith(".json")
         and not parts[1].startswith(".")
@@ -293,7 +301,10 @@ class ReplicaWriter:
     def _apply_file(self, change: pb.FileChange) -> None:
         path = self._checked.get(change.path)
         if path is None:  # checked once per name: a journal append comes with most batches
-            path = self._checked[change.path] = self.data_dir / check_path(change.path)
+            if len(self._checked) >= _CHECKED_NAMES:  # documents come and go: stay bounded
+                self._checked.clear()
+            path = self.data_dir / check_path(change.path)  # only a checked name is kept
+            self._checked[change.path] = path
         path.parent.mkdir(parents=True, exist_ok=True)
         if change.kind == pb.FileChange.DELETE:
             path.unlink(missing_ok=True)
