@@ -276,7 +276,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
     ) -> pb.Status:
         method = path.rsplit("/", 1)[1]
         code_name = Code(exc.code).name
-        self._metrics.rpc_requests.labels(method, code_name).inc()
+        self._metrics.refused(method, code_name)
         self._refusals.labels(exc.reason).inc()
         credential = ""
         for name, value in context.invocation_metadata() or ():
