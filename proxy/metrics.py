@@ -7,7 +7,6 @@ process (tests, benchmarks) do not mix their counts.
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,8 @@ from popmq.broker.contract.errors import Code
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from popmq.clock import SYSTEM
 
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30,
@@ -219,7 +220,7 @@ class ProxyMetrics:
         if count:
             self.transaction_checks_sent.inc(count)
 
-    def meter(self, method: str, now: Callable[[], float] = time.monotonic) -> RpcMeter:
+    def meter(self, method: str, now: Callable[[], float] = SYSTEM.monotonic) -> RpcMeter:
         """The one recorder of `method`'s RPC metrics (build it once, at start-up)."""
         return RpcMeter(self, method, now)
 
