@@ -33,6 +33,16 @@ TEST_SETTINGS: dict[str, Any] = {
 }
 
 
+class NoRenewals:
+    """A HandleRenewer renewing nothing: what Handles needs of one (tests of acks alone)."""
+
+    def __len__(self) -> int:  # Handles asks how many handles are being renewed
+        return 0
+
+    async def take(self, handle: str) -> str:
+        return handle
+
+
 def make_config(tmp: Path, **overrides: Any) -> PopmqConfig:
     settings = dict(TEST_SETTINGS)
     settings["serve.data_dir"] = str(tmp)
