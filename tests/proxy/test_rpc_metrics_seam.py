@@ -17,7 +17,7 @@ from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.proxy.grpc.servicer import MessagingServicer
 from popmq.proxy.metrics import RPC_METRICS, ProxyMetrics
 from popmq.proxy.server import ProxyServer
-from proxy_support import make_config
+from proxy_support import StubContext, make_config
 
 from popmq.clock import LoopClock
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -25,20 +25,6 @@ from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
 
 pytestmark = pytest.mark.looptime
-
-
-class _Client:
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("x-mq-client-id", "c@1"), ("x-mq-language", "PYTHON"))
-
-    def time_remaining(self) -> float | None:
-        return None
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:50000"
-
-    async def write(self, frame: Any) -> None:
-        pass
 
 
 def _counts(metrics: ProxyMetrics, method: str) -> dict[str, float]:
@@ -92,12 +78,12 @@ async def test_every_method_of_the_service_is_metered(served: Any) -> None:
 
 async def test_a_unary_call_counts_once_in_each_metric_under_its_answer(served: Any) -> None:
     server, servicer = served
-    answer = await servicer.SyncLiteSubscription(s.SyncLiteSubscriptionRequest(), _Client())
+    answer = await servicer.SyncLiteSubscription(s.SyncLiteSubscriptionRequest(), StubContext())
     assert answer.status.code == pb.NOT_IMPLEMENTED
     assert answer.status.message == "popmq does not support lite topics"
     heartbeat = s.HeartbeatRequest(group=pb.Resource(name="g"), client_type=pb.SIMPLE_CONSUMER)
     for _ in range(2):
-        assert (await servicer.Heartbeat(heartbeat, _Client())).status.code == pb.OK
+        assert (await servicer.Heartbeat(heartbeat, StubContext())).status.code == pb.OK
     assert _counts(server.metrics, "SyncLiteSubscription") == {
         "popmq_proxy_rpc_requests_total:NOT_IMPLEMENTED": 1,
         "popmq_proxy_rpc_duration_seconds_count:": 1,
@@ -123,7 +109,7 @@ async def test_a_receive_whose_client_left_while_held_counts_as_client_gone(
     request.invisible_duration.FromMilliseconds(30_000)
     request.long_polling_timeout.FromMilliseconds(20_000)
     async with anyio.create_task_group() as tasks:
-        tasks.start_soon(servicer.ReceiveMessage, request, _Client())
+        tasks.start_soon(servicer.ReceiveMessage, request, StubContext())
         await anyio.sleep(2)  # held: no message matches
         assert _counts(server.metrics, "ReceiveMessage") == {}
         tasks.cancel_scope.cancel()  # the client went away
