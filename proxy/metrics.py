@@ -249,30 +249,32 @@ class RpcMeter:
 
     ``now`` is the clock the call's start was read from (the servicer's Clock)."""
 
-    __slots__ = ("_by_code", "_method", "_metrics", "_timer", "now")
+    __slots__ = ("_by_code", "_method", "_metrics", "now")
 
     def __init__(self, metrics: ProxyMetrics, method: str, now: Callable[[], float]) -> None:
         self._metrics = metrics
         self._method = method
-        self._timer = metrics.rpc_latency.labels(method)
-        self._by_code: dict[int | str, tuple[Any, Any]] = {}
+        # Children are made at a method's first call with each code, as labels() would:
+        # /metrics shows no series for a method or code never seen.
+        self._by_code: dict[int | str, tuple[Any, Any, Any]] = {}
         self.now = now
 
     def record(self, code: int | str, started: float) -> None:
         children = self._by_code.get(code)
         if children is None:
             children = self._by_code[code] = self._children(code)
-        counter, rocketmq = children
+        counter, timer, rocketmq = children
         elapsed = self.now() - started
         counter.inc()
-        self._timer.observe(elapsed)
+        timer.observe(elapsed)
         rocketmq.observe(elapsed * 1000)
 
-    def _children(self, code: int | str) -> tuple[Any, Any]:
+    def _children(self, code: int | str) -> tuple[Any, Any, Any]:
         name = code if isinstance(code, str) else _CODE_NAMES.get(code) or str(code)
         metrics = self._metrics
         return (
             metrics.rpc_requests.labels(self._method, name),
+            metrics.rpc_latency.labels(self._method),
             metrics.rocketmq_rpc_child(self._method, name),
         )
 

@@ -176,7 +176,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def _metered_stream(self, method: str, handler: StreamHandler) -> Handler:
         meter = self._meter(method)
         now = meter.now
-        stalled = self.metrics.stalled_streams.labels(method)
+        stalled = self.metrics.stalled_streams
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> None:
             started = now()
@@ -186,7 +186,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 # The client stopped reading (popmq.proxy.grpc.stall): counted, then ended as
                 # cancelled, the one way grpc.aio ends a call whose write is still queued (no
                 # status can pass it, and no traceback is logged for it).
-                stalled.inc()
+                stalled.labels(method).inc()
                 meter.record("WRITE_STALLED", started)
                 raise asyncio.CancelledError from None
             except BaseException:
