@@ -105,10 +105,11 @@ test: install client-venv chromium $(if $(HAVE_NODE),node-client) etcd lint
 # tests/support/examples.py); `make test` tries them all.
 #
 # Speed: lint's four checks run beside the tests, not before them (their few lines may land
-# between the tests' dots; make fails when any fails). The selected tests wait on real sockets and timers about half the time, so
-# they run in 3 workers on 2 cores (`make check CHECK_WORKERS=2` for the old split); files with
-# a test marked `slow` go first (tests/conftest.py, collection order kept), so that no long file
-# starts last and runs alone.
+# between the tests' dots; make fails when any fails). The selected tests wait on real sockets
+# and timers about half the time, so they run in 3 workers on 2 cores (`make check
+# CHECK_WORKERS=2` for the old split); files with a test marked `slow` go first
+# (tests/conftest.py; --no-loadscope-reorder keeps that order instead of xdist's largest-first),
+# so that no long file starts last and runs alone.
 CHECK_WORKERS ?= 3
 check: install
 	$(MAKE) --no-print-directory -j 5 lint-ruff lint-format lint-imports lint-types check-tests
