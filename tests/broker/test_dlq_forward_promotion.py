@@ -45,7 +45,7 @@ async def test_a_promotion_between_the_dlq_copy_and_the_settlement_duplicates_no
             shutil.copytree(leader_dir, promoted_dir, ignore=shutil.ignore_patterns("LOCK"))
             return result
 
-        service._append_system = copied_after  # type: ignore[method-assign]
+        service._append_system = copied_after
         await leader.forward_to_dlq(GROUP, TOPIC, popped.receipt_handle)
 
     async with running_broker(fast_broker_config(promoted_dir), LoopClock()) as promoted:
