@@ -5,6 +5,7 @@ time, in process."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -118,3 +119,44 @@ async def test_a_receive_whose_client_left_while_held_counts_as_client_gone(
         "popmq_proxy_rpc_duration_seconds_count:": 1,
         "rocketmq_rpc_latency_count:CLIENT_GONE": 1,
     }
+
+
+def _servicer_frames(coro: Any) -> list[str]:
+    """The frames of servicer.py in a task's await chain (outermost first)."""
+    frames = []
+    while coro is not None:
+        code = getattr(coro, "cr_code", None)
+        if code is not None and code.co_filename.endswith("servicer.py"):
+            frames.append(code.co_qualname)
+        coro = getattr(coro, "cr_await", None)
+    return frames
+
+
+async def test_a_held_receive_holds_the_seam_and_one_frame_of_the_servicer(served: Any) -> None:
+    """The seam's wrapper is one coroutine frame per call; with it a held receive keeps two
+    frames of the servicer, as before the seam (a frame per held poll is memory per poll)."""
+    _, servicer = served
+    request = s.ReceiveMessageRequest(
+        group=pb.Resource(name="g"),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name="t")),
+        filter_expression=pb.FilterExpression(type=pb.TAG, expression="nothing-has-this-tag"),
+        batch_size=8,
+    )
+    request.invisible_duration.FromMilliseconds(30_000)
+    request.long_polling_timeout.FromMilliseconds(20_000)
+    held: list[list[str]] = []
+
+    async def receive() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.start_soon(look, task)
+        await servicer.ReceiveMessage(request, StubContext())
+
+    async def look(task: asyncio.Task[Any]) -> None:
+        await anyio.sleep(2)  # held: no message matches
+        held.append(_servicer_frames(task.get_coro()))
+        tasks.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(receive)
+    assert len(held) == 1 and len(held[0]) == 2, held  # the seam's wrapper and the handler
