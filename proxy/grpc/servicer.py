@@ -354,9 +354,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             pass  # the client is gone; nothing was popped
 
     # -- offsets -----------------------------------------------------------------------------
-    async def _pull_message(
+    def _pull_message(
         self, request: s.PullMessageRequest, context: grpc.aio.ServicerContext
-    ) -> int | str:
+    ) -> Awaitable[int | str]:
+        """Admission (of a pull that may wait), then the pull's own coroutine, awaited by the
+        seam (no frame of this call's kept while the pull is held, as for a receive)."""
         ctx, client = _long_poll_context(context)
         # A pull that may wait is a long poll like a receive: held under the same bounds.
         held = request.long_polling_timeout.ToMilliseconds() > 0
@@ -365,49 +367,53 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             if held:
                 self.core.receiver.admit(client, group)
         except Exception as exc:
-            failed = st.status_of(exc)
-            await self._write_quietly(context, s.PullMessageResponse(status=failed))
-            return failed.code
-        try:
-            return await self._pull(request, context, ctx)
-        finally:
-            if held:
-                self.core.receiver.leave(client, group)
+            return self._refuse_pull(context, st.status_of(exc))
+        return self._pull(request, context, ctx, client if held else None, group)
+
+    async def _refuse_pull(self, context: grpc.aio.ServicerContext, failed: Any) -> int:
+        await self._write_quietly(context, s.PullMessageResponse(status=failed))
+        return int(failed.code)
 
     async def _pull(
         self,
         request: s.PullMessageRequest,
         context: grpc.aio.ServicerContext,
         ctx: RequestContext,
+        held_by: str | None,
+        group: str,
     ) -> int | str:
         try:
-            result = await offsets.pull_message(self.core, request, ctx)
-        except Exception as exc:
-            failed = st.status_of(exc)
-            await self._write_quietly(context, s.PullMessageResponse(status=failed))
-            return failed.code
-        code, text = offsets.pull_status(result)
-        # The messages draw from the budget until written, as a receive's (a pull changes no
-        # state at the broker: a refused one is simply asked again).
-        size = sum(len(m.body) for m in result.messages)
-        try:
-            await self._budget.acquire(size)
-        except RefusedError as exc:
-            await self._write_quietly(context, s.PullMessageResponse(status=st.status_of(exc)))
-            return exc.code
-        own_context, served_namespace = served_in(context)  # as in _receive
-        try:
-            with writes_within(own_context, self._stall_s) as write:
-                await write(s.PullMessageResponse(status=st.status(code, text)))
-                namespace = request.message_queue.topic.resource_namespace
-                for message in result.messages:
-                    frame = s.PullMessageResponse()
-                    stored_into(frame.message, message, namespace, served_namespace)
-                    await write(frame)
-                await write(s.PullMessageResponse(next_offset=result.next_offset))
+            try:
+                result = await offsets.pull_message(self.core, request, ctx)
+            except Exception as exc:
+                failed = st.status_of(exc)
+                await self._write_quietly(context, s.PullMessageResponse(status=failed))
+                return failed.code
+            code, text = offsets.pull_status(result)
+            # The messages draw from the budget until written, as a receive's (a pull changes no
+            # state at the broker: a refused one is simply asked again).
+            size = sum(len(m.body) for m in result.messages)
+            try:
+                await self._budget.acquire(size)
+            except RefusedError as exc:
+                await self._write_quietly(context, s.PullMessageResponse(status=st.status_of(exc)))
+                return exc.code
+            own_context, served_namespace = served_in(context)  # as in _receive
+            try:
+                with writes_within(own_context, self._stall_s) as write:
+                    await write(s.PullMessageResponse(status=st.status(code, text)))
+                    namespace = request.message_queue.topic.resource_namespace
+                    for message in result.messages:
+                        frame = s.PullMessageResponse()
+                        stored_into(frame.message, message, namespace, served_namespace)
+                        await write(frame)
+                    await write(s.PullMessageResponse(next_offset=result.next_offset))
+            finally:
+                self._budget.release(size)
+            return code
         finally:
-            self._budget.release(size)
-        return code
+            if held_by is not None:
+                self.core.receiver.leave(held_by, group)
 
     async def _write_quietly(self, context: grpc.aio.ServicerContext, frame: Any) -> None:
         try:

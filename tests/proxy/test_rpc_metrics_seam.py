@@ -132,31 +132,54 @@ def _servicer_frames(coro: Any) -> list[str]:
     return frames
 
 
-async def test_a_held_receive_holds_the_seam_and_one_frame_of_the_servicer(served: Any) -> None:
-    """The seam's wrapper is one coroutine frame per call; with it a held receive keeps two
-    frames of the servicer, as before the seam (a frame per held poll is memory per poll)."""
-    _, servicer = served
-    request = s.ReceiveMessageRequest(
-        group=pb.Resource(name="g"),
-        message_queue=pb.MessageQueue(topic=pb.Resource(name="t")),
-        filter_expression=pb.FilterExpression(type=pb.TAG, expression="nothing-has-this-tag"),
-        batch_size=8,
-    )
-    request.invisible_duration.FromMilliseconds(30_000)
+def _held_request(server: ProxyServer, method: str) -> Any:
+    """A receive or a pull that waits 20 s (nothing new matches)."""
+    queue = pb.MessageQueue(topic=pb.Resource(name="t"), id=0)
+    queue.broker.name = server.cluster.ports[0].name
+    expression = pb.FilterExpression(type=pb.TAG, expression="nothing-has-this-tag")
+    if method == "ReceiveMessage":
+        request: Any = s.ReceiveMessageRequest(
+            group=pb.Resource(name="g"), message_queue=queue, filter_expression=expression,
+            batch_size=8,
+        )  # fmt: skip
+        request.invisible_duration.FromMilliseconds(30_000)
+    else:
+        request = s.PullMessageRequest(
+            group=pb.Resource(name="g"), message_queue=queue, offset=1, batch_size=8,
+            filter_expression=expression,
+        )  # fmt: skip
     request.long_polling_timeout.FromMilliseconds(20_000)
+    return request
+
+
+@pytest.mark.parametrize("method", ["ReceiveMessage", "PullMessage"])
+async def test_a_held_stream_keeps_the_seam_and_one_frame_of_the_servicer(
+    served: Any, method: str
+) -> None:
+    """The seam's wrapper is one coroutine frame per call; with it a held receive or pull
+    keeps two frames of the servicer, as before the seam (a frame per held poll is memory
+    per poll)."""
+    server, servicer = served
+    request = _held_request(server, method)
     held: list[list[str]] = []
 
-    async def receive() -> None:
+    async def call() -> None:
         task = asyncio.current_task()
         assert task is not None
         tasks.start_soon(look, task)
-        await servicer.ReceiveMessage(request, StubContext())
+        await getattr(servicer, method)(request, StubContext())
 
     async def look(task: asyncio.Task[Any]) -> None:
-        await anyio.sleep(2)  # held: no message matches
+        await anyio.sleep(2)  # held: nothing matches
         held.append(_servicer_frames(task.get_coro()))
         tasks.cancel_scope.cancel()
 
     async with anyio.create_task_group() as tasks:
-        tasks.start_soon(receive)
+        tasks.start_soon(call)
     assert len(held) == 1 and len(held[0]) == 2, held  # the seam's wrapper and the handler
+    assert _counts(server.metrics, method) == {
+        "popmq_proxy_rpc_requests_total:CLIENT_GONE": 1,
+        "popmq_proxy_rpc_duration_seconds_count:": 1,
+        "rocketmq_rpc_latency_count:CLIENT_GONE": 1,
+    }
+    assert server.core.receiver.admission.active == 0  # the long poll left its slot
