@@ -183,3 +183,59 @@ async def test_a_held_stream_keeps_the_seam_and_one_frame_of_the_servicer(
         "rocketmq_rpc_latency_count:CLIENT_GONE": 1,
     }
     assert server.core.receiver.admission.active == 0  # the long poll left its slot
+
+
+class _BootClock:
+    """The broker's wall clock, with monotonic seconds of its own (ManualClock's two readings
+    agree, so a test on it cannot tell which one a value was read from)."""
+
+    def __init__(self, wall: LoopClock) -> None:
+        self._wall = wall
+
+    def now_ms(self) -> int:
+        return self._wall.now_ms()
+
+    def monotonic(self) -> float:
+        return self._wall.monotonic() + 12_345.0
+
+    async def sleep(self, seconds: float) -> None:
+        await self._wall.sleep(seconds)
+
+
+class _Recorder(StubContext):
+    def __init__(self) -> None:
+        self.frames: list[Any] = []
+
+    async def write(self, frame: Any) -> None:
+        self.frames.append(frame)
+
+
+async def test_what_a_receive_sends_is_read_from_the_wall_clock(tmp_path: Path) -> None:
+    """The delivery timestamp and the invisible duration (against the broker's invisible-until)
+    are wall-clock values; the RPC latency is measured on the monotonic clock."""
+    config = make_config(tmp_path, **{"proxy.strategy": "pop"})
+    wall = LoopClock()
+    async with running_broker(fast_broker_config(tmp_path / "b"), wall) as broker:
+        port = LocalBrokerPort(broker)
+        await port.send([Message("t", b"m")], 0)
+        server = ProxyServer(config, [port])
+        clock = _BootClock(wall)
+        servicer = MessagingServicer(server.core, server.metrics, config.proxy, clock=clock)
+        try:
+            request = _held_request(server, "ReceiveMessage")
+            request.filter_expression.expression = "*"
+            context = _Recorder()
+            await servicer.ReceiveMessage(request, context)
+        finally:
+            await server.tasks.aclose()
+            await server.strategy.aclose()
+            await server.cluster.aclose()
+    message = next(f.message for f in context.frames if f.WhichOneof("content") == "message")
+    assert 29_000 <= message.system_properties.invisible_duration.ToMilliseconds() <= 30_000
+    stamp = context.frames[-1].delivery_timestamp.ToMilliseconds()
+    assert abs(stamp - wall.now_ms()) < 1_000
+    assert _counts(server.metrics, "ReceiveMessage") == {
+        "popmq_proxy_rpc_requests_total:OK": 1,
+        "popmq_proxy_rpc_duration_seconds_count:": 1,
+        "rocketmq_rpc_latency_count:OK": 1,
+    }
