@@ -254,86 +254,93 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             core.clients.telemetry(ctx, False)
 
     # -- POP consumption ---------------------------------------------------------------------
-    async def _receive_message(
+    def _receive_message(
         self, request: s.ReceiveMessageRequest, context: grpc.aio.ServicerContext
-    ) -> int | str:
+    ) -> Awaitable[int | str]:
+        """Admission, then the receive's own coroutine, awaited by the seam: no frame of this
+        call's kept while the receive is held (a frame per held poll is memory per poll)."""
         ctx, client = _long_poll_context(context)
-        receiver = self.core.receiver
         # Admission first: a refused receive costs no broker call and answers at once.
         group = request.group.name
         try:
-            receiver.admit(client, group)
+            self.core.receiver.admit(client, group)
         except Exception as exc:
-            failed = st.status_of(exc)
-            await self._finish_receive(context, failed)
-            return failed.code
-        try:
-            return await self._receive(request, context, ctx)
-        finally:
-            receiver.leave(client, group)
-            if ctx.past_deadline():
-                # Our answer left after the client's deadline: it saw DEADLINE_EXCEEDED.
-                self.metrics.late_answers.inc()
+            return self._refuse_receive(context, st.status_of(exc))
+        return self._receive(request, context, ctx, client, group)
+
+    async def _refuse_receive(self, context: grpc.aio.ServicerContext, failed: Any) -> int:
+        await self._finish_receive(context, failed)
+        return int(failed.code)
 
     async def _receive(
         self,
         request: s.ReceiveMessageRequest,
         context: grpc.aio.ServicerContext,
         ctx: RequestContext,
+        client: str,
+        group: str,
     ) -> int | str:
         receiver = self.core.receiver
         try:
-            plan = await receiver.plan(receive_request(request), ctx)
-            popped = await receiver.receive(plan)
-        except Exception as exc:
-            failed = st.status_of(exc)
-            await self._finish_receive(context, failed)
-            return failed.code
-        if not popped:
-            await self._finish_receive(context, st.status(Code.MESSAGE_NOT_FOUND, "no new message"))
-            return Code.MESSAGE_NOT_FOUND
-        size = sum(len(m.message.body) for m in popped)
-        try:
-            await self._budget.acquire(size)
-        except RefusedError as exc:  # over the memory budget: give them back at once
-            receiver.release_unsent(plan, popped)
-            await self._finish_receive(context, st.status_of(exc))
-            return exc.code
-        sent = 0  # messages written
-        writing = False  # popped[sent] is being written
-        stall_s = self._stall_s
-        # A namespaced call's frames are built as the client names things, once each,
-        # and written past the namespace interceptor's per-frame walk.
-        own_context, served_namespace = served_in(context)
-        try:
-            with writes_within(own_context, stall_s) as write:
-                await write(s.ReceiveMessageResponse(status=st.ok()))
-                now = self._clock.now_ms()
-                namespace = request.message_queue.topic.resource_namespace
-                for message in popped:
-                    frame = s.ReceiveMessageResponse()
-                    popped_into(frame.message, message, now, namespace, served_namespace)
-                    writing = True
-                    await write(frame)
-                    writing = False
-                    sent += 1
-                await write(
-                    s.ReceiveMessageResponse(delivery_timestamp=timestamp(self._clock.now_ms()))
+            try:
+                plan = await receiver.plan(receive_request(request), ctx)
+                popped = await receiver.receive(plan)
+            except Exception as exc:
+                failed = st.status_of(exc)
+                await self._finish_receive(context, failed)
+                return failed.code
+            if not popped:
+                await self._finish_receive(
+                    context, st.status(Code.MESSAGE_NOT_FOUND, "no new message")
                 )
-        except BaseException:
-            # The client is gone or stopped reading: what was never written becomes visible
-            # again at once. A message whose write began counts as delivered: its frame may
-            # have reached the client (a write is queued in grpc-core before it completes),
-            # so it keeps its lease; handed back, it would be delivered twice with no
-            # attempt counted (docs/longpolling.md, "Messages popped for a client that went
-            # away").
-            receiver.release_unsent(plan, popped[sent + writing :])
-            if writing:
-                receiver.keep_in_doubt(popped[sent])
-            raise
+                return Code.MESSAGE_NOT_FOUND
+            size = sum(len(m.message.body) for m in popped)
+            try:
+                await self._budget.acquire(size)
+            except RefusedError as exc:  # over the memory budget: give them back at once
+                receiver.release_unsent(plan, popped)
+                await self._finish_receive(context, st.status_of(exc))
+                return exc.code
+            sent = 0  # messages written
+            writing = False  # popped[sent] is being written
+            stall_s = self._stall_s
+            # A namespaced call's frames are built as the client names things, once each,
+            # and written past the namespace interceptor's per-frame walk.
+            own_context, served_namespace = served_in(context)
+            try:
+                with writes_within(own_context, stall_s) as write:
+                    await write(s.ReceiveMessageResponse(status=st.ok()))
+                    now = self._clock.now_ms()
+                    namespace = request.message_queue.topic.resource_namespace
+                    for message in popped:
+                        frame = s.ReceiveMessageResponse()
+                        popped_into(frame.message, message, now, namespace, served_namespace)
+                        writing = True
+                        await write(frame)
+                        writing = False
+                        sent += 1
+                    await write(
+                        s.ReceiveMessageResponse(delivery_timestamp=timestamp(self._clock.now_ms()))
+                    )
+            except BaseException:
+                # The client is gone or stopped reading: what was never written becomes visible
+                # again at once. A message whose write began counts as delivered: its frame may
+                # have reached the client (a write is queued in grpc-core before it completes),
+                # so it keeps its lease; handed back, it would be delivered twice with no
+                # attempt counted (docs/longpolling.md, "Messages popped for a client that went
+                # away").
+                receiver.release_unsent(plan, popped[sent + writing :])
+                if writing:
+                    receiver.keep_in_doubt(popped[sent])
+                raise
+            finally:
+                self._budget.release(size)
+            return Code.OK
         finally:
-            self._budget.release(size)
-        return Code.OK
+            receiver.leave(client, group)
+            if ctx.past_deadline():
+                # Our answer left after the client's deadline: it saw DEADLINE_EXCEEDED.
+                self.metrics.late_answers.inc()
 
     async def _finish_receive(self, context: grpc.aio.ServicerContext, status: Any) -> None:
         try:
@@ -347,9 +354,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             pass  # the client is gone; nothing was popped
 
     # -- offsets -----------------------------------------------------------------------------
-    async def _pull_message(
+    def _pull_message(
         self, request: s.PullMessageRequest, context: grpc.aio.ServicerContext
-    ) -> int | str:
+    ) -> Awaitable[int | str]:
+        """Admission (of a pull that may wait), then the pull's own coroutine, awaited by the
+        seam (no frame of this call's kept while the pull is held, as for a receive)."""
         ctx, client = _long_poll_context(context)
         # A pull that may wait is a long poll like a receive: held under the same bounds.
         held = request.long_polling_timeout.ToMilliseconds() > 0
@@ -358,49 +367,53 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             if held:
                 self.core.receiver.admit(client, group)
         except Exception as exc:
-            failed = st.status_of(exc)
-            await self._write_quietly(context, s.PullMessageResponse(status=failed))
-            return failed.code
-        try:
-            return await self._pull(request, context, ctx)
-        finally:
-            if held:
-                self.core.receiver.leave(client, group)
+            return self._refuse_pull(context, st.status_of(exc))
+        return self._pull(request, context, ctx, client if held else None, group)
+
+    async def _refuse_pull(self, context: grpc.aio.ServicerContext, failed: Any) -> int:
+        await self._write_quietly(context, s.PullMessageResponse(status=failed))
+        return int(failed.code)
 
     async def _pull(
         self,
         request: s.PullMessageRequest,
         context: grpc.aio.ServicerContext,
         ctx: RequestContext,
+        held_by: str | None,
+        group: str,
     ) -> int | str:
         try:
-            result = await offsets.pull_message(self.core, request, ctx)
-        except Exception as exc:
-            failed = st.status_of(exc)
-            await self._write_quietly(context, s.PullMessageResponse(status=failed))
-            return failed.code
-        code, text = offsets.pull_status(result)
-        # The messages draw from the budget until written, as a receive's (a pull changes no
-        # state at the broker: a refused one is simply asked again).
-        size = sum(len(m.body) for m in result.messages)
-        try:
-            await self._budget.acquire(size)
-        except RefusedError as exc:
-            await self._write_quietly(context, s.PullMessageResponse(status=st.status_of(exc)))
-            return exc.code
-        own_context, served_namespace = served_in(context)  # as in _receive
-        try:
-            with writes_within(own_context, self._stall_s) as write:
-                await write(s.PullMessageResponse(status=st.status(code, text)))
-                namespace = request.message_queue.topic.resource_namespace
-                for message in result.messages:
-                    frame = s.PullMessageResponse()
-                    stored_into(frame.message, message, namespace, served_namespace)
-                    await write(frame)
-                await write(s.PullMessageResponse(next_offset=result.next_offset))
+            try:
+                result = await offsets.pull_message(self.core, request, ctx)
+            except Exception as exc:
+                failed = st.status_of(exc)
+                await self._write_quietly(context, s.PullMessageResponse(status=failed))
+                return failed.code
+            code, text = offsets.pull_status(result)
+            # The messages draw from the budget until written, as a receive's (a pull changes no
+            # state at the broker: a refused one is simply asked again).
+            size = sum(len(m.body) for m in result.messages)
+            try:
+                await self._budget.acquire(size)
+            except RefusedError as exc:
+                await self._write_quietly(context, s.PullMessageResponse(status=st.status_of(exc)))
+                return exc.code
+            own_context, served_namespace = served_in(context)  # as in _receive
+            try:
+                with writes_within(own_context, self._stall_s) as write:
+                    await write(s.PullMessageResponse(status=st.status(code, text)))
+                    namespace = request.message_queue.topic.resource_namespace
+                    for message in result.messages:
+                        frame = s.PullMessageResponse()
+                        stored_into(frame.message, message, namespace, served_namespace)
+                        await write(frame)
+                    await write(s.PullMessageResponse(next_offset=result.next_offset))
+            finally:
+                self._budget.release(size)
+            return code
         finally:
-            self._budget.release(size)
-        return code
+            if held_by is not None:
+                self.core.receiver.leave(held_by, group)
 
     async def _write_quietly(self, context: grpc.aio.ServicerContext, frame: Any) -> None:
         try:

@@ -103,3 +103,17 @@ def test_clients_per_access_key_are_bounded() -> None:
     registry.touch("d", access_key="app")
     registry.touch("e", access_key="app")
     assert {c.client_id for c in registry.clients() if c.access_key == "app"} == {"d", "e"}
+
+
+def test_seen_times_are_wall_clock_seconds() -> None:
+    """The admin API and the CLI show seen times as times of day: read from the wall clock,
+    not the monotonic one (which ManualClock alone cannot tell apart: its two agree)."""
+
+    class BootClock(ManualClock):
+        def monotonic(self) -> float:
+            return 42.0  # seconds since boot: nothing to show as a time of day
+
+    registry = ClientRegistry(expiry_s=30, clock=BootClock(1_700_000_000.5))
+    info = registry.touch("c", client_type="PRODUCER")
+    assert info.first_seen == info.last_seen == 1_700_000_000.5
+    assert registry.get("c") is info

@@ -5,6 +5,7 @@ time, in process."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -117,4 +118,124 @@ async def test_a_receive_whose_client_left_while_held_counts_as_client_gone(
         "popmq_proxy_rpc_requests_total:CLIENT_GONE": 1,
         "popmq_proxy_rpc_duration_seconds_count:": 1,
         "rocketmq_rpc_latency_count:CLIENT_GONE": 1,
+    }
+
+
+def _servicer_frames(coro: Any) -> list[str]:
+    """The frames of servicer.py in a task's await chain (outermost first)."""
+    frames = []
+    while coro is not None:
+        code = getattr(coro, "cr_code", None)
+        if code is not None and code.co_filename.endswith("servicer.py"):
+            frames.append(code.co_qualname)
+        coro = getattr(coro, "cr_await", None)
+    return frames
+
+
+def _held_request(server: ProxyServer, method: str) -> Any:
+    """A receive or a pull that waits 20 s (nothing new matches)."""
+    queue = pb.MessageQueue(topic=pb.Resource(name="t"), id=0)
+    queue.broker.name = server.cluster.ports[0].name
+    expression = pb.FilterExpression(type=pb.TAG, expression="nothing-has-this-tag")
+    if method == "ReceiveMessage":
+        request: Any = s.ReceiveMessageRequest(
+            group=pb.Resource(name="g"), message_queue=queue, filter_expression=expression,
+            batch_size=8,
+        )  # fmt: skip
+        request.invisible_duration.FromMilliseconds(30_000)
+    else:
+        request = s.PullMessageRequest(
+            group=pb.Resource(name="g"), message_queue=queue, offset=1, batch_size=8,
+            filter_expression=expression,
+        )  # fmt: skip
+    request.long_polling_timeout.FromMilliseconds(20_000)
+    return request
+
+
+@pytest.mark.parametrize("method", ["ReceiveMessage", "PullMessage"])
+async def test_a_held_stream_keeps_the_seam_and_one_frame_of_the_servicer(
+    served: Any, method: str
+) -> None:
+    """The seam's wrapper is one coroutine frame per call; with it a held receive or pull
+    keeps two frames of the servicer, as before the seam (a frame per held poll is memory
+    per poll)."""
+    server, servicer = served
+    request = _held_request(server, method)
+    held: list[list[str]] = []
+
+    async def call() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.start_soon(look, task)
+        await getattr(servicer, method)(request, StubContext())
+
+    async def look(task: asyncio.Task[Any]) -> None:
+        await anyio.sleep(2)  # held: nothing matches
+        held.append(_servicer_frames(task.get_coro()))
+        tasks.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(call)
+    assert len(held) == 1 and len(held[0]) == 2, held  # the seam's wrapper and the handler
+    assert _counts(server.metrics, method) == {
+        "popmq_proxy_rpc_requests_total:CLIENT_GONE": 1,
+        "popmq_proxy_rpc_duration_seconds_count:": 1,
+        "rocketmq_rpc_latency_count:CLIENT_GONE": 1,
+    }
+    assert server.core.receiver.admission.active == 0  # the long poll left its slot
+
+
+class _BootClock:
+    """The broker's wall clock, with monotonic seconds of its own (ManualClock's two readings
+    agree, so a test on it cannot tell which one a value was read from)."""
+
+    def __init__(self, wall: LoopClock) -> None:
+        self._wall = wall
+
+    def now_ms(self) -> int:
+        return self._wall.now_ms()
+
+    def monotonic(self) -> float:
+        return self._wall.monotonic() + 12_345.0
+
+    async def sleep(self, seconds: float) -> None:
+        await self._wall.sleep(seconds)
+
+
+class _Recorder(StubContext):
+    def __init__(self) -> None:
+        self.frames: list[Any] = []
+
+    async def write(self, frame: Any) -> None:
+        self.frames.append(frame)
+
+
+async def test_what_a_receive_sends_is_read_from_the_wall_clock(tmp_path: Path) -> None:
+    """The delivery timestamp and the invisible duration (against the broker's invisible-until)
+    are wall-clock values; the RPC latency is measured on the monotonic clock."""
+    config = make_config(tmp_path, **{"proxy.strategy": "pop"})
+    wall = LoopClock()
+    async with running_broker(fast_broker_config(tmp_path / "b"), wall) as broker:
+        port = LocalBrokerPort(broker)
+        await port.send([Message("t", b"m")], 0)
+        server = ProxyServer(config, [port])
+        clock = _BootClock(wall)
+        servicer = MessagingServicer(server.core, server.metrics, config.proxy, clock=clock)
+        try:
+            request = _held_request(server, "ReceiveMessage")
+            request.filter_expression.expression = "*"
+            context = _Recorder()
+            await servicer.ReceiveMessage(request, context)
+        finally:
+            await server.tasks.aclose()
+            await server.strategy.aclose()
+            await server.cluster.aclose()
+    message = next(f.message for f in context.frames if f.WhichOneof("content") == "message")
+    assert 29_000 <= message.system_properties.invisible_duration.ToMilliseconds() <= 30_000
+    stamp = context.frames[-1].delivery_timestamp.ToMilliseconds()
+    assert abs(stamp - wall.now_ms()) < 1_000
+    assert _counts(server.metrics, "ReceiveMessage") == {
+        "popmq_proxy_rpc_requests_total:OK": 1,
+        "popmq_proxy_rpc_duration_seconds_count:": 1,
+        "rocketmq_rpc_latency_count:OK": 1,
     }
