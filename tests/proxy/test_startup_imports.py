@@ -27,6 +27,7 @@ _NOT_IN_A_PROXY = (
 _PROBE = """
 import sys
 import popmq.cli, popmq.cli.proxy_cmd, popmq.proxy.runtime
+popmq.proxy.runtime.embedded_registries([])  # what serve_proxy asks at start (issue 18)
 print("\\n".join(sorted(sys.modules)))
 """
 
