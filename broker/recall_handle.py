@@ -9,9 +9,8 @@ recall handle (other prefix, other fields). Any proxy routes it by the clear bro
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from popmq.broker import sealed_token
 from popmq.broker.contract.errors import Code, RefusedError

@@ -8,9 +8,8 @@ routes it by the clear broker name (``peek_transaction_broker``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from popmq.broker import sealed_token
 from popmq.broker.contract.errors import Code, RefusedError
