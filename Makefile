@@ -21,9 +21,9 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile
 # Bytecode caches on for the suite: where the environment turns them off
 # (PYTHONDONTWRITEBYTECODE, as some sandboxes do), every worker would compile popmq and rewrite
 # and compile ~330 test modules again on every run (about 9 s of CPU per worker).
-check test lint: export PYTHONDONTWRITEBYTECODE =
+check check-tests test lint: export PYTHONDONTWRITEBYTECODE =
 
-.PHONY: run test check install client-venv node-client chromium etcd lint lint-ruff lint-format \
+.PHONY: run test check check-tests install client-venv node-client chromium etcd lint lint-ruff lint-format \
 	lint-imports lint-types protos clean FORCE
 
 # `make run` needs popmq and its console; `make install` (tests, lint) adds the test and Spark
@@ -103,8 +103,20 @@ test: install client-venv chromium $(if $(HAVE_NODE),node-client) etcd lint
 # few end-to-end timing tests are marked `wallclock` (a real 9 s broker outage, say). Both run in
 # `make test`. Property tests try a quarter of their examples here (QUICK_PROPERTIES,
 # tests/support/examples.py); `make test` tries them all.
-check: install lint
-	QUICK_PROPERTIES=1 $(PY) -m pytest $(XDIST) -m "not subprocess and not wallclock" -q $(PYTEST_ARGS)
+#
+# Speed: lint's four checks run beside the tests, not before them (their few lines may land
+# between the tests' dots; make fails when any fails). The selected tests wait on real sockets
+# and timers about half the time, so they run in 3 workers on 2 cores (`make check
+# CHECK_WORKERS=2` for the old split); files with a test marked `slow` go first
+# (tests/conftest.py; --no-loadscope-reorder keeps that order instead of xdist's largest-first),
+# so that no long file starts last and runs alone.
+CHECK_WORKERS ?= 3
+check: install
+	$(MAKE) --no-print-directory -j 5 lint-ruff lint-format lint-imports lint-types check-tests
+
+check-tests:
+	QUICK_PROPERTIES=1 $(PY) -m pytest -n $(CHECK_WORKERS) --dist loadfile --no-loadscope-reorder \
+		-m "not subprocess and not wallclock" -q $(PYTEST_ARGS)
 
 protos: install
 	$(PY) scripts/gen_protos.py

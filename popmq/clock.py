@@ -55,4 +55,21 @@ class LoopClock:
         await asyncio.sleep(seconds)
 
 
+class ManualClock:
+    """Time moved by hand (tests, simulations): set or add to ``now_s``; a sleep moves it."""
+
+    def __init__(self, now_s: float = 0.0) -> None:
+        self.now_s = now_s
+
+    def monotonic(self) -> float:
+        return self.now_s
+
+    def now_ms(self) -> int:
+        return int(self.now_s * 1000)
+
+    async def sleep(self, seconds: float) -> None:
+        self.now_s += seconds
+        await asyncio.sleep(0)
+
+
 SYSTEM: Clock = SystemClock()

@@ -27,6 +27,8 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from popmq.event_loop import EventLoopChoice
+
 ENV_PREFIX = "POPMQ_"
 
 # Copies of one request's bytes a process holds at its peak while serving it, measured with
@@ -566,6 +568,14 @@ class ConsoleConfig(Section):
         return value
 
 
+class ServerConfig(Section):
+    """The process that serves: `popmq serve`, `popmq proxy` and `popmq broker`."""
+
+    # The asyncio event loop: uvloop (libuv, less CPU per gRPC call; docs/benchmarks.md, "The
+    # event loop"), asyncio (the standard library's), or auto (uvloop when installed).
+    event_loop: EventLoopChoice = "auto"
+
+
 class TracingConfig(Section):
     """OpenTelemetry traces (the popmq[otel] extra); OTEL_EXPORTER_OTLP_ENDPOINT works too."""
 
@@ -581,6 +591,7 @@ class PopmqConfig(Section):
     serve: ServeConfig = Field(default_factory=ServeConfig)
     console: ConsoleConfig = Field(default_factory=ConsoleConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
 
 
 def _set_path(target: dict[str, Any], dotted: str, value: Any) -> None:

@@ -7,12 +7,16 @@ process (tests, benchmarks) do not mix their counts.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from popmq.broker.contract.errors import Code
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from popmq.clock import SYSTEM
 
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30,
@@ -29,6 +33,41 @@ ADMISSION_REASONS = (
 RPC_LATENCY_MS_BUCKETS = (1, 3, 5, 7, 10, 100, 1000, 2000, 3000)
 
 
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric's definition: what a dashboard reads (name, help, labels, buckets)."""
+
+    kind: type[Counter] | type[Histogram]
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    buckets: tuple[float, ...] | None = None
+
+    def build(self, registry: CollectorRegistry) -> Any:
+        if self.buckets is None:
+            return self.kind(self.name, self.help, self.labels, registry=registry)
+        return Histogram(self.name, self.help, self.labels, registry=registry, buckets=self.buckets)
+
+
+# What every client RPC records, once, at the servicer's one seam (RpcMeter below).
+RPC_REQUESTS = MetricSpec(
+    Counter, "popmq_proxy_rpc_requests", "Client RPCs by method and result code",
+    ("method", "code"),
+)  # fmt: skip
+RPC_DURATION = MetricSpec(
+    Histogram, "popmq_proxy_rpc_duration_seconds", "Client RPC latency by method",
+    ("method",), _LATENCY_BUCKETS,
+)  # fmt: skip
+ROCKETMQ_RPC_LATENCY = MetricSpec(
+    Histogram, "rocketmq_rpc_latency", "Client RPC latency in milliseconds (RocketMQ's metric)",
+    ("cluster", "node_type", "node_id", "protocol_type", "request_code", "response_code"),
+    RPC_LATENCY_MS_BUCKETS,
+)  # fmt: skip
+RPC_METRICS = (RPC_REQUESTS, RPC_DURATION, ROCKETMQ_RPC_LATENCY)
+# Code(code).name is an enum lookup; the names by value are read once.
+_CODE_NAMES: dict[int, str] = {code.value: code.name for code in Code}
+
+
 class ProxyMetrics:
     def __init__(
         self,
@@ -40,25 +79,14 @@ class ProxyMetrics:
         r = self.registry
         self.cluster = cluster
         self._node = (cluster, "proxy", node_id or socket.gethostname())
-        self._rocketmq_rpc = Histogram(
-            "rocketmq_rpc_latency", "Client RPC latency in milliseconds (RocketMQ's metric)",
-            ["cluster", "node_type", "node_id", "protocol_type", "request_code",
-             "response_code"], buckets=RPC_LATENCY_MS_BUCKETS, registry=r,
-        )  # fmt: skip
-        self._rocketmq_rpc_children: dict[tuple[str, str], Any] = {}
+        self._rocketmq_rpc = ROCKETMQ_RPC_LATENCY.build(r)
         self.broker_up = Gauge(
             "popmq_proxy_broker_up",
             "1 while the proxy reaches the broker, 0 while it cannot (checked every few seconds)",
             ["broker"], registry=r,
         )  # fmt: skip
-        self.rpc_requests = Counter(
-            "popmq_proxy_rpc_requests", "Client RPCs by method and result code",
-            ["method", "code"], registry=r,
-        )  # fmt: skip
-        self.rpc_latency = Histogram(
-            "popmq_proxy_rpc_duration_seconds", "Client RPC latency by method",
-            ["method"], buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+        self.rpc_requests = RPC_REQUESTS.build(r)
+        self.rpc_latency = RPC_DURATION.build(r)
         self.long_polls = Counter(
             "popmq_proxy_long_polls", "Client receive calls that may long-poll (is_long_polling)",
             ["strategy"], registry=r,
@@ -192,19 +220,63 @@ class ProxyMetrics:
         if count:
             self.transaction_checks_sent.inc(count)
 
+    def meter(self, method: str, now: Callable[[], float] = SYSTEM.monotonic) -> RpcMeter:
+        """The one recorder of `method`'s RPC metrics (build it once, at start-up)."""
+        return RpcMeter(self, method, now)
+
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
         """rocketmq_rpc_latency for one client RPC."""
-        child = self._rocketmq_rpc_children.get((method, code))
-        if child is None:
-            child = self._rocketmq_rpc.labels(*self._node, "grpc", method, code)
-            self._rocketmq_rpc_children[method, code] = child
-        child.observe(seconds * 1000)
+        self.rocketmq_rpc_child(method, code).observe(seconds * 1000)
+
+    def refused(self, method: str, code: str) -> None:
+        """A call refused before it reached its method (access, an undecodable body): counted,
+        with no latency (nothing was served)."""
+        self.rpc_requests.labels(method, code).inc()
+
+    def rocketmq_rpc_child(self, method: str, code: str) -> Any:
+        return self._rocketmq_rpc.labels(*self._node, "grpc", method, code)
 
     def watch_links(self, ports: Sequence[Any]) -> None:
         """Report each broker link's losses and watches (``popmq proxy`` in front of remote
         brokers; in-process ports have no link to lose), and their request links' failures."""
         self.broker_links.ports = ports
         self.broker_request_links.ports = ports
+
+
+class RpcMeter:
+    """RPC_METRICS for one method. The label children are resolved once per method and code
+    (``labels()`` is a lookup under a lock): a call's record is three updates and a clock read.
+
+    ``now`` is the clock the call's start was read from (the servicer's Clock)."""
+
+    __slots__ = ("_by_code", "_method", "_metrics", "now")
+
+    def __init__(self, metrics: ProxyMetrics, method: str, now: Callable[[], float]) -> None:
+        self._metrics = metrics
+        self._method = method
+        # Children are made at a method's first call with each code, as labels() would:
+        # /metrics shows no series for a method or code never seen.
+        self._by_code: dict[int | str, tuple[Any, Any, Any]] = {}
+        self.now = now
+
+    def record(self, code: int | str, started: float) -> None:
+        children = self._by_code.get(code)
+        if children is None:
+            children = self._by_code[code] = self._children(code)
+        counter, timer, rocketmq = children
+        elapsed = self.now() - started
+        counter.inc()
+        timer.observe(elapsed)
+        rocketmq.observe(elapsed * 1000)
+
+    def _children(self, code: int | str) -> tuple[Any, Any, Any]:
+        name = code if isinstance(code, str) else _CODE_NAMES.get(code) or str(code)
+        metrics = self._metrics
+        return (
+            metrics.rpc_requests.labels(self._method, name),
+            metrics.rpc_latency.labels(self._method),
+            metrics.rocketmq_rpc_child(self._method, name),
+        )
 
 
 class _LinkCollector(Collector):

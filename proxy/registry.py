@@ -13,11 +13,12 @@ client's entry, nor, by registering the id first, lock the real client out of it
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from popmq.broker.contract.errors import Code, RefusedError
+
+from popmq.clock import SYSTEM, Clock
 
 # RocketMQ drops a client channel after 120 s without a heartbeat.
 CLIENT_EXPIRY_S = 120.0
@@ -49,13 +50,15 @@ class ClientRegistry:
     def __init__(
         self,
         expiry_s: float = CLIENT_EXPIRY_S,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM,
         *,
         max_per_access_key: int | None = None,
         on_refused: Callable[[], None] | None = None,
     ) -> None:
         self._expiry_s = expiry_s
         self._clock = clock
+        # Seen times are wall-clock seconds (the admin API and CLI show them as times).
+        self._now = lambda: clock.now_ms() / 1000
         self._clients: dict[tuple[str, str], ClientInfo] = {}  # by (access key, client id)
         # Live entries per access key ("" = no ACL: not limited), bounded by max_per_access_key.
         self._per_key: dict[str, int] = {}
@@ -77,7 +80,7 @@ class ClientRegistry:
         access_key: str = "",
     ) -> ClientInfo:
         """Record that a client is alive, updating what it told us."""
-        now = self._clock()
+        now = self._now()
         info = self.get(client_id, access_key)
         if info is None:
             info = self._clients.get((access_key, client_id))  # expired, not swept: anew
@@ -139,13 +142,13 @@ class ClientRegistry:
     def get(self, client_id: str, access_key: str = "") -> ClientInfo | None:
         self._expire()
         info = self._clients.get((access_key, client_id))
-        if info is not None and info.last_seen < self._clock() - self._expiry_s:
+        if info is not None and info.last_seen < self._now() - self._expiry_s:
             return None  # silent too long: gone, though the next sweep has not run yet
         return info
 
     def clients(self, group: str | None = None) -> list[ClientInfo]:
         self._expire()
-        horizon = self._clock() - self._expiry_s
+        horizon = self._now() - self._expiry_s
         found = [
             c
             for c in self._clients.values()
@@ -166,7 +169,7 @@ class ClientRegistry:
         """Drop clients silent past the expiry: a pass over the whole table, so at most once
         a second for lookups (every heartbeat and receive looks one up: a pass each made a
         table of many client ids, which any caller can add, cost every request its size)."""
-        clock = self._clock()
+        clock = self._now()
         if clock < self._next_sweep:
             return
         self._next_sweep = clock + SWEEP_EVERY_S

@@ -237,7 +237,7 @@ class ProxyServer:
 
     def _count_refused_body(self, method: str, code: str) -> None:
         """An undecodable (INVALID_ARGUMENT) or oversized (RESOURCE_EXHAUSTED) request."""
-        self.metrics.rpc_requests.labels(method, code).inc()
+        self.metrics.refused(method, code)
 
     async def __aenter__(self) -> ProxyServer:
         await self.start()  # returns once the server is bound and serving

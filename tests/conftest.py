@@ -23,6 +23,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         path = Path(str(item.fspath))
         if any(suite in path.parents for suite in _SUBPROCESS_SUITES):
             item.add_marker(pytest.mark.subprocess)
+    # Longest first: with `--no-loadscope-reorder` (make check) pytest-xdist hands out files in
+    # this order, so a slow file collected last would run alone at the end while the other
+    # worker idles. Files with a test marked `slow` go first; the sort is stable.
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.hookimpl(hookwrapper=True)

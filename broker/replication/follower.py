@@ -95,7 +95,9 @@ class ReplicaFollower:
             while pending or not ended:
                 if not pending:
                     if self._writer.indexing_due():  # idle: index what was applied
-                        await anyio.to_thread.run_sync(self._writer.index_some)
+                        await anyio.to_thread.run_sync(
+                            self._writer.index_some, self._clock.monotonic()
+                        )
                         continue
                     arrived.clear()
                     # until a batch arrives, or indexing is due (it waits to do more at once)
@@ -118,7 +120,7 @@ class ReplicaFollower:
                         pb.ReplicaReport(ack=pb.Ack(sequence=batch.sequence, commitlog_end=end))
                     )
                 if self._writer.indexing_due():  # a chunk after the acks, even under load
-                    await anyio.to_thread.run_sync(self._writer.index_some)
+                    await anyio.to_thread.run_sync(self._writer.index_some, self._clock.monotonic())
 
         async with anyio.create_task_group() as group:
 

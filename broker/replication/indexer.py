@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -97,6 +98,10 @@ class ReplicaIndexer:
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._dir = Path(data_dir)
+        # Read on the event loop's side only (due_in; index_some's callers pass its reading): a
+        # follower's clock is its loop's (virtual under looptime), which a worker thread running
+        # apply or index_some cannot read, and time.monotonic there disagreed with the loop's
+        # waits (the follower woke and found nothing due, again and again).
         self._monotonic = monotonic
         self._per_file = entries_per_file
         self._handles = FileBudget(_OPEN_FILES)
@@ -108,8 +113,10 @@ class ReplicaIndexer:
         self.stopped = False
         self.records_indexed = 0
         self._checkpointed = -1
-        self._checkpointed_at = 0.0
-        self._behind_since: float | None = None  # when indexable bytes started to wait
+        self._checkpointed_at = -math.inf  # the clock's reading at the last timed checkpoint
+        # When indexable bytes started to wait: stamped by the first due_in() that sees them
+        # (applied() runs in a worker thread, which does not read the clock).
+        self._behind_since: float | None = None
 
     # -- the writer's hooks ------------------------------------------------------------------
     def start(self) -> None:
@@ -184,8 +191,6 @@ class ReplicaIndexer:
         """A batch ending at ``end`` is durable; ``complete``: the documents describe it."""
         if complete:
             self.indexable_end = max(self.indexable_end, end)
-            if self._behind_since is None and self.behind:
-                self._behind_since = self._monotonic()
 
     def before_reset(self) -> None:
         """Everything is copied afresh: drop the indexes."""
@@ -226,7 +231,7 @@ class ReplicaIndexer:
 
     def due_in(self) -> float | None:
         """Seconds until there is work to do (0: now; None: nothing to do until more is
-        applied)."""
+        applied). Read on the event loop: it reads the clock."""
         if self.stopped:
             return None
         now = self._monotonic()
@@ -234,17 +239,20 @@ class ReplicaIndexer:
         if self.behind:
             if self.indexable_end - self.position >= INDEX_AT_BYTES:
                 return 0.0
-            since = now if self._behind_since is None else self._behind_since
-            waits.append(since + INDEX_EVERY_S - now)
+            if self._behind_since is None:
+                self._behind_since = now
+            waits.append(self._behind_since + INDEX_EVERY_S - now)
         if self._checkpointed != self.position:
             waits.append(self._checkpointed_at + CHECKPOINT_EVERY_S - now)
         return max(0.0, min(waits)) if waits else None
 
-    def index_some(self, max_bytes: int = CHUNK_BYTES) -> None:
+    def index_some(self, max_bytes: int = CHUNK_BYTES, now: float | None = None) -> None:
         """Index up to ``max_bytes`` of the indexable commitlog (blocking: a worker thread),
-        and write a checkpoint when one is due."""
+        and write a checkpoint when one is due. ``now``: the clock's reading, taken by the
+        caller on the event loop (None: read it here, for a clock any thread may read)."""
         if self.stopped:
             return
+        now = self._monotonic() if now is None else now
         try:
             if self.position < self.indexable_end:
                 self._refresh_topics()
@@ -253,12 +261,12 @@ class ReplicaIndexer:
                 if self.position == before:
                     raise IndexerStopped(f"no record found at {before}")
                 # what is left (a chunk's worth more) is indexed by the next call at once
-                self._behind_since = self._monotonic() - INDEX_EVERY_S if self.behind else None
+                self._behind_since = now - INDEX_EVERY_S if self.behind else None
             if (
                 self._checkpointed != self.position
-                and self._monotonic() - self._checkpointed_at >= CHECKPOINT_EVERY_S
+                and now - self._checkpointed_at >= CHECKPOINT_EVERY_S
             ):
-                self._write_checkpoint()
+                self._write_checkpoint(now=now)
         except (IndexerStopped, OSError, ValueError) as error:
             self._stop(str(error))
 
@@ -374,9 +382,11 @@ class ReplicaIndexer:
         self._topics, self._topics_seen = topics, seen
 
     # -- durability --------------------------------------------------------------------------
-    def _write_checkpoint(self, twice: bool = False) -> None:
+    def _write_checkpoint(self, twice: bool = False, now: float | None = None) -> None:
         """Indexes durable first, then the checkpoint that vouches for them. ``twice``: the
-        previous copy (read when the current one is damaged) must not claim more either."""
+        previous copy (read when the current one is damaged) must not claim more either.
+        ``now``: a timed checkpoint, the next one is due CHECKPOINT_EVERY_S later (the others,
+        at a start, a cut or a close, do not move the schedule)."""
         paths = [p for index in self._indexes.values() for p in index.take_dirty_paths()]
         fsync_paths(paths)
         if (self._dir / "index").is_dir():
@@ -388,7 +398,9 @@ class ReplicaIndexer:
         doc = {"position": self.position, "queues": queues, "from_replica": True}
         for _ in range(2 if twice else 1):
             metafile.write(self._dir / CHECKPOINT, doc)
-        self._checkpointed, self._checkpointed_at = self.position, self._monotonic()
+        self._checkpointed = self.position
+        if now is not None:
+            self._checkpointed_at = now
 
     def _stop(self, why: str) -> None:
         log.warning("replication: the follower stops indexing its copy (%s); a promotion "

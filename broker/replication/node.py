@@ -277,7 +277,7 @@ class ReplicatedNode:
             await anyio.sleep_forever()
         self.port.refusal = (f"{self.node} is a follower (epoch {role.epoch}); the leader is "
                              f"{role.leader_name or '?'} at {role.leader_address}")  # fmt: skip
-        writer = ReplicaWriter(Path(self._config.data_dir))
+        writer = ReplicaWriter(Path(self._config.data_dir), clock=self._clock)
         writer.open()
         try:
             self.follower = ReplicaFollower(

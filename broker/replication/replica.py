@@ -29,6 +29,7 @@ from popmq.broker.replication.indexer import ReplicaIndexer
 from popmq.broker.store.files import DirLock
 from popmq.broker.store.framing import fsync_dir
 
+from popmq.clock import SYSTEM, Clock
 from popmq.pb.replication.v1 import replication_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def check_path(name: str) -> str:
 
 
 class ReplicaWriter:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, clock: Clock = SYSTEM) -> None:
         self.data_dir = Path(data_dir)
         self._lock = DirLock(self.data_dir)
         self.history: epochs.EpochHistory | None = None
@@ -76,7 +77,8 @@ class ReplicaWriter:
         # completeness.py: marked before a reset or cut; cleared by a durable complete batch.
         self._incomplete = False
         self._completed = False  # a complete batch was applied after the last reset or cut
-        self.indexer = ReplicaIndexer(self.data_dir)
+        # the follower's clock (its loop's): the indexer's waits are the follower's waits
+        self.indexer = ReplicaIndexer(self.data_dir, monotonic=clock.monotonic)
         # The commitlog's segments as this writer last saw them (None: list them again); kept
         # up to date by its own writes, as nothing else writes the directory while it follows.
         # Listing (a stat per segment) twice per batch was a visible share of a follower's CPU.
@@ -107,10 +109,10 @@ class ReplicaWriter:
         wait = self.indexer.due_in()
         return math.inf if wait is None else wait
 
-    def index_some(self) -> None:
+    def index_some(self, now: float | None = None) -> None:
         """Index a chunk of what was applied (blocking: a worker thread; never while a batch
-        is applied: the follower calls both in turn)."""
-        self.indexer.index_some()
+        is applied: the follower calls both in turn). ``now``: the clock, read on the loop."""
+        self.indexer.index_some(now=now)
 
     def _listed(self) -> list[tuple[int, int]]:
         if self._segments is None:

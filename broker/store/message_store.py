@@ -58,12 +58,9 @@ from popmq.broker.store.file_budget import FileBudget
 from popmq.broker.store.files import DirLock
 from popmq.broker.store.group_commit import GroupCommit
 from popmq.broker.store.reads import QueueReader, ReadResult
-from popmq.broker.store.recovery import QueueKey, Recovery, RecoveryReport
+from popmq.broker.store.recovery import Recovery, RecoveryReport
 from popmq.broker.store.topic_queues import TopicQueues
-from popmq.broker.store.topics import (
-    TopicMeta,
-    TopicTable,
-)
+from popmq.broker.store.topics import TopicMeta, TopicTable
 from popmq.broker.store.writer import ArrivalListener, QueueWriter
 
 from popmq.clock import SYSTEM, Clock
@@ -216,26 +213,8 @@ class MessageStore:
         retention.advance_min_offsets(self._commitlog, self._indexes.values())
         self._offsets.load(startup.read_meta(self._dir, "consumer_offsets.json", "reset", fresh,
                                              self.faults))  # fmt: skip
-        self._keep_committed_offsets()
+        startup.keep_committed_offsets(self._offsets, self._indexes)
         self._checkpointer.checkpoint_now()
-
-    def _keep_committed_offsets(self) -> None:
-        """A queue with no record left whose groups committed past its end (a replicated copy
-        made after retention deleted every record of the queue: nothing told its index where
-        the offsets had reached) goes on from the highest committed offset, so new messages
-        never get offsets a group has already passed (it would never receive them)."""
-        reached: dict[QueueKey, int] = {}
-        for group, topic, queue_id in self._offsets.keys():
-            key = (topic, queue_id)
-            reached[key] = max(reached.get(key, 0), self._offsets.get((group, topic, queue_id)))
-        for key, offset in reached.items():
-            index = self._indexes.get(key)
-            if index is None or index.min_offset < index.max_offset or offset <= index.max_offset:
-                continue
-            log.warning("store: %s/%d holds no message and starts at offset %d, where its "
-                        "groups' committed offsets had reached (its records were deleted by "
-                        "retention before this copy was made)", *key, offset)  # fmt: skip
-            index.reset(offset)
 
     async def start(self) -> None:
         """Start the flush task (fsyncs, checkpoints, retention); aclose() stops it."""

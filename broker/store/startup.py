@@ -1,5 +1,6 @@
 """What ``MessageStore.open`` reads before serving: the metadata documents (with their
-fallbacks) and the topic table, completed from the data when topics.log is missing or damaged.
+fallbacks) and the topic table, completed from the data when topics.log is missing or damaged;
+and where an emptied queue's offsets go on from (``keep_committed_offsets``).
 
 Nothing here deletes data for lack of metadata: a damaged document falls back to its previous
 copy or to a safe action, and every fallback is logged and recorded in the store's faults.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from popmq.broker.contract.errors import RefusedError
 from popmq.broker.store import metafile
 from popmq.broker.store.codec import decode_header
 from popmq.broker.store.commitlog import CommitLog
+from popmq.broker.store.consumer_offsets import ConsumerOffsets
 from popmq.broker.store.damage import (
     DAMAGED,
     TORN_TAIL,
@@ -27,7 +29,8 @@ from popmq.broker.store.damage import (
     StoreFaults,
 )
 from popmq.broker.store.framing import HEADER_SIZE, fsync_dir
-from popmq.broker.store.recovery import RECORD_RESYNC
+from popmq.broker.store.queue_index import QueueIndex
+from popmq.broker.store.recovery import RECORD_RESYNC, QueueKey
 from popmq.broker.store.topics import (
     LEGACY_NAME,
     LOG_NAME,
@@ -176,3 +179,24 @@ def remove_stray_index_dirs(data_dir: Path, topics: Container[str]) -> None:
     for entry in root.iterdir():
         if entry.name not in topics:
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def keep_committed_offsets(
+    offsets: ConsumerOffsets, indexes: Mapping[QueueKey, QueueIndex]
+) -> None:
+    """A queue with no record left whose groups committed past its end (a replicated copy
+    made after retention deleted every record of the queue: nothing told its index where
+    the offsets had reached) goes on from the highest committed offset, so new messages
+    never get offsets a group has already passed (it would never receive them)."""
+    reached: dict[QueueKey, int] = {}
+    for group, topic, queue_id in offsets.keys():
+        key = (topic, queue_id)
+        reached[key] = max(reached.get(key, 0), offsets.get((group, topic, queue_id)))
+    for key, offset in reached.items():
+        index = indexes.get(key)
+        if index is None or index.min_offset < index.max_offset or offset <= index.max_offset:
+            continue
+        log.warning("store: %s/%d holds no message and starts at offset %d, where its "
+                    "groups' committed offsets had reached (its records were deleted by "
+                    "retention before this copy was made)", *key, offset)  # fmt: skip
+        index.reset(offset)

@@ -54,6 +54,7 @@ from popmq.bench import progress as live
 from popmq.bench.acl import BenchAcl, write_bench_acl
 from popmq.bench.process_stats import cpu_seconds
 from popmq.bench.table_text import grid
+from popmq.event_loop import EVENT_LOOP_ENV
 
 TOPIC = "bench-e2e"
 TX_TOPIC = "bench-e2e-tx"  # a TRANSACTION topic (a topic has one message type)
@@ -539,6 +540,8 @@ async def bench_e2e(
         "receive_batch": receive_batch, "channels": channels, "strategy": strategy,
         "proxy_workers": list(workers), "transactions": transactions, "replicas": replicas,
         "replication": replication_modes, "min_in_sync": min_in_sync or replicas, "acl": acl,
+        # The servers' loop (they and the floor inherit this environment): server.event_loop.
+        "event_loop": os.environ.get(EVENT_LOOP_ENV, "auto"),
     }  # fmt: skip
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="popmq-bench-e2e-") as tmp:

@@ -17,10 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
 import signal
 
 import grpc
 
+from popmq.event_loop import EVENT_LOOP_CHOICES, EVENT_LOOP_ENV
+from popmq.event_loop import run as run_on_loop
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
@@ -136,8 +139,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--brokers", type=int, default=3)
     parser.add_argument("--body-bytes", type=int, default=1024)
+    # The same loop as the servers it is compared with: a bench run passes its environment on.
+    parser.add_argument(
+        "--event-loop", choices=EVENT_LOOP_CHOICES, default=os.environ.get(EVENT_LOOP_ENV, "auto")
+    )
     args = parser.parse_args()
-    asyncio.run(serve(args.host, args.port, args.brokers, args.body_bytes))
+    run_on_loop(serve(args.host, args.port, args.brokers, args.body_bytes), args.event_loop)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from popmq.cli.failures import USER_ERROR_EXIT, user_message
 from popmq.cli.logs import FORMATS, LEVELS, configure_logging
 from popmq.cli.parser_kit import DefaultsHelpFormatter, SuggestingParser, finish
+from popmq.event_loop import EVENT_LOOP_CHOICES
 
 COMMAND_MODULES = (
     "popmq.cli.broker_cmd",  # popmq broker
@@ -56,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--otlp-endpoint", metavar="URL",
         help="export OpenTelemetry traces over OTLP/gRPC, e.g. http://otel-collector:4317 "
         "(needs popmq[otel]; OTEL_EXPORTER_OTLP_ENDPOINT works too)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--event-loop", choices=EVENT_LOOP_CHOICES,
+        help="the servers' asyncio loop (server.event_loop; default auto: uvloop if installed)",
     )  # fmt: skip
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in COMMAND_MODULES:

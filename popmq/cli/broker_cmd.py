@@ -27,6 +27,7 @@ from popmq.broker.contract.errors import RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.cli.common import config_from_args, start_tracing_for
 from popmq.config import BrokerConfig
+from popmq.event_loop import run as run_on_loop
 from popmq.security.files import owner_only_new_files, warn_if_data_exposed
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     warn_if_data_exposed(config.broker.data_dir)  # one made before, with looser modes
     stop_tracing = start_tracing_for(config, "popmq-broker")
     try:
-        asyncio.run(serve_broker(config.broker, announce=_announce))
+        run_on_loop(serve_broker(config.broker, announce=_announce), config.server.event_loop)
     except (OSError, RefusedError, ValueError) as error:  # port taken, data dir locked, bad keys
         print(f"popmq broker: {error.message if isinstance(error, RefusedError) else error}",
               file=sys.stderr)  # fmt: skip

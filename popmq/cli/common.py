@@ -27,6 +27,8 @@ def config_from_args(args: argparse.Namespace, flag_overrides: dict[str, Any]) -
     overrides = {k: v for k, v in flag_overrides.items() if v is not None}
     if getattr(args, "otlp_endpoint", None):
         overrides["tracing.otlp_endpoint"] = args.otlp_endpoint
+    if getattr(args, "event_loop", None):
+        overrides["server.event_loop"] = args.event_loop
     overrides.update(parse_set_flags(getattr(args, "set", []) or []))
     return load_config(getattr(args, "config", None), overrides)
 

@@ -7,7 +7,6 @@ Both run until SIGTERM or SIGINT and exit 0 after a clean stop. Once serving the
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from collections.abc import Coroutine
@@ -15,6 +14,7 @@ from typing import Any
 
 from popmq.cli.common import config_from_args, start_tracing_for
 from popmq.config import BrokerAddress, PopmqConfig
+from popmq.event_loop import run as run_on_loop
 from popmq.gc_tuning import tune_for_serving
 from popmq.security.files import owner_only_new_files, warn_if_data_exposed
 
@@ -195,7 +195,7 @@ def run_proxy(args: argparse.Namespace) -> int:
     if config.proxy.workers > 1:
         from popmq.cli.workers import run_workers
 
-        return asyncio.run(run_workers(config, sys.argv[1:], _announce))
+        return run_on_loop(run_workers(config, sys.argv[1:], _announce), config.server.event_loop)
     from popmq.proxy.runtime import run_cluster_proxy
 
     return _run("proxy", config, run_cluster_proxy(config, _announce))
@@ -210,7 +210,7 @@ def _run(command: str, config: PopmqConfig, main: Coroutine[Any, Any, None]) -> 
         raise
     tune_for_serving()  # a long-poll server's object churn: see popmq.gc_tuning
     try:
-        asyncio.run(main)
+        run_on_loop(main, config.server.event_loop)
     except ValueError as exc:  # a bad ACL, certificate or token file: say which, no traceback
         print(f"popmq {command}: {exc}", file=sys.stderr)
         return 2  # a user's error: one line, exit 2

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -44,6 +43,7 @@ from popmq.proxy.grpc import status as st
 from popmq.proxy.metrics import ProxyMetrics
 from prometheus_client import Counter
 
+from popmq.clock import SYSTEM, Clock
 from popmq.config import ProxyConfig
 from popmq.errors import Code
 from popmq.lifecycle import TaskOwner
@@ -166,7 +166,9 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         max_calls_per_key: int = 10_000,
         open_calls: dict[str, int] | None = None,
         watchers: TaskOwner | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
+        self._clock = clock  # bounds the refusal log's rate
         self._authn = authenticator
         self._metrics = metrics
         self._refusals = refusals  # by reason: what the caller is not told
@@ -188,6 +190,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
             self._max_calls,
             self.open_calls,
             self._watchers,
+            self._clock,
         )
 
     def _open(self, user: User) -> None:
@@ -276,7 +279,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
     ) -> pb.Status:
         method = path.rsplit("/", 1)[1]
         code_name = Code(exc.code).name
-        self._metrics.rpc_requests.labels(method, code_name).inc()
+        self._metrics.refused(method, code_name)
         self._refusals.labels(exc.reason).inc()
         credential = ""
         for name, value in context.invocation_metadata() or ():
@@ -286,7 +289,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         # in this table) per key it invents.
         known = bool(credential) and self._authn.acl.user(credential) is not None
         key = (credential if known else "", method, exc.code)
-        now = time.monotonic()  # a log-rate bound for the operator: real time, no logic waits on it
+        now = self._clock.monotonic()
         if now - self._last_logged.get(key, -_LOG_EVERY_S) >= _LOG_EVERY_S:
             self._last_logged[key] = now
             log.warning(

@@ -150,21 +150,9 @@ def _fill(msg: pb.Message, stored: StoredMessage, namespace: str, unqualify_for:
     digest.type = pb.MD5
     digest.checksum = md5_hex(body)
     system.body_encoding = pb.IDENTITY
-    ms = stored.born_timestamp_ms
-    stamp = system.born_timestamp
-    if ms >= 0:
-        stamp.seconds, millis = divmod(ms, 1000)
-        stamp.nanos = millis * 1_000_000
-    else:
-        stamp.FromMilliseconds(ms)
+    _set_ms(system.born_timestamp, stored.born_timestamp_ms)
+    _set_ms(system.store_timestamp, stored.store_timestamp_ms)
     system.born_host = stored.born_host
-    ms = stored.store_timestamp_ms
-    stamp = system.store_timestamp
-    if ms >= 0:
-        stamp.seconds, millis = divmod(ms, 1000)
-        stamp.nanos = millis * 1_000_000
-    else:
-        stamp.FromMilliseconds(ms)
     system.store_host = stored.store_host
     system.queue_id = stored.queue_id
     system.queue_offset = stored.queue_offset

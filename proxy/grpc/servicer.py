@@ -5,12 +5,17 @@ to the core's domain objects and back) and served by the core (popmq.proxy.core)
 answers with a RocketMQ Status, never a gRPC error: the core raises RefusedError for bad
 requests, and any other exception becomes INTERNAL_ERROR. Streams (ReceiveMessage,
 PullMessage) always end with their trailing frame.
+
+Every method is wrapped once, at start-up, by the one seam that records its RPC metrics
+(proxy/metrics.py RPC_METRICS through an RpcMeter): a unary call by its answer's code, a stream
+by the code its handler returns, WRITE_STALLED when its client stopped reading, CLIENT_GONE when
+it ended by an exception (the client went away or the call was cancelled). Only Telemetry,
+one long stream of many settings answers, records each answer itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -27,9 +32,10 @@ from popmq.proxy.grpc.headers import RequestContext, request_context, text_heade
 from popmq.proxy.grpc.namespace import served_in
 from popmq.proxy.grpc.receive import receive_request
 from popmq.proxy.grpc.stall import WriterStalled, writes_within
-from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.metrics import ProxyMetrics, RpcMeter
 
 from popmq.budget import MemoryBudget
+from popmq.clock import SYSTEM, Clock
 from popmq.config import ProxyConfig
 from popmq.lifecycle import TaskOwner
 from popmq.pb.rocketmq.v2 import service_pb2 as s
@@ -37,11 +43,12 @@ from popmq.pb.rocketmq.v2 import service_pb2_grpc
 
 # Commands and check-backs waiting for a Telemetry stream (a client sends few commands).
 _TELEMETRY_BUFFER = 64
-# Code(code).name is an enum lookup per RPC; the names by value are read once.
-_CODE_NAMES: dict[int, str] = {code.value: code.name for code in Code}
-Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Translator = Callable[[ProxyCore, Any, RequestContext], Awaitable[Any]]
+OnError = Callable[[Any, Any], None]
+Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+# A stream handler writes its frames and returns its RPC's code.
+StreamHandler = Callable[[Any, grpc.aio.ServicerContext], Awaitable["int | str"]]
 
 
 def _poll_owner(ctx: RequestContext, headers: dict[str, str]) -> str:
@@ -56,9 +63,23 @@ def _long_poll_context(context: grpc.aio.ServicerContext) -> tuple[RequestContex
     return ctx, _poll_owner(ctx, headers)
 
 
-def _now_ms() -> int:
-    # The delivery timestamp is a stamp for the client's clock, not a deadline: real wall time.
-    return int(time.time() * 1000)
+def _one_entry_each(response: s.SendMessageResponse, req: s.SendMessageRequest) -> None:
+    for msg in req.messages:
+        response.entries.add(status=response.status, message_id=msg.system_properties.message_id)
+
+
+def _keep_handle(
+    response: s.ChangeInvisibleDurationResponse, req: s.ChangeInvisibleDurationRequest
+) -> None:
+    # Clients adopt this handle before reading the status: give theirs back.
+    response.receipt_handle = req.receipt_handle
+
+
+def _not_implemented(what: str) -> Translator:
+    async def refuse(core: ProxyCore, request: Any, ctx: RequestContext) -> Any:
+        raise RefusedError(Code.NOT_IMPLEMENTED, f"popmq does not support {what}")
+
+    return refuse
 
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
@@ -70,15 +91,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         metrics: ProxyMetrics,
         config: ProxyConfig | None = None,
         streams: TaskOwner | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         config = config or ProxyConfig()
         self.core = core
         self.metrics = metrics
+        self._clock = clock
         # Owns the tasks reading Telemetry commands (one per open stream).
         self._streams = streams or TaskOwner("telemetry", grace_s=0)
-        # Metric children by label values: labels() is a lookup with locking on every RPC.
-        self._counters: dict[tuple[str, str], Any] = {}
-        self._timers: dict[str, Any] = {}
         self._stall_s = config.write_stall_timeout_ms / 1000
         self._budget = MemoryBudget(
             config.max_inflight_bytes,
@@ -88,69 +108,95 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
         budget = self._budget
         self.metrics.inflight_bytes.set_function(lambda: budget.held)
+        self._telemetry_meter = self._meter("Telemetry")
+        # The protocol's methods, each wrapped once by the seam that records its metrics
+        # (instance attributes: grpc looks the handlers up on the servicer).
+        for method, translator, response_type, on_error in self._unary_methods():
+            setattr(self, method, self._metered_unary(method, translator, response_type, on_error))
+        for method, handler in (
+            ("ReceiveMessage", self._receive_message),
+            ("PullMessage", self._pull_message),
+        ):
+            setattr(self, method, self._metered_stream(method, handler))
 
-    # -- plumbing ----------------------------------------------------------------------------
-    def _record(self, method: str, code: int | str, started: float) -> None:
-        if isinstance(code, str):
-            name = code
-        else:
-            name = _CODE_NAMES.get(code) or str(code)
-        counter = self._counters.get((method, name))
-        if counter is None:
-            counter = self._counters[method, name] = self.metrics.rpc_requests.labels(method, name)
-        timer = self._timers.get(method)
-        if timer is None:
-            timer = self._timers[method] = self.metrics.rpc_latency.labels(method)
-        counter.inc()
-        # RPC latency for metrics (started = time.perf_counter() at the call's start, the same
-        # in every handler): a measurement of real elapsed time that no logic reads.
-        elapsed = time.perf_counter() - started
-        timer.observe(elapsed)
-        self.metrics.observe_rpc(method, name, elapsed)
+    # -- the one seam: RPC metrics -----------------------------------------------------------
+    def _meter(self, method: str) -> RpcMeter:
+        return self.metrics.meter(method, self._clock.monotonic)
 
-    async def _unary(
+    def _unary_methods(self) -> tuple[tuple[str, Translator, type, OnError | None], ...]:
+        async def send_within_budget(core: ProxyCore, req: Any, ctx: RequestContext) -> Any:
+            return await send.send_message(core, req, ctx, self._budget)
+
+        return (
+            ("QueryRoute", routes.query_route, s.QueryRouteResponse, None),
+            ("Heartbeat", clients.heartbeat, s.HeartbeatResponse, None),
+            ("NotifyClientTermination", clients.notify_termination,
+             s.NotifyClientTerminationResponse, None),
+            ("QueryAssignment", routes.query_assignment, s.QueryAssignmentResponse, None),
+            ("SendMessage", send_within_budget, s.SendMessageResponse, _one_entry_each),
+            ("AckMessage", handles.ack_message, s.AckMessageResponse, None),
+            ("ChangeInvisibleDuration", handles.change_invisible_duration,
+             s.ChangeInvisibleDurationResponse, _keep_handle),
+            ("ForwardMessageToDeadLetterQueue", handles.forward_to_dlq,
+             s.ForwardMessageToDeadLetterQueueResponse, None),
+            ("QueryOffset", offsets.query_offset, s.QueryOffsetResponse, None),
+            ("GetOffset", offsets.get_offset, s.GetOffsetResponse, None),
+            ("UpdateOffset", offsets.update_offset, s.UpdateOffsetResponse, None),
+            ("EndTransaction", send.end_transaction, s.EndTransactionResponse, None),
+            ("RecallMessage", send.recall_message, s.RecallMessageResponse, None),
+            ("SyncLiteSubscription", _not_implemented("lite topics"),
+             s.SyncLiteSubscriptionResponse, None),
+        )  # fmt: skip
+
+    def _metered_unary(
         self,
         method: str,
         translator: Translator,
-        request: Any,
-        context: grpc.aio.ServicerContext,
         response_type: type[Resp],
-        on_error: Callable[[Resp, Any], None] | None = None,
-    ) -> Resp:
-        started = time.perf_counter()
-        ctx = request_context(context)
-        try:
-            response = await translator(self.core, request, ctx)
-        except Exception as exc:
-            response = response_type(status=st.status_of(exc))  # type: ignore[call-arg]
-            if on_error is not None:
-                on_error(response, request)
-        self._record(method, response.status.code, started)
-        return response
+        on_error: OnError | None,
+    ) -> Handler:
+        meter = self._meter(method)
+        now = meter.now
+        core = self.core
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Resp:
+            started = now()
+            ctx = request_context(context)
+            try:
+                response = await translator(core, request, ctx)
+            except Exception as exc:
+                response = response_type(status=st.status_of(exc))  # type: ignore[call-arg]
+                if on_error is not None:
+                    on_error(response, request)
+            meter.record(response.status.code, started)
+            return response
+
+        return unary
+
+    def _metered_stream(self, method: str, handler: StreamHandler) -> Handler:
+        meter = self._meter(method)
+        now = meter.now
+        stalled = self.metrics.stalled_streams
+
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> None:
+            started = now()
+            try:
+                code = await handler(request, context)
+            except WriterStalled:
+                # The client stopped reading (popmq.proxy.grpc.stall): counted, then ended as
+                # cancelled, the one way grpc.aio ends a call whose write is still queued (no
+                # status can pass it, and no traceback is logged for it).
+                stalled.labels(method).inc()
+                meter.record("WRITE_STALLED", started)
+                raise asyncio.CancelledError from None
+            except BaseException:
+                meter.record("CLIENT_GONE", started)
+                raise
+            meter.record(code, started)
+
+        return stream
 
     # -- route and clients -------------------------------------------------------------------
-    async def QueryRoute(self, request, context):
-        return await self._unary(
-            "QueryRoute", routes.query_route, request, context, s.QueryRouteResponse
-        )
-
-    async def Heartbeat(self, request, context):
-        return await self._unary(
-            "Heartbeat", clients.heartbeat, request, context, s.HeartbeatResponse
-        )
-
-    async def NotifyClientTermination(self, request, context):
-        return await self._unary(
-            "NotifyClientTermination", clients.notify_termination, request, context,
-            s.NotifyClientTerminationResponse,
-        )  # fmt: skip
-
-    async def QueryAssignment(self, request, context):
-        return await self._unary(
-            "QueryAssignment", routes.query_assignment, request, context,
-            s.QueryAssignmentResponse,
-        )  # fmt: skip
-
     async def Telemetry(
         self, request_iterator: AsyncIterator[s.TelemetryCommand], context
     ) -> AsyncIterator[s.TelemetryCommand]:
@@ -159,6 +205,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         owner into one channel with the check-backs, so either wakes the stream."""
         ctx = request_context(context)
         core = self.core
+        meter = self._telemetry_meter
         channels = core.transactions.channels
         send_end, receive_end = anyio.create_memory_object_stream[Any](_TELEMETRY_BUFFER)
         closed = (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError)
@@ -188,7 +235,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     command = item
                     if command.WhichOneof("command") != "settings":
                         continue  # stack traces, verify results: nothing asked them of us
-                    started = time.perf_counter()
+                    started = meter.now()
                     try:
                         reply = await clients.answer_settings(core, command.settings, ctx)
                         answer = s.TelemetryCommand(status=st.ok(), settings=reply)
@@ -198,7 +245,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                             channels.open(key, published, deliver)
                     except Exception as exc:
                         answer = s.TelemetryCommand(status=st.status_of(exc))
-                    self._record("Telemetry", answer.status.code, started)
+                    meter.record(answer.status.code, started)
                     yield answer
         finally:
             channels.close(key)
@@ -206,25 +253,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 job.cancel()
             core.clients.telemetry(ctx, False)
 
-    # -- produce -----------------------------------------------------------------------------
-    async def SendMessage(self, request, context):
-        def one_entry_each(response: s.SendMessageResponse, req: s.SendMessageRequest) -> None:
-            for msg in req.messages:
-                response.entries.add(
-                    status=response.status, message_id=msg.system_properties.message_id
-                )
-
-        async def within_budget(core: ProxyCore, req: Any, ctx: RequestContext) -> Any:
-            return await send.send_message(core, req, ctx, self._budget)
-
-        return await self._unary(
-            "SendMessage", within_budget, request, context, s.SendMessageResponse,
-            one_entry_each,
-        )  # fmt: skip
-
     # -- POP consumption ---------------------------------------------------------------------
-    async def ReceiveMessage(self, request, context):
-        started = time.perf_counter()
+    async def _receive_message(
+        self, request: s.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+    ) -> int | str:
         ctx, client = _long_poll_context(context)
         receiver = self.core.receiver
         # Admission first: a refused receive costs no broker call and answers at once.
@@ -234,12 +266,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         except Exception as exc:
             failed = st.status_of(exc)
             await self._finish_receive(context, failed)
-            self._record("ReceiveMessage", failed.code, started)
-            return
+            return failed.code
         try:
-            await self._receive(request, context, ctx, started)
-        except WriterStalled:
-            self._stalled("ReceiveMessage", started)
+            return await self._receive(request, context, ctx)
         finally:
             receiver.leave(client, group)
             if ctx.past_deadline():
@@ -251,8 +280,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         request: s.ReceiveMessageRequest,
         context: grpc.aio.ServicerContext,
         ctx: RequestContext,
-        started: float,
-    ) -> None:
+    ) -> int | str:
         receiver = self.core.receiver
         try:
             plan = await receiver.plan(receive_request(request), ctx)
@@ -260,20 +288,17 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         except Exception as exc:
             failed = st.status_of(exc)
             await self._finish_receive(context, failed)
-            self._record("ReceiveMessage", failed.code, started)
-            return
+            return failed.code
         if not popped:
             await self._finish_receive(context, st.status(Code.MESSAGE_NOT_FOUND, "no new message"))
-            self._record("ReceiveMessage", Code.MESSAGE_NOT_FOUND, started)
-            return
+            return Code.MESSAGE_NOT_FOUND
         size = sum(len(m.message.body) for m in popped)
         try:
             await self._budget.acquire(size)
         except RefusedError as exc:  # over the memory budget: give them back at once
             receiver.release_unsent(plan, popped)
             await self._finish_receive(context, st.status_of(exc))
-            self._record("ReceiveMessage", exc.code, started)
-            return
+            return exc.code
         sent = 0  # messages written
         writing = False  # popped[sent] is being written
         stall_s = self._stall_s
@@ -283,7 +308,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             with writes_within(own_context, stall_s) as write:
                 await write(s.ReceiveMessageResponse(status=st.ok()))
-                now = _now_ms()
+                now = self._clock.now_ms()
                 namespace = request.message_queue.topic.resource_namespace
                 for message in popped:
                     frame = s.ReceiveMessageResponse()
@@ -292,8 +317,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     await write(frame)
                     writing = False
                     sent += 1
-                await write(s.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms())))
-        except BaseException as exc:
+                await write(
+                    s.ReceiveMessageResponse(delivery_timestamp=timestamp(self._clock.now_ms()))
+                )
+        except BaseException:
             # The client is gone or stopped reading: what was never written becomes visible
             # again at once. A message whose write began counts as delivered: its frame may
             # have reached the client (a write is queued in grpc-core before it completes),
@@ -303,56 +330,26 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             receiver.release_unsent(plan, popped[sent + writing :])
             if writing:
                 receiver.keep_in_doubt(popped[sent])
-            if not isinstance(exc, WriterStalled):
-                self._record("ReceiveMessage", "CLIENT_GONE", started)
             raise
         finally:
             self._budget.release(size)
-        self._record("ReceiveMessage", Code.OK, started)
-
-    def _stalled(self, method: str, started: float) -> None:
-        """End a stream whose client stopped reading (popmq.proxy.grpc.stall): counted, then
-        ended as cancelled, the one way grpc.aio ends a call whose write is still queued
-        (no status can pass it, and no traceback is logged for it)."""
-        self.metrics.stalled_streams.labels(method).inc()
-        self._record(method, "WRITE_STALLED", started)
-        raise asyncio.CancelledError
+        return Code.OK
 
     async def _finish_receive(self, context: grpc.aio.ServicerContext, status: Any) -> None:
         try:
             await context.write(s.ReceiveMessageResponse(status=status))
-            await context.write(s.ReceiveMessageResponse(delivery_timestamp=timestamp(_now_ms())))
+            await context.write(
+                s.ReceiveMessageResponse(delivery_timestamp=timestamp(self._clock.now_ms()))
+            )
         except asyncio.CancelledError:
             raise
         except Exception:
             pass  # the client is gone; nothing was popped
 
-    async def AckMessage(self, request, context):
-        return await self._unary(
-            "AckMessage", handles.ack_message, request, context, s.AckMessageResponse
-        )
-
-    async def ChangeInvisibleDuration(self, request, context):
-        def keep_handle(
-            response: s.ChangeInvisibleDurationResponse, req: s.ChangeInvisibleDurationRequest
-        ) -> None:
-            # Clients adopt this handle before reading the status: give theirs back.
-            response.receipt_handle = req.receipt_handle
-
-        return await self._unary(
-            "ChangeInvisibleDuration", handles.change_invisible_duration, request, context,
-            s.ChangeInvisibleDurationResponse, keep_handle,
-        )  # fmt: skip
-
-    async def ForwardMessageToDeadLetterQueue(self, request, context):
-        return await self._unary(
-            "ForwardMessageToDeadLetterQueue", handles.forward_to_dlq, request, context,
-            s.ForwardMessageToDeadLetterQueueResponse,
-        )  # fmt: skip
-
     # -- offsets -----------------------------------------------------------------------------
-    async def PullMessage(self, request, context):
-        started = time.perf_counter()
+    async def _pull_message(
+        self, request: s.PullMessageRequest, context: grpc.aio.ServicerContext
+    ) -> int | str:
         ctx, client = _long_poll_context(context)
         # A pull that may wait is a long poll like a receive: held under the same bounds.
         held = request.long_polling_timeout.ToMilliseconds() > 0
@@ -363,12 +360,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         except Exception as exc:
             failed = st.status_of(exc)
             await self._write_quietly(context, s.PullMessageResponse(status=failed))
-            self._record("PullMessage", failed.code, started)
-            return
+            return failed.code
         try:
-            await self._pull(request, context, ctx, started)
-        except WriterStalled:
-            self._stalled("PullMessage", started)
+            return await self._pull(request, context, ctx)
         finally:
             if held:
                 self.core.receiver.leave(client, group)
@@ -378,15 +372,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         request: s.PullMessageRequest,
         context: grpc.aio.ServicerContext,
         ctx: RequestContext,
-        started: float,
-    ) -> None:
+    ) -> int | str:
         try:
             result = await offsets.pull_message(self.core, request, ctx)
         except Exception as exc:
             failed = st.status_of(exc)
             await self._write_quietly(context, s.PullMessageResponse(status=failed))
-            self._record("PullMessage", failed.code, started)
-            return
+            return failed.code
         code, text = offsets.pull_status(result)
         # The messages draw from the budget until written, as a receive's (a pull changes no
         # state at the broker: a refused one is simply asked again).
@@ -395,8 +387,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await self._budget.acquire(size)
         except RefusedError as exc:
             await self._write_quietly(context, s.PullMessageResponse(status=st.status_of(exc)))
-            self._record("PullMessage", exc.code, started)
-            return
+            return exc.code
         own_context, served_namespace = served_in(context)  # as in _receive
         try:
             with writes_within(own_context, self._stall_s) as write:
@@ -409,7 +400,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 await write(s.PullMessageResponse(next_offset=result.next_offset))
         finally:
             self._budget.release(size)
-        self._record("PullMessage", code, started)
+        return code
 
     async def _write_quietly(self, context: grpc.aio.ServicerContext, frame: Any) -> None:
         try:
@@ -418,39 +409,3 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             raise
         except Exception:
             pass
-
-    async def QueryOffset(self, request, context):
-        return await self._unary(
-            "QueryOffset", offsets.query_offset, request, context, s.QueryOffsetResponse
-        )
-
-    async def GetOffset(self, request, context):
-        return await self._unary(
-            "GetOffset", offsets.get_offset, request, context, s.GetOffsetResponse
-        )
-
-    async def UpdateOffset(self, request, context):
-        return await self._unary(
-            "UpdateOffset", offsets.update_offset, request, context, s.UpdateOffsetResponse
-        )
-
-    # -- not supported -----------------------------------------------------------------------
-    async def _not_implemented(self, method: str, response_type: type[Resp], what: str) -> Resp:
-        self._record(method, Code.NOT_IMPLEMENTED, time.perf_counter())
-        failed = st.status(Code.NOT_IMPLEMENTED, f"popmq does not support {what}")
-        return response_type(status=failed)  # type: ignore[call-arg]
-
-    async def EndTransaction(self, request, context):
-        return await self._unary(
-            "EndTransaction", send.end_transaction, request, context, s.EndTransactionResponse
-        )
-
-    async def RecallMessage(self, request, context):
-        return await self._unary(
-            "RecallMessage", send.recall_message, request, context, s.RecallMessageResponse
-        )
-
-    async def SyncLiteSubscription(self, request, context):
-        return await self._not_implemented(
-            "SyncLiteSubscription", s.SyncLiteSubscriptionResponse, "lite topics"
-        )

@@ -9,8 +9,7 @@ happens at ``threshold`` requests/s and the switch back only below
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any, Literal
 
 from popmq.broker.contract.port import ConsumePort
@@ -21,6 +20,8 @@ from popmq.proxy.longpoll.notify import NotifyStrategy
 from popmq.proxy.longpoll.pop import PopStrategy
 from popmq.proxy.longpoll.rate import SlidingRate
 from popmq.proxy.metrics import ProxyMetrics
+
+from popmq.clock import SYSTEM, Clock
 
 Mode = Literal["notify", "pop"]
 
@@ -37,7 +38,7 @@ class AdaptiveStrategy:
         window_s: float = 10.0,
         hysteresis: float = 0.2,
         probe_false_empty: bool = True,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM,
         warmup_s: float | None = None,
     ) -> None:
         self.calls = calls

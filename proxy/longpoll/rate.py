@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+from popmq.clock import SYSTEM, Clock
 
 
 class SlidingRate:
@@ -18,7 +17,7 @@ class SlidingRate:
         self,
         window_s: float,
         buckets: int = 20,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM,
         warmup_s: float | None = None,
     ) -> None:
         self.window_s = window_s
@@ -26,7 +25,7 @@ class SlidingRate:
         self._width = window_s / buckets
         self._counts = [0] * buckets
         self._stamps = [-1] * buckets  # which bucket number each slot currently counts
-        self._clock = clock
+        self._clock = clock.monotonic  # read on every receive: the bound method, once
         self._first: float | None = None
 
     def _bucket(self, now: float) -> int:

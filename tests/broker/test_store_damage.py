@@ -26,6 +26,8 @@ from popmq.broker.verify import verify
 
 from popmq.cli import main as popmq_main
 
+pytestmark = pytest.mark.slow  # scheduled first in make check (tests/conftest.py)
+
 QUEUES = 3
 TOTAL = 300
 

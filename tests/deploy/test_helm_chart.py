@@ -26,6 +26,8 @@ from deploykit import (
 from popmq.config import BrokerAddress, PopmqConfig, load_config
 from popmq.security.acl import Acl
 
+pytestmark = pytest.mark.slow  # scheduled first in make check (tests/conftest.py)
+
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion: native gRPC probes) and the

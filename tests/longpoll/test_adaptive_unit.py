@@ -11,6 +11,7 @@ from popmq.proxy.longpoll.pop import PopStrategy
 from popmq.proxy.longpoll.slices import SlicesStrategy
 from popmq.proxy.metrics import ProxyMetrics
 
+from popmq.clock import ManualClock
 from popmq.config import ProxyConfig
 
 from .fake_broker import FakeBroker
@@ -20,10 +21,10 @@ from .helpers import make_request, sample
 pytestmark = pytest.mark.looptime
 
 
-def _adaptive(metrics: ProxyMetrics, now: list[float]) -> AdaptiveStrategy:
+def _adaptive(metrics: ProxyMetrics, now: ManualClock) -> AdaptiveStrategy:
     return AdaptiveStrategy(
         BrokerCalls(metrics), metrics, threshold_rps=10, window_s=1.0, hysteresis=0.5,
-        probe_false_empty=False, clock=lambda: now[0], warmup_s=1.0,
+        probe_false_empty=False, clock=now, warmup_s=1.0,
     )  # fmt: skip
 
 
@@ -34,22 +35,22 @@ def _mode(metrics: ProxyMetrics) -> str:
 
 
 def test_adaptive_switches_both_ways_with_hysteresis(metrics: ProxyMetrics) -> None:
-    now = [1000.0]
+    now = ManualClock(1000.0)
     strategy = _adaptive(metrics, now)
     assert _mode(metrics) == "notify"
     assert strategy.decide() == "notify"  # the first request: 1/s over the 1 s warm-up
-    now[0] += 2.0  # past the warm-up, and that request left the window
+    now.now_s += 2.0  # past the warm-up, and that request left the window
     modes = [strategy.decide() for _ in range(9)]
     assert set(modes) == {"notify"}  # 9 requests in a 1 s window: 9/s < 10/s
     assert strategy.decide() == "pop"  # the 10th reaches the threshold
     assert _mode(metrics) == "pop"
     assert sample(metrics, "popmq_proxy_pop_request_rate") == 10
     # 7 requests in the next window (7/s) sit between 5/s and 10/s: hysteresis keeps pop
-    now[0] += 1.2
+    now.now_s += 1.2
     for _ in range(7):
         strategy.rate.add()
     assert strategy.decide() == "pop"
-    now[0] += 1.2
+    now.now_s += 1.2
     assert strategy.decide() == "notify"  # 1/s < 5/s
     assert _mode(metrics) == "notify"
     assert sample(metrics, "popmq_proxy_adaptive_switches_total", mode="pop") == 1
@@ -57,7 +58,7 @@ def test_adaptive_switches_both_ways_with_hysteresis(metrics: ProxyMetrics) -> N
 
 
 async def test_adaptive_runs_the_chosen_strategy(metrics: ProxyMetrics) -> None:
-    now = [50.0]
+    now = ManualClock(50.0)
     strategy = _adaptive(metrics, now)
     brokers = [FakeBroker("a"), FakeBroker("b")]
     brokers[1].put(1)

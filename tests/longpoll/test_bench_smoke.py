@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from popmq.bench.longpoll import bench_longpoll, format_table
+
+pytestmark = pytest.mark.slow  # scheduled first in make check (tests/conftest.py)
 
 
 async def test_bench_longpoll_small_run() -> None:

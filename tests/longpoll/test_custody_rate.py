@@ -5,6 +5,8 @@ from popmq.broker.contract.types import PoppedMessage
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.longpoll.rate import SlidingRate
 
+from popmq.clock import ManualClock
+
 from .fake_broker import FakeBroker
 
 # Virtual time (looptime): sleeps and deadlines take no real time, timing asserts are exact.
@@ -39,30 +41,30 @@ def test_custody_abandon_releases_everything() -> None:
 
 
 def test_sliding_rate_counts_only_the_window() -> None:
-    now = [100.0]
-    rate = SlidingRate(window_s=10.0, buckets=10, clock=lambda: now[0], warmup_s=10.0)
+    now = ManualClock(100.0)
+    rate = SlidingRate(window_s=10.0, buckets=10, clock=now, warmup_s=10.0)
     for _ in range(50):
         rate.add()
     assert rate.per_second() == 5.0
-    now[0] += 5.0
+    now.now_s += 5.0
     rate.add(50)
     assert rate.per_second() == 10.0
-    now[0] += 6.0  # the first 50 fell out of the window
+    now.now_s += 6.0  # the first 50 fell out of the window
     assert rate.per_second() == 5.0
-    now[0] += 20.0
+    now.now_s += 20.0
     assert rate.per_second() == 0.0
 
 
 def test_sliding_rate_warms_up_over_the_elapsed_time() -> None:
-    now = [0.0]
-    rate = SlidingRate(window_s=10.0, buckets=10, clock=lambda: now[0], warmup_s=1.0)
+    now = ManualClock(0.0)
+    rate = SlidingRate(window_s=10.0, buckets=10, clock=now, warmup_s=1.0)
     assert rate.per_second() == 0.0
     rate.add(50)
     assert rate.per_second() == 50.0  # not yet a second in: over the 1 s minimum
-    now[0] = 2.0
+    now.now_s = 2.0
     rate.add(50)
     assert rate.per_second() == 50.0  # 100 over the 2 s so far, not over the 10 s window
-    now[0] = 5.0
+    now.now_s = 5.0
     assert rate.per_second() == 20.0
-    now[0] = 11.0
+    now.now_s = 11.0
     assert rate.per_second() == 5.0  # a full window: the first 50 fell out

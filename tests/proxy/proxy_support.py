@@ -33,6 +33,33 @@ TEST_SETTINGS: dict[str, Any] = {
 }
 
 
+class StubContext:
+    """What the servicer reads of a grpc.aio.ServicerContext, for calls made in process: a
+    Python client's headers, no deadline, a peer; written frames are dropped."""
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("x-mq-client-id", "c@1"), ("x-mq-language", "PYTHON"))
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:50000"
+
+    async def write(self, frame: Any) -> None:
+        pass
+
+
+class NoRenewals:
+    """A HandleRenewer renewing nothing: what Handles needs of one (tests of acks alone)."""
+
+    def __len__(self) -> int:  # Handles asks how many handles are being renewed
+        return 0
+
+    async def take(self, handle: str) -> str:
+        return handle
+
+
 def make_config(tmp: Path, **overrides: Any) -> PopmqConfig:
     settings = dict(TEST_SETTINGS)
     settings["serve.data_dir"] = str(tmp)

@@ -26,6 +26,8 @@ from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.security.authn import Authenticator
 
+pytestmark = pytest.mark.slow  # scheduled first in make check (tests/conftest.py)
+
 OWNER = ("owner", "owner-secret-0001")
 OTHER = ("other", "other-secret-0001")
 ADMIN = ("root", "root-secret-0001")
@@ -197,8 +199,10 @@ async def test_unsigned_and_wrongly_signed_calls_are_unauthorized(guarded: Clust
         assert (await guarded.route(topic)).status.code == Code.UNAUTHORIZED
         assert (await guarded.send(topic, b"x")).status.code == Code.UNAUTHORIZED
     guarded.signing = None
+    # The refusal answers the call's credentials before reading a command and ends the call, so
+    # a client's first write can lose that race (INTERNAL "execute_batch" on a loaded machine):
+    # read the answer without writing.
     call = guarded.stub.Telemetry(metadata=guarded.metadata())
-    await call.write(s.TelemetryCommand(settings=pb.Settings(client_type=pb.PRODUCER)))
     answer = await call.read()
     assert answer.status.code == Code.UNAUTHORIZED
     call.cancel()

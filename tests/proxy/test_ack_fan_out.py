@@ -10,6 +10,7 @@ from popmq.broker.contract.errors import BrokerUnavailableError, Code
 from popmq.broker.contract.types import AckEntry, AckEntryResult
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core.handles import Handles
+from proxy_support import NoRenewals
 
 from popmq.config import ProxyConfig
 
@@ -32,21 +33,13 @@ class Port:
         pass
 
 
-class _NoRenewals:
-    def __len__(self) -> int:  # Handles asks how many handles are being renewed
-        return 0
-
-    async def take(self, handle: str) -> str:
-        return handle
-
-
 def _handle(broker: str, key: str) -> str:
     return f"2.{base64.urlsafe_b64encode(broker.encode()).decode().rstrip('=')}.{key}.sealed"
 
 
 def _handles(*ports: Port) -> Handles:
     cluster = BrokerCluster(list(ports))  # type: ignore[arg-type]
-    return Handles(ProxyConfig(), cluster, _NoRenewals())  # type: ignore[arg-type]
+    return Handles(ProxyConfig(), cluster, NoRenewals())  # type: ignore[arg-type]
 
 
 async def test_entries_of_several_brokers_are_answered_in_their_order() -> None:

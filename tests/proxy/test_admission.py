@@ -19,6 +19,8 @@ from popmq.config import ProxyConfig
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
+pytestmark = pytest.mark.slow  # scheduled first in make check (tests/conftest.py)
+
 
 def refusals(cluster: Cluster, reason: str) -> float:
     value = cluster.server.metrics.registry.get_sample_value(

@@ -17,6 +17,7 @@ from popmq.broker.contract.types import (
 from popmq.proxy import cluster as cluster_module
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core.handles import Handles
+from proxy_support import NoRenewals
 
 from popmq.config import ProxyConfig
 from popmq.coord.directory import GroupView
@@ -111,14 +112,6 @@ class AckPort:
         pass
 
 
-class _NoRenewals:
-    def __len__(self) -> int:  # Handles asks how many handles are being renewed
-        return 0
-
-    async def take(self, handle: str) -> str:
-        return handle
-
-
 def _handle_of(broker: str) -> str:
     return "2." + base64.urlsafe_b64encode(broker.encode()).decode().rstrip("=") + ".k1.sealed"
 
@@ -132,7 +125,7 @@ async def test_an_ack_caught_by_a_leader_change_goes_to_the_next_leader(replicat
     cluster = BrokerCluster([old])  # type: ignore[list-item]
     if replicated:
         cluster.group_views = {"ga": GroupView("ga")}
-    handles = Handles(ProxyConfig(), cluster, _NoRenewals())  # type: ignore[arg-type]
+    handles = Handles(ProxyConfig(), cluster, NoRenewals())  # type: ignore[arg-type]
     handle = _handle_of("ga")
     results: list[AckEntryResult] = []
 

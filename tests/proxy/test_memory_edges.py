@@ -15,6 +15,8 @@ from proxy_support import Cluster, eventually, unique
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
+pytestmark = pytest.mark.slow  # scheduled first in make check (tests/conftest.py)
+
 BODY = 1 << 20  # a few of these fill any HTTP/2 window a reader that reads nothing grants
 COUNT = 8
 STALL_MS = 500

@@ -14,7 +14,8 @@ from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 
 # One cluster for the module's checks (each uses its own topics and groups); the few that
 # need their own configuration make one on the test's own loop.
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+# slow: scheduled first in make check (tests/conftest.py)
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 OWN_CLUSTER = pytest.mark.asyncio(loop_scope="function")
 
 

@@ -21,7 +21,7 @@ from popmq.broker.local import LocalBrokerPort
 from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.proxy.grpc.servicer import MessagingServicer
 from popmq.proxy.server import ProxyServer
-from proxy_support import make_config
+from proxy_support import StubContext, make_config
 
 from popmq.clock import LoopClock
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -34,22 +34,13 @@ STALL_MS = 1_000
 INVISIBLE_MS = 4_000
 
 
-class _StalledClient:
+class _StalledClient(StubContext):
     """A ServicerContext whose client takes the status and ``take`` message frames, then
     stops reading: the next frame is queued (it may still reach the client) and never done."""
 
     def __init__(self, take: int) -> None:
         self._take = take
         self.messages: list[pb.Message] = []  # what reached the client (queued included)
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("x-mq-client-id", "c@1"), ("x-mq-language", "PYTHON"))
-
-    def time_remaining(self) -> float | None:
-        return None
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:50000"
 
     async def write(self, frame: s.ReceiveMessageResponse) -> None:
         if frame.WhichOneof("content") != "message":

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from popmq.proxy.registry import ClientRegistry
 
+from popmq.clock import ManualClock
 
-class Clock:
+
+class Clock(ManualClock):
+    """Wall seconds moved by hand (``now``)."""
+
     def __init__(self) -> None:
-        self.now = 1_000.0
+        super().__init__(1_000.0)
 
-    def __call__(self) -> float:
-        return self.now
+    @property
+    def now(self) -> float:
+        return self.now_s
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self.now_s = value
 
 
 def test_members_by_group_and_topic_and_expiry() -> None:

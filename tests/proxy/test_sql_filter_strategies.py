@@ -11,6 +11,8 @@ from proxy_support import Cluster, unique
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
+pytestmark = pytest.mark.slow  # scheduled first in make check (tests/conftest.py)
+
 
 async def _receive_sql(cluster: Cluster, group: str, topic: str, expression: str, poll_ms: int):
     request = s.ReceiveMessageRequest(

@@ -15,6 +15,8 @@ from popmq.pb.pool import Duration, Timestamp
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
+pytestmark = pytest.mark.slow  # scheduled first in make check (tests/conftest.py)
+
 
 def test_timestamp_rules() -> None:
     code = Code.ILLEGAL_DELIVERY_TIME
