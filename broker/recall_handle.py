@@ -10,10 +10,13 @@ recall handle (other prefix, other fields). Any proxy routes it by the clear bro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from popmq.broker import sealed_token
 from popmq.broker.contract.errors import Code, RefusedError
-from popmq.broker.pop.handle_keys import HandleKeyring
+
+if TYPE_CHECKING:  # cryptography only where a keyring is: a proxy only peeks
+    from popmq.broker.pop.handle_keys import HandleKeyring
 
 RECALL_VERSION = "r1"
 _NOT_OURS = "not a recall handle"

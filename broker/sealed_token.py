@@ -12,10 +12,12 @@ from __future__ import annotations
 import binascii
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from cryptography.exceptions import InvalidTag
 from popmq.broker.contract.errors import RefusedError
-from popmq.broker.pop.handle_keys import HandleKeyring
+
+if TYPE_CHECKING:  # cryptography (~7 MiB) only where a keyring is: a proxy only peeks
+    from popmq.broker.pop.handle_keys import HandleKeyring
 
 _NONCE_BYTES = 12
 _SEP = "~"
@@ -75,8 +77,12 @@ def unseal(
         plain = cipher.decrypt(
             raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], text[: text.rindex(".")].encode()
         )
-    except InvalidTag:
-        raise invalid("it does not open (forged, altered, or from another broker)") from None
+    except Exception as exc:
+        from cryptography.exceptions import InvalidTag  # imported already by the keyring
+
+        if isinstance(exc, InvalidTag):
+            raise invalid("it does not open (forged, altered, or from another broker)") from None
+        raise
     fields = plain.decode().split(_SEP)
     if len(fields) != field_count:
         raise invalid("wrong field count")

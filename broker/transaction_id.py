@@ -9,10 +9,13 @@ routes it by the clear broker name (``peek_transaction_broker``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from popmq.broker import sealed_token
 from popmq.broker.contract.errors import Code, RefusedError
-from popmq.broker.pop.handle_keys import HandleKeyring
+
+if TYPE_CHECKING:  # cryptography only where a keyring is: a proxy only peeks
+    from popmq.broker.pop.handle_keys import HandleKeyring
 
 TRANSACTION_VERSION = "t1"
 MAX_TRANSACTION_ID_CHARS = 1024

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -70,9 +71,14 @@ def remote_brokers(config: PopmqConfig) -> list[BrokerPort]:
 
 def embedded_registries(ports: list[BrokerPort]) -> list[CollectorRegistry]:
     """The metrics registries of the brokers behind in-process ports (none for remote ones)."""
-    from popmq.broker.local import LocalBrokerPort
-
-    return [port.broker.metrics.registry for port in ports if isinstance(port, LocalBrokerPort)]
+    # Not imported here: `popmq proxy` would load the whole broker (store, pop engine,
+    # cryptography: ~10 MiB per proxy process) only to find no in-process port.
+    local = sys.modules.get("popmq.broker.local")
+    if local is None:  # no in-process broker was ever made in this process
+        return []
+    return [
+        port.broker.metrics.registry for port in ports if isinstance(port, local.LocalBrokerPort)
+    ]
 
 
 async def serve_proxy(

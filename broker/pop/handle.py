@@ -20,10 +20,12 @@ import hashlib
 import os
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from cryptography.exceptions import InvalidTag
 from popmq.broker.contract.errors import Code, RefusedError
-from popmq.broker.pop.handle_keys import HandleKeyring
+
+if TYPE_CHECKING:  # cryptography (~7 MiB) only where a keyring is: a proxy only peeks
+    from popmq.broker.pop.handle_keys import HandleKeyring
 
 HANDLE_VERSION = 2
 _VERSION_TEXT = str(HANDLE_VERSION)
@@ -133,7 +135,11 @@ class HandleCodec:
         aad = text[: text.rindex(".")].encode()
         try:
             plain = cipher.decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], aad)
-        except InvalidTag:
+        except Exception as exc:
+            from cryptography.exceptions import InvalidTag  # imported already by the keyring
+
+            if not isinstance(exc, InvalidTag):
+                raise
             raise RefusedError(
                 Code.INVALID_RECEIPT_HANDLE,
                 "receipt handle does not open (forged, altered, or from another broker)",
