@@ -6,6 +6,7 @@ time: the follower woke, found nothing due, slept again, and virtual time ran aw
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +82,15 @@ async def test_an_idle_follower_indexes_what_waited_after_index_every_s_of_loop_
             # a few bytes, below INDEX_AT_BYTES: they wait INDEX_EVERY_S of the loop's time.
             # (Worker-thread hops let looptime skip ahead to the next timer: elapsed virtual
             # time is only bounded below; the count of the follower's waits is the check.)
-            with anyio.fail_after(30):
-                while not (  # noqa: ASYNC110 (the position moves in a worker thread)
-                    call.acks and writer.indexer.position == call.acks[0].commitlog_end
-                ):
-                    await anyio.sleep(0.05)
+            # The hang guard counts real seconds: while a worker thread applies or indexes,
+            # each virtual sleep below returns at once, so a virtual deadline could pass
+            # before the thread's real work is done (it did, about 1 run in 6).
+            real_deadline = time.monotonic() + 60
+            while not (  # the position moves in a worker thread
+                call.acks and writer.indexer.position == call.acks[0].commitlog_end
+            ):
+                assert time.monotonic() < real_deadline, "the follower never indexed"
+                await anyio.sleep(0.05)
             took = asyncio.get_running_loop().time() - started
             group.cancel_scope.cancel()
         assert took >= indexer_module.INDEX_EVERY_S  # it waited for more, as it should
