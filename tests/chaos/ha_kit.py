@@ -129,6 +129,13 @@ async def wait_leader(etcd: EtcdCluster, within_s: float, not_: str = "") -> tup
             await anyio.sleep(0.1)
 
 
+def _code_name(code: int) -> str:
+    try:
+        return Code(code).name
+    except ValueError:
+        return str(code)
+
+
 @dataclass
 class Traffic:
     """A producer and a consumer through the proxy; what each saw."""
@@ -139,6 +146,7 @@ class Traffic:
     # (monotonic time the send started, when it was acknowledged, body)
     acked: list[tuple[float, float, bytes]] = field(default_factory=list)
     send_failures: int = 0
+    failure_codes: Counter[str] = field(default_factory=Counter)  # why sends were refused
     received: Counter[bytes] = field(default_factory=Counter)  # acked by the consumer
     delivered: Counter[bytes] = field(default_factory=Counter)  # received, acked or not
     receive_errors: int = 0  # issue 19: no receive may fail during a leader change
@@ -167,12 +175,14 @@ class Traffic:
             started = time.monotonic()
             try:
                 receipt = (await self.client.send([Message(self.topic, body)]))[0]
-            except PopmqError:
-                receipt = None
-            if receipt is not None and receipt.code == Code.OK:
+                code = receipt.code
+            except PopmqError as error:
+                code = error.code
+            if code == Code.OK:
                 self.acked.append((started, time.monotonic(), body))
             else:
                 self.send_failures += 1
+                self.failure_codes[_code_name(code)] += 1
                 await anyio.sleep(0.05)
 
     async def consume(self, queue: QueueRef) -> None:
@@ -228,7 +238,8 @@ class Traffic:
         return sum(count - 1 for count in self.received.values() if count > 1)
 
     def summary(self) -> str:
-        return (f"{len(self.acked)} acknowledged, {self.send_failures} send failures, "
+        return (f"{len(self.acked)} acknowledged, {self.send_failures} send failures "
+                f"({dict(self.failure_codes)}), "
                 f"{len(self.lost())} lost, {self.duplicates()} duplicates, "
                 f"{len(self.unconsumed())} delivered with an unconfirmed ack and not again, "
                 f"{self.receive_errors} receive errors "

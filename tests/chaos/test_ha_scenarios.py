@@ -1,5 +1,5 @@
 """The rest of issue 19's chaos list, on one replicated group under load (processes shared by
-the three faults, one after the other, to keep the suite short):
+the four faults, one after the other, to keep the suite short):
 
 1. kill -9 of **etcd's raft leader** (3 etcd members) under the group: the group keeps serving;
 2. a **rolling restart** of every node (SIGTERM, restart on its data directory, wait until
@@ -7,7 +7,10 @@ the three faults, one after the other, to keep the suite short):
 3. kill -9 of a follower, its **data directory wiped**, restarted (it bootstraps from the
    leader); then kill -9 of the leader, with the other follower paused (SIGSTOP) until the
    wiped node has won the election, so the node that bootstrapped is the one that must serve
-   every acknowledged message.
+   every acknowledged message;
+4. **no etcd quorum**: with one etcd member still down from fault 1, a second is killed: sends
+   are refused (the leader's lease cannot be renewed), nothing acknowledged is lost, and the
+   group serves again once both members are back.
 
 Three `popmq broker --replication sync --min-in-sync 2` nodes behind a `popmq proxy --etcd`; a
 producer and a consumer run through the proxy throughout. Recorded per fault: the time until a
@@ -130,6 +133,31 @@ async def wipe_follower_then_kill_leader(
     ]
 
 
+async def lose_etcd_quorum(etcd: EtcdCluster, traffic: Traffic) -> str:
+    live = [i for i, m in enumerate(etcd.members) if m.proc is not None and m.proc.poll() is None]
+    down = [i for i in range(len(etcd.members)) if i not in live]
+    assert len(live) == 2, f"fault 1 leaves one etcd member down, live: {live}"
+    failures = traffic.send_failures
+    codes_before = traffic.failure_codes.copy()
+    lost_at = time.monotonic()
+    etcd.kill(live[0])  # one of three left: no quorum
+    with anyio.fail_after(BOUND_S):  # refused within the lease (and its keepalive period)
+        await until(lambda: traffic.send_failures > failures)
+    refused_s = time.monotonic() - lost_at
+    await anyio.sleep(2)  # refusals go on while etcd has no quorum
+    refused = traffic.failure_codes - codes_before
+    # a clear code, as the issue asks ("may be applied, retry" for a write under way)
+    assert set(refused) <= {"HA_NOT_AVAILABLE", "SLAVE_PERSISTENCE_TIMEOUT"}, refused
+    back = time.monotonic()
+    for index in (live[0], *down):
+        await etcd.restart(index)
+    outage_s = await served_again(traffic, back)
+    return (
+        f"etcd quorum lost: sends refused after {refused_s:.2f}s ({dict(refused)}); "
+        f"quorum back: longest gap without an acknowledged send {outage_s:.2f}s"
+    )
+
+
 async def in_sync_set_is(etcd: EtcdCluster, members: set[str]) -> bool:
     return await in_sync_set(etcd) == members
 
@@ -154,8 +182,12 @@ async def test_etcd_leader_kill_rolling_restart_and_wiped_follower_lose_nothing(
                     tasks.start_soon(traffic.consume, queue)
                 await anyio.sleep(1)
                 figures.append(await kill_etcd_leader(etcd, traffic))
+                figures.append(f"  send failures so far: {dict(traffic.failure_codes)}")
                 figures += await rolling_restart(etcd, nodes, traffic)
+                figures.append(f"  send failures so far: {dict(traffic.failure_codes)}")
                 figures += await wipe_follower_then_kill_leader(tmp_path, etcd, nodes, traffic)
+                figures.append(f"  send failures so far: {dict(traffic.failure_codes)}")
+                figures.append(await lose_etcd_quorum(etcd, traffic))
                 traffic.producing = False
                 # A message whose ack failed comes back after INVISIBLE_MS; one whose ack
                 # failed at the client but was applied (the leader died after applying it)
