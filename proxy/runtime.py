@@ -145,6 +145,7 @@ async def _follow_etcd_first(
 ) -> GroupFollower:
     """A GroupFollower for the server's cluster, with the groups read once (bounded: a proxy
     whose etcd is down still starts, and follows once it answers)."""
+    from popmq.broker.contract.errors import Code
     from popmq.broker.wire.remote import RemoteBrokerPort
     from popmq.proxy.discovery import GroupFollower
 
@@ -152,7 +153,9 @@ async def _follow_etcd_first(
     cluster = server.cluster
     follower = GroupFollower(
         cluster,
-        lambda group, address: RemoteBrokerPort(group, address, link=link),
+        lambda group, address: RemoteBrokerPort(
+            group, address, link=link, unreachable_code=Code.HA_NOT_AVAILABLE
+        ),
         lambda: server.metrics.watch_links(cluster.ports),
         lambda group, up: _broker_up(server.metrics, group, up),
     )

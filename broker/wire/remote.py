@@ -120,8 +120,13 @@ class RemoteBrokerPort(AsyncClosing):
         *,
         rpc_timeout_s: float = 10.0,
         link: BrokerLinkConfig | None = None,
+        unreachable_code: Code | None = None,
     ) -> None:
         self._name = name
+        # The code a caller sees when this broker cannot be reached (default: the error's,
+        # INTERNAL_SERVER_ERROR). A proxy following a group in etcd says HA_NOT_AVAILABLE:
+        # its leader is gone and the next one is not known yet, which clients retry.
+        self._unreachable_code = unreachable_code
         self._link = link  # TLS and cluster token (popmq.security.link); None: plaintext
         self._settings = link or BrokerLinkConfig()
         self._streamed = self._settings.requests == "stream"
@@ -216,6 +221,27 @@ class RemoteBrokerPort(AsyncClosing):
         held: bool = False,
     ) -> R:
         """One hot-path call: on the request link, or unary (fallback). ``held``: a long poll."""
+        with self._unreachable():
+            return await self._linked_call(kind, method, request, deadline_s, held=held)
+
+    @contextmanager
+    def _unreachable(self) -> Iterator[None]:
+        try:
+            yield
+        except BrokerUnavailableError as error:
+            if self._unreachable_code is not None:
+                error.code = self._unreachable_code
+            raise
+
+    async def _linked_call(
+        self,
+        kind: str,
+        method: Callable[..., Awaitable[R]],
+        request: object,
+        deadline_s: float,
+        *,
+        held: bool = False,
+    ) -> R:
         if self._streamed:
             try:
                 link = self._start_link()
@@ -234,7 +260,7 @@ class RemoteBrokerPort(AsyncClosing):
     async def _call(
         self, method: Callable[..., Awaitable[R]], request: object, deadline_s: float
     ) -> R:
-        with map_rpc_errors(self._name):
+        with self._unreachable(), map_rpc_errors(self._name):
             response = await method(request, timeout=deadline_s)
         convert.raise_for_status(response.status)  # type: ignore[attr-defined]
         return response
@@ -252,7 +278,8 @@ class RemoteBrokerPort(AsyncClosing):
         if self._streamed and len(topics) == 1:
             self._start_link()
             if self._sends is not None:
-                return await self._sends.submit((topics.pop(), queue_id), messages)
+                with self._unreachable():
+                    return await self._sends.submit((topics.pop(), queue_id), messages)
         return await self._send_now((messages[0].topic if messages else "", queue_id), messages)
 
     async def _send_now(self, key: tuple[str, int], messages: list[Message]) -> list[SendResult]:
@@ -280,7 +307,8 @@ class RemoteBrokerPort(AsyncClosing):
         if self._streamed:
             self._start_link()
             if self._acks is not None:
-                return await self._acks.submit((group, topic), entries)
+                with self._unreachable():
+                    return await self._acks.submit((group, topic), entries)
         return await self._ack_now((group, topic), entries)
 
     async def _ack_now(self, key: tuple[str, str], entries: list[AckEntry]) -> list[AckEntryResult]:

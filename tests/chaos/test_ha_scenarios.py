@@ -198,5 +198,8 @@ async def test_etcd_leader_kill_rolling_restart_and_wiped_follower_lose_nothing(
         print("\n" + "\n".join(figures))
         print(traffic.summary())
         assert traffic.lost() == [], f"acknowledged sends lost: {traffic.lost()[:10]}"
+        # A send to a leader that just died says HA_NOT_AVAILABLE (retry), not an internal
+        # error: the proxy's ports to etcd groups map an unreachable node so.
+        assert "INTERNAL_SERVER_ERROR" not in traffic.failure_codes, traffic.summary()
         # Issue 19: a receive during a leader change may end empty, never fail.
         assert traffic.receive_errors == 0, traffic.summary()
