@@ -221,38 +221,27 @@ class RemoteBrokerPort(AsyncClosing):
         held: bool = False,
     ) -> R:
         """One hot-path call: on the request link, or unary (fallback). ``held``: a long poll."""
-        with self._unreachable():
-            return await self._linked_call(kind, method, request, deadline_s, held=held)
-
-    @contextmanager
-    def _unreachable(self) -> Iterator[None]:
         try:
-            yield
+            if self._streamed:
+                try:
+                    link = self._start_link()
+                    response = await link.request(kind, request, deadline_s, held=held)
+                except LinkUnsupportedError:
+                    log.warning("broker %s has no request link: unary calls from now on",
+                                self._name)  # fmt: skip
+                    self._streamed = False
+                else:
+                    convert.raise_for_status(response.status)
+                    return response
+            return await self._call(method, request, deadline_s)
         except BrokerUnavailableError as error:
-            if self._unreachable_code is not None:
-                error.code = self._unreachable_code
+            self._recode(error)
             raise
 
-    async def _linked_call(
-        self,
-        kind: str,
-        method: Callable[..., Awaitable[R]],
-        request: object,
-        deadline_s: float,
-        *,
-        held: bool = False,
-    ) -> R:
-        if self._streamed:
-            try:
-                link = self._start_link()
-                response = await link.request(kind, request, deadline_s, held=held)
-            except LinkUnsupportedError:
-                log.warning("broker %s has no request link: unary calls from now on", self._name)
-                self._streamed = False
-            else:
-                convert.raise_for_status(response.status)
-                return response
-        return await self._call(method, request, deadline_s)
+    def _recode(self, error: BrokerUnavailableError) -> None:
+        """Give ``error`` this port's code for an unreachable broker, if it has one."""
+        if self._unreachable_code is not None:
+            error.code = self._unreachable_code
 
     def _deadline(self, poll_time_ms: int = 0) -> float:
         return self._rpc_timeout_s + max(poll_time_ms, 0) / 1000
@@ -260,8 +249,12 @@ class RemoteBrokerPort(AsyncClosing):
     async def _call(
         self, method: Callable[..., Awaitable[R]], request: object, deadline_s: float
     ) -> R:
-        with self._unreachable(), map_rpc_errors(self._name):
-            response = await method(request, timeout=deadline_s)
+        try:
+            with map_rpc_errors(self._name):
+                response = await method(request, timeout=deadline_s)
+        except BrokerUnavailableError as error:
+            self._recode(error)
+            raise
         convert.raise_for_status(response.status)  # type: ignore[attr-defined]
         return response
 
@@ -278,8 +271,11 @@ class RemoteBrokerPort(AsyncClosing):
         if self._streamed and len(topics) == 1:
             self._start_link()
             if self._sends is not None:
-                with self._unreachable():
+                try:
                     return await self._sends.submit((topics.pop(), queue_id), messages)
+                except BrokerUnavailableError as error:
+                    self._recode(error)
+                    raise
         return await self._send_now((messages[0].topic if messages else "", queue_id), messages)
 
     async def _send_now(self, key: tuple[str, int], messages: list[Message]) -> list[SendResult]:
@@ -307,8 +303,11 @@ class RemoteBrokerPort(AsyncClosing):
         if self._streamed:
             self._start_link()
             if self._acks is not None:
-                with self._unreachable():
+                try:
                     return await self._acks.submit((group, topic), entries)
+                except BrokerUnavailableError as error:
+                    self._recode(error)
+                    raise
         return await self._ack_now((group, topic), entries)
 
     async def _ack_now(self, key: tuple[str, str], entries: list[AckEntry]) -> list[AckEntryResult]:
