@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from popmq.broker.contract.errors import Code, RefusedError
-from popmq.broker.contract.types import AckEntry, Message, PopRequest
+from popmq.broker.contract.types import AckEntry, Message, PoppedMessage, PopRequest
 from popmq.broker.core import Broker
 from popmq.broker.testing import fast_broker_config, running_broker
 
@@ -38,16 +38,24 @@ def _hold_dlq_writes(broker: Broker) -> asyncio.Event:
     return entered
 
 
+async def _forward_held_mid_write(
+    broker: Broker, invisible_ms: int
+) -> tuple[PoppedMessage, asyncio.Task[None]]:
+    """One message sent and popped, its forward to the DLQ started and held in its DLQ write."""
+    await broker.send([Message(TOPIC, b"m")], 0)
+    pop = PopRequest(GROUP, TOPIC, max_messages=1, invisible_time_ms=invisible_ms)
+    (popped,) = (await broker.pop(pop)).messages
+    entered = _hold_dlq_writes(broker)
+    forward = asyncio.create_task(broker.forward_to_dlq(GROUP, TOPIC, popped.receipt_handle))
+    await entered.wait()
+    return popped, forward
+
+
 async def test_a_cancelled_forward_leaves_no_claim(tmp_path: Path) -> None:
     """The client gives up on its forward mid-write (its deadline, a proxy's cancel): the
     entry is an ordinary in-flight message again, not one claimed for good."""
     async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
-        await broker.send([Message(TOPIC, b"m")], 0)
-        pop = PopRequest(GROUP, TOPIC, max_messages=1, invisible_time_ms=2_000)
-        (popped,) = (await broker.pop(pop)).messages
-        entered = _hold_dlq_writes(broker)
-        forward = asyncio.create_task(broker.forward_to_dlq(GROUP, TOPIC, popped.receipt_handle))
-        await entered.wait()
+        popped, forward = await _forward_held_mid_write(broker, invisible_ms=2_000)
         forward.cancel()
         with pytest.raises(asyncio.CancelledError):
             await forward
@@ -60,12 +68,7 @@ async def test_a_cancelled_forward_past_the_deadline_redelivers(tmp_path: Path) 
     """The revive loop passed the claimed entry over while the forward ran; the forward is
     then cancelled: the message still comes back (retry topic), it is not stuck."""
     async with running_broker(fast_broker_config(tmp_path), LoopClock()) as broker:
-        await broker.send([Message(TOPIC, b"m")], 0)
-        pop = PopRequest(GROUP, TOPIC, max_messages=1, invisible_time_ms=500)
-        (popped,) = (await broker.pop(pop)).messages
-        entered = _hold_dlq_writes(broker)
-        forward = asyncio.create_task(broker.forward_to_dlq(GROUP, TOPIC, popped.receipt_handle))
-        await entered.wait()
+        _, forward = await _forward_held_mid_write(broker, invisible_ms=500)
         await asyncio.sleep(2)  # the lease ended; the revive loop left the entry to the forward
         forward.cancel()
         with pytest.raises(asyncio.CancelledError):
