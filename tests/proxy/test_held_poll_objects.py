@@ -19,12 +19,12 @@ from popmq.proxy.grpc import access
 from popmq.proxy.grpc.headers import request_context
 from popmq.proxy.grpc.servicer import MessagingServicer
 from popmq.proxy.server import ProxyServer
-from popmq.security.acl import User
 from proxy_support import StubContext, make_config
 
 from popmq.clock import LoopClock
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
+from popmq.security.acl import User
 
 pytestmark = pytest.mark.looptime
 
