@@ -198,7 +198,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         key = user.access_key
         now = self.open_calls.get(key, 0)
         if now >= self._max_calls:
-            self._metrics.admission_refusals.labels("streams_per_access_key").inc()
+            self._metrics.refused("streams_per_access_key")
             raise AccessDenied(
                 Code.TOO_MANY_REQUESTS,
                 f"access key {key!r} has {self._max_calls} calls open on this proxy already "
@@ -279,7 +279,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
     ) -> pb.Status:
         method = path.rsplit("/", 1)[1]
         code_name = Code(exc.code).name
-        self._metrics.refused(method, code_name)
+        self._metrics.rpc_refused(method, code_name)
         self._refusals.labels(exc.reason).inc()
         credential = ""
         for name, value in context.invocation_metadata() or ():
