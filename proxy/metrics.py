@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from popmq.broker.contract.errors import Code
@@ -23,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from popmq.clock import SYSTEM
+from popmq.metric_specs import MetricSpec, build_all, spec
 
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30,
@@ -39,161 +39,130 @@ ADMISSION_REASONS = (
 RPC_LATENCY_MS_BUCKETS = (1, 3, 5, 7, 10, 100, 1000, 2000, 3000)
 
 
-@dataclass(frozen=True)
-class MetricSpec:
-    """One metric's definition: what a dashboard reads (name, help, labels, buckets).
-
-    ``exported`` lists label values whose series exist (at 0) from the start."""
-
-    kind: type[Counter] | type[Gauge] | type[Histogram]
-    name: str
-    help: str
-    labels: tuple[str, ...] = ()
-    buckets: tuple[float, ...] | None = None
-    exported: tuple[str, ...] = ()
-
-    def build(self, registry: CollectorRegistry) -> Any:
-        if self.buckets is None:
-            metric = self.kind(self.name, self.help, self.labels, registry=registry)
-        else:
-            metric = Histogram(
-                self.name, self.help, self.labels, registry=registry, buckets=self.buckets
-            )
-        for value in self.exported:
-            metric.labels(value)
-        return metric
-
-
-def _spec(kind: type[Counter] | type[Gauge] | type[Histogram], name: str, help: str,
-          *labels: str, buckets: tuple[float, ...] | None = None,
-          exported: tuple[str, ...] = ()) -> MetricSpec:  # fmt: skip
-    return MetricSpec(kind, name, help, labels, buckets, exported)
-
-
 # Every metric of a proxy, in the order /metrics lists them. docs/operations.md explains each;
 # dashboards and alerts (helm/, deploy/) read these names: never rename one.
-ROCKETMQ_RPC_LATENCY = _spec(
+ROCKETMQ_RPC_LATENCY = spec(
     Histogram, "rocketmq_rpc_latency", "Client RPC latency in milliseconds (RocketMQ's metric)",
     "cluster", "node_type", "node_id", "protocol_type", "request_code", "response_code",
     buckets=RPC_LATENCY_MS_BUCKETS,
 )  # fmt: skip
-BROKER_UP = _spec(
+BROKER_UP = spec(
     Gauge, "popmq_proxy_broker_up",
     "1 while the proxy reaches the broker, 0 while it cannot (checked every few seconds)",
     "broker",
 )  # fmt: skip
-RPC_REQUESTS = _spec(
+RPC_REQUESTS = spec(
     Counter, "popmq_proxy_rpc_requests", "Client RPCs by method and result code", "method", "code"
 )
-RPC_DURATION = _spec(
+RPC_DURATION = spec(
     Histogram, "popmq_proxy_rpc_duration_seconds", "Client RPC latency by method", "method",
     buckets=_LATENCY_BUCKETS,
 )  # fmt: skip
-LONG_POLLS = _spec(
+LONG_POLLS = spec(
     Counter, "popmq_proxy_long_polls", "Client receive calls that may long-poll (is_long_polling)",
     "strategy",
 )  # fmt: skip
-POP_WITH_NOTIFY = _spec(
+POP_WITH_NOTIFY = spec(
     Counter, "popmq_proxy_pop_with_notify",
     "Long polls that went past the first pop into notification tasks",
 )  # fmt: skip
-FIRST_POP_HITS = _spec(
+FIRST_POP_HITS = spec(
     Counter, "popmq_proxy_first_pop_hits",
     "Long polls answered by their first pop (is_short_polling_hit)", "strategy",
 )  # fmt: skip
-EMPTY_RESPONSES = _spec(
+EMPTY_RESPONSES = spec(
     Counter, "popmq_proxy_empty_responses", "Receive calls answered with no message", "strategy"
 )
-UNAVAILABLE_RECEIVES = _spec(
+UNAVAILABLE_RECEIVES = spec(
     Counter, "popmq_proxy_unavailable_receives",
     "Receive calls that found every broker they could ask unavailable (down, or its "
     "group without a leader) and waited for one instead of failing",
     "strategy",
 )  # fmt: skip
-FALSE_EMPTY_RESPONSES = _spec(
+FALSE_EMPTY_RESPONSES = spec(
     Counter, "popmq_proxy_false_empty_responses",
     "Empty answers while some broker held a visible message for the group", "strategy",
 )  # fmt: skip
-MESSAGES_DELIVERED = _spec(
+MESSAGES_DELIVERED = spec(
     Counter, "popmq_proxy_messages_delivered", "Messages handed to clients by receive"
 )
-BROKER_RPCS = _spec(
+BROKER_RPCS = spec(
     Counter, "popmq_proxy_broker_rpcs", "Calls from the proxy to brokers by kind", "kind"
 )
-HELD_NOTIFICATIONS = _spec(
+HELD_NOTIFICATIONS = spec(
     Gauge, "popmq_proxy_held_notification_tasks", "Notification tasks currently waiting on brokers"
 )
-RECEIVE_DURATION = _spec(
+RECEIVE_DURATION = spec(
     Histogram, "popmq_proxy_receive_duration_seconds", "Time a receive call was held",
     "strategy", "result", buckets=_LATENCY_BUCKETS,
 )  # fmt: skip
-ADAPTIVE_MODE = _spec(
+ADAPTIVE_MODE = spec(
     Gauge, "popmq_proxy_adaptive_mode",
     "Strategy the adaptive long poll is using now (1 for the active one)", "mode",
 )  # fmt: skip
-POP_REQUEST_RATE = _spec(
+POP_REQUEST_RATE = spec(
     Gauge, "popmq_proxy_pop_request_rate", "Pop requests per second over the adaptive window"
 )
-BROKER_RPC_ERRORS = _spec(
+BROKER_RPC_ERRORS = spec(
     Counter, "popmq_proxy_broker_rpc_errors", "Failed calls from the proxy to brokers",
     "kind", "code",
 )  # fmt: skip
-RELEASED_MESSAGES = _spec(
+RELEASED_MESSAGES = spec(
     Counter, "popmq_proxy_released_messages",
     "Popped messages a long poll could not deliver (client gone), by what release did",
     "outcome",
 )  # fmt: skip
-AUTO_RENEWALS = _spec(
+AUTO_RENEWALS = spec(
     Counter, "popmq_proxy_auto_renewals",
     "PushConsumer handle renewals by outcome (renewed, client_gone, max_time, "
     "handle_gone, failed, gave_up)",
     "outcome",
 )  # fmt: skip
-RENEWING_HANDLES = _spec(
+RENEWING_HANDLES = spec(
     Gauge, "popmq_proxy_renewing_handles",
     "PushConsumer receipt handles this proxy is keeping invisible",
 )  # fmt: skip
-ADMISSION_REFUSALS = _spec(
+ADMISSION_REFUSALS = spec(
     Counter, "popmq_proxy_admission_refusals",
     "Requests refused by admission control, by reason (long-poll bounds, clients and "
     "concurrent calls per access key: TOO_MANY_REQUESTS; batch, body or send size)",
-    "reason", exported=ADMISSION_REASONS,
+    "reason", exported=tuple((reason,) for reason in ADMISSION_REASONS),
 )  # fmt: skip
-TRANSACTION_CHECKS = _spec(
+TRANSACTION_CHECKS = spec(
     Counter, "popmq_proxy_transaction_checks",
     "Check-backs of undecided transactional messages sent to producers over their "
     "Telemetry streams (RecoverOrphanedTransactionCommand)",
 )  # fmt: skip
-BUDGET_REFUSALS = _spec(
+BUDGET_REFUSALS = spec(
     Counter, "popmq_proxy_memory_budget_refusals",
     "Sends and receive answers refused with TOO_MANY_REQUESTS because the bytes in "
     "flight were at proxy.max_inflight_bytes",
 )  # fmt: skip
-INFLIGHT_BYTES = _spec(
+INFLIGHT_BYTES = spec(
     Gauge, "popmq_proxy_inflight_bytes",
     "Bytes of sends and receive answers in flight now (the memory budget's draw; at "
     "most about proxy.max_inflight_bytes)",
 )  # fmt: skip
-STALLED_STREAMS = _spec(
+STALLED_STREAMS = spec(
     Counter, "popmq_proxy_stalled_streams",
     "Receive and pull streams ended because their client read nothing for "
     "proxy.write_stall_timeout_ms (their unsent messages released)",
     "method",
 )  # fmt: skip
-LATE_ANSWERS = _spec(
+LATE_ANSWERS = spec(
     Counter, "popmq_proxy_late_receive_answers",
     "Receive calls whose answer was finished after the client's deadline (should be 0; "
     "grows when the proxy is overloaded)",
 )  # fmt: skip
-LOOP_LAG = _spec(
+LOOP_LAG = spec(
     Gauge, "popmq_proxy_event_loop_lag_seconds",
     "How late the proxy's event loop runs a timer (recent, decaying); admission sheds "
     "long polls above proxy.max_loop_lag_ms",
 )  # fmt: skip
-ACTIVE_LONG_POLLS = _spec(
+ACTIVE_LONG_POLLS = spec(
     Gauge, "popmq_proxy_active_long_polls", "Receive calls held now (admission control)"
 )
-ADAPTIVE_SWITCHES = _spec(
+ADAPTIVE_SWITCHES = spec(
     Counter, "popmq_proxy_adaptive_switches", "Adaptive long-poll switches, by the mode entered",
     "mode",
 )  # fmt: skip
@@ -242,9 +211,7 @@ class ProxyMetrics:
         self.registry = registry or CollectorRegistry()
         self.cluster = cluster
         self._node = (cluster, "proxy", node_id or socket.gethostname())
-        self.instruments: dict[str, Any] = {
-            spec.name: spec.build(self.registry) for spec in PROXY_METRICS
-        }
+        self.instruments: dict[str, Any] = build_all(PROXY_METRICS, self.registry)
         self._long_polls = self._children(LONG_POLLS)
         self._first_pop_hits = self._children(FIRST_POP_HITS)
         self._empty = self._children(EMPTY_RESPONSES)
