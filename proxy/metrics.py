@@ -174,6 +174,18 @@ PROXY_METRICS = (
     ADMISSION_REFUSALS, TRANSACTION_CHECKS, BUDGET_REFUSALS, INFLIGHT_BYTES, STALLED_STREAMS,
     LATE_ANSWERS, LOOP_LAG, ACTIVE_LONG_POLLS, ADAPTIVE_SWITCHES,
 )  # fmt: skip
+# The access guard's, built with it (a proxy without an ACL exports neither).
+ACL_RELOAD_FAILURES = spec(
+    Counter, "popmq_proxy_acl_reload_failures",
+    "Changes to the ACL file that did not parse (the previous ACL stayed in force)",
+)  # fmt: skip
+ACCESS_REFUSALS = spec(
+    Counter, "popmq_proxy_access_refusals",
+    "Calls refused by the access guard, by reason (unknown_key, bad_signature, clock_skew, "
+    "malformed, missing, forbidden); callers get one message for unknown_key and "
+    "bad_signature",
+    "reason",
+)  # fmt: skip
 # What every client RPC records, once, at the servicer's one seam (RpcMeter below).
 RPC_METRICS = (RPC_REQUESTS, RPC_DURATION, ROCKETMQ_RPC_LATENCY)
 # Code(code).name is an enum lookup; the names by value are read once.

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from popmq.proxy.metrics import (
+    ACCESS_REFUSALS,
+    ACL_RELOAD_FAILURES,
     BROKER_UP,
     PROXY_METRICS,
     RPC_METRICS,
@@ -256,3 +258,22 @@ def test_admission_reasons_are_exported_at_zero_and_a_removed_group_goes() -> No
     metrics.broker_up("g1", None)
     metrics.broker_up("never-seen", None)  # nothing to remove: no error
     assert _value(metrics, BROKER_UP.name, broker="g1") is None
+
+
+def test_the_access_guards_metrics_keep_theirs() -> None:
+    """Built with the guard (only with an ACL): declared in the same module, unchanged."""
+    assert (ACL_RELOAD_FAILURES.name, ACL_RELOAD_FAILURES.labels) == (
+        "popmq_proxy_acl_reload_failures",
+        (),
+    )
+    assert ACL_RELOAD_FAILURES.help == (
+        "Changes to the ACL file that did not parse (the previous ACL stayed in force)"
+    )
+    assert (ACCESS_REFUSALS.name, ACCESS_REFUSALS.labels) == (
+        "popmq_proxy_access_refusals",
+        ("reason",),
+    )
+    assert ACCESS_REFUSALS.help == (
+        "Calls refused by the access guard, by reason (unknown_key, bad_signature, clock_skew, "
+        "malformed, missing, forbidden); callers get one message for unknown_key and bad_signature"
+    )
