@@ -3,7 +3,8 @@
 Every metric is declared once, as data (PROXY_METRICS), and built from that table at start-up.
 Two seams record them: the servicer's one wrapper per RPC method (RpcMeter: RPC_METRICS) and
 ProxyEvents (proxy/events.py), the hook the protocol-free core calls with domain facts, which
-ProxyMetrics implements. Nothing else touches a metric.
+ProxyMetrics implements. (The access guard's two, ACCESS metrics below, are declared here too and
+built and recorded by the guard, which exists only with an ACL.)
 
 Each proxy instance owns one ``ProxyMetrics`` with its own registry, so several proxies in one
 process (tests, benchmarks) do not mix their counts.
@@ -174,7 +175,7 @@ PROXY_METRICS = (
     ADMISSION_REFUSALS, TRANSACTION_CHECKS, BUDGET_REFUSALS, INFLIGHT_BYTES, STALLED_STREAMS,
     LATE_ANSWERS, LOOP_LAG, ACTIVE_LONG_POLLS, ADAPTIVE_SWITCHES,
 )  # fmt: skip
-# The access guard's, built with it (a proxy without an ACL exports neither).
+# ACCESS metrics: the access guard's, built with it (a proxy without an ACL exports neither).
 ACL_RELOAD_FAILURES = spec(
     Counter, "popmq_proxy_acl_reload_failures",
     "Changes to the ACL file that did not parse (the previous ACL stayed in force)",
@@ -245,12 +246,12 @@ class ProxyMetrics:
         self.broker_request_links = _RequestLinkCollector()
         self.registry.register(self.broker_request_links)
 
-    def __getitem__(self, spec: MetricSpec) -> Any:
-        """The prometheus_client metric built for ``spec``."""
-        return self.instruments[spec.name]
+    def __getitem__(self, declared: MetricSpec) -> Any:
+        """The prometheus_client metric built for ``declared``."""
+        return self.instruments[declared.name]
 
-    def _children(self, spec: MetricSpec) -> _Children:
-        return _Children(self[spec])
+    def _children(self, declared: MetricSpec) -> _Children:
+        return _Children(self[declared])
 
     def exposition(self) -> str:
         """The metrics in Prometheus' text format."""
