@@ -11,9 +11,9 @@ after the kill is acknowledged: the group serves again through the proxy); the k
 then restarted on its data directory (it rejoins as a follower). A watch on the group's keys
 splits each recovery into phases (``phases``): **expired** (the dead leader's key deleted: its
 lease ran out), **elected** (the new leader key written), **in_sync** (the new leader's in-sync
-set holds a follower again: with ``--min-in-sync 2`` sends wait for it) and **served**. At the end the consumer
-drains: **lost** counts acknowledged sends never delivered, **duplicates** messages consumed
-twice.
+set holds a follower again: with ``--min-in-sync 2`` sends wait for it) and **served**. At
+the end the consumer drains: **lost** counts acknowledged sends never delivered,
+**duplicates** messages consumed twice.
 """
 
 from __future__ import annotations
@@ -292,7 +292,8 @@ async def bench_failover(kills: int = 3, lease_ttl_s: int = 2, keep_logs: str | 
                             tasks.start_soon(traffic.consume, queue)
                         for index in range(kills):
                             last = index == kills - 1  # the killed node stays down
-                            rounds.append(await _kill_round(index + 1, nodes, store, traffic, events,
+                            rounds.append(await _kill_round(index + 1, nodes, store,
+                                                            traffic, events,
                                                             restart=not last))  # fmt: skip
                         traffic.producing = False
                         progress.phase("drain")

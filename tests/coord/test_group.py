@@ -170,7 +170,6 @@ async def test_an_unclean_election_never_elects_an_emptied_node(etcd: EtcdCluste
         await store.aclose()
 
 
-
 async def test_a_new_leader_renews_its_lease_before_it_says_it_leads(etcd: EtcdCluster) -> None:
     """The broker opens its store when the node says it leads; a keepalive first gives that
     promotion a whole TTL. It used to inherit what was left since the last periodic one (down
