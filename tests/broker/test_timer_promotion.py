@@ -78,5 +78,5 @@ async def test_a_promotion_right_after_a_retry_moved_delivers_it_once(tmp_path: 
         assert copied
 
     async with running_broker(fast_broker_config(promoted_dir), LoopClock()) as promoted:
-        seen = await _deliveries(promoted, rounds=20)
+        seen = await _deliveries(promoted, rounds=10)
     assert seen == [(TOPIC, 2)]  # the retry copy (read as its topic), once
