@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from popmq.broker.contract.types import AckEntry, Message, PopRequest
@@ -38,14 +39,14 @@ def _config(data_dir: Path) -> BrokerConfig:
     )
 
 
-async def _deliveries(broker: Broker, rounds: int) -> list[tuple[str, int]]:
-    """(stored topic, attempt) of every delivery over ``rounds`` pops (a pop of a topic reads
+async def _deliveries(broker: Broker, rounds: int) -> list[tuple[bytes, int]]:
+    """(body, attempt) of every delivery over ``rounds`` pops (a pop of a topic reads
     its retry topic too), each acked as a consumer does."""
-    seen: list[tuple[str, int]] = []
+    seen: list[tuple[bytes, int]] = []
     request = PopRequest(GROUP, TOPIC, max_messages=8, invisible_time_ms=60_000)
     for _ in range(rounds):
         for popped in (await broker.pop(request)).messages:
-            seen.append((popped.message.topic, popped.delivery_attempt))
+            seen.append((bytes(popped.message.body), popped.delivery_attempt))
             await broker.ack(GROUP, TOPIC, [AckEntry(popped.receipt_handle)])
         await asyncio.sleep(0.2)
     return seen
@@ -79,4 +80,40 @@ async def test_a_promotion_right_after_a_retry_moved_delivers_it_once(tmp_path: 
 
     async with running_broker(fast_broker_config(promoted_dir), LoopClock()) as promoted:
         seen = await _deliveries(promoted, rounds=10)
-    assert seen == [(TOPIC, 2)]  # the retry copy (read as its topic), once
+    assert seen == [(b"unacked", 2)]  # its retry, once
+
+
+async def test_a_promotion_during_a_revive_pass_revives_only_the_one_being_revived(
+    tmp_path: Path,
+) -> None:
+    """A revive writes a checkpoint's copies (to the timer) before it journals the entries as
+    revived. Two checkpoints due in one pass: a follower that copies while the second one's
+    copies are written must hold the first one's settlement (it used to wait in the journal's
+    buffer until the pass ended: promoted there, the first message was revived twice)."""
+    leader_dir, promoted_dir = tmp_path / "leader", tmp_path / "promoted"
+    async with running_broker(_config(leader_dir), LoopClock()) as leader:
+        await leader.send([Message(TOPIC, b"first"), Message(TOPIC, b"second")], 0)
+        request = PopRequest(GROUP, TOPIC, max_messages=1, invisible_time_ms=INVISIBLE_MS)
+        for _ in range(2):  # two checkpoints with the same deadline: one revive pass
+            assert len((await leader.pop(request)).messages) == 1
+        timer = leader.timer
+        real = timer.schedule
+        calls = 0
+
+        async def copied_before_the_second(entries: list[tuple[Message, str, int]]) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 2:  # the first checkpoint revived, the second one's copy not written
+                shutil.copytree(leader_dir, promoted_dir, ignore=shutil.ignore_patterns("LOCK"))
+            return await real(entries)
+
+        timer.schedule = copied_before_the_second  # type: ignore[method-assign]
+        for _ in range(100):
+            await asyncio.sleep(0.1)
+            if calls >= 2:
+                break
+        assert calls >= 2
+
+    async with running_broker(fast_broker_config(promoted_dir), LoopClock()) as promoted:
+        seen = await _deliveries(promoted, rounds=10)
+    assert sorted(seen) == [(b"first", 2), (b"second", 2)]  # each retry, once
