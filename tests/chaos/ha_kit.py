@@ -222,8 +222,16 @@ class Traffic:
                 continue
             now = time.monotonic()
             for m in messages:
-                self._note(m.body, Event(now, "delivered", f"{m.broker}/{m.topic}/{m.queue_id}"
-                                         f"@{m.offset}", m.delivery_attempt, m.message_id))
+                self._note(
+                    m.body,
+                    Event(
+                        now,
+                        "delivered",
+                        f"{m.broker}/{m.topic}/{m.queue_id}@{m.offset}",
+                        m.delivery_attempt,
+                        m.message_id,
+                    ),
+                )
             try:
                 outcomes = await self.client.ack(
                     "cg", self.topic, [(m.message_id, m.receipt_handle) for m in messages]
@@ -295,9 +303,7 @@ class Traffic:
 
     def describe(self, body: bytes) -> str:
         start = min((e.at for events in self.history.values() for e in events), default=0.0)
-        return f"{body.decode()}: " + "; ".join(
-            e.text(start) for e in self.history.get(body, [])
-        )
+        return f"{body.decode()}: " + "; ".join(e.text(start) for e in self.history.get(body, []))
 
     def summary(self) -> str:
         return (f"{len(self.acked)} acknowledged, {self.send_failures} send failures "
