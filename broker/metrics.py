@@ -46,6 +46,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from popmq.metric_specs import build_all, spec
+
 if TYPE_CHECKING:
     from popmq.broker.core import Broker
 
@@ -69,7 +71,129 @@ SCRAPE_TIMEOUT_S = 5.0
 MAX_GROUP_SERIES = 2_000
 
 
+_IN = (*ROCKETMQ_LABELS, "topic", "message_type")
+_OUT = (*ROCKETMQ_LABELS, "topic", "consumer_group")
+_STORE_FAULT = ("broker", "file", "reason")
+# The metrics the broker moves as it works, declared once (BrokerMetrics builds them; its hooks
+# below record them). rocketmq_message_size and the state read at scrape time are collectors.
+# Dashboards and alerts (helm/, deploy/) and docs/operations.md read these names.
+MESSAGES_IN = spec(
+    Counter, "rocketmq_messages_in", "Messages produced into the topic, by message type "
+    "(normal, fifo, delay, transaction; RocketMQ's metric)", *_IN,
+)  # fmt: skip
+THROUGHPUT_IN = spec(
+    Counter, "rocketmq_throughput_in", "Body bytes produced into the topic, by message type "
+    "(RocketMQ's metric)", *_IN,
+)  # fmt: skip
+MESSAGES_OUT = spec(
+    Counter, "rocketmq_messages_out", "Messages delivered to consumers (RocketMQ's metric)", *_OUT
+)
+THROUGHPUT_OUT = spec(
+    Counter, "rocketmq_throughput_out", "Body bytes delivered to consumers (RocketMQ's metric)",
+    *_OUT,
+)  # fmt: skip
+COMMITS = spec(
+    Counter, "rocketmq_commit_messages", "Transactional messages committed (RocketMQ's metric)",
+    *ROCKETMQ_LABELS, "topic",
+)  # fmt: skip
+ROLLBACKS = spec(
+    Counter, "rocketmq_rollback_messages", "Transactional messages rolled back (RocketMQ's metric)",
+    *ROCKETMQ_LABELS, "topic",
+)  # fmt: skip
+STORED = spec(
+    Counter, "popmq_broker_messages_stored",
+    "Messages stored by producers' sends, by topic (delay messages when accepted)",
+    "broker", "topic",
+)  # fmt: skip
+POP_REQUESTS = spec(
+    Counter, "popmq_broker_pop_requests", "Pop requests answered, by result", "broker", "result"
+)
+POPPED = spec(Counter, "popmq_broker_popped_messages", "Messages handed out by pops", "broker")
+ACKS = spec(
+    Counter, "popmq_broker_acks", "Ack entries, by result (failed: unknown, expired or forged "
+    "receipt handles)", "broker", "result",
+)  # fmt: skip
+INVISIBLE_CHANGES = spec(
+    Counter, "popmq_broker_invisible_time_changes",
+    "Successful changeInvisibleTime calls (including nacks to 0)", "broker",
+)  # fmt: skip
+TIMER_DELIVERIES = spec(
+    Counter, "popmq_broker_timer_deliveries",
+    "Messages the timer moved to their topic (delay messages and retry backoffs)", "broker",
+)  # fmt: skip
+RECALLED = spec(
+    Counter, "popmq_broker_messages_recalled",
+    "Delay messages recalled (RecallMessage) before their delivery time", "broker",
+)  # fmt: skip
+HALF_MESSAGES = spec(
+    Counter, "popmq_broker_transaction_half_messages",
+    "Transactional messages stored as half messages (invisible until committed)", "broker",
+)  # fmt: skip
+TRANSACTIONS_ENDED = spec(
+    Counter, "popmq_broker_transactions_ended",
+    "Transactions decided, by resolution (COMMIT, ROLLBACK) and source (CLIENT, "
+    "SERVER_CHECK, ADMIN); repeats of a decision are not counted",
+    "broker", "resolution", "source",
+)  # fmt: skip
+TRANSACTION_CHECKS = spec(
+    Counter, "popmq_broker_transaction_checks",
+    "Check-backs of undecided half messages handed to proxies", "broker",
+)  # fmt: skip
+TRANSACTIONS_PARKED = spec(
+    Counter, "popmq_broker_transactions_parked",
+    "Half messages parked for an operator after transaction.max_checks checks without "
+    "a decision", "broker",
+)  # fmt: skip
+CHECKPOINTS_SPILLED = spec(
+    Counter, "popmq_broker_checkpoints_spilled",
+    "Checkpoints written to the pop journal because they were not acked within "
+    "pop.checkpoint_buffer_ms", "broker",
+)  # fmt: skip
+HELD_REQUESTS = spec(
+    Gauge, "popmq_broker_held_requests", "Long polls waiting in the hold table, by kind",
+    "broker", "kind",
+)  # fmt: skip
+POLLING_FULL = spec(
+    Counter, "popmq_broker_polling_full", "Long polls refused because the hold table was full",
+    "broker", "kind",
+)  # fmt: skip
+QUARANTINED_FRAMES = spec(
+    Counter, "popmq_broker_store_quarantined_frames",
+    "Records lost to damaged, missing or torn bytes found at startup, by file and "
+    "reason (torn_tail, damaged, missing, unreadable); the bytes are kept in "
+    "DATA/quarantine/", *_STORE_FAULT,
+)  # fmt: skip
+QUARANTINED_BYTES = spec(
+    Counter, "popmq_broker_store_quarantined_bytes",
+    "Damaged, missing or torn bytes found at startup, by file and reason", *_STORE_FAULT,
+)  # fmt: skip
+METADATA_FALLBACKS = spec(
+    Counter, "popmq_broker_store_metadata_fallbacks",
+    "Metadata files found missing or damaged at startup, by file and action "
+    "(previous_copy, rebuilt, full_scan, reset)", "broker", "file", "action",
+)  # fmt: skip
+HELD_LIMIT = spec(
+    Gauge, "popmq_broker_held_requests_limit", "broker.polling.max_held_total", "broker"
+)
+AUTO_CREATE_REFUSED = spec(
+    Counter, "popmq_broker_auto_create_refused",
+    "Topics or groups not auto-created, by kind and reason (disabled, total, rate)",
+    "broker", "kind", "reason",
+)  # fmt: skip
+# In the order /metrics lists them (rocketmq_message_size, a collector, comes third).
+BROKER_METRICS = (
+    MESSAGES_IN, THROUGHPUT_IN, MESSAGES_OUT, THROUGHPUT_OUT, COMMITS, ROLLBACKS, STORED,
+    POP_REQUESTS, POPPED, ACKS, INVISIBLE_CHANGES, TIMER_DELIVERIES, RECALLED, HALF_MESSAGES,
+    TRANSACTIONS_ENDED, TRANSACTION_CHECKS, TRANSACTIONS_PARKED, CHECKPOINTS_SPILLED,
+    HELD_REQUESTS, POLLING_FULL, QUARANTINED_FRAMES, QUARANTINED_BYTES, METADATA_FALLBACKS,
+    HELD_LIMIT, AUTO_CREATE_REFUSED,
+)  # fmt: skip
+
+
 class BrokerMetrics:
+    """BROKER_METRICS of one broker, built from the table, and the hooks the broker calls with
+    what happened (``stored``, ``popped``, ``acked``, ...): nothing else touches a metric."""
+
     def __init__(
         self,
         broker: str,
@@ -78,142 +202,50 @@ class BrokerMetrics:
     ) -> None:
         self.broker = broker
         self.cluster = cluster
-        self.registry = registry or CollectorRegistry()
-        r, b = self.registry, ["broker"]
+        self.registry = r = registry or CollectorRegistry()
         # RocketMQ 5's names and labels, for its operators' dashboards (docs/operations.md).
         node = [cluster, "broker", broker]
-        in_labels = [*ROCKETMQ_LABELS, "topic", "message_type"]
-        self._in = Counter(
-            "rocketmq_messages_in", "Messages produced into the topic, by message type "
-            "(normal, fifo, delay, transaction; RocketMQ's metric)", in_labels, registry=r,
-        )  # fmt: skip
-        self._bytes_in = Counter(
-            "rocketmq_throughput_in", "Body bytes produced into the topic, by message type "
-            "(RocketMQ's metric)", in_labels, registry=r,
-        )  # fmt: skip
+        self.instruments: dict[str, Any] = build_all(BROKER_METRICS, r)
+        m = self.instruments
+        self._in, self._bytes_in = m[MESSAGES_IN.name], m[THROUGHPUT_IN.name]
         self._sizes = _SizeHistograms(
             "rocketmq_message_size", "Body sizes of the messages produced, in bytes "
-            "(RocketMQ's metric and buckets)", in_labels, MESSAGE_SIZE_BUCKETS,
+            "(RocketMQ's metric and buckets)", list(_IN), MESSAGE_SIZE_BUCKETS,
         )  # fmt: skip
         self._sizes.node = tuple(node)
         r.register(self._sizes)
         self._in_by_key: dict[tuple[str, str], tuple[Any, Any]] = {}
-        out_labels = [*ROCKETMQ_LABELS, "topic", "consumer_group"]
-        self._out = Counter(
-            "rocketmq_messages_out", "Messages delivered to consumers (RocketMQ's metric)",
-            out_labels, registry=r,
-        )  # fmt: skip
-        self._bytes_out = Counter(
-            "rocketmq_throughput_out", "Body bytes delivered to consumers (RocketMQ's metric)",
-            out_labels, registry=r,
-        )  # fmt: skip
+        self._out, self._bytes_out = m[MESSAGES_OUT.name], m[THROUGHPUT_OUT.name]
         self._out_by_key: dict[tuple[str, str], tuple[Any, Any]] = {}
-        tx_labels = [*ROCKETMQ_LABELS, "topic"]
-        self._commits = Counter(
-            "rocketmq_commit_messages", "Transactional messages committed (RocketMQ's metric)",
-            tx_labels, registry=r,
-        )  # fmt: skip
-        self._rollbacks = Counter(
-            "rocketmq_rollback_messages",
-            "Transactional messages rolled back (RocketMQ's metric)", tx_labels, registry=r,
-        )  # fmt: skip
+        self._commits, self._rollbacks = m[COMMITS.name], m[ROLLBACKS.name]
         self._node = node
-        self._stored = Counter(
-            "popmq_broker_messages_stored",
-            "Messages stored by producers' sends, by topic (delay messages when accepted)",
-            ["broker", "topic"], registry=r,
-        )  # fmt: skip
+        self._stored = m[STORED.name]
         self._stored_by_topic: dict[str, Any] = {}
-        pops = Counter(
-            "popmq_broker_pop_requests", "Pop requests answered, by result",
-            ["broker", "result"], registry=r,
-        )  # fmt: skip
+        pops = m[POP_REQUESTS.name]
         self._pops = {
             status: pops.labels(broker, result) for status, result in _POP_RESULTS.items()
         }
-        self._popped = Counter(
-            "popmq_broker_popped_messages", "Messages handed out by pops", b, registry=r
-        ).labels(broker)
-        acks = Counter(
-            "popmq_broker_acks", "Ack entries, by result (failed: unknown, expired or forged "
-            "receipt handles)", ["broker", "result"], registry=r,
-        )  # fmt: skip
+        self._popped = m[POPPED.name].labels(broker)
+        acks = m[ACKS.name]
         self._acks_ok, self._acks_failed = acks.labels(broker, "ok"), acks.labels(broker, "failed")
-        self._invisible = Counter(
-            "popmq_broker_invisible_time_changes",
-            "Successful changeInvisibleTime calls (including nacks to 0)", b, registry=r,
-        ).labels(broker)  # fmt: skip
-        self._timer = Counter(
-            "popmq_broker_timer_deliveries",
-            "Messages the timer moved to their topic (delay messages and retry backoffs)",
-            b, registry=r,
-        ).labels(broker)  # fmt: skip
-        self._recalled = Counter(
-            "popmq_broker_messages_recalled",
-            "Delay messages recalled (RecallMessage) before their delivery time", b, registry=r,
-        ).labels(broker)  # fmt: skip
-        self._tx_prepared = Counter(
-            "popmq_broker_transaction_half_messages",
-            "Transactional messages stored as half messages (invisible until committed)", b,
-            registry=r,
-        ).labels(broker)  # fmt: skip
-        self._tx_ended = Counter(
-            "popmq_broker_transactions_ended",
-            "Transactions decided, by resolution (COMMIT, ROLLBACK) and source (CLIENT, "
-            "SERVER_CHECK, ADMIN); repeats of a decision are not counted",
-            [*b, "resolution", "source"], registry=r,
-        )  # fmt: skip
-        self._tx_checks = Counter(
-            "popmq_broker_transaction_checks",
-            "Check-backs of undecided half messages handed to proxies", b, registry=r,
-        ).labels(broker)  # fmt: skip
-        self._tx_parked = Counter(
-            "popmq_broker_transactions_parked",
-            "Half messages parked for an operator after transaction.max_checks checks without "
-            "a decision", b, registry=r,
-        ).labels(broker)  # fmt: skip
-        self._spilled = Counter(
-            "popmq_broker_checkpoints_spilled",
-            "Checkpoints written to the pop journal because they were not acked within "
-            "pop.checkpoint_buffer_ms", b, registry=r,
-        )  # fmt: skip
+        self._invisible = m[INVISIBLE_CHANGES.name].labels(broker)
+        self._timer = m[TIMER_DELIVERIES.name].labels(broker)
+        self._recalled = m[RECALLED.name].labels(broker)
+        self._tx_prepared = m[HALF_MESSAGES.name].labels(broker)
+        self._tx_ended = m[TRANSACTIONS_ENDED.name]
+        self._tx_checks = m[TRANSACTION_CHECKS.name].labels(broker)
+        self._tx_parked = m[TRANSACTIONS_PARKED.name].labels(broker)
+        self._spilled = m[CHECKPOINTS_SPILLED.name]
         self._spilled_child = self._spilled.labels(broker)
-        held = Gauge(
-            "popmq_broker_held_requests", "Long polls waiting in the hold table, by kind",
-            ["broker", "kind"], registry=r,
-        )  # fmt: skip
+        held = m[HELD_REQUESTS.name]
         self.held = {kind: held.labels(broker, kind) for kind in HOLD_KINDS}
-        full = Counter(
-            "popmq_broker_polling_full", "Long polls refused because the hold table was full",
-            ["broker", "kind"], registry=r,
-        )  # fmt: skip
+        full = m[POLLING_FULL.name]
         self.polling_full = {kind: full.labels(broker, kind) for kind in HOLD_KINDS}
-        labels = ["broker", "file", "reason"]
-        self._quarantined_frames = Counter(
-            "popmq_broker_store_quarantined_frames",
-            "Records lost to damaged, missing or torn bytes found at startup, by file and "
-            "reason (torn_tail, damaged, missing, unreadable); the bytes are kept in "
-            "DATA/quarantine/", labels, registry=r,
-        )  # fmt: skip
-        self._quarantined_bytes = Counter(
-            "popmq_broker_store_quarantined_bytes",
-            "Damaged, missing or torn bytes found at startup, by file and reason", labels,
-            registry=r,
-        )  # fmt: skip
-        self._metadata_fallbacks = Counter(
-            "popmq_broker_store_metadata_fallbacks",
-            "Metadata files found missing or damaged at startup, by file and action "
-            "(previous_copy, rebuilt, full_scan, reset)", ["broker", "file", "action"],
-            registry=r,
-        )  # fmt: skip
-        self.held_limit = Gauge(
-            "popmq_broker_held_requests_limit", "broker.polling.max_held_total", b, registry=r
-        ).labels(broker)
-        self._auto_create_refused = Counter(
-            "popmq_broker_auto_create_refused",
-            "Topics or groups not auto-created, by kind and reason (disabled, total, rate)",
-            ["broker", "kind", "reason"], registry=r,
-        )  # fmt: skip
+        self._quarantined_frames = m[QUARANTINED_FRAMES.name]
+        self._quarantined_bytes = m[QUARANTINED_BYTES.name]
+        self._metadata_fallbacks = m[METADATA_FALLBACKS.name]
+        self.held_limit = m[HELD_LIMIT.name].labels(broker)
+        self._auto_create_refused = m[AUTO_CREATE_REFUSED.name]
         # Every series exported from the start (at 0), so rate() sees the first refusal.
         self._auto_create_refused_by = {
             (kind, reason): self._auto_create_refused.labels(broker, kind, reason)

@@ -23,7 +23,7 @@ import re
 from collections import Counter, deque
 
 from popmq.broker.contract.errors import Code, RefusedError
-from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.events import ProxyEvents
 
 from popmq.config import ProxyConfig
 from popmq.lifecycle import AsyncClosing, Job, TaskOwner
@@ -49,7 +49,7 @@ def poll_owner(client_id: str, peer: str, authorization: str = "") -> str:
 
 
 class LongPollAdmission(AsyncClosing):
-    def __init__(self, config: ProxyConfig, metrics: ProxyMetrics) -> None:
+    def __init__(self, config: ProxyConfig, metrics: ProxyEvents) -> None:
         self._total_limit = config.max_long_polls
         self._client_limit = config.max_long_polls_per_client
         self._group_limit = config.max_long_polls_per_group
@@ -82,7 +82,7 @@ class LongPollAdmission(AsyncClosing):
             # Rise at once, fall slowly: one quiet tick does not end an overload.
             self.lag_ms = max(late_ms, self.lag_ms * 0.8)
             self._recent_lags.append(late_ms)
-            self._metrics.loop_lag.set(self.lag_ms / 1000)
+            self._metrics.loop_lag(self.lag_ms / 1000)
 
     @property
     def sustained_lag_ms(self) -> float:
@@ -113,7 +113,7 @@ class LongPollAdmission(AsyncClosing):
         self._total += 1
         self._clients[client] += 1
         self._groups[group] += 1
-        self._metrics.active_long_polls.set(self._total)
+        self._metrics.active_long_polls(self._total)
 
     def leave(self, client: str, group: str) -> None:
         self._total -= 1
@@ -121,14 +121,14 @@ class LongPollAdmission(AsyncClosing):
             counts[key] -= 1
             if counts[key] <= 0:
                 del counts[key]  # thousands of one-off groups must not stay in memory
-        self._metrics.active_long_polls.set(self._total)
+        self._metrics.active_long_polls(self._total)
 
     def _refuse(self, reason: str, why: str) -> None:
-        self._metrics.admission_refusals.labels(reason).inc()
+        self._metrics.refused(reason)
         raise RefusedError(Code.TOO_MANY_REQUESTS, f"polling full: {why}; retry later")
 
 
-def refuse(metrics: ProxyMetrics, reason: str, code: Code, message: str) -> RefusedError:
+def refuse(metrics: ProxyEvents, reason: str, code: Code, message: str) -> RefusedError:
     """A counted refusal of an oversized request (batch, body, messages per send)."""
-    metrics.admission_refusals.labels(reason).inc()
+    metrics.refused(reason)
     return RefusedError(code, message)

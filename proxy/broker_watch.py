@@ -9,7 +9,7 @@ import logging
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.events import ProxyEvents
 
 from popmq.config import BrokerAddress, BrokerLinkConfig
 from popmq.lifecycle import fan_out
@@ -40,7 +40,7 @@ async def check_broker(
 
 async def watch_brokers(
     brokers: list[BrokerAddress],
-    metrics: ProxyMetrics,
+    metrics: ProxyEvents,
     link: BrokerLinkConfig | None = None,
     interval_s: float = CHECK_INTERVAL_S,
 ) -> None:
@@ -50,7 +50,7 @@ async def watch_brokers(
         problems = await fan_out(check_broker(b.address, link) for b in brokers)
         for broker, problem in zip(brokers, problems, strict=True):
             reachable = problem is None
-            metrics.broker_up.labels(broker.name).set(1 if reachable else 0)
+            metrics.broker_up(broker.name, reachable)
             if up.get(broker.name) == reachable:
                 continue
             if not reachable:

@@ -1,22 +1,29 @@
 """The proxy's Prometheus metrics (names are stable; docs/operations.md explains each one).
 
+Every metric is declared once, as data (PROXY_METRICS), and built from that table at start-up.
+Two seams record them: the servicer's one wrapper per RPC method (RpcMeter: RPC_METRICS) and
+ProxyEvents (proxy/events.py), the hook the protocol-free core calls with domain facts, which
+ProxyMetrics implements. (The access guard's two, ACCESS metrics below, are declared here too and
+built and recorded by the guard, which exists only with an ACL.)
+
 Each proxy instance owns one ``ProxyMetrics`` with its own registry, so several proxies in one
 process (tests, benchmarks) do not mix their counts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from popmq.broker.contract.errors import Code
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from popmq.clock import SYSTEM
+from popmq.metric_specs import MetricSpec, build_all, spec
 
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30,
@@ -33,42 +40,181 @@ ADMISSION_REASONS = (
 RPC_LATENCY_MS_BUCKETS = (1, 3, 5, 7, 10, 100, 1000, 2000, 3000)
 
 
-@dataclass(frozen=True)
-class MetricSpec:
-    """One metric's definition: what a dashboard reads (name, help, labels, buckets)."""
-
-    kind: type[Counter] | type[Histogram]
-    name: str
-    help: str
-    labels: tuple[str, ...]
-    buckets: tuple[float, ...] | None = None
-
-    def build(self, registry: CollectorRegistry) -> Any:
-        if self.buckets is None:
-            return self.kind(self.name, self.help, self.labels, registry=registry)
-        return Histogram(self.name, self.help, self.labels, registry=registry, buckets=self.buckets)
-
-
-# What every client RPC records, once, at the servicer's one seam (RpcMeter below).
-RPC_REQUESTS = MetricSpec(
-    Counter, "popmq_proxy_rpc_requests", "Client RPCs by method and result code",
-    ("method", "code"),
-)  # fmt: skip
-RPC_DURATION = MetricSpec(
-    Histogram, "popmq_proxy_rpc_duration_seconds", "Client RPC latency by method",
-    ("method",), _LATENCY_BUCKETS,
-)  # fmt: skip
-ROCKETMQ_RPC_LATENCY = MetricSpec(
+# Every metric of a proxy, in the order /metrics lists them. docs/operations.md explains each;
+# dashboards and alerts (helm/, deploy/) read these names: never rename one.
+ROCKETMQ_RPC_LATENCY = spec(
     Histogram, "rocketmq_rpc_latency", "Client RPC latency in milliseconds (RocketMQ's metric)",
-    ("cluster", "node_type", "node_id", "protocol_type", "request_code", "response_code"),
-    RPC_LATENCY_MS_BUCKETS,
+    "cluster", "node_type", "node_id", "protocol_type", "request_code", "response_code",
+    buckets=RPC_LATENCY_MS_BUCKETS,
 )  # fmt: skip
+BROKER_UP = spec(
+    Gauge, "popmq_proxy_broker_up",
+    "1 while the proxy reaches the broker, 0 while it cannot (checked every few seconds)",
+    "broker",
+)  # fmt: skip
+RPC_REQUESTS = spec(
+    Counter, "popmq_proxy_rpc_requests", "Client RPCs by method and result code", "method", "code"
+)
+RPC_DURATION = spec(
+    Histogram, "popmq_proxy_rpc_duration_seconds", "Client RPC latency by method", "method",
+    buckets=_LATENCY_BUCKETS,
+)  # fmt: skip
+LONG_POLLS = spec(
+    Counter, "popmq_proxy_long_polls", "Client receive calls that may long-poll (is_long_polling)",
+    "strategy",
+)  # fmt: skip
+POP_WITH_NOTIFY = spec(
+    Counter, "popmq_proxy_pop_with_notify",
+    "Long polls that went past the first pop into notification tasks",
+)  # fmt: skip
+FIRST_POP_HITS = spec(
+    Counter, "popmq_proxy_first_pop_hits",
+    "Long polls answered by their first pop (is_short_polling_hit)", "strategy",
+)  # fmt: skip
+EMPTY_RESPONSES = spec(
+    Counter, "popmq_proxy_empty_responses", "Receive calls answered with no message", "strategy"
+)
+UNAVAILABLE_RECEIVES = spec(
+    Counter, "popmq_proxy_unavailable_receives",
+    "Receive calls that found every broker they could ask unavailable (down, or its "
+    "group without a leader) and waited for one instead of failing",
+    "strategy",
+)  # fmt: skip
+FALSE_EMPTY_RESPONSES = spec(
+    Counter, "popmq_proxy_false_empty_responses",
+    "Empty answers while some broker held a visible message for the group", "strategy",
+)  # fmt: skip
+MESSAGES_DELIVERED = spec(
+    Counter, "popmq_proxy_messages_delivered", "Messages handed to clients by receive"
+)
+BROKER_RPCS = spec(
+    Counter, "popmq_proxy_broker_rpcs", "Calls from the proxy to brokers by kind", "kind"
+)
+HELD_NOTIFICATIONS = spec(
+    Gauge, "popmq_proxy_held_notification_tasks", "Notification tasks currently waiting on brokers"
+)
+RECEIVE_DURATION = spec(
+    Histogram, "popmq_proxy_receive_duration_seconds", "Time a receive call was held",
+    "strategy", "result", buckets=_LATENCY_BUCKETS,
+)  # fmt: skip
+ADAPTIVE_MODE = spec(
+    Gauge, "popmq_proxy_adaptive_mode",
+    "Strategy the adaptive long poll is using now (1 for the active one)", "mode",
+)  # fmt: skip
+POP_REQUEST_RATE = spec(
+    Gauge, "popmq_proxy_pop_request_rate", "Pop requests per second over the adaptive window"
+)
+BROKER_RPC_ERRORS = spec(
+    Counter, "popmq_proxy_broker_rpc_errors", "Failed calls from the proxy to brokers",
+    "kind", "code",
+)  # fmt: skip
+RELEASED_MESSAGES = spec(
+    Counter, "popmq_proxy_released_messages",
+    "Popped messages a long poll could not deliver (client gone), by what release did",
+    "outcome",
+)  # fmt: skip
+AUTO_RENEWALS = spec(
+    Counter, "popmq_proxy_auto_renewals",
+    "PushConsumer handle renewals by outcome (renewed, client_gone, max_time, "
+    "handle_gone, failed, gave_up)",
+    "outcome",
+)  # fmt: skip
+RENEWING_HANDLES = spec(
+    Gauge, "popmq_proxy_renewing_handles",
+    "PushConsumer receipt handles this proxy is keeping invisible",
+)  # fmt: skip
+ADMISSION_REFUSALS = spec(
+    Counter, "popmq_proxy_admission_refusals",
+    "Requests refused by admission control, by reason (long-poll bounds, clients and "
+    "concurrent calls per access key: TOO_MANY_REQUESTS; batch, body or send size)",
+    "reason", exported=tuple((reason,) for reason in ADMISSION_REASONS),
+)  # fmt: skip
+TRANSACTION_CHECKS = spec(
+    Counter, "popmq_proxy_transaction_checks",
+    "Check-backs of undecided transactional messages sent to producers over their "
+    "Telemetry streams (RecoverOrphanedTransactionCommand)",
+)  # fmt: skip
+BUDGET_REFUSALS = spec(
+    Counter, "popmq_proxy_memory_budget_refusals",
+    "Sends and receive answers refused with TOO_MANY_REQUESTS because the bytes in "
+    "flight were at proxy.max_inflight_bytes",
+)  # fmt: skip
+INFLIGHT_BYTES = spec(
+    Gauge, "popmq_proxy_inflight_bytes",
+    "Bytes of sends and receive answers in flight now (the memory budget's draw; at "
+    "most about proxy.max_inflight_bytes)",
+)  # fmt: skip
+STALLED_STREAMS = spec(
+    Counter, "popmq_proxy_stalled_streams",
+    "Receive and pull streams ended because their client read nothing for "
+    "proxy.write_stall_timeout_ms (their unsent messages released)",
+    "method",
+)  # fmt: skip
+LATE_ANSWERS = spec(
+    Counter, "popmq_proxy_late_receive_answers",
+    "Receive calls whose answer was finished after the client's deadline (should be 0; "
+    "grows when the proxy is overloaded)",
+)  # fmt: skip
+LOOP_LAG = spec(
+    Gauge, "popmq_proxy_event_loop_lag_seconds",
+    "How late the proxy's event loop runs a timer (recent, decaying); admission sheds "
+    "long polls above proxy.max_loop_lag_ms",
+)  # fmt: skip
+ACTIVE_LONG_POLLS = spec(
+    Gauge, "popmq_proxy_active_long_polls", "Receive calls held now (admission control)"
+)
+ADAPTIVE_SWITCHES = spec(
+    Counter, "popmq_proxy_adaptive_switches", "Adaptive long-poll switches, by the mode entered",
+    "mode",
+)  # fmt: skip
+PROXY_METRICS = (
+    ROCKETMQ_RPC_LATENCY, BROKER_UP, RPC_REQUESTS, RPC_DURATION, LONG_POLLS, POP_WITH_NOTIFY,
+    FIRST_POP_HITS, EMPTY_RESPONSES, UNAVAILABLE_RECEIVES, FALSE_EMPTY_RESPONSES,
+    MESSAGES_DELIVERED, BROKER_RPCS, HELD_NOTIFICATIONS, RECEIVE_DURATION, ADAPTIVE_MODE,
+    POP_REQUEST_RATE, BROKER_RPC_ERRORS, RELEASED_MESSAGES, AUTO_RENEWALS, RENEWING_HANDLES,
+    ADMISSION_REFUSALS, TRANSACTION_CHECKS, BUDGET_REFUSALS, INFLIGHT_BYTES, STALLED_STREAMS,
+    LATE_ANSWERS, LOOP_LAG, ACTIVE_LONG_POLLS, ADAPTIVE_SWITCHES,
+)  # fmt: skip
+# ACCESS metrics: the access guard's, built with it (a proxy without an ACL exports neither).
+ACL_RELOAD_FAILURES = spec(
+    Counter, "popmq_proxy_acl_reload_failures",
+    "Changes to the ACL file that did not parse (the previous ACL stayed in force)",
+)  # fmt: skip
+ACCESS_REFUSALS = spec(
+    Counter, "popmq_proxy_access_refusals",
+    "Calls refused by the access guard, by reason (unknown_key, bad_signature, clock_skew, "
+    "malformed, missing, forbidden); callers get one message for unknown_key and "
+    "bad_signature",
+    "reason",
+)  # fmt: skip
+# What every client RPC records, once, at the servicer's one seam (RpcMeter below).
 RPC_METRICS = (RPC_REQUESTS, RPC_DURATION, ROCKETMQ_RPC_LATENCY)
 # Code(code).name is an enum lookup; the names by value are read once.
 _CODE_NAMES: dict[int, str] = {code.value: code.name for code in Code}
 
 
+class _Children(dict[Any, Any]):
+    """One metric's label children by label value(s), made at first use as labels() would
+    (/metrics shows no series for values never seen). labels() takes a lock; a hit here is a
+    dict lookup."""
+
+    __slots__ = ("_metric",)
+
+    def __init__(self, metric: Any) -> None:
+        super().__init__()
+        self._metric = metric
+
+    def __missing__(self, key: str | tuple[str, ...]) -> Any:
+        child = self[key] = self._metric.labels(*key) if isinstance(key, tuple) else (
+            self._metric.labels(key)
+        )  # fmt: skip
+        return child
+
+
 class ProxyMetrics:
+    """PROXY_METRICS of one proxy, built from the table, and the ProxyEvents that record them
+    (proxy/events.py: the core reports domain facts; only this class knows Prometheus)."""
+
     def __init__(
         self,
         registry: CollectorRegistry | None = None,
@@ -76,150 +222,131 @@ class ProxyMetrics:
         node_id: str | None = None,
     ) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
         self.cluster = cluster
         self._node = (cluster, "proxy", node_id or socket.gethostname())
-        self._rocketmq_rpc = ROCKETMQ_RPC_LATENCY.build(r)
-        self.broker_up = Gauge(
-            "popmq_proxy_broker_up",
-            "1 while the proxy reaches the broker, 0 while it cannot (checked every few seconds)",
-            ["broker"], registry=r,
-        )  # fmt: skip
-        self.rpc_requests = RPC_REQUESTS.build(r)
-        self.rpc_latency = RPC_DURATION.build(r)
-        self.long_polls = Counter(
-            "popmq_proxy_long_polls", "Client receive calls that may long-poll (is_long_polling)",
-            ["strategy"], registry=r,
-        )  # fmt: skip
-        self.pop_with_notify = Counter(
-            "popmq_proxy_pop_with_notify",
-            "Long polls that went past the first pop into notification tasks",
-            registry=r,
-        )
-        self.first_pop_hits = Counter(
-            "popmq_proxy_first_pop_hits",
-            "Long polls answered by their first pop (is_short_polling_hit)",
-            ["strategy"], registry=r,
-        )  # fmt: skip
-        self.empty_responses = Counter(
-            "popmq_proxy_empty_responses", "Receive calls answered with no message",
-            ["strategy"], registry=r,
-        )  # fmt: skip
-        self.unavailable_receives = Counter(
-            "popmq_proxy_unavailable_receives",
-            "Receive calls that found every broker they could ask unavailable (down, or its "
-            "group without a leader) and waited for one instead of failing",
-            ["strategy"], registry=r,
-        )  # fmt: skip
-        self.false_empty_responses = Counter(
-            "popmq_proxy_false_empty_responses",
-            "Empty answers while some broker held a visible message for the group",
-            ["strategy"], registry=r,
-        )  # fmt: skip
-        self.messages_delivered = Counter(
-            "popmq_proxy_messages_delivered",
-            "Messages handed to clients by receive",
-            registry=r,
-        )
-        self.broker_rpcs = Counter(
-            "popmq_proxy_broker_rpcs", "Calls from the proxy to brokers by kind",
-            ["kind"], registry=r,
-        )  # fmt: skip
-        self.held_notifications = Gauge(
-            "popmq_proxy_held_notification_tasks",
-            "Notification tasks currently waiting on brokers", registry=r,
-        )  # fmt: skip
-        self.receive_latency = Histogram(
-            "popmq_proxy_receive_duration_seconds", "Time a receive call was held",
-            ["strategy", "result"], buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.adaptive_mode = Gauge(
-            "popmq_proxy_adaptive_mode",
-            "Strategy the adaptive long poll is using now (1 for the active one)",
-            ["mode"], registry=r,
-        )  # fmt: skip
-        self.pop_request_rate = Gauge(
-            "popmq_proxy_pop_request_rate",
-            "Pop requests per second over the adaptive window",
-            registry=r,
-        )
-        self.broker_rpc_errors = Counter(
-            "popmq_proxy_broker_rpc_errors", "Failed calls from the proxy to brokers",
-            ["kind", "code"], registry=r,
-        )  # fmt: skip
-        self.released_messages = Counter(
-            "popmq_proxy_released_messages",
-            "Popped messages a long poll could not deliver (client gone), by what release did",
-            ["outcome"], registry=r,
-        )  # fmt: skip
-        self.auto_renewals = Counter(
-            "popmq_proxy_auto_renewals",
-            "PushConsumer handle renewals by outcome (renewed, client_gone, max_time, "
-            "handle_gone, failed, gave_up)",
-            ["outcome"], registry=r,
-        )  # fmt: skip
-        self.renewing_handles = Gauge(
-            "popmq_proxy_renewing_handles",
-            "PushConsumer receipt handles this proxy is keeping invisible",
-            registry=r,
-        )  # fmt: skip
-        self.admission_refusals = Counter(
-            "popmq_proxy_admission_refusals",
-            "Requests refused by admission control, by reason (long-poll bounds, clients and "
-            "concurrent calls per access key: TOO_MANY_REQUESTS; batch, body or send size)",
-            ["reason"], registry=r,
-        )  # fmt: skip
-        for reason in ADMISSION_REASONS:  # exported at 0 from the start
-            self.admission_refusals.labels(reason)
-        self.transaction_checks_sent = Counter(
-            "popmq_proxy_transaction_checks",
-            "Check-backs of undecided transactional messages sent to producers over their "
-            "Telemetry streams (RecoverOrphanedTransactionCommand)", registry=r,
-        )  # fmt: skip
-        self.budget_refusals = Counter(
-            "popmq_proxy_memory_budget_refusals",
-            "Sends and receive answers refused with TOO_MANY_REQUESTS because the bytes in "
-            "flight were at proxy.max_inflight_bytes",
-            registry=r,
-        )  # fmt: skip
-        self.inflight_bytes = Gauge(
-            "popmq_proxy_inflight_bytes",
-            "Bytes of sends and receive answers in flight now (the memory budget's draw; at "
-            "most about proxy.max_inflight_bytes)", registry=r,
-        )  # fmt: skip
-        self.stalled_streams = Counter(
-            "popmq_proxy_stalled_streams",
-            "Receive and pull streams ended because their client read nothing for "
-            "proxy.write_stall_timeout_ms (their unsent messages released)",
-            ["method"], registry=r,
-        )  # fmt: skip
-        self.late_answers = Counter(
-            "popmq_proxy_late_receive_answers",
-            "Receive calls whose answer was finished after the client's deadline (should be 0; "
-            "grows when the proxy is overloaded)", registry=r,
-        )  # fmt: skip
-        self.loop_lag = Gauge(
-            "popmq_proxy_event_loop_lag_seconds",
-            "How late the proxy's event loop runs a timer (recent, decaying); admission sheds "
-            "long polls above proxy.max_loop_lag_ms", registry=r,
-        )  # fmt: skip
-        self.active_long_polls = Gauge(
-            "popmq_proxy_active_long_polls", "Receive calls held now (admission control)",
-            registry=r,
-        )  # fmt: skip
-        self.adaptive_switches = Counter(
-            "popmq_proxy_adaptive_switches", "Adaptive long-poll switches, by the mode entered",
-            ["mode"], registry=r,
-        )  # fmt: skip
+        self.instruments: dict[str, Any] = build_all(PROXY_METRICS, self.registry)
+        self._long_polls = self._children(LONG_POLLS)
+        self._first_pop_hits = self._children(FIRST_POP_HITS)
+        self._empty = self._children(EMPTY_RESPONSES)
+        self._unavailable = self._children(UNAVAILABLE_RECEIVES)
+        self._false_empty = self._children(FALSE_EMPTY_RESPONSES)
+        self._receive_duration = self._children(RECEIVE_DURATION)
+        self._delivered = self[MESSAGES_DELIVERED]
+        self._pop_with_notify = self[POP_WITH_NOTIFY]
+        self._released = self._children(RELEASED_MESSAGES)
+        self._broker_rpcs = self._children(BROKER_RPCS)
+        self._broker_rpc_errors = self._children(BROKER_RPC_ERRORS)
+        self._held_notifications = self[HELD_NOTIFICATIONS]
+        self._refusals = self._children(ADMISSION_REFUSALS)
+        self._renewals = self._children(AUTO_RENEWALS)
+        self._stalled = self._children(STALLED_STREAMS)
+        self._rpc_requests = self._children(RPC_REQUESTS)
         self.broker_links = _LinkCollector()
-        r.register(self.broker_links)
+        self.registry.register(self.broker_links)
         self.broker_request_links = _RequestLinkCollector()
-        r.register(self.broker_request_links)
+        self.registry.register(self.broker_request_links)
+
+    def __getitem__(self, declared: MetricSpec) -> Any:
+        """The prometheus_client metric built for ``declared``."""
+        return self.instruments[declared.name]
+
+    def _children(self, declared: MetricSpec) -> _Children:
+        return _Children(self[declared])
+
+    def exposition(self) -> str:
+        """The metrics in Prometheus' text format."""
+        return generate_latest(self.registry).decode()
+
+    # -- ProxyEvents (proxy/events.py) ----------------------------------------------------------
+    def receive_started(self, strategy: str) -> None:
+        self._long_polls[strategy].inc()
+
+    def receive_ended(self, strategy: str, result: str, seconds: float, delivered: int) -> None:
+        self._receive_duration[strategy, result].observe(seconds)
+        if delivered:
+            self._delivered.inc(delivered)
+        elif result == "empty":
+            self._empty[strategy].inc()
+
+    def receive_waited_unavailable(self, strategy: str) -> None:
+        self._unavailable[strategy].inc()
+
+    def first_pop_hit(self, strategy: str) -> None:
+        self._first_pop_hits[strategy].inc()
+
+    def went_past_first_pop(self) -> None:
+        self._pop_with_notify.inc()
+
+    def false_empty(self, strategy: str, count: int = 1) -> None:
+        self._false_empty[strategy].inc(count)
+
+    def released(self, outcome: str, count: int = 1) -> None:
+        self._released[outcome].inc(count)
+
+    def broker_call(self, kind: str) -> None:
+        self._broker_rpcs[kind].inc()
+
+    def broker_call_failed(self, kind: str, code: str) -> None:
+        self._broker_rpc_errors[kind, code].inc()
+
+    def notification_held(self, change: int) -> None:
+        self._held_notifications.inc(change)
+
+    def broker_up(self, broker: str, up: bool | None) -> None:
+        gauge = self[BROKER_UP]
+        if up is not None:
+            gauge.labels(broker).set(1 if up else 0)
+        else:  # a group no longer served: its series goes
+            with contextlib.suppress(KeyError):
+                gauge.remove(broker)
+
+    def adaptive_mode(self, mode: str, modes: tuple[str, ...]) -> None:
+        gauge = self[ADAPTIVE_MODE]
+        for each in modes:
+            gauge.labels(each).set(1 if each == mode else 0)
+
+    def adaptive_switched(self, mode: str) -> None:
+        self[ADAPTIVE_SWITCHES].labels(mode).inc()
+
+    def watch_pop_rate(self, per_second: Callable[[], float]) -> None:
+        self[POP_REQUEST_RATE].set_function(per_second)
+
+    def refused(self, reason: str) -> None:
+        self._refusals[reason].inc()
+
+    def active_long_polls(self, count: int) -> None:
+        self[ACTIVE_LONG_POLLS].set(count)
+
+    def loop_lag(self, seconds: float) -> None:
+        self[LOOP_LAG].set(seconds)
+
+    def budget_refused(self) -> None:
+        self[BUDGET_REFUSALS].inc()
+
+    def watch_inflight_bytes(self, held: Callable[[], float]) -> None:
+        self[INFLIGHT_BYTES].set_function(held)
+
+    def stream_stalled(self, method: str) -> None:
+        self._stalled[method].inc()
+
+    def late_answer(self) -> None:
+        self[LATE_ANSWERS].inc()
+
+    def rpc_refused(self, method: str, code: str) -> None:
+        """Counted, with no latency (nothing was served)."""
+        self._rpc_requests[method, code].inc()
+
+    def renewal(self, outcome: str) -> None:
+        self._renewals[outcome].inc()
+
+    def renewing_handles(self, count: int) -> None:
+        self[RENEWING_HANDLES].set(count)
 
     def transaction_checks(self, count: int) -> None:
         if count:
-            self.transaction_checks_sent.inc(count)
+            self[TRANSACTION_CHECKS].inc(count)
 
+    # -- the RPC seam (proxy/grpc/servicer.py) -------------------------------------------------
     def meter(self, method: str, now: Callable[[], float] = SYSTEM.monotonic) -> RpcMeter:
         """The one recorder of `method`'s RPC metrics (build it once, at start-up)."""
         return RpcMeter(self, method, now)
@@ -228,13 +355,8 @@ class ProxyMetrics:
         """rocketmq_rpc_latency for one client RPC."""
         self.rocketmq_rpc_child(method, code).observe(seconds * 1000)
 
-    def refused(self, method: str, code: str) -> None:
-        """A call refused before it reached its method (access, an undecodable body): counted,
-        with no latency (nothing was served)."""
-        self.rpc_requests.labels(method, code).inc()
-
     def rocketmq_rpc_child(self, method: str, code: str) -> Any:
-        return self._rocketmq_rpc.labels(*self._node, "grpc", method, code)
+        return self[ROCKETMQ_RPC_LATENCY].labels(*self._node, "grpc", method, code)
 
     def watch_links(self, ports: Sequence[Any]) -> None:
         """Report each broker link's losses and watches (``popmq proxy`` in front of remote
@@ -273,8 +395,8 @@ class RpcMeter:
         name = code if isinstance(code, str) else _CODE_NAMES.get(code) or str(code)
         metrics = self._metrics
         return (
-            metrics.rpc_requests.labels(self._method, name),
-            metrics.rpc_latency.labels(self._method),
+            metrics[RPC_REQUESTS].labels(self._method, name),
+            metrics[RPC_DURATION].labels(self._method),
             metrics.rocketmq_rpc_child(self._method, name),
         )
 

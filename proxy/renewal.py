@@ -22,7 +22,7 @@ import anyio
 from popmq.broker.contract.errors import Code
 from popmq.broker.contract.types import PoppedMessage
 from popmq.proxy.cluster import BrokerCluster
-from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.events import ProxyEvents
 from popmq.proxy.registry import ClientRegistry
 
 from popmq.clock import SYSTEM, Clock
@@ -65,7 +65,7 @@ class HandleRenewer:
         config: ProxyConfig,
         cluster: BrokerCluster,
         registry: ClientRegistry,
-        metrics: ProxyMetrics,
+        metrics: ProxyEvents,
         tasks: TaskOwner,
         *,
         clock: Clock = SYSTEM,
@@ -98,7 +98,7 @@ class HandleRenewer:
                 client_id, group, topic, message.receipt_handle, now, now + slice_s,
                 access_key=access_key,
             )  # fmt: skip
-        self.metrics.renewing_handles.set(len(self._held))
+        self.metrics.renewing_handles(len(self._held))
         if self._held and (self._loop_task is None or self._loop_task.done()):
             # Owned by the proxy's task owner: its aclose() ends the loop on shutdown.
             self._loop_task = self.tasks.spawn(self._run(), name="auto-renew")
@@ -106,7 +106,7 @@ class HandleRenewer:
     def forget(self, handles: Iterable[str]) -> None:
         for handle in handles:
             self._held.pop(handle, None)
-        self.metrics.renewing_handles.set(len(self._held))
+        self.metrics.renewing_handles(len(self._held))
 
     async def take(self, handle: str) -> str:
         """The client is done with this handle (ack, nack, DLQ): stop renewing it and return
@@ -114,7 +114,7 @@ class HandleRenewer:
         held = self._held.pop(handle, None)
         if held is None:
             return handle
-        self.metrics.renewing_handles.set(len(self._held))
+        self.metrics.renewing_handles(len(self._held))
         if held.renewing is not None:  # a renewal is changing the handle right now
             await asyncio.shield(held.renewing)
         return held.current
@@ -146,14 +146,14 @@ class HandleRenewer:
                 try:
                     await self._renew(handle, held)
                 except Exception as exc:  # one bad renewal must not stop the others
-                    self.metrics.auto_renewals.labels("failed").inc()
+                    self.metrics.renewal("failed")
                     log.warning("auto-renew of a %s handle failed: %r", held.group, exc)
 
         # Structured: this pass owns its renewals and ends with them.
         async with anyio.create_task_group() as group:
             for handle, held in due:
                 group.start_soon(one, handle, held)
-        self.metrics.renewing_handles.set(len(self._held))
+        self.metrics.renewing_handles(len(self._held))
 
     async def _renew(self, handle: str, held: _Held) -> None:
         config = self.config
@@ -165,7 +165,7 @@ class HandleRenewer:
         if self._clock.monotonic() - held.received_at >= config.renew_max_ms / 1000:
             # Held too long: stop; the message comes back when its current slice ends.
             self._held.pop(handle, None)
-            self.metrics.auto_renewals.labels("max_time").inc()
+            self.metrics.renewal("max_time")
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         held.renewing = done
@@ -184,7 +184,7 @@ class HandleRenewer:
                         "failures; it comes back when its invisible time ends",
                         held.group, held.topic, held.failures,
                     )  # fmt: skip
-                    self.metrics.auto_renewals.labels("gave_up").inc()
+                    self.metrics.renewal("gave_up")
         finally:
             held.renewing = None
             done.set_result(None)
@@ -192,23 +192,23 @@ class HandleRenewer:
     async def _change(self, held: _Held, invisible_ms: int, outcome: str) -> str | None:
         try:
             port = self.cluster.port_for_handle(held.current)
-            self.metrics.broker_rpcs.labels("change_invisible").inc()
+            self.metrics.broker_call("change_invisible")
             result = await port.change_invisible_time(
                 held.group, held.topic, held.current, invisible_ms
             )
         except PopmqError as exc:  # refused, or the broker unreachable: retried later
             if exc.code in _FINAL_CODES:
                 self._drop(held)
-                self.metrics.auto_renewals.labels("handle_gone").inc()
+                self.metrics.renewal("handle_gone")
             else:
-                self.metrics.auto_renewals.labels("failed").inc()
+                self.metrics.renewal("failed")
                 log.info("auto-renew of a %s handle failed: %s", held.group, exc.message)
             return None
         except (ConnectionError, TimeoutError, OSError) as exc:
-            self.metrics.auto_renewals.labels("failed").inc()
+            self.metrics.renewal("failed")
             log.info("auto-renew of a %s handle failed: %s", held.group, exc)
             return None
-        self.metrics.auto_renewals.labels(outcome).inc()
+        self.metrics.renewal(outcome)
         return result.receipt_handle
 
     def _drop(self, held: _Held) -> None:

@@ -127,7 +127,7 @@ async def serve_proxy(
                 group.start_soon(watch_brokers, proxy.brokers, metrics, proxy.broker_link)
             else:
                 for port in ports:
-                    metrics.broker_up.labels(port.name).set(1)
+                    metrics.broker_up(port.name, True)
             if http is not None:
                 url = f"http://{proxy.host}:{http.server_port}/metrics"
                 log.info("metrics on %s", url)
@@ -157,7 +157,7 @@ async def _follow_etcd_first(
             group, address, link=link, unreachable_code=Code.HA_NOT_AVAILABLE
         ),
         lambda: server.metrics.watch_links(cluster.ports),
-        lambda group, up: _broker_up(server.metrics, group, up),
+        server.metrics.broker_up,
     )
     with anyio.move_on_after(INITIAL_SYNC_S):
         try:
@@ -166,16 +166,6 @@ async def _follow_etcd_first(
             log.warning("etcd unreachable at start (following once it answers): %s",
                         exc.message)  # fmt: skip
     return follower
-
-
-def _broker_up(metrics: ProxyMetrics, group: str, up: bool | None) -> None:
-    """popmq_proxy_broker_up of a followed group: 1 with a leader, 0 without, gone when the
-    group is removed."""
-    if up is None:
-        with contextlib.suppress(KeyError):
-            metrics.broker_up.remove(group)
-    else:
-        metrics.broker_up.labels(group).set(1 if up else 0)
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import partial
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -113,7 +114,7 @@ class ProxyServer:
     ) -> None:
         # The composition root: the proxy's services, then the core over them.
         self.config = config
-        self.metrics = metrics = metrics or ProxyMetrics()
+        self.metrics = metrics = metrics or ProxyMetrics(cluster=config.proxy.cluster)
         self.cluster = BrokerCluster(
             ports,
             auto_create_topics=config.broker.topics.auto_create,
@@ -121,7 +122,7 @@ class ProxyServer:
         )
         metrics.watch_links(self.cluster.ports)
         self.strategy = strategy or make_strategy(config.proxy, metrics)
-        clients_refused = metrics.admission_refusals.labels("clients_per_access_key").inc
+        clients_refused = partial(metrics.refused, "clients_per_access_key")
         self.registry = ClientRegistry(
             max_per_access_key=config.proxy.max_clients_per_access_key, on_refused=clients_refused
         )
@@ -141,6 +142,7 @@ class ProxyServer:
             admission=self.admission,
             renewer=self.renewer,
             metrics=metrics,
+            metrics_text=metrics.exposition,
             address=self.proxy_address,
         )
         self._server: grpc.aio.Server | None = None
@@ -237,7 +239,7 @@ class ProxyServer:
 
     def _count_refused_body(self, method: str, code: str) -> None:
         """An undecodable (INVALID_ARGUMENT) or oversized (RESOURCE_EXHAUSTED) request."""
-        self.metrics.refused(method, code)
+        self.metrics.rpc_refused(method, code)
 
     async def __aenter__(self) -> ProxyServer:
         await self.start()  # returns once the server is bound and serving

@@ -35,7 +35,7 @@ from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import AckEntry, Message, PoppedMessage, PopRequest
 from popmq.config import BrokerConfig, ProxyConfig
 from popmq.proxy.longpoll import LongPollRequest, LongPollStrategy, make_strategy
-from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.metrics import BROKER_RPCS, ProxyMetrics
 
 TOPIC = "bench-longpoll"
 GROUP = "bench-longpoll-group"
@@ -151,7 +151,7 @@ async def _ack(
         entry = AckEntry(popped.receipt_handle, popped.message.message_id)
         per_broker.setdefault(popped.message.store_host, []).append(entry)
     for name, entries in per_broker.items():
-        metrics.broker_rpcs.labels("ack").inc()
+        metrics.broker_call("ack")
         await by_name[name].ack(GROUP, TOPIC, entries)
 
 
@@ -268,7 +268,7 @@ def _summarise(
     stalls = sorted(record.stalls_ms)
     label = name
     rpcs: dict[str, int] = {}
-    for sample in next(iter(metrics.broker_rpcs.collect())).samples:
+    for sample in next(iter(metrics[BROKER_RPCS].collect())).samples:
         if sample.name.endswith("_total"):
             rpcs[sample.labels["kind"]] = int(sample.value)
     delivered = len(record.received_ms)

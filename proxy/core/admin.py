@@ -41,9 +41,7 @@ from popmq.broker.contract.types import (
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core import validate
 from popmq.proxy.core.address import ProxyAddress
-from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.registry import ClientInfo, ClientRegistry
-from prometheus_client import generate_latest
 
 from popmq.clock import SYSTEM, Clock
 from popmq.config import parse_duration_ms
@@ -350,21 +348,19 @@ class Admin:
         self,
         cluster: BrokerCluster,
         registry: ClientRegistry,
-        metrics: ProxyMetrics,
+        metrics_text: Callable[[], str],
         address: ProxyAddress,
         bounds: ReadBounds | None = None,
         clock: Clock = SYSTEM,
+        cluster_name: str = "DefaultCluster",
     ) -> None:
         self.clock = clock  # born times of console sends, consumer lag
         self.cluster = cluster
         self.registry = registry
-        self.metrics = metrics
+        self.metrics_text = metrics_text  # the metrics, read (Prometheus' text format)
+        self.cluster_name = cluster_name
         self.address = address
         self.bounds = bounds or ReadBounds()
-
-    @property
-    def cluster_name(self) -> str:
-        return self.metrics.cluster
 
     @property
     def proxy(self) -> str:
@@ -573,7 +569,7 @@ class Admin:
 
     def stats_text(self) -> str:
         """The proxy's metrics in Prometheus' text format."""
-        return generate_latest(self.metrics.registry).decode()
+        return self.metrics_text()
 
     def change_log_level(self, level: str) -> str:
         """Set the level of popmq's loggers in this proxy process (RocketMQ's TRACE is DEBUG

@@ -7,6 +7,8 @@ proxy's services (cluster, long-poll strategy, registry, admission, renewer, met
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from popmq.proxy.admission import LongPollAdmission
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core.address import ProxyAddress
@@ -18,8 +20,8 @@ from popmq.proxy.core.receive import Receiver
 from popmq.proxy.core.routes import Routes
 from popmq.proxy.core.send import Sender
 from popmq.proxy.core.transactions import ProducerChannels, Transactions
+from popmq.proxy.events import ProxyEvents
 from popmq.proxy.longpoll.base import LongPollStrategy
-from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.registry import ClientRegistry
 from popmq.proxy.renewal import HandleRenewer
 
@@ -37,7 +39,8 @@ class ProxyCore:
         registry: ClientRegistry,
         admission: LongPollAdmission,
         renewer: HandleRenewer,
-        metrics: ProxyMetrics,
+        metrics: ProxyEvents,
+        metrics_text: Callable[[], str],
         address: ProxyAddress,
         clock: Clock = SYSTEM,
     ) -> None:
@@ -50,7 +53,9 @@ class ProxyCore:
         self.handles = Handles(proxy, cluster, renewer)
         self.offsets = Offsets(proxy, cluster)
         bounds = ReadBounds(proxy.admin_max_scan, proxy.admin_max_results, proxy.admin_scan_bytes)
-        self.admin = Admin(cluster, registry, metrics, address, bounds, clock)
+        self.admin = Admin(
+            cluster, registry, metrics_text, address, bounds, clock, cluster_name=proxy.cluster
+        )
         self.transactions = Transactions(
             cluster, ProducerChannels(), metrics, proxy.transaction_check_poll_ms
         )

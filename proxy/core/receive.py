@@ -29,9 +29,9 @@ from popmq.proxy.cluster import BrokerCluster, TopicRoute
 from popmq.proxy.core import validate
 from popmq.proxy.core.context import RequestContext
 from popmq.proxy.core.times import SecondsNanos, invisible_duration_ms, polling_duration_ms
+from popmq.proxy.events import ProxyEvents
 from popmq.proxy.longpoll.base import LongPollRequest, LongPollStrategy, is_broker_down
 from popmq.proxy.longpoll.calls import BACKOFF_MAX_S, BACKOFF_START_S, remaining_ms
-from popmq.proxy.metrics import ProxyMetrics
 from popmq.proxy.registry import ClientRegistry
 from popmq.proxy.renewal import HandleRenewer
 
@@ -137,7 +137,7 @@ class Receiver:
         admission: LongPollAdmission,
         registry: ClientRegistry,
         renewer: HandleRenewer,
-        metrics: ProxyMetrics,
+        metrics: ProxyEvents,
     ) -> None:
         self.config = config
         self.cluster = cluster
@@ -235,7 +235,7 @@ class Receiver:
                 if not is_broker_down(exc):
                     raise
                 if not waited:
-                    self.metrics.unavailable_receives.labels(self.strategy.name).inc()
+                    self.metrics.receive_waited_unavailable(self.strategy.name)
                     waited = True
             left = deadline - loop.time()
             if left <= 0:
@@ -271,7 +271,7 @@ class Receiver:
         (a push consumer that never saw it would never nack it: renewed, it could stay
         invisible for renew_max_ms), so the lease is at most the current slice."""
         self.renewer.forget([message.receipt_handle])
-        self.metrics.released_messages.labels("in_doubt").inc()
+        self.metrics.released("in_doubt")
 
     def release_unsent(self, plan: ReceivePlan, unsent: list[PoppedMessage]) -> None:
         """Messages popped for a client that vanished: make them visible again at once, in
@@ -287,7 +287,7 @@ class Receiver:
                 port = self.cluster.port_for_handle(message.receipt_handle)
             except RefusedError as exc:  # best effort: the invisible time is the safety net
                 log.info("could not release an undelivered message: %s", exc)
-                self.metrics.released_messages.labels("kept").inc()
+                self.metrics.released("kept")
                 continue
             by_port.setdefault(port, []).append(message)
         calls = self.strategy.calls

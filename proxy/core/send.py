@@ -28,7 +28,7 @@ from popmq.proxy.cluster import BrokerCluster, QueueRef, TopicRoute
 from popmq.proxy.core import validate
 from popmq.proxy.core.context import RequestContext
 from popmq.proxy.core.times import SecondsNanos, timestamp_ms
-from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.events import ProxyEvents
 
 from popmq.clock import SYSTEM, Clock
 from popmq.config import ProxyConfig
@@ -124,7 +124,7 @@ class Sender:
         self,
         config: ProxyConfig,
         cluster: BrokerCluster,
-        metrics: ProxyMetrics,
+        metrics: ProxyEvents,
         clock: Clock = SYSTEM,
     ) -> None:
         self.config = config

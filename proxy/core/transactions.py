@@ -22,7 +22,7 @@ from popmq.broker.contract.types import PROP_TX_TRACE, StoredMessage
 from popmq.broker.transaction_id import peek_transaction_broker
 from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core import validate
-from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.events import ProxyEvents
 
 from popmq.tracing import continue_from, link_to, tracer
 
@@ -74,7 +74,7 @@ class Transactions:
         self,
         cluster: BrokerCluster,
         channels: ProducerChannels,
-        metrics: ProxyMetrics,
+        metrics: ProxyEvents,
         poll_ms: int = 1_000,
     ) -> None:
         self.cluster = cluster

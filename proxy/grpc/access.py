@@ -41,7 +41,7 @@ from google.protobuf import message_factory
 from popmq.broker.wire.undecodable import Undecodable
 from popmq.proxy.core.caller import CALLER, Caller
 from popmq.proxy.grpc import status as st
-from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.metrics import ACCESS_REFUSALS, ACL_RELOAD_FAILURES, ProxyMetrics
 from prometheus_client import Counter
 
 from popmq.clock import SYSTEM, Clock
@@ -199,7 +199,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         key = user.access_key
         now = self.open_calls.get(key, 0)
         if now >= self._max_calls:
-            self._metrics.admission_refusals.labels("streams_per_access_key").inc()
+            self._metrics.refused("streams_per_access_key")
             raise AccessDenied(
                 Code.TOO_MANY_REQUESTS,
                 f"access key {key!r} has {self._max_calls} calls open on this proxy already "
@@ -280,7 +280,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
     ) -> pb.Status:
         method = path.rsplit("/", 1)[1]
         code_name = Code(exc.code).name
-        self._metrics.refused(method, code_name)
+        self._metrics.rpc_refused(method, code_name)
         self._refusals.labels(exc.reason).inc()
         credential = ""
         for name, value in context.invocation_metadata() or ():
@@ -499,24 +499,13 @@ def access_guard(
             "administer (local development only; give --acl FILE to turn it on)"
         )
         return None
-    failures = Counter(
-        "popmq_proxy_acl_reload_failures",
-        "Changes to the ACL file that did not parse (the previous ACL stayed in force)",
-        registry=metrics.registry,
-    )
+    failures = ACL_RELOAD_FAILURES.build(metrics.registry)
     acl = AclFile(config.acl, on_reload_failure=failures.inc)  # re-read when the file changes
     warn_if_exposed(config.acl, "ACL file")
     verifier = signature.SignatureVerifier(
         config.auth_clock_skew_ms / 1000, any_timezone=config.auth_any_timezone
     )
-    refusals = Counter(
-        "popmq_proxy_access_refusals",
-        "Calls refused by the access guard, by reason (unknown_key, bad_signature, clock_skew, "
-        "malformed, missing, forbidden); callers get one message for unknown_key and "
-        "bad_signature",
-        ["reason"],
-        registry=metrics.registry,
-    )
+    refusals = ACCESS_REFUSALS.build(metrics.registry)
     log.info("authentication on: %d users from %s", len(acl.acl.users), config.acl)
     return AccessGuard(
         Authenticator(acl, verifier),

@@ -103,11 +103,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self._budget = MemoryBudget(
             config.max_inflight_bytes,
             "this proxy",
-            self.metrics.budget_refusals.inc,
+            self.metrics.budget_refused,
             config.inflight_wait_ms,
         )
         budget = self._budget
-        self.metrics.inflight_bytes.set_function(lambda: budget.held)
+        self.metrics.watch_inflight_bytes(lambda: budget.held)
         self._telemetry_meter = self._meter("Telemetry")
         # The protocol's methods, each wrapped once by the seam that records its metrics
         # (instance attributes: grpc looks the handlers up on the servicer).
@@ -176,7 +176,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def _metered_stream(self, method: str, handler: StreamHandler) -> Handler:
         meter = self._meter(method)
         now = meter.now
-        stalled = self.metrics.stalled_streams
+        stalled = self.metrics.stream_stalled
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> None:
             started = now()
@@ -186,7 +186,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 # The client stopped reading (popmq.proxy.grpc.stall): counted, then ended as
                 # cancelled, the one way grpc.aio ends a call whose write is still queued (no
                 # status can pass it, and no traceback is logged for it).
-                stalled.labels(method).inc()
+                stalled(method)
                 meter.record("WRITE_STALLED", started)
                 raise asyncio.CancelledError from None
             except BaseException:
@@ -340,7 +340,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             receiver.leave(client, group)
             if ctx.past_deadline():
                 # Our answer left after the client's deadline: it saw DEADLINE_EXCEEDED.
-                self.metrics.late_answers.inc()
+                self.metrics.late_answer()
 
     async def _finish_receive(self, context: grpc.aio.ServicerContext, status: Any) -> None:
         try:

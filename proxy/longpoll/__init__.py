@@ -6,13 +6,13 @@
 
 from __future__ import annotations
 
+from popmq.proxy.events import ProxyEvents
 from popmq.proxy.longpoll.adaptive import AdaptiveStrategy
 from popmq.proxy.longpoll.base import LongPollRequest, LongPollStrategy
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.notify import NotifyStrategy
 from popmq.proxy.longpoll.pop import PopStrategy
 from popmq.proxy.longpoll.slices import SlicesStrategy
-from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.config import ProxyConfig
 
@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 
-def make_strategy(config: ProxyConfig, metrics: ProxyMetrics) -> LongPollStrategy:
+def make_strategy(config: ProxyConfig, metrics: ProxyEvents) -> LongPollStrategy:
     calls = BrokerCalls(metrics, fallback_invisible_ms=config.min_invisible_ms)
     probe = config.false_empty_probe
     if config.strategy == "pop":

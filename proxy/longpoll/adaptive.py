@@ -14,12 +14,12 @@ from typing import Any, Literal
 
 from popmq.broker.contract.port import ConsumePort
 from popmq.broker.contract.types import PoppedMessage
+from popmq.proxy.events import ProxyEvents
 from popmq.proxy.longpoll.base import LongPollRequest
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.notify import NotifyStrategy
 from popmq.proxy.longpoll.pop import PopStrategy
 from popmq.proxy.longpoll.rate import SlidingRate
-from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.clock import SYSTEM, Clock
 
@@ -32,7 +32,7 @@ class AdaptiveStrategy:
     def __init__(
         self,
         calls: BrokerCalls,
-        metrics: ProxyMetrics,
+        metrics: ProxyEvents,
         *,
         threshold_rps: float = 100.0,
         window_s: float = 10.0,
@@ -52,12 +52,11 @@ class AdaptiveStrategy:
             "pop": PopStrategy(calls, metrics, label=self.name, probe_false_empty=probe),
         }
         self.mode: Mode = "notify"
-        metrics.pop_request_rate.set_function(self.rate.per_second)
+        metrics.watch_pop_rate(self.rate.per_second)
         self._show_mode()
 
     def _show_mode(self) -> None:
-        for mode in ("notify", "pop"):
-            self.metrics.adaptive_mode.labels(mode).set(1 if mode == self.mode else 0)
+        self.metrics.adaptive_mode(self.mode, ("notify", "pop"))
 
     def decide(self) -> Mode:
         """Count one request and return the mode it runs in."""
@@ -71,7 +70,7 @@ class AdaptiveStrategy:
 
     def _switch(self, mode: Mode) -> None:
         self.mode = mode
-        self.metrics.adaptive_switches.labels(mode).inc()
+        self.metrics.adaptive_switched(mode)
         self._show_mode()
 
     def receive(

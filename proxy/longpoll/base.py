@@ -19,9 +19,9 @@ from typing import Any, Protocol, runtime_checkable
 import anyio
 from popmq.broker.contract.port import ConsumePort
 from popmq.broker.contract.types import PROP_TRACE_CONTEXT, PoppedMessage, PopRequest
+from popmq.proxy.events import ProxyEvents
 from popmq.proxy.longpoll.calls import BACKOFF_MAX_S, BACKOFF_START_S, BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
-from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.errors import Code, PopmqError, RefusedError, TransportError
 from popmq.lifecycle import AsyncClosing
@@ -157,7 +157,7 @@ class StrategyBase(AsyncClosing):
     def __init__(
         self,
         calls: BrokerCalls,
-        metrics: ProxyMetrics,
+        metrics: ProxyEvents,
         *,
         label: str | None = None,
         probe_false_empty: bool = True,
@@ -167,13 +167,6 @@ class StrategyBase(AsyncClosing):
         # The metric label: the configured strategy (adaptive labels its inner strategies
         # "adaptive" so dashboards follow the configuration, not the mode of the moment).
         self.label = label or self.name
-        # Labelled children looked up once: every receive counts in them (10,000 idle long
-        # polls are 500 receives a second).
-        self._long_polls = metrics.long_polls.labels(self.label)
-        self._empty = metrics.empty_responses.labels(self.label)
-        self._unavailable = metrics.unavailable_receives.labels(self.label)
-        self._latency = {result: metrics.receive_latency.labels(self.label, result)
-                         for result in ("found", "empty", "cancelled", "error")}  # fmt: skip
         self.probe_false_empty = probe_false_empty
         self.picker = BrokerPicker()
         # The deadlines of the receives holding now, so drain() can bring them forward.
@@ -224,7 +217,7 @@ class StrategyBase(AsyncClosing):
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + max(request.poll_ms, 0) / 1000
-        self._long_polls.inc()
+        self.metrics.receive_started(self.label)
         custody = Custody(lambda port, msgs: self.calls.release(port, request.pop, msgs))
         try:
             if request.poll_ms <= 0 or self.keeps_deadline:
@@ -243,16 +236,14 @@ class StrategyBase(AsyncClosing):
             # Client gone (cancelled) or a broker error: nothing popped may be lost.
             custody.abandon()
             result = "cancelled" if isinstance(exc, asyncio.CancelledError) else "error"
-            self._latency[result].observe(loop.time() - started)
+            self.metrics.receive_ended(self.label, result, loop.time() - started, 0)
             raise
         messages = custody.hand_over()
         elapsed = loop.time() - started
         if messages:
-            self.metrics.messages_delivered.inc(len(messages))
-            self._latency["found"].observe(elapsed)
+            self.metrics.receive_ended(self.label, "found", elapsed, len(messages))
         else:
-            self._empty.inc()
-            self._latency["empty"].observe(elapsed)
+            self.metrics.receive_ended(self.label, "empty", elapsed, 0)
             if self.probe_false_empty and not self.draining:
                 targets = self._probe_targets(brokers, request.pop)
                 self.calls.probe_false_empty(targets, request.pop, self.label)
@@ -290,7 +281,7 @@ class StrategyBase(AsyncClosing):
                 if custody.count:
                     return  # popped before the error: hand those over
                 if not counted:
-                    self._unavailable.inc()
+                    self.metrics.receive_waited_unavailable(self.label)
                     counted = True
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0 or request.poll_ms <= 0:

@@ -24,8 +24,8 @@ from popmq.broker.contract.types import (
     PopResult,
     PopStatus,
 )
+from popmq.proxy.events import ProxyEvents
 from popmq.proxy.longpoll.custody import Custody
-from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.clock import SYSTEM, Clock
 from popmq.errors import PopmqError
@@ -72,7 +72,7 @@ class _Probe:
 
 class BrokerCalls(AsyncClosing):
     def __init__(
-        self, metrics: ProxyMetrics, *, fallback_invisible_ms: int = 10_000, clock: Clock = SYSTEM
+        self, metrics: ProxyEvents, *, fallback_invisible_ms: int = 10_000, clock: Clock = SYSTEM
     ) -> None:
         self.metrics = metrics
         self._clock = clock  # invisible-time arithmetic and probe sharing (virtual in tests)
@@ -92,7 +92,7 @@ class BrokerCalls(AsyncClosing):
         The pop runs in its own task, which fills custody: if the caller is cancelled just
         as the answer arrives, the messages are still found and released.
         """
-        self.metrics.broker_rpcs.labels("pop").inc()
+        self.metrics.broker_call("pop")
         attributes: dict[str, str | int] = {
             "popmq.broker": port.name,
             "popmq.poll_ms": request.poll_time_ms,
@@ -143,8 +143,8 @@ class BrokerCalls(AsyncClosing):
     # -- notification --------------------------------------------------------------------------
     async def notify(self, port: ConsumePort, request: NotifyRequest, kind: str = "notify") -> bool:
         """One notification call: True when the broker has a visible message for the group."""
-        self.metrics.broker_rpcs.labels(kind).inc()
-        self.metrics.held_notifications.inc()
+        self.metrics.broker_call(kind)
+        self.metrics.notification_held(1)
         attributes: dict[str, str | int] = {
             "popmq.broker": port.name,
             "popmq.poll_ms": request.poll_time_ms,
@@ -153,7 +153,7 @@ class BrokerCalls(AsyncClosing):
             with start_span(f"popmq.broker.{kind}", attributes):
                 result: NotifyResult = await port.notify(request)
         finally:
-            self.metrics.held_notifications.dec()
+            self.metrics.notification_held(-1)
         if self._failing:
             self._answered(port)
         if result.polling_full:
@@ -193,7 +193,7 @@ class BrokerCalls(AsyncClosing):
         before, or failed with another code): a leader change or an outage makes thousands
         of failed calls, and the metric counts them all."""
         code = exc.code.name if isinstance(exc, PopmqError) else type(exc).__name__
-        self.metrics.broker_rpc_errors.labels(kind, code).inc()
+        self.metrics.broker_call_failed(kind, code)
         if self._failing.get(port.name) != code:
             self._failing[port.name] = code
             log.warning(
@@ -223,24 +223,24 @@ class BrokerCalls(AsyncClosing):
         'gone' for those no longer pending: acked, expired or changed meanwhile). A broker
         without hand-back gets a change of invisible time to 0 per message, as before (which
         it counts as a failed delivery)."""
-        released = self.metrics.released_messages
+        released = self.metrics.released
         handles = [popped.receipt_handle for popped in messages]
         try:
-            self.metrics.broker_rpcs.labels("hand_back").inc()
+            self.metrics.broker_call("hand_back")
             count = await port.hand_back(pop.group, pop.topic, handles)
         except PopmqError as exc:
             if exc.code is not Code.NOT_IMPLEMENTED:
                 log.warning("could not release %d message(s) on %s: %s",
                             len(messages), port.name, exc)  # fmt: skip
-                released.labels("kept").inc(len(messages))
+                released("kept", len(messages))
                 return
         else:
-            released.labels("handed_back").inc(count)
+            released("handed_back", count)
             if count < len(messages):
-                released.labels("gone").inc(len(messages) - count)
+                released("gone", len(messages) - count)
             return
         for popped in messages:  # an older broker
-            released.labels(await self._release_one(port, pop, popped)).inc()
+            released(await self._release_one(port, pop, popped))
 
     async def _release_one(self, port: ConsumePort, pop: PopRequest, popped: PoppedMessage) -> str:
         """Without hand-back: 'visible_now' (through the retry topic, one delivery attempt
@@ -248,7 +248,7 @@ class BrokerCalls(AsyncClosing):
         at its original invisible time, as it would without a release)."""
         handle = popped.receipt_handle
         try:
-            self.metrics.broker_rpcs.labels("change_invisible").inc()
+            self.metrics.broker_call("change_invisible")
             await port.change_invisible_time(pop.group, pop.topic, handle, 0)
             return "visible_now"
         except PopmqError as exc:
@@ -259,7 +259,7 @@ class BrokerCalls(AsyncClosing):
         if left_ms <= self.fallback_invisible_ms:
             return "kept"
         try:
-            self.metrics.broker_rpcs.labels("change_invisible").inc()
+            self.metrics.broker_call("change_invisible")
             fallback = self.fallback_invisible_ms
             await port.change_invisible_time(pop.group, pop.topic, handle, fallback)
             return "shortened"
@@ -286,7 +286,7 @@ class BrokerCalls(AsyncClosing):
             if probe.found is None:
                 probe.waiting += 1
             elif probe.found:
-                self.metrics.false_empty_responses.labels(label).inc()
+                self.metrics.false_empty(label)
             return
         probe = self._probes[key] = _Probe(started=now, label=label)
         self._spawn(self._probe(probe, list(brokers), pop), "false-empty-probe")
@@ -307,7 +307,7 @@ class BrokerCalls(AsyncClosing):
             )
             probe.found = any(answer is True for answer in answers)
             if probe.found:
-                self.metrics.false_empty_responses.labels(probe.label).inc(probe.waiting)
+                self.metrics.false_empty(probe.label, probe.waiting)
         finally:
             if probe.found is None:
                 probe.found = False

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable, Coroutine, Iterable
+from functools import partial
 from typing import Any
 
 from popmq.broker.contract.port import ConsumePort
@@ -209,12 +210,12 @@ class _Channel:
                 await asyncio.sleep(pause)
             if self.watch is not None:
                 # Armed watch: wait for the broker's event (or a lost link); costs no calls.
-                held = self.hub.calls.metrics.held_notifications
-                held.inc()
+                held = self.hub.calls.metrics.notification_held
+                held(1)
                 try:
                     await self.watch.wait()
                 finally:
-                    held.dec()
+                    held(-1)
                 found = True
             else:
                 # Held until the latest subscriber's deadline; the last one to leave cancels it.
@@ -238,7 +239,7 @@ class NotificationHub(AsyncClosing):
     def __init__(self, calls: BrokerCalls, watches: WatchRegistry | None = None) -> None:
         self.calls = calls
         self.watches = watches or WatchRegistry(
-            on_arm=calls.metrics.broker_rpcs.labels("watch_arm").inc
+            on_arm=partial(calls.metrics.broker_call, "watch_arm")
         )
         self._channels: dict[ChannelKey, _Channel] = {}
         # The held notifications; closing cancels them at once (grace 0: they only wait).

@@ -32,6 +32,7 @@ from dataclasses import replace
 import anyio
 from popmq.broker.contract.port import ConsumePort
 from popmq.broker.contract.types import PopRequest
+from popmq.proxy.events import ProxyEvents
 from popmq.proxy.longpoll.base import (
     LongPollRequest,
     PortsMoved,
@@ -42,7 +43,6 @@ from popmq.proxy.longpoll.base import (
 from popmq.proxy.longpoll.calls import BrokerCalls, remaining_ms
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.longpoll.hub import NotificationHub, Subscription
-from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.tracing import start_span
 
@@ -99,7 +99,7 @@ class NotifyStrategy(StrategyBase):
     def __init__(
         self,
         calls: BrokerCalls,
-        metrics: ProxyMetrics,
+        metrics: ProxyEvents,
         *,
         label: str | None = None,
         probe_false_empty: bool = True,
@@ -142,13 +142,13 @@ class NotifyStrategy(StrategyBase):
                     if result.rest_num == 0:
                         watches.popped_empty(first, request.pop)  # re-arm: the broker tells us
                     if custody.count:
-                        self.metrics.first_pop_hits.labels(self.label).inc()
+                        self.metrics.first_pop_hit(self.label)
                         return
         if remaining_ms(deadline) == 0 or self.draining:
             return
         # 2. Notifications from every broker (shared through the hub); consume tasks as
         # they report.
-        self.metrics.pop_with_notify.inc()
+        self.metrics.went_past_first_pop()
         with start_span("popmq.long_poll.notify_wait"):
             await self._notify_wait(brokers, request, deadline, custody)
 

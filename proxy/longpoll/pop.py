@@ -43,4 +43,4 @@ class PopStrategy(StrategyBase):
                 if turn == len(brokers) - 1:
                     raise
         if custody.count:
-            self.metrics.first_pop_hits.labels(self.label).inc()
+            self.metrics.first_pop_hit(self.label)

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from popmq.broker.contract.port import ConsumePort
+from popmq.proxy.events import ProxyEvents
 from popmq.proxy.longpoll.base import LongPollRequest, StrategyBase, is_broker_down
 from popmq.proxy.longpoll.calls import BrokerCalls, remaining_ms
 from popmq.proxy.longpoll.custody import Custody
-from popmq.proxy.metrics import ProxyMetrics
 
 
 class SlicesStrategy(StrategyBase):
@@ -25,7 +25,7 @@ class SlicesStrategy(StrategyBase):
     def __init__(
         self,
         calls: BrokerCalls,
-        metrics: ProxyMetrics,
+        metrics: ProxyEvents,
         *,
         quota: int = 8,
         slice_ms: int = 500,
@@ -73,4 +73,4 @@ class SlicesStrategy(StrategyBase):
                 break
             turn += 1
         if custody.count and turn == 0:
-            self.metrics.first_pop_hits.labels(self.label).inc()
+            self.metrics.first_pop_hit(self.label)

@@ -24,7 +24,7 @@ from popmq.clock import LoopClock
 pytestmark = pytest.mark.looptime
 
 GROUP, TOPIC = "g", "t"
-INVISIBLE_MS = 30_000
+INVISIBLE_MS = 8_000
 
 
 async def test_a_promotion_between_the_dlq_copy_and_the_settlement_duplicates_not_loses(

@@ -28,7 +28,7 @@ from popmq.broker.core import Broker
 from popmq.broker.local import LocalBrokerPort
 from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.proxy.longpoll.calls import BrokerCalls
-from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.metrics import RELEASED_MESSAGES, ProxyMetrics
 
 from popmq.clock import LoopClock
 
@@ -51,7 +51,7 @@ async def _release(port: LocalBrokerPort, popped: list[PoppedMessage]) -> ProxyM
 
 
 def _released(metrics: ProxyMetrics, outcome: str) -> float:
-    return metrics.released_messages.labels(outcome)._value.get()
+    return metrics[RELEASED_MESSAGES].labels(outcome)._value.get()
 
 
 async def _dlq(broker: Broker) -> list[object]:

@@ -37,7 +37,7 @@ def _labels() -> dict[str, set[str]]:
     metrics = ProxyMetrics()
     return {
         collector._name: set(collector._labelnames)  # prometheus_client keeps them here
-        for collector in vars(metrics).values()
+        for collector in [*vars(metrics).values(), *metrics.instruments.values()]
         if hasattr(collector, "_labelnames")
     }
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from popmq.broker.contract.errors import Code
 from popmq.proxy.grpc.access import access_guard
-from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.metrics import RPC_REQUESTS, ProxyMetrics
 from proxy_support import Cluster, eventually, message, unique
 
 from popmq.config import ProxyConfig
@@ -206,7 +206,7 @@ async def test_unsigned_and_wrongly_signed_calls_are_unauthorized(guarded: Clust
     answer = await call.read()
     assert answer.status.code == Code.UNAUTHORIZED
     call.cancel()
-    metric = guarded.server.metrics.rpc_requests.labels("QueryRoute", "UNAUTHORIZED")
+    metric = guarded.server.metrics[RPC_REQUESTS].labels("QueryRoute", "UNAUTHORIZED")
     assert metric._value.get() >= 3
 
 

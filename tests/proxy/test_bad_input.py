@@ -12,6 +12,7 @@ import pytest
 from popmq.broker.contract.errors import Code
 from popmq.broker.pop.handle import HandleCodec, peek_broker_name
 from popmq.broker.pop.handle_keys import HandleKeyring, keyring_path
+from popmq.proxy.metrics import RELEASED_MESSAGES
 from proxy_support import Cluster, message, unique
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -336,7 +337,7 @@ async def test_undelivered_messages_are_released_quickly(cluster: Cluster) -> No
         _, got, _ = await cluster.receive(group, topic, poll_ms=1_000)
     assert [m.body for m in got] == [b"orphan"]
     assert time.monotonic() - started < 3  # well before the 60 s invisible time
-    released = cluster.server.metrics.released_messages.labels("handed_back")._value.get()
+    released = cluster.server.metrics[RELEASED_MESSAGES].labels("handed_back")._value.get()
     assert released >= 1
 
 

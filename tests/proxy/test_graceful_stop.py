@@ -12,6 +12,7 @@ import pytest
 from popmq.broker.contract.types import Message, PopRequest
 from popmq.broker.local import LocalBrokerPort
 from popmq.proxy.longpoll import LongPollRequest
+from popmq.proxy.metrics import BROKER_RPCS
 from proxy_support import Cluster, eventually, unique
 
 NOT_FOUND = 40401
@@ -63,7 +64,7 @@ async def test_a_receive_arriving_while_draining_is_answered_empty_without_broke
     await cluster.send(topic, b"waiting")
     strategy = cluster.server.strategy
     strategy.drain()
-    calls = cluster.server.metrics.broker_rpcs
+    calls = cluster.server.metrics[BROKER_RPCS]
     before = {kind: calls.labels(kind)._value.get() for kind in ("pop", "notify")}
     ports = [LocalBrokerPort(b) for b in cluster.brokers]
     request = LongPollRequest(PopRequest(group, topic, invisible_time_ms=60_000), poll_ms=5_000)

@@ -20,6 +20,7 @@ from popmq.broker.contract.types import AckEntry, Message, PopRequest
 from popmq.broker.local import LocalBrokerPort
 from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.proxy.grpc.servicer import MessagingServicer
+from popmq.proxy.metrics import RELEASED_MESSAGES
 from popmq.proxy.server import ProxyServer
 from proxy_support import StubContext, make_config
 
@@ -101,8 +102,8 @@ async def test_the_message_being_written_when_the_stream_failed_counts_as_delive
         later = (await port.pop(_pop(poll_ms=INVISIBLE_MS + 5_000))).messages
         got = sorted((m.message.body, m.delivery_attempt) for m in later)
         assert got == [(b"m0", 2), (b"m1", 2)]
-        assert server.metrics.released_messages.labels("in_doubt")._value.get() == 1
-        assert server.metrics.released_messages.labels("handed_back")._value.get() == 1
+        assert server.metrics[RELEASED_MESSAGES].labels("in_doubt")._value.get() == 1
+        assert server.metrics[RELEASED_MESSAGES].labels("handed_back")._value.get() == 1
 
 
 async def test_the_client_can_ack_the_message_whose_write_was_in_doubt(tmp_path: Path) -> None:
@@ -129,7 +130,7 @@ async def test_the_client_can_ack_the_message_whose_write_was_in_doubt(tmp_path:
         assert result.code == 20000, result.message
         await asyncio.sleep(INVISIBLE_MS / 1000 + 5)
         assert (await port.pop(_pop())).messages == []  # never delivered twice
-        in_doubt = server.metrics.released_messages.labels("in_doubt")._value.get()
+        in_doubt = server.metrics[RELEASED_MESSAGES].labels("in_doubt")._value.get()
         assert in_doubt == 1
 
 

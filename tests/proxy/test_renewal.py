@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import ChangeInvisibleResult
-from popmq.proxy.metrics import ProxyMetrics
+from popmq.proxy.metrics import AUTO_RENEWALS, ProxyMetrics
 from popmq.proxy.registry import ClientRegistry
 from popmq.proxy.renewal import RELEASE_INVISIBLE_MS, HandleRenewer
 
@@ -58,7 +58,7 @@ def _renewer(services: Any) -> HandleRenewer:
 
 
 def _metric(services: Any, outcome: str) -> float:
-    return services.metrics.auto_renewals.labels(outcome)._value.get()
+    return services.metrics[AUTO_RENEWALS].labels(outcome)._value.get()
 
 
 async def test_an_ack_during_a_renewal_gets_the_renewed_handle() -> None:
