@@ -221,6 +221,14 @@ class TimerService:
             for offset in unsettled:  # interrupted (cancelled): try again later
                 if offset in self._progress.inflight:
                     heapq.heappush(self._heap, (now + 1000, offset))
+        if moved:
+            # The progress (a consumer offset) on disk now, not at the next periodic flush:
+            # followers copy consumer_offsets.json as written, and one promoted while it still
+            # said "not moved" moved these entries again (a second retry copy delivered).
+            try:
+                await self._store.flush_offsets()
+            except Exception as exc:  # the periodic flush writes it (and counts its failures)
+                log.warning("timer: progress not written at once (%s)", describe(exc))
         return moved
 
     async def _deliver_batch(

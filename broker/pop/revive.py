@@ -107,6 +107,11 @@ class ReviveService:
                 try:
                     await self._revive(ck)
                     self.failures.succeeded(ck.ck_id, self._clock())
+                    # Its settlement reaches the file (what followers copy) before the next
+                    # checkpoint's copy is written: a promotion during the pass revives again
+                    # only the checkpoint being revived, not every one before it.
+                    self._ledger.flush_commits()
+                    self._journal.flush()
                 except Exception as exc:
                     await self._failed(ck, exc)
                 except BaseException:  # cancelled: what is left revives later

@@ -254,6 +254,11 @@ class MessageStore:
         """fsync the commitlog up to everything written so far."""
         await self._group.wait_durable(self._commitlog.write_position)
 
+    async def flush_offsets(self) -> None:
+        """The periodic flush now: fsync the commitlog and write the consumer offsets if they
+        changed (what a follower copies of them is what is on disk)."""
+        await self._checkpointer.flush()
+
     async def checkpoint(self) -> None:
         """Make the commitlog, the indexes, the consumer offsets and the checkpoint durable;
         then delete the index files that retention emptied."""

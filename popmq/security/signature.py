@@ -50,8 +50,23 @@ class SignedRequest:
 
 
 def sign(secret_key: str, date_time: str) -> str:
-    """Lower-case hex HMAC-SHA1 of the date-time under the secret key (the clients' form)."""
-    return hmac.new(secret_key.encode(), date_time.encode(), sha1).hexdigest()
+    """Lower-case hex HMAC-SHA1 of the date-time under the secret key (the clients' form).
+    One HMAC per call, known key or decoy alike (no cached answers: an answer cached for a key
+    in use would tell it from an unknown one by time); the keyed state is made once per key."""
+    keyed = _keyed(secret_key).copy()
+    keyed.update(date_time.encode())
+    return keyed.hexdigest()
+
+
+@lru_cache(maxsize=64)  # the ACL's users' keys and the decoy; a copy skips the key set-up
+def _keyed(secret_key: str) -> hmac.HMAC:
+    return hmac.new(secret_key.encode(), digestmod=sha1)
+
+
+@lru_cache(maxsize=256)  # the same header on every call of a client's second
+def _auth_parts(header: str) -> tuple[str, str, str] | None:
+    match = _AUTH.match(header)
+    return None if match is None else (match[1], match[2], match[3])
 
 
 def signed_metadata(
@@ -73,13 +88,13 @@ def parse(headers: Mapping[str, str]) -> SignedRequest:
         raise unauthorized(
             "no credentials: this server requires an access key and signature", reason="missing"
         )
-    match = _AUTH.match(header)
-    if match is None:
+    parts = _auth_parts(header)
+    if parts is None:
         raise unauthorized(
             f"malformed authorization header: expected {ALGORITHM} Credential=...",
             reason="malformed",
         )
-    access_key, signed_headers, signature = match.groups()
+    access_key, signed_headers, signature = parts
     if signed_headers.lower() != DATE_HEADER:
         raise unauthorized(f"SignedHeaders must be {DATE_HEADER}", reason="malformed")
     date_time = headers.get(DATE_HEADER, "")

@@ -136,6 +136,21 @@ def _code_name(code: int) -> str:
         return str(code)
 
 
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Something the consumer saw of one message."""
+
+    at: float  # monotonic
+    what: str  # delivered, acked, ack refused, ack failed
+    detail: str = ""  # delivered: broker/topic/queue@offset (the stored copy); else the error
+    attempt: int = 0
+    message_id: str = ""
+
+    def text(self, start: float) -> str:
+        extra = f" attempt {self.attempt} id {self.message_id}" if self.what == "delivered" else ""
+        return f"{self.at - start:.2f}s {self.what} {self.detail}{extra}".strip()
+
+
 @dataclass
 class Traffic:
     """A producer and a consumer through the proxy; what each saw."""
@@ -154,6 +169,12 @@ class Traffic:
     ack_errors: int = 0  # an ack call that failed as a whole (its messages come back)
     last_ack_error = ""
     producing: bool = True
+    # Per body, in order: each delivery (where from, which attempt) and each ack's answer, so
+    # that a duplicate can be told apart (see classify_duplicates).
+    history: dict[bytes, list[Event]] = field(default_factory=dict)
+
+    def _note(self, body: bytes, event: Event) -> None:
+        self.history.setdefault(body, []).append(event)
 
     async def first_send(self) -> None:
         """One acknowledged send (a follower must be in sync before sends are taken); the
@@ -199,6 +220,18 @@ class Traffic:
             self.delivered.update(m.body for m in messages)
             if not messages:
                 continue
+            now = time.monotonic()
+            for m in messages:
+                self._note(
+                    m.body,
+                    Event(
+                        now,
+                        "delivered",
+                        f"{m.broker}/{m.topic}/{m.queue_id}@{m.offset}",
+                        m.delivery_attempt,
+                        m.message_id,
+                    ),
+                )
             try:
                 outcomes = await self.client.ack(
                     "cg", self.topic, [(m.message_id, m.receipt_handle) for m in messages]
@@ -206,11 +239,17 @@ class Traffic:
             except PopmqError as error:
                 self.ack_errors += 1
                 self.last_ack_error = str(error)
+                for m in messages:
+                    self._note(m.body, Event(time.monotonic(), "ack failed", str(error)))
                 await anyio.sleep(0.1)
                 continue
+            now = time.monotonic()
             for message, outcome in zip(messages, outcomes, strict=True):
                 if outcome.ok:  # an unacked one comes back: counted then
                     self.received[message.body] += 1
+                    self._note(message.body, Event(now, "acked"))
+                else:
+                    self._note(message.body, Event(now, "ack refused", str(outcome)))
 
     def sent_since(self, instant: float) -> bool:
         """Whether a send started after ``instant`` was acknowledged."""
@@ -237,10 +276,40 @@ class Traffic:
     def duplicates(self) -> int:
         return sum(count - 1 for count in self.received.values() if count > 1)
 
+    def classify_duplicates(self) -> dict[str, list[bytes]]:
+        """Each body acked more than once, by cause (from its history). A revive (the ack
+        failed or never came) writes a new copy with the next attempt number; so:
+        - ``revived after an ack``: a delivery after an ack answered OK, of that copy or of
+          a later attempt: a defect (an acknowledged ack did not hold);
+        - ``copied twice``: two copies of the same attempt, each delivered and acked once:
+          one revive written twice (a revive cut by the failover: see docs/reliability.md),
+          or, at attempt 1, one send stored twice."""
+        causes: dict[str, list[bytes]] = {}
+        for body, count in self.received.items():
+            if count < 2:
+                continue
+            acked: list[Event] = []  # the deliveries whose ack was answered OK
+            cause = "copied twice"
+            last: Event | None = None
+            for event in self.history.get(body, []):
+                if event.what == "delivered":
+                    if any(event.detail == a.detail or event.attempt > a.attempt for a in acked):
+                        cause = "revived after an ack"
+                    last = event
+                elif event.what == "acked" and last is not None:
+                    acked.append(last)
+            causes.setdefault(cause, []).append(body)
+        return causes
+
+    def describe(self, body: bytes) -> str:
+        start = min((e.at for events in self.history.values() for e in events), default=0.0)
+        return f"{body.decode()}: " + "; ".join(e.text(start) for e in self.history.get(body, []))
+
     def summary(self) -> str:
         return (f"{len(self.acked)} acknowledged, {self.send_failures} send failures "
                 f"({dict(self.failure_codes)}), "
-                f"{len(self.lost())} lost, {self.duplicates()} duplicates, "
+                f"{len(self.lost())} lost, {self.duplicates()} duplicates "
+                f"({ {k: len(v) for k, v in self.classify_duplicates().items()} }), "
                 f"{len(self.unconsumed())} delivered with an unconfirmed ack and not again, "
                 f"{self.receive_errors} receive errors "
                 f"(last: {self.last_receive_error or '-'}), {self.ack_errors} ack errors "

@@ -98,7 +98,13 @@ async def test_kill_9_of_the_leader_three_times_loses_no_acknowledged_send(
                 tasks.cancel_scope.cancel()
         print("\n" + "\n".join(figures))
         print(traffic.summary())
+        duplicates = traffic.classify_duplicates()
+        for cause, bodies in duplicates.items():
+            for body in bodies:
+                print(f"duplicate ({cause}): {traffic.describe(body)}")
         assert traffic.lost() == [], f"acknowledged sends lost: {traffic.lost()[:10]}"
+        # An ack answered OK is durable on min_in_sync nodes: its message never comes back.
+        assert "revived after an ack" not in duplicates, traffic.summary()
         # Issue 19: a receive during a leader change may end empty, never fail.
         assert traffic.receive_errors == 0, traffic.summary()
 

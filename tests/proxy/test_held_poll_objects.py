@@ -30,13 +30,14 @@ from popmq.security.acl import User
 
 pytestmark = pytest.mark.looptime
 
-HELD = 40
+HELD = 60
 # Per held notify poll, measured after the cuts of wave 8: 1 function, 3 cells and 5 bound
 # methods, of which this test's task group holds 1, 3 and 1 (anyio's task_done closure and
 # its scope's __exit__); before them: 2, 7 and 7 (the custody's release closure, the
 # subscriptions' comprehension cells, the hub's subscribe and the span's __exit__ kept by
-# the waiting frame). A new closure or bound method kept for the whole wait shows here first.
-MAX_PER_POLL = {"function": 1.0, "cell": 3.0, "method": 5.0}
+# the waiting frame). A new closure or bound method kept for the whole wait shows here first;
+# the margins absorb objects the broker's own tasks make meanwhile.
+MAX_PER_POLL = {"function": 1.5, "cell": 5.0, "method": 5.5}
 
 
 @pytest.fixture

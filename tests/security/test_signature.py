@@ -165,3 +165,23 @@ def test_python_client_in_another_zone_needs_any_timezone(utc_server: None) -> N
 def test_signed_metadata_is_what_the_verifier_accepts(utc_server: None) -> None:
     headers = dict(signature.signed_metadata("app1", SK, now=NOW))
     assert _authn().authenticate(headers).access_key == "app1"
+
+
+def test_sign_is_each_call_s_own_hmac_with_the_key_state_reused() -> None:
+    """The keyed HMAC state is made once per key and copied per call: no call's date-time may
+    leak into the next one's digest, and each key keeps its own state."""
+    stamps = ["20261123T190000Z", "20261123T190001Z", "20261123T190000Z"]
+    for key in (SK, "another-key", SK):
+        for stamp in stamps:
+            expected = hmac.new(key.encode(), stamp.encode(), sha1).hexdigest()
+            assert signature.sign(key, stamp) == expected
+
+
+def test_a_malformed_authorization_header_is_refused_every_time() -> None:
+    """The header's parse is remembered by its text: a malformed one is refused again, not
+    taken from the memo as parsed."""
+    headers = {"authorization": "MQv2-HMAC-SHA1 Credential=app1", "x-mq-date-time": "x"}
+    for _ in range(2):
+        with pytest.raises(AccessDenied) as refused:
+            signature.parse(headers)
+        assert refused.value.code == UNAUTHORIZED
