@@ -77,7 +77,7 @@ async def test_a_held_notify_poll_keeps_no_closure_of_its_own(
 ) -> None:
     # Untraced, as `bench idle` runs (no exporter), whatever another test installed before.
     monkeypatch.setattr(longpoll_base, "tracing_on", lambda: False)
-    monkeypatch.setattr(longpoll_notify, "tracing_on", lambda: False)
+    monkeypatch.setattr(longpoll_notify, "tracing_on", lambda: False, raising=False)
     server, servicer = served
     request = _request()
 
