@@ -448,10 +448,21 @@ def _unread_refusal(guard: AccessGuard, path: str, exc: AccessDenied) -> grpc.Rp
     return grpc.stream_unary_rpc_method_handler(unary, response_serializer=_serialize)
 
 
+# The caller of the last call by each access key: a held long poll keeps its Caller (and its
+# bound can_publish) for the whole poll, so 10,000 polls of one key share one. Keyed by access
+# key and checked by identity, so an ACL reload (new User objects) makes a new one.
+_CALLERS: dict[str, Caller] = {}
+
+
 def _caller(user: User) -> Caller:
     """What the core may know of the caller: its key, and that lookups by someone who
     may not publish on a topic never auto-create it (RocketMQ creates topics on send)."""
-    return Caller(access_key=user.access_key, may_create_topic=user.can_publish, user=user)
+    cached = _CALLERS.get(user.access_key)
+    if cached is not None and cached.user is user:
+        return cached
+    caller = Caller(access_key=user.access_key, may_create_topic=user.can_publish, user=user)
+    _CALLERS[user.access_key] = caller  # one per access key of the ACL: bounded
+    return caller
 
 
 def _rebuild(make: Any, behavior: Any, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:

@@ -3,6 +3,8 @@ the core's RequestContext."""
 
 from __future__ import annotations
 
+import sys
+
 import grpc
 from popmq.proxy.core.caller import CALLER
 from popmq.proxy.core.context import RequestContext
@@ -31,14 +33,18 @@ def request_context(
     if headers is None:
         headers = text_headers(context)
     remaining = context.time_remaining()
+    # A client sends the same id, language, version, protocol and namespace on every call,
+    # and a held long poll keeps its context for the whole poll: one shared string each
+    # instead of a copy per held poll (interned strings are freed with their last user).
+    intern = sys.intern
     return RequestContext(
-        client_id=headers.get("x-mq-client-id", ""),
-        language=headers.get("x-mq-language", ""),
-        client_version=headers.get("x-mq-client-version", ""),
-        protocol=headers.get("x-mq-protocol", ""),
-        namespace=headers.get("x-mq-namespace", ""),
+        client_id=intern(headers.get("x-mq-client-id", "")),
+        language=intern(headers.get("x-mq-language", "")),
+        client_version=intern(headers.get("x-mq-client-version", "")),
+        protocol=intern(headers.get("x-mq-protocol", "")),
+        namespace=intern(headers.get("x-mq-namespace", "")),
         request_id=headers.get("x-mq-request-id", ""),
-        peer=context.peer() or "",
+        peer=intern(context.peer() or ""),
         deadline=None if remaining is None else clock.monotonic() + remaining,
         caller=CALLER.get(),
         clock=clock,

@@ -218,7 +218,7 @@ class StrategyBase(AsyncClosing):
         started = loop.time()
         deadline = started + max(request.poll_ms, 0) / 1000
         self.metrics.receive_started(self.label)
-        custody = Custody(lambda port, msgs: self.calls.release(port, request.pop, msgs))
+        custody = Custody(self.calls.release, request.pop)
         try:
             if request.poll_ms <= 0 or self.keeps_deadline:
                 await self._poll_through_outages(brokers, request, deadline, custody)

@@ -44,7 +44,7 @@ from popmq.proxy.longpoll.calls import BrokerCalls, remaining_ms
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.longpoll.hub import NotificationHub, Subscription
 
-from popmq.tracing import start_span
+from popmq.tracing import start_span, tracing_on
 
 
 class _LongPoll:
@@ -149,6 +149,9 @@ class NotifyStrategy(StrategyBase):
         # 2. Notifications from every broker (shared through the hub); consume tasks as
         # they report.
         self.metrics.went_past_first_pop()
+        if not tracing_on():  # no span's context manager kept by each idle poll's frame
+            await self._notify_wait(brokers, request, deadline, custody)
+            return
         with start_span("popmq.long_poll.notify_wait"):
             await self._notify_wait(brokers, request, deadline, custody)
 
@@ -161,8 +164,11 @@ class NotifyStrategy(StrategyBase):
     ) -> None:
         poll = _LongPoll()
         on_signal = poll.on_signal  # one bound method for every subscription, not one each
-        subscribe = self.hub.subscribe
-        subs = [subscribe(port, request.pop, deadline, on_signal) for port in brokers]
+        # A loop, not a comprehension: a comprehension's free names (request, deadline, ...)
+        # become cells this frame keeps for the whole wait, four objects per idle poll.
+        subs: list[Subscription] = []
+        for port in brokers:
+            subs.append(self.hub.subscribe(port, request.pop, deadline, on_signal))
         source = request.source
         if source is not None:  # a new leader's port: the old one's watch would never report
             source.listen_changes(poll.on_ports_changed, on=True)

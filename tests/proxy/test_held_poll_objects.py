@@ -1,0 +1,119 @@
+"""What a held long poll keeps: `bench idle` holds 10,000 of them, so every object one keeps
+for its whole wait is memory of the proxy's (issue 18; docs/benchmarks.md, "Idle proxy, wave
+8"). Virtual time, in process."""
+
+from __future__ import annotations
+
+import gc
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from popmq.broker.contract.types import Message
+from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config, running_broker
+from popmq.proxy.grpc import access
+from popmq.proxy.grpc.headers import request_context
+from popmq.proxy.grpc.servicer import MessagingServicer
+from popmq.proxy.longpoll import base as longpoll_base
+from popmq.proxy.longpoll import notify as longpoll_notify
+from popmq.proxy.server import ProxyServer
+from proxy_support import StubContext, make_config
+
+from popmq.clock import LoopClock
+from popmq.pb.rocketmq.v2 import definition_pb2 as pb
+from popmq.pb.rocketmq.v2 import service_pb2 as s
+from popmq.security.acl import User
+
+pytestmark = pytest.mark.looptime
+
+HELD = 60
+# Per held notify poll, measured after the cuts of wave 8: 1 function, 3 cells and 5 bound
+# methods, of which this test's task group holds 1, 3 and 1 (anyio's task_done closure and
+# its scope's __exit__); before them: 2, 7 and 7 (the custody's release closure, the
+# subscriptions' comprehension cells, the hub's subscribe and the span's __exit__ kept by
+# the waiting frame). A new closure or bound method kept for the whole wait shows here first;
+# the margins absorb objects the broker's own tasks make meanwhile.
+MAX_PER_POLL = {"function": 1.5, "cell": 5.0, "method": 5.5}
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[ProxyServer, MessagingServicer]]:
+    config = make_config(tmp_path, **{"proxy.strategy": "notify"})
+    async with running_broker(fast_broker_config(tmp_path / "b"), LoopClock()) as broker:
+        port = LocalBrokerPort(broker)
+        await port.send([Message("t", b"m")], 0)  # the topic exists; its tag matches nothing
+        server = ProxyServer(config, [port])
+        try:
+            yield server, MessagingServicer(server.core, server.metrics, config.proxy)
+        finally:
+            await server.tasks.aclose()
+            await server.strategy.aclose()
+            await server.cluster.aclose()
+
+
+def _request() -> s.ReceiveMessageRequest:
+    queue = pb.MessageQueue(topic=pb.Resource(name="t"), id=0)
+    expression = pb.FilterExpression(type=pb.TAG, expression="nothing-has-this-tag")
+    request = s.ReceiveMessageRequest(
+        group=pb.Resource(name="g"), message_queue=queue, filter_expression=expression,
+        batch_size=8,
+    )  # fmt: skip
+    request.invisible_duration.FromMilliseconds(30_000)
+    request.long_polling_timeout.FromMilliseconds(20_000)
+    return request
+
+
+def _kinds() -> Counter[str]:
+    gc.collect()
+    return Counter(type(o).__name__ for o in gc.get_objects())
+
+
+async def test_a_held_notify_poll_keeps_no_closure_of_its_own(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Untraced, as `bench idle` runs (no exporter), whatever another test installed before.
+    monkeypatch.setattr(longpoll_base, "tracing_on", lambda: False)
+    monkeypatch.setattr(longpoll_notify, "tracing_on", lambda: False, raising=False)
+    server, servicer = served
+    request = _request()
+
+    async def hold(n: int) -> Counter[str]:
+        async with anyio.create_task_group() as tasks:
+            for _ in range(n):
+                tasks.start_soon(servicer.ReceiveMessage, request, StubContext())
+            await anyio.sleep(2)  # every poll is held: nothing matches
+            assert server.core.receiver.admission.active == n
+            kinds = _kinds()
+            tasks.cancel_scope.cancel()
+        return kinds
+
+    await hold(2)  # warm up: caches, the hub's channel, first-use imports
+    base = await hold(2)
+    held = await hold(2 + HELD)
+    per_poll = {kind: (held[kind] - base[kind]) / HELD for kind in MAX_PER_POLL}
+    assert all(per_poll[k] <= MAX_PER_POLL[k] for k in MAX_PER_POLL), per_poll
+    assert server.core.receiver.admission.active == 0
+
+
+def test_calls_of_one_user_share_one_caller_until_the_acl_changes() -> None:
+    user = User(access_key="ak-held", secret_key="sk")
+    first = access._caller(user)
+    assert access._caller(user) is first
+    reloaded = User(access_key="ak-held", secret_key="sk2")  # an ACL reload makes new users
+    again = access._caller(reloaded)
+    assert again is not first and again.user is reloaded
+
+
+class _Headers(StubContext):
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        # Made at run time, as grpc makes them per call (literals would be shared anyway).
+        return tuple((k, "".join(["c", v])) for k, v in (("x-mq-client-id", "@1"),))
+
+
+def test_request_contexts_of_one_client_share_their_header_strings() -> None:
+    one, two = request_context(_Headers()), request_context(_Headers())  # type: ignore[arg-type]
+    assert one.client_id == "c@1" and one.client_id is two.client_id
