@@ -8,9 +8,12 @@ a time) and a consumer (POP on each queue, then ack) run through the proxy throu
 round waits until the in-sync set holds all three nodes, kills the leader with SIGKILL, and
 measures **elected** (until etcd names another leader) and **recovered** (until a send started
 after the kill is acknowledged: the group serves again through the proxy); the killed node is
-then restarted on its data directory (it rejoins as a follower). At the end the consumer
-drains: **lost** counts acknowledged sends never delivered, **duplicates** messages consumed
-twice.
+then restarted on its data directory (it rejoins as a follower). A watch on the group's keys
+splits each recovery into phases (``phases``): **expired** (the dead leader's key deleted: its
+lease ran out), **elected** (the new leader key written), **in_sync** (the new leader's in-sync
+set holds a follower again: with ``--min-in-sync 2`` sends wait for it) and **served**. At
+the end the consumer drains: **lost** counts acknowledged sends never delivered,
+**duplicates** messages consumed twice.
 """
 
 from __future__ import annotations
@@ -110,6 +113,42 @@ def _node(root: Path, name: str, etcd: str, lease_ttl_s: int) -> _Child:
             "--set", "broker.topics.queue_count=2",
             "--set", f"broker.pop.min_invisible_ms={INVISIBLE_MS}"]  # fmt: skip
     return _Child(args, root / f"{name}.log")
+
+
+@dataclass
+class _GroupEvents:
+    """The group's key changes as this process saw them through an etcd watch (monotonic time
+    of arrival): where a recovery's seconds went."""
+
+    seen: list[tuple[float, str, str, dict[str, Any]]] = field(default_factory=list)
+
+    async def watch(self, store: EtcdStore) -> None:
+        keys = GroupKeys("/popmq/", GROUP)
+        names = {keys.leader: "leader", keys.in_sync: "in_sync"}
+        while True:
+            with contextlib.suppress(PopmqError):
+                _, revision = await store.get_prefix(keys.root)
+                async for event in store.watch_prefix(keys.root, revision + 1):
+                    if (name := names.get(event.kv.key)) is not None:
+                        value = decode(event.kv.value) if event.kind == "put" else {}
+                        self.seen.append((time.monotonic(), event.kind, name, value))
+            await anyio.sleep(0.05)
+
+    def phases(self, killed_at: float, leader: str, served_at: float) -> dict[str, float | None]:
+        """Seconds from the kill to each phase (None: not seen)."""
+        expired = elected = in_sync = None
+        for at, kind, name, value in self.seen:
+            if at < killed_at:
+                continue
+            if name == "leader" and kind == "delete" and expired is None:
+                expired = at
+            elif name == "leader" and kind == "put" and value.get("name") != leader:
+                elected = elected or at
+            elif name == "in_sync" and elected and len(value.get("members", [])) >= 2:
+                in_sync = in_sync or at
+        return {phase: None if at is None else round(at - killed_at, 2)
+                for phase, at in (("expired", expired), ("elected", elected),
+                                  ("in_sync", in_sync), ("served", served_at))}  # fmt: skip
 
 
 @dataclass
@@ -233,6 +272,7 @@ async def bench_failover(kills: int = 3, lease_ttl_s: int = 2, keep_logs: str | 
                     AsyncClient(proxy, timeout_s=10) as client:  # fmt: skip
                 store = EtcdStore([etcd_url])
                 traffic = _Traffic(client)
+                events = _GroupEvents()
                 try:
                     progress.phase("start")
                     await _poll(store, lambda leader, in_sync: len(in_sync) == 3)
@@ -246,12 +286,14 @@ async def bench_failover(kills: int = 3, lease_ttl_s: int = 2, keep_logs: str | 
                     queues = await client.query_route(TOPIC)
                     progress.phase("kills (acknowledged sends)")
                     async with anyio.create_task_group() as tasks:
+                        tasks.start_soon(events.watch, store)
                         tasks.start_soon(traffic.produce)
                         for queue in queues:
                             tasks.start_soon(traffic.consume, queue)
                         for index in range(kills):
                             last = index == kills - 1  # the killed node stays down
-                            rounds.append(await _kill_round(index + 1, nodes, store, traffic,
+                            rounds.append(await _kill_round(index + 1, nodes, store,
+                                                            traffic, events,
                                                             restart=not last))  # fmt: skip
                         traffic.producing = False
                         progress.phase("drain")
@@ -287,7 +329,8 @@ async def bench_failover(kills: int = 3, lease_ttl_s: int = 2, keep_logs: str | 
 
 
 async def _kill_round(number: int, nodes: dict[str, _Child], store: EtcdStore,
-                      traffic: _Traffic, *, restart: bool) -> dict[str, Any]:  # fmt: skip
+                      traffic: _Traffic, events: _GroupEvents, *,
+                      restart: bool) -> dict[str, Any]:  # fmt: skip
     leader = await _poll(store, lambda leader, in_sync: bool(leader) and len(in_sync) == 3)
     await anyio.sleep(0.5)  # some traffic on the full group first
     killed_at = time.monotonic()
@@ -299,10 +342,17 @@ async def _kill_round(number: int, nodes: dict[str, _Child], store: EtcdStore,
     served_at = traffic.served_since(killed_at)
     assert served_at is not None
     recovered_s = served_at - killed_at
+    await anyio.sleep(0.1)  # the watch's last events (the in-sync set came before the send)
+    phases = events.phases(killed_at, leader, served_at)
     if restart:
         await nodes[leader].start()  # back on its data directory, as a follower
     return {"kill": number, "leader": leader, "successor": successor,
-            "elected_s": round(elected_s, 2), "recovered_s": round(recovered_s, 2)}  # fmt: skip
+            "elected_s": round(elected_s, 2), "recovered_s": round(recovered_s, 2),
+            "phases": phases}  # fmt: skip
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -311,12 +361,15 @@ def format_table(result: dict[str, Any]) -> str:
         f"{p['kills']} leader kills (SIGKILL), {p['nodes']} nodes, --replication "
         f"{p['replication']} --min-in-sync {p['min_in_sync']}, lease TTL {p['lease_ttl_s']} s"
     )
-    rows = [["kill", "leader", "successor", "elected s", "recovered s"]]
+    rows = [["kill", "leader", "successor", "lease expired s", "elected s", "follower in sync s",
+             "recovered s"]]  # fmt: skip
     for r in result["kills"]:
-        rows.append([str(r["kill"]), r["leader"], r["successor"], f"{r['elected_s']:.2f}",
+        phases = r.get("phases", {})
+        rows.append([str(r["kill"]), r["leader"], r["successor"], _seconds(phases.get("expired")),
+                     f"{r['elected_s']:.2f}", _seconds(phases.get("in_sync")),
                      f"{r['recovered_s']:.2f}"])  # fmt: skip
-    rows.append(["median", "", "", "", f"{result['recovered_median_s']}"])
-    rows.append(["max", "", "", "", f"{result['recovered_max_s']}"])
+    rows.append(["median", "", "", "", "", "", f"{result['recovered_median_s']}"])
+    rows.append(["max", "", "", "", "", "", f"{result['recovered_max_s']}"])
     tail = (f"{result['acknowledged']} acknowledged, {result['send_failures']} send failures, "
             f"{result['lost']} lost, {result['duplicates']} duplicates, "
             f"{result['unconsumed_after_drain']} not consumed after the drain, "

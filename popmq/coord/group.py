@@ -240,10 +240,7 @@ class GroupMember:
                 if not self._lease:
                     await self._register()
                 await anyio.sleep(settings.lease_ttl_s / 3)
-                sent = anyio.current_time()
-                ttl = await self.store.keepalive(self._lease)
-                self._lease_deadline = sent + ttl
-                self._unfence()
+                await self._renew()
                 if warned:
                     log.info("%s reaches etcd again", settings.name)
                     warned = False
@@ -258,6 +255,13 @@ class GroupMember:
                 if not self.may_write():
                     self._fence("its lease deadline passed without a keepalive")
                 await anyio.sleep(settings.retry_s)
+
+    async def _renew(self) -> None:
+        """One keepalive: the deadline moves to when it was *sent* plus the TTL etcd grants."""
+        sent = anyio.current_time()
+        ttl = await self.store.keepalive(self._lease)
+        self._lease_deadline = max(self._lease_deadline, sent + ttl)
+        self._unfence()
 
     async def _fence_on_deadline(self) -> None:
         """Mark the fence when the lease deadline passes (may_write() already refuses from
@@ -378,6 +382,12 @@ class GroupMember:
         if result.succeeded:
             self.elections_won += 1
             self._in_sync = [name]
+            # Renew before the broker hears of it: its promotion (opening the store, on this
+            # loop) then starts with a whole TTL, not what was left of the last keepalive's
+            # (as little as 2/3 of it; a loaded host's promotion outlasted that, fenced the
+            # new leader and cost a second election).
+            with contextlib.suppress(CoordUnavailableError):  # the keepalive task retries
+                await self._renew()
             self._publish(GroupRole(result.revision, name, self.settings.address, True))
         else:
             self._wake.set()  # lost the race: read who won

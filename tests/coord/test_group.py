@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import pytest
 from support.etcd import EtcdCluster
 
@@ -167,3 +168,38 @@ async def test_an_unclean_election_never_elects_an_emptied_node(etcd: EtcdCluste
             assert member is not None and decode(member.value)["data"] is True
     finally:
         await store.aclose()
+
+
+async def test_a_new_leader_renews_its_lease_before_it_says_it_leads(etcd: EtcdCluster) -> None:
+    """The broker opens its store when the node says it leads; a keepalive first gives that
+    promotion a whole TTL. It used to inherit what was left since the last periodic one (down
+    to 2/3 of the TTL), and a promotion slower than that on a loaded host fenced the new
+    leader and cost a second election."""
+    ttl = 9  # n1's keepalives come every 3 s: none falls between its start and its election
+    store = EtcdStore(etcd.endpoints, timeout_s=0.5)
+    settings = MemberSettings("g", "n1", "127.0.0.1:101", lease_ttl_s=ttl, poll_interval_s=0.3,
+                              retry_s=0.2, unclean_election=True)  # fmt: skip
+    remaining_at_win: list[float] = []
+    try:
+        leave = anyio.Event()
+
+        async def n0_leads_until_told(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            async with node(etcd, "n0") as n0:
+                await until(n0, lambda r: r.is_leader, 5)
+                task_status.started()
+                await leave.wait()  # then n0 leaves, revoking its lease: its key goes
+
+        async with anyio.create_task_group() as tasks:
+            await tasks.start(n0_leads_until_told)
+            async with join_group(store, settings) as n1:
+                await until(n1, lambda r: r.leader_name == "n0", 10)
+                n1.on_change(lambda role: remaining_at_win.append(n1.lease_remaining_s()))
+                await anyio.sleep(2)  # into n1's lease; its next keepalive is a second away
+                leave.set()  # n1 (unclean: not in the in-sync set) takes over
+                await until(n1, lambda r: r.is_leader, 5)
+                assert n1.may_write()
+    finally:
+        await store.aclose()
+    # A keepalive sent after winning: the deadline is a whole TTL ahead, not the TTL minus
+    # the 2 s slept and the election's time.
+    assert remaining_at_win and remaining_at_win[0] > ttl - 0.8
