@@ -283,18 +283,28 @@ class Traffic:
           a later attempt: a defect (an acknowledged ack did not hold);
         - ``copied twice``: two copies of the same attempt, each delivered and acked once:
           one revive written twice (a revive cut by the failover: see docs/reliability.md),
-          or, at attempt 1, one send stored twice."""
+          or, at attempt 1, one send stored twice.
+        A later attempt is blamed on an acked copy only when no copy of a lower attempt was
+        left un-acked: a send stored twice, one copy acked and the other's ack lost, comes
+        back as the other's retry (copied twice, not an ack that did not hold)."""
         causes: dict[str, list[bytes]] = {}
         for body, count in self.received.items():
             if count < 2:
                 continue
             acked: list[Event] = []  # the deliveries whose ack was answered OK
+            seen: list[Event] = []  # every delivery so far
             cause = "copied twice"
             last: Event | None = None
             for event in self.history.get(body, []):
                 if event.what == "delivered":
-                    if any(event.detail == a.detail or event.attempt > a.attempt for a in acked):
+                    unacked = [d for d in seen if not any(d is a for a in acked)]
+                    revivable = any(d.attempt < event.attempt for d in unacked)
+                    if any(
+                        event.detail == a.detail or (event.attempt > a.attempt and not revivable)
+                        for a in acked
+                    ):
                         cause = "revived after an ack"
+                    seen.append(event)
                     last = event
                 elif event.what == "acked" and last is not None:
                     acked.append(last)
