@@ -8,6 +8,7 @@ before the table (name, type, label names, help): dashboards and alerts read the
 from __future__ import annotations
 
 from popmq.broker.metrics import BROKER_METRICS, BrokerMetrics
+from support.metric_families import families
 
 FAMILIES = [
     (
@@ -154,12 +155,7 @@ FAMILIES = [
 
 
 def _families(metrics: BrokerMetrics) -> list[tuple[str, str, tuple[str, ...], str]]:
-    rows = []
-    for collector in metrics.registry._collector_to_names:
-        labels = tuple(getattr(collector, "_labelnames", ()))
-        families = collector.describe() if hasattr(collector, "describe") else collector.collect()
-        rows += [(fam.name, fam.type, labels, fam.documentation) for fam in families]
-    return sorted(rows)
+    return families(metrics.registry)
 
 
 def test_every_family_keeps_its_name_type_labels_and_help() -> None:

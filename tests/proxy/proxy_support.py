@@ -4,15 +4,22 @@ brokers) with a raw apache.rocketmq.v2 stub to drive it exactly as a client woul
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
+from popmq.broker.contract.types import Message
 from popmq.broker.core import Broker
+from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config, running_broker
+from popmq.proxy.grpc.servicer import MessagingServicer
 from popmq.proxy.server import ProxyServer
 
+from popmq.clock import LoopClock
 from popmq.config import PopmqConfig, load_config
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
@@ -211,3 +218,22 @@ async def eventually(predicate: Any, within_s: float = 5.0, interval: float = 0.
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def served_servicer(
+    tmp_path: Path, strategy: str
+) -> AsyncIterator[tuple[ProxyServer, MessagingServicer]]:
+    """A ProxyServer over one in-process broker (topic ``t`` holds one message) and its
+    MessagingServicer, called in process; closed in order on the way out."""
+    config = make_config(tmp_path, **{"proxy.strategy": strategy})
+    async with running_broker(fast_broker_config(tmp_path / "b"), LoopClock()) as broker:
+        port = LocalBrokerPort(broker)
+        await port.send([Message("t", b"m")], 0)
+        server = ProxyServer(config, [port])
+        try:
+            yield server, MessagingServicer(server.core, server.metrics, config.proxy)
+        finally:
+            await server.tasks.aclose()
+            await server.strategy.aclose()
+            await server.cluster.aclose()

@@ -12,18 +12,14 @@ from typing import Any
 
 import anyio
 import pytest
-from popmq.broker.contract.types import Message
-from popmq.broker.local import LocalBrokerPort
-from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.proxy.grpc import access
 from popmq.proxy.grpc.headers import request_context
 from popmq.proxy.grpc.servicer import MessagingServicer
 from popmq.proxy.longpoll import base as longpoll_base
 from popmq.proxy.longpoll import notify as longpoll_notify
 from popmq.proxy.server import ProxyServer
-from proxy_support import StubContext, make_config
+from proxy_support import StubContext, served_servicer
 
-from popmq.clock import LoopClock
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.security.acl import User
@@ -42,17 +38,8 @@ MAX_PER_POLL = {"function": 1.5, "cell": 5.0, "method": 5.5}
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[ProxyServer, MessagingServicer]]:
-    config = make_config(tmp_path, **{"proxy.strategy": "notify"})
-    async with running_broker(fast_broker_config(tmp_path / "b"), LoopClock()) as broker:
-        port = LocalBrokerPort(broker)
-        await port.send([Message("t", b"m")], 0)  # the topic exists; its tag matches nothing
-        server = ProxyServer(config, [port])
-        try:
-            yield server, MessagingServicer(server.core, server.metrics, config.proxy)
-        finally:
-            await server.tasks.aclose()
-            await server.strategy.aclose()
-            await server.cluster.aclose()
+    async with served_servicer(tmp_path, "notify") as served:  # its tag matches nothing
+        yield served
 
 
 def _request() -> s.ReceiveMessageRequest:

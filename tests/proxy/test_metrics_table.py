@@ -17,6 +17,7 @@ from popmq.proxy.metrics import (
     RPC_METRICS,
     ProxyMetrics,
 )
+from support.metric_families import families
 
 FAMILIES = [
     ("popmq_proxy_active_long_polls", "gauge", (), "Receive calls held now (admission control)"),
@@ -195,12 +196,7 @@ FAMILIES = [
 
 
 def _families(metrics: ProxyMetrics) -> list[tuple[str, str, tuple[str, ...], str]]:
-    rows = []
-    for collector in metrics.registry._collector_to_names:
-        labels = tuple(getattr(collector, "_labelnames", ()))
-        families = collector.describe() if hasattr(collector, "describe") else collector.collect()
-        rows += [(fam.name, fam.type, labels, fam.documentation) for fam in families]
-    return sorted(rows)
+    return families(metrics.registry)
 
 
 def test_every_family_keeps_its_name_type_labels_and_help() -> None:

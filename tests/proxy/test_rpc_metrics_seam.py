@@ -18,7 +18,7 @@ from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.proxy.grpc.servicer import MessagingServicer
 from popmq.proxy.metrics import RPC_METRICS, ProxyMetrics
 from popmq.proxy.server import ProxyServer
-from proxy_support import StubContext, make_config
+from proxy_support import StubContext, make_config, served_servicer
 
 from popmq.clock import LoopClock
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -46,17 +46,8 @@ def _counts(metrics: ProxyMetrics, method: str) -> dict[str, float]:
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[ProxyServer, MessagingServicer]]:
-    config = make_config(tmp_path, **{"proxy.strategy": "pop"})
-    async with running_broker(fast_broker_config(tmp_path / "b"), LoopClock()) as broker:
-        port = LocalBrokerPort(broker)
-        await port.send([Message("t", b"m")], 0)
-        server = ProxyServer(config, [port])
-        try:
-            yield server, MessagingServicer(server.core, server.metrics, config.proxy)
-        finally:
-            await server.tasks.aclose()
-            await server.strategy.aclose()
-            await server.cluster.aclose()
+    async with served_servicer(tmp_path, "pop") as served:
+        yield served
 
 
 def test_the_rpc_metrics_are_declared_with_their_stable_names() -> None:
