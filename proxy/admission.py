@@ -55,6 +55,9 @@ class LongPollAdmission(AsyncClosing):
         self._group_limit = config.max_long_polls_per_group
         self._metrics = metrics
         self._total = 0
+        # Read at scrape time: a gauge set at every enter and leave was two locked updates a
+        # receive.
+        metrics.watch_active_long_polls(lambda: self._total)
         self._clients: Counter[str] = Counter()
         self._groups: Counter[str] = Counter()
         self._max_lag_ms = config.max_loop_lag_ms
@@ -113,7 +116,6 @@ class LongPollAdmission(AsyncClosing):
         self._total += 1
         self._clients[client] += 1
         self._groups[group] += 1
-        self._metrics.active_long_polls(self._total)
 
     def leave(self, client: str, group: str) -> None:
         self._total -= 1
@@ -121,7 +123,6 @@ class LongPollAdmission(AsyncClosing):
             counts[key] -= 1
             if counts[key] <= 0:
                 del counts[key]  # thousands of one-off groups must not stay in memory
-        self._metrics.active_long_polls(self._total)
 
     def _refuse(self, reason: str, why: str) -> None:
         self._metrics.refused(reason)

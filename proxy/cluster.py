@@ -230,6 +230,10 @@ class BrokerCluster(AsyncClosing):
         return frozenset(self._draining)
 
     # -- topics ------------------------------------------------------------------------------
+    def cached_route(self, topic: str) -> TopicRoute | None:
+        """The topic's route if it is cached (what ``route`` answers without asking anyone)."""
+        return self._routes.get(topic)
+
     async def route(self, topic: str, *, create: bool | None = None) -> TopicRoute:
         """Which brokers serve a topic, with their queue counts. TOPIC_NOT_FOUND if none."""
         cached = self._routes.get(topic)

@@ -61,7 +61,8 @@ class ProxyEvents(Protocol):
     def refused(self, reason: str) -> None:
         """Admission control refused a request (an ADMISSION_REASONS reason)."""
 
-    def active_long_polls(self, count: int) -> None: ...
+    def watch_active_long_polls(self, held: Callable[[], float]) -> None:
+        """Receives held now, read when the metrics are read (not set per receive)."""
 
     def loop_lag(self, seconds: float) -> None: ...
 

@@ -314,8 +314,8 @@ class ProxyMetrics:
     def refused(self, reason: str) -> None:
         self._refusals[reason].inc()
 
-    def active_long_polls(self, count: int) -> None:
-        self[ACTIVE_LONG_POLLS].set(count)
+    def watch_active_long_polls(self, held: Callable[[], float]) -> None:
+        self[ACTIVE_LONG_POLLS].set_function(held)
 
     def loop_lag(self, seconds: float) -> None:
         self[LOOP_LAG].set(seconds)

@@ -228,7 +228,11 @@ class Receiver:
         waited = False
         while True:
             try:
-                route = await self.cluster.route(topic, create=ctx.create_topic(topic))
+                # Whether the caller may create the topic is asked only when the route is
+                # not cached: an ACL lookup per receive otherwise (about 5% of its CPU).
+                route = self.cluster.cached_route(topic) or await self.cluster.route(
+                    topic, create=ctx.create_topic(topic)
+                )
                 config = await self.cluster.group(group)
                 return route, config, (remaining_ms(deadline) if waited else poll_ms)
             except Exception as exc:

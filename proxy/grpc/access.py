@@ -41,6 +41,7 @@ from google.protobuf import message_factory
 from popmq.broker.wire.undecodable import Undecodable
 from popmq.proxy.core.caller import CALLER, Caller
 from popmq.proxy.grpc import status as st
+from popmq.proxy.grpc.headers import CALL_HEADERS
 from popmq.proxy.metrics import ACCESS_REFUSALS, ACL_RELOAD_FAILURES, ProxyMetrics
 from prometheus_client import Counter
 
@@ -221,11 +222,13 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         if path.startswith(GUARDED) and _method_descriptor(path) is not None:
             # Who is calling is in the headers: a stranger is refused before grpc reads (and
             # buffers, up to the receive limit) one byte of the request.
+            headers = _text_headers(details.invocation_metadata)
             try:
-                user = self._authn.authenticate(_text_headers(details.invocation_metadata))
+                user = self._authn.authenticate(headers)
             except AccessDenied as exc:
                 return _unread_refusal(self, path, exc)
             _VERIFIED.set((path, user))
+            CALL_HEADERS.set(headers)  # the handler's request context reads these
         cached = self._wrapped.get(path)
         if cached is not None:
             return cached

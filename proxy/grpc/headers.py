@@ -4,6 +4,7 @@ the core's RequestContext."""
 from __future__ import annotations
 
 import sys
+from contextvars import ContextVar
 
 import grpc
 from popmq.proxy.core.caller import CALLER
@@ -11,12 +12,22 @@ from popmq.proxy.core.context import RequestContext
 
 from popmq.clock import SYSTEM, Clock
 
-__all__ = ["RequestContext", "request_context", "text_headers"]
+__all__ = ["CALL_HEADERS", "RequestContext", "request_context", "text_headers"]
+
+
+# The call's text headers as the access guard read them to authenticate it, in the call's own
+# task (grpc.aio runs a call's interceptors and its handler in one task, each call in its
+# own): the handler takes them once instead of having grpc build the metadata again.
+CALL_HEADERS: ContextVar[dict[str, str] | None] = ContextVar("popmq_call_headers", default=None)
 
 
 def text_headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
     """The call's text headers by lower-case name (grpc.aio builds the metadata anew at each
     invocation_metadata(): read it once per call)."""
+    read = CALL_HEADERS.get()
+    if read is not None:
+        CALL_HEADERS.set(None)  # taken once: nothing else of the call reads them later
+        return read
     headers: dict[str, str] = {}
     for key, value in context.invocation_metadata() or ():
         if isinstance(value, bytes):  # binary (-bin) headers: not ours

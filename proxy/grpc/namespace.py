@@ -112,6 +112,44 @@ def _walk_plan(descriptor: Descriptor) -> tuple[tuple[str, bool, bool, bool], ..
     )
 
 
+@cache
+def _singular_paths(descriptor: Descriptor) -> tuple[tuple[str, ...], ...] | None:
+    """The attribute paths to every Resource of this message type, in ``_collect``'s order,
+    when none goes through a repeated field (ReceiveMessage's, for one); else None."""
+    paths: list[tuple[str, ...]] = []
+
+    def walk(kind: Descriptor, prefix: tuple[str, ...], seen: frozenset[str]) -> bool:
+        if kind.full_name in seen:
+            return False
+        for name, repeated, is_resource, _ in _walk_plan(kind):
+            if repeated:
+                return False
+            if is_resource:
+                paths.append((*prefix, name))
+            elif not walk(kind.fields_by_name[name].message_type, (*prefix, name),
+                          seen | {kind.full_name}):  # fmt: skip
+                return False
+        return True
+
+    return tuple(paths) if walk(descriptor, (), frozenset()) else None
+
+
+def _first_namespace(message: Message) -> str | None:
+    """The first non-empty resource_namespace in the message ("" if none), read along the
+    type's fixed paths (a request walked per call: 3-4% of a receive's CPU); None when the
+    type has no fixed paths. An unset message field reads as its empty default."""
+    paths = _singular_paths(message.DESCRIPTOR)
+    if paths is None:
+        return None
+    for path in paths:
+        value: Any = message
+        for name in path:
+            value = getattr(value, name)
+        if value.resource_namespace:
+            return str(value.resource_namespace)
+    return ""
+
+
 def _resources(message: Message) -> list[tuple[d.Resource, bool]]:
     """(Resource, is-a-group) pairs in message."""
     found: list[tuple[d.Resource, bool]] = []
@@ -233,6 +271,10 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
 
     @staticmethod
     def _namespace_of(request: Message, header: str) -> str:
+        if isinstance(request, Message):
+            found = _first_namespace(request)
+            if found is not None:
+                return found or header
         for resource, _ in _resources(request):
             if resource.resource_namespace:
                 return resource.resource_namespace

@@ -41,6 +41,11 @@ from popmq.lifecycle import TaskOwner
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
 
+# The status frame of every empty receive (most idle receives end so): built once. A write
+# serializes the frame before it returns, and it names no resource a namespace would rename.
+_NO_NEW_MESSAGE = s.ReceiveMessageResponse(
+    status=st.status(Code.MESSAGE_NOT_FOUND, "no new message")
+)
 # Commands and check-backs waiting for a Telemetry stream (a client sends few commands).
 _TELEMETRY_BUFFER = 64
 Resp = TypeVar("Resp")
@@ -290,9 +295,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 await self._finish_receive(context, failed)
                 return failed.code
             if not popped:
-                await self._finish_receive(
-                    context, st.status(Code.MESSAGE_NOT_FOUND, "no new message")
-                )
+                await self._finish_receive(context, None)
                 return Code.MESSAGE_NOT_FOUND
             size = sum(len(m.message.body) for m in popped)
             try:
@@ -343,8 +346,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 self.metrics.late_answer()
 
     async def _finish_receive(self, context: grpc.aio.ServicerContext, status: Any) -> None:
+        """The status frame (None: the empty answer's, built once) and the delivery time."""
+        first = _NO_NEW_MESSAGE if status is None else s.ReceiveMessageResponse(status=status)
         try:
-            await context.write(s.ReceiveMessageResponse(status=status))
+            await context.write(first)
             await context.write(
                 s.ReceiveMessageResponse(delivery_timestamp=timestamp(self._clock.now_ms()))
             )

@@ -45,7 +45,7 @@ from functools import partial
 from typing import Any
 
 from popmq.broker.contract.port import ConsumePort
-from popmq.broker.contract.types import FilterExpression, PopRequest
+from popmq.broker.contract.types import PopRequest
 from popmq.proxy.longpoll.calls import BACKOFF_MAX_S, BrokerCalls
 from popmq.proxy.longpoll.watches import WatchRegistry
 
@@ -65,7 +65,9 @@ MAX_PARALLEL_SIGNALS = 4
 _MISS_PAUSE_START_S = 0.002
 _MISS_PAUSE_MAX_S = BACKOFF_MAX_S / 5
 
-ChannelKey = tuple[ConsumePort, str, str, FilterExpression, bool]
+# (broker, group, topic, filter text, filter kind, fifo): strings hash in C (a subscription
+# per broker for every long poll); the filter dataclass's hash is a Python call.
+ChannelKey = tuple[ConsumePort, str, str, str, str, bool]
 # Called when a subscription receives a signal; False declines it (the next one gets it).
 OnSignal = Callable[["Subscription"], bool]
 
@@ -260,7 +262,8 @@ class NotificationHub(AsyncClosing):
     def subscribe(
         self, port: ConsumePort, pop: PopRequest, deadline: float, on_signal: OnSignal
     ) -> Subscription:
-        key = (port, pop.group, pop.topic, pop.filter, pop.fifo)
+        filter = pop.filter
+        key = (port, pop.group, pop.topic, filter.expression, filter.kind, pop.fifo)
         channel = self._channels.get(key)
         if channel is None:
             channel = self._channels[key] = _Channel(self, key, pop)

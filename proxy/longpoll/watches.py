@@ -25,13 +25,19 @@ LINGER_S = 120.0
 MAX_WATCHES = 100_000
 _SWEEP_EVERY_S = 5.0
 
-# (port, group, topic, filter, fifo): plain tuples hash fast, and every long poll looks up one
-# per broker. The filter is whole (a tag and a SQL92 expression may have the same text).
-WatchId = tuple[ConsumePort, str, str, FilterExpression, bool]
+# (port, group, topic, filter text, filter kind, fifo): plain tuples of strings hash in C, and
+# every long poll looks up one per broker, twice (the filter's own dataclass hash is a Python
+# call). The filter's kind is part of it (a tag and a SQL92 expression may have the same text).
+WatchId = tuple[ConsumePort, str, str, str, str, bool]
+_Rest = tuple[str, str, str, str, bool]
 
 
 def watch_key(pop: PopRequest) -> WatchKey:
     return WatchKey(pop.group, pop.topic, pop.filter, pop.fifo)
+
+
+def _rest(group: str, topic: str, filter: FilterExpression, fifo: bool) -> _Rest:
+    return (group, topic, filter.expression, filter.kind, fifo)
 
 
 class WatchRegistry:
@@ -55,10 +61,19 @@ class WatchRegistry:
 
     def get(self, port: ConsumePort, pop: PopRequest) -> VisibilityWatch | None:
         """The watch of this broker and group (made and armed on first use)."""
-        ident = (port, pop.group, pop.topic, pop.filter, pop.fifo)
+        now = self._now()
+        return self._get(port, pop, _rest(pop.group, pop.topic, pop.filter, pop.fifo), now)
+
+    def _now(self) -> float:
         now = self._clock.monotonic()
         if now >= self._next_sweep:
             self.sweep(now)
+        return now
+
+    def _get(
+        self, port: ConsumePort, pop: PopRequest, rest: _Rest, now: float
+    ) -> VisibilityWatch | None:
+        ident = (port, *rest)
         watch = self._watches.get(ident)
         if watch is None:
             backend = getattr(port, "watch_backend", None)
@@ -73,7 +88,15 @@ class WatchRegistry:
 
     def candidates(self, ports: Sequence[ConsumePort], pop: PopRequest) -> list[ConsumePort]:
         """The brokers a long poll may pop: all but those whose watch is armed and silent."""
-        return [port for port in ports if (w := self.get(port, pop)) is None or w.may_have]
+        # One clock read and one key for all the ports (asked twice by each long poll).
+        now = self._now()
+        rest = _rest(pop.group, pop.topic, pop.filter, pop.fifo)
+        found: list[ConsumePort] = []
+        for port in ports:
+            watch = self._get(port, pop, rest, now)
+            if watch is None or watch.may_have:
+                found.append(port)
+        return found
 
     def may_have(self, port: ConsumePort, pop: PopRequest) -> bool:
         watch = self.get(port, pop)
@@ -130,4 +153,4 @@ class WatchRegistry:
 
 def _ident(port: ConsumePort, watch: VisibilityWatch) -> WatchId:
     key = watch.key
-    return (port, key.group, key.topic, key.filter, key.fifo)
+    return (port, *_rest(key.group, key.topic, key.filter, key.fifo))
