@@ -22,4 +22,9 @@ async def test_bench_failover_one_kill() -> None:
     # a refused ack of the switch's instant is counted apart: a receive may not fail (issue 19)
     assert result["receive_errors"] == 0, result["last_receive_error"]
     table = format_table(result)
-    assert "recovered s" in table and "median" in table and "0 lost" in table and "acks refused" in table
+    assert (
+        "recovered s" in table
+        and "median" in table
+        and "0 lost" in table
+        and "acks refused" in table
+    )
