@@ -126,8 +126,9 @@ def _singular_paths(descriptor: Descriptor) -> tuple[tuple[str, ...], ...] | Non
                 return False
             if is_resource:
                 paths.append((*prefix, name))
-            elif not walk(kind.fields_by_name[name].message_type, (*prefix, name),
-                          seen | {kind.full_name}):  # fmt: skip
+                continue
+            inner = kind.fields_by_name[name].message_type
+            if inner is None or not walk(inner, (*prefix, name), seen | {kind.full_name}):
                 return False
         return True
 
