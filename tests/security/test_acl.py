@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from popmq.security.acl import AclFile, load_acl, matches
+from popmq.security.acl import AclFile, User, load_acl, matches
 
 ACL = """
 users:
@@ -233,3 +233,25 @@ def test_a_valid_namespace_loads(tmp_path: Path) -> None:
         "users: [{access_key: a, secret_key: s, allow: [{publish: t, namespace: p-1_X}]}]"
     )
     assert load_acl(path).users[0].allow[0].namespace == "p-1_X"
+
+
+def test_subscribe_decisions_are_remembered_per_user_and_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every consuming call asks; the grants of one User never change, so its answers are
+    # remembered (a reload makes new Users), never shared with another user or grown unbounded.
+    from popmq.security import acl as acl_module
+
+    monkeypatch.setattr(acl_module, "_DECISIONS_KEPT", 4)
+    grant = {"subscribe": {"group": "g", "topics": ["t"]}}
+    user = User(access_key="a", secret_key="s", allow=(grant,))
+    other = User(access_key="b", secret_key="s")
+    for _ in range(2):
+        assert user.can_subscribe("g", "t") and user.can_subscribe("g")
+        assert not user.can_subscribe("g", "x") and not user.can_subscribe("h", "t")
+        assert not other.can_subscribe("g", "t")
+    for topic in range(10):  # made-up names evict; answers stay right
+        assert not user.can_subscribe("g", f"made-up-{topic}")
+    assert len(user.__dict__["_subscribe_memo"]) <= 4
+    assert user.can_subscribe("g", "t")
+    assert user == User(access_key="a", secret_key="s", allow=(grant,))  # fields only
