@@ -1,4 +1,4 @@
-"""The per-receive cuts of issue 18 (docs/benchmarks.md, "Receive cost, wave 9"): each keeps
+"""The per-receive cuts of issue 18 (docs/benchmarks.md, "Receive cost"): each keeps
 the behaviour it replaces. In process; virtual time."""
 
 from __future__ import annotations
