@@ -225,13 +225,12 @@ def test_the_resource_walk_finds_every_resource_of_each_request_in_order() -> No
     subscription.group.name = "g"
     for topic in ("t1", "t2"):
         subscription.subscriptions.add().topic.name = topic
+    g, t = pb.Resource(name="g"), pb.Resource(name="t")
     requests = [
         send,
         s.SendMessageRequest(),
-        s.AckMessageRequest(group=pb.Resource(name="g"), topic=pb.Resource(name="t"),
-                            entries=[s.AckMessageEntry(receipt_handle="h")]),  # fmt: skip
-        s.ReceiveMessageRequest(group=pb.Resource(name="g"),
-                                message_queue=pb.MessageQueue(topic=pb.Resource(name="t"))),  # fmt: skip
+        s.AckMessageRequest(group=g, topic=t, entries=[s.AckMessageEntry(receipt_handle="h")]),
+        s.ReceiveMessageRequest(group=g, message_queue=pb.MessageQueue(topic=t)),
         telemetry,
     ]
     for request in requests:
