@@ -95,9 +95,9 @@ class MemoryBudget:
 
 
 class Hold:
-    """``MemoryBudget.hold``: a plain class, not a generator context manager, whose making,
-    entering and leaving cost 3.3 us of every SendMessage (now about 1); when the size fits,
-    nothing is awaited and no closure is made."""
+    """``MemoryBudget.hold``: a plain class, not a generator context manager (whose making,
+    entering and leaving took 3.8 us of every SendMessage; this takes 1.9); when the size
+    fits, nothing is awaited and no closure is made."""
 
     __slots__ = ("_budget", "_size")
 
