@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import anyio
 from popmq.broker.contract.port import ConsumePort
-from popmq.broker.contract.types import PopRequest
+from popmq.broker.contract.types import PopRequest, PopResult
 from popmq.proxy.events import ProxyEvents
 from popmq.proxy.longpoll.base import (
     LongPollRequest,
@@ -218,6 +218,16 @@ class NotifyStrategy(StrategyBase):
         # visible: asking it again would cost the idle group one RPC per probe. The probe
         # still asks every broker that may have messages (an unanswered event, a lost link).
         return self.hub.watches.candidates(brokers, pop)
+
+    def _fill_targets(
+        self, brokers: Sequence[ConsumePort], pop: PopRequest
+    ) -> Sequence[ConsumePort]:
+        # A broker whose watch is armed and silent has nothing visible: no pop for it.
+        return self.hub.watches.candidates(brokers, pop)
+
+    def _filled(self, port: ConsumePort, pop: PopRequest, result: PopResult) -> None:
+        if result.rest_num == 0:
+            self.hub.watches.popped_empty(port, pop)  # re-arm: the broker tells us
 
     async def _consume(
         self, poll: _LongPoll, request: LongPollRequest, deadline: float, custody: Custody
