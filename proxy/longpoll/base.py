@@ -323,10 +323,11 @@ class StrategyBase(AsyncClosing):
         all sit in one queue of one broker, whose pop hands out a group's next messages only
         when none is in flight, so its order holds whichever receive takes them."""
         pop = request.pop
-        popped = custody.ports()
-        targets = [port for port in self._fill_targets(brokers, pop) if port not in popped]
-        if not targets:
+        candidates = self._fill_targets(brokers, pop)
+        if not candidates:  # pop and slices; notify when no other broker has a backlog
             return
+        popped = custody.ports()
+        targets = [port for port in candidates if port not in popped]
         # Start after the broker that answered, so the brokers share the extra pops evenly.
         last = brokers.index(popped[-1]) if popped[-1] in brokers else -1
         targets.sort(key=lambda port: (brokers.index(port) - last - 1) % len(brokers))
