@@ -68,6 +68,12 @@ _MISS_PAUSE_MAX_S = BACKOFF_MAX_S / 5
 # (broker, group, topic, filter text, filter kind, fifo): strings hash in C (a subscription
 # per broker for every long poll); the filter dataclass's hash is a Python call.
 ChannelKey = tuple[ConsumePort, str, str, str, str, bool]
+
+
+def _channel_key(port: ConsumePort, pop: PopRequest) -> ChannelKey:
+    return (port, pop.group, pop.topic, pop.filter.expression, pop.filter.kind, pop.fifo)
+
+
 # Called when a subscription receives a signal; False declines it (the next one gets it).
 OnSignal = Callable[["Subscription"], bool]
 
@@ -262,14 +268,13 @@ class NotificationHub(AsyncClosing):
     def signalled(self, port: ConsumePort, pop: PopRequest) -> bool:
         """Whether a long poll holds this broker's signal for the group now (its pop is on
         the way)."""
-        channel = self._channels.get((port, pop.group, pop.topic, pop.filter, pop.fifo))
+        channel = self._channels.get(_channel_key(port, pop))
         return channel is not None and bool(channel.holders)
 
     def subscribe(
         self, port: ConsumePort, pop: PopRequest, deadline: float, on_signal: OnSignal
     ) -> Subscription:
-        filter = pop.filter
-        key = (port, pop.group, pop.topic, filter.expression, filter.kind, pop.fifo)
+        key = _channel_key(port, pop)
         channel = self._channels.get(key)
         if channel is None:
             channel = self._channels[key] = _Channel(self, key, pop)

@@ -392,3 +392,21 @@ async def test_short_polls_are_not_all_about_to_end(metrics: ProxyMetrics) -> No
         await asyncio.sleep(0.05)  # both wait again, far from their polls' ends
     await _finish(clients)
     assert min(got.values()) >= 8, got
+
+
+async def test_signalled_tells_a_channel_whose_signal_is_out(metrics: ProxyMetrics) -> None:
+    # The channel key (broker, group, topic, filter text and kind, fifo) is built in one place:
+    # a lookup built another way found no channel, and a signalled broker looked idle.
+    broker = FakeBroker("b")
+    hub = NotificationHub(BrokerCalls(metrics))
+    pop = PopRequest(group="g", topic="t", max_messages=1)
+    deadline = asyncio.get_running_loop().time() + 5
+    sub = hub.subscribe(broker, pop, deadline, lambda sub: True)
+    await wait_until(lambda: broker.held == 1)
+    assert not hub.signalled(broker, pop)
+    broker.put(1)
+    await wait_until(lambda: sub.holds_signal)
+    assert hub.signalled(broker, PopRequest(group="g", topic="t", max_messages=8))
+    assert not hub.signalled(broker, PopRequest(group="h", topic="t"))
+    await hub.leave([sub])
+    await hub.aclose()
