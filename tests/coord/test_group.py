@@ -170,16 +170,17 @@ async def test_an_unclean_election_never_elects_an_emptied_node(etcd: EtcdCluste
         await store.aclose()
 
 
-async def test_a_new_leader_renews_its_lease_before_it_says_it_leads(etcd: EtcdCluster) -> None:
-    """The broker opens its store when the node says it leads; a keepalive first gives that
-    promotion a whole TTL. It used to inherit what was left since the last periodic one (down
-    to 2/3 of the TTL), and a promotion slower than that on a loaded host fenced the new
-    leader and cost a second election."""
-    ttl = 9  # n1's keepalives come every 3 s: none falls between its start and its election
+async def test_a_new_leader_renews_its_lease_as_it_begins_to_lead(etcd: EtcdCluster) -> None:
+    """A keepalive goes out when a node wins, beside its promotion: the lease then runs a
+    whole TTL from the win, not from the last periodic keepalive (up to TTL/3 earlier; a
+    loaded host's promotion once outlasted the rest, fenced the new leader and cost a second
+    election). It is not awaited before the role is published: one etcd round trip less
+    between the win and serving (the store opens off the event loop, keepalives go on)."""
+    ttl = 12  # n1's periodic keepalives come every 4 s: the next one 2.5 s or more after its win
     store = EtcdStore(etcd.endpoints, timeout_s=0.5)
     settings = MemberSettings("g", "n1", "127.0.0.1:101", lease_ttl_s=ttl, poll_interval_s=0.3,
                               retry_s=0.2, unclean_election=True)  # fmt: skip
-    remaining_at_win: list[float] = []
+    won_at: list[float] = []
     try:
         leave = anyio.Event()
 
@@ -193,13 +194,21 @@ async def test_a_new_leader_renews_its_lease_before_it_says_it_leads(etcd: EtcdC
             await tasks.start(n0_leads_until_told)
             async with join_group(store, settings) as n1:
                 await until(n1, lambda r: r.leader_name == "n0", 10)
-                n1.on_change(lambda role: remaining_at_win.append(n1.lease_remaining_s()))
-                await anyio.sleep(2)  # into n1's lease; its next keepalive is a second away
+                n1.on_change(lambda role: role.is_leader and won_at.append(anyio.current_time()))
+                await anyio.sleep(1)  # into n1's lease: its deadline is 11 s or less away
                 leave.set()  # n1 (unclean: not in the in-sync set) takes over
                 await until(n1, lambda r: r.is_leader, 5)
+                # Fencing as ever: the deadline is a keepalive's send time plus the TTL, so
+                # never later than etcd's expiry; this one was sent after the win.
+                with anyio.fail_after(1.5):  # the periodic one is >= 2.5 s away
+                    await holds(lambda: renewed_since_win(n1, won_at[0], ttl))
                 assert n1.may_write()
     finally:
         await store.aclose()
-    # A keepalive sent after winning: the deadline is a whole TTL ahead, not the TTL minus
-    # the 2 s slept and the election's time.
-    assert remaining_at_win and remaining_at_win[0] > ttl - 0.8
+    assert len(won_at) == 1
+
+
+def renewed_since_win(member: GroupMember, won_at: float, ttl: int) -> bool:
+    """Whether the lease deadline comes from a keepalive sent at (or after) the win; 0.5 s
+    of slack for one sent just before it."""
+    return anyio.current_time() + member.lease_remaining_s() >= won_at + ttl - 0.5
