@@ -201,7 +201,9 @@ class Broker:
             return
         self._stopping = False
         if open_off_loop:
-            await self._open_store_off_loop()
+            # Not abandoned if cancelled: the open runs to its end (a cancellation lands at
+            # the caller's next checkpoint, with the broker started, for it to close).
+            await anyio.to_thread.run_sync(self._store.open)
         else:
             self._store.open()
         try:
@@ -220,15 +222,6 @@ class Broker:
         self._started = True
         self._metrics_state.loop = asyncio.get_running_loop()
         log.info("broker %s started on %s", self.name, self._config.data_dir)
-
-    async def _open_store_off_loop(self) -> None:
-        try:
-            await anyio.to_thread.run_sync(self._store.open)
-        except BaseException:
-            # Cancelled while the thread opened it: it did open; release it (lock included).
-            with anyio.CancelScope(shield=True):
-                await self._store.aclose()
-            raise
 
     def _open_pop_state(self) -> None:
         self._groups.load()

@@ -1,0 +1,57 @@
+"""A promoted node opens its store off the event loop (``Broker.start(open_off_loop=True)``):
+the loop keeps running what else it carries meanwhile (the node's lease keepalives, its etcd
+watches). The open used to block that loop for its whole recovery walk (up to seconds on a
+loaded host), so a new leader's keepalives waited on its own promotion."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import anyio
+import pytest
+from popmq.broker.core import Broker
+from popmq.broker.store import MessageStore
+from popmq.broker.testing import fast_broker_config
+
+
+def open_waiting_for(
+    loop_ran: threading.Event, opened_on: list[int], opened: threading.Event
+) -> object:
+    """MessageStore.open that first waits until a task of the event loop ran: on the loop it
+    could not, and would give up after 5 s."""
+    real_open = MessageStore.open
+
+    def open_(store: MessageStore) -> None:
+        opened_on.append(threading.get_ident())
+        loop_ran.wait(5)
+        real_open(store)
+        opened.set()
+
+    return open_
+
+
+async def test_the_loop_runs_while_a_promoted_store_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop_ran, opened, opened_on = threading.Event(), threading.Event(), []
+    monkeypatch.setattr(MessageStore, "open", open_waiting_for(loop_ran, opened_on, opened))
+    ran_during_open = False
+
+    async def keepalive_stand_in() -> None:
+        nonlocal ran_during_open
+        while not opened_on:  # until the open began
+            await anyio.sleep(0.001)
+        ran_during_open = not opened.is_set()
+        loop_ran.set()
+
+    broker = Broker(fast_broker_config(tmp_path / "data"))
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(keepalive_stand_in)
+        await broker.start(open_off_loop=True)
+    try:
+        assert ran_during_open  # the loop ran a task while the store was opening
+        assert opened_on != [threading.get_ident()]  # a worker thread opened it
+        assert broker.started
+    finally:
+        await broker.aclose()
