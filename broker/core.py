@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import anyio
-
 from popmq.broker.auto_create import AutoCreateGate
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.message_types import (

@@ -3,7 +3,9 @@
 ``join_group(store, settings)`` is an async context manager that owns its task group. While
 inside it the node
 
-- holds a lease (``lease_ttl_s``, renewed every third of it) and its member key bound to it;
+- holds a lease (``lease_ttl_s``, renewed every third of it, from a thread of its own: an event
+  loop kept busy, by a promotion or a flood of calls, does not delay the keepalives) and its
+  member key bound to it;
 - campaigns whenever the group has no leader and it may lead: one transaction comparing the
   leader key's ``create_revision`` with 0 and the in-sync key's ``mod_revision`` with the one
   just read, putting the leader key (bound to its lease) and an in-sync set of itself. Only a
@@ -18,9 +20,10 @@ inside it the node
 - publishes its view as a ``GroupRole`` (``role``, ``await role_changed()``).
 
 Fencing: a leader may acknowledge writes only while ``may_write()``, which is false once its
-lease deadline has passed. The deadline is measured on the monotonic clock from when the last
-successful keepalive was *sent*, so it is never later than etcd's own expiry of the lease, and
-a paused or partitioned leader stops acknowledging before anyone else can be elected.
+lease deadline has passed. The deadline is measured on the monotonic clock (``time.monotonic``,
+read when asked: never an event loop's cached time) from when the last successful keepalive was
+*sent*, so it is never later than etcd's own expiry of the lease, and a paused or partitioned
+leader stops acknowledging before anyone else can be elected.
 
 A passed deadline is a fence, not a loss: the published role stays "leader" (``fenced`` is
 set, ``may_write()`` is false) until the key is *known* lost (etcd says the lease is gone, or
@@ -33,8 +36,11 @@ without waiting for the TTL.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -117,9 +123,13 @@ class GroupMember:
         self._role = NO_LEADER
         self._changed = anyio.Event()
         self._wake = anyio.Event()
-        self._renew_now = anyio.Event()  # a keepalive at once (a new leader's), not in TTL/3
+        self._lease_gone = anyio.Event()  # the keepalive thread found the lease expired
+        self._unreachable = False  # the last keepalive could not reach etcd (logged once)
+        self._keeper: LeaseKeeper | None = None  # sends the keepalives (join_group starts it)
         self._lease = 0
-        self._lease_deadline = 0.0  # loop-clock time until which the lease surely holds
+        # time.monotonic() until which the lease surely holds: written by the keeper's thread
+        # (one float store) and by the loop, read by both and by the metrics' thread.
+        self._lease_deadline = 0.0
         self._in_sync: list[str] = []
         self.elections_won = 0
         # The lease deadline passed while leading: no writes until a keepalive renews it.
@@ -150,10 +160,10 @@ class GroupMember:
         return self._role.is_leader and self._lease_holds()
 
     def _lease_holds(self) -> bool:
-        return anyio.current_time() < self._lease_deadline
+        return time.monotonic() < self._lease_deadline
 
     def lease_remaining_s(self) -> float:
-        return max(0.0, self._lease_deadline - anyio.current_time())
+        return max(0.0, self._lease_deadline - time.monotonic())
 
     # -- what replication calls -------------------------------------------------------------
     async def set_in_sync(self, members: list[str]) -> bool:
@@ -220,7 +230,7 @@ class GroupMember:
 
     async def _register(self) -> None:
         ttl = self.settings.lease_ttl_s
-        sent = anyio.current_time()
+        sent = time.monotonic()
         lease = await self.store.grant(ttl)
         await self._put_member(lease)
         self._lease, self._lease_deadline = lease, sent + ttl
@@ -234,37 +244,38 @@ class GroupMember:
         self._published_data = data
 
     async def _keep_lease(self) -> None:
-        settings = self.settings
-        warned = False
+        """Register (a lease and the member key), again whenever the lease is found lost; the
+        keepalives themselves go from the keeper's thread (``LeaseKeeper``)."""
         while True:
             try:
                 if not self._lease:
                     await self._register()
-                with anyio.move_on_after(settings.lease_ttl_s / 3):
-                    await self._renew_now.wait()
-                self._renew_now = anyio.Event()
-                await self._renew()
-                if warned:
-                    log.info("%s reaches etcd again", settings.name)
-                    warned = False
-            except LeaseLostError:
-                log.warning("%s lost its lease; registering again", settings.name)
-                self._lease = 0
-                self._step_down("its lease expired")
+                await self._lease_gone.wait()
+                self._lease_gone = anyio.Event()
             except CoordUnavailableError as exc:
-                if not warned:
-                    log.warning("%s cannot reach etcd: %s", settings.name, exc.message)
-                    warned = True
-                if not self.may_write():
-                    self._fence("its lease deadline passed without a keepalive")
-                await anyio.sleep(settings.retry_s)
+                log.warning("%s cannot register in etcd: %s", self.settings.name, exc.message)
+                await anyio.sleep(self.settings.retry_s)
 
-    async def _renew(self) -> None:
-        """One keepalive: the deadline moves to when it was *sent* plus the TTL etcd grants."""
-        sent = anyio.current_time()
-        ttl = await self.store.keepalive(self._lease)
-        self._lease_deadline = max(self._lease_deadline, sent + ttl)
+    # What the keeper's thread reports, run on the event loop (call_soon_threadsafe).
+    def _renewed(self) -> None:
+        if self._unreachable:
+            log.info("%s reaches etcd again", self.settings.name)
+            self._unreachable = False
         self._unfence()
+
+    def _renewal_failed(self, lease: int, error: Exception) -> None:
+        if lease != self._lease:
+            return  # about a lease already replaced
+        if isinstance(error, CoordUnavailableError) and not self._unreachable:
+            log.warning("%s cannot reach etcd: %s", self.settings.name, error.message)
+            self._unreachable = True
+        if isinstance(error, LeaseLostError):
+            log.warning("%s lost its lease; registering again", self.settings.name)
+            self._lease = 0
+            self._step_down("its lease expired")
+            self._lease_gone.set()
+        elif not self.may_write():
+            self._fence("its lease deadline passed without a keepalive")
 
     async def _fence_on_deadline(self) -> None:
         """Mark the fence when the lease deadline passes (may_write() already refuses from
@@ -391,7 +402,8 @@ class GroupMember:
             # leader and cost a second election). Sent beside the promotion, not before it:
             # the promotion opens its store off the event loop, so the keepalives go on
             # meanwhile, and one etcd round trip less stands between the win and serving.
-            self._renew_now.set()
+            if self._keeper is not None:
+                self._keeper.renew_now()
             self._publish(GroupRole(result.revision, name, self.settings.address, True))
         else:
             self._wake.set()  # lost the race: read who won
@@ -411,6 +423,74 @@ class GroupMember:
                                 exc.message)  # fmt: skip
 
 
+class LeaseKeeper:
+    """Sends a member's keepalives from a thread of its own, every third of the TTL (at once
+    when asked: a new leader's). The event loop only registers leases: a loop kept busy (a
+    promotion, a flood of calls, a starved process's backlog of callbacks) no longer delays a
+    keepalive past the lease deadline, fencing a healthy leader or losing its lease.
+
+    Fencing is unchanged: the deadline moves to the keepalive's *send* time (taken in this
+    thread just before the request) plus the TTL etcd grants, never later than etcd's own
+    expiry. Failures are handed to the loop (``_renewal_failed``)."""
+
+    def __init__(self, member: GroupMember, loop: asyncio.AbstractEventLoop) -> None:
+        self._member = member
+        self._loop = loop
+        self._poke = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"lease-{member.settings.name}", daemon=True
+        )
+        self.sent = 0  # keepalives sent (tests)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def renew_now(self) -> None:
+        self._poke.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._poke.set()
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        member, settings = self._member, self._member.settings
+        wait_s = settings.lease_ttl_s / 3
+        while True:
+            self._poke.wait(wait_s)
+            self._poke.clear()
+            if self._stopping:
+                return
+            wait_s = settings.lease_ttl_s / 3
+            lease = member._lease
+            if not lease:
+                continue  # the loop registers a new one
+            sent = time.monotonic()
+            self.sent += 1
+            try:
+                ttl = member.store.keepalive_blocking(lease)
+            except (LeaseLostError, CoordUnavailableError) as error:
+                if isinstance(error, CoordUnavailableError):
+                    wait_s = settings.retry_s
+                self._call(member._renewal_failed, lease, error)
+                continue
+            except Exception as error:  # a bug must not end the keepalives silently
+                log.exception("keepalive of %s failed", settings.name)
+                wait_s = settings.retry_s
+                self._call(member._renewal_failed, lease, CoordUnavailableError(str(error)))
+                continue
+            if lease == member._lease:
+                member._lease_deadline = max(member._lease_deadline, sent + ttl)
+                self._call(member._renewed)
+
+    def _call(self, callback: Callable[..., None], *args: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: the member is gone
+            self._loop.call_soon_threadsafe(callback, *args)
+
+
 @contextlib.asynccontextmanager
 async def join_group(
     store: CoordStore,
@@ -423,6 +503,8 @@ async def join_group(
     ``holds_data``: whether it holds any data (default: yes; false: never leads an existing
     group, even with unclean election)."""
     member = GroupMember(store, settings, may_campaign, holds_data)
+    member._keeper = keeper = LeaseKeeper(member, asyncio.get_running_loop())
+    keeper.start()
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(member._keep_lease)
@@ -434,4 +516,7 @@ async def join_group(
             finally:
                 tasks.cancel_scope.cancel()
     finally:
+        keeper.stop()
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(keeper.join, 2 * settings.lease_ttl_s)
         await member._resign()

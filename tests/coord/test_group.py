@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -128,6 +129,27 @@ async def test_leader_fences_itself_when_etcd_is_gone(etcd: EtcdCluster) -> None
             await holds(n0.may_write)
         assert n0.role.epoch == epoch and not n0.fenced
         assert changes == []  # no step-down, no second "leads"
+
+
+async def test_a_blocked_event_loop_does_not_lose_the_lease(etcd: EtcdCluster) -> None:
+    """Keepalives go from a thread of their own: a leader whose event loop is held up longer
+    than its TTL (a promotion, a backlog of calls on a starved host) keeps its lease and its
+    epoch. From the loop, the keepalives waited too: the lease expired at etcd, a healthy
+    leader lost its key and the group went through another election."""
+    async with node(etcd, "n0") as n0:
+        await until(n0, lambda r: r.is_leader, 5)
+        led = n0.role
+        changes: list[GroupRole] = []
+        n0.on_change(changes.append)
+        assert n0._keeper is not None
+        sent_before = n0._keeper.sent
+        time.sleep(TTL_S + 1.5)  # noqa: ASYNC251 (blocks the loop: the point of the test)
+        assert n0._keeper.sent >= sent_before + 3  # every TTL/3 all the same
+        assert n0.may_write() and not n0.fenced
+        await anyio.sleep(1)  # what the loop hears now: nothing lost
+        assert changes == [] and n0.role == led and n0.may_write()
+        leader = await n0.store.get(n0.keys.leader)
+        assert leader is not None and leader.create_revision == led.epoch
 
 
 async def holds(check: Callable[[], bool]) -> None:
