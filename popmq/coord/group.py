@@ -88,6 +88,9 @@ class MemberSettings:
     # Re-read the group this often even if the watch is silent (a watch can stall unnoticed).
     poll_interval_s: float = 1.0
     retry_s: float = 0.5
+    # The keepalive thread stops renewing once the event loop has not run for this long
+    # (None: 4 TTLs): a wedged loop must not hold the group's leadership for ever.
+    loop_stall_limit_s: float | None = None
 
 
 def leader_role(kv: KeyValue | None, own_lease: int, own_name: str) -> GroupRole:
@@ -125,6 +128,7 @@ class GroupMember:
         self._wake = anyio.Event()
         self._lease_gone = anyio.Event()  # the keepalive thread found the lease expired
         self._unreachable = False  # the last keepalive could not reach etcd (logged once)
+        self._loop_seen = time.monotonic()  # when the event loop last ran _tick (the keeper reads)
         self._keeper: LeaseKeeper | None = None  # sends the keepalives (join_group starts it)
         self._lease = 0
         # time.monotonic() until which the lease surely holds: written by the keeper's thread
@@ -250,7 +254,8 @@ class GroupMember:
             try:
                 if not self._lease:
                     await self._register()
-                await self._lease_gone.wait()
+                with anyio.move_on_after(self.settings.lease_ttl_s / 3):  # or look again
+                    await self._lease_gone.wait()
                 self._lease_gone = anyio.Event()
             except CoordUnavailableError as exc:
                 log.warning("%s cannot register in etcd: %s", self.settings.name, exc.message)
@@ -271,11 +276,15 @@ class GroupMember:
             self._unreachable = True
         if isinstance(error, LeaseLostError):
             log.warning("%s lost its lease; registering again", self.settings.name)
-            self._lease = 0
-            self._step_down("its lease expired")
-            self._lease_gone.set()
+            self._lose_lease()
         elif not self.may_write():
             self._fence("its lease deadline passed without a keepalive")
+
+    async def _tick(self) -> None:
+        """Tell the keeper's thread the event loop still runs (see LeaseKeeper)."""
+        while True:
+            self._loop_seen = time.monotonic()
+            await anyio.sleep(self.settings.lease_ttl_s / 6)
 
     async def _fence_on_deadline(self) -> None:
         """Mark the fence when the lease deadline passes (may_write() already refuses from
@@ -306,11 +315,16 @@ class GroupMember:
             try:
                 await self._refresh()
             except LeaseLostError:
-                self._lease = 0
-                self._step_down("its lease expired")
+                self._lose_lease()
             except CoordUnavailableError:
                 if not self.may_write():
                     self._fence("etcd is unreachable and its lease deadline passed")
+
+    def _lose_lease(self) -> None:
+        """etcd says the lease is gone: no longer the leader; register again at once."""
+        self._lease = 0
+        self._step_down("its lease expired")
+        self._lease_gone.set()
 
     async def _refresh(self) -> None:
         kvs, _ = await self.store.get_prefix(self.keys.root)
@@ -431,7 +445,12 @@ class LeaseKeeper:
 
     Fencing is unchanged: the deadline moves to the keepalive's *send* time (taken in this
     thread just before the request) plus the TTL etcd grants, never later than etcd's own
-    expiry. Failures are handed to the loop (``_renewal_failed``)."""
+    expiry. Failures are handed to the loop (``_renewal_failed``).
+
+    Liveness: a loop that has not run for ``loop_stall_limit_s`` (4 TTLs by default; a
+    starved host's stalls last seconds, not that) is taken as wedged: the keepalives stop
+    until it runs again, so the lease expires and another node leads, as it did when the
+    keepalives came from the loop itself."""
 
     def __init__(self, member: GroupMember, loop: asyncio.AbstractEventLoop) -> None:
         self._member = member
@@ -442,6 +461,7 @@ class LeaseKeeper:
             target=self._run, name=f"lease-{member.settings.name}", daemon=True
         )
         self.sent = 0  # keepalives sent (tests)
+        self.stalled = False  # renewals held back: the event loop stalled
 
     def start(self) -> None:
         self._thread.start()
@@ -459,6 +479,7 @@ class LeaseKeeper:
     def _run(self) -> None:
         member, settings = self._member, self._member.settings
         wait_s = settings.lease_ttl_s / 3
+        stall_limit_s = settings.loop_stall_limit_s or 4 * settings.lease_ttl_s
         while True:
             self._poke.wait(wait_s)
             self._poke.clear()
@@ -468,6 +489,14 @@ class LeaseKeeper:
             lease = member._lease
             if not lease:
                 continue  # the loop registers a new one
+            if (stalled_s := time.monotonic() - member._loop_seen) > stall_limit_s:
+                if not self.stalled:
+                    log.error("%s: its event loop has not run for %.1f s: no more keepalives "
+                              "until it does (the lease expires; another node may lead)",
+                              settings.name, stalled_s)  # fmt: skip
+                self.stalled = True
+                continue
+            self.stalled = False
             sent = time.monotonic()
             self.sent += 1
             try:
@@ -511,6 +540,7 @@ async def join_group(
             tasks.start_soon(member._watch)
             tasks.start_soon(member._elect)
             tasks.start_soon(member._fence_on_deadline)
+            tasks.start_soon(member._tick)
             try:
                 yield member
             finally:

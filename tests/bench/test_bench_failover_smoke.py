@@ -21,3 +21,4 @@ async def test_bench_failover_one_kill() -> None:
     assert result["acknowledged"] > 1 and result["lost"] == 0
     table = format_table(result)
     assert "recovered s" in table and "median" in table and "0 lost" in table
+    assert result["elections"] >= 1 and "elections for 1 kills" in table  # the kill's, seen

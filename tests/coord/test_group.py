@@ -152,6 +152,26 @@ async def test_a_blocked_event_loop_does_not_lose_the_lease(etcd: EtcdCluster) -
         assert leader is not None and leader.create_revision == led.epoch
 
 
+async def test_a_wedged_event_loop_lets_the_lease_expire(etcd: EtcdCluster) -> None:
+    """Liveness: the keepalive thread stops renewing once the loop has not run for
+    ``loop_stall_limit_s``, so a leader whose loop is wedged loses its lease (its key goes,
+    another node can lead) instead of holding the group for ever."""
+    async with node(etcd, "n0", loop_stall_limit_s=0.5) as n0:
+        await until(n0, lambda r: r.is_leader, 5)
+        epoch = n0.role.epoch
+        changes: list[GroupRole] = []
+        n0.on_change(changes.append)
+        assert n0._keeper is not None
+        time.sleep(TTL_S + 1.5)  # noqa: ASYNC251 (a wedged loop: the point of the test)
+        assert n0._keeper.stalled and not n0.may_write()
+        # The loop runs again: the next keepalive finds the lease gone; n0 steps down, then
+        # (alone in the group) leads again at a new epoch.
+        await until(n0, lambda r: r.is_leader and r.epoch != epoch, 10)
+        assert not changes[0].is_leader  # stepped down first
+        leader = await n0.store.get(n0.keys.leader)
+        assert leader is not None and leader.create_revision > epoch
+
+
 async def holds(check: Callable[[], bool]) -> None:
     while True:
         if check():
