@@ -255,11 +255,15 @@ class GroupMember:
             try:
                 if not self._lease:
                     await self._register()
+                    self._renewed()  # etcd answered: "reaches etcd again" if it did not
                 with anyio.move_on_after(self.settings.lease_ttl_s / 3):  # or look again
                     await self._lease_gone.wait()
                 self._lease_gone = anyio.Event()
             except CoordUnavailableError as exc:
-                log.warning("%s cannot register in etcd: %s", self.settings.name, exc.message)
+                if not self._unreachable:  # once a stretch, not at every retry
+                    log.warning("%s cannot register in etcd: %s", self.settings.name,
+                                exc.message)  # fmt: skip
+                    self._unreachable = True
                 await anyio.sleep(self.settings.retry_s)
 
     # What the keeper's thread reports, run on the event loop (call_soon_threadsafe).
