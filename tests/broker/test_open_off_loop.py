@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 from popmq.broker.core import Broker
 from popmq.broker.store import MessageStore
@@ -55,3 +56,39 @@ async def test_the_loop_runs_while_a_promoted_store_opens(
         assert broker.started
     finally:
         await broker.aclose()
+
+
+async def test_a_promotion_cancelled_while_its_store_opens_leaves_it_to_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A role change while the store opens off the loop: the open runs to its end and start()
+    returns with the broker started (the cancellation lands at the caller's next
+    checkpoint, inside ``_lead``'s try, whose finally closes it). Had the cancellation landed
+    inside start() after the open, the store would stay open and locked with nobody to close
+    it: the next role could not open the directory."""
+    loop_ran, opened, opened_on = threading.Event(), threading.Event(), []
+    monkeypatch.setattr(MessageStore, "open", open_waiting_for(loop_ran, opened_on, opened))
+    broker = Broker(fast_broker_config(tmp_path / "data"))
+    returned_started = False
+    with anyio.CancelScope() as scope:
+        try:
+            async with anyio.create_task_group() as tasks:
+
+                async def cancel_while_opening() -> None:
+                    while not opened_on:  # noqa: ASYNC110 (a worker thread appends)
+                        await anyio.sleep(0.001)
+                    scope.cancel()
+                    loop_ran.set()
+
+                tasks.start_soon(cancel_while_opening)
+                await broker.start(open_off_loop=True)
+                returned_started = broker.started
+                await anyio.lowlevel.checkpoint()  # the caller's next one: the cancellation
+        finally:
+            with anyio.CancelScope(shield=True):
+                await broker.aclose()
+    assert scope.cancelled_caught and returned_started and opened.is_set()
+    monkeypatch.undo()
+    again = Broker(fast_broker_config(tmp_path / "data"))  # the directory's lock was released
+    await again.start()
+    await again.aclose()
