@@ -89,8 +89,8 @@ class MemberSettings:
     poll_interval_s: float = 1.0
     retry_s: float = 0.5
     # The keepalive thread stops renewing once the event loop has not run for this long
-    # (None: one TTL): a wedged loop must not hold the group's leadership for long. The lease
-    # then runs up to one more TTL: a wedged leader holds its group at most 2 TTLs.
+    # (None: 2 TTLs): a wedged loop must not hold the group's leadership for long. The lease
+    # then runs up to one more TTL: a wedged leader holds its group at most 3 TTLs.
     loop_stall_limit_s: float | None = None
 
 
@@ -455,12 +455,13 @@ class LeaseKeeper:
     thread just before the request) plus the TTL etcd grants, never later than etcd's own
     expiry. Failures are handed to the loop (``_renewal_failed``).
 
-    Liveness: a loop that has not run for ``loop_stall_limit_s`` (one TTL by default) is
+    Liveness: a loop that has not run for ``loop_stall_limit_s`` (2 TTLs by default) is
     taken as wedged: the keepalives stop until it runs again, so the lease expires and another
     node leads, as it did when the keepalives came from the loop itself. A wedged leader so
-    holds its group at most 2 TTLs (4 TTLs as the bound held it up to 5, 15 s at the default
-    lease: three times the failover goal), and a loop stall up to 5/3 of a TTL (5 s at the
-    default lease) still keeps the lease: the last keepalive goes up to a TTL into it."""
+    holds its group at most 3 TTLs (4 TTLs as the bound held it up to 5, 15 s at the default
+    lease: three times the failover goal), and a loop stall up to 8/3 of a TTL still keeps the
+    lease (the last keepalive goes up to 2 TTLs into it). One TTL was too tight: a test
+    process's loop on a loaded host stalled 2.3 s with a 2 s lease."""
 
     def __init__(self, member: GroupMember, loop: asyncio.AbstractEventLoop) -> None:
         self._member = member
@@ -489,7 +490,7 @@ class LeaseKeeper:
     def _run(self) -> None:
         member, settings = self._member, self._member.settings
         wait_s = settings.lease_ttl_s / 3
-        stall_limit_s = settings.loop_stall_limit_s or settings.lease_ttl_s
+        stall_limit_s = settings.loop_stall_limit_s or 2 * settings.lease_ttl_s
         while True:
             self._poke.wait(wait_s)
             self._poke.clear()

@@ -136,7 +136,7 @@ async def test_a_blocked_event_loop_does_not_lose_the_lease(etcd: EtcdCluster) -
     than its TTL (a promotion, a backlog of calls on a starved host) keeps its lease and its
     epoch. From the loop, the keepalives waited too: the lease expired at etcd, a healthy
     leader lost its key and the group went through another election. (A stall bound of
-    its own: the default, one TTL, leaves too little slack for a loaded host's thread.)"""
+    its own: the default, 2 TTLs, is just past this block; a loaded host needs slack.)"""
     async with node(etcd, "n0", loop_stall_limit_s=3 * TTL_S) as n0:
         await until(n0, lambda r: r.is_leader, 5)
         led = n0.role

@@ -5,7 +5,7 @@ The keepalives go from a thread of their own; they stop once the event loop has 
 bound decides how long a wedged leader holds its group: after it, the lease still runs up to a
 TTL, then an election. At 4 TTLs (the first default) a wedged leader held a group for up to
 5 TTLs (15 s at the default 3 s lease), five times as long as before the keepalives left the
-loop; one TTL keeps it to 2 TTLs and still rides out loop stalls of 5/3 of a TTL.
+loop; 2 TTLs keep it to 3 TTLs and still ride out loop stalls of 8/3 of a TTL.
 """
 
 from __future__ import annotations
@@ -60,11 +60,11 @@ async def member() -> AsyncIterator[tuple[GroupMember, LeaseKeeper, KeepaliveCou
         assert not keeper._thread.is_alive()
 
 
-async def test_a_loop_silent_for_more_than_a_ttl_gets_no_keepalive(
+async def test_a_loop_silent_for_more_than_two_ttls_gets_no_keepalive(
     member: tuple[GroupMember, LeaseKeeper, KeepaliveCounter],
 ) -> None:
     joined, keeper, store = member
-    joined._loop_seen = time.monotonic() - 1.5 * TTL_S  # the loop last ran 1.5 TTLs ago
+    joined._loop_seen = time.monotonic() - 2.5 * TTL_S  # the loop last ran 2.5 TTLs ago
     keeper.renew_now()
     await wait_until(lambda: keeper.stalled or store.calls > 0)
     assert keeper.stalled and store.calls == 0, "a wedged loop's lease was renewed"
@@ -76,7 +76,7 @@ async def test_a_loop_that_runs_again_is_renewed_at_once(
     """Once a stalled loop runs again, its next tick asks for a keepalive at once, not up
     to a third of a TTL later: what is left of the lease after a stall may be less."""
     joined, keeper, store = member
-    joined._loop_seen = time.monotonic() - 1.5 * TTL_S
+    joined._loop_seen = time.monotonic() - 2.5 * TTL_S
     keeper.renew_now()
     await wait_until(lambda: keeper.stalled)
     async with anyio.create_task_group() as tasks:
