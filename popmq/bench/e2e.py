@@ -507,7 +507,9 @@ async def _drive(
         "proxy_cpu_us_per_msg": round(proxy_cpu * 1e6 / acked),
         "brokers_cpu_us_per_msg": round(broker_cpu * 1e6 / acked),
         # per broker process, in start order (a replicated group: its leader, then followers)
-        "cpu_s_each_broker": [round(a - b, 2) for a, b in zip(each_after, each_before, strict=True)],
+        "cpu_s_each_broker": [
+            round(a - b, 2) for a, b in zip(each_after, each_before, strict=True)
+        ],
     }
 
 
