@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -399,18 +400,16 @@ class _Session:
 
     async def _read_acks(self, reports: AsyncIterator[pb.ReplicaReport]) -> None:
         max_lag = self.leader._config.max_lag_s
-        loop = asyncio.get_running_loop()
-        # One timeout for the stream, moved on before each read (a cancel scope per
+        # One cancel scope for the stream, its deadline moved before each read (a scope per
         # acknowledgement was a visible share of a leader's CPU per batch).
-        try:
-            async with asyncio.timeout(None) as deadline:
-                while True:
-                    deadline.reschedule(loop.time() + max_lag)
-                    report = await reports.__anext__()
-                    deadline.reschedule(None)
-                    if not await self._acknowledge(report):
-                        return
-        except TimeoutError:
+        with anyio.CancelScope() as waited:
+            while True:
+                waited.deadline = anyio.current_time() + max_lag
+                report = await reports.__anext__()
+                waited.deadline = math.inf
+                if not await self._acknowledge(report):
+                    return
+        if waited.cancelled_caught:
             log.warning("replication: %s acknowledged nothing for %.1f s; its stream is "
                         "closed", self.node, max_lag)  # fmt: skip
             self.failure = (grpc.StatusCode.DEADLINE_EXCEEDED, "no acknowledgement")
