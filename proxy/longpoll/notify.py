@@ -42,6 +42,7 @@ from popmq.proxy.longpoll.base import (
 )
 from popmq.proxy.longpoll.calls import BrokerCalls, remaining_ms
 from popmq.proxy.longpoll.custody import Custody
+from popmq.proxy.longpoll.deadlines import Deadlines
 from popmq.proxy.longpoll.hub import NotificationHub, Subscription
 
 from popmq.tracing import start_span, tracing_on
@@ -72,6 +73,8 @@ class _LongPoll:
         if wake is not None and not wake.done():
             wake.set_result(None)
 
+    expire = cancel  # the strategy's shared deadline timer (proxy.longpoll.deadlines)
+
     def on_ports_changed(self) -> None:
         self.moved = True
         wake = self.wake
@@ -93,7 +96,7 @@ class _LongPoll:
 
 class NotifyStrategy(StrategyBase):
     name = "notify"
-    # A timer on the wait and a scope around each pop (StrategyBase.keeps_deadline).
+    # A shared timer on the waits and a scope around each pop (StrategyBase.keeps_deadline).
     keeps_deadline = True
 
     def __init__(
@@ -106,6 +109,7 @@ class NotifyStrategy(StrategyBase):
     ) -> None:
         super().__init__(calls, metrics, label=label, probe_false_empty=probe_false_empty)
         self.hub = NotificationHub(calls)
+        self._deadlines = Deadlines()  # one timer for every waiting poll's deadline
 
     async def _poll(
         self,
@@ -173,10 +177,10 @@ class NotifyStrategy(StrategyBase):
         if source is not None:  # a new leader's port: the old one's watch would never report
             source.listen_changes(poll.on_ports_changed, on=True)
         moved = False
-        # The deadline: a timer ends the wait (and drain() the same way) instead of a cancel
-        # scope held by each idle long poll.
+        # The deadline: the strategy's one timer ends the wait (and drain() the same way),
+        # not a cancel scope or a timer held by each idle long poll.
         loop = asyncio.get_running_loop()
-        timer = loop.call_at(deadline, poll.cancel)
+        self._deadlines.add(deadline, poll)
         self._held.add(poll)
         if self.draining:
             poll.cancel()
@@ -196,7 +200,6 @@ class NotifyStrategy(StrategyBase):
                     continue
                 await self._consume(poll, request, deadline, custody)
         finally:
-            timer.cancel()
             self._held.discard(poll)
             # At once, whatever ended the long poll: signals this long poll holds go on to
             # other subscribers, and notifications nobody else needs are cancelled.
@@ -204,6 +207,7 @@ class NotifyStrategy(StrategyBase):
             if source is not None:
                 source.listen_changes(poll.on_ports_changed, on=False)
             ending = self.hub.unsubscribe_all(subs)
+            poll.results = None  # the deadline heap keeps the poll until its deadline
             if ending:  # a shielded scope only when there is something to wait for
                 with anyio.CancelScope(shield=True):  # runs to its end even when cancelled
                     for job in ending:
