@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 def _table(rows: list[list[str]]) -> str:
     from popmq.bench.table_text import grid  # rich: imported by a bench, not by the CLI
 
