@@ -39,7 +39,7 @@ from popmq.bench.table_text import grid
 from popmq.broker.contract.errors import Code
 from popmq.broker.contract.types import Message
 from popmq.client.aio import AsyncClient
-from popmq.client.model import QueueRef
+from popmq.client.model import QueueRef, ReceivedMessage
 from popmq.coord.etcd import EtcdStore
 from popmq.coord.keys import GroupKeys, decode
 from popmq.errors import PopmqError
@@ -159,8 +159,10 @@ class _Traffic:
     send_failures: int = 0
     delivered: Counter[bytes] = field(default_factory=Counter)
     consumed: Counter[bytes] = field(default_factory=Counter)  # delivered and acked
-    receive_errors: int = 0
+    receive_errors: int = 0  # issue 19: no receive may fail during a leader change
     last_receive_error: str = ""
+    ack_errors: int = 0  # allowed: the acks of the instant of a switch (the message comes back)
+    last_ack_error: str = ""
     producing: bool = True
 
     async def produce(self) -> None:
@@ -186,18 +188,30 @@ class _Traffic:
                 got = await self.client.receive("bench-failover", queue, batch_size=16,
                                                 invisible_ms=INVISIBLE_MS,
                                                 long_polling_ms=5_000)  # fmt: skip
-                self.delivered.update(m.body for m in got)
-                if got:
-                    outcomes = await self.client.ack(
-                        "bench-failover", TOPIC, [(m.message_id, m.receipt_handle) for m in got]
-                    )
-                    for message, outcome in zip(got, outcomes, strict=True):
-                        if outcome.ok:
-                            self.consumed[message.body] += 1
             except PopmqError as error:
                 self.receive_errors += 1
                 self.last_receive_error = str(error)
                 await anyio.sleep(0.05)
+                continue
+            self.delivered.update(m.body for m in got)
+            if got:
+                await self._ack(got)
+
+    async def _ack(self, got: list[ReceivedMessage]) -> None:
+        try:
+            outcomes = await self.client.ack(
+                "bench-failover", TOPIC, [(m.message_id, m.receipt_handle) for m in got]
+            )
+        except PopmqError as error:
+            self.ack_errors += len(got)
+            self.last_ack_error = str(error)
+            return
+        for message, outcome in zip(got, outcomes, strict=True):
+            if outcome.ok:
+                self.consumed[message.body] += 1
+            else:
+                self.ack_errors += 1
+                self.last_ack_error = f"{outcome.code}: {outcome.detail}"
 
     def served_since(self, instant: float) -> float | None:
         """When the first send started after ``instant`` was acknowledged (None: not yet)."""
@@ -325,6 +339,8 @@ async def bench_failover(kills: int = 3, lease_ttl_s: int = 2, keep_logs: str | 
         "unconsumed_after_drain": traffic.unconsumed(),
         "receive_errors": traffic.receive_errors,
         "last_receive_error": traffic.last_receive_error,
+        "ack_errors": traffic.ack_errors,
+        "last_ack_error": traffic.last_ack_error,
     }
 
 
@@ -373,5 +389,6 @@ def format_table(result: dict[str, Any]) -> str:
     tail = (f"{result['acknowledged']} acknowledged, {result['send_failures']} send failures, "
             f"{result['lost']} lost, {result['duplicates']} duplicates, "
             f"{result['unconsumed_after_drain']} not consumed after the drain, "
-            f"{result['receive_errors']} receive errors")  # fmt: skip
+            f"{result['receive_errors']} receive errors, "
+            f"{result['ack_errors']} acks refused or failed (each message comes back)")  # fmt: skip
     return head + "\n\n" + "\n".join(grid(rows)) + "\n\n" + tail
