@@ -197,9 +197,11 @@ class NotifyStrategy(StrategyBase):
         on_signal = poll.on_signal  # one bound method for every subscription, not one each
         # A loop, not a comprehension: a comprehension's free names (request, deadline, ...)
         # become cells this frame keeps for the whole wait, four objects per idle poll.
-        subs: list[Subscription] = []
+        subscribing: list[Subscription] = []
         for port in brokers:
-            subs.append(self.hub.subscribe(port, request.pop, deadline, on_signal))
+            subscribing.append(self.hub.subscribe(port, request.pop, deadline, on_signal))
+        subs = tuple(subscribing)  # kept for the wait: one object, not a list and its array
+        del subscribing
         source = request.source
         if source is not None:  # a new leader's port: the old one's watch would never report
             source.listen_changes(poll.on_ports_changed, on=True)
