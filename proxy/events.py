@@ -27,6 +27,10 @@ class ProxyEvents(Protocol):
     def first_pop_hit(self, strategy: str) -> None:
         """A long poll was answered by its first pop."""
 
+    def fill_pop(self, strategy: str, result: str) -> None:
+        """A receive with fewer messages than its batch popped a further broker without
+        hold: 'found' messages, 'empty' or 'failed'."""
+
     def went_past_first_pop(self) -> None:
         """A notify long poll found nothing at once and went on to notifications."""
 

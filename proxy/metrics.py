@@ -71,6 +71,12 @@ FIRST_POP_HITS = spec(
     Counter, "popmq_proxy_first_pop_hits",
     "Long polls answered by their first pop (is_short_polling_hit)", "strategy",
 )  # fmt: skip
+FILL_POPS = spec(
+    Counter, "popmq_proxy_fill_pops",
+    "Pops without hold on further brokers by receives that found fewer messages than their "
+    "batch, by result (found, empty, failed)",
+    "strategy", "result",
+)  # fmt: skip
 EMPTY_RESPONSES = spec(
     Counter, "popmq_proxy_empty_responses", "Receive calls answered with no message", "strategy"
 )
@@ -169,7 +175,7 @@ ADAPTIVE_SWITCHES = spec(
 )  # fmt: skip
 PROXY_METRICS = (
     ROCKETMQ_RPC_LATENCY, BROKER_UP, RPC_REQUESTS, RPC_DURATION, LONG_POLLS, POP_WITH_NOTIFY,
-    FIRST_POP_HITS, EMPTY_RESPONSES, UNAVAILABLE_RECEIVES, FALSE_EMPTY_RESPONSES,
+    FIRST_POP_HITS, FILL_POPS, EMPTY_RESPONSES, UNAVAILABLE_RECEIVES, FALSE_EMPTY_RESPONSES,
     MESSAGES_DELIVERED, BROKER_RPCS, HELD_NOTIFICATIONS, RECEIVE_DURATION, ADAPTIVE_MODE,
     POP_REQUEST_RATE, BROKER_RPC_ERRORS, RELEASED_MESSAGES, AUTO_RENEWALS, RENEWING_HANDLES,
     ADMISSION_REFUSALS, TRANSACTION_CHECKS, BUDGET_REFUSALS, INFLIGHT_BYTES, STALLED_STREAMS,
@@ -227,6 +233,7 @@ class ProxyMetrics:
         self.instruments: dict[str, Any] = build_all(PROXY_METRICS, self.registry)
         self._long_polls = self._children(LONG_POLLS)
         self._first_pop_hits = self._children(FIRST_POP_HITS)
+        self._fill_pops = self._children(FILL_POPS)
         self._empty = self._children(EMPTY_RESPONSES)
         self._unavailable = self._children(UNAVAILABLE_RECEIVES)
         self._false_empty = self._children(FALSE_EMPTY_RESPONSES)
@@ -273,6 +280,9 @@ class ProxyMetrics:
 
     def first_pop_hit(self, strategy: str) -> None:
         self._first_pop_hits[strategy].inc()
+
+    def fill_pop(self, strategy: str, result: str) -> None:
+        self._fill_pops[strategy, result].inc()
 
     def went_past_first_pop(self) -> None:
         self._pop_with_notify.inc()

@@ -42,6 +42,10 @@ class Custody:
             # The long poll is over: nobody will deliver these.
             self._release(port, *self._args, messages)
 
+    def ports(self) -> list[ConsumePort]:
+        """The brokers whose messages it holds, in the order they came."""
+        return list(dict.fromkeys(port for port, _ in self._held or ()))
+
     @property
     def count(self) -> int:
         held = self._held

@@ -257,6 +257,12 @@ class NotificationHub(AsyncClosing):
         """Channels whose notification is held on (or about to be sent to) a broker."""
         return sum(1 for channel in self._channels.values() if channel.task is not None)
 
+    def signalled(self, port: ConsumePort, pop: PopRequest) -> bool:
+        """Whether a long poll holds this broker's signal for the group now (its pop is on
+        the way)."""
+        channel = self._channels.get((port, pop.group, pop.topic, pop.filter, pop.fifo))
+        return channel is not None and bool(channel.holders)
+
     def subscribe(
         self, port: ConsumePort, pop: PopRequest, deadline: float, on_signal: OnSignal
     ) -> Subscription:

@@ -14,7 +14,10 @@ Article 001's algorithm, per client long poll:
 5. An empty pop means another client or proxy got the message first: that broker's
    notification is re-armed and the long poll goes on.
 6. The long poll ends when messages are found or at the deadline (a pop in flight is
-   cancelled with it; custody releases what it popped).
+   cancelled with it; custody releases what it popped). A batch not full yet first pops,
+   at once, the brokers of the signals already queued for it, then those whose watch
+   reported messages that no long poll holds a signal for (StrategyBase._fill): it waits
+   for nothing more, but brings what is there.
 
 The notifications of step 2 are shared by every long poll of this proxy through the
 ``NotificationHub`` (``proxy.longpoll.hub``): one notification is held per broker and group,
@@ -32,7 +35,7 @@ from typing import Any
 
 import anyio
 from popmq.broker.contract.port import ConsumePort
-from popmq.broker.contract.types import PopRequest
+from popmq.broker.contract.types import PopRequest, PopResult
 from popmq.proxy.events import ProxyEvents
 from popmq.proxy.longpoll.base import (
     LongPollRequest,
@@ -252,19 +255,66 @@ class NotifyStrategy(StrategyBase):
         # still asks every broker that may have messages (an unanswered event, a lost link).
         return self.hub.watches.candidates(brokers, pop)
 
+    def _fill_targets(
+        self, brokers: Sequence[ConsumePort], pop: PopRequest
+    ) -> Sequence[ConsumePort]:
+        # A backlog nobody is sent to: the broker's watch reported something (or may have
+        # lost an event) and no long poll holds a signal for it. Not a broker whose watch is
+        # armed and silent (nothing visible), nor one whose signal another long poll is
+        # about to pop (that pop would come back empty), nor one without a watch (no news).
+        hub = self.hub
+        return [
+            port
+            for port in brokers
+            if (watch := hub.watches.get(port, pop)) is not None
+            and watch.may_have
+            and not hub.signalled(port, pop)
+        ]
+
+    def _filled(self, port: ConsumePort, pop: PopRequest, result: PopResult) -> None:
+        if result.rest_num == 0:
+            self.hub.watches.popped_empty(port, pop)  # re-arm: the broker tells us
+
     async def _consume(
         self, poll: _LongPoll, request: LongPollRequest, deadline: float, custody: Custody
     ) -> None:
         # 4. One pop at a time per long poll: the oldest result first.
         assert poll.results
-        sub = poll.results.popleft()
+        await self._pop_signalled(poll, poll.results.popleft(), request, deadline, custody)
+        if not custody.count:
+            return
+        # 6. Found: no new signal comes to this long poll (it declines them). A batch not
+        # full yet first takes the signals already queued here (other brokers that reported
+        # messages): pops at once, no wait. Those left when it leaves go on to other polls.
+        poll.found = True
+        while (
+            poll.results
+            and custody.count < request.pop.max_messages
+            and not poll.ended
+            and poll.refused is None
+        ):
+            await self._pop_signalled(poll, poll.results.popleft(), request, deadline, custody)
+
+    async def _pop_signalled(
+        self,
+        poll: _LongPoll,
+        sub: Subscription,
+        request: LongPollRequest,
+        deadline: float,
+        custody: Custody,
+    ) -> None:
+        """Pop the broker of a signal this long poll holds, for what its batch still misses,
+        and tell the hub what the pop did."""
         port = sub.port
         try:
             with (
                 self.until(deadline) as scope,
                 start_span("popmq.long_poll.consume", {"popmq.broker": port.name}),
             ):
-                result = await self.calls.pop(port, replace(request.pop, poll_time_ms=0), custody)
+                room = request.pop.max_messages - custody.count
+                result = await self.calls.pop(
+                    port, replace(request.pop, max_messages=room, poll_time_ms=0), custody
+                )
             if scope.cancel_called:
                 # The deadline (or drain) cut the pop: the long poll ends with what custody
                 # holds, and leaving passes this signal on (it still holds it).
@@ -281,13 +331,12 @@ class NotifyStrategy(StrategyBase):
             self.calls.note_error("pop", exc, port)
             sub.missed()
             return
-        if custody.count:
-            poll.found = True  # 6. found: the signals still queued go on when it leaves
+        if result.messages:
             sub.used(result.rest_num)  # more left: the hub signals further subscribers
-            return
-        # 5. Empty: someone else got there first. The hub re-arms this broker's notification
-        # (this long poll stays subscribed to it).
-        sub.missed()
+        else:
+            # 5. Empty: someone else got there first. The hub re-arms this broker's
+            # notification (this long poll stays subscribed to it).
+            sub.missed()
 
     async def aclose(self) -> None:
         await self.hub.aclose()

@@ -120,20 +120,42 @@ async def test_a_pop_that_leaves_more_behind_passes_the_signal_on(
     assert all(b.held == 0 for b in fakes)
 
 
-async def test_a_long_poll_that_already_has_messages_passes_the_signal_on(
+async def test_a_long_poll_whose_batch_is_full_passes_the_signal_on(
     metrics: ProxyMetrics, fakes: list[FakeBroker]
 ) -> None:
     strategy = _strategy(metrics)
-    first = _receives(strategy, fakes, 1)[0]
+    first = _receives(strategy, fakes, 1, max_messages=1)[0]
     await wait_until(lambda: _pops(fakes) == 1)
-    second = _receives(strategy, fakes, 1)[0]
+    second = _receives(strategy, fakes, 1, max_messages=1)[0]
     await _subscribed(strategy, fakes, 2)
     fakes[0].put(1)
-    fakes[3].put(1)  # both signals go to the oldest first; it can use only one of them
+    fakes[3].put(1)  # both signals go to the oldest first; its batch of 1 takes only one
     async with asyncio.timeout(1):
         a, b = await asyncio.gather(first, second)
     assert sorted(m.message.store_host for m in a + b) == ["b0", "b3"]
+    assert (len(a), len(b)) == (1, 1)
     assert _pops(fakes) == 2 + 2
+
+
+async def test_a_long_poll_with_room_in_its_batch_takes_every_signal_queued_for_it(
+    metrics: ProxyMetrics, fakes: list[FakeBroker]
+) -> None:
+    """Two brokers report while the oldest long poll waits: both signals go to it, and with
+    room in its batch it pops both brokers (one receive for the two, not one each); the
+    younger long poll gets nothing and no pop is spent on its behalf."""
+    strategy = _strategy(metrics)
+    first = _receives(strategy, fakes, 1, max_messages=8)[0]
+    await wait_until(lambda: _pops(fakes) == 1)
+    second = _receives(strategy, fakes, 1, max_messages=8)[0]
+    await _subscribed(strategy, fakes, 2)
+    fakes[0].put(2)
+    fakes[3].put(3)
+    async with asyncio.timeout(1):
+        got = await first
+    assert sorted(m.message.store_host for m in got) == ["b0"] * 2 + ["b3"] * 3
+    assert _pops(fakes) == 2 + 2  # the first pops, then one pop per signal
+    assert not second.done()  # still waiting: nothing was there for it
+    await _finish([second])
 
 
 async def test_the_signal_goes_on_when_the_chosen_long_poll_is_cancelled(

@@ -204,7 +204,11 @@ async def test_release_falls_back_to_the_brokers_minimum_invisible_time(
 async def test_one_consume_at_a_time_returns_one_batch(
     metrics: ProxyMetrics, fakes: list[FakeBroker]
 ) -> None:
-    receive = asyncio.create_task(_strategy(metrics).receive(fakes, make_request(5_000)))
+    # A batch of 1: full after the first pop (a batch with room pops every broker that
+    # reported: test_hub_unit, the long poll with room in its batch).
+    receive = asyncio.create_task(
+        _strategy(metrics).receive(fakes, make_request(5_000, max_messages=1))
+    )
     await wait_until(lambda: all(b.held == 1 for b in fakes))
     for broker in fakes:
         broker.put(1)  # every broker reports at once

@@ -101,6 +101,12 @@ FAMILIES = [
         "Long polls answered by their first pop (is_short_polling_hit)",
     ),
     (
+        "popmq_proxy_fill_pops",
+        "counter",
+        ("strategy", "result"),
+        "Pops without hold on further brokers by receives that found fewer messages than their batch, by result (found, empty, failed)",
+    ),
+    (
         "popmq_proxy_held_notification_tasks",
         "gauge",
         (),
