@@ -7,7 +7,9 @@ benchmarks.md "Idle proxy, wave 8"). Here a poll's deadline is a heap entry (a t
 has come is ended (``expire()``) and the timer is armed for the next one.
 
 A poll that ends before its deadline (messages found, client gone) is not looked for in the
-heap: its entry stays until its deadline passes, and ending an ended poll does nothing.
+heap: its entry stays until its deadline passes, and ending an ended poll does nothing. So
+that a busy proxy (many polls answered early) does not keep their entries for a whole poll
+time, the heap is rebuilt without them once they outnumber the waiting polls (``done``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,16 @@ from typing import Protocol
 _SLACK_S = 0.001
 
 
+# Rebuild the heap once it holds this many entries more than twice the waiting polls.
+_COMPACT_SLACK = 1024
+
+
 class Expiring(Protocol):
+    @property
+    def closed(self) -> bool:
+        """It has ended (its entry can go)."""
+        ...
+
     def expire(self) -> None:
         """Its deadline has come: end the wait (called once, or never if the loop closed)."""
         ...
@@ -32,7 +43,7 @@ class Expiring(Protocol):
 class Deadlines:
     """The deadlines of one strategy's held polls, on one event loop."""
 
-    __slots__ = ("_heap", "_loop", "_order", "_timer", "_timer_at")
+    __slots__ = ("_heap", "_live", "_loop", "_order", "_timer", "_timer_at")
 
     def __init__(self) -> None:
         # (deadline, order, poll): the order keeps ties first come, first ended, and polls
@@ -42,6 +53,7 @@ class Deadlines:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
+        self._live = 0  # polls added and not yet done
 
     def __len__(self) -> int:
         """Entries still in the heap (ended polls' included until their deadline)."""
@@ -53,13 +65,23 @@ class Deadlines:
         if loop is not self._loop:  # a new loop (tests run one per test): start afresh
             self._reset(loop)
         heapq.heappush(self._heap, (deadline, next(self._order), poll))
+        self._live += 1
         if deadline < self._timer_at:
             self._arm(deadline)
+
+    def done(self) -> None:
+        """A poll added here has ended (``closed``), at its deadline or before it."""
+        self._live = max(self._live - 1, 0)
+        heap = self._heap
+        if len(heap) > 2 * self._live + _COMPACT_SLACK:
+            heap[:] = [entry for entry in heap if not entry[2].closed]
+            heapq.heapify(heap)
 
     def _reset(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._timer is not None:
             self._timer.cancel()
         self._heap.clear()
+        self._live = 0
         self._loop = loop
         self._timer = None
         self._timer_at = float("inf")

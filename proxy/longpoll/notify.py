@@ -236,6 +236,7 @@ class NotifyStrategy(StrategyBase):
             # At once, whatever ended the long poll: signals this long poll holds go on to
             # other subscribers, and notifications nobody else needs are cancelled.
             poll.closed = True
+            self._deadlines.done()
             if source is not None:
                 source.listen_changes(poll.on_ports_changed, on=False)
             ending = self.hub.unsubscribe_all(subs)

@@ -14,6 +14,7 @@ class _Poll:
     def __init__(self, name: str, log: list[tuple[str, float]]) -> None:
         self.name = name
         self.log = log
+        self.closed = False
 
     def expire(self) -> None:
         self.log.append((self.name, asyncio.get_running_loop().time()))
@@ -50,3 +51,20 @@ async def test_a_poll_added_after_the_timer_fired_is_ended_too() -> None:
     deadlines.add(loop.time() + 1, _Poll("later", log))
     await asyncio.sleep(2)
     assert [name for name, _ in log] == ["first", "later"]
+
+
+async def test_entries_of_polls_ended_early_do_not_pile_up() -> None:
+    # A busy proxy: most polls are answered long before their deadline.
+    loop = asyncio.get_running_loop()
+    log: list[tuple[str, float]] = []
+    deadlines = Deadlines()
+    waiting = _Poll("waiting", log)
+    deadlines.add(loop.time() + 30, waiting)
+    for i in range(5_000):
+        poll = _Poll(f"p{i}", log)
+        deadlines.add(loop.time() + 30, poll)
+        poll.closed = True
+        deadlines.done()
+    assert len(deadlines) <= 2 * 1 + 1_025
+    await asyncio.sleep(31)
+    assert "waiting" in [name for name, _ in log]  # the one still waiting is still ended
