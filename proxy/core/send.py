@@ -105,17 +105,18 @@ def to_message(msg: OutgoingMessage, topic: str, peer: str = "") -> Message:
     properties = dict(msg.properties) if msg.properties else {}
     if msg.trace_context is not None:
         properties[PROP_TRACE_CONTEXT] = msg.trace_context
+    # Positional, in the fields' order: keyword arguments cost 0.6 us more per message.
     return Message(
-        topic=topic,
-        body=msg.body.read() if isinstance(msg.body, LazyBody) else msg.body,
-        tag=msg.tag,
-        keys=list(msg.keys) if msg.keys else [],
-        properties=properties,
-        message_id=msg.message_id,
-        message_group=msg.message_group or "",
-        delivery_timestamp_ms=delivery_ms,
-        born_timestamp_ms=born_ms,
-        born_host=msg.born_host or peer,
+        topic,
+        msg.body.read() if isinstance(msg.body, LazyBody) else msg.body,
+        msg.tag,
+        list(msg.keys) if msg.keys else [],
+        properties,
+        msg.message_id,
+        msg.message_group or "",
+        delivery_ms,  # delivery_timestamp_ms
+        born_ms,  # born_timestamp_ms
+        msg.born_host or peer,  # born_host
     )
 
 
@@ -329,7 +330,7 @@ class Sender:
                 if isinstance(result, Exception):
                     outcomes_by_message[i] = SendOutcome(messages[i].message_id, error=result)
                 else:
-                    outcomes_by_message[i] = SendOutcome(result.message_id, result=result)
+                    outcomes_by_message[i] = SendOutcome(result.message_id, result)
         for topic in unsettled:  # this send may have settled the topic's type: read it afresh
             cluster.forget_topic(topic)
         return [o for o in outcomes_by_message if o is not None]

@@ -66,22 +66,23 @@ def outgoing_from_pb(msg: pb.Message, split_body: memoryview | None = None) -> O
         if len(data) > EAGER_BODY_BYTES:
             body = LazyBody(len(data), lambda: msg.body)
         del data
+    # Positional, in the fields' order: 15 keyword arguments cost 0.75 us more per message.
     return OutgoingMessage(
-        topic=msg.topic.name,
-        body=body,
-        kind=kind,
-        gzip=props.body_encoding == pb.GZIP,
-        lite_topic=props.HasField("lite_topic"),
-        tag=props.tag,
-        keys=list(props.keys) if props.keys else None,
-        message_group=props.message_group if props.HasField("message_group") else None,
-        properties=dict(msg.user_properties) if msg.user_properties else None,
-        trace_context=props.trace_context if props.HasField("trace_context") else None,
-        message_id=props.message_id,
-        delivery_time=props.delivery_timestamp if props.HasField("delivery_timestamp") else None,
-        born_time=props.born_timestamp,
-        born_host=props.born_host,
-        check_immunity_s=(
+        msg.topic.name,  # topic
+        body,
+        kind,
+        props.body_encoding == pb.GZIP,  # gzip
+        props.HasField("lite_topic"),  # lite_topic
+        props.tag,  # tag
+        list(props.keys) if props.keys else None,  # keys
+        props.message_group if props.HasField("message_group") else None,  # message_group
+        dict(msg.user_properties) if msg.user_properties else None,  # properties
+        props.trace_context if props.HasField("trace_context") else None,  # trace_context
+        props.message_id,  # message_id
+        props.delivery_timestamp if props.HasField("delivery_timestamp") else None,  # delivery
+        props.born_timestamp,  # born_time
+        props.born_host,  # born_host
+        (  # check_immunity_s
             props.orphaned_transaction_recovery_duration.seconds
             if props.HasField("orphaned_transaction_recovery_duration")
             else None

@@ -11,7 +11,6 @@ from popmq.proxy.core.context import RequestContext
 from popmq.proxy.core.processor import ProxyCore
 from popmq.proxy.grpc import status as st
 
-from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
 
@@ -20,15 +19,22 @@ async def ack_message(
 ) -> s.AckMessageResponse:
     asked = [AckEntry(e.receipt_handle, e.message_id) for e in request.entries]
     results = await core.handles.ack(request.group.name, request.topic.name, asked)
-    statuses: dict[tuple[int, str], pb.Status] = {}  # nearly every entry shares one status
+    # An entry per status (nearly every entry shares one), copied into each result: 0.8 us an
+    # entry against 1.4 for add(status=...). Built in place: a list would be copied in again.
+    templates: dict[tuple[int, str], s.AckMessageResultEntry] = {}
     response = s.AckMessageResponse()
-    add = response.entries.add  # built in place: a list of entries would be copied in again
+    add = response.entries.add
     for r in results:
-        status = statuses.get((r.code, r.message))
-        if status is None:
-            status = statuses[r.code, r.message] = st.status(r.code, r.message)
-        add(message_id=r.message_id, receipt_handle=r.receipt_handle, status=status)
-    code = st.combined_code([Code(c) for c in {c for c, _ in statuses}])
+        template = templates.get((r.code, r.message))
+        if template is None:
+            template = templates[r.code, r.message] = s.AckMessageResultEntry(
+                status=st.status(r.code, r.message)
+            )
+        entry = add()
+        entry.CopyFrom(template)
+        entry.message_id = r.message_id
+        entry.receipt_handle = r.receipt_handle
+    code = st.combined_code([Code(c) for c in {c for c, _ in templates}])
     message = response.entries[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
     response.status.CopyFrom(st.status(code, message))
     return response

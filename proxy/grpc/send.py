@@ -36,27 +36,35 @@ async def send_message(
         # size in transient memory).
         async with budget.hold(sum(body_size(m.body) for m in outgoing)):
             outcomes = await core.sender.send(outgoing, ctx)
-    ok = st.ok()
-    failed: dict[int, pb.Status] = {}  # a failed batch: one status for all its messages
+    stored = s.SendResultEntry(status=st.ok())  # each stored message's entry starts as this
+    failed: dict[int, s.SendResultEntry] = {}  # a failed batch: one status for all its messages
     codes = set()
     response = s.SendMessageResponse()
-    add = response.entries.add  # built in place: a list of entries would be copied in again
+    # Built in place (a list of entries would be copied in again), each entry a copy of one
+    # made with its status: 0.8 us an entry against 1.4 for add(status=...).
+    add = response.entries.add
     for outcome in outcomes:
         result = outcome.result
         if outcome.error is None:
             assert result is not None
             codes.add(Code.OK)
-            entry = add(status=ok, message_id=result.message_id, offset=result.queue_offset)
+            entry = add()
+            entry.CopyFrom(stored)
+            entry.message_id = result.message_id
+            entry.offset = result.queue_offset
             if result.recall_handle:  # empty fields are not set: each costs a copy
                 entry.recall_handle = result.recall_handle
             if result.transaction_id:
                 entry.transaction_id = result.transaction_id
             continue
-        status = failed.get(id(outcome.error))
-        if status is None:
-            status = failed[id(outcome.error)] = st.status_of(outcome.error)
+        template = failed.get(id(outcome.error))
+        if template is None:
+            status = st.status_of(outcome.error)
+            template = failed[id(outcome.error)] = s.SendResultEntry(status=status)
             codes.add(Code(status.code))
-        add(status=status, message_id=outcome.message_id)
+        entry = add()
+        entry.CopyFrom(template)
+        entry.message_id = outcome.message_id
     code = st.combined_code(list(codes))
     summary = response.entries[0].status.message if code != Code.MULTIPLE_RESULTS else "see entries"
     response.status.CopyFrom(st.status(code, summary))

@@ -95,6 +95,12 @@ async def test_mixed_batch_ack_reports_each_entry(cluster: Cluster) -> None:
     acked = await cluster.ack_handles(group, topic, entries)
     assert acked.status.code == Code.MULTIPLE_RESULTS
     assert [e.status.code for e in acked.entries] == [Code.OK, Code.INVALID_RECEIPT_HANDLE]
+    # each entry its own id and handle, and its own status's message
+    assert [(e.message_id, e.receipt_handle) for e in acked.entries] == [
+        (x.message_id, x.receipt_handle) for x in entries
+    ]
+    assert acked.entries[0].status.message == "OK"
+    assert "receipt handle" in acked.entries[1].status.message
 
 
 @pytest.mark.parametrize(

@@ -174,3 +174,48 @@ def test_a_frame_built_unqualified_equals_the_interceptors_walk_of_it() -> None:
             built = s.ReceiveMessageResponse()
             popped_into(built.message, popped, 5, request_namespace, "ns")
             assert built == walked, (topic, request_namespace)
+
+
+def test_every_field_of_a_producers_message_lands_in_its_own_place() -> None:
+    """outgoing_from_pb and to_message build their dataclasses positionally (cheaper per
+    message): every field set to a distinct value must come out under its own name."""
+    from popmq.broker.contract.types import PROP_TRACE_CONTEXT, Message
+    from popmq.proxy.core.send import OutgoingMessage, to_message
+    from popmq.proxy.grpc.convert import outgoing_from_pb
+
+    msg = pb.Message(body=b"payload", user_properties={"app": "x"})
+    msg.topic.name = "orders"
+    props = msg.system_properties
+    props.message_type = pb.TRANSACTION
+    props.body_encoding = pb.GZIP
+    # lite_topic left unset: False, where gzip is True (a swap of the two shows)
+    props.tag = "TagA"
+    props.keys.extend(["k1", "k2"])
+    props.message_group = "g1"
+    props.trace_context = "00-trace-01"
+    props.message_id = "MID1"
+    props.delivery_timestamp.FromMilliseconds(1_700_000_000_999)
+    props.born_timestamp.FromMilliseconds(1_700_000_000_123)
+    props.born_host = "10.0.0.1"
+    props.orphaned_transaction_recovery_duration.seconds = 42
+    out = outgoing_from_pb(msg)
+    assert isinstance(out, OutgoingMessage)
+    assert (out.topic, out.body, out.kind, out.gzip, out.lite_topic, out.tag) == (
+        "orders", b"payload", "TRANSACTION", True, False, "TagA",
+    )  # fmt: skip
+    assert (out.keys, out.message_group, out.properties, out.trace_context, out.message_id) == (
+        ["k1", "k2"], "g1", {"app": "x"}, "00-trace-01", "MID1",
+    )  # fmt: skip
+    assert out.delivery_time is not None and out.born_time is not None
+    assert out.delivery_time.ToMilliseconds() == 1_700_000_000_999
+    assert out.born_time.ToMilliseconds() == 1_700_000_000_123
+    assert (out.born_host, out.check_immunity_s) == ("10.0.0.1", 42)
+
+    stored = to_message(out, "ns%orders", "peer:1")
+    assert stored == Message(
+        topic="ns%orders", body=b"payload", tag="TagA", keys=["k1", "k2"],
+        properties={"app": "x", PROP_TRACE_CONTEXT: "00-trace-01"},
+        message_id="MID1", message_group="g1", delivery_timestamp_ms=1_700_000_000_999,
+        born_timestamp_ms=1_700_000_000_123, born_host="10.0.0.1",
+    )  # fmt: skip
+    assert to_message(outgoing_from_pb(pb.Message(body=b"x")), "t", "peer:1").born_host == "peer:1"

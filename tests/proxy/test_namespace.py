@@ -193,3 +193,48 @@ async def test_pulled_messages_leave_in_the_clients_namespace_without_a_walk_per
         ("orders", "ns1", b"a")
     ]
     assert not [m for m in walked if isinstance(m, s.PullMessageResponse) and m.message.body]
+
+
+def _every_resource(message, found):  # type: ignore[no-untyped-def]
+    """What the interceptor's walk must find, read the plain way: each set Resource field,
+    in field order, depth first, with whether it is a group."""
+    for field, value in sorted(message.ListFields(), key=lambda fv: fv[0].number):
+        if field.message_type is None or field.message_type.GetOptions().map_entry:
+            continue
+        values = value if field.is_repeated else [value]
+        for item in values:
+            if field.message_type.full_name == "apache.rocketmq.v2.Resource":
+                found.append((item.name, field.name == "group"))
+            else:
+                _every_resource(item, found)
+    return found
+
+
+def test_the_resource_walk_finds_every_resource_of_each_request_in_order() -> None:
+    """The walk (a plan per message type, looked up once per repeated field, a shortcut for
+    elements holding one Resource) finds what a plain walk finds, in the same order."""
+    from popmq.proxy.grpc.namespace import _resources
+
+    send = s.SendMessageRequest()
+    for topic in ("a", "b", ""):
+        message = send.messages.add(body=b"x")
+        if topic:
+            message.topic.name = topic  # the last message has no topic at all
+    telemetry = s.TelemetryCommand()
+    subscription = telemetry.settings.subscription
+    subscription.group.name = "g"
+    for topic in ("t1", "t2"):
+        subscription.subscriptions.add().topic.name = topic
+    g, t = pb.Resource(name="g"), pb.Resource(name="t")
+    requests = [
+        send,
+        s.SendMessageRequest(),
+        s.AckMessageRequest(group=g, topic=t, entries=[s.AckMessageEntry(receipt_handle="h")]),
+        s.ReceiveMessageRequest(group=g, message_queue=pb.MessageQueue(topic=t)),
+        telemetry,
+    ]
+    for request in requests:
+        walked = [(resource.name, is_group) for resource, is_group in _resources(request)]
+        assert walked == _every_resource(request, []), type(request).__name__
+    assert [name for name, _ in _every_resource(send, [])] == ["a", "b"]
+    assert _every_resource(telemetry, []) == [("g", True), ("t1", False), ("t2", False)]
