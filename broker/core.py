@@ -23,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
+import anyio
 from popmq.broker.auto_create import AutoCreateGate
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.message_types import (
@@ -190,11 +191,20 @@ class Broker:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def start(self) -> None:
+    async def start(self, *, open_off_loop: bool = False) -> None:
+        """Open the store (recovery), then the POP state, and start the background loops.
+        ``open_off_loop``: the store's open and recovery walk run on a worker thread, so the
+        event loop goes on serving what else it carries (a promoted node's lease keepalives
+        and etcd watches) meanwhile; nothing else touches the store until it is open."""
         if self._started:
             return
         self._stopping = False
-        self._store.open()
+        if open_off_loop:
+            # Not abandoned if cancelled: the open runs to its end (a cancellation lands at
+            # the caller's next checkpoint, with the broker started, for it to close).
+            await anyio.to_thread.run_sync(self._store.open)
+        else:
+            self._store.open()
         try:
             self._open_pop_state()
         except BaseException:

@@ -135,7 +135,7 @@ class BrokerCluster(AsyncClosing):
         self._known_queues: dict[tuple[str, str], int] = {}
         self._draining: set[str] = set()  # brokers that take no new sends
         # Set (and replaced) at each change of ports: receives waiting out a leader change
-        # ask the new leader at once (popmq.proxy.longpoll.base._poll_through_outages).
+        # ask the new leader at once (popmq.proxy.longpoll.base.StrategyBase._retrying).
         self._changed: anyio.Event | None = None  # made when first awaited (needs a loop)
         self._change_listeners: set[Callable[[], None]] = set()
         # The replicated broker groups as etcd last said (proxy/discovery.py sets it; empty

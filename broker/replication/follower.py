@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -100,9 +101,9 @@ class ReplicaFollower:
                         )
                         continue
                     arrived.clear()
-                    # until a batch arrives, or indexing is due (it waits to do more at once)
-                    with anyio.move_on_after(self._writer.indexing_due_in()):
-                        await arrived.wait()
+                    # until a batch arrives, or indexing is due (it waits to do more at once);
+                    # a timer handle, not a cancel scope: this wait comes once per batch
+                    await _wait_at_most(arrived, self._writer.indexing_due_in())
                     continue
                 batches = pending[:]
                 pending.clear()
@@ -149,3 +150,16 @@ class ReplicaFollower:
                 call.cancel()
         finally:
             await channel.close()
+
+
+async def _wait_at_most(event: asyncio.Event, timeout_s: float) -> None:
+    """Until ``event`` is set, or ``timeout_s`` passed (which sets it: the caller looks again
+    at what it waits for either way)."""
+    if math.isinf(timeout_s):
+        await event.wait()
+        return
+    timer = asyncio.get_running_loop().call_later(max(timeout_s, 0.0), event.set)
+    try:
+        await event.wait()
+    finally:
+        timer.cancel()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -376,7 +377,8 @@ class _Session:
         self.kick = asyncio.Event()
         # (sequence, batch id, taken at, complete) of each batch sent and not yet acknowledged
         self.in_flight: deque[tuple[int, int, float, bool]] = deque()
-        self.space = asyncio.Condition()
+        self.space = asyncio.Event()  # set: fewer than WINDOW batches in flight
+        self.space.set()
         self.failure: tuple[grpc.StatusCode, str] | None = None
 
     async def run(
@@ -397,27 +399,37 @@ class _Session:
         return self.failure
 
     async def _read_acks(self, reports: AsyncIterator[pb.ReplicaReport]) -> None:
-        leader, max_lag = self.leader, self.leader._config.max_lag_s
-        while True:
-            with anyio.move_on_after(max_lag) as waited:
+        max_lag = self.leader._config.max_lag_s
+        # One cancel scope for the stream, its deadline moved before each read (a scope per
+        # acknowledgement was a visible share of a leader's CPU per batch).
+        with anyio.CancelScope() as waited:
+            while True:
+                waited.deadline = anyio.current_time() + max_lag
                 report = await reports.__anext__()
-            if waited.cancelled_caught:
-                log.warning("replication: %s acknowledged nothing for %.1f s; its stream is "
-                            "closed", self.node, max_lag)  # fmt: skip
-                self.failure = (grpc.StatusCode.DEADLINE_EXCEEDED, "no acknowledgement")
-                return
-            if (
-                report.WhichOneof("kind") != "ack"
-                or not self.in_flight
-                or report.ack.sequence != self.in_flight[0][0]
-            ):
-                self.failure = (_INVALID, "expected the acknowledgement of the oldest batch")
-                return
-            _, batch_id, taken_at, complete = self.in_flight.popleft()
-            await leader.acknowledged(self.node, batch_id, taken_at, complete,
-                                      report.ack.commitlog_end, self.generation)  # fmt: skip
-            async with self.space:
-                self.space.notify_all()
+                waited.deadline = math.inf
+                if not await self._acknowledge(report):
+                    return
+        if waited.cancelled_caught:
+            log.warning("replication: %s acknowledged nothing for %.1f s; its stream is "
+                        "closed", self.node, max_lag)  # fmt: skip
+            self.failure = (grpc.StatusCode.DEADLINE_EXCEEDED, "no acknowledgement")
+
+    async def _acknowledge(self, report: pb.ReplicaReport) -> bool:
+        """Count the follower's acknowledgement of its oldest batch in flight (False: it was
+        not that; the stream ends)."""
+        if (
+            report.WhichOneof("kind") != "ack"
+            or not self.in_flight
+            or report.ack.sequence != self.in_flight[0][0]
+        ):
+            self.failure = (_INVALID, "expected the acknowledgement of the oldest batch")
+            return False
+        _, batch_id, taken_at, complete = self.in_flight.popleft()
+        if len(self.in_flight) < self.WINDOW:
+            self.space.set()
+        await self.leader.acknowledged(self.node, batch_id, taken_at, complete,
+                                       report.ack.commitlog_end, self.generation)  # fmt: skip
+        return True
 
     async def _send(self, context: Any, truncate: int, reset: bool) -> None:
         leader = self.leader
@@ -428,8 +440,7 @@ class _Session:
         caught_up = False
         sent_at = clock.monotonic()
         while not leader._closed:
-            async with self.space:
-                await self.space.wait_for(lambda: len(self.in_flight) < self.WINDOW)
+            await self.space.wait()
             if caught_up:  # everything was sent: wait for a write, or the next look
                 await _wait_for_work(self.kick, poll_s)
             now = clock.monotonic()
@@ -450,6 +461,8 @@ class _Session:
             batch_id = leader.next_batch_id()
             sequence += 1
             self.in_flight.append((sequence, batch_id, snapshot.taken_at, snapshot.complete))
+            if len(self.in_flight) >= self.WINDOW:
+                self.space.clear()
             batch = make_batch(
                 snapshot, sequence, leader._role.epoch, leader._history.entries,
                 truncate=truncate if sequence == 1 else -1, reset=reset and sequence == 1,
@@ -483,10 +496,14 @@ def make_batch(
 
 
 async def _wait_for_work(kick: asyncio.Event, poll_s: float) -> None:
-    """Until a write waits on the barrier (kick), or poll_s passed."""
+    """Until a write waits on the barrier (kick), or poll_s passed (a timer handle, not a
+    cancel scope: this wait comes once per batch)."""
     if not kick.is_set():
-        with anyio.move_on_after(poll_s):
+        timer = asyncio.get_running_loop().call_later(poll_s, kick.set)
+        try:
             await kick.wait()
+        finally:
+            timer.cancel()
     kick.clear()
 
 

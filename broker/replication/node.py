@@ -233,7 +233,7 @@ class ReplicatedNode:
             history.begin(role.epoch, 0)
         broker = Broker(config, self._clock)
         started = time.monotonic()
-        await broker.start()
+        await broker.start(open_off_loop=True)  # keepalives and watches go on meanwhile
         self.promotion = Promotion.of(broker, time.monotonic() - started)
         log.info("replication: %s opened its store for epoch %d in %.3f s (walked %d records, "
                  "%d bytes of commitlog)", self.node, role.epoch, self.promotion.seconds,

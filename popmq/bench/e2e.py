@@ -454,13 +454,14 @@ async def _drive(
     server_pid: int | None,
     broker_pids: Sequence[int] = (),
 ) -> dict[str, Any]:
-    def brokers_cpu() -> float:
-        return sum(_cpu_s(pid) for pid in broker_pids)
+    def each_broker_cpu() -> list[float]:
+        return [_cpu_s(pid) for pid in broker_pids]
 
     def server_cpu() -> float:
         return _process_tree_cpu_s(server_pid) if server_pid else 0.0
 
-    cpu_before = (_cpu_s(), server_cpu(), brokers_cpu())
+    each_before = each_broker_cpu()
+    cpu_before = (_cpu_s(), server_cpu(), sum(each_before))
     live.measure()  # the live rate is acked / this interval, as the table's msgs_per_s
     started = time.perf_counter()
 
@@ -480,7 +481,8 @@ async def _drive(
             consumers.cancel_scope.cancel()
     elapsed = time.perf_counter() - started
     live.measured()
-    cpu_after = (_cpu_s(), server_cpu(), brokers_cpu())
+    each_after = each_broker_cpu()
+    cpu_after = (_cpu_s(), server_cpu(), sum(each_after))
     acked = max(progress.acked, 1)
     proxy_cpu = cpu_after[1] - cpu_before[1]
     broker_cpu = cpu_after[2] - cpu_before[2]
@@ -504,6 +506,10 @@ async def _drive(
         "server_cpu_us_per_msg": round(server_total * 1e6 / acked),
         "proxy_cpu_us_per_msg": round(proxy_cpu * 1e6 / acked),
         "brokers_cpu_us_per_msg": round(broker_cpu * 1e6 / acked),
+        # per broker process, in start order (a replicated group: its leader, then followers)
+        "cpu_s_each_broker": [
+            round(a - b, 2) for a, b in zip(each_after, each_before, strict=True)
+        ],
     }
 
 

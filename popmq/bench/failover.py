@@ -134,6 +134,11 @@ class _GroupEvents:
                         self.seen.append((time.monotonic(), event.kind, name, value))
             await anyio.sleep(0.05)
 
+    def elections(self) -> int:
+        """Leader keys written while the bench watched: one a kill, and one more each time a
+        leader lost its lease without a kill (starved of CPU, its keepalives came too late)."""
+        return sum(1 for _, kind, name, _ in self.seen if name == "leader" and kind == "put")
+
     def phases(self, killed_at: float, leader: str, served_at: float) -> dict[str, float | None]:
         """Seconds from the kill to each phase (None: not seen)."""
         expired = elected = in_sync = None
@@ -341,6 +346,7 @@ async def bench_failover(kills: int = 3, lease_ttl_s: int = 2, keep_logs: str | 
         "last_receive_error": traffic.last_receive_error,
         "ack_errors": traffic.ack_errors,
         "last_ack_error": traffic.last_ack_error,
+        "elections": events.elections(),
     }
 
 
@@ -391,4 +397,6 @@ def format_table(result: dict[str, Any]) -> str:
             f"{result['unconsumed_after_drain']} not consumed after the drain, "
             f"{result['receive_errors']} receive errors, "
             f"{result['ack_errors']} acks refused or failed (each message comes back)")  # fmt: skip
+    if "elections" in result:  # more than the kills: leases lost without a kill
+        tail += f"; {result['elections']} elections for {p['kills']} kills"
     return head + "\n\n" + "\n".join(grid(rows)) + "\n\n" + tail

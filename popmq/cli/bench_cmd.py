@@ -15,11 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from popmq.bench.table_text import grid
-from popmq.cli.bench_display import live_progress
-
 
 def _table(rows: list[list[str]]) -> str:
+    from popmq.bench.table_text import grid  # rich: imported by a bench, not by the CLI
+
     return "\n".join(grid(rows))
 
 
@@ -53,6 +52,9 @@ def _emit(result: dict[str, Any], table: str, json_path: str | None) -> int:
 
 def _run_bench(module: str, function: str, formatter: Callable[[dict[str, Any]], str] | str,
                json_path: str | None, **kwargs: Any) -> int:  # fmt: skip
+    # Here, not with the CLI: rich's progress display is no cost of a serving process.
+    from popmq.cli.bench_display import live_progress
+
     bench = getattr(importlib.import_module(module), function)
     with live_progress(f"bench {function.removeprefix('bench_')}"):
         result = asyncio.run(bench(**kwargs))

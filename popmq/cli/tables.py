@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# rich is imported when a table is printed, not with the CLI: a serving process (`popmq
+# proxy`, `popmq broker`) prints none, and rich's modules cost it about 1.3 MiB of RSS
+# (docs/benchmarks.md, "Idle proxy, wave 9").
 
 # Piped output is read by grep and friends: never wrap or cut it at 80 columns.
 _PIPE_WIDTH = 400
@@ -16,6 +19,8 @@ _PIPE_WIDTH = 400
 
 def console() -> Console:
     """A console on the current stdout (looked up per call: tests swap sys.stdout)."""
+    from rich.console import Console
+
     tty = sys.stdout.isatty()
     return Console(file=sys.stdout, width=None if tty else _PIPE_WIDTH, soft_wrap=not tty)
 
@@ -28,6 +33,9 @@ def print_table(
     numeric: bool = True,
 ) -> None:
     """One table; columns whose cells are all numbers are right-aligned."""
+    from rich import box
+    from rich.table import Table
+
     table = Table(
         box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False, show_edge=False
     )

@@ -85,6 +85,13 @@ def _compare(c: Compare) -> dict[str, Any]:
     return body
 
 
+def _granted(lease: int, answer: dict[str, Any]) -> float:
+    ttl = int(answer.get("result", {}).get("TTL", 0))
+    if ttl <= 0:  # the gateway answers an expired lease with no TTL
+        raise LeaseLostError(f"lease {lease:x} expired")
+    return float(ttl)
+
+
 class EtcdStore:
     """CoordStore on one etcd cluster, given its client URLs (http://host:port)."""
 
@@ -94,6 +101,9 @@ class EtcdStore:
         self._endpoints = [url.rstrip("/") for url in endpoints]
         self._timeout_s = timeout_s
         self._client = httpx.AsyncClient(timeout=timeout_s)
+        # Used by keepalive_blocking only, from the one thread that sends a lease's
+        # keepalives (popmq.coord.group): made there, at its first keepalive.
+        self._blocking: httpx.Client | None = None
 
     @property
     def endpoints(self) -> list[str]:
@@ -101,6 +111,8 @@ class EtcdStore:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        if self._blocking is not None:
+            self._blocking.close()
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         failures: list[str] = []
@@ -111,16 +123,41 @@ class EtcdStore:
                 failures.append(f"{endpoint}: {type(exc).__name__} {exc}")
                 self._demote(endpoint)
                 continue
-            answer: dict[str, Any] = response.json()
-            if response.status_code == 200 and "error" not in answer:
+            if (answer := self._answer(endpoint, response, failures)) is not None:
                 return answer
-            message = str(answer.get("message") or answer.get("error") or response.text)
-            if "lease not found" in message:
-                raise LeaseLostError(message)
-            # No leader / no quorum here; another member may still have one.
-            failures.append(f"{endpoint}: HTTP {response.status_code} {message}")
-            self._demote(endpoint)
         raise CoordUnavailableError(f"etcd did not answer {path}: " + "; ".join(failures))
+
+    def _post_blocking(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``_post`` for a thread that is not the event loop's (it blocks that thread)."""
+        if self._blocking is None:
+            self._blocking = httpx.Client(timeout=self._timeout_s)
+        failures: list[str] = []
+        for endpoint in list(self._endpoints):
+            try:
+                response = self._blocking.post(endpoint + path, json=body)
+            except httpx.HTTPError as exc:
+                failures.append(f"{endpoint}: {type(exc).__name__} {exc}")
+                self._demote(endpoint)
+                continue
+            if (answer := self._answer(endpoint, response, failures)) is not None:
+                return answer
+        raise CoordUnavailableError(f"etcd did not answer {path}: " + "; ".join(failures))
+
+    def _answer(
+        self, endpoint: str, response: httpx.Response, failures: list[str]
+    ) -> dict[str, Any] | None:
+        """The answer of a 200 without error; else None (noted in ``failures``), or
+        LeaseLostError."""
+        answer: dict[str, Any] = response.json()
+        if response.status_code == 200 and "error" not in answer:
+            return answer
+        message = str(answer.get("message") or answer.get("error") or response.text)
+        if "lease not found" in message:
+            raise LeaseLostError(message)
+        # No leader / no quorum here; another member may still have one.
+        failures.append(f"{endpoint}: HTTP {response.status_code} {message}")
+        self._demote(endpoint)
+        return None
 
     def _demote(self, endpoint: str) -> None:
         if len(self._endpoints) > 1 and self._endpoints[0] == endpoint:
@@ -131,11 +168,10 @@ class EtcdStore:
         return int(answer["ID"])
 
     async def keepalive(self, lease: int) -> float:
-        answer = await self._post("/v3/lease/keepalive", {"ID": str(lease)})
-        ttl = int(answer.get("result", {}).get("TTL", 0))
-        if ttl <= 0:  # the gateway answers an expired lease with no TTL
-            raise LeaseLostError(f"lease {lease:x} expired")
-        return float(ttl)
+        return _granted(lease, await self._post("/v3/lease/keepalive", {"ID": str(lease)}))
+
+    def keepalive_blocking(self, lease: int) -> float:
+        return _granted(lease, self._post_blocking("/v3/lease/keepalive", {"ID": str(lease)}))
 
     async def revoke(self, lease: int) -> None:
         try:

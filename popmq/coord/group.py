@@ -3,7 +3,9 @@
 ``join_group(store, settings)`` is an async context manager that owns its task group. While
 inside it the node
 
-- holds a lease (``lease_ttl_s``, renewed every third of it) and its member key bound to it;
+- holds a lease (``lease_ttl_s``, renewed every third of it, from a thread of its own: an event
+  loop kept busy, by a promotion or a flood of calls, does not delay the keepalives) and its
+  member key bound to it;
 - campaigns whenever the group has no leader and it may lead: one transaction comparing the
   leader key's ``create_revision`` with 0 and the in-sync key's ``mod_revision`` with the one
   just read, putting the leader key (bound to its lease) and an in-sync set of itself. Only a
@@ -18,9 +20,10 @@ inside it the node
 - publishes its view as a ``GroupRole`` (``role``, ``await role_changed()``).
 
 Fencing: a leader may acknowledge writes only while ``may_write()``, which is false once its
-lease deadline has passed. The deadline is measured on the monotonic clock from when the last
-successful keepalive was *sent*, so it is never later than etcd's own expiry of the lease, and
-a paused or partitioned leader stops acknowledging before anyone else can be elected.
+lease deadline has passed. The deadline is measured on the monotonic clock (``time.monotonic``,
+read when asked: never an event loop's cached time) from when the last successful keepalive was
+*sent*, so it is never later than etcd's own expiry of the lease, and a paused or partitioned
+leader stops acknowledging before anyone else can be elected.
 
 A passed deadline is a fence, not a loss: the published role stays "leader" (``fenced`` is
 set, ``may_write()`` is false) until the key is *known* lost (etcd says the lease is gone, or
@@ -33,8 +36,11 @@ without waiting for the TTL.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -82,6 +88,10 @@ class MemberSettings:
     # Re-read the group this often even if the watch is silent (a watch can stall unnoticed).
     poll_interval_s: float = 1.0
     retry_s: float = 0.5
+    # The keepalive thread stops renewing once the event loop has not run for this long
+    # (None: 2 TTLs): a wedged loop must not hold the group's leadership for long. The lease
+    # then runs up to one more TTL: a wedged leader holds its group at most 3 TTLs.
+    loop_stall_limit_s: float | None = None
 
 
 def leader_role(kv: KeyValue | None, own_lease: int, own_name: str) -> GroupRole:
@@ -117,8 +127,14 @@ class GroupMember:
         self._role = NO_LEADER
         self._changed = anyio.Event()
         self._wake = anyio.Event()
+        self._lease_gone = anyio.Event()  # the keepalive thread found the lease expired
+        self._unreachable = False  # the last keepalive could not reach etcd (logged once)
+        self._loop_seen = time.monotonic()  # when the event loop last ran _tick (the keeper reads)
+        self._keeper: LeaseKeeper | None = None  # sends the keepalives (join_group starts it)
         self._lease = 0
-        self._lease_deadline = 0.0  # loop-clock time until which the lease surely holds
+        # time.monotonic() until which the lease surely holds: written by the keeper's thread
+        # (one float store) and by the loop, read by both and by the metrics' thread.
+        self._lease_deadline = 0.0
         self._in_sync: list[str] = []
         self.elections_won = 0
         # The lease deadline passed while leading: no writes until a keepalive renews it.
@@ -149,10 +165,10 @@ class GroupMember:
         return self._role.is_leader and self._lease_holds()
 
     def _lease_holds(self) -> bool:
-        return anyio.current_time() < self._lease_deadline
+        return time.monotonic() < self._lease_deadline
 
     def lease_remaining_s(self) -> float:
-        return max(0.0, self._lease_deadline - anyio.current_time())
+        return max(0.0, self._lease_deadline - time.monotonic())
 
     # -- what replication calls -------------------------------------------------------------
     async def set_in_sync(self, members: list[str]) -> bool:
@@ -219,7 +235,7 @@ class GroupMember:
 
     async def _register(self) -> None:
         ttl = self.settings.lease_ttl_s
-        sent = anyio.current_time()
+        sent = time.monotonic()
         lease = await self.store.grant(ttl)
         await self._put_member(lease)
         self._lease, self._lease_deadline = lease, sent + ttl
@@ -233,35 +249,50 @@ class GroupMember:
         self._published_data = data
 
     async def _keep_lease(self) -> None:
-        settings = self.settings
-        warned = False
+        """Register (a lease and the member key), again whenever the lease is found lost; the
+        keepalives themselves go from the keeper's thread (``LeaseKeeper``)."""
         while True:
             try:
                 if not self._lease:
                     await self._register()
-                await anyio.sleep(settings.lease_ttl_s / 3)
-                await self._renew()
-                if warned:
-                    log.info("%s reaches etcd again", settings.name)
-                    warned = False
-            except LeaseLostError:
-                log.warning("%s lost its lease; registering again", settings.name)
-                self._lease = 0
-                self._step_down("its lease expired")
+                    self._renewed()  # etcd answered: "reaches etcd again" if it did not
+                with anyio.move_on_after(self.settings.lease_ttl_s / 3):  # or look again
+                    await self._lease_gone.wait()
+                self._lease_gone = anyio.Event()
             except CoordUnavailableError as exc:
-                if not warned:
-                    log.warning("%s cannot reach etcd: %s", settings.name, exc.message)
-                    warned = True
-                if not self.may_write():
-                    self._fence("its lease deadline passed without a keepalive")
-                await anyio.sleep(settings.retry_s)
+                if not self._unreachable:  # once a stretch, not at every retry
+                    log.warning("%s cannot register in etcd: %s", self.settings.name,
+                                exc.message)  # fmt: skip
+                    self._unreachable = True
+                await anyio.sleep(self.settings.retry_s)
 
-    async def _renew(self) -> None:
-        """One keepalive: the deadline moves to when it was *sent* plus the TTL etcd grants."""
-        sent = anyio.current_time()
-        ttl = await self.store.keepalive(self._lease)
-        self._lease_deadline = max(self._lease_deadline, sent + ttl)
+    # What the keeper's thread reports, run on the event loop (call_soon_threadsafe).
+    def _renewed(self) -> None:
+        if self._unreachable:
+            log.info("%s reaches etcd again", self.settings.name)
+            self._unreachable = False
         self._unfence()
+
+    def _renewal_failed(self, lease: int, error: Exception) -> None:
+        if lease != self._lease:
+            return  # about a lease already replaced
+        if isinstance(error, CoordUnavailableError) and not self._unreachable:
+            log.warning("%s cannot reach etcd: %s", self.settings.name, error.message)
+            self._unreachable = True
+        if isinstance(error, LeaseLostError):
+            log.warning("%s lost its lease; registering again", self.settings.name)
+            self._lose_lease()
+        elif not self.may_write():
+            self._fence("its lease deadline passed without a keepalive")
+
+    async def _tick(self) -> None:
+        """Tell the keeper's thread the event loop still runs (see LeaseKeeper); after a
+        stall, ask for a keepalive at once (less than a TTL may be left of the lease)."""
+        while True:
+            self._loop_seen = time.monotonic()
+            if self._keeper is not None and self._keeper.stalled:
+                self._keeper.renew_now()
+            await anyio.sleep(self.settings.lease_ttl_s / 6)
 
     async def _fence_on_deadline(self) -> None:
         """Mark the fence when the lease deadline passes (may_write() already refuses from
@@ -292,11 +323,16 @@ class GroupMember:
             try:
                 await self._refresh()
             except LeaseLostError:
-                self._lease = 0
-                self._step_down("its lease expired")
+                self._lose_lease()
             except CoordUnavailableError:
                 if not self.may_write():
                     self._fence("etcd is unreachable and its lease deadline passed")
+
+    def _lose_lease(self) -> None:
+        """etcd says the lease is gone: no longer the leader; register again at once."""
+        self._lease = 0
+        self._step_down("its lease expired")
+        self._lease_gone.set()
 
     async def _refresh(self) -> None:
         kvs, _ = await self.store.get_prefix(self.keys.root)
@@ -382,12 +418,14 @@ class GroupMember:
         if result.succeeded:
             self.elections_won += 1
             self._in_sync = [name]
-            # Renew before the broker hears of it: its promotion (opening the store, on this
-            # loop) then starts with a whole TTL, not what was left of the last keepalive's
-            # (as little as 2/3 of it; a loaded host's promotion outlasted that, fenced the
-            # new leader and cost a second election).
-            with contextlib.suppress(CoordUnavailableError):  # the keepalive task retries
-                await self._renew()
+            # A keepalive now, while the broker is told and promotes: the lease then runs a
+            # whole TTL from about the win, not from the last periodic keepalive (up to TTL/3
+            # earlier; a loaded host's promotion outlasted the rest once, fenced the new
+            # leader and cost a second election). Sent beside the promotion, not before it:
+            # the promotion opens its store off the event loop, so the keepalives go on
+            # meanwhile, and one etcd round trip less stands between the win and serving.
+            if self._keeper is not None:
+                self._keeper.renew_now()
             self._publish(GroupRole(result.revision, name, self.settings.address, True))
         else:
             self._wake.set()  # lost the race: read who won
@@ -407,6 +445,92 @@ class GroupMember:
                                 exc.message)  # fmt: skip
 
 
+class LeaseKeeper:
+    """Sends a member's keepalives from a thread of its own, every third of the TTL (at once
+    when asked: a new leader's). The event loop only registers leases: a loop kept busy (a
+    promotion, a flood of calls, a starved process's backlog of callbacks) no longer delays a
+    keepalive past the lease deadline, fencing a healthy leader or losing its lease.
+
+    Fencing is unchanged: the deadline moves to the keepalive's *send* time (taken in this
+    thread just before the request) plus the TTL etcd grants, never later than etcd's own
+    expiry. Failures are handed to the loop (``_renewal_failed``).
+
+    Liveness: a loop that has not run for ``loop_stall_limit_s`` (2 TTLs by default) is
+    taken as wedged: the keepalives stop until it runs again, so the lease expires and another
+    node leads, as it did when the keepalives came from the loop itself. A wedged leader so
+    holds its group at most 3 TTLs (4 TTLs as the bound held it up to 5, 15 s at the default
+    lease: three times the failover goal), and a loop stall up to 8/3 of a TTL still keeps the
+    lease (the last keepalive goes up to 2 TTLs into it). One TTL was too tight: a test
+    process's loop on a loaded host stalled 2.3 s with a 2 s lease."""
+
+    def __init__(self, member: GroupMember, loop: asyncio.AbstractEventLoop) -> None:
+        self._member = member
+        self._loop = loop
+        self._poke = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"lease-{member.settings.name}", daemon=True
+        )
+        self.sent = 0  # keepalives sent (tests)
+        self.stalled = False  # renewals held back: the event loop stalled
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def renew_now(self) -> None:
+        self._poke.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._poke.set()
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        member, settings = self._member, self._member.settings
+        wait_s = settings.lease_ttl_s / 3
+        stall_limit_s = settings.loop_stall_limit_s or 2 * settings.lease_ttl_s
+        while True:
+            self._poke.wait(wait_s)
+            self._poke.clear()
+            if self._stopping:
+                return
+            wait_s = settings.lease_ttl_s / 3
+            lease = member._lease
+            if not lease:
+                continue  # the loop registers a new one
+            if (stalled_s := time.monotonic() - member._loop_seen) > stall_limit_s:
+                if not self.stalled:
+                    log.error("%s: its event loop has not run for %.1f s: no more keepalives "
+                              "until it does (the lease expires; another node may lead)",
+                              settings.name, stalled_s)  # fmt: skip
+                self.stalled = True
+                continue
+            self.stalled = False
+            sent = time.monotonic()
+            self.sent += 1
+            try:
+                ttl = member.store.keepalive_blocking(lease)
+            except (LeaseLostError, CoordUnavailableError) as error:
+                if isinstance(error, CoordUnavailableError):
+                    wait_s = settings.retry_s
+                self._call(member._renewal_failed, lease, error)
+                continue
+            except Exception as error:  # a bug must not end the keepalives silently
+                log.exception("keepalive of %s failed", settings.name)
+                wait_s = settings.retry_s
+                self._call(member._renewal_failed, lease, CoordUnavailableError(str(error)))
+                continue
+            if lease == member._lease:
+                member._lease_deadline = max(member._lease_deadline, sent + ttl)
+                self._call(member._renewed)
+
+    def _call(self, callback: Callable[..., None], *args: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: the member is gone
+            self._loop.call_soon_threadsafe(callback, *args)
+
+
 @contextlib.asynccontextmanager
 async def join_group(
     store: CoordStore,
@@ -419,15 +543,21 @@ async def join_group(
     ``holds_data``: whether it holds any data (default: yes; false: never leads an existing
     group, even with unclean election)."""
     member = GroupMember(store, settings, may_campaign, holds_data)
+    member._keeper = keeper = LeaseKeeper(member, asyncio.get_running_loop())
+    keeper.start()
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(member._keep_lease)
             tasks.start_soon(member._watch)
             tasks.start_soon(member._elect)
             tasks.start_soon(member._fence_on_deadline)
+            tasks.start_soon(member._tick)
             try:
                 yield member
             finally:
                 tasks.cancel_scope.cancel()
     finally:
+        keeper.stop()
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(keeper.join, 2 * settings.lease_ttl_s)
         await member._resign()

@@ -79,6 +79,10 @@ class CoordStore(Protocol):
     async def keepalive(self, lease: int) -> float:
         """Renew the lease; the TTL granted from now, in seconds. LeaseLostError if gone."""
 
+    def keepalive_blocking(self, lease: int) -> float:
+        """``keepalive`` from a thread other than the event loop's, blocking it (a lease's
+        keepalives go from a thread of their own: a busy event loop cannot delay them)."""
+
     async def revoke(self, lease: int) -> None:
         """End the lease now (its keys are deleted); a lease already gone is no error."""
 

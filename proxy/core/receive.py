@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import anyio
@@ -256,10 +257,16 @@ class Receiver:
         info = self.registry.get(ctx.client_id, ctx.access_key) if ctx.client_id else None
         return info is not None and info.client_type in ("", "PUSH_CONSUMER")
 
-    async def receive(self, plan: ReceivePlan) -> list[PoppedMessage]:
+    def receive(self, plan: ReceivePlan) -> Awaitable[list[PoppedMessage]]:
+        """The strategy's receive itself unless its handles are renewed here: no frame of
+        this method's is kept by each held poll (docs/benchmarks.md, "Idle proxy, wave 9")."""
+        if plan.renew_for is None:
+            return self.strategy.receive(plan.brokers, plan.long_poll)
+        return self._receive_renewed(plan, plan.renew_for)
+
+    async def _receive_renewed(self, plan: ReceivePlan, renew_for: RenewFor) -> list[PoppedMessage]:
         popped = await self.strategy.receive(plan.brokers, plan.long_poll)
-        renew_for = plan.renew_for
-        if renew_for is not None and popped:
+        if popped:
             pop = plan.long_poll.pop
             self.renewer.track(
                 renew_for.client_id, pop.group, pop.topic, popped,

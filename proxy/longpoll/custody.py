@@ -27,13 +27,16 @@ class Custody:
     def __init__(self, release: Release, *args: Any) -> None:
         self._release = release
         self._args = args
-        self._held: list[tuple[ConsumePort, list[PoppedMessage]]] = []
+        # Made by the first pop that finds messages: most idle long polls never hold any.
+        self._held: list[tuple[ConsumePort, list[PoppedMessage]]] | None = None
         self._open = True
 
     def keep(self, port: ConsumePort, messages: list[PoppedMessage]) -> None:
         if not messages:
             return
         if self._open:
+            if self._held is None:
+                self._held = []
             self._held.append((port, messages))
         else:
             # The long poll is over: nobody will deliver these.
@@ -41,22 +44,22 @@ class Custody:
 
     def ports(self) -> list[ConsumePort]:
         """The brokers whose messages it holds, in the order they came."""
-        return list(dict.fromkeys(port for port, _ in self._held))
+        return list(dict.fromkeys(port for port, _ in self._held or ()))
 
     @property
     def count(self) -> int:
-        return sum(len(messages) for _, messages in self._held)
+        held = self._held
+        return 0 if held is None else sum(len(messages) for _, messages in held)
 
     def hand_over(self) -> list[PoppedMessage]:
         """Close custody and give every held message to the caller (who now owns them)."""
         self._open = False
-        out = [message for _, messages in self._held for message in messages]
-        self._held.clear()
-        return out
+        held, self._held = self._held, None
+        return [message for _, messages in held or () for message in messages]
 
     def abandon(self) -> None:
         """Close custody and release everything held (and anything that still arrives)."""
         self._open = False
-        held, self._held = self._held, []
-        for port, messages in held:
+        held, self._held = self._held, None
+        for port, messages in held or ():
             self._release(port, *self._args, messages)

@@ -36,7 +36,7 @@ class PopStrategy(StrategyBase):
                 break
             except Exception as exc:
                 # A broker that is down or leaderless: the next one serves this receive (if
-                # none can, the base waits for one: _poll_through_outages).
+                # none can, the base waits for one: _retrying).
                 if not is_broker_down(exc):
                     raise
                 self.calls.note_error("pop", exc, port)

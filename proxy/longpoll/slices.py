@@ -62,7 +62,7 @@ class SlicesStrategy(StrategyBase):
                 )
             except Exception as exc:
                 # A broker that is down or leaderless is skipped; if all are, the base waits
-                # for one (_poll_through_outages).
+                # for one (_retrying).
                 if not is_broker_down(exc):
                     raise
                 down.add(port.name)

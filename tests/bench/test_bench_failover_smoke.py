@@ -28,3 +28,4 @@ async def test_bench_failover_one_kill() -> None:
         and "0 lost" in table
         and "acks refused" in table
     )
+    assert result["elections"] >= 1 and "elections for 1 kills" in table  # the kill's, seen

@@ -5,8 +5,10 @@ directory twice per batch; neither may ever disagree with the directory."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 from popmq.broker.contract.types import Message
 from popmq.broker.core import Broker
 from popmq.broker.replication import indexer as indexer_module
@@ -16,6 +18,7 @@ from popmq.broker.replication.leader import make_batch
 from popmq.broker.replication.replica import ReplicaWriter
 
 from popmq.config import BrokerConfig, StoreConfig
+from popmq.pb.replication.v1 import replication_pb2 as pb
 
 HISTORY = [(1, 0)]
 
@@ -132,3 +135,49 @@ async def test_the_writer_s_segment_view_follows_new_segments_cuts_and_retention
     finally:
         writer.close()
         await leader.aclose()
+
+
+def test_the_follower_keeps_its_files_open_and_never_writes_through_a_stale_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends to the commitlog segment and the append logs go through descriptors kept open
+    between batches (no open, close or exists() per file and batch); a log rewritten on the
+    leader (REPLACE) and a reset (the data moved aside) are followed by writes to the new
+    files, never to the old inode a kept descriptor would still point at."""
+    root = tmp_path / "follower"
+    writer = ReplicaWriter(root)
+    writer.open()
+
+    def batch(sequence: int, data: bytes, offset: int, *changes: pb.FileChange,
+              reset: bool = False) -> pb.ReplicaBatch:  # fmt: skip
+        return pb.ReplicaBatch(sequence=sequence, epoch=1, truncate_to=-1, reset=reset,
+                               commitlog_segment=0, commitlog_offset=offset,
+                               commitlog_data=data, files=list(changes))  # fmt: skip
+
+    def append(offset: int, data: bytes) -> pb.FileChange:
+        return pb.FileChange(path="topics.log", kind=pb.FileChange.APPEND, offset=offset, data=data)
+
+    opened: list[object] = []
+    real_open = os.open
+    try:
+        writer.apply(batch(1, b"c1", 0, append(0, b"t1")), 0)
+        monkeypatch.setattr(
+            os, "open", lambda *a, **k: (opened.append(a[0]), real_open(*a, **k))[1]
+        )
+        writer.apply(batch(2, b"c2", 2, append(2, b"t2")), 0)
+        writer.apply(batch(3, b"c3", 4, append(4, b"t3")), 0)
+        assert opened == []  # written and fsynced through the descriptors kept open
+        monkeypatch.setattr(os, "open", real_open)
+        assert (root / "topics.log").read_bytes() == b"t1t2t3"
+        replace = pb.FileChange(path="topics.log", kind=pb.FileChange.REPLACE, data=b"NEW")
+        writer.apply(batch(4, b"", 6, replace, append(3, b"+a")), 0)
+        assert (root / "topics.log").read_bytes() == b"NEW+a"
+        writer.apply(batch(5, b"fresh", 0, append(0, b"T"), reset=True), 0)
+        assert (root / "commitlog" / f"{0:020d}").read_bytes() == b"fresh"
+        assert (root / "topics.log").read_bytes() == b"T"
+        [aside] = (root / "quarantine").glob("replication-replaced-*")
+        assert (aside / "commitlog" / f"{0:020d}").read_bytes() == b"c1c2c3"
+        assert (aside / "topics.log").read_bytes() == b"NEW+a"
+    finally:
+        writer.close()
+    assert writer._fds == {}  # closed with the writer

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
@@ -421,3 +421,32 @@ async def test_a_bootstrapping_follower_is_in_sync_only_once_the_topics_reached_
             stream.ack(2)
             await asyncio.wait_for(until(lambda: "a1" in leader.in_sync.members), 5)
             tasks.cancel_scope.cancel()
+
+
+async def test_a_follower_that_stops_acknowledging_loses_its_stream_after_max_lag(
+    tmp_path: Path,
+) -> None:
+    """The wait for each acknowledgement is bounded by max_lag_s (one scope per stream, its
+    deadline moved at every read): acknowledgements that keep coming keep the stream, a
+    silence of max_lag_s ends it."""
+    from popmq.broker.replication.files import DataSnapshotter
+    from popmq.broker.replication.leader import _Session
+
+    leader = make_leader(tmp_path, StaticRoleSource(ROLE), max_lag_s=5.0)
+    session = _Session(leader, "a1", DataSnapshotter(tmp_path, 0), generation=1)
+    leader._sessions["a1"] = 1
+    leader.in_sync.connected("a1")
+    loop = asyncio.get_running_loop()
+
+    async def reports() -> AsyncIterator[pb.ReplicaReport]:
+        for sequence in (1, 2, 3):  # each 4 s after the last: inside max_lag_s
+            await asyncio.sleep(4.0)
+            session.in_flight.append((sequence, leader.next_batch_id(), loop.time(), True))
+            yield pb.ReplicaReport(ack=pb.Ack(sequence=sequence, commitlog_end=0))
+        await asyncio.sleep(3600)  # then nothing
+
+    started = loop.time()
+    await session._read_acks(reports())
+    assert session.failure is not None and session.failure[1] == "no acknowledgement"
+    assert loop.time() - started == pytest.approx(12.0 + 5.0, abs=0.1)
+    assert not session.in_flight

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -130,6 +131,48 @@ async def test_leader_fences_itself_when_etcd_is_gone(etcd: EtcdCluster) -> None
         assert changes == []  # no step-down, no second "leads"
 
 
+async def test_a_blocked_event_loop_does_not_lose_the_lease(etcd: EtcdCluster) -> None:
+    """Keepalives go from a thread of their own: a leader whose event loop is held up longer
+    than its TTL (a promotion, a backlog of calls on a starved host) keeps its lease and its
+    epoch. From the loop, the keepalives waited too: the lease expired at etcd, a healthy
+    leader lost its key and the group went through another election. (A stall bound of
+    its own: the default, 2 TTLs, is just past this block; a loaded host needs slack.)"""
+    async with node(etcd, "n0", loop_stall_limit_s=3 * TTL_S) as n0:
+        await until(n0, lambda r: r.is_leader, 5)
+        led = n0.role
+        changes: list[GroupRole] = []
+        n0.on_change(changes.append)
+        assert n0._keeper is not None
+        sent_before = n0._keeper.sent
+        time.sleep(TTL_S + 1.5)  # noqa: ASYNC251 (blocks the loop: the point of the test)
+        assert n0._keeper.sent >= sent_before + 3  # every TTL/3 all the same
+        assert n0.may_write() and not n0.fenced
+        await anyio.sleep(1)  # what the loop hears now: nothing lost
+        assert changes == [] and n0.role == led and n0.may_write()
+        leader = await n0.store.get(n0.keys.leader)
+        assert leader is not None and leader.create_revision == led.epoch
+
+
+async def test_a_wedged_event_loop_lets_the_lease_expire(etcd: EtcdCluster) -> None:
+    """Liveness: the keepalive thread stops renewing once the loop has not run for
+    ``loop_stall_limit_s``, so a leader whose loop is wedged loses its lease (its key goes,
+    another node can lead) instead of holding the group for ever."""
+    async with node(etcd, "n0", loop_stall_limit_s=0.5) as n0:
+        await until(n0, lambda r: r.is_leader, 5)
+        epoch = n0.role.epoch
+        changes: list[GroupRole] = []
+        n0.on_change(changes.append)
+        assert n0._keeper is not None
+        time.sleep(TTL_S + 1.5)  # noqa: ASYNC251 (a wedged loop: the point of the test)
+        assert n0._keeper.stalled and not n0.may_write()
+        # The loop runs again: the next keepalive finds the lease gone; n0 steps down, then
+        # (alone in the group) leads again at a new epoch.
+        await until(n0, lambda r: r.is_leader and r.epoch != epoch, 10)
+        assert not changes[0].is_leader  # stepped down first
+        leader = await n0.store.get(n0.keys.leader)
+        assert leader is not None and leader.create_revision > epoch
+
+
 async def holds(check: Callable[[], bool]) -> None:
     while True:
         if check():
@@ -170,16 +213,17 @@ async def test_an_unclean_election_never_elects_an_emptied_node(etcd: EtcdCluste
         await store.aclose()
 
 
-async def test_a_new_leader_renews_its_lease_before_it_says_it_leads(etcd: EtcdCluster) -> None:
-    """The broker opens its store when the node says it leads; a keepalive first gives that
-    promotion a whole TTL. It used to inherit what was left since the last periodic one (down
-    to 2/3 of the TTL), and a promotion slower than that on a loaded host fenced the new
-    leader and cost a second election."""
-    ttl = 9  # n1's keepalives come every 3 s: none falls between its start and its election
+async def test_a_new_leader_renews_its_lease_as_it_begins_to_lead(etcd: EtcdCluster) -> None:
+    """A keepalive goes out when a node wins, beside its promotion: the lease then runs a
+    whole TTL from the win, not from the last periodic keepalive (up to TTL/3 earlier; a
+    loaded host's promotion once outlasted the rest, fenced the new leader and cost a second
+    election). It is not awaited before the role is published: one etcd round trip less
+    between the win and serving (the store opens off the event loop, keepalives go on)."""
+    ttl = 12  # n1's periodic keepalives come every 4 s: the next one 2.5 s or more after its win
     store = EtcdStore(etcd.endpoints, timeout_s=0.5)
     settings = MemberSettings("g", "n1", "127.0.0.1:101", lease_ttl_s=ttl, poll_interval_s=0.3,
                               retry_s=0.2, unclean_election=True)  # fmt: skip
-    remaining_at_win: list[float] = []
+    won_at: list[float] = []
     try:
         leave = anyio.Event()
 
@@ -193,13 +237,21 @@ async def test_a_new_leader_renews_its_lease_before_it_says_it_leads(etcd: EtcdC
             await tasks.start(n0_leads_until_told)
             async with join_group(store, settings) as n1:
                 await until(n1, lambda r: r.leader_name == "n0", 10)
-                n1.on_change(lambda role: remaining_at_win.append(n1.lease_remaining_s()))
-                await anyio.sleep(2)  # into n1's lease; its next keepalive is a second away
+                n1.on_change(lambda role: role.is_leader and won_at.append(anyio.current_time()))
+                await anyio.sleep(1)  # into n1's lease: its deadline is 11 s or less away
                 leave.set()  # n1 (unclean: not in the in-sync set) takes over
                 await until(n1, lambda r: r.is_leader, 5)
+                # Fencing as ever: the deadline is a keepalive's send time plus the TTL, so
+                # never later than etcd's expiry; this one was sent after the win.
+                with anyio.fail_after(1.5):  # the periodic one is >= 2.5 s away
+                    await holds(lambda: renewed_since_win(n1, won_at[0], ttl))
                 assert n1.may_write()
     finally:
         await store.aclose()
-    # A keepalive sent after winning: the deadline is a whole TTL ahead, not the TTL minus
-    # the 2 s slept and the election's time.
-    assert remaining_at_win and remaining_at_win[0] > ttl - 0.8
+    assert len(won_at) == 1
+
+
+def renewed_since_win(member: GroupMember, won_at: float, ttl: int) -> bool:
+    """Whether the lease deadline comes from a keepalive sent at (or after) the win; 0.5 s
+    of slack for one sent just before it."""
+    return anyio.current_time() + member.lease_remaining_s() >= won_at + ttl - 0.5

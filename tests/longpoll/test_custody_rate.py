@@ -30,6 +30,15 @@ def test_custody_hands_over_then_releases_late_arrivals() -> None:
     assert released == [("b0", 1)]
 
 
+def test_an_empty_custody_holds_no_list_and_answers_every_question() -> None:
+    # Most idle long polls never hold a message: their custody makes no list (wave 9).
+    custody = Custody(lambda port, msgs: None)
+    assert custody._held is None
+    assert custody.count == 0 and custody.ports() == []
+    assert custody.hand_over() == []
+    custody.abandon()
+
+
 def test_custody_abandon_releases_everything() -> None:
     released: list[int] = []
     custody = Custody(lambda port, msgs: released.append(len(msgs)))

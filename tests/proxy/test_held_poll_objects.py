@@ -32,8 +32,12 @@ HELD = 60
 # its scope's __exit__); before them: 2, 7 and 7 (the custody's release closure, the
 # subscriptions' comprehension cells, the hub's subscribe and the span's __exit__ kept by
 # the waiting frame). A new closure or bound method kept for the whole wait shows here first;
-# the margins absorb objects the broker's own tasks make meanwhile.
-MAX_PER_POLL = {"function": 1.5, "cell": 5.0, "method": 5.5}
+# the margins absorb objects the broker's own tasks make meanwhile. Wave 9: the polls'
+# deadlines share one timer (proxy.longpoll.deadlines; before, a TimerHandle each), and a held
+# poll keeps 5 coroutines (the test's task, the seam, the servicer's receive, the strategy's
+# receive and the notify wait; before, 8: the core's receive, the outage loop and notify's
+# _poll too).
+MAX_PER_POLL = {"function": 1.5, "cell": 5.0, "method": 5.5, "TimerHandle": 0.25, "coroutine": 5.5}
 
 
 @pytest.fixture
@@ -82,7 +86,7 @@ async def test_a_held_notify_poll_keeps_no_closure_of_its_own(
     base = await hold(2)
     held = await hold(2 + HELD)
     per_poll = {kind: (held[kind] - base[kind]) / HELD for kind in MAX_PER_POLL}
-    assert all(per_poll[k] <= MAX_PER_POLL[k] for k in MAX_PER_POLL), per_poll
+    assert all(per_poll[k] <= MAX_PER_POLL[k] for k in MAX_PER_POLL), str(per_poll)
     assert server.core.receiver.admission.active == 0
 
 
