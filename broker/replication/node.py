@@ -210,8 +210,11 @@ class ReplicatedNode:
                 await self._follow(role)
         except Exception as error:  # e.g. the data directory cannot be opened
             self.port.refusal = f"{self.node} cannot play its role (epoch {role.epoch}): {error}"
+            self.port.promotion_ended()
             log.error("replication: %s", self.port.refusal, exc_info=True)
             await anyio.sleep_forever()  # refuses every call until the role changes
+        finally:
+            self.port.promotion_ended()
 
     # -- leading -----------------------------------------------------------------------------
     async def _lead(self, role: GroupRole) -> None:
@@ -225,6 +228,9 @@ class ReplicatedNode:
             )
             log.error("replication: %s", self.port.refusal)
             await anyio.sleep_forever()
+        # Calls that come while the store opens (off the loop: the server answers) wait for
+        # the node to lead rather than being refused "starting" (PROMOTION_WAIT_S, port.py).
+        self.port.promotion_started()
         data_dir = Path(config.data_dir)
         if not list_segments(data_dir):
             # Nothing written yet (a new group's first leader): its epoch starts at 0 whatever
@@ -243,6 +249,7 @@ class ReplicatedNode:
                 history.begin(role.epoch, log_end(list_segments(data_dir)))
             except StaleEpochError as error:
                 self.port.refusal = str(error)
+                self.port.promotion_ended()
                 await anyio.sleep_forever()
             # What this node leads is the group's copy now (an unclean election may have
             # picked a copy marked incomplete): it may campaign again later.
@@ -256,6 +263,7 @@ class ReplicatedNode:
                 await leader.reevaluate()  # report the in-sync set (this node) at once
                 self._gate.leader = leader
                 self.port.leading = Leading(broker, LocalBrokerPort(broker), leader)
+                self.port.promotion_ended()
                 log.info("replication: %s leads epoch %d (%s, min in sync %d)", self.node,
                          role.epoch, config.replication.mode,
                          config.replication.min_in_sync)  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+import anyio
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import (
@@ -48,18 +49,39 @@ class Leading:
     replication: ReplicationLeader
 
 
+# How long a call waits for a node that won its election and is opening its store (the open
+# runs off the event loop, so the node's server answers meanwhile): as long as the open took
+# when it blocked the loop, then a clear refusal. A proxy moves its calls at the election.
+PROMOTION_WAIT_S = 5.0
+
+
 class NodePort(AsyncClosing):
     def __init__(self, name: str) -> None:
         self._name = name
         self.leading: Leading | None = None
         self.refusal = "this node is starting"
+        self._promotion: anyio.Event | None = None  # set while the node opens to lead
+
+    def promotion_started(self) -> None:
+        """Calls from now on wait (bounded) for the node to lead, instead of a refusal."""
+        self._promotion = anyio.Event()
+
+    def promotion_ended(self) -> None:
+        """The node leads, or could not: the waiting calls go on (served, or refused)."""
+        promotion, self._promotion = self._promotion, None
+        if promotion is not None:
+            promotion.set()
 
     @property
     def name(self) -> str:
         return self._name
 
-    def _leader(self) -> Leading:
+    async def _leader(self) -> Leading:
         leading = self.leading
+        if leading is None and self._promotion is not None:
+            with anyio.move_on_after(PROMOTION_WAIT_S):
+                await self._promotion.wait()
+            leading = self.leading
         if leading is None:
             raise RefusedError(Code.HA_NOT_AVAILABLE, self.refusal)
         if not leading.replication.leads():
@@ -70,15 +92,15 @@ class NodePort(AsyncClosing):
             )
         return leading
 
-    def _writer(self) -> Leading:
+    async def _writer(self) -> Leading:
         """The leader, for a write: refused before anything is written when too few nodes
         are in sync."""
-        leading = self._leader()
+        leading = await self._leader()
         leading.replication.check_available()
         return leading
 
-    def _broker(self) -> tuple[Broker, LocalBrokerPort]:
-        leading = self._leader()
+    async def _broker(self) -> tuple[Broker, LocalBrokerPort]:
+        leading = await self._leader()
         return leading.broker, leading.port
 
     async def _replicated(self, leading: Leading, *, journal: bool = False) -> None:
@@ -88,13 +110,13 @@ class NodePort(AsyncClosing):
 
     # -- writes ------------------------------------------------------------------------------
     async def send(self, messages: list[Message], queue_id: int = -1) -> list[SendResult]:
-        leading = self._writer()
+        leading = await self._writer()
         results = await leading.port.send(messages, queue_id)
         await self._replicated(leading)
         return results
 
     async def pop(self, request: PopRequest) -> PopResult:
-        leading = self._leader()
+        leading = await self._leader()
         result = await leading.port.pop(request)
         if result.messages:
             try:
@@ -110,7 +132,7 @@ class NodePort(AsyncClosing):
         return result
 
     async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:
-        leading = self._writer()
+        leading = await self._writer()
         leading.broker.journal_in_flight()
         results = await leading.port.ack(group, topic, entries)
         await self._replicated(leading, journal=True)
@@ -119,7 +141,7 @@ class NodePort(AsyncClosing):
     async def change_invisible_time(
         self, group: str, topic: str, receipt_handle: str, invisible_time_ms: int
     ) -> ChangeInvisibleResult:
-        leading = self._writer()
+        leading = await self._writer()
         leading.broker.journal_in_flight()
         result = await leading.port.change_invisible_time(
             group, topic, receipt_handle, invisible_time_ms
@@ -133,7 +155,7 @@ class NodePort(AsyncClosing):
         sooner, as a failed pop barrier does); once handed back here the messages are
         visible on the leader, so a barrier that fails afterwards is not an error: a
         follower promoted without the record revives them when their invisible time ends."""
-        leading = self._leader()
+        leading = await self._leader()
         leading.broker.journal_in_flight()  # the entries' state changes are journaled
         count = await leading.port.hand_back(group, topic, receipt_handles)
         if count:
@@ -142,7 +164,7 @@ class NodePort(AsyncClosing):
         return count
 
     async def recall(self, topic: str, recall_handle: str) -> str:
-        leading = self._writer()
+        leading = await self._writer()
         message_id = await leading.port.recall(topic, recall_handle)
         await self._replicated(leading)
         return message_id
@@ -150,24 +172,24 @@ class NodePort(AsyncClosing):
     async def end_transaction(
         self, topic: str, message_id: str, transaction_id: str, commit: bool, source: str = ""
     ) -> None:
-        leading = self._writer()
+        leading = await self._writer()
         await leading.port.end_transaction(topic, message_id, transaction_id, commit, source)
         await self._replicated(leading)
 
     async def claim_transaction_checks(
         self, topics: list[str], limit: int = 64
     ) -> list[TransactionCheck]:
-        leading = self._writer()  # each claim is counted with a CHECK op record
+        leading = await self._writer()  # each claim is counted with a CHECK op record
         checks = await leading.port.claim_transaction_checks(topics, limit)
         if checks:
             await self._replicated(leading)
         return checks
 
     async def list_transactions(self) -> list[HalfMessageInfo]:
-        return await self._broker()[1].list_transactions()
+        return await (await self._broker())[1].list_transactions()
 
     async def forward_to_dlq(self, group: str, topic: str, receipt_handle: str) -> None:
-        leading = self._writer()
+        leading = await self._writer()
         leading.broker.journal_in_flight()
         await leading.port.forward_to_dlq(group, topic, receipt_handle)
         await self._replicated(leading, journal=True)
@@ -175,24 +197,24 @@ class NodePort(AsyncClosing):
     async def update_consumer_offset(
         self, group: str, topic: str, queue_id: int, offset: int
     ) -> None:
-        leading = self._writer()
+        leading = await self._writer()
         await leading.port.update_consumer_offset(group, topic, queue_id, offset)
         await leading.broker.store.checkpoint()  # the offsets document is what travels
         await self._replicated(leading)
 
     async def create_topic(self, topic: str, queue_count: int, message_type: str = "") -> TopicInfo:
-        leading = self._writer()
+        leading = await self._writer()
         info = await leading.port.create_topic(topic, queue_count, message_type)
         await self._replicated(leading)
         return info
 
     async def delete_topic(self, topic: str) -> None:
-        leading = self._writer()
+        leading = await self._writer()
         await leading.port.delete_topic(topic)
         await self._replicated(leading)
 
     async def update_group(self, config: GroupConfig) -> GroupConfig:
-        leading = self._writer()
+        leading = await self._writer()
         result = await leading.port.update_group(config)
         await self._replicated(leading)
         return result
@@ -200,42 +222,42 @@ class NodePort(AsyncClosing):
     async def delete_group(
         self, group: str, clean_offsets: bool = False, force: bool = False
     ) -> GroupDeleted:
-        leading = self._writer()
+        leading = await self._writer()
         result = await leading.port.delete_group(group, clean_offsets, force)
         await self._replicated(leading)
         return result
 
     # -- reads -------------------------------------------------------------------------------
     async def notify(self, request: NotifyRequest) -> NotifyResult:
-        return await self._broker()[1].notify(request)
+        return await (await self._broker())[1].notify(request)
 
     async def pull(self, request: PullRequest) -> PullResult:
-        return await self._broker()[1].pull(request)
+        return await (await self._broker())[1].pull(request)
 
     async def get_consumer_offset(self, group: str, topic: str, queue_id: int) -> int:
-        return await self._broker()[1].get_consumer_offset(group, topic, queue_id)
+        return await (await self._broker())[1].get_consumer_offset(group, topic, queue_id)
 
     async def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        return await self._broker()[1].offset_for_timestamp(topic, queue_id, timestamp_ms)
+        return await (await self._broker())[1].offset_for_timestamp(topic, queue_id, timestamp_ms)
 
     async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
-        leading = self._leader()
+        leading = await self._leader()
         info = await leading.port.get_topic(topic, auto_create)
         if auto_create:
             await self._replicated(leading)
         return info
 
     async def list_topics(self) -> list[TopicInfo]:
-        return await self._broker()[1].list_topics()
+        return await (await self._broker())[1].list_topics()
 
     async def get_group(self, group: str) -> GroupConfig:
-        return await self._broker()[1].get_group(group)
+        return await (await self._broker())[1].get_group(group)
 
     async def list_groups(self) -> list[GroupSummary]:
-        return await self._broker()[1].list_groups()
+        return await (await self._broker())[1].list_groups()
 
     async def group_stats(self, group: str, topic: str) -> list[GroupQueueStats]:
-        return await self._broker()[1].group_stats(group, topic)
+        return await (await self._broker())[1].group_stats(group, topic)
 
     async def aclose(self) -> None:
         return None
