@@ -11,6 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# hypothesis' too_slow check times the generation of inputs on the wall clock: on a loaded 2-core
+# VM it fails a property test that checks nothing wrong (seen: test_sql92_fuzz at load 40). The
+# properties themselves keep their examples and assertions.
+settings.register_profile("popmq", suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("popmq")
 
 _HERE = Path(__file__).parent
 # Whole suites whose every test drives real processes.
