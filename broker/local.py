@@ -7,7 +7,7 @@ in broker/core.py, and checked against the BrokerPort protocol by mypy.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from popmq.broker.contract.watch import LocalWatchBackend
 from popmq.broker.core import Broker
@@ -45,6 +45,9 @@ class forward(Generic[P, R]):
 class LocalBrokerPort(AsyncClosing):
     """Every BrokerPort call goes to ``broker``. ``close()`` releases the port only; the
     broker's owner stops the broker."""
+
+    # The broker's calls run on the caller's task (broker.contract.port.in_process).
+    in_process: ClassVar[bool] = True
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker

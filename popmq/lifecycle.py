@@ -129,13 +129,17 @@ class TaskOwner:
     def closing(self) -> bool:
         return self._closing
 
+    def refuses(self) -> bool:
+        """Whether ``spawn`` would refuse new work now (what work done inline asks first)."""
+        return self._closing and not (self._draining and self._inside())
+
     def spawn(
         self, coro: Coroutine[Any, Any, T], name: str, *, log_errors: bool = True
     ) -> Job[T] | None:
         """Run coro in the owner's task group; None (and coro closed) once the owner closes,
         except for follow-up work its own tasks spawn while they drain (a pop's release).
         A failing task is logged (unless log_errors is False) and never ends its siblings."""
-        if self._closing and not (self._draining and self._inside()):
+        if self.refuses():
             coro.close()
             return None
         job: Job[T] = Job(name, log_errors)

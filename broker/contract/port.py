@@ -48,6 +48,17 @@ class _Named(Protocol):
         ...
 
 
+def in_process(port: object) -> bool:
+    """True for a port whose broker runs in this process (``broker.local.LocalBrokerPort``
+    sets ``in_process = True``). Its pop and notify are plain Python on the caller's task: a
+    pop takes its messages and returns them without giving the loop a turn in between (it
+    suspends only while it holds, before it has taken anything), so a caller cancelled at
+    any point either gets the whole answer or the broker took nothing. The long polls call
+    such a port directly, without a task per call to keep an answer that arrives as its
+    caller is cancelled (what a remote port needs: its broker may have popped already)."""
+    return getattr(port, "in_process", False) is True
+
+
 @runtime_checkable
 class ConsumePort(_Named, Protocol):
     """What the long-poll strategies use: pop, notify, and giving a message back."""
