@@ -76,8 +76,10 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     # Re-dial a lost broker at least every second: grpc's backoff otherwise grows to 120 s,
     # and every call to a broker that is back fails until the next attempt.
     ("grpc.initial_reconnect_backoff_ms", 250),
-    ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 1_000),
+    # grpc reads this one as the connect timeout, not a backoff: at 250 ms a handshake slowed
+    # by a loaded host failed the first calls UNAVAILABLE. A refused dial still fails at once.
+    ("grpc.min_reconnect_backoff_ms", 5_000),
 ]
 
 
