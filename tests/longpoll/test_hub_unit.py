@@ -306,7 +306,7 @@ async def test_random_arrivals_and_departures_leave_no_message_behind(
 
     async def consumer(index: int) -> None:
         while True:
-            request = make_request(rng.choice((1_000, 2_000)), max_messages=rng.randint(1, 3))
+            request = make_request(rng.choice((10_000, 20_000)), max_messages=rng.randint(1, 3))
             receive = asyncio.create_task(strategy.receive(fakes, request))
             if index % 3 == 0 and rng.random() < 0.5:  # a client that goes away
                 await asyncio.sleep(rng.random() * 0.05)
@@ -329,11 +329,12 @@ async def test_random_arrivals_and_departures_leave_no_message_behind(
         rng.choice(fakes).put(rng.choice((1, 1, 2)) if len(latencies) < total else 1)
         await asyncio.sleep(rng.random() * 0.01)
     sent = sum(1 for b in fakes for _ in b.inflight) + sum(len(b.visible) for b in fakes)
-    await wait_until(lambda: len(latencies) >= sent and not any(b.visible for b in fakes), 3)
+    await wait_until(lambda: len(latencies) >= sent and not any(b.visible for b in fakes), 8)
     await _finish(consumers)
     await strategy.aclose()
-    # Polls last 1-2 s: a message missed by the hub would wait for one to end.
-    assert max(latencies.values()) < 500, sorted(latencies.values())[-5:]
+    # Polls last 10-20 s: a message missed by the hub would wait for one to end. Delivery takes
+    # milliseconds; the bound leaves a loaded 2-core host seconds of slack (1.2 s was seen).
+    assert max(latencies.values()) < 5_000, sorted(latencies.values())[-5:]
     assert strategy.hub.channels == 0
     assert sample(metrics, "popmq_proxy_held_notification_tasks") == 0
 
