@@ -124,7 +124,7 @@ async def test_proxy_follows_the_leader_and_new_groups(tmp_path: Path) -> None:
                 await nodes[first].kill()
                 await send_until_ok(client, topic, 20)
                 recovered_s = time.monotonic() - killed_at
-                new_leader, new_epoch = await wait_leader(etcd, "ga", 1)
+                new_leader, new_epoch = await wait_leader(etcd, "ga", 10)
                 assert new_leader == follower and new_epoch > epoch
                 assert recovered_s < 15, f"serving again after {recovered_s:.1f}s"
                 # Receives and acks go to the new leader too (through the proxy's new port).
@@ -336,7 +336,7 @@ async def test_a_paused_leader_acknowledges_nothing_once_replaced(tmp_path: Path
                 assert refused.value.code == Code.HA_NOT_AVAILABLE
             finally:
                 await port.aclose()
-            new_leader, new_epoch = await wait_leader(etcd, "ga", 1)
+            new_leader, new_epoch = await wait_leader(etcd, "ga", 10)
             assert (new_leader, new_epoch > epoch) == (other, True)
 
 
