@@ -473,9 +473,32 @@ class LeaseKeeper:
         )
         self.sent = 0  # keepalives sent (tests)
         self.stalled = False  # renewals held back: the event loop stalled
+        self._ended: asyncio.Future[None] = loop.create_future()  # set as the thread ends
 
     def start(self) -> None:
         self._thread.start()
+
+    async def aclose(self, timeout_s: float) -> None:
+        """Stop the thread and wait (up to ``timeout_s``: a keepalive in flight) until it
+        has ended, even if this task is cancelled meanwhile: an asyncio cancel pierces an
+        AnyIO shield, and the thread outlived its member. The cancel is raised after."""
+        self.stop()
+        if not self._thread.is_alive() and not self._ended.done():
+            return  # never started
+        deadline = self._loop.time() + timeout_s
+        cancelled: asyncio.CancelledError | None = None
+        while not self._ended.done() and (left := deadline - self._loop.time()) > 0:
+            try:
+                await asyncio.wait([self._ended], timeout=left)  # never cancels _ended
+            except asyncio.CancelledError as error:
+                cancelled = error
+        if self._ended.done():
+            self._thread.join()  # it has called back as its last step: ends at once
+        else:
+            log.warning("the lease keeper of %s did not stop within %.1f s (a keepalive "
+                        "in flight)", self._member.settings.name, timeout_s)  # fmt: skip
+        if cancelled is not None:
+            raise cancelled
 
     def renew_now(self) -> None:
         self._poke.set()
@@ -488,6 +511,12 @@ class LeaseKeeper:
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
+        try:
+            self._keep()
+        finally:
+            self._call(_set_done, self._ended)
+
+    def _keep(self) -> None:
         member, settings = self._member, self._member.settings
         wait_s = settings.lease_ttl_s / 3
         stall_limit_s = settings.loop_stall_limit_s or 2 * settings.lease_ttl_s
@@ -531,6 +560,11 @@ class LeaseKeeper:
             self._loop.call_soon_threadsafe(callback, *args)
 
 
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 @contextlib.asynccontextmanager
 async def join_group(
     store: CoordStore,
@@ -557,7 +591,7 @@ async def join_group(
             finally:
                 tasks.cancel_scope.cancel()
     finally:
-        keeper.stop()
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(keeper.join, 2 * settings.lease_ttl_s)
-        await member._resign()
+        try:
+            await keeper.aclose(2 * settings.lease_ttl_s)
+        finally:
+            await member._resign()
