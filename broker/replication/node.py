@@ -144,6 +144,7 @@ class ReplicatedNode:
         self.role: GroupRole | None = None
         self.follower: ReplicaFollower | None = None
         self.promotion: Promotion | None = None  # the last time this node opened its store
+        self._served = False  # the current leading role answered calls (see _play)
 
     @property
     def bound_port(self) -> int:
@@ -203,6 +204,7 @@ class ReplicatedNode:
 
     async def _play(self, role: GroupRole) -> None:
         self.role = role
+        self._served = False
         try:
             if role.is_leader:
                 await self._lead(role)
@@ -212,9 +214,21 @@ class ReplicatedNode:
             self.port.refusal = f"{self.node} cannot play its role (epoch {role.epoch}): {error}"
             self.port.promotion_ended()
             log.error("replication: %s", self.port.refusal, exc_info=True)
+            if role.is_leader:  # (what it opened is closed: _lead's own finally)
+                await self._give_up(role, str(error))
             await anyio.sleep_forever()  # refuses every call until the role changes
         finally:
             self.port.promotion_ended()
+
+    async def _give_up(self, role: GroupRole, why: str) -> None:
+        """A leader that cannot lead hands the role on (an election picks another in-sync
+        node) instead of holding it while refusing every call."""
+        assert self._roles is not None  # run() has one
+        try:
+            await self._roles.give_up(role, why, served=self._served)
+        except Exception:  # etcd away: the lease still holds the key; logged, role kept
+            log.exception("replication: %s could not give up leading epoch %d", self.node,
+                          role.epoch)  # fmt: skip
 
     # -- leading -----------------------------------------------------------------------------
     async def _lead(self, role: GroupRole) -> None:
@@ -263,6 +277,7 @@ class ReplicatedNode:
                 await leader.reevaluate()  # report the in-sync set (this node) at once
                 self._gate.leader = leader
                 self.port.leading = Leading(broker, LocalBrokerPort(broker), leader)
+                self._served = True
                 self.port.promotion_ended()
                 log.info("replication: %s leads epoch %d (%s, min in sync %d)", self.node,
                          role.epoch, config.replication.mode,
