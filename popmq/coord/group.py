@@ -144,6 +144,7 @@ class GroupMember:
         self.elections_won = 0
         self.leadership_given_up = 0  # times this node gave the key back (promotion failed)
         self._hold_until = 0.0  # time.monotonic() before which it does not campaign
+        self._given_up_epoch = 0  # a read of that key under way is not taken as leading
         self._gave_up_logged = False  # logged once per stretch of failed promotions
         # The in-sync set this node's last campaign replaced (None: the group had none), for
         # a leader that gives up before it served anything (give_up).
@@ -213,6 +214,7 @@ class GroupMember:
             return False
         settings, keys = self.settings, self.keys
         self.leadership_given_up += 1
+        self._given_up_epoch = epoch
         hold_s = settings.give_up_hold_s
         self._hold_until = time.monotonic() + (2 * settings.lease_ttl_s if hold_s is None
                                                else hold_s)  # fmt: skip
@@ -223,15 +225,19 @@ class GroupMember:
                 settings.name, settings.group, epoch, why)  # fmt: skip
         ours = Compare(keys.leader, "create", epoch)
         deleted = False
-        if not served:
-            alone = Compare(keys.in_sync, "value", encode({"members": [settings.name]}))
-            before = self._in_sync_before
-            back: Put | Delete = (Delete(keys.in_sync) if before is None else
-                                  Put(keys.in_sync, encode({"members": before})))  # fmt: skip
-            result = await self.store.txn([ours, alone], [Delete(keys.leader), back])
-            deleted = result.succeeded
-        if not deleted:
-            deleted = (await self.store.txn([ours], [Delete(keys.leader)])).succeeded
+        try:
+            if not served:
+                alone = Compare(keys.in_sync, "value", encode({"members": [settings.name]}))
+                before = self._in_sync_before
+                back: Put | Delete = (Delete(keys.in_sync) if before is None else
+                                      Put(keys.in_sync, encode({"members": before})))  # fmt: skip
+                result = await self.store.txn([ours, alone], [Delete(keys.leader), back])
+                deleted = result.succeeded
+            if not deleted:
+                deleted = (await self.store.txn([ours], [Delete(keys.leader)])).succeeded
+        except BaseException:
+            self._given_up_epoch = 0  # the key may still be its own: a read says so
+            raise
         self._publish(NO_LEADER)
         self._wake.set()  # read who leads now
         return deleted
@@ -388,6 +394,8 @@ class GroupMember:
         kvs, _ = await self.store.get_prefix(self.keys.root)
         by_key = {kv.key: kv for kv in kvs}
         leader = by_key.get(self.keys.leader)
+        if leader is not None and leader.create_revision == self._given_up_epoch:
+            leader = None  # read before give_up deleted it: not leading again
         in_sync_kv = by_key.get(self.keys.in_sync)
         if self._lease and self._holds_data() != self._published_data:
             await self._put_member(self._lease)  # emptied, or bootstrapped since
