@@ -143,7 +143,10 @@ async def test_an_empty_long_poll_shows_its_notify_wait(remote_cluster: Cluster)
     cluster = remote_cluster
     topic, group = unique("traced-empty"), unique("traced-group")
     await cluster.send(topic, b"x")
-    _, got, _ = await cluster.receive(group, topic)
+    # A poll long enough for a loaded host (it ends at the message): with 300 ms the first
+    # pop could come too late, the message stayed, and the empty receive below got it.
+    _, got, _ = await cluster.receive(group, topic, poll_ms=4_000)
+    assert len(got) == 1
     await cluster.ack(group, topic, *got)
     EXPORTER.clear()
     with trace.get_tracer("the-client").start_as_current_span("client receive") as root:
