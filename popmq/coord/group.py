@@ -551,11 +551,12 @@ class LeaseKeeper:
             return  # never started
         deadline = self._loop.time() + timeout_s
         cancelled: asyncio.CancelledError | None = None
-        while not self._ended.done() and (left := deadline - self._loop.time()) > 0:
-            try:
-                await asyncio.wait([self._ended], timeout=left)  # never cancels _ended
-            except asyncio.CancelledError as error:
-                cancelled = error
+        with anyio.CancelScope(shield=True):  # holds against AnyIO's cancels, not asyncio's
+            while not self._ended.done() and (left := deadline - self._loop.time()) > 0:
+                try:
+                    await asyncio.wait([self._ended], timeout=left)  # never cancels _ended
+                except asyncio.CancelledError as error:
+                    cancelled = error
         if self._ended.done():
             self._thread.join()  # it has called back as its last step: ends at once
         else:
