@@ -213,7 +213,6 @@ class GroupMember:
         if not role.is_leader or role.epoch != epoch:
             return False
         settings, keys = self.settings, self.keys
-        self.leadership_given_up += 1
         self._given_up_epoch = epoch
         hold_s = settings.give_up_hold_s
         self._hold_until = time.monotonic() + (2 * settings.lease_ttl_s if hold_s is None
@@ -237,7 +236,8 @@ class GroupMember:
                 deleted = (await self.store.txn([ours], [Delete(keys.leader)])).succeeded
         except BaseException:
             self._given_up_epoch = 0  # the key may still be its own: a read says so
-            raise
+            raise  # (the node tries again: counted once it went through)
+        self.leadership_given_up += 1
         self._publish(NO_LEADER)
         self._wake.set()  # read who leads now
         return deleted
