@@ -238,3 +238,10 @@ class GroupCollector(Collector):
         )  # fmt: skip
         declined.add_metric(values, member.empty_copy_declines)
         yield declined
+        given_up = CounterMetricFamily(
+            "popmq_ha_leadership_given_up",
+            "times this node gave its leadership back because it could not take up the role "
+            "(its promotion failed)", labels=labels,
+        )  # fmt: skip
+        given_up.add_metric(values, member.leadership_given_up)
+        yield given_up

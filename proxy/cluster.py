@@ -9,6 +9,7 @@ within CACHE_TTL_S.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -79,6 +80,10 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
+class _Abandoned(Exception):
+    """A shared route lookup whose caller was cancelled: its waiters look up again."""
+
+
 class _TtlCache(Generic[K, V]):
     def __init__(self, ttl_s: float, clock: Clock) -> None:
         self._ttl_s = ttl_s
@@ -128,6 +133,16 @@ class BrokerCluster(AsyncClosing):
         # The last config seen of each group: used while no broker answers.
         self._last_groups: _TtlCache[str, GroupConfig] = _TtlCache(LAST_GROUP_TTL_S, clock)
         self._down_until: dict[str, float] = {}  # broker name -> monotonic time
+        # Order of what the cluster learns of its brokers: a call takes a mark when it starts
+        # (``mark``); an answer, or a new port, records one per broker. A failure that started
+        # before the broker's latest sign of life is stale: it marks nothing down (a route
+        # lookup to a replaced leader timing out after the new one answered took the group
+        # out of routes for CACHE_TTL_S).
+        self._marks = itertools.count()
+        self._alive_at: dict[str, int] = {}  # broker name -> mark of its latest sign of life
+        # One route lookup at a time per (topic, auto-create): an expired route asked for by
+        # many sends and receives at once is looked up once, and they share its outcome.
+        self._route_flights: dict[tuple[str, bool], asyncio.Future[TopicRoute]] = {}
         self._round_robin = itertools.count()
         # (topic, broker) -> the queue count last seen: a broker that is down (or a group
         # without a leader) keeps its queues in routes, so a FIFO message group keeps its
@@ -181,7 +196,9 @@ class BrokerCluster(AsyncClosing):
         old = self._ports.get(port.name)
         self._ports[port.name] = port
         self._down_until.pop(port.name, None)
+        self._alive_at[port.name] = next(self._marks)  # calls to the old port are stale now
         self._routes.clear()
+        self._route_flights.clear()  # lookups under way asked the old ports: not joined
         self._note_change()
         return old
 
@@ -213,9 +230,11 @@ class BrokerCluster(AsyncClosing):
         """Take a broker out (`popmq admin brokers remove`); its port, for the caller to close."""
         old = self._ports.pop(name, None)
         self._down_until.pop(name, None)
+        self._alive_at.pop(name, None)
         self._draining.discard(name)
         self._known_queues = {k: v for k, v in self._known_queues.items() if k[1] != name}
         self._routes.clear()
+        self._route_flights.clear()
         self._note_change()
         return old
 
@@ -235,26 +254,66 @@ class BrokerCluster(AsyncClosing):
         return self._routes.get(topic)
 
     async def route(self, topic: str, *, create: bool | None = None) -> TopicRoute:
-        """Which brokers serve a topic, with their queue counts. TOPIC_NOT_FOUND if none."""
-        cached = self._routes.get(topic)
-        if cached is not None:
-            return cached
-        auto_create = self.auto_create_topics if create is None else create
+        """Which brokers serve a topic, with their queue counts. TOPIC_NOT_FOUND if none.
 
+        Concurrent calls for a route not cached share one lookup (single flight): its route,
+        or its failure, reaches each of them. A caller that gives up (cancelled) while others
+        wait hands the lookup on: one of them looks up again."""
+        auto_create = self.auto_create_topics if create is None else create
+        key = (topic, auto_create)
+        while True:
+            cached = self._routes.get(topic)
+            if cached is not None:
+                return cached
+            flight = self._route_flights.get(key)
+            if flight is None:
+                break
+            try:
+                # Shielded: one waiter cancelled does not cancel the lookup for the others.
+                return await asyncio.shield(flight)
+            except _Abandoned:
+                continue  # its caller was cancelled: look up anew (one waiter leads again)
+        flight = self._route_flights[key] = asyncio.get_running_loop().create_future()
+        try:
+            route = await self._look_up_route(topic, auto_create)
+        except Exception as exc:
+            flight.set_exception(exc)
+            raise
+        except BaseException:
+            flight.set_exception(_Abandoned())
+            raise
+        else:
+            flight.set_result(route)
+            return route
+        finally:
+            if self._route_flights.get(key) is flight:
+                del self._route_flights[key]
+            if flight.done() and not flight.cancelled():
+                flight.exception()  # read here: no "never retrieved" when nobody waited
+
+    async def _look_up_route(self, topic: str, auto_create: bool) -> TopicRoute:
         unavailable: list[BrokerUnavailableError] = []
         not_found: list[RefusedError] = []  # a broker's refusal says why (auto-create limits)
 
+        stale: set[str] = set()  # brokers whose failure here came after a newer answer
+
         async def lookup(port: BrokerPort) -> TopicInfo | None:
+            since = self.mark()
             try:
                 info = await port.get_topic(topic, auto_create=auto_create)
             except BrokerUnavailableError as exc:
+                unavailable.append(exc)
+                if self._stale(port.name, since):
+                    # It answered (or got a new leader) since this lookup began: not down.
+                    # This route keeps its known queues and is not cached.
+                    stale.add(port.name)
+                    return None
                 # A broker that is down leaves the route (as a name server drops it) until
                 # it answers again; the others keep serving the topic. Logged when it goes
                 # down, not at every lookup while it stays down (a leaderless group).
                 if not self.is_down(port.name):
                     log.warning("broker %s left out of the route of %s: %s", port.name, topic, exc)
                 self._down_until[port.name] = self._clock.monotonic() + CACHE_TTL_S
-                unavailable.append(exc)
                 return None
             except RefusedError as exc:
                 if exc.code == Code.TOPIC_NOT_FOUND:
@@ -264,6 +323,7 @@ class BrokerCluster(AsyncClosing):
             # It answered: not down (a mark left by a lost request link or an earlier lookup
             # would else drop this answer below, and the route be TOPIC_NOT_FOUND).
             self._down_until.pop(port.name, None)
+            self._alive_at[port.name] = self.mark()
             return info
 
         # Brokers known to be down are left out until they are tried again (see is_down).
@@ -276,7 +336,7 @@ class BrokerCluster(AsyncClosing):
             if info is not None and info.queue_count > 0:
                 brokers[name] = info.queue_count
                 self._known_queues[topic, name] = info.queue_count
-            elif info is None and self.is_down(name):
+            elif info is None and (self.is_down(name) or name in stale):
                 known = self._known_queues.get((topic, name))
                 if known:  # down, but its queues stay (FIFO groups wait for them)
                     brokers[name] = known
@@ -295,7 +355,8 @@ class BrokerCluster(AsyncClosing):
             if info is not None and info.queue_count > 0
         }
         route = TopicRoute(topic, brokers, accepted_by(found), types)
-        self._routes.put(topic, route)
+        if not stale:  # else asked again next time: what the stale broker says is unknown
+            self._routes.put(topic, route)
         return route
 
     async def topic_infos(self, topic: str) -> dict[str, TopicInfo]:
@@ -335,9 +396,21 @@ class BrokerCluster(AsyncClosing):
         return queues[next(self._round_robin) % len(queues)]
 
     # -- broker health ----------------------------------------------------------------------
-    def note_unavailable(self, name: str) -> None:
+    def mark(self) -> int:
+        """A mark for a call about to start: give it to ``note_unavailable`` if it fails."""
+        return next(self._marks)
+
+    def _stale(self, name: str, since: int) -> bool:
+        """Whether the broker showed a sign of life (an answer, a new port) after ``since``."""
+        return self._alive_at.get(name, -1) > since
+
+    def note_unavailable(self, name: str, since: int | None = None) -> None:
         """A broker did not answer: leave it out of routes and group lookups for a while (a
-        name server drops a dead broker the same way); it is tried again after that."""
+        name server drops a dead broker the same way); it is tried again after that. With
+        ``since`` (the failed call's ``mark``), a failure older than the broker's latest
+        answer, or than its current port, is stale and changes nothing."""
+        if since is not None and self._stale(name, since):
+            return
         if name not in self._down_until:
             log.warning("broker %s is unavailable; serving from the others", name)
         self._down_until[name] = self._clock.monotonic() + CACHE_TTL_S
@@ -370,12 +443,14 @@ class BrokerCluster(AsyncClosing):
         ordered += [port for port in self.ports if port not in ordered]
         failure: BrokerUnavailableError | None = None
         for port in ordered:
+            since = self.mark()
             try:
                 config = await port.get_group(name)
             except BrokerUnavailableError as exc:
-                self.note_unavailable(port.name)
+                self.note_unavailable(port.name, since)
                 failure = exc
                 continue
+            self._alive_at[port.name] = self.mark()
             self._groups.put(name, config)
             self._last_groups.put(name, config)
             return config

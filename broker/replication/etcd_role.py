@@ -65,6 +65,11 @@ class ElectedRoleSource:
         if not await self._member.set_in_sync(sorted(members)):
             raise DeposedError(f"the leader key is no longer epoch {epoch}'s: not recorded")
 
+    async def give_up(self, role: GroupRole, why: str, *, served: bool) -> None:
+        """Delete the leader key (an in-sync node is elected; this one waits before it
+        campaigns again): see GroupMember.give_up."""
+        await self._member.give_up(role.epoch, why, served=served)
+
 
 async def publish_lag(
     member: GroupMember, leader: Callable[[], ReplicationLeader | None], every_s: float = 1.0

@@ -42,6 +42,10 @@ from popmq.security.link import broker_channel
 
 log = logging.getLogger(__name__)
 
+# A give-up etcd did not take (unreachable, timed out) is tried again this often until it
+# works or the role changes: meanwhile the key is still this node's and its keepalives go on.
+GIVE_UP_RETRY_S = 1.0
+
 
 @dataclass(frozen=True, slots=True)
 class Promotion:
@@ -144,6 +148,10 @@ class ReplicatedNode:
         self.role: GroupRole | None = None
         self.follower: ReplicaFollower | None = None
         self.promotion: Promotion | None = None  # the last time this node opened its store
+        # The epoch this node last answered calls in as its leader (see _give_up): about the
+        # epoch, not the attempt, since the same epoch may be played again (a give-up whose
+        # delete was cancelled, the key read back as this node's).
+        self._served_epoch = 0
 
     @property
     def bound_port(self) -> int:
@@ -212,9 +220,28 @@ class ReplicatedNode:
             self.port.refusal = f"{self.node} cannot play its role (epoch {role.epoch}): {error}"
             self.port.promotion_ended()
             log.error("replication: %s", self.port.refusal, exc_info=True)
+            if role.is_leader:  # (what it opened is closed: _lead's own finally)
+                await self._give_up(role, str(error))
             await anyio.sleep_forever()  # refuses every call until the role changes
         finally:
             self.port.promotion_ended()
+
+    async def _give_up(self, role: GroupRole, why: str) -> None:
+        """A leader that cannot lead hands the role on (an election picks another in-sync
+        node) instead of holding it while refusing every call."""
+        assert self._roles is not None  # run() has one
+        failed = False
+        while True:
+            try:
+                await self._roles.give_up(role, why, served=self._served_epoch == role.epoch)
+                return
+            except Exception:  # etcd away: the lease still holds the key; tried again
+                if not failed:
+                    log.exception("replication: %s could not give up leading epoch %d; "
+                                  "trying again every %.1f s", self.node, role.epoch,
+                                  GIVE_UP_RETRY_S)  # fmt: skip
+                failed = True
+            await self._clock.sleep(GIVE_UP_RETRY_S)  # until it works or the role changes
 
     # -- leading -----------------------------------------------------------------------------
     async def _lead(self, role: GroupRole) -> None:
@@ -263,6 +290,7 @@ class ReplicatedNode:
                 await leader.reevaluate()  # report the in-sync set (this node) at once
                 self._gate.leader = leader
                 self.port.leading = Leading(broker, LocalBrokerPort(broker), leader)
+                self._served_epoch = role.epoch
                 self.port.promotion_ended()
                 log.info("replication: %s leads epoch %d (%s, min in sync %d)", self.node,
                          role.epoch, config.replication.mode,

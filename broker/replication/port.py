@@ -224,6 +224,8 @@ class NodePort(AsyncClosing):
     ) -> GroupDeleted:
         leading = await self._writer()
         result = await leading.port.delete_group(group, clean_offsets, force)
+        if clean_offsets:  # the offsets document is what travels (as update_consumer_offset)
+            await leading.broker.store.flush_offsets()
         await self._replicated(leading)
         return result
 

@@ -35,6 +35,12 @@ class RoleSource(Protocol):
         Raises when the change could not be recorded (a deposed leader's change fails)."""
         ...
 
+    async def give_up(self, role: GroupRole, why: str, *, served: bool) -> None:
+        """This node was made leader of ``role.epoch`` but cannot lead (its promotion
+        failed): let another node lead. ``served``: whether it acknowledged anything in
+        that epoch."""
+        ...
+
 
 class StaticRoleSource:
     """A role set by hand: from flags, or by a test (``set``). In-sync reports are kept."""
@@ -43,6 +49,7 @@ class StaticRoleSource:
         self._role = role
         self._changed = asyncio.Condition()
         self.reports: list[tuple[int, frozenset[str]]] = []
+        self.given_up: list[tuple[GroupRole, str]] = []
 
     def current(self) -> GroupRole:
         return self._role
@@ -59,3 +66,7 @@ class StaticRoleSource:
 
     async def report_in_sync(self, epoch: int, members: frozenset[str]) -> None:
         self.reports.append((epoch, members))
+
+    async def give_up(self, role: GroupRole, why: str, *, served: bool) -> None:
+        """Kept (a role from flags has nobody to hand the lead to: it stays refused)."""
+        self.given_up.append((role, why))

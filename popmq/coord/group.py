@@ -51,6 +51,7 @@ from popmq.coord.store import (
     Compare,
     CoordStore,
     CoordUnavailableError,
+    Delete,
     KeyValue,
     LeaseLostError,
     Put,
@@ -88,6 +89,10 @@ class MemberSettings:
     # Re-read the group this often even if the watch is silent (a watch can stall unnoticed).
     poll_interval_s: float = 1.0
     retry_s: float = 0.5
+    # A leader that could not take up its role (its promotion failed) gives the leader key
+    # back and campaigns again only after this long (None: 2 TTLs): another in-sync node
+    # leads meanwhile, or, if none can, this one tries again.
+    give_up_hold_s: float | None = None
     # The keepalive thread stops renewing once the event loop has not run for this long
     # (None: 2 TTLs): a wedged loop must not hold the group's leadership for long. The lease
     # then runs up to one more TTL: a wedged leader holds its group at most 3 TTLs.
@@ -137,6 +142,13 @@ class GroupMember:
         self._lease_deadline = 0.0
         self._in_sync: list[str] = []
         self.elections_won = 0
+        self.leadership_given_up = 0  # times this node gave the key back (promotion failed)
+        self._hold_until = 0.0  # time.monotonic() before which it does not campaign
+        self._given_up_epoch = 0  # a read of that key under way is not taken as leading
+        self._gave_up_logged = False  # logged once per stretch of failed promotions
+        # The in-sync set this node's last campaign replaced (None: the group had none), for
+        # a leader that gives up before it served anything (give_up).
+        self._in_sync_before: list[str] | None = None
         # The lease deadline passed while leading: no writes until a keepalive renews it.
         # A plain attribute: metrics read it from their HTTP thread.
         self.fenced = False
@@ -188,6 +200,48 @@ class GroupMember:
             self._wake.set()  # someone else leads: find out at once
         return result.succeeded
 
+    async def give_up(self, epoch: int, why: str, *, served: bool) -> bool:
+        """This node won ``epoch`` but cannot lead (its promotion failed): delete the leader
+        key so another node is elected, and campaign again only after ``give_up_hold_s``.
+
+        When it served nothing (``served`` false: no write was acknowledged in its epoch),
+        the in-sync set its campaign replaced by itself alone is put back, so the nodes that
+        were in sync may lead: they hold everything acknowledged. Once it served, the set
+        stays (what replication added holds its epoch's writes). False if the key was no
+        longer its own at ``epoch``."""
+        role = self._role
+        if not role.is_leader or role.epoch != epoch:
+            return False
+        settings, keys = self.settings, self.keys
+        self._given_up_epoch = epoch
+        hold_s = settings.give_up_hold_s
+        self._hold_until = time.monotonic() + (2 * settings.lease_ttl_s if hold_s is None
+                                               else hold_s)  # fmt: skip
+        level = logging.DEBUG if self._gave_up_logged else logging.ERROR
+        self._gave_up_logged = True
+        log.log(level, "%s cannot lead group %s (epoch %d): %s; it gives up the leadership "
+                "so another in-sync node is elected (popmq_ha_leadership_given_up)",
+                settings.name, settings.group, epoch, why)  # fmt: skip
+        ours = Compare(keys.leader, "create", epoch)
+        deleted = False
+        try:
+            if not served:
+                alone = Compare(keys.in_sync, "value", encode({"members": [settings.name]}))
+                before = self._in_sync_before
+                back: Put | Delete = (Delete(keys.in_sync) if before is None else
+                                      Put(keys.in_sync, encode({"members": before})))  # fmt: skip
+                result = await self.store.txn([ours, alone], [Delete(keys.leader), back])
+                deleted = result.succeeded
+            if not deleted:
+                deleted = (await self.store.txn([ours], [Delete(keys.leader)])).succeeded
+        except BaseException:
+            self._given_up_epoch = 0  # the key may still be its own: a read says so
+            raise  # (the node tries again: counted once it went through)
+        self.leadership_given_up += 1
+        self._publish(NO_LEADER)
+        self._wake.set()  # read who leads now
+        return deleted
+
     async def report_lag(self, node: str, lag_bytes: int, lag_s: float) -> None:
         """Publish a follower's replication lag (for `popmq admin cluster status`), bound to
         this node's lease so it disappears with it."""
@@ -206,6 +260,8 @@ class GroupMember:
             log.warning("%s no longer leads group %s (epoch %d)", self.settings.name,
                         self.settings.group, previous.epoch)  # fmt: skip
         self.fenced = False
+        if role.has_leader and not role.is_leader:
+            self._gave_up_logged = False  # another node leads: a next failure is news
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
         for listener in self._listeners:
@@ -338,6 +394,8 @@ class GroupMember:
         kvs, _ = await self.store.get_prefix(self.keys.root)
         by_key = {kv.key: kv for kv in kvs}
         leader = by_key.get(self.keys.leader)
+        if leader is not None and leader.create_revision == self._given_up_epoch:
+            leader = None  # read before give_up deleted it: not leading again
         in_sync_kv = by_key.get(self.keys.in_sync)
         if self._lease and self._holds_data() != self._published_data:
             await self._put_member(self._lease)  # emptied, or bootstrapped since
@@ -351,6 +409,8 @@ class GroupMember:
         self._publish(leader_role(leader, self._lease, self.settings.name))
 
     def _eligible(self, in_sync_kv: KeyValue | None, kvs: list[KeyValue]) -> bool:
+        if time.monotonic() < self._hold_until:
+            return False  # it gave up its leadership a moment ago (give_up)
         if in_sync_kv is None:
             return True  # a new group's first leader
         if self.settings.unclean_election:  # the operator accepted losing the last writes
@@ -418,6 +478,10 @@ class GroupMember:
         if result.succeeded:
             self.elections_won += 1
             self._in_sync = [name]
+            self._in_sync_before = (
+                None if in_sync_kv is None
+                else [str(m) for m in decode(in_sync_kv.value).get("members", [])]
+            )  # fmt: skip
             # A keepalive now, while the broker is told and promotes: the lease then runs a
             # whole TTL from about the win, not from the last periodic keepalive (up to TTL/3
             # earlier; a loaded host's promotion outlasted the rest once, fenced the new
@@ -473,9 +537,33 @@ class LeaseKeeper:
         )
         self.sent = 0  # keepalives sent (tests)
         self.stalled = False  # renewals held back: the event loop stalled
+        self._ended: asyncio.Future[None] = loop.create_future()  # set as the thread ends
 
     def start(self) -> None:
         self._thread.start()
+
+    async def aclose(self, timeout_s: float) -> None:
+        """Stop the thread and wait (up to ``timeout_s``: a keepalive in flight) until it
+        has ended, even if this task is cancelled meanwhile: an asyncio cancel pierces an
+        AnyIO shield, and the thread outlived its member. The cancel is raised after."""
+        self.stop()
+        if not self._thread.is_alive() and not self._ended.done():
+            return  # never started
+        deadline = self._loop.time() + timeout_s
+        cancelled: asyncio.CancelledError | None = None
+        with anyio.CancelScope(shield=True):  # holds against AnyIO's cancels, not asyncio's
+            while not self._ended.done() and (left := deadline - self._loop.time()) > 0:
+                try:
+                    await asyncio.wait([self._ended], timeout=left)  # never cancels _ended
+                except asyncio.CancelledError as error:
+                    cancelled = error
+        if self._ended.done():
+            self._thread.join()  # it has called back as its last step: ends at once
+        else:
+            log.warning("the lease keeper of %s did not stop within %.1f s (a keepalive "
+                        "in flight)", self._member.settings.name, timeout_s)  # fmt: skip
+        if cancelled is not None:
+            raise cancelled
 
     def renew_now(self) -> None:
         self._poke.set()
@@ -488,6 +576,12 @@ class LeaseKeeper:
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
+        try:
+            self._keep()
+        finally:
+            self._call(_set_done, self._ended)
+
+    def _keep(self) -> None:
         member, settings = self._member, self._member.settings
         wait_s = settings.lease_ttl_s / 3
         stall_limit_s = settings.loop_stall_limit_s or 2 * settings.lease_ttl_s
@@ -531,6 +625,11 @@ class LeaseKeeper:
             self._loop.call_soon_threadsafe(callback, *args)
 
 
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 @contextlib.asynccontextmanager
 async def join_group(
     store: CoordStore,
@@ -557,7 +656,7 @@ async def join_group(
             finally:
                 tasks.cancel_scope.cancel()
     finally:
-        keeper.stop()
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(keeper.join, 2 * settings.lease_ttl_s)
-        await member._resign()
+        try:
+            await keeper.aclose(2 * settings.lease_ttl_s)
+        finally:
+            await member._resign()

@@ -271,12 +271,13 @@ class Sender:
             target: QueueRef, batch: list[Message], tried: set[str], movable: bool
         ) -> tuple[QueueRef, list[SendResult]]:
             while True:
+                since = cluster.mark()
                 try:
                     return target, await cluster.port(target.broker).send(batch, target.queue_id)
                 except BrokerUnavailableError:
                     # The broker is down: an unordered batch goes to a live one instead (a FIFO
                     # group keeps its queue, so its order holds; the client retries it).
-                    cluster.note_unavailable(target.broker)
+                    cluster.note_unavailable(target.broker, since)
                     tried.add(target.broker)
                     if not movable:
                         raise

@@ -292,6 +292,10 @@ class NotificationHub(AsyncClosing):
             return None
         held = sub in channel.holders
         channel.holders.discard(sub)
+        if self._channels.get(channel.key) is not channel:
+            # The hub closed first (its notifications are cancelled, its watches closed): a
+            # long poll still on its way out only leaves; nothing is handed on or armed.
+            return None
         if not channel.subscribers:
             del self._channels[channel.key]
             if channel.watch is not None:

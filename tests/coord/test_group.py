@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -255,3 +256,48 @@ def renewed_since_win(member: GroupMember, won_at: float, ttl: int) -> bool:
     """Whether the lease deadline comes from a keepalive sent at (or after) the win; 0.5 s
     of slack for one sent just before it."""
     return anyio.current_time() + member.lease_remaining_s() >= won_at + ttl - 0.5
+
+
+async def test_a_leader_that_cannot_take_up_its_role_hands_it_to_an_in_sync_node(
+    etcd: EtcdCluster,
+) -> None:
+    """Issue 19, a loose end: a node that won the election but whose promotion failed held
+    the leader key (its keepalives go on) and refused every call: the group never failed
+    over. It now deletes the key and waits before campaigning again. It served nothing, so
+    the in-sync set its campaign had narrowed to itself is put back: n0, in sync before that
+    election, may lead, and does."""
+
+    async def member_while(name: str, joined: list[GroupMember], stop: anyio.Event,
+                           **options: object) -> None:  # fmt: skip
+        async with node(etcd, name, **options) as member:
+            joined.append(member)
+            await stop.wait()
+
+    async def join(tasks: anyio.abc.TaskGroup, name: str, stop: anyio.Event,
+                   **options: object) -> GroupMember:  # fmt: skip
+        joined: list[GroupMember] = []
+        tasks.start_soon(functools.partial(member_while, name, joined, stop, **options))
+        with anyio.fail_after(5):
+            while not joined:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        return joined[0]
+
+    async with anyio.create_task_group() as tasks:
+        restart, end = anyio.Event(), anyio.Event()
+        n0 = await join(tasks, "n0", restart)
+        await until(n0, lambda r: r.is_leader, 5)
+        n1 = await join(tasks, "n1", end, give_up_hold_s=60.0)
+        await until(n1, lambda r: r.leader_name == "n0", 5)
+        assert await n0.set_in_sync(["n1"])
+        restart.set()  # n0 steps away (a restart): n1, in sync, wins alone
+        await until(n1, lambda r: r.is_leader, 5)
+        assert n1.in_sync == ["n1"]
+        n0 = await join(tasks, "n0", end)
+        await until(n0, lambda r: r.leader_name == "n1", 5)
+        assert await n1.give_up(n1.role.epoch, "its store cannot open", served=False)
+        assert not n1.role.is_leader and n1.leadership_given_up == 1
+        await until(n0, lambda r: r.is_leader, 5)  # n0 was in sync: it leads
+        await until(n1, lambda r: r.leader_name == "n0", 5)
+        assert not await n1.give_up(n0.role.epoch, "not its epoch", served=False)
+        assert n1.leadership_given_up == 1
+        end.set()

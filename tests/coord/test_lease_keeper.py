@@ -84,3 +84,70 @@ async def test_a_loop_that_runs_again_is_renewed_at_once(
         await wait_until(lambda: store.calls > 0, within_s=TTL_S / 6)  # long before TTL/3
         tasks.cancel_scope.cancel()
     assert not keeper.stalled
+
+
+class SilentStore:
+    """A store that never answers on the event loop (the member's tasks just wait), whose
+    keepalives block until the test lets them return: a keepalive in flight at exit."""
+
+    def __init__(self) -> None:
+        self.in_keepalive = threading.Event()
+        self.release = threading.Event()
+
+    def keepalive_blocking(self, lease: int) -> float:
+        self.in_keepalive.set()
+        self.release.wait(60)  # bounded: a broken test must not hang the run
+        return float(TTL_S)
+
+    async def revoke(self, lease: int) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Callable[..., object]:
+        async def silent(*args: object, **kwargs: object) -> None:
+            await anyio.sleep_forever()
+
+        return silent
+
+
+async def test_a_cancel_during_the_exit_of_join_group_still_joins_the_keeper() -> None:
+    """join_group waits for its keepalive thread on every way out. Its shielded wait did not
+    hold against an asyncio cancel that landed during the exit (a second task.cancel(), an
+    asyncio.timeout firing): the context ended with the thread still running a keepalive,
+    the lease left unrevoked."""
+    from popmq.coord.group import join_group
+
+    store = SilentStore()
+    settings = MemberSettings("g", "n0", "127.0.0.1:100", lease_ttl_s=TTL_S)
+    seen: dict[str, object] = {}
+    inside = anyio.Event()
+
+    async def member_of_group() -> None:
+        try:
+            async with join_group(store, settings) as joined:  # type: ignore[arg-type]
+                seen["keeper"] = joined._keeper
+                joined._lease = LEASE
+                assert joined._keeper is not None
+                joined._keeper.renew_now()
+                inside.set()
+                await anyio.sleep_forever()
+        finally:
+            keeper = seen["keeper"]
+            assert isinstance(keeper, LeaseKeeper)
+            seen["alive_at_exit"] = keeper._thread.is_alive()
+
+    task = asyncio.get_running_loop().create_task(member_of_group())
+    await inside.wait()
+    await wait_until(store.in_keepalive.is_set)
+    task.cancel()  # leave: the exit stops the keeper and waits for its thread
+    keeper = seen["keeper"]
+    assert isinstance(keeper, LeaseKeeper)
+    await wait_until(lambda: keeper._stopping)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    task.cancel()  # a second cancel, while the exit waits
+    for _ in range(20):
+        await asyncio.sleep(0)
+    store.release.set()  # the keepalive in flight returns; the thread can end
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen["alive_at_exit"] is False, "join_group ended before its keepalive thread"

@@ -119,7 +119,7 @@ def _replication_families() -> dict[str, set[str]]:
     member = SimpleNamespace(
         settings=SimpleNamespace(group="broker-a", name="a0"), in_sync=["a0", "a1"],
         role=SimpleNamespace(epoch=1, is_leader=True, has_leader=True), elections_won=1,
-        fenced=False, empty_copy_declines=0,
+        fenced=False, empty_copy_declines=0, leadership_given_up=0,
     )  # fmt: skip
     elected = GroupCollector(member)  # type: ignore[arg-type]
     return {

@@ -411,3 +411,34 @@ async def test_signalled_tells_a_channel_whose_signal_is_out(metrics: ProxyMetri
     assert not hub.signalled(broker, PopRequest(group="h", topic="t"))
     await hub.leave([sub])
     await hub.aclose()
+
+
+async def test_long_polls_may_leave_after_the_hub_closed(metrics: ProxyMetrics) -> None:
+    """Teardown in either order: the proxy's strategy may close the hub while long polls are
+    still on their way out; their unsubscribe must not raise (it raised KeyError), hand a
+    signal on, or arm a notification on the closed hub."""
+    broker = FakeBroker("b")
+    hub = NotificationHub(BrokerCalls(metrics))
+    pop = PopRequest(group="g", topic="t", max_messages=1)
+    deadline = asyncio.get_running_loop().time() + 5
+    signalled: list[Subscription] = []
+
+    def on_signal(sub: Subscription) -> bool:
+        signalled.append(sub)
+        return True
+
+    subs = [hub.subscribe(broker, pop, deadline, on_signal) for _ in range(2)]
+    alone = hub.subscribe(broker, PopRequest(group="h", topic="t"), deadline, on_signal)
+    await wait_until(lambda: broker.held == 2)
+    broker.put(1)
+    await wait_until(lambda: len(signalled) == 2)  # one signal out per group
+    assert signalled == [subs[0], alone]
+    before = asyncio.all_tasks()
+    await hub.aclose()
+    assert broker.held == 0
+    await hub.leave([subs[0]])  # held the signal: not handed on (nobody is served now)
+    assert signalled == [subs[0], alone] and hub.held() == 0
+    hub.unsubscribe(subs[1])
+    await hub.leave([alone, subs[1]])  # the last of a channel, and one already gone
+    assert hub.channels == 0 and broker.held == 0
+    await assert_no_tasks_beyond(before)

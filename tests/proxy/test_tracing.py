@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import grpc
 import pytest
 from opentelemetry import trace
@@ -19,6 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from popmq.broker.contract.errors import Code
 from popmq.broker.core import Broker
 from popmq.broker.local import LocalBrokerPort
 from popmq.broker.wire.remote import RemoteBrokerPort
@@ -58,6 +60,7 @@ async def remote_cluster(provider: TracerProvider, tmp_path: Path) -> AsyncItera
     broker_server = BrokerGrpcServer(LocalBrokerPort(broker), "127.0.0.1", 0)
     await broker_server.start()
     port = RemoteBrokerPort("broker-0", f"127.0.0.1:{broker_server.bound_port}")
+    await _connected(port)
     config.proxy.port = 0
     proxy = ProxyServer(config, [port])
     await proxy.start()
@@ -73,6 +76,19 @@ async def remote_cluster(provider: TracerProvider, tmp_path: Path) -> AsyncItera
         await port.aclose()
         await broker_server.aclose(0.2)
         await broker.aclose()
+
+
+async def _connected(port: RemoteBrokerPort) -> None:
+    """Until the proxy's channel to the broker is up. Each connect attempt of the broker
+    link gives up after about 250 ms (grpc.min_reconnect_backoff_ms in
+    popmq.broker.wire.remote.CHANNEL_OPTIONS: fail fast, re-dial every second); on a loaded
+    host the in-process broker's handshake took longer, the first call failed UNAVAILABLE
+    ("tcp handshaker shutdown") and a test found no broker span in its trace. What these
+    tests check starts once the link is up."""
+    port._get_stub()
+    assert port._channel is not None
+    with anyio.fail_after(60):  # a failure bound only: attempts are re-dialled every second
+        await port._channel.channel_ready()
 
 
 def _trace_of(root: Any) -> list[ReadableSpan]:
@@ -91,9 +107,9 @@ async def test_a_receive_is_one_trace_across_proxy_and_broker(remote_cluster: Cl
     EXPORTER.clear()
     client_tracer = trace.get_tracer("the-client")
     # The client's own span: its traceparent travels in the gRPC metadata.
-    with client_tracer.start_as_current_span("client receive") as root:
-        _, messages, _ = await cluster.receive(group, topic, poll_ms=1_000)
-    assert [m.body for m in messages] == [b"hello"]
+    with client_tracer.start_as_current_span("client receive") as root:  # ends at the message
+        _, messages, _ = await cluster.receive(group, topic, poll_ms=4_000)  # (1 s: too short
+    assert [m.body for m in messages] == [b"hello"]  # for a loaded host's first pop)
     spans = _trace_of(root)
     receive = "/apache.rocketmq.v2.MessagingService/ReceiveMessage"
     broker_pop = "/popmq.broker.v1.BrokerService/Pop"
@@ -127,7 +143,10 @@ async def test_an_empty_long_poll_shows_its_notify_wait(remote_cluster: Cluster)
     cluster = remote_cluster
     topic, group = unique("traced-empty"), unique("traced-group")
     await cluster.send(topic, b"x")
-    _, got, _ = await cluster.receive(group, topic)
+    # A poll long enough for a loaded host (it ends at the message): with 300 ms the first
+    # pop could come too late, the message stayed, and the empty receive below got it.
+    _, got, _ = await cluster.receive(group, topic, poll_ms=4_000)
+    assert len(got) == 1
     await cluster.ack(group, topic, *got)
     EXPORTER.clear()
     with trace.get_tracer("the-client").start_as_current_span("client receive") as root:
@@ -228,7 +247,8 @@ async def test_the_request_link_carries_the_trace_per_request(remote_cluster: Cl
     for attempt in range(2):  # the second request rides the stream the first one opened
         EXPORTER.clear()
         with trace.get_tracer("the-client").start_as_current_span(f"send {attempt}") as root:
-            await remote_cluster.send(topic, b"x")
+            sent = await remote_cluster.send(topic, b"x")
+        assert sent.status.code == Code.OK, sent.status  # else the spans below are not there
         spans = _trace_of(root)
         send = "/popmq.broker.v1.BrokerService/Send"
         client = next(s for s in spans if s.name == send and s.kind == SpanKind.CLIENT)

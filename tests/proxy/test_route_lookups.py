@@ -1,0 +1,250 @@
+"""Route lookups of BrokerCluster under concurrency: a failure that comes back after a newer
+answer marks nothing down, and concurrent lookups of one expired route share one call.
+
+In-process ports driven by events: the order of answers and failures is set by the test, no
+time passes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+import pytest
+from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
+from popmq.broker.contract.types import GroupConfig, QueueInfo, TopicInfo
+from popmq.proxy.cluster import BrokerCluster
+
+from popmq.clock import ManualClock
+
+
+class Port:
+    """A broker group's port whose answers the test releases (``release``) or fails."""
+
+    def __init__(self, name: str, queues: int = 2) -> None:
+        self.name = name
+        self.queues = queues
+        self.calls = 0
+        self.asked = anyio.Event()
+        self.gate: anyio.Event | None = None  # set: answers wait for it
+        self.error: Exception | None = None
+
+    async def _answer(self) -> None:
+        self.calls += 1
+        self.asked.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.error is not None:
+            raise self.error
+
+    async def get_topic(self, topic: str, auto_create: bool = False) -> TopicInfo:
+        await self._answer()
+        infos = [QueueInfo(q, 0, 0) for q in range(self.queues)]
+        return TopicInfo(topic, self.queues, infos, "NORMAL")
+
+    async def get_group(self, name: str) -> GroupConfig:
+        await self._answer()
+        return GroupConfig(name, max_attempts=5)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def lost(name: str) -> BrokerUnavailableError:
+    return BrokerUnavailableError(name, "request link lost")
+
+
+# -- a stale failure marks nothing down (a group taken out of routes for CACHE_TTL_S) ----------
+
+
+async def test_a_route_lookup_failing_after_the_new_leader_answered_marks_nothing_down() -> None:
+    """A leader change while a route lookup waits on the old leader: the new leader's port
+    answers a fresh lookup; the old lookup's failure, arriving after, left the group marked
+    down for 3 s (sends skipped it, its route was cached without it)."""
+    clock = ManualClock()
+    old, new = Port("ga"), Port("ga", queues=4)
+    old.gate, old.error = anyio.Event(), lost("ga")
+    cluster = BrokerCluster([old], clock=clock)  # type: ignore[list-item]
+    outcomes: list[object] = []
+
+    async def first_lookup() -> None:
+        try:
+            outcomes.append(await cluster.route("T"))
+        except BrokerUnavailableError as exc:
+            outcomes.append(exc)
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(first_lookup)
+        await old.asked.wait()
+        cluster.put_port(new)  # type: ignore[arg-type]  # the group's new leader
+        assert (await cluster.route("T")).brokers == {"ga": 4}  # not the old lookup's flight
+        old.gate.set()  # the old leader's lookup fails now, after the new leader answered
+    # The old lookup answers with the group's known queues (it is not down), uncached.
+    assert [getattr(o, "brokers", o) for o in outcomes] == [{"ga": 4}]
+    assert not cluster.is_down("ga"), "a stale failure marked the group down"
+    assert cluster.cached_route("T") is not None and cluster.cached_route("T").brokers == {"ga": 4}
+
+
+async def test_an_older_lookup_failing_after_a_newer_answer_keeps_the_broker_routed() -> None:
+    """Same port: a lookup that started before another lookup's answer and fails after it is
+    stale; the route it returns keeps the broker's known queues (a FIFO group stays put) and
+    is not cached."""
+    port, other = Port("ga"), Port("gb")
+    cluster = BrokerCluster([port, other])  # type: ignore[list-item]
+    assert (await cluster.route("T")).brokers == {"ga": 2, "gb": 2}
+    cluster.forget_topic("T")
+    port.gate, port.error, port.asked = anyio.Event(), lost("ga"), anyio.Event()
+    routes = []
+
+    async def slow_lookup() -> None:
+        routes.append(await cluster.route("T", create=False))
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(slow_lookup)
+        await port.asked.wait()
+        # Another lookup (another auto-create flag: its own flight) sees the broker answer.
+        port.gate, port.error, waiting = None, None, port.gate
+        assert (await cluster.route("T", create=True)).brokers == {"ga": 2, "gb": 2}
+        port.error = lost("ga")
+        waiting.set()
+    assert not cluster.is_down("ga")
+    assert routes[0].brokers == {"ga": 2, "gb": 2}  # its known queues, not down
+
+
+async def test_a_send_failure_older_than_an_answer_marks_nothing_down() -> None:
+    cluster = BrokerCluster([Port("ga")])  # type: ignore[list-item]
+    since = cluster.mark()  # a send starts
+    await cluster.route("T")  # the broker answers a lookup meanwhile
+    cluster.note_unavailable("ga", since)  # the send's failure comes back: stale
+    assert not cluster.is_down("ga")
+    cluster.note_unavailable("ga", cluster.mark())  # a failure after the answer: down
+    assert cluster.is_down("ga")
+
+
+async def test_a_group_lookup_failing_after_a_newer_answer_marks_nothing_down() -> None:
+    old, new = Port("ga"), Port("ga")
+    old.gate, old.error = anyio.Event(), lost("ga")
+    cluster = BrokerCluster([old])  # type: ignore[list-item]
+
+    async def first_lookup() -> None:
+        with pytest.raises(BrokerUnavailableError):  # nobody else to ask, no copy seen
+            await cluster.group("g1")
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(first_lookup)
+        await old.asked.wait()
+        cluster.put_port(new)  # type: ignore[arg-type]
+        assert (await cluster.group("g2")).max_attempts == 5
+        old.gate.set()
+    assert not cluster.is_down("ga")
+
+
+async def test_a_failure_with_no_newer_answer_still_marks_the_broker_down() -> None:
+    """What the marks are for stays: a broker that fails with nothing newer is left out."""
+    port, other = Port("ga"), Port("gb")
+    port.error = lost("ga")
+    cluster = BrokerCluster([port, other])  # type: ignore[list-item]
+    assert (await cluster.route("T")).brokers == {"gb": 2}
+    assert cluster.is_down("ga")
+
+
+# -- single flight: one lookup per expired route, its outcome for every waiter ----------------
+
+
+async def _many_routes(cluster: BrokerCluster, count: int) -> list[object]:
+    outcomes: list[object] = []
+
+    async def one() -> None:
+        try:
+            outcomes.append(await cluster.route("T"))
+        except Exception as exc:
+            outcomes.append(exc)
+
+    async with anyio.create_task_group() as tasks:
+        for _ in range(count):
+            tasks.start_soon(one)
+    return outcomes
+
+
+async def test_concurrent_lookups_of_an_expired_route_share_one_call() -> None:
+    clock = ManualClock()
+    ports = [Port("ga"), Port("gb")]
+    cluster = BrokerCluster(ports, clock=clock)  # type: ignore[arg-type]
+    await cluster.route("T")
+    clock.now_s += 60  # the cached route expired
+    for port in ports:
+        port.gate = anyio.Event()
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(_release_when_asked, ports)
+        outcomes = await _many_routes(cluster, 50)
+    assert [port.calls for port in ports] == [2, 2], "each of 50 receives asked every broker"
+    assert len(outcomes) == 50 and len({id(route) for route in outcomes}) == 1
+
+
+async def _release_when_asked(ports: list[Port]) -> None:
+    for port in ports:
+        await port.asked.wait()
+    for _ in range(5):  # let every caller reach the shared lookup first
+        await asyncio.sleep(0)
+    for port in ports:
+        assert port.gate is not None
+        port.gate.set()
+
+
+@pytest.mark.parametrize(
+    "error",
+    [lost("ga"), RefusedError(Code.TOPIC_NOT_FOUND, "no topic T")],
+    ids=["unavailable", "not-found"],
+)
+async def test_the_shared_lookups_failure_reaches_every_waiter(error: Exception) -> None:
+    port = Port("ga")
+    port.gate, port.error = anyio.Event(), error
+    cluster = BrokerCluster([port])  # type: ignore[list-item]
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(_release_when_asked, [port])
+        outcomes = await _many_routes(cluster, 20)
+    assert port.calls == 1
+    assert len(outcomes) == 20
+    assert all(type(o) is type(error) for o in outcomes), outcomes
+    assert {o.code for o in outcomes} == {error.code}  # type: ignore[attr-defined]
+    port.gate, port.error = None, None  # the failure is not kept: the next call asks again
+    assert (await cluster.route("T")).brokers == {"ga": 2}
+    assert port.calls == 2
+
+
+async def test_a_lookup_whose_caller_gives_up_is_taken_over_by_a_waiter() -> None:
+    """The caller that started the shared lookup is cancelled (its client went away): the
+    others do not fail with its cancellation; one of them looks up again."""
+    port = Port("ga")
+    port.gate = anyio.Event()
+    cluster = BrokerCluster([port])  # type: ignore[list-item]
+    outcomes: list[object] = []
+
+    async def waiters() -> None:
+        outcomes.extend(await _many_routes(cluster, 3))
+
+    first = anyio.CancelScope()
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(_cancelled_route, cluster, first)
+        await port.asked.wait()
+        tasks.start_soon(waiters)
+        for _ in range(5):  # every waiter joins the shared lookup
+            await asyncio.sleep(0)
+        assert port.calls == 1
+        first.cancel()  # the caller that leads it goes
+        await _wait_calls(port, 2)  # one waiter took over
+        port.gate.set()
+    assert port.calls == 2
+    assert [type(o).__name__ for o in outcomes] == ["TopicRoute"] * 3
+
+
+async def _cancelled_route(cluster: BrokerCluster, scope: anyio.CancelScope) -> None:
+    with scope:
+        await cluster.route("T")
+
+
+async def _wait_calls(port: Port, calls: int) -> None:
+    for _ in range(100):
+        if port.calls >= calls:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{port.calls} calls, not {calls}")
