@@ -29,12 +29,11 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-import anyio
 from popmq.broker.contract.errors import RefusedError
 from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.types import FilterExpression, NotifyRequest
 
-from popmq.lifecycle import AsyncClosing
+from popmq.lifecycle import AsyncClosing, Job, TaskOwner
 
 log = logging.getLogger(__name__)
 
@@ -151,29 +150,21 @@ async def wait_visible(port: BrokerPort, key: WatchKey) -> None:
 
 
 class LocalWatchBackend(AsyncClosing):
-    """Watches on a broker in the same process: each arm is a task running wait_visible.
-
-    A plain asyncio task per arm, kept here until it ends: not a TaskOwner job, whose host
-    task and anyio task group were made again for nearly every arm (an owner of watches is
-    idle between them), three tasks and their wake-ups for one wait (docs/benchmarks.md,
-    "Receive fan-out, wave 10"). ``_wait`` answers every error itself; ``aclose`` cancels
-    what is held and waits until it is gone."""
+    """Watches on a broker in the same process: each arm is a task running wait_visible."""
 
     def __init__(self, port: BrokerPort) -> None:
         self._port = port
-        self._tasks: dict[int, asyncio.Task[None]] = {}
-        self._closed = False
+        self._tasks: dict[int, Job[None]] = {}
+        self._owner = TaskOwner(f"watches:{port.name}", grace_s=0)
 
     def send_arm(self, watch: VisibilityWatch) -> bool:
         old = self._tasks.pop(watch.id, None)
         if old is not None:
             old.cancel()
-        if self._closed:
+        job = self._owner.spawn(self._wait(watch, watch.seq), f"watch:{self._port.name}")
+        if job is None:  # closed
             return False
-        task = asyncio.get_running_loop().create_task(
-            self._wait(watch, watch.seq), name=f"watch:{self._port.name}"
-        )
-        self._tasks[watch.id] = task
+        self._tasks[watch.id] = job
         return True
 
     async def _wait(self, watch: VisibilityWatch, seq: int) -> None:
@@ -184,8 +175,8 @@ class LocalWatchBackend(AsyncClosing):
         except Exception:  # an event too many costs a pop; one too few a message
             log.exception("watch %s on %s failed", watch.key, self._port.name)
         finally:
-            task = self._tasks.get(watch.id)
-            if task is not None and task is asyncio.current_task():
+            job = self._tasks.get(watch.id)
+            if job is not None and job.is_current():
                 del self._tasks[watch.id]
         watch.on_event(seq)
 
@@ -195,10 +186,5 @@ class LocalWatchBackend(AsyncClosing):
             task.cancel()
 
     async def aclose(self) -> None:
-        self._closed = True
-        tasks, self._tasks = list(self._tasks.values()), {}
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            with anyio.CancelScope(shield=True):  # as TaskOwner.aclose: nothing left behind
-                await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self._owner.aclose()

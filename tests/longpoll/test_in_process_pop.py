@@ -20,8 +20,7 @@ from typing import Any
 import pytest
 from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import in_process
-from popmq.broker.contract.types import FilterExpression, Message
-from popmq.broker.contract.watch import VisibilityWatch, WatchKey, WatchState
+from popmq.broker.contract.types import Message
 from popmq.broker.local import LocalBrokerPort
 from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.proxy.longpoll import calls as calls_module
@@ -179,36 +178,6 @@ async def test_a_false_empty_probe_of_in_process_brokers_needs_no_task_group(
         await calls.tasks.wait_idle()
         assert sample(metrics, "popmq_proxy_false_empty_responses_total", strategy="pop") == 1
         await calls.aclose()
-
-
-def _watch_tasks() -> list[str]:
-    """The tasks that wait for watches (and the hosts of a TaskOwner of watches)."""
-    return sorted(t.get_name() for t in asyncio.all_tasks() if "watch" in t.get_name())
-
-
-async def test_a_local_watch_arm_is_one_task_and_closing_leaves_no_hold(tmp_path: Path) -> None:
-    """A watch armed on an in-process broker waits in one plain task (no TaskOwner host task
-    and task group per arm); a re-arm replaces it, and closing the port cancels it and
-    leaves nothing held on the broker."""
-    async with _brokers(tmp_path, count=1) as ports:
-        port = ports[0]
-        hold = port.broker.engine._hold
-        watch = VisibilityWatch(WatchKey("g", TOPIC, FilterExpression(), False), port.watch_backend)
-        watch.arm()
-        await wait_until(lambda: hold.total == 1)
-        assert _watch_tasks() == ["watch:b0"]
-        await port.send([Message(topic=TOPIC, body=b"x")])
-        async with asyncio.timeout(5):
-            await watch.wait()
-        assert watch.state is WatchState.HAS and hold.total == 0
-        await port.pop(replace(make_request(0).pop, poll_time_ms=0))  # empty again
-        watch.arm()
-        watch.arm()  # no-op while pending
-        await wait_until(lambda: hold.total == 1)
-        assert _watch_tasks() == ["watch:b0"]
-        await port.aclose()
-        assert hold.total == 0 and _watch_tasks() == []
-        assert watch.state is WatchState.ARMED  # closing sends no event
 
 
 async def test_an_in_process_pop_keeps_the_turns_a_job_took(tmp_path: Path) -> None:
