@@ -441,12 +441,17 @@ class _Session:
         leader = self.leader
         clock = leader._clock
         poll_s = leader._config.poll_ms / 1000
+        interval_s = leader._config.batch_interval_ms / 1000
         heartbeat_s = heartbeat_interval_s(leader._config)
         sequence = 0
         caught_up = False
         sent_at = clock.monotonic()
         while not leader._closed:
             await self.space.wait()
+            if caught_up and interval_s:  # a round trip shorter than the interval: wait it out
+                early = sent_at + interval_s - clock.monotonic()
+                if early > 0:
+                    await clock.sleep(early)
             if caught_up:  # everything was sent: wait for a write, or the next look
                 await _wait_for_work(self.kick, poll_s)
             now = clock.monotonic()
