@@ -532,7 +532,7 @@ class _AckWatch:
     ``max_lag_s`` of the read in progress and re-arms itself for that read's own deadline, so
     the bound is the same as a deadline moved before each read."""
 
-    __slots__ = ("_loop", "_scope", "_max_lag", "_timer", "reading_since")
+    __slots__ = ("_loop", "_max_lag", "_scope", "_timer", "reading_since")
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, scope: anyio.CancelScope, max_lag_s: float

@@ -139,7 +139,9 @@ async def _batches_under_writes(
     waits: list[float] = []
     async with leader:
         task = asyncio.ensure_future(leader.Replicate(stream, stream))
-        while "a1" not in leader.in_sync.members:
+        while True:  # until the follower joined the in-sync set
+            if "a1" in leader.in_sync.members:
+                break
             await asyncio.sleep(0.01)
         start = loop.time()
         written = len(stream.written_at)
