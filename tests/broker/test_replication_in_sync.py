@@ -426,9 +426,9 @@ async def test_a_bootstrapping_follower_is_in_sync_only_once_the_topics_reached_
 async def test_a_follower_that_stops_acknowledging_loses_its_stream_after_max_lag(
     tmp_path: Path,
 ) -> None:
-    """The wait for each acknowledgement is bounded by max_lag_s (one scope per stream, its
-    deadline moved at every read): acknowledgements that keep coming keep the stream, a
-    silence of max_lag_s ends it."""
+    """The wait for each acknowledgement is bounded by max_lag_s (one scope and one timer
+    per stream, which looks at the read in progress): acknowledgements that keep coming keep
+    the stream, a silence of max_lag_s ends it."""
     from popmq.broker.replication.files import DataSnapshotter
     from popmq.broker.replication.leader import _Session
 
