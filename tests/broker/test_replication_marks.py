@@ -57,6 +57,9 @@ async def test_every_writer_moves_a_mark_so_its_change_travels_in_the_next_batch
             writer.apply(make_batch(snapshot, sequence, 1, [(1, 0)]), known_epoch=0)
             if snapshot.complete:
                 break
+        # The follower's own writes (same process) move marks too: a look now takes them in
+        # (and finds nothing), so the next step's marks are the leader's writers' alone.
+        assert snapshotter.take([(1, 0)], 0.0).empty, step
         # (an empty file the leader made, such as a new segment, has nothing to copy yet)
         leader_files = {n: b for n, b in files(tmp_path / "leader").items() if b}
         copied = {n: b for n, b in files(tmp_path / "follower").items() if b}
