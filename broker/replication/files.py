@@ -144,6 +144,9 @@ class DataSnapshotter:
             path = self._paths[name] = os.path.join(self.data_dir, name)
         return path
 
+    def _segment(self, start: int) -> str:
+        return self._path(f"commitlog/{start:0{SEGMENT_DIGITS}d}")
+
     def take(self, history: list[epochs.Entry], now: float) -> Snapshot:
         # Documents and logs first, the commitlog's end last: everything they refer to was
         # written before they were (all in this one loop turn anyway).
@@ -156,8 +159,15 @@ class DataSnapshotter:
         logs = (self._append_logs(rewrites=entries)
                 if entries or marks[changes.LOGS] != seen[changes.LOGS] else [])  # fmt: skip
         segments = self._segments
-        if segments is None or marks[changes.COMMITLOG] != seen[changes.COMMITLOG]:
+        if segments is None or entries:
             segments = self._segments = list_segments(self.data_dir)
+        elif marks[changes.COMMITLOG] != seen[changes.COMMITLOG] and segments:
+            # only appended to: the last segment grew (one stat, no listing)
+            start = segments[-1][0]
+            try:
+                segments[-1] = (start, os.stat(self._segment(start)).st_size)
+            except FileNotFoundError:
+                segments = self._segments = list_segments(self.data_dir)
         self._seen = marks
         segment, data, complete = self._commitlog(history, segments)
         first = segments[0][0] if segments else 0
@@ -193,7 +203,7 @@ class DataSnapshotter:
         if boundary is not None:
             stop = min(stop, boundary)
         want = min(stop - self.position, self.max_bytes)
-        with open(self._path(f"commitlog/{start:0{SEGMENT_DIGITS}d}"), "rb") as file:
+        with open(self._segment(start), "rb") as file:
             data = os.pread(file.fileno(), want, self.position - start)
             take = whole_frames(data)
             if take == 0 and data:  # one frame larger than a batch: send it alone

@@ -9,11 +9,12 @@ its mark after writing is seen by every look that reads the mark after that, so 
 read an unchanged mark before scanning missed nothing a writer had finished.
 
 Kinds:
-- ``COMMITLOG``: bytes appended to a segment, a segment made, cut or deleted;
+- ``COMMITLOG``: bytes appended to the last segment (only its size changed);
 - ``LOGS``: bytes appended to a framed log (``FramedLog``: the pop journal, topics and groups);
 - ``ENTRIES``: a directory entry made, replaced, renamed or deleted (every atomic document
-  write and log rewrite ends with ``fsync_dir``, which moves it), a log opened (and perhaps
-  cut back), the receipt-handle keyring written or seen changed.
+  write and log rewrite ends with ``fsync_dir``, which moves it; a commitlog segment made or
+  deleted), a file cut back (a log opened, a segment), the receipt-handle keyring written or
+  seen changed.
 
 The marks are process-wide (over-reporting costs a look, never a miss). Writers in other
 processes (``popmq handle-keys rotate`` beside a running broker) are not seen here: the

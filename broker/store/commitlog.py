@@ -175,7 +175,7 @@ class CommitLog:
         os.ftruncate(fd, size)
         os.fsync(fd)
         seg.size = size
-        changes.note(changes.COMMITLOG)
+        changes.note(changes.ENTRIES)  # cut back: look at the whole directory again
 
     # -- positions ---------------------------------------------------------------------------
     @property
@@ -243,6 +243,7 @@ class CommitLog:
         except OSError:  # a full disk: keep the log consistent, then fail loudly
             with contextlib.suppress(OSError):  # recovery cuts a torn tail if this fails too
                 os.ftruncate(self._active_fd, seg.size)
+            changes.note(changes.ENTRIES)  # cut back
             raise
         finally:
             changes.note(changes.COMMITLOG)  # bytes may be visible, even of a failed write
@@ -257,7 +258,7 @@ class CommitLog:
         self._starts.append(seg.start)
         # The new file's directory entry is made durable by the next flush (sync_fds).
         self._dir_dirty = True
-        changes.note(changes.COMMITLOG)
+        changes.note(changes.ENTRIES)  # a new segment: the directory is listed again
         return seg
 
     def read(self, position: int, size: int) -> bytes:
@@ -338,7 +339,7 @@ class CommitLog:
         self._starts.pop(0)
         self._handles.discard(seg.path)
         seg.path.unlink(missing_ok=True)
-        changes.note(changes.COMMITLOG)
+        changes.note(changes.ENTRIES)
         return seg
 
     def segment_mtime_ms(self, seg: Segment) -> int:

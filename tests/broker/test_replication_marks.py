@@ -122,6 +122,13 @@ def test_an_unchanged_directory_is_not_looked_at(
     snapshotter.take([(1, 0)], 0.6)
     assert looks and "list" not in looks
     looks.clear()
+    with open(tmp_path / "commitlog" / f"{0:020d}", "ab") as segment:
+        segment.write(b"\x04\0\0\0\0\0\0\0abcd")  # one frame, appended to the last segment
+    changes.note(changes.COMMITLOG)
+    snapshot = snapshotter.take([(1, 0)], 0.7)
+    assert snapshot.commitlog_data.endswith(b"abcd")
+    assert looks == ["stat"]  # the last segment's size: no listing of the commitlog
+    looks.clear()
     snapshotter.take([(1, 0)], 1.0)  # a second after the last full look: everything again
     assert "list" in looks
 
