@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from popmq.broker.store import changes
 
 from popmq.clock import SYSTEM, Clock
 from popmq.config import BrokerConfig
@@ -99,6 +100,7 @@ def write_keys(path: Path, active: str, keys: list[HandleKey]) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.replace(temporary, path)
+    changes.note(changes.ENTRIES)  # a replicated document (the default keyring) changed
 
 
 def rotate(path: Path) -> HandleKey:
@@ -180,6 +182,9 @@ class HandleKeyring:
             return
         if mtime == self._mtime:
             return
+        # Written by another process (``popmq handle-keys rotate``): followers must get the
+        # file before a handle sealed with a new key is answered (changes.py).
+        changes.note(changes.ENTRIES)
         try:
             self._load()
             log.info("receipt-handle keys reloaded from %s (active %s)", self.path, self.active_id)

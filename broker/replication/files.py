@@ -22,6 +22,7 @@ at worst, never loses.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 import zlib
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from popmq.broker.replication import epochs
+from popmq.broker.store import changes
 
 from popmq.pb.replication.v1 import replication_pb2 as pb
 
@@ -40,6 +42,9 @@ MAX_BATCH_BYTES = 4 << 20
 _PREFIX_BYTES = 4096
 _LENGTH = struct.Struct("<I")
 _FRAME_HEADER = 8
+# At least this often a snapshot looks at every file whatever the change marks say (a writer
+# the marks do not see: another process, or a writer added without a mark).
+FULL_LOOK_S = 1.0
 
 
 def list_segments(data_dir: Path) -> list[tuple[int, int]]:
@@ -122,9 +127,16 @@ class DataSnapshotter:
     max_bytes: int = MAX_BATCH_BYTES
     _logs: dict[str, _LogState] = field(default_factory=dict)
     _docs: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    full_look_s: float = FULL_LOOK_S
     # A snapshot per batch per follower: the paths are joined once (pathlib's joins were a
     # visible share of a leader's CPU).
     _paths: dict[str, str] = field(default_factory=dict)
+    # The change marks (store/changes.py) read before the last look at each part; None: look.
+    # Most snapshots find nothing new or one file grown: a part no writer touched since is
+    # not looked at (its stats and listings were most of a snapshot's cost).
+    _seen: tuple[int, int, int] | None = None
+    _looked_at: float = -math.inf  # when every file was last looked at
+    _segments: list[tuple[int, int]] | None = None  # the commitlog as last listed
 
     def _path(self, name: str) -> str:
         path = self._paths.get(name)
@@ -132,12 +144,31 @@ class DataSnapshotter:
             path = self._paths[name] = os.path.join(self.data_dir, name)
         return path
 
+    def _segment(self, start: int) -> str:
+        return self._path(f"commitlog/{start:0{SEGMENT_DIGITS}d}")
+
     def take(self, history: list[epochs.Entry], now: float) -> Snapshot:
         # Documents and logs first, the commitlog's end last: everything they refer to was
         # written before they were (all in this one loop turn anyway).
-        docs = self._documents()
-        logs = self._append_logs()
-        segments = list_segments(self.data_dir)
+        marks = changes.marks()  # before looking: a write after it moves a mark again
+        seen = self._seen
+        if seen is None or now - self._looked_at >= self.full_look_s:
+            seen, self._looked_at = (-1, -1, -1), now  # every mark "moved": look at all
+        entries = marks[changes.ENTRIES] != seen[changes.ENTRIES]
+        docs = self._documents() if entries else []
+        logs = (self._append_logs(rewrites=entries)
+                if entries or marks[changes.LOGS] != seen[changes.LOGS] else [])  # fmt: skip
+        segments = self._segments
+        if segments is None or entries:
+            segments = self._segments = list_segments(self.data_dir)
+        elif marks[changes.COMMITLOG] != seen[changes.COMMITLOG] and segments:
+            # only appended to: the last segment grew (one stat, no listing)
+            start = segments[-1][0]
+            try:
+                segments[-1] = (start, os.stat(self._segment(start)).st_size)
+            except FileNotFoundError:
+                segments = self._segments = list_segments(self.data_dir)
+        self._seen = marks
         segment, data, complete = self._commitlog(history, segments)
         first = segments[0][0] if segments else 0
         if not complete:
@@ -172,7 +203,7 @@ class DataSnapshotter:
         if boundary is not None:
             stop = min(stop, boundary)
         want = min(stop - self.position, self.max_bytes)
-        with open(self._path(f"commitlog/{start:0{SEGMENT_DIGITS}d}"), "rb") as file:
+        with open(self._segment(start), "rb") as file:
             data = os.pread(file.fileno(), want, self.position - start)
             take = whole_frames(data)
             if take == 0 and data:  # one frame larger than a batch: send it alone
@@ -184,8 +215,11 @@ class DataSnapshotter:
         return start, data, self.position >= end
 
     # -- append-only logs --------------------------------------------------------------------
-    def _append_logs(self) -> list[pb.FileChange]:
-        changes = []
+    def _append_logs(self, rewrites: bool = True) -> list[pb.FileChange]:
+        """What was appended to each log, or the whole log where it was rewritten (looked for
+        only when ``rewrites``: no directory entry changed and no log was reopened since the
+        last look, so a log of the same inode that did not shrink was appended to)."""
+        found = []
         for name in APPEND_LOGS:
             path = self._path(name)
             try:
@@ -199,7 +233,7 @@ class DataSnapshotter:
             rewritten = (
                 stat.st_ino != state.ino
                 or size < state.sent
-                or _prefix_crc(path, state.sent) != state.prefix_crc
+                or (rewrites and _prefix_crc(path, state.sent) != state.prefix_crc)
             )
             if not rewritten and size == state.sent:
                 state.mtime_ns = stat.st_mtime_ns
@@ -208,11 +242,11 @@ class DataSnapshotter:
             with open(path, "rb") as file:
                 data = os.pread(file.fileno(), size - start, start)
             kind = pb.FileChange.REPLACE if rewritten else pb.FileChange.APPEND
-            changes.append(pb.FileChange(path=name, kind=kind, offset=start, data=data))
+            found.append(pb.FileChange(path=name, kind=kind, offset=start, data=data))
             if rewritten or state.sent < _PREFIX_BYTES:  # else its first bytes were checked
                 state.prefix_crc = _prefix_crc(path, start + len(data))
             state.ino, state.sent, state.mtime_ns = stat.st_ino, start + len(data), stat.st_mtime_ns
-        return changes
+        return found
 
     # -- small documents ---------------------------------------------------------------------
     def _document_names(self) -> list[str]:
@@ -226,7 +260,7 @@ class DataSnapshotter:
         return names
 
     def _documents(self) -> list[pb.FileChange]:
-        changes = []
+        found = []
         present = set()
         for name in self._document_names():
             path = self._path(name)
@@ -248,11 +282,11 @@ class DataSnapshotter:
             except FileNotFoundError:
                 continue
             self._docs[name] = identity
-            changes.append(pb.FileChange(path=name, kind=pb.FileChange.REPLACE, data=data))
+            found.append(pb.FileChange(path=name, kind=pb.FileChange.REPLACE, data=data))
         for name in [n for n in self._docs if n not in present]:
             del self._docs[name]
-            changes.append(pb.FileChange(path=name, kind=pb.FileChange.DELETE))
-        return changes
+            found.append(pb.FileChange(path=name, kind=pb.FileChange.DELETE))
+        return found
 
     def _forget(self, docs: list[pb.FileChange], logs: list[pb.FileChange]) -> None:
         for change in docs:
@@ -262,3 +296,4 @@ class DataSnapshotter:
                 self._docs.pop(change.path, None)
         for change in logs:
             self._logs.pop(change.path, None)
+        self._seen = None  # look at every document and log again next time

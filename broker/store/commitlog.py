@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from popmq.broker.store import changes
 from popmq.broker.store.damage import DAMAGED, MISSING, TORN_TAIL
 from popmq.broker.store.file_budget import FileBudget
 from popmq.broker.store.framing import (
@@ -174,6 +175,7 @@ class CommitLog:
         os.ftruncate(fd, size)
         os.fsync(fd)
         seg.size = size
+        changes.note(changes.ENTRIES)  # cut back: look at the whole directory again
 
     # -- positions ---------------------------------------------------------------------------
     @property
@@ -241,7 +243,10 @@ class CommitLog:
         except OSError:  # a full disk: keep the log consistent, then fail loudly
             with contextlib.suppress(OSError):  # recovery cuts a torn tail if this fails too
                 os.ftruncate(self._active_fd, seg.size)
+            changes.note(changes.ENTRIES)  # cut back
             raise
+        finally:
+            changes.note(changes.COMMITLOG)  # bytes may be visible, even of a failed write
         seg.size = new_size
 
     def _roll(self) -> Segment:
@@ -253,6 +258,7 @@ class CommitLog:
         self._starts.append(seg.start)
         # The new file's directory entry is made durable by the next flush (sync_fds).
         self._dir_dirty = True
+        changes.note(changes.ENTRIES)  # a new segment: the directory is listed again
         return seg
 
     def read(self, position: int, size: int) -> bytes:
@@ -333,6 +339,7 @@ class CommitLog:
         self._starts.pop(0)
         self._handles.discard(seg.path)
         seg.path.unlink(missing_ok=True)
+        changes.note(changes.ENTRIES)
         return seg
 
     def segment_mtime_ms(self, seg: Segment) -> int:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import overload
 
+from popmq.broker.store import changes
+
 FRAME_HEADER = struct.Struct("<II")
 HEADER_SIZE = FRAME_HEADER.size
 # A length above this is garbage, not a frame: refuse it rather than trust it.
@@ -173,12 +175,16 @@ def valid_end(data: bytes | memoryview, start: int = 0) -> int:
 
 
 def fsync_dir(path: Path) -> None:
-    """Make a create/rename/unlink inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
+    """Make a create/rename/unlink inside ``path`` durable (every writer of a directory entry
+    calls it after the change: it moves the ``ENTRIES`` mark, changes.py)."""
     try:
-        os.fsync(fd)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        changes.note(changes.ENTRIES)  # the entry changed before this was called, fsync or not
 
 
 @dataclass(slots=True)
@@ -224,6 +230,7 @@ class FramedLog:
         if self.truncated_bytes:
             os.ftruncate(self._fd, self._written)
             os.fsync(self._fd)
+        changes.note(changes.ENTRIES)  # opened after a rewrite, or cut back: look at it whole
 
     @property
     def path(self) -> Path:
@@ -244,6 +251,7 @@ class FramedLog:
             os.pwrite(self._fd, self._buffer, self._written)
             self._written += len(self._buffer)
             self._buffer.clear()
+            changes.note(changes.LOGS)
         if fsync:
             os.fsync(self._fd)
 
