@@ -65,8 +65,8 @@ MAX_PARALLEL_SIGNALS = 4
 _MISS_PAUSE_START_S = 0.002
 _MISS_PAUSE_MAX_S = BACKOFF_MAX_S / 5
 
-# (broker, group, topic, filter text, filter kind, fifo): strings hash in C (a subscription
-# per broker for every long poll); the filter dataclass's hash is a Python call.
+# (broker, group, topic, filter text, filter kind, fifo): strings hash in C (a channel lookup
+# per broker as every long poll joins and leaves); the filter dataclass's hash is a Python call.
 ChannelKey = tuple[ConsumePort, str, str, str, str, bool]
 
 
