@@ -51,11 +51,21 @@ _provider_installed = False
 _NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)
 
 
+# Until a provider is set, OpenTelemetry's global for it stays None; get_tracer_provider()
+# then looks the environment up for a provider to load (about 1.3 us, asked twice a receive).
+# tracing_on() reads the global instead, and asks only once it is set, or if the environment
+# named a provider when this module was imported (the API loads that one on first ask).
+_GLOBAL_READABLE = hasattr(trace, "_TRACER_PROVIDER")
+_PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+
+
 def tracing_on() -> bool:
     """Has a tracer provider been installed (start_tracing, or anyone's set_tracer_provider)?
     OpenTelemetry installs one at most once per process, so once True this stays True."""
     global _provider_installed
     if not _provider_installed:
+        if _GLOBAL_READABLE and not _PROVIDER_FROM_ENV and trace._TRACER_PROVIDER is None:
+            return False  # none set yet: no environment lookup per call
         provider = trace.get_tracer_provider()
         _provider_installed = not isinstance(provider, trace.ProxyTracerProvider)
     return _provider_installed

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -199,21 +201,114 @@ RPC_METRICS = (RPC_REQUESTS, RPC_DURATION, ROCKETMQ_RPC_LATENCY)
 _CODE_NAMES: dict[int, str] = {code.value: code.name for code in Code}
 
 
+class _Tally(Collector):
+    """Counts and observations the receive path records as plain numbers, folded into their
+    prometheus_client metrics when the registry is collected (a scrape, ``exposition``,
+    ``get_sample_value``). Registered before the metrics it folds into, so a scrape reads
+    the same figures as if each had been recorded at once.
+
+    prometheus_client takes a lock per update (a histogram's observe: two, and a walk of
+    its buckets in Python): an idle receive made ten of them, about 12 us (docs/
+    benchmarks.md, "Idle polls, wave 10"). A tally is written by the proxy's event loop
+    only (each field has one writer); a scrape, from the exposition server's thread too,
+    adds what each gained since the last fold."""
+
+    def __init__(self) -> None:
+        self._parts: list[_Counted | _Observed] = []
+        self._lock = threading.Lock()  # two scrapes at once fold once
+
+    def counter(self, metric: Any) -> _Counted:
+        part = _Counted(metric)
+        self._parts.append(part)
+        return part
+
+    def histogram(self, metric: Any) -> _Observed:
+        part = _Observed(metric)
+        self._parts.append(part)
+        return part
+
+    def describe(self) -> list[Metric]:
+        return []  # exports nothing of its own
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            for part in list(self._parts):
+                part.fold()
+        return iter(())
+
+
+class _Counted:
+    """A counter child's increments, kept as an int until folded."""
+
+    __slots__ = ("_folded", "_metric", "count")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self.count = 0
+        self._folded = 0
+
+    def inc(self, amount: int = 1) -> None:
+        self.count += amount
+
+    def fold(self) -> None:
+        count = self.count
+        if count != self._folded:
+            self._metric.inc(count - self._folded)
+            self._folded = count
+
+
+class _Observed:
+    """A histogram child's observations, kept as bucket counts and a sum until folded into
+    the child's own buckets and sum (prometheus_client's ``_buckets`` and ``_sum``: the
+    values its ``observe`` updates)."""
+
+    __slots__ = ("_bounds", "_folded", "_folded_sum", "_metric", "counts", "sum")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._bounds = tuple(metric._upper_bounds)  # ascending, the last +Inf
+        self.counts = [0] * len(self._bounds)
+        self.sum = 0.0
+        self._folded = [0] * len(self._bounds)
+        self._folded_sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        # The first bucket whose bound is >= amount, as Histogram.observe picks it.
+        self.counts[bisect_left(self._bounds, amount)] += 1
+        self.sum += amount
+
+    def fold(self) -> None:
+        buckets = self._metric._buckets
+        folded = self._folded
+        for index, count in enumerate(self.counts):
+            if count != folded[index]:
+                buckets[index].inc(count - folded[index])
+                folded[index] = count
+        total = self.sum
+        if total != self._folded_sum:
+            self._metric._sum.inc(total - self._folded_sum)
+            self._folded_sum = total
+
+
 class _Children(dict[Any, Any]):
     """One metric's label children by label value(s), made at first use as labels() would
     (/metrics shows no series for values never seen). labels() takes a lock; a hit here is a
     dict lookup."""
 
-    __slots__ = ("_metric",)
+    __slots__ = ("_metric", "_tally")
 
-    def __init__(self, metric: Any) -> None:
+    def __init__(self, metric: Any, tally: Callable[[Any], Any] | None = None) -> None:
         super().__init__()
         self._metric = metric
+        self._tally = tally  # the child's updates kept as plain numbers (_Tally), or None
 
     def __missing__(self, key: str | tuple[str, ...]) -> Any:
-        child = self[key] = self._metric.labels(*key) if isinstance(key, tuple) else (
+        child = self._metric.labels(*key) if isinstance(key, tuple) else (
             self._metric.labels(key)
         )  # fmt: skip
+        if self._tally is not None:
+            child = self._tally(child)
+        self[key] = child
         return child
 
 
@@ -230,16 +325,20 @@ class ProxyMetrics:
         self.registry = registry or CollectorRegistry()
         self.cluster = cluster
         self._node = (cluster, "proxy", node_id or socket.gethostname())
+        # Folds the receive path's tallies in before the metrics themselves are collected.
+        self.tally = _Tally()
+        self.registry.register(self.tally)
         self.instruments: dict[str, Any] = build_all(PROXY_METRICS, self.registry)
-        self._long_polls = self._children(LONG_POLLS)
+        # What every receive records: tallied (_Tally), the rest recorded as it happens.
+        self._long_polls = _Children(self[LONG_POLLS], self.tally.counter)
         self._first_pop_hits = self._children(FIRST_POP_HITS)
         self._fill_pops = self._children(FILL_POPS)
-        self._empty = self._children(EMPTY_RESPONSES)
+        self._empty = _Children(self[EMPTY_RESPONSES], self.tally.counter)
         self._unavailable = self._children(UNAVAILABLE_RECEIVES)
         self._false_empty = self._children(FALSE_EMPTY_RESPONSES)
-        self._receive_duration = self._children(RECEIVE_DURATION)
+        self._receive_duration = _Children(self[RECEIVE_DURATION], self.tally.histogram)
         self._delivered = self[MESSAGES_DELIVERED]
-        self._pop_with_notify = self[POP_WITH_NOTIFY]
+        self._pop_with_notify = self.tally.counter(self[POP_WITH_NOTIFY])
         self._released = self._children(RELEASED_MESSAGES)
         self._broker_rpcs = self._children(BROKER_RPCS)
         self._broker_rpc_errors = self._children(BROKER_RPC_ERRORS)
@@ -404,10 +503,11 @@ class RpcMeter:
     def _children(self, code: int | str) -> tuple[Any, Any, Any]:
         name = code if isinstance(code, str) else _CODE_NAMES.get(code) or str(code)
         metrics = self._metrics
+        tally = metrics.tally  # plain numbers, folded in at collection (_Tally)
         return (
-            metrics[RPC_REQUESTS].labels(self._method, name),
-            metrics[RPC_DURATION].labels(self._method),
-            metrics.rocketmq_rpc_child(self._method, name),
+            tally.counter(metrics[RPC_REQUESTS].labels(self._method, name)),
+            tally.histogram(metrics[RPC_DURATION].labels(self._method)),
+            tally.histogram(metrics.rocketmq_rpc_child(self._method, name)),
         )
 
 

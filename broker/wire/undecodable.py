@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ import grpc
 
 from popmq.allocator import Trimmer
 from popmq.clock import SYSTEM, Clock
+from popmq.handing import hands_over
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +109,17 @@ def _guard_unary_request(behavior: Callable[..., Any], report: _Reporter) -> Cal
 
         return stream
 
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def refuse(request: Undecodable, context: grpc.aio.ServicerContext) -> Any:
+        report(request)
+        await context.abort(_code(request), _message(request))
+
+    # Hands the call over (popmq.handing): no frame of this check's is kept while the
+    # behavior runs (a held long poll's).
+    @hands_over
+    def unary(request: Any, context: grpc.aio.ServicerContext) -> Awaitable[Any]:
         if isinstance(request, Undecodable):
-            report(request)
-            await context.abort(_code(request), _message(request))
-        return await behavior(request, context)
+            return refuse(request, context)
+        return behavior(request, context)
 
     return unary
 

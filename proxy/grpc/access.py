@@ -48,6 +48,7 @@ from prometheus_client import Counter
 from popmq.clock import SYSTEM, Clock
 from popmq.config import ProxyConfig
 from popmq.errors import Code
+from popmq.handing import hands_over
 from popmq.lifecycle import TaskOwner
 from popmq.pb.admin.v1 import admin_pb2
 from popmq.pb.rocketmq.v2 import admin_pb2 as upstream_admin_pb2
@@ -179,6 +180,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         self._max_calls = max_calls_per_key
         # Calls open now, by access key, over every listener (shared with for_another_server).
         self.open_calls: dict[str, int] = {} if open_calls is None else open_calls
+        self._closers: dict[str, Callable[[Any], None]] = {}
         # Owns each open Telemetry stream's revocation watch (the server's stream owner, closed
         # with it). Not a task group inside the stream: a generator must not yield inside one.
         self._watchers = TaskOwner("revocation-watch", grace_s=0) if watchers is None else watchers
@@ -210,12 +212,22 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         self.open_calls[key] = now + 1
 
     def _close(self, user: User) -> None:
-        key = user.access_key
+        self._close_key(user.access_key)
+
+    def _close_key(self, key: str) -> None:
         left = self.open_calls.get(key, 0) - 1
         if left > 0:
             self.open_calls[key] = left
         else:
             self.open_calls.pop(key, None)
+
+    def _closer(self, key: str) -> Callable[[Any], None]:
+        """A done callback giving a call of ``key``'s back (one per access key of the ACL,
+        shared by its calls: nothing made per call)."""
+        closer = self._closers.get(key)
+        if closer is None:
+            closer = self._closers[key] = functools.partial(_close_on_done, self, key)
+        return closer
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
         path: str = details.method
@@ -332,24 +344,29 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         if not handler.request_streaming:  # ReceiveMessage, PullMessage: servicers write()
             inner = handler.unary_stream
 
-            async def server_stream(request: Any, context: grpc.aio.ServicerContext) -> None:
+            async def refuse(exc: AccessDenied, context: grpc.aio.ServicerContext) -> None:
+                status = guard._refused(path, exc, context)
+                await context.write(response_class(status=status))
+                if method == "ReceiveMessage":
+                    trailer = response_class()
+                    trailer.delivery_timestamp.GetCurrentTime()
+                    await context.write(trailer)
+
+            # Hands the call over (popmq.handing): no frame of the guard's is kept while the
+            # stream runs (a held long poll's, 10,000 of them). The call's place is given
+            # back when its task ends (grpc.aio runs the context's done callbacks then,
+            # whatever ended it), and the caller is set in the call's own task (each call
+            # runs in its own) for the whole call, never reset.
+            @hands_over
+            def server_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 try:
                     user = guard.check(path, request, context)
                     guard._open(user)
                 except AccessDenied as exc:
-                    status = guard._refused(path, exc, context)
-                    await context.write(response_class(status=status))
-                    if method == "ReceiveMessage":
-                        trailer = response_class()
-                        trailer.delivery_timestamp.GetCurrentTime()
-                        await context.write(trailer)
-                    return
-                token = CALLER.set(_caller(user))
-                try:
-                    await inner(request, context)
-                finally:
-                    CALLER.reset(token)
-                    guard._close(user)
+                    return refuse(exc, context)
+                context.add_done_callback(guard._closer(user.access_key))
+                CALLER.set(_caller(user))
+                return inner(request, context)
 
             return _rebuild(grpc.unary_stream_rpc_method_handler, server_stream, handler)
 
@@ -406,6 +423,10 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
             return _rebuild(grpc.stream_stream_rpc_method_handler, bidi, handler)
         return handler  # no such method in the guarded services
+
+
+def _close_on_done(guard: AccessGuard, key: str, _context: Any) -> None:
+    guard._close_key(key)
 
 
 def _serialize(message: Any) -> bytes:

@@ -26,6 +26,7 @@ from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import DLQ_PREFIX, RETRY_PREFIX
 from popmq.proxy.grpc import status as st
 
+from popmq.handing import hands_over
 from popmq.pb.rocketmq.v2 import definition_pb2 as d
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
@@ -307,18 +308,24 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
     def _unary(self, handler: grpc.RpcMethodHandler, method: str) -> Callable[..., Any]:
         behavior = handler.unary_unary
 
-        async def call(request: Message, context: grpc.aio.ServicerContext) -> Message:
+        async def namespaced(
+            request: Message, context: grpc.aio.ServicerContext, namespace: str, header: str
+        ) -> Message:
+            try:
+                qualify_request(request, header)
+            except RefusedError as error:
+                return _status_frame(method, error)
+            response = await behavior(request, context)
+            unqualify_response(response, namespace)
+            return response
+
+        @hands_over  # a call with no namespace: no frame of this wrapper's (popmq.handing)
+        def call(request: Message, context: grpc.aio.ServicerContext) -> Awaitable[Message]:
             header = _HEADER.get()
             namespace = self._namespace_of(request, header)
-            if namespace:
-                try:
-                    qualify_request(request, header)
-                except RefusedError as error:
-                    return _status_frame(method, error)
-            response = await behavior(request, context)
-            if namespace:
-                unqualify_response(response, namespace)
-            return response
+            if not namespace:
+                return behavior(request, context)
+            return namespaced(request, context, namespace, header)
 
         return call
 
@@ -327,18 +334,19 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
         if inspect.isasyncgenfunction(behavior):  # a servicer that yields its frames
             return self._unary_stream_yielding(handler, method)
 
-        async def call(request: Message, context: grpc.aio.ServicerContext) -> None:
+        # Hands the call over (popmq.handing): all its work comes before the behavior, so
+        # no frame of it is kept while the behavior runs (a held long poll's, 10,000 of them).
+        @hands_over
+        def call(request: Message, context: grpc.aio.ServicerContext) -> Awaitable[None]:
             header = _HEADER.get()
             namespace = self._namespace_of(request, header)
             if not namespace:
-                await behavior(request, context)
-                return
+                return behavior(request, context)
             try:
                 qualify_request(request, header)
             except RefusedError as error:
-                await context.write(_status_frame(method, error))
-                return
-            await behavior(request, _Context(context, namespace))
+                return context.write(_status_frame(method, error))
+            return behavior(request, _Context(context, namespace))
 
         return call
 

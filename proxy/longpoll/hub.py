@@ -65,8 +65,8 @@ MAX_PARALLEL_SIGNALS = 4
 _MISS_PAUSE_START_S = 0.002
 _MISS_PAUSE_MAX_S = BACKOFF_MAX_S / 5
 
-# (broker, group, topic, filter text, filter kind, fifo): strings hash in C (a subscription
-# per broker for every long poll); the filter dataclass's hash is a Python call.
+# (broker, group, topic, filter text, filter kind, fifo): strings hash in C (a channel lookup
+# per broker as every long poll joins and leaves); the filter dataclass's hash is a Python call.
 ChannelKey = tuple[ConsumePort, str, str, str, str, bool]
 
 
@@ -78,20 +78,40 @@ def _channel_key(port: ConsumePort, pop: PopRequest) -> ChannelKey:
 OnSignal = Callable[["Subscription"], bool]
 
 
-class Subscription:
-    """One long poll's interest in one channel."""
+class Subscriber:
+    """What a channel knows of one long poll waiting on it. A long poll that waits on every
+    broker is ONE subscriber in each of their channels (``NotificationHub.join``), not an
+    object per broker: 10,000 idle long polls on 4 brokers held 40,000 (docs/benchmarks.md,
+    "Idle polls, wave 10")."""
 
-    __slots__ = ("channel", "deadline", "ending_at", "on_signal", "want")
+    __slots__ = ("deadline", "ending_at", "want")
 
-    def __init__(
-        self, channel: _Channel, deadline: float, want: int, on_signal: OnSignal, now: float
-    ):
-        self.channel = channel
+    def __init__(self, deadline: float, want: int, now: float) -> None:
         self.deadline = deadline
         # From then on it is about to end (ENDING_S, or ENDING_SHARE of a shorter wait).
         self.ending_at = deadline - min(ENDING_S, ENDING_SHARE * max(deadline - now, 0.0))
         self.want = max(want, 1)  # messages one pop of this long poll takes at most
-        self.on_signal = on_signal
+
+    def on_signal(self, channel: Channel) -> bool:
+        """``channel``'s broker has a message for this subscriber; False declines it. Then
+        it reports what its pop did: ``channel.used``, ``missed`` or ``pass_on``."""
+        raise NotImplementedError
+
+
+class Subscription(Subscriber):
+    """One callback's interest in one channel (``NotificationHub.subscribe``)."""
+
+    __slots__ = ("_on_signal", "channel")
+
+    def __init__(
+        self, channel: Channel, deadline: float, want: int, on_signal: OnSignal, now: float
+    ):
+        super().__init__(deadline, want, now)
+        self.channel = channel
+        self._on_signal = on_signal
+
+    def on_signal(self, channel: Channel) -> bool:
+        return self._on_signal(self)
 
     @property
     def port(self) -> ConsumePort:
@@ -103,18 +123,18 @@ class Subscription:
 
     def used(self, rest_num: int) -> None:
         """Its pop took messages and left ``rest_num`` visible behind."""
-        self.channel.resolve(self, rest_num=rest_num, missed=False)
+        self.channel.used(self, rest_num)
 
     def missed(self) -> None:
         """Its pop came back empty (or failed)."""
-        self.channel.resolve(self, rest_num=0, missed=True)
+        self.channel.missed(self)
 
     def pass_on(self) -> None:
         """It will not pop: give the signal to the next subscriber."""
-        self.channel.resolve(self, rest_num=None, missed=False)
+        self.channel.pass_on(self)
 
 
-class _Channel:
+class Channel:
     """The subscribers of one (broker, group, topic, filter, fifo) and its held notification."""
 
     def __init__(self, hub: NotificationHub, key: ChannelKey, pop: PopRequest) -> None:
@@ -122,22 +142,22 @@ class _Channel:
         self.key = key
         self.port: ConsumePort = key[0]
         self.pop = pop  # group, topic, filter, fifo of every notification request
-        self.subscribers: dict[Subscription, None] = {}  # oldest first
-        self.holders: set[Subscription] = set()  # subscribers holding a signal now
+        self.subscribers: dict[Subscriber, None] = {}  # oldest first
+        self.holders: set[Subscriber] = set()  # subscribers holding a signal now
         self.task: Job[None] | None = None  # the held notification, when armed
         self.latest = 0.0  # the latest deadline of any subscriber so far (loop clock)
         self.misses = 0  # empty pops since the last pop that found messages
         self.watch = hub.watches.acquire(self.port, pop)  # None: held notify calls instead
 
     # -- signals ---------------------------------------------------------------------------
-    def hand_out(self, count: int, skip: Subscription | None = None) -> None:
+    def hand_out(self, count: int, skip: Subscriber | None = None) -> None:
         """Give a signal to up to ``count`` subscribers (not ``skip``): the oldest first of
         those not about to end, then those about to end, the most time left first; arm the
         notification if no signal is out afterwards."""
         handed = 0
         if count > 0:
             now = asyncio.get_running_loop().time()
-            ending: list[Subscription] = []
+            ending: list[Subscriber] = []
             # The oldest first: a walk over the few that hold a signal or are about to end
             # (they leave within ENDING_S), not a sort of every waiting poll. on_signal only
             # queues work (it never subscribes or leaves), so walking the live dict is safe.
@@ -162,22 +182,35 @@ class _Channel:
         if not self.holders:
             self.arm()
 
-    def _give(self, sub: Subscription) -> bool:
+    def _give(self, sub: Subscriber) -> bool:
         self.holders.add(sub)
-        if sub.on_signal(sub):
+        if sub.on_signal(self):
             return True
         self.holders.discard(sub)
         return False
 
-    def add(self, sub: Subscription) -> None:
+    def add(self, sub: Subscriber) -> None:
         self.subscribers[sub] = None
         self.latest = max(self.latest, sub.deadline)
 
-    def remove(self, sub: Subscription) -> bool:
+    def remove(self, sub: Subscriber) -> bool:
         """Forget ``sub``; False if it was not subscribed."""
         return self.subscribers.pop(sub, False) is not False
 
-    def resolve(self, sub: Subscription, *, rest_num: int | None, missed: bool) -> None:
+    # What the pop of a subscriber holding this channel's signal did.
+    def used(self, sub: Subscriber, rest_num: int) -> None:
+        """It took messages and left ``rest_num`` visible behind."""
+        self.resolve(sub, rest_num=rest_num, missed=False)
+
+    def missed(self, sub: Subscriber) -> None:
+        """It came back empty (or failed)."""
+        self.resolve(sub, rest_num=0, missed=True)
+
+    def pass_on(self, sub: Subscriber) -> None:
+        """It will not pop: the signal goes to the next subscriber."""
+        self.resolve(sub, rest_num=None, missed=False)
+
+    def resolve(self, sub: Subscriber, *, rest_num: int | None, missed: bool) -> None:
         if sub not in self.holders:
             return  # it left, and its signal went on already
         self.holders.discard(sub)
@@ -237,7 +270,7 @@ class _Channel:
         # subscribes meanwhile arms a new notification.
 
 
-def _deadline(sub: Subscription) -> float:
+def _deadline(sub: Subscriber) -> float:
     return sub.deadline
 
 
@@ -249,7 +282,7 @@ class NotificationHub(AsyncClosing):
         self.watches = watches or WatchRegistry(
             on_arm=partial(calls.metrics.broker_call, "watch_arm")
         )
-        self._channels: dict[ChannelKey, _Channel] = {}
+        self._channels: dict[ChannelKey, Channel] = {}
         # The held notifications; closing cancels them at once (grace 0: they only wait).
         self.tasks = TaskOwner("notification-hub", grace_s=0)
 
@@ -271,23 +304,51 @@ class NotificationHub(AsyncClosing):
         channel = self._channels.get(_channel_key(port, pop))
         return channel is not None and bool(channel.holders)
 
-    def subscribe(
-        self, port: ConsumePort, pop: PopRequest, deadline: float, on_signal: OnSignal
-    ) -> Subscription:
+    def _channel(self, port: ConsumePort, pop: PopRequest) -> Channel:
         key = _channel_key(port, pop)
         channel = self._channels.get(key)
         if channel is None:
-            channel = self._channels[key] = _Channel(self, key, pop)
+            channel = self._channels[key] = Channel(self, key, pop)
+        return channel
+
+    def subscribe(
+        self, port: ConsumePort, pop: PopRequest, deadline: float, on_signal: OnSignal
+    ) -> Subscription:
+        channel = self._channel(port, pop)
         now = asyncio.get_running_loop().time()
         sub = Subscription(channel, deadline, pop.max_messages, on_signal, now)
         channel.add(sub)
         channel.arm()  # no-op while armed or while a signal is out
         return sub
 
+    def join(self, ports: Iterable[ConsumePort], pop: PopRequest, sub: Subscriber) -> None:
+        """``sub`` waits on each port's channel for ``pop`` (one subscriber in all of them);
+        ``part`` with the same ports and pop ends it."""
+        for port in ports:
+            channel = self._channel(port, pop)
+            channel.add(sub)
+            channel.arm()
+
+    def part(
+        self, ports: Iterable[ConsumePort], pop: PopRequest, sub: Subscriber
+    ) -> list[Job[None]]:
+        """``join`` undone at once (signals ``sub`` holds go on): the notifications this
+        cancelled, to wait for."""
+        ending: list[Job[None]] = []
+        for port in ports:
+            channel = self._channels.get(_channel_key(port, pop))
+            if channel is not None:
+                task = self._remove(channel, sub)
+                if task is not None:
+                    ending.append(task)
+        return ending
+
     def unsubscribe(self, sub: Subscription) -> Job[None] | None:
         """Remove a subscription now; a signal it held goes on to the next subscriber.
         Returns the channel's notification task when this cancelled it (last one out)."""
-        channel = sub.channel
+        return self._remove(sub.channel, sub)
+
+    def _remove(self, channel: Channel, sub: Subscriber) -> Job[None] | None:
         if not channel.remove(sub):
             return None
         held = sub in channel.holders
@@ -297,7 +358,8 @@ class NotificationHub(AsyncClosing):
             # long poll still on its way out only leaves; nothing is handed on or armed.
             return None
         if not channel.subscribers:
-            del self._channels[channel.key]
+            if self._channels.get(channel.key) is channel:  # (aclose forgot them all)
+                del self._channels[channel.key]
             if channel.watch is not None:
                 self.watches.release(channel.port, channel.watch)
             task, channel.task = channel.task, None

@@ -47,21 +47,23 @@ from popmq.proxy.longpoll.base import (
 from popmq.proxy.longpoll.calls import BrokerCalls, remaining_ms
 from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.longpoll.deadlines import Deadlines
-from popmq.proxy.longpoll.hub import NotificationHub, Subscription
+from popmq.proxy.longpoll.hub import Channel, NotificationHub, Subscriber
 
 from popmq.tracing import start_span, tracing_on
 
 
-class _LongPoll:
+class _LongPoll(Subscriber):
     """The state of one client long poll in its notify phase: what 10,000 idle long polls
-    hold each, so slots and nothing made before a signal needs it."""
+    hold each, so slots and nothing made before a signal needs it. It is the hub's one
+    subscriber for this long poll in every broker's channel."""
 
     __slots__ = ("closed", "ended", "found", "moved", "refused", "results", "wake")
 
-    def __init__(self) -> None:
-        # 3. The result queue: subscriptions whose broker reported a message to this long
+    def __init__(self, deadline: float, want: int, now: float) -> None:
+        super().__init__(deadline, want, now)
+        # 3. The result queue: channels whose broker reported a message to this long
         # poll, made on the first signal (most idle long polls never get one).
-        self.results: deque[Subscription] | None = None
+        self.results: deque[Channel] | None = None
         self.wake: asyncio.Future[None] | None = None  # set while the poll waits for a signal
         self.found = False
         self.ended = False  # its deadline passed, or the proxy drains: answer with what it has
@@ -85,13 +87,13 @@ class _LongPoll:
         if wake is not None and not wake.done():
             wake.set_result(None)
 
-    def on_signal(self, sub: Subscription) -> bool:
+    def on_signal(self, channel: Channel) -> bool:
         """The hub hands this long poll a broker's "has message"; False declines it."""
         if self.closed or self.found or self.ended:
             return False
         if self.results is None:
             self.results = deque()
-        self.results.append(sub)
+        self.results.append(channel)
         wake = self.wake
         if wake is not None and not wake.done():
             wake.set_result(None)
@@ -196,22 +198,17 @@ class NotifyStrategy(StrategyBase):
     ) -> None:
         if first_pop and await self._first_pop(brokers, request, deadline, custody):
             return
-        poll = _LongPoll()
-        on_signal = poll.on_signal  # one bound method for every subscription, not one each
-        # A loop, not a comprehension: a comprehension's free names (request, deadline, ...)
-        # become cells this frame keeps for the whole wait, four objects per idle poll.
-        subscribing: list[Subscription] = []
-        for port in brokers:
-            subscribing.append(self.hub.subscribe(port, request.pop, deadline, on_signal))
-        subs = tuple(subscribing)  # kept for the wait: one object, not a list and its array
-        del subscribing
+        loop = asyncio.get_running_loop()
+        pop = request.pop
+        # One subscriber in every broker's channel: the long poll itself.
+        poll = _LongPoll(deadline, pop.max_messages, loop.time())
+        self.hub.join(brokers, pop, poll)
         source = request.source
         if source is not None:  # a new leader's port: the old one's watch would never report
             source.listen_changes(poll.on_ports_changed, on=True)
         moved = False
         # The deadline: the strategy's one timer ends the wait (and drain() the same way),
         # not a cancel scope or a timer held by each idle long poll.
-        loop = asyncio.get_running_loop()
         self._deadlines.add(deadline, poll)
         self._held.add(poll)
         if self.draining:
@@ -239,7 +236,7 @@ class NotifyStrategy(StrategyBase):
             self._deadlines.done()
             if source is not None:
                 source.listen_changes(poll.on_ports_changed, on=False)
-            ending = self.hub.unsubscribe_all(subs)
+            ending = self.hub.part(brokers, pop, poll)
             poll.results = None  # the deadline heap keeps the poll until its deadline
             if ending:  # a shielded scope only when there is something to wait for
                 with anyio.CancelScope(shield=True):  # runs to its end even when cancelled
@@ -299,14 +296,14 @@ class NotifyStrategy(StrategyBase):
     async def _pop_signalled(
         self,
         poll: _LongPoll,
-        sub: Subscription,
+        channel: Channel,
         request: LongPollRequest,
         deadline: float,
         custody: Custody,
     ) -> None:
         """Pop the broker of a signal this long poll holds, for what its batch still misses,
         and tell the hub what the pop did."""
-        port = sub.port
+        port = channel.port
         try:
             with (
                 self.until(deadline) as scope,
@@ -327,17 +324,17 @@ class NotifyStrategy(StrategyBase):
                 # receive ends with the refusal (a retry loop logged a line per attempt).
                 poll.refused = exc
                 poll.found = True
-                sub.pass_on()
+                channel.pass_on(poll)
                 return
             self.calls.note_error("pop", exc, port)
-            sub.missed()
+            channel.missed(poll)
             return
         if result.messages:
-            sub.used(result.rest_num)  # more left: the hub signals further subscribers
+            channel.used(poll, result.rest_num)  # more left: the hub signals further ones
         else:
             # 5. Empty: someone else got there first. The hub re-arms this broker's
             # notification (this long poll stays subscribed to it).
-            sub.missed()
+            channel.missed(poll)
 
     async def aclose(self) -> None:
         await self.hub.aclose()

@@ -1,0 +1,72 @@
+"""The wrappers around a held receive keep nothing of theirs while it waits (docs/
+benchmarks.md, "Idle polls, wave 10"): the namespace interceptor, the access guard and the
+undecodable-body check only check a call and hand it over (popmq.handing), so `bench idle`'s
+10,000 held polls keep none of their coroutine frames. Through a real grpc.aio server, which
+awaits a handler only if it takes it for a coroutine function."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from popmq.broker.contract.errors import Code
+from proxy_support import eventually, unique
+
+from popmq.handing import hands_over
+
+pytestmark = pytest.mark.slow
+
+USER = ("held", "held-secret-0001")
+HELD = 12
+# Coroutines of these files are the edge's wrappers (main kept three a held receive).
+WRAPPERS = ("proxy/grpc/namespace.py", "proxy/grpc/access.py", "broker/wire/undecodable.py")
+
+
+def _wrapper_frames() -> int:
+    gc.collect()
+    return sum(
+        1
+        for o in gc.get_objects()
+        if inspect.iscoroutine(o) and o.cr_code.co_filename.endswith(WRAPPERS)
+    )
+
+
+async def test_held_receives_keep_no_frame_of_the_wrappers(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    acl = tmp_path / "acl.yaml"
+    acl.write_text(
+        yaml.safe_dump(
+            {"users": [{"access_key": USER[0], "secret_key": USER[1],
+                        "allow": [{"publish": "t-*"}, {"subscribe": "g-*"}]}]}
+        )
+    )  # fmt: skip
+    cluster = await make_cluster(brokers=2, **{"proxy.acl": str(acl)})
+    cluster.signing = USER
+    topic, group = unique("t"), unique("g")
+    assert (await cluster.route(topic)).status.code == Code.OK
+    admission = cluster.server.admission
+    polls = [
+        asyncio.create_task(cluster.receive(group, topic, poll_ms=3_000, client_id=f"c{i}"))
+        for i in range(HELD)
+    ]
+    await eventually(lambda: admission.active == HELD, within_s=10)
+    assert _wrapper_frames() == 0
+    for poll in polls:  # each was answered as before: an empty receive's status and trailer
+        status, messages, kinds = await poll
+        assert status.code == Code.MESSAGE_NOT_FOUND and not messages
+        assert kinds == ["status", "delivery_timestamp"]
+
+
+def test_a_handing_function_is_awaited_as_a_coroutine_function() -> None:
+    async def inner(request: int, context: object) -> int:
+        return request + 1
+
+    handing = hands_over(lambda request, context: inner(request, context))
+    assert inspect.iscoroutinefunction(handing) and not inspect.isasyncgenfunction(handing)
+    assert asyncio.run(handing(1, None)) == 2  # type: ignore[arg-type]
