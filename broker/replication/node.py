@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 # A give-up etcd did not take (unreachable, timed out) is tried again this often until it
 # works or the role changes: meanwhile the key is still this node's and its keepalives go on.
 GIVE_UP_RETRY_S = 1.0
+# A follower that cannot follow (its data directory cannot be opened or written, say) refuses
+# calls and tries again this often: it catches up by itself once the cause is gone.
+FOLLOW_RETRY_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +218,7 @@ class ReplicatedNode:
             if role.is_leader:
                 await self._lead(role)
             else:
-                await self._follow(role)
+                await self._follow_again_and_again(role)
         except Exception as error:  # e.g. the data directory cannot be opened
             self.port.refusal = f"{self.node} cannot play its role (epoch {role.epoch}): {error}"
             self.port.promotion_ended()
@@ -307,6 +310,25 @@ class ReplicatedNode:
                 await broker.aclose()
 
     # -- following ---------------------------------------------------------------------------
+    async def _follow_again_and_again(self, role: GroupRole) -> None:
+        """Follow; after a failure the stream's own retries do not cover, refuse calls and try
+        again every FOLLOW_RETRY_S (ERROR once a stretch; the leader's lag metrics and the
+        in-sync set show the follower behind meanwhile)."""
+        failures = 0
+        while True:
+            try:
+                await self._follow(role)
+                return
+            except Exception as error:
+                self.port.refusal = (f"{self.node} cannot follow (epoch {role.epoch}): {error}; "
+                                     f"trying again every {FOLLOW_RETRY_S:g} s")  # fmt: skip
+                if failures == 0:
+                    log.error("replication: %s", self.port.refusal, exc_info=True)
+                else:
+                    log.debug("replication: %s", self.port.refusal)
+                failures += 1
+            await self._clock.sleep(FOLLOW_RETRY_S)
+
     async def _follow(self, role: GroupRole) -> None:
         if not role.leader_address:  # an election is under way: wait for its result
             self.port.refusal = f"{self.node}: the group has no leader now"

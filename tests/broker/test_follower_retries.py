@@ -1,0 +1,60 @@
+"""A follower that fails outside its stream's own retries (its data directory cannot be
+opened, say) refuses calls and tries again by itself. It used to refuse every call until its
+role changed, never catching up: the group ran one copy short until someone restarted it.
+
+In process, no server, no etcd."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import anyio
+import pytest
+from popmq.broker.replication import node as node_module
+from popmq.broker.replication.node import ReplicatedNode
+from popmq.broker.replication.replica import ReplicaWriter
+from popmq.broker.replication.role import GroupRole, StaticRoleSource
+
+from popmq.config import BrokerConfig, ReplicationConfig, StoreConfig
+
+FOLLOWER = GroupRole(7, "broker-a", "127.0.0.1:1", is_leader=False)
+
+
+def config(root: Path) -> BrokerConfig:
+    return BrokerConfig(
+        name="broker-s", port=0, data_dir=root / "s1", store=StoreConfig(flush="async"),
+        replication=ReplicationConfig(mode="sync", min_in_sync=2, node="s1"),
+    )  # fmt: skip
+
+
+async def test_a_follower_that_could_not_open_its_directory_tries_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    opens = 0
+    opened_again = anyio.Event()
+    real_open = ReplicaWriter.open
+
+    def flaky_open(self: ReplicaWriter) -> None:
+        nonlocal opens
+        opens += 1
+        if opens <= 2:
+            raise OSError("disk gone")
+        opened_again.set()
+        real_open(self)
+
+    monkeypatch.setattr(ReplicaWriter, "open", flaky_open)
+    monkeypatch.setattr(node_module, "FOLLOW_RETRY_S", 0.05)
+    node = ReplicatedNode(config(tmp_path), StaticRoleSource(FOLLOWER))
+    caplog.set_level(logging.DEBUG, logger=node_module.__name__)
+    async with anyio.create_task_group() as group:
+        group.start_soon(node.run)
+        with anyio.fail_after(20):  # a failure bound only: retries come every 0.05 s
+            while opens < 1:  # noqa: ASYNC110 (no event)
+                await anyio.sleep(0.01)
+            assert node.port.refusal is not None and "cannot follow" in node.port.refusal
+            await opened_again.wait()
+        group.cancel_scope.cancel()
+    assert opens == 3
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "disk gone" in errors[0].getMessage()  # once a stretch
