@@ -24,8 +24,8 @@ from typing import Any
 Handing = Callable[[Any, Any], Awaitable[Any]]
 
 
-async def _coroutine_code(request: Any, context: Any) -> Any:  # its __code__ only
-    raise NotImplementedError
+async def _coroutine_code(request: Any, context: Any) -> Any:
+    """Never called: `_HandingFunction` borrows its code object for the coroutine flag."""
 
 
 class _HandingFunction:
