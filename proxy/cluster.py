@@ -9,7 +9,6 @@ within CACHE_TTL_S.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -28,6 +27,7 @@ from popmq.broker.contract.port import BrokerPort
 from popmq.broker.contract.queues import queue_for_group
 from popmq.broker.contract.types import GroupConfig, TopicInfo
 from popmq.broker.pop.handle import peek_broker_name
+from popmq.proxy.single_flight import SingleFlight
 
 from popmq.clock import SYSTEM, Clock
 from popmq.coord.directory import GroupView
@@ -78,10 +78,6 @@ def accepted_by(infos: Sequence[TopicInfo]) -> tuple[str, ...]:
 
 K = TypeVar("K")
 V = TypeVar("V")
-
-
-class _Abandoned(Exception):
-    """A shared route lookup whose caller was cancelled: its waiters look up again."""
 
 
 class _TtlCache(Generic[K, V]):
@@ -142,7 +138,11 @@ class BrokerCluster(AsyncClosing):
         self._alive_at: dict[str, int] = {}  # broker name -> mark of its latest sign of life
         # One route lookup at a time per (topic, auto-create): an expired route asked for by
         # many sends and receives at once is looked up once, and they share its outcome.
-        self._route_flights: dict[tuple[str, bool], asyncio.Future[TopicRoute]] = {}
+        self._route_flights: SingleFlight[tuple[str, bool], TopicRoute] = SingleFlight()
+        self._group_flights: SingleFlight[str, GroupConfig] = SingleFlight()
+        # Bumped at each change of ports: a lookup that began before one caches nothing
+        # (it may have missed a group that joined, or asked a port since replaced).
+        self._membership = 0
         self._round_robin = itertools.count()
         # (topic, broker) -> the queue count last seen: a broker that is down (or a group
         # without a leader) keeps its queues in routes, so a FIFO message group keeps its
@@ -197,10 +197,16 @@ class BrokerCluster(AsyncClosing):
         self._ports[port.name] = port
         self._down_until.pop(port.name, None)
         self._alive_at[port.name] = next(self._marks)  # calls to the old port are stale now
-        self._routes.clear()
-        self._route_flights.clear()  # lookups under way asked the old ports: not joined
+        self._forget_lookups()
         self._note_change()
         return old
+
+    def _forget_lookups(self) -> None:
+        """The ports changed: cached routes and groups, and lookups under way, are stale."""
+        self._membership += 1
+        self._routes.clear()
+        self._route_flights.forget()  # lookups under way asked the old ports: not joined
+        self._group_flights.forget()
 
     def membership_changed(self) -> anyio.Event:
         """An event set at the next put_port or remove_port."""
@@ -233,8 +239,7 @@ class BrokerCluster(AsyncClosing):
         self._alive_at.pop(name, None)
         self._draining.discard(name)
         self._known_queues = {k: v for k, v in self._known_queues.items() if k[1] != name}
-        self._routes.clear()
-        self._route_flights.clear()
+        self._forget_lookups()
         self._note_change()
         return old
 
@@ -260,38 +265,14 @@ class BrokerCluster(AsyncClosing):
         or its failure, reaches each of them. A caller that gives up (cancelled) while others
         wait hands the lookup on: one of them looks up again."""
         auto_create = self.auto_create_topics if create is None else create
-        key = (topic, auto_create)
-        while True:
-            cached = self._routes.get(topic)
-            if cached is not None:
-                return cached
-            flight = self._route_flights.get(key)
-            if flight is None:
-                break
-            try:
-                # Shielded: one waiter cancelled does not cancel the lookup for the others.
-                return await asyncio.shield(flight)
-            except _Abandoned:
-                continue  # its caller was cancelled: look up anew (one waiter leads again)
-        flight = self._route_flights[key] = asyncio.get_running_loop().create_future()
-        try:
-            route = await self._look_up_route(topic, auto_create)
-        except Exception as exc:
-            flight.set_exception(exc)
-            raise
-        except BaseException:
-            flight.set_exception(_Abandoned())
-            raise
-        else:
-            flight.set_result(route)
-            return route
-        finally:
-            if self._route_flights.get(key) is flight:
-                del self._route_flights[key]
-            if flight.done() and not flight.cancelled():
-                flight.exception()  # read here: no "never retrieved" when nobody waited
+        return await self._route_flights.run(
+            (topic, auto_create),
+            lambda: self._routes.get(topic),
+            lambda: self._look_up_route(topic, auto_create),
+        )
 
     async def _look_up_route(self, topic: str, auto_create: bool) -> TopicRoute:
+        membership = self._membership
         unavailable: list[BrokerUnavailableError] = []
         not_found: list[RefusedError] = []  # a broker's refusal says why (auto-create limits)
 
@@ -355,7 +336,9 @@ class BrokerCluster(AsyncClosing):
             if info is not None and info.queue_count > 0
         }
         route = TopicRoute(topic, brokers, accepted_by(found), types)
-        if not stale:  # else asked again next time: what the stale broker says is unknown
+        # Not cached if a broker's answer was stale (what it says now is unknown) or the
+        # ports changed meanwhile (a group that joined would stay out of it for CACHE_TTL_S).
+        if not stale and membership == self._membership:
             self._routes.put(topic, route)
         return route
 
@@ -436,9 +419,11 @@ class BrokerCluster(AsyncClosing):
     async def group(self, name: str) -> GroupConfig:
         """A group's config from any live broker (admin writes it to every broker): brokers
         known to be down are asked last, and if none answers the last copy seen is used."""
-        cached = self._groups.get(name)
-        if cached is not None:
-            return cached
+        return await self._group_flights.run(
+            name, lambda: self._groups.get(name), lambda: self._look_up_group(name)
+        )
+
+    async def _look_up_group(self, name: str) -> GroupConfig:
         ordered = self.live_ports()
         ordered += [port for port in self.ports if port not in ordered]
         failure: BrokerUnavailableError | None = None
@@ -457,7 +442,8 @@ class BrokerCluster(AsyncClosing):
         stale = self._last_groups.get(name)
         if stale is not None:
             return stale
-        assert failure is not None
+        if failure is None:  # a proxy following etcd before any group has joined
+            raise BrokerUnavailableError("-", "no broker behind this proxy yet")
         raise failure
 
     def forget_group(self, name: str) -> None:

@@ -248,3 +248,55 @@ async def _wait_calls(port: Port, calls: int) -> None:
             return
         await asyncio.sleep(0)
     raise AssertionError(f"{port.calls} calls, not {calls}")
+
+
+# -- group configs: one lookup at a time; a change of ports makes lookups under way stale ------
+
+
+async def test_concurrent_lookups_of_an_expired_group_share_one_call() -> None:
+    """Every receive and heartbeat of a group reads its config: when the cached copy expires
+    under load, fifty callers asked the brokers fifty times (a herd on the first broker)."""
+    clock = ManualClock()
+    port = Port("ga")
+    cluster = BrokerCluster([port], clock=clock)  # type: ignore[list-item]
+    await cluster.group("g")
+    clock.now_s += 60  # the cached config expired
+    port.gate = anyio.Event()
+    configs: list[GroupConfig] = []
+
+    async def one() -> None:
+        configs.append(await cluster.group("g"))
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(_release_when_asked, [port])
+        for _ in range(50):
+            tasks.start_soon(one)
+    assert port.calls == 2, f"50 callers made {port.calls - 1} lookups, not one"
+    assert len(configs) == 50 and len({id(c) for c in configs}) == 1
+
+
+async def test_a_route_looked_up_while_a_group_joins_is_not_cached_without_it() -> None:
+    """A lookup that began before a broker group joined answers its caller but caches
+    nothing: the next send routes to the new group at once, not CACHE_TTL_S later."""
+    old = Port("ga")
+    old.gate = anyio.Event()
+    cluster = BrokerCluster([old], dynamic=True)  # type: ignore[list-item]
+    routes: list[object] = []
+
+    async def lookup() -> None:
+        routes.append(await cluster.route("T"))
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(lookup)
+        await old.asked.wait()
+        cluster.put_port(Port("gb"))  # type: ignore[arg-type]  # a new group joins meanwhile
+        old.gate.set()
+    assert [getattr(r, "brokers", r) for r in routes] == [{"ga": 2}]
+    old.gate = None
+    assert (await cluster.route("T")).brokers == {"ga": 2, "gb": 2}
+
+
+async def test_a_group_lookup_with_no_broker_yet_is_unavailable_not_an_assertion() -> None:
+    cluster = BrokerCluster([], dynamic=True)
+    with pytest.raises(BrokerUnavailableError, match="no broker"):
+        await cluster.group("g")
