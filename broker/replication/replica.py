@@ -104,10 +104,11 @@ class ReplicaWriter:
             self.history = epochs.EpochHistory(self.data_dir)
             self._incomplete = completeness.is_marked_incomplete(self.data_dir)
         except BaseException:
-            # A failed open holds nothing: the lock kept by it refused every retry of the
-            # follower (node.py, FOLLOW_RETRY_S) "used by another store", and the next role.
+            # A failed open holds nothing and writes nothing: a lock it kept refused every
+            # retry of the follower (node.py, FOLLOW_RETRY_S) "used by another store".
             with contextlib.suppress(Exception):
-                self.close()
+                self.indexer.abandon()
+            self._lock.release()
             raise
 
     def close(self) -> None:
