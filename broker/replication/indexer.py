@@ -411,6 +411,10 @@ class ReplicaIndexer:
         for _ in range(2):
             metafile.write(self._dir / CHECKPOINT, {"position": 0, "queues": {}})
 
+    def abandon(self) -> None:
+        """Close the index files, writing nothing (the writer's open failed part way)."""
+        self._close_indexes()
+
     def _close_indexes(self) -> None:
         for index in self._indexes.values():
             index.close()

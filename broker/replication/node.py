@@ -155,6 +155,7 @@ class ReplicatedNode:
         # epoch, not the attempt, since the same epoch may be played again (a give-up whose
         # delete was cancelled, the key read back as this node's).
         self._served_epoch = 0
+        self._followed = False  # the last follow applied batches (a failure after: a new stretch)
 
     @property
     def bound_port(self) -> int:
@@ -316,10 +317,13 @@ class ReplicatedNode:
         in-sync set show the follower behind meanwhile)."""
         failures = 0
         while True:
+            self._followed = False
             try:
                 await self._follow(role)
                 return
             except Exception as error:
+                if self._followed:  # it followed since the last failure: a new stretch
+                    failures = 0
                 self.port.refusal = (f"{self.node} cannot follow (epoch {role.epoch}): {error}; "
                                      f"trying again every {FOLLOW_RETRY_S:g} s")  # fmt: skip
                 if failures == 0:
@@ -337,13 +341,15 @@ class ReplicatedNode:
                              f"{role.leader_name or '?'} at {role.leader_address}")  # fmt: skip
         writer = ReplicaWriter(Path(self._config.data_dir), clock=self._clock)
         writer.open()
+        follower: ReplicaFollower | None = None
         try:
-            self.follower = ReplicaFollower(
+            follower = self.follower = ReplicaFollower(
                 writer, self.node, role, self._channel_factory(), clock=self._clock
             )
-            await self.follower.run()
+            await follower.run()
         finally:
             self.follower = None
+            self._followed = follower is not None and follower.batches > 0
             writer.close()
 
     def _channel_factory(self) -> Callable[[str], grpc.aio.Channel]:

@@ -9,6 +9,7 @@ only the commitlog written since the follower's last checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -95,12 +96,20 @@ class ReplicaWriter:
     def open(self) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._lock.acquire()
-        self._segments = None
-        # Go on indexing from the checkpoint an earlier follower or this node's store left
-        # (indexer.py); a cut or reset of the log adjusts the indexes before it happens.
-        self.indexer.resume()
-        self.history = epochs.EpochHistory(self.data_dir)
-        self._incomplete = completeness.is_marked_incomplete(self.data_dir)
+        try:
+            self._segments = None
+            # Go on indexing from the checkpoint an earlier follower or this node's store left
+            # (indexer.py); a cut or reset of the log adjusts the indexes before it happens.
+            self.indexer.resume()
+            self.history = epochs.EpochHistory(self.data_dir)
+            self._incomplete = completeness.is_marked_incomplete(self.data_dir)
+        except BaseException:
+            # A failed open holds nothing and writes nothing: a lock it kept refused every
+            # retry of the follower (node.py, FOLLOW_RETRY_S) "used by another store".
+            with contextlib.suppress(Exception):
+                self.indexer.abandon()
+            self._lock.release()
+            raise
 
     def close(self) -> None:
         try:
