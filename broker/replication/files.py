@@ -109,6 +109,9 @@ class Snapshot:
     complete: bool
     taken_at: float  # the leader's monotonic clock when it was taken
     commitlog_min: int = 0  # the leader's first commitlog position (retention)
+    # The newest change mark (store/changes.py) read before it was taken: a complete snapshot
+    # holds every change noted at or before it (0 for a clipped one: it holds not all).
+    ticket: int = 0
 
     @property
     def empty(self) -> bool:
@@ -176,7 +179,8 @@ class DataSnapshotter:
             # them once the commitlog has caught up (their state stays "unsent").
             self._forget(docs, logs)
             return Snapshot(segment, self.position - len(data), data, [], False, now, first)
-        return Snapshot(segment, self.position - len(data), data, logs + docs, True, now, first)
+        return Snapshot(segment, self.position - len(data), data, logs + docs, True, now, first,
+                        max(marks))  # fmt: skip
 
     # -- commitlog ---------------------------------------------------------------------------
     def _commitlog(

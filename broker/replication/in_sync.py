@@ -25,7 +25,7 @@ class Change:
 class FollowerProgress:
     connected: bool = False
     caught_up_at: float | None = None  # when the last complete batch it acknowledged was taken
-    acked_id: int = 0  # the id of the last complete batch it acknowledged
+    acked_id: int = 0  # the ticket of the last complete batch it acknowledged
     commitlog_end: int = 0
     acked_at: float | None = None
 
@@ -51,12 +51,12 @@ class InSyncSet:
         if progress is not None:
             progress.connected = False
 
-    def acked(self, node: str, batch_id: int, taken_at: float, complete: bool, end: int) -> None:
+    def acked(self, node: str, ticket: int, taken_at: float, complete: bool, end: int) -> None:
         progress = self.followers.setdefault(node, FollowerProgress(connected=True))
         progress.commitlog_end = end
         progress.acked_at = self.clock()
         if complete:
-            progress.acked_id = max(progress.acked_id, batch_id)
+            progress.acked_id = max(progress.acked_id, ticket)
             progress.caught_up_at = max(progress.caught_up_at or taken_at, taken_at)
 
     def should_be_in(self, node: str) -> bool:

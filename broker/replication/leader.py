@@ -12,9 +12,16 @@ time fresh).
 
 The sync barrier (``replicated``): a write that returned locally waits until every follower of
 the in-sync set (and at least ``min_in_sync - 1`` of them) acknowledged a complete snapshot
-taken after the write, as RocketMQ's allAckInSyncStateSet. Before a send is written at all,
-``check_available`` refuses it (HA_NOT_AVAILABLE) when fewer than ``min_in_sync`` nodes are in
-sync, so nothing is written that could be acknowledged and then lost.
+that holds the write, as RocketMQ's allAckInSyncStateSet. Which snapshots hold it is told by
+the change marks (store/changes.py), which every writer of a replicated file moves after its
+write: the write's *ticket* is the newest mark when it asks (``changes.newest``), a complete
+snapshot's is the newest mark it read before looking, and a snapshot whose ticket is at least
+the write's saw all of it. So a write whose bytes went out in the batch already in flight (a
+snapshot taken while it waited for its local fsync, for another write) is answered by that
+batch's acknowledgement instead of waiting for one more, empty, round trip. Before a send is
+written at all, ``check_available`` refuses it (HA_NOT_AVAILABLE) when fewer than
+``min_in_sync`` nodes are in sync, so nothing is written that could be acknowledged and then
+lost.
 
 In-sync changes are reported through the role source before a member stops being waited for
 (a shrink), and after a new member is waited for (a growth): the recorded set never lacks a
@@ -44,6 +51,7 @@ from popmq.broker.replication.files import (
 )
 from popmq.broker.replication.in_sync import Change, InSyncSet
 from popmq.broker.replication.role import GroupRole, RoleSource
+from popmq.broker.store import changes
 
 from popmq.clock import SYSTEM, Clock
 from popmq.config import ReplicationConfig
@@ -91,7 +99,6 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
         self._waiters: deque[_Waiter] = deque()
         self._waiter_added = asyncio.Event()
         self._kicks: set[asyncio.Event] = set()  # one per sender
-        self._batch_ids = 0
         self._sessions: dict[str, int] = {}  # node -> stream generation
         self._tasks = TaskOwner(f"replication-leader:{node}", grace_s=0)
         self._closed = False
@@ -152,11 +159,12 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
             raise RefusedError(Code.HA_NOT_AVAILABLE, "this node stopped leading during the write")
 
     async def _in_sync_durable(self) -> None:
-        """Group commit: every write waiting here needs the next batch each in-sync follower
-        acknowledges, so one acknowledgement completes all the writes made before its batch
-        was taken (``_settle``), however many there are."""
+        """Group commit: every write waiting here needs, from each in-sync follower, the
+        acknowledgement of a complete batch whose ticket is at least the write's, so one
+        acknowledgement completes all the writes its batch holds (``_settle``), however many
+        there are, including those that asked after it was taken."""
         waiter = _Waiter(
-            self._batch_ids + 1,
+            changes.newest(),
             self._clock.monotonic() + self._config.sync_timeout_ms / 1000,
             asyncio.get_running_loop().create_future(),
         )
@@ -269,31 +277,27 @@ class ReplicationLeader(replication_pb2_grpc.ReplicationServiceServicer):
         self._reported = members
         return True
 
-    @property
-    def waiting_writes(self) -> bool:
-        """Writes wait on the barrier (they need a batch taken after them, even an empty one)."""
-        return bool(self._waiters)
-
-    def next_batch_id(self) -> int:
-        """The id of a snapshot being taken now (ids grow over every follower's batches)."""
-        self._batch_ids += 1
-        return self._batch_ids
+    def waits_beyond(self, ticket: int) -> bool:
+        """A write waits on the barrier that a batch of ``ticket`` does not hold (it needs a
+        newer batch, even an empty one)."""
+        waiters = self._waiters
+        return bool(waiters) and waiters[-1].target > ticket  # targets only grow
 
     async def acknowledged(
         self,
         node: str,
-        batch_id: int,
+        ticket: int,
         taken_at: float,
         complete: bool,
         end: int,
         generation: int | None = None,
     ) -> None:
-        """``node`` made batch ``batch_id`` (taken at ``taken_at``) durable, on its stream
+        """``node`` made a batch of ``ticket`` (taken at ``taken_at``) durable, on its stream
         ``generation``. An acknowledgement read late from an older stream says nothing of the
         copy now (the new stream may have reset or cut it): ignored."""
         if generation is not None and self._sessions.get(node) != generation:
             return
-        self.in_sync.acked(node, batch_id, taken_at, complete, end)
+        self.in_sync.acked(node, ticket, taken_at, complete, end)
         if complete and node not in self.in_sync.members and not self._closed:
             await self.reevaluate()
         self._settle()
@@ -374,7 +378,7 @@ class _Session:
         self.snapshotter = snapshotter
         self.generation = generation  # of the node's streams: acks of older ones are stale
         self.kick = asyncio.Event()
-        # (sequence, batch id, taken at, complete) of each batch sent and not yet acknowledged
+        # (sequence, ticket, taken at, complete) of each batch sent and not yet acknowledged
         self.in_flight: deque[tuple[int, int, float, bool]] = deque()
         self.space = asyncio.Event()  # set: fewer than WINDOW batches in flight
         self.space.set()
@@ -430,10 +434,10 @@ class _Session:
         ):
             self.failure = (_INVALID, "expected the acknowledgement of the oldest batch")
             return False
-        _, batch_id, taken_at, complete = self.in_flight.popleft()
+        _, ticket, taken_at, complete = self.in_flight.popleft()
         if len(self.in_flight) < self.WINDOW:
             self.space.set()
-        await self.leader.acknowledged(self.node, batch_id, taken_at, complete,
+        await self.leader.acknowledged(self.node, ticket, taken_at, complete,
                                        report.ack.commitlog_end, self.generation)  # fmt: skip
         return True
 
@@ -445,6 +449,7 @@ class _Session:
         heartbeat_s = heartbeat_interval_s(leader._config)
         sequence = 0
         caught_up = False
+        sent_ticket = -1  # of the last complete batch sent on this stream
         sent_at = clock.monotonic()
         while not leader._closed:
             await self.space.wait()
@@ -464,14 +469,17 @@ class _Session:
             if (
                 caught_up
                 and snapshot.empty
-                and not leader.waiting_writes
+                and not leader.waits_beyond(sent_ticket)
                 and now - sent_at < heartbeat_s
             ):
-                continue  # nothing to copy and nobody waits: no batch (each costs both sides)
+                continue  # nothing to copy and no write needs a newer batch: no batch (each
+                # costs both sides)
             sent_at = now
-            batch_id = leader.next_batch_id()
+            if snapshot.complete:
+                sent_ticket = snapshot.ticket
             sequence += 1
-            self.in_flight.append((sequence, batch_id, snapshot.taken_at, snapshot.complete))
+            self.in_flight.append((sequence, snapshot.ticket, snapshot.taken_at,
+                                   snapshot.complete))  # fmt: skip
             if len(self.in_flight) >= self.WINDOW:
                 self.space.clear()
             batch = make_batch(
@@ -563,7 +571,7 @@ class _AckWatch:
 
 @dataclass(slots=True)
 class _Waiter:
-    target: int  # the first batch id taken after the write
+    target: int  # the write's ticket: the newest change mark when it asked
     deadline: float
     future: asyncio.Future[None]
 

@@ -42,3 +42,10 @@ def note(kind: int) -> None:
 def marks() -> tuple[int, int, int]:
     """The current mark of each kind (read before looking at the files)."""
     return (_marks[0], _marks[1], _marks[2])
+
+
+def newest() -> int:
+    """The newest mark of any kind: every change noted so far has a mark at most this. A look
+    that read marks whose newest is at least this saw every one of those changes (the sync
+    barrier's test of whether a batch holds a write)."""
+    return max(_marks)

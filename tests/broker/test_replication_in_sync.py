@@ -13,6 +13,7 @@ from popmq.broker.replication.epochs import EpochHistory
 from popmq.broker.replication.in_sync import InSyncSet
 from popmq.broker.replication.leader import ReplicationLeader
 from popmq.broker.replication.role import GroupRole, StaticRoleSource
+from popmq.broker.store import changes
 
 from popmq.clock import LoopClock
 from popmq.config import ReplicationConfig
@@ -98,6 +99,11 @@ class RecordingRoles(StaticRoleSource):
         await super().report_in_sync(epoch, members)
 
 
+def write() -> None:
+    """A write of a replicated file (the barrier's tickets are the change marks it moves)."""
+    changes.note(changes.LOGS)
+
+
 def make_leader(tmp_path: Path, roles: StaticRoleSource, **config: object) -> ReplicationLeader:
     settings = ReplicationConfig(**{"mode": "sync", "min_in_sync": 2, **config})
     return ReplicationLeader(
@@ -115,7 +121,7 @@ async def test_reports_shrink_before_and_growth_after_changing_who_is_waited_for
         await asyncio.sleep(0.1)
         assert roles.seen[-1] == ({"a0"}, set())
         leader.in_sync.connected("a1")
-        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        await leader.acknowledged("a1", changes.newest(), loop.time(), True, 0)
         # growth: a1 was already waited for when the set {a0, a1} was reported
         assert roles.seen[-1] == ({"a0", "a1"}, {"a1"})
         await asyncio.sleep(16.0)  # no acknowledgement for longer than max_lag_s
@@ -141,13 +147,14 @@ async def test_the_barrier_waits_for_a_batch_taken_after_the_write(tmp_path: Pat
     loop = asyncio.get_running_loop()
     async with leader:
         leader.in_sync.connected("a1")
-        old = leader.next_batch_id()  # a batch in flight when the write happens
+        old = changes.newest()  # a batch in flight when the write happens
         await leader.acknowledged("a1", old, loop.time(), True, 0)
         leader.check_available()
+        write()
         waiter = asyncio.ensure_future(leader.replicated())
         await asyncio.sleep(1.0)
         assert not waiter.done()  # the batch it acknowledged was taken before the write
-        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        await leader.acknowledged("a1", changes.newest(), loop.time(), True, 0)
         await asyncio.wait_for(waiter, 0.1)
         assert loop.time() == pytest.approx(1.0, abs=0.01)
 
@@ -157,8 +164,9 @@ async def test_the_barrier_times_out_with_slave_persistence_timeout(tmp_path: Pa
     loop = asyncio.get_running_loop()
     async with leader:
         leader.in_sync.connected("a1")
-        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        await leader.acknowledged("a1", changes.newest(), loop.time(), True, 0)
         start = loop.time()
+        write()
         with pytest.raises(RefusedError) as refused:
             await leader.replicated()
         assert refused.value.code == Code.SLAVE_PERSISTENCE_TIMEOUT
@@ -169,7 +177,7 @@ async def test_async_mode_does_not_wait(tmp_path: Path) -> None:
     leader = make_leader(tmp_path, StaticRoleSource(ROLE), mode="async")
     async with leader:
         leader.in_sync.connected("a1")
-        await leader.acknowledged("a1", leader.next_batch_id(), 0.0, True, 0)
+        await leader.acknowledged("a1", changes.newest(), 0.0, True, 0)
         await asyncio.wait_for(leader.replicated(), 0.001)
 
 
@@ -204,7 +212,7 @@ async def test_a_shrink_that_cannot_be_recorded_keeps_the_member_waited_for(
     loop = asyncio.get_running_loop()
     async with leader:
         leader.in_sync.connected("a1")
-        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        await leader.acknowledged("a1", changes.newest(), loop.time(), True, 0)
         assert leader.in_sync.members == {"a1"}
         roles.ok = False
         await asyncio.sleep(20.0)  # a1 is behind, but its leaving cannot be recorded
@@ -224,17 +232,19 @@ async def test_one_acknowledgement_answers_every_write_made_before_its_batch(
     loop = asyncio.get_running_loop()
     async with leader:
         leader.in_sync.connected("a1")
-        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        await leader.acknowledged("a1", changes.newest(), loop.time(), True, 0)
+        write()
         early = [asyncio.ensure_future(leader.replicated()) for _ in range(50)]
         await asyncio.sleep(0.1)
-        batch = leader.next_batch_id()  # taken after the 50 writes
+        batch = changes.newest()  # taken after the 50 writes
+        write()
         late = asyncio.ensure_future(leader.replicated())
         await asyncio.sleep(0.1)
         await leader.acknowledged("a1", batch, loop.time(), True, 0)
         await asyncio.sleep(0)
         assert all(w.done() and w.exception() is None for w in early)
         assert not late.done()
-        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        await leader.acknowledged("a1", changes.newest(), loop.time(), True, 0)
         await asyncio.wait_for(late, 0.1)
 
 
@@ -243,7 +253,8 @@ async def test_a_cancelled_write_leaves_the_barrier_to_the_others(tmp_path: Path
     loop = asyncio.get_running_loop()
     async with leader:
         leader.in_sync.connected("a1")
-        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        await leader.acknowledged("a1", changes.newest(), loop.time(), True, 0)
+        write()
         gone = asyncio.ensure_future(leader.replicated())
         kept = asyncio.ensure_future(leader.replicated())
         await asyncio.sleep(0.5)
@@ -265,17 +276,18 @@ async def test_the_barrier_waits_for_every_member_s_complete_batch_taken_after_t
     async with leader:
         for node in ("a1", "a2"):
             leader.in_sync.connected(node)
-            await leader.acknowledged(node, leader.next_batch_id(), loop.time(), True, 0)
+            await leader.acknowledged(node, changes.newest(), loop.time(), True, 0)
         assert leader.in_sync.members == {"a1", "a2"}
-        stale = leader.next_batch_id()  # taken before the write, acknowledged after it
+        stale = changes.newest()  # taken before the write, acknowledged after it
+        write()
         waiter = asyncio.ensure_future(leader.replicated())
         await asyncio.sleep(0.1)
-        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
-        await leader.acknowledged("a2", leader.next_batch_id(), loop.time(), False, 0)
+        await leader.acknowledged("a1", changes.newest(), loop.time(), True, 0)
+        await leader.acknowledged("a2", changes.newest(), loop.time(), False, 0)
         await leader.acknowledged("a2", stale, loop.time(), True, 0)
         await asyncio.sleep(0.1)
         assert not waiter.done()
-        await leader.acknowledged("a2", leader.next_batch_id(), loop.time(), True, 0)
+        await leader.acknowledged("a2", changes.newest(), loop.time(), True, 0)
         await asyncio.wait_for(waiter, 0.1)
 
 
@@ -328,7 +340,7 @@ async def test_a_reconnecting_follower_leaves_the_recorded_set_before_it_is_sent
     loop = asyncio.get_running_loop()
     async with leader:
         leader.in_sync.connected("a1")
-        await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+        await leader.acknowledged("a1", changes.newest(), loop.time(), True, 0)
         assert roles.reports[-1] == (3, frozenset({"a0", "a1"}))
         await asyncio.sleep(0.1)  # between two periodic evaluations
         stream = FakeStream("a1", leader)
@@ -374,7 +386,7 @@ async def test_a_closed_leader_records_no_in_sync_set(tmp_path: Path) -> None:
         await asyncio.sleep(0.1)
     reported = list(roles.reports)
     leader.in_sync.connected("a1")
-    await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+    await leader.acknowledged("a1", changes.newest(), loop.time(), True, 0)
     await leader.reevaluate()
     assert roles.reports == reported
 
@@ -441,7 +453,7 @@ async def test_a_follower_that_stops_acknowledging_loses_its_stream_after_max_la
     async def reports() -> AsyncIterator[pb.ReplicaReport]:
         for sequence in (1, 2, 3):  # each 4 s after the last: inside max_lag_s
             await asyncio.sleep(4.0)
-            session.in_flight.append((sequence, leader.next_batch_id(), loop.time(), True))
+            session.in_flight.append((sequence, changes.newest(), loop.time(), True))
             yield pb.ReplicaReport(ack=pb.Ack(sequence=sequence, commitlog_end=0))
         await asyncio.sleep(3600)  # then nothing
 

@@ -12,6 +12,7 @@ from popmq.broker.replication.epochs import EpochHistory
 from popmq.broker.replication.files import DataSnapshotter
 from popmq.broker.replication.leader import ReplicationLeader, _Session
 from popmq.broker.replication.role import GroupRole, StaticRoleSource
+from popmq.broker.store import changes
 
 from popmq.clock import LoopClock
 from popmq.config import ReplicationConfig
@@ -34,7 +35,7 @@ def _session(tmp_path: Path, max_lag_s: float) -> tuple[ReplicationLeader, _Sess
 
 def _ack(session: _Session, leader: ReplicationLeader, sequence: int) -> pb.ReplicaReport:
     loop = asyncio.get_running_loop()
-    session.in_flight.append((sequence, leader.next_batch_id(), loop.time(), True))
+    session.in_flight.append((sequence, changes.newest(), loop.time(), True))
     return pb.ReplicaReport(ack=pb.Ack(sequence=sequence, commitlog_end=0))
 
 
@@ -103,6 +104,7 @@ class _AckingStream:
         self.reports: asyncio.Queue[pb.ReplicaReport] = asyncio.Queue()
         self.reports.put_nowait(pb.ReplicaReport(hello=pb.Hello(node=node)))  # an empty copy
         self.written_at: list[float] = []
+        self.batches: list[pb.ReplicaBatch] = []
         self.acked_at: list[float] = []
         self.round_trip_s = round_trip_s
 
@@ -115,6 +117,7 @@ class _AckingStream:
     async def write(self, batch: pb.ReplicaBatch) -> None:
         loop = asyncio.get_running_loop()
         self.written_at.append(loop.time())
+        self.batches.append(batch)
 
         def ack() -> None:
             self.acked_at.append(loop.time())
@@ -149,6 +152,7 @@ async def _batches_under_writes(
         async def writer() -> None:
             while loop.time() - start < 0.2:
                 began = loop.time()
+                changes.note(changes.LOGS)  # a write of a replicated file
                 await leader.replicated()
                 waits.append(loop.time() - began)
                 await asyncio.sleep(0.002)
@@ -188,3 +192,57 @@ async def test_a_round_trip_longer_than_the_batch_interval_adds_no_wait(
         round(t - start_plain, 6) for t in plain.written_at
     ]
     assert max(spaced_waits) == pytest.approx(max(plain_waits), abs=1e-6)
+
+
+async def test_a_write_whose_bytes_are_in_the_batch_in_flight_waits_for_that_batch_only(
+    tmp_path: Path,
+) -> None:
+    """A write's bytes can go out in a batch taken before the write asks the barrier (taken
+    while the write waited for its local fsync, or for another write). That batch's
+    acknowledgement answers it: no empty batch and second round trip after it. A write made
+    after the batch was taken still waits for the next one, which carries it."""
+    config = ReplicationConfig(mode="sync", min_in_sync=2, poll_ms=100)
+    leader = ReplicationLeader(tmp_path, "a0", ROLE, StaticRoleSource(ROLE), config,
+                               EpochHistory(tmp_path), clock=LoopClock())  # fmt: skip
+    stream = _AckingStream("a1", round_trip_s=0.5)
+    journal = tmp_path / "pop" / "journal.log"
+    journal.parent.mkdir()
+    journal.write_bytes(b"")
+    loop = asyncio.get_running_loop()
+
+    def append(data: bytes) -> None:  # as the pop journal does: the bytes, then the mark
+        with journal.open("ab") as file:
+            file.write(data)
+        changes.note(changes.LOGS)
+
+    def journal_bytes(batch: pb.ReplicaBatch) -> bytes:
+        return b"".join(f.data for f in batch.files if f.path == "pop/journal.log")
+
+    async with leader:
+        task = asyncio.ensure_future(leader.Replicate(stream, stream))
+        while True:  # until the follower joined the in-sync set
+            if "a1" in leader.in_sync.members:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # the stream is idle: caught up, no batch in flight
+        sent = len(stream.batches)
+
+        append(b"first")  # written; the leader's next look (poll_ms) takes it ...
+        await asyncio.sleep(0.15)
+        assert len(stream.batches) == sent + 1  # ... into a batch, in flight for 0.5 s
+        assert journal_bytes(stream.batches[-1]) == b"first"
+        asked = loop.time()
+        first = asyncio.ensure_future(leader.replicated())  # the first write asks only now
+        await asyncio.sleep(0)
+        append(b"second")  # written after that batch was taken
+        second = asyncio.ensure_future(leader.replicated())
+
+        await first
+        answered = loop.time() - asked
+        assert answered < 0.5, f"answered after {answered:.3f} s: one more round trip"
+        assert not second.done()  # the batch in flight does not hold it
+        await second
+        assert loop.time() - asked == pytest.approx(0.35 + 0.5, abs=0.05)
+        assert len(stream.batches) == sent + 2
+        assert journal_bytes(stream.batches[-1]) == b"second"
+        task.cancel()

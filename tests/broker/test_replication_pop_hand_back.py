@@ -13,6 +13,7 @@ from popmq.broker.replication.epochs import EpochHistory
 from popmq.broker.replication.leader import ReplicationLeader
 from popmq.broker.replication.port import Leading, NodePort
 from popmq.broker.replication.role import GroupRole, StaticRoleSource
+from popmq.broker.store import changes
 from popmq.broker.testing import fast_broker_config, running_broker
 
 from popmq.clock import LoopClock
@@ -44,7 +45,7 @@ async def test_a_pop_whose_barrier_times_out_hands_its_messages_back_at_once(
             node = NodePort("broker-a")
             node.leading = Leading(broker, local, leader)
             leader.in_sync.connected("a1")  # in sync once, then silent
-            await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+            await leader.acknowledged("a1", changes.newest(), loop.time(), True, 0)
             await leader.reevaluate()
             with pytest.raises(RefusedError) as refused:
                 await node.pop(POP)
@@ -72,7 +73,7 @@ async def test_a_cancelled_replicated_pop_hands_its_messages_back(tmp_path: Path
             node = NodePort("broker-a")
             node.leading = Leading(broker, local, leader)
             leader.in_sync.connected("a1")
-            await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+            await leader.acknowledged("a1", changes.newest(), loop.time(), True, 0)
             await leader.reevaluate()
             pop = asyncio.ensure_future(node.pop(POP))
             await asyncio.sleep(0.5)
@@ -109,7 +110,7 @@ async def test_a_proxys_hand_back_reaches_the_journal_and_answers_past_a_failed_
             await leader.reevaluate()
             leader.in_sync.connected("a1")  # in sync once, then silent: the barrier fails
             loop = asyncio.get_running_loop()
-            await leader.acknowledged("a1", leader.next_batch_id(), loop.time(), True, 0)
+            await leader.acknowledged("a1", changes.newest(), loop.time(), True, 0)
             await leader.reevaluate()
             started = loop.time()
             assert await node.hand_back("G", "T", handles) == 1
