@@ -143,6 +143,9 @@ class BrokerCluster(AsyncClosing):
         # Bumped at each change of ports: a lookup that began before one caches nothing
         # (it may have missed a group that joined, or asked a port since replaced).
         self._membership = 0
+        # Bumped when the admin updates or deletes a group: a group lookup that began before
+        # caches nothing (what it read may be the old settings, or a deleted group's).
+        self._group_changes = 0
         self._round_robin = itertools.count()
         # (topic, broker) -> the queue count last seen: a broker that is down (or a group
         # without a leader) keeps its queues in routes, so a FIFO message group keeps its
@@ -272,6 +275,8 @@ class BrokerCluster(AsyncClosing):
         )
 
     async def _look_up_route(self, topic: str, auto_create: bool) -> TopicRoute:
+        if not self._ports:  # a proxy following etcd before any group has joined
+            raise BrokerUnavailableError("-", "no broker behind this proxy yet")
         membership = self._membership
         unavailable: list[BrokerUnavailableError] = []
         not_found: list[RefusedError] = []  # a broker's refusal says why (auto-create limits)
@@ -424,6 +429,7 @@ class BrokerCluster(AsyncClosing):
         )
 
     async def _look_up_group(self, name: str) -> GroupConfig:
+        changes = self._group_changes
         ordered = self.live_ports()
         ordered += [port for port in self.ports if port not in ordered]
         failure: BrokerUnavailableError | None = None
@@ -436,8 +442,9 @@ class BrokerCluster(AsyncClosing):
                 failure = exc
                 continue
             self._alive_at[port.name] = self.mark()
-            self._groups.put(name, config)
-            self._last_groups.put(name, config)
+            if changes == self._group_changes:  # else read before an update or a delete
+                self._groups.put(name, config)
+                self._last_groups.put(name, config)
             return config
         stale = self._last_groups.get(name)
         if stale is not None:
@@ -447,12 +454,23 @@ class BrokerCluster(AsyncClosing):
         raise failure
 
     def forget_group(self, name: str) -> None:
-        """Drop cached settings of a deleted group (the next use reads the brokers)."""
+        """Drop cached settings of a deleted group (the next use reads the brokers): a lookup
+        of it under way read them before the delete, so it is not joined and caches nothing."""
+        self._group_changed(name)
         self._groups.drop(name)
         self._last_groups.drop(name)
 
     async def update_group(self, config: GroupConfig) -> GroupConfig:
-        results = await fan_out(port.update_group(config) for port in self.ports)
+        try:
+            results = await fan_out(port.update_group(config) for port in self.ports)
+        finally:
+            self._group_changed(config.name)  # some brokers may have the new settings
         self._groups.put(config.name, results[0])
         self._last_groups.put(config.name, results[0])
         return results[0]
+
+    def _group_changed(self, name: str) -> None:
+        """A lookup of the group under way may have read settings from before this change:
+        it answers its own callers, later callers look up anew, and it caches nothing."""
+        self._group_changes += 1
+        self._group_flights.forget(name)

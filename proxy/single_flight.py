@@ -23,10 +23,14 @@ class SingleFlight(Generic[K, V]):
     def __init__(self) -> None:
         self._flights: dict[K, asyncio.Future[V]] = {}
 
-    def forget(self) -> None:
-        """Lookups under way asked what is gone (replaced ports): later callers do not join
-        them (the lookups themselves finish for their own callers)."""
-        self._flights.clear()
+    def forget(self, key: K | None = None) -> None:
+        """Lookups under way (of ``key``, default all) asked what is gone (replaced ports, a
+        group's settings changed or deleted): later callers do not join them (the lookups
+        themselves finish for their own callers)."""
+        if key is None:
+            self._flights.clear()
+        else:
+            self._flights.pop(key, None)
 
     async def run(
         self, key: K, cached: Callable[[], V | None], look_up: Callable[[], Awaitable[V]]

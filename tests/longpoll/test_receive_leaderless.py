@@ -105,3 +105,27 @@ async def test_an_unknown_topic_still_fails_once_a_leader_answers() -> None:
     with pytest.raises(RefusedError) as err:
         await _receiver(cluster, metrics).plan(_request("nope"), RequestContext(client_id="c@1"))
     assert err.value.code is Code.TOPIC_NOT_FOUND
+
+
+async def test_a_receive_before_any_group_joined_waits_for_the_first_one() -> None:
+    """A proxy following etcd that has no broker yet (review-s10b): the route lookup said
+    TOPIC_NOT_FOUND and the receive failed at once, where a leaderless group's receive waits
+    for its leader within its poll time."""
+    metrics = ProxyMetrics()
+    cluster = BrokerCluster([], dynamic=True, clock=LoopClock())
+    receiver = _receiver(cluster, metrics)
+    leader = Leader("g1")
+    leader.put(1)
+    loop = asyncio.get_running_loop()
+
+    async def join() -> None:
+        await asyncio.sleep(1.0)
+        cluster.put_port(leader)  # type: ignore[arg-type]  # the first group's first leader
+
+    joined = asyncio.create_task(join())
+    started = loop.time()
+    plan = await receiver.plan(_request(), RequestContext(client_id="c@1"))
+    popped = await receiver.receive(plan)
+    await joined
+    assert [m.message.store_host for m in popped] == ["g1"]
+    assert loop.time() - started == pytest.approx(1.0, abs=0.01)

@@ -13,6 +13,7 @@ import pytest
 from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
 from popmq.broker.contract.types import GroupConfig, QueueInfo, TopicInfo
 from popmq.proxy.cluster import BrokerCluster
+from popmq.proxy.longpoll.base import is_broker_down
 
 from popmq.clock import ManualClock
 
@@ -27,6 +28,7 @@ class Port:
         self.asked = anyio.Event()
         self.gate: anyio.Event | None = None  # set: answers wait for it
         self.error: Exception | None = None
+        self.groups: dict[str, GroupConfig] = {}  # settings written (update_group)
 
     async def _answer(self) -> None:
         self.calls += 1
@@ -42,8 +44,13 @@ class Port:
         return TopicInfo(topic, self.queues, infos, "NORMAL")
 
     async def get_group(self, name: str) -> GroupConfig:
+        config = self.groups.get(name, GroupConfig(name, max_attempts=5))  # read when asked
         await self._answer()
-        return GroupConfig(name, max_attempts=5)
+        return config
+
+    async def update_group(self, config: GroupConfig) -> GroupConfig:
+        self.groups[config.name] = config
+        return config
 
     async def aclose(self) -> None:
         pass
@@ -300,3 +307,59 @@ async def test_a_group_lookup_with_no_broker_yet_is_unavailable_not_an_assertion
     cluster = BrokerCluster([], dynamic=True)
     with pytest.raises(BrokerUnavailableError, match="no broker"):
         await cluster.group("g")
+
+
+# -- review (helper review-s10b): admin changes of a group while a lookup of it is under way ----
+
+
+async def test_a_group_lookup_under_way_does_not_undo_an_update() -> None:
+    """`popmq admin groups update` while a lookup of the group (begun before) waits on a
+    broker: the lookup's answer, read before the update, replaced the new settings in the
+    cache, and receives and heartbeats used the old ones for CACHE_TTL_S."""
+    port = Port("ga")
+    port.gate = anyio.Event()
+    cluster = BrokerCluster([port])  # type: ignore[list-item]
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(cluster.group, "g")
+        await port.asked.wait()
+        assert (await cluster.update_group(GroupConfig("g", max_attempts=2))).max_attempts == 2
+        port.gate.set()  # the lookup under way answers what it read before the update
+    assert (await cluster.group("g")).max_attempts == 2
+
+
+async def test_a_group_deleted_while_looked_up_is_not_looked_up_from_before_the_delete() -> None:
+    """`popmq admin groups delete` while a lookup of the group waits on a broker: a caller
+    that comes after the delete joined that lookup and got the deleted group's settings, and
+    the lookup put them back in the cache the delete had just emptied."""
+    port = Port("ga")
+    port.groups["g"] = GroupConfig("g", max_attempts=9, fifo=True)
+    port.gate = anyio.Event()
+    cluster = BrokerCluster([port])  # type: ignore[list-item]
+    after: list[GroupConfig] = []
+
+    async def later_caller() -> None:
+        after.append(await cluster.group("g"))
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(cluster.group, "g")
+        await port.asked.wait()
+        del port.groups["g"]  # deleted on the broker (its next use registers it anew)
+        cluster.forget_group("g")
+        tasks.start_soon(later_caller)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        port.gate.set()
+    assert [(c.max_attempts, c.fifo) for c in after] == [(5, False)]
+    assert port.calls == 2, "the caller after the delete joined the lookup from before it"
+    assert (await cluster.group("g")).max_attempts == 5
+    assert port.calls == 2  # cached: the settings read after the delete
+
+
+async def test_a_route_with_no_broker_yet_is_unavailable_not_topic_not_found() -> None:
+    """A proxy following etcd before any group has joined: a route lookup said the topic does
+    not exist (TOPIC_NOT_FOUND, which clients do not retry, and a receive failed at once
+    instead of waiting for a broker as it does while every group is leaderless)."""
+    cluster = BrokerCluster([], dynamic=True)
+    with pytest.raises(BrokerUnavailableError, match="no broker") as failed:
+        await cluster.route("T")
+    assert is_broker_down(failed.value)
