@@ -25,6 +25,7 @@ looks at everything at least once a second anyway.
 from __future__ import annotations
 
 import itertools
+import threading
 
 COMMITLOG = 0
 LOGS = 1
@@ -32,20 +33,27 @@ ENTRIES = 2
 
 _ticket = itertools.count(1)
 _marks = [0, 0, 0]
+# Taking a number and storing it are two steps, and a worker thread (a checkpoint's
+# fsync_dir) can be switched out between them: a look reading the marks then would be given a
+# ticket above a change it did not see (the sync barrier would answer that write unreplicated).
+_lock = threading.Lock()
 
 
 def note(kind: int) -> None:
     """A file of ``kind`` changed (call after the change is visible to readers)."""
-    _marks[kind] = next(_ticket)  # atomic under the GIL; a fresh number every time
+    with _lock:
+        _marks[kind] = next(_ticket)
 
 
 def marks() -> tuple[int, int, int]:
     """The current mark of each kind (read before looking at the files)."""
-    return (_marks[0], _marks[1], _marks[2])
+    with _lock:
+        return (_marks[0], _marks[1], _marks[2])
 
 
 def newest() -> int:
     """The newest mark of any kind: every change noted so far has a mark at most this. A look
     that read marks whose newest is at least this saw every one of those changes (the sync
     barrier's test of whether a batch holds a write)."""
-    return max(_marks)
+    with _lock:
+        return max(_marks)
