@@ -80,6 +80,13 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
+class NoBrokerYetError(BrokerUnavailableError):
+    """A proxy following etcd before any broker group joined: receives wait for one, other
+    calls are refused as a leaderless group's are (HA_NOT_AVAILABLE: the client retries)."""
+
+    code = Code.HA_NOT_AVAILABLE
+
+
 class _TtlCache(Generic[K, V]):
     def __init__(self, ttl_s: float, clock: Clock) -> None:
         self._ttl_s = ttl_s
@@ -276,7 +283,7 @@ class BrokerCluster(AsyncClosing):
 
     async def _look_up_route(self, topic: str, auto_create: bool) -> TopicRoute:
         if not self._ports:  # a proxy following etcd before any group has joined
-            raise BrokerUnavailableError("-", "no broker behind this proxy yet")
+            raise NoBrokerYetError("-", "no broker behind this proxy yet")
         membership = self._membership
         unavailable: list[BrokerUnavailableError] = []
         not_found: list[RefusedError] = []  # a broker's refusal says why (auto-create limits)
@@ -450,7 +457,7 @@ class BrokerCluster(AsyncClosing):
         if stale is not None:
             return stale
         if failure is None:  # a proxy following etcd before any group has joined
-            raise BrokerUnavailableError("-", "no broker behind this proxy yet")
+            raise NoBrokerYetError("-", "no broker behind this proxy yet")
         raise failure
 
     def forget_group(self, name: str) -> None:

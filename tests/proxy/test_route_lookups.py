@@ -363,3 +363,12 @@ async def test_a_route_with_no_broker_yet_is_unavailable_not_topic_not_found() -
     with pytest.raises(BrokerUnavailableError, match="no broker") as failed:
         await cluster.route("T")
     assert is_broker_down(failed.value)
+
+
+async def test_no_broker_yet_is_refused_as_a_leaderless_group_is() -> None:
+    """A client's send before any group joined sees HA_NOT_AVAILABLE (retried), not an
+    internal error."""
+    cluster = BrokerCluster([], dynamic=True)
+    with pytest.raises(BrokerUnavailableError) as caught:
+        await cluster.route("T")
+    assert caught.value.code == Code.HA_NOT_AVAILABLE
