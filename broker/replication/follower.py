@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +27,22 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 _BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
+
+# A small group of batches (what a caught-up follower gets: a few sends, pops and acks) is
+# applied on the event loop itself, fsyncs included: the hop to a worker thread and back
+# (anyio's limiter, queue, condition, the result's way back: two wake-ups) cost about as much
+# CPU as the apply, and the loop has nothing else to do meanwhile (one batch travels at a
+# time; lease keepalives have a thread of their own). What could block the loop for long
+# stays in a thread: a big group (a follower catching up, a bootstrap), a reset or a cut back.
+LOOP_APPLY_BYTES = 256 << 10
+# A loop apply that took longer than this (a slow or busy disk: the fsyncs) sends the next
+# groups to a worker thread for LOOP_APPLY_PAUSE_S: past this bound the loop is blocked at
+# most once per pause (the role's watches and the server's refusals wait that long). Far
+# below the lease keeper's loop-stall limit (2 TTLs, popmq/coord/group.py); above the tail
+# of a small group's apply on a busy disk (the shared 2-core VM under load 15-18: p99 60 ms,
+# p99.9 210 ms, max 265 ms of 3,000), which a lower bound turned into a thread hop again.
+LOOP_APPLY_SLOW_S = 0.5
+LOOP_APPLY_PAUSE_S = 10.0
 
 
 class ReplicaFollower:
@@ -44,6 +61,8 @@ class ReplicaFollower:
         self._channel_factory = channel_factory
         self._clock = clock
         self.batches = 0
+        self.loop_applies = 0  # groups applied on the event loop (the rest: in a thread)
+        self._threads_until = -math.inf  # time.monotonic(): groups go to a thread until then
         self.connected = False
         self.last_error: str | None = None
 
@@ -107,9 +126,12 @@ class ReplicaFollower:
                     continue
                 batches = pending[:]
                 pending.clear()
-                ends = await anyio.to_thread.run_sync(
-                    self._writer.apply_all, batches, self._role.epoch
-                )
+                if self._on_loop(batches):
+                    ends = self._apply_on_loop(batches)
+                else:
+                    ends = await anyio.to_thread.run_sync(
+                        self._writer.apply_all, batches, self._role.epoch
+                    )
                 self.batches += len(batches)
                 if not self.connected:
                     log.info("replication: following %s at epoch %d from %d",
@@ -136,6 +158,31 @@ class ReplicaFollower:
             group.start_soon(until_one_fails, apply)
         if failure:
             raise failure[0]
+
+    def _on_loop(self, batches: list[pb.ReplicaBatch]) -> bool:
+        """Whether to apply ``batches`` on the loop (see LOOP_APPLY_BYTES)."""
+        if time.monotonic() < self._threads_until:
+            return False
+        size = 0
+        for batch in batches:
+            if batch.reset or batch.truncate_to >= 0:
+                return False
+            size += batch.ByteSize()
+        return size <= LOOP_APPLY_BYTES
+
+    def _apply_on_loop(self, batches: list[pb.ReplicaBatch]) -> list[int]:
+        # Real time, not the follower's clock: how long the loop was blocked.
+        started = time.monotonic()
+        try:
+            return self._writer.apply_all(batches, self._role.epoch)
+        finally:
+            self.loop_applies += 1
+            took = time.monotonic() - started
+            if took > LOOP_APPLY_SLOW_S:
+                self._threads_until = started + took + LOOP_APPLY_PAUSE_S
+                log.debug("replication: applying a batch took %.3f s (its fsyncs); the next "
+                         "%g s of batches are applied in a worker thread", took,
+                         LOOP_APPLY_PAUSE_S)  # fmt: skip
 
     async def _follow_once(self) -> None:
         channel = self._channel_factory(self._role.leader_address)
