@@ -36,8 +36,9 @@ _BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
 # stays in a thread: a big group (a follower catching up, a bootstrap), a reset or a cut back.
 LOOP_APPLY_BYTES = 256 << 10
 # A loop apply that took longer than this (a slow or busy disk: the fsyncs) sends the next
-# groups to a worker thread for LOOP_APPLY_PAUSE_S: past this bound the loop is blocked at
-# most once per pause (the role's watches and the server's refusals wait that long). Far
+# groups to a worker thread for LOOP_APPLY_PAUSE_S, and a small group's apply there is timed
+# too: a disk that stays slow keeps them in the thread, and the loop (the role's watches, the
+# server's refusals) is blocked by the first slow apply only. Far
 # below the lease keeper's loop-stall limit (2 TTLs, popmq/coord/group.py); above the tail
 # of a small group's apply on a busy disk (the shared 2-core VM under load 15-18: p99 60 ms,
 # p99.9 210 ms, max 265 ms of 3,000), which a lower bound turned into a thread hop again.
@@ -126,11 +127,15 @@ class ReplicaFollower:
                     continue
                 batches = pending[:]
                 pending.clear()
-                if self._on_loop(batches):
+                small = self._small(batches)
+                if small and time.monotonic() >= self._threads_until:
                     ends = self._apply_on_loop(batches)
                 else:
+                    # A small group sent here by a slow apply is timed too: a disk that stays
+                    # slow keeps the groups in a thread (else each pause's end put one more
+                    # whole stall back on the loop).
                     ends = await anyio.to_thread.run_sync(
-                        self._writer.apply_all, batches, self._role.epoch
+                        self._apply_timed if small else self._apply_all, batches
                     )
                 self.batches += len(batches)
                 if not self.connected:
@@ -159,10 +164,8 @@ class ReplicaFollower:
         if failure:
             raise failure[0]
 
-    def _on_loop(self, batches: list[pb.ReplicaBatch]) -> bool:
-        """Whether to apply ``batches`` on the loop (see LOOP_APPLY_BYTES)."""
-        if time.monotonic() < self._threads_until:
-            return False
+    def _small(self, batches: list[pb.ReplicaBatch]) -> bool:
+        """Whether ``batches`` may be applied on the loop (see LOOP_APPLY_BYTES)."""
         size = 0
         for batch in batches:
             if batch.reset or batch.truncate_to >= 0:
@@ -170,19 +173,26 @@ class ReplicaFollower:
             size += batch.ByteSize()
         return size <= LOOP_APPLY_BYTES
 
-    def _apply_on_loop(self, batches: list[pb.ReplicaBatch]) -> list[int]:
-        # Real time, not the follower's clock: how long the loop was blocked.
+    def _apply_all(self, batches: list[pb.ReplicaBatch]) -> list[int]:
+        return self._writer.apply_all(batches, self._role.epoch)
+
+    def _apply_timed(self, batches: list[pb.ReplicaBatch]) -> list[int]:
+        # Real time, not the follower's clock: how long the disk took (on the loop: how long
+        # the loop was blocked).
         started = time.monotonic()
         try:
             return self._writer.apply_all(batches, self._role.epoch)
         finally:
-            self.loop_applies += 1
             took = time.monotonic() - started
             if took > LOOP_APPLY_SLOW_S:
-                self._threads_until = started + took + LOOP_APPLY_PAUSE_S
+                self._threads_until = max(self._threads_until, started + took + LOOP_APPLY_PAUSE_S)
                 log.debug("replication: applying a batch took %.3f s (its fsyncs); the next "
                          "%g s of batches are applied in a worker thread", took,
                          LOOP_APPLY_PAUSE_S)  # fmt: skip
+
+    def _apply_on_loop(self, batches: list[pb.ReplicaBatch]) -> list[int]:
+        self.loop_applies += 1
+        return self._apply_timed(batches)
 
     async def _follow_once(self) -> None:
         channel = self._channel_factory(self._role.leader_address)
