@@ -468,6 +468,8 @@ class BrokerCluster(AsyncClosing):
         self._last_groups.drop(name)
 
     async def update_group(self, config: GroupConfig) -> GroupConfig:
+        if not self._ports:
+            raise NoBrokerYetError("-", "no broker behind this proxy yet")
         try:
             results = await fan_out(port.update_group(config) for port in self.ports)
         finally:

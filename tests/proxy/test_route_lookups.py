@@ -372,3 +372,10 @@ async def test_no_broker_yet_is_refused_as_a_leaderless_group_is() -> None:
     with pytest.raises(BrokerUnavailableError) as caught:
         await cluster.route("T")
     assert caught.value.code == Code.HA_NOT_AVAILABLE
+
+
+async def test_updating_a_group_with_no_broker_yet_is_refused_not_an_internal_error() -> None:
+    cluster = BrokerCluster([], dynamic=True)
+    with pytest.raises(BrokerUnavailableError) as caught:
+        await cluster.update_group(GroupConfig("g", max_attempts=3))
+    assert caught.value.code == Code.HA_NOT_AVAILABLE
