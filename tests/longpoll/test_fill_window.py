@@ -18,11 +18,13 @@ import pytest
 from popmq.broker.contract.types import Message
 from popmq.broker.local import LocalBrokerPort
 from popmq.broker.testing import fast_broker_config, running_broker
+from popmq.proxy.longpoll import make_strategy
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.notify import NotifyStrategy, _LongPoll
 from popmq.proxy.metrics import ProxyMetrics
 
 from popmq.clock import LoopClock
+from popmq.config import ProxyConfig
 
 from .helpers import make_request, wait_until
 
@@ -188,3 +190,15 @@ async def test_the_window_is_bounded_in_turns_and_in_time(
     poll = _LongPoll(now + 5, 32, now)
     poll.cancel()
     assert await _window_turns(_strategy(64, 3.0), poll, monkeypatch, 1e-6) <= 2
+
+
+async def test_the_config_sets_the_window_of_notify_and_adaptive() -> None:
+    for name in ("notify", "adaptive"):
+        config = ProxyConfig(strategy=name, fill_window_turns=3, fill_window_ms=1.5)
+        strategy = make_strategy(config, ProxyMetrics())
+        notify = (
+            strategy if isinstance(strategy, NotifyStrategy) else strategy._strategies["notify"]
+        )  # type: ignore[attr-defined]
+        assert isinstance(notify, NotifyStrategy)
+        assert (notify.fill_turns, notify.fill_max_s) == (3, 0.0015)
+        await strategy.aclose()
