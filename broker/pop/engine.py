@@ -177,8 +177,8 @@ class PopEngine:
                 return PopResult(PopStatus.POLLING_FULL, rest_num=result.rest_num)
             if outcome is HoldOutcome.TIMEOUT:
                 return self._pop_once(request, count, fifo, tags)
-            if self._config.polling.fill_window_turns:
-                await self._fill_window(request, fifo, deadline)
+            if self._config.polling.fill_window_turns and not self._hold.closed:
+                await self._fill_window(request, fifo, deadline)  # not when the broker stops
 
     async def _fill_window(self, request: PopRequest, fifo: bool, deadline: int) -> None:
         """A held pop woken by an arrival lets the loop run up to
