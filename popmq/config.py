@@ -165,6 +165,13 @@ class PollingConfig(Section):
 
     max_held_per_key: int = Field(1024, ge=1)
     max_held_total: int = Field(100_000, ge=1)
+    # A held pop woken by an arrival lets the event loop run up to this many more turns,
+    # within fill_window_ms (and its poll time), before it pops, so sends landing meanwhile
+    # ride the same pop (fuller receives). A pop that finds messages at once never waits;
+    # 0: pop at once. The proxy's notify strategy has its own (proxy.fill_window_turns).
+    # docs/longpolling.md, "The fill window".
+    fill_window_turns: int = Field(8, ge=0, le=64)
+    fill_window_ms: float = Field(2.0, ge=0, le=100)
 
 
 class TlsConfig(Section):
@@ -434,6 +441,13 @@ class ProxyConfig(Section):
     # After an empty answer, ask every broker (no hold) whether a message was visible, to
     # count false empty responses (popmq_proxy_false_empty_responses_total).
     false_empty_probe: bool = True
+    # notify (and adaptive in notify mode): a receive woken from its held poll by a broker's
+    # signal lets the event loop run up to this many more turns, within fill_window_ms, before
+    # it pops that broker, so sends landing meanwhile ride the same pop (fuller receives, fewer
+    # receives and acks per message). A receive that finds messages at once never waits; 0:
+    # pop at once. docs/longpolling.md, "The fill window".
+    fill_window_turns: int = Field(8, ge=0, le=64)
+    fill_window_ms: float = Field(2.0, ge=0, le=100)
     # HOST:PORT of an OTLP/gRPC collector the clients export their own metrics to (the
     # official clients' rocketmq_send_cost_time, rocketmq_process_time, ...), sent to them in
     # their Settings. Empty: clients keep their metrics off.

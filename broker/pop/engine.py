@@ -11,6 +11,7 @@ the retry topic. An empty pop with ``poll_time_ms > 0`` waits in the hold table.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -176,6 +177,29 @@ class PopEngine:
                 return PopResult(PopStatus.POLLING_FULL, rest_num=result.rest_num)
             if outcome is HoldOutcome.TIMEOUT:
                 return self._pop_once(request, count, fifo, tags)
+            if self._config.polling.fill_window_turns and not self._hold.closed:
+                await self._fill_window(request, fifo, deadline)  # not when the broker stops
+
+    async def _fill_window(self, request: PopRequest, fifo: bool, deadline: int) -> None:
+        """A held pop woken by an arrival lets the loop run up to
+        ``polling.fill_window_turns`` more turns, for at most ``polling.fill_window_ms`` and
+        never past its poll time, before it pops: sends that land meanwhile ride this pop
+        (fuller receives, fewer receives and acks per message). On an idle loop a turn takes
+        microseconds; on a busy one the sends of one burst land within a few turns.
+        Cancelled here, it hands its wake on, as a woken pop cancelled in the hold table
+        does: a message that woke it is never left without a woken pop."""
+        polling = self._config.polling
+        until = min(self._clock() + polling.fill_window_ms, deadline)
+        try:
+            for _ in range(polling.fill_window_turns):
+                await asyncio.sleep(0)
+                if self._clock() >= until:
+                    return
+        except BaseException:
+            self._hold.wake(request.topic, request.group, request.queue_id)
+            if not fifo:
+                self._hold.wake(retry_topic(request.group, request.topic), request.group, -1)
+            raise
 
     @staticmethod
     def _hold_keys(group: str, topic: str, queue_id: int, fifo: bool) -> list[HoldKey]:

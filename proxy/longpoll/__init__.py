@@ -30,6 +30,7 @@ __all__ = [
 def make_strategy(config: ProxyConfig, metrics: ProxyEvents) -> LongPollStrategy:
     calls = BrokerCalls(metrics, fallback_invisible_ms=config.min_invisible_ms)
     probe = config.false_empty_probe
+    turns, max_ms = config.fill_window_turns, config.fill_window_ms  # notify's fill window
     if config.strategy == "pop":
         return PopStrategy(calls, metrics, probe_false_empty=probe)
     if config.strategy == "slices":
@@ -38,9 +39,11 @@ def make_strategy(config: ProxyConfig, metrics: ProxyEvents) -> LongPollStrategy
             probe_false_empty=probe,
         )  # fmt: skip
     if config.strategy == "notify":
-        return NotifyStrategy(calls, metrics, probe_false_empty=probe)
+        return NotifyStrategy(
+            calls, metrics, probe_false_empty=probe, fill_turns=turns, fill_max_ms=max_ms
+        )
     return AdaptiveStrategy(
         calls, metrics, threshold_rps=config.notify_threshold_rps,
         window_s=config.notify_window_s, hysteresis=config.notify_hysteresis,
-        probe_false_empty=probe,
+        probe_false_empty=probe, fill_turns=turns, fill_max_ms=max_ms,
     )  # fmt: skip

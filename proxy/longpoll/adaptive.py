@@ -17,7 +17,7 @@ from popmq.broker.contract.types import PoppedMessage
 from popmq.proxy.events import ProxyEvents
 from popmq.proxy.longpoll.base import LongPollRequest
 from popmq.proxy.longpoll.calls import BrokerCalls
-from popmq.proxy.longpoll.notify import NotifyStrategy
+from popmq.proxy.longpoll.notify import FILL_MAX_MS, FILL_TURNS, NotifyStrategy
 from popmq.proxy.longpoll.pop import PopStrategy
 from popmq.proxy.longpoll.rate import SlidingRate
 
@@ -40,6 +40,8 @@ class AdaptiveStrategy:
         probe_false_empty: bool = True,
         clock: Clock = SYSTEM,
         warmup_s: float | None = None,
+        fill_turns: int = FILL_TURNS,
+        fill_max_ms: float = FILL_MAX_MS,
     ) -> None:
         self.calls = calls
         self.metrics = metrics
@@ -48,7 +50,14 @@ class AdaptiveStrategy:
         self.rate = SlidingRate(window_s, clock=clock, warmup_s=warmup_s)
         probe = probe_false_empty
         self._strategies = {
-            "notify": NotifyStrategy(calls, metrics, label=self.name, probe_false_empty=probe),
+            "notify": NotifyStrategy(
+                calls,
+                metrics,
+                label=self.name,
+                probe_false_empty=probe,
+                fill_turns=fill_turns,
+                fill_max_ms=fill_max_ms,
+            ),
             "pop": PopStrategy(calls, metrics, label=self.name, probe_false_empty=probe),
         }
         self.mode: Mode = "notify"

@@ -51,6 +51,11 @@ from popmq.proxy.longpoll.hub import Channel, NotificationHub, Subscriber
 
 from popmq.tracing import start_span, tracing_on
 
+# The fill window of a receive woken by a signal (``proxy.fill_window_turns``,
+# ``proxy.fill_window_ms``; docs/longpolling.md, "The fill window").
+FILL_TURNS = 8
+FILL_MAX_MS = 2.0
+
 
 class _LongPoll(Subscriber):
     """The state of one client long poll in its notify phase: what 10,000 idle long polls
@@ -112,8 +117,13 @@ class NotifyStrategy(StrategyBase):
         *,
         label: str | None = None,
         probe_false_empty: bool = True,
+        fill_turns: int = FILL_TURNS,
+        fill_max_ms: float = FILL_MAX_MS,
     ) -> None:
         super().__init__(calls, metrics, label=label, probe_false_empty=probe_false_empty)
+        # The fill window of a woken receive (_fill_window): turns of the loop, and its bound.
+        self.fill_turns = fill_turns
+        self.fill_max_s = fill_max_ms / 1000
         self.hub = NotificationHub(calls)
         self._deadlines = Deadlines()  # one timer for every waiting poll's deadline
 
@@ -278,6 +288,8 @@ class NotifyStrategy(StrategyBase):
     ) -> None:
         # 4. One pop at a time per long poll: the oldest result first.
         assert poll.results
+        if not custody.count and self.fill_turns:
+            await self._fill_window(poll)
         await self._pop_signalled(poll, poll.results.popleft(), request, deadline, custody)
         if not custody.count:
             return
@@ -292,6 +304,27 @@ class NotifyStrategy(StrategyBase):
             and poll.refused is None
         ):
             await self._pop_signalled(poll, poll.results.popleft(), request, deadline, custody)
+
+    async def _fill_window(self, poll: _LongPoll) -> None:
+        """A receive woken from its held poll lets the loop run up to ``fill_turns`` more
+        turns, for at most ``fill_max_s``, before it pops the signalled broker: sends that
+        land on that broker meanwhile ride this pop instead of waking another receive (no
+        other receive is signalled for it while this one holds its signal), and signals of
+        other brokers that come meanwhile are popped after it (step 6). As Kafka's
+        fetch.min.bytes / fetch.max.wait.ms, but bounded in turns: on an idle loop a turn
+        takes microseconds and nothing waits, on a busy one the sends of one burst land
+        within a few turns. A poll about to end, or ended (deadline, drain), pops at once.
+        Cancelled here, the long poll leaves as anywhere else: its signals go on
+        (``hub.part``)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if now >= poll.ending_at:
+            return
+        until = min(now + self.fill_max_s, poll.ending_at)
+        for _ in range(self.fill_turns):
+            await asyncio.sleep(0)
+            if poll.ended or poll.refused is not None or loop.time() >= until:
+                return
 
     async def _pop_signalled(
         self,
