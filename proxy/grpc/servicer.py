@@ -18,6 +18,7 @@ frame of this module's instead of two (a frame per held poll is memory per poll)
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -274,7 +275,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             ctx, client = _long_poll_context(context)
             # Admission first: a refused receive costs no broker call and answers at once.
-            group = request.group.name
+            group = sys.intern(request.group.name)  # kept by the held frame: one per group
             try:
                 self.core.receiver.admit(client, group)
             except Exception as exc:

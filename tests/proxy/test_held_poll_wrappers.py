@@ -38,6 +38,18 @@ def _servicer_frames() -> list[tuple[str, int]]:
     ]
 
 
+def _held_groups() -> set[int]:
+    """Identities of the group names the servicer's held receive frames keep."""
+    return {
+        id(o.cr_frame.f_locals["group"])
+        for o in gc.get_objects()
+        if inspect.iscoroutine(o)
+        and o.cr_code.co_filename.endswith("proxy/grpc/servicer.py")
+        and o.cr_frame is not None
+        and "group" in o.cr_frame.f_locals
+    }
+
+
 def _done_partials() -> int:
     """The access guard's done callbacks wrapped per call (grpc.aio's add_done_callback makes
     a partial of each, kept in the call's list until it ends)."""
@@ -88,6 +100,9 @@ async def test_held_receives_keep_no_frame_of_the_wrappers(
     assert len(frames) == HELD and all(size <= 336 for _, size in frames), frames
     # ...and the guard's done callback is the call task's, not a partial per call (main: 12).
     assert _done_partials() == 0
+    # ...and the held frames of one group share its name (main: a string each, as protobuf
+    # makes one per read).
+    assert len(_held_groups()) == 1
     for poll in polls:  # each was answered as before: an empty receive's status and trailer
         status, messages, kinds = await poll
         assert status.code == Code.MESSAGE_NOT_FOUND and not messages
