@@ -122,12 +122,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # (instance attributes: grpc looks the handlers up on the servicer).
         for method, translator, response_type, on_error in self._unary_methods():
             setattr(self, method, self._metered_unary(method, translator, response_type, on_error))
-        self.PullMessage = self._metered_stream("PullMessage", self._pull_message)
-        # ReceiveMessage records the same metrics in the receive's own coroutine instead: a
-        # held long poll keeps one frame of the servicer's, not the seam's as well (280 B a
+        # ReceiveMessage records the same metrics in the receive's own coroutine instead of
+        # the seam's: a held long poll keeps one frame of the servicer's, not two (280 B a
         # held poll; docs/benchmarks.md, "Idle polls, wave 11").
         self._receive_meter = self._meter("ReceiveMessage")
-        self.ReceiveMessage = hands_over(self._receive_message)
+        for method, handler in (
+            ("ReceiveMessage", hands_over(self._receive_message)),
+            ("PullMessage", self._metered_stream("PullMessage", self._pull_message)),
+        ):
+            setattr(self, method, handler)
 
     # -- the one seam: RPC metrics -----------------------------------------------------------
     def _meter(self, method: str) -> RpcMeter:
