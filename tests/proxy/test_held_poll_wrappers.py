@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from popmq.broker.contract.errors import Code
+from popmq.proxy.core.context import RequestContext
 from proxy_support import eventually, unique
 
 from popmq.handing import hands_over
@@ -103,6 +104,8 @@ async def test_held_receives_keep_no_frame_of_the_wrappers(
     # ...and the held frames of one group share its name (main: a string each, as protobuf
     # makes one per read).
     assert len(_held_groups()) == 1
+    # ...and no held receive keeps its request context (main: one each, with its request id).
+    assert sum(1 for o in gc.get_objects() if isinstance(o, RequestContext)) == 0
     for poll in polls:  # each was answered as before: an empty receive's status and trailer
         status, messages, kinds = await poll
         assert status.code == Code.MESSAGE_NOT_FOUND and not messages
