@@ -33,7 +33,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
-from contextvars import ContextVar
+from contextvars import Context, ContextVar
 from typing import Any
 
 import grpc
@@ -364,7 +364,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
                     guard._open(user)
                 except AccessDenied as exc:
                     return refuse(exc, context)
-                context.add_done_callback(guard._closer(user.access_key))
+                _when_done(context, guard._closer(user.access_key))
                 CALLER.set(_caller(user))
                 return inner(request, context)
 
@@ -427,6 +427,23 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
 def _close_on_done(guard: AccessGuard, key: str, _context: Any) -> None:
     guard._close_key(key)
+
+
+# The context the done callbacks run in: they read no context variable, and a callback added
+# without one would copy the call's context (an object per call, kept for the whole call).
+_DONE_CONTEXT = Context()
+
+
+def _when_done(context: grpc.aio.ServicerContext, callback: Callable[[Any], None]) -> None:
+    """``callback`` once the call's task ends, whatever ended it. A call runs in its own task
+    (grpc.aio), so its task's done callback is the call's: the task keeps its first callback in
+    place, where the context's done callbacks cost a list entry and a partial per call (about
+    240 B of a held long poll's; docs/benchmarks.md, "Idle polls, wave 11")."""
+    task = asyncio.current_task()
+    if task is None:  # not in a task of its own (never in grpc.aio): the context's callbacks
+        context.add_done_callback(callback)
+        return
+    task.add_done_callback(callback, context=_DONE_CONTEXT)
 
 
 def _serialize(message: Any) -> bytes:

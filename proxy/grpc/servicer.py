@@ -10,12 +10,15 @@ Every method is wrapped once, at start-up, by the one seam that records its RPC 
 (proxy/metrics.py RPC_METRICS through an RpcMeter): a unary call by its answer's code, a stream
 by the code its handler returns, WRITE_STALLED when its client stopped reading, CLIENT_GONE when
 it ended by an exception (the client went away or the call was cancelled). Only Telemetry,
-one long stream of many settings answers, records each answer itself.
+one long stream of many settings answers, records each answer itself, and ReceiveMessage
+records the same metrics in the receive's own coroutine, so that a held long poll keeps one
+frame of this module's instead of two (a frame per held poll is memory per poll).
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -37,6 +40,7 @@ from popmq.proxy.metrics import ProxyMetrics, RpcMeter
 from popmq.budget import MemoryBudget
 from popmq.clock import SYSTEM, Clock
 from popmq.config import ProxyConfig
+from popmq.handing import hands_over
 from popmq.lifecycle import TaskOwner
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 from popmq.pb.rocketmq.v2 import service_pb2_grpc
@@ -118,11 +122,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # (instance attributes: grpc looks the handlers up on the servicer).
         for method, translator, response_type, on_error in self._unary_methods():
             setattr(self, method, self._metered_unary(method, translator, response_type, on_error))
+        # ReceiveMessage records the same metrics in the receive's own coroutine instead of
+        # the seam's: a held long poll keeps one frame of the servicer's, not two (280 B a
+        # held poll; docs/benchmarks.md, "Idle polls, wave 11").
+        self._receive_meter = self._meter("ReceiveMessage")
         for method, handler in (
-            ("ReceiveMessage", self._receive_message),
-            ("PullMessage", self._pull_message),
+            ("ReceiveMessage", hands_over(self._receive_message)),
+            ("PullMessage", self._metered_stream("PullMessage", self._pull_message)),
         ):
-            setattr(self, method, self._metered_stream(method, handler))
+            setattr(self, method, handler)
 
     # -- the one seam: RPC metrics -----------------------------------------------------------
     def _meter(self, method: str) -> RpcMeter:
@@ -261,21 +269,34 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     # -- POP consumption ---------------------------------------------------------------------
     def _receive_message(
         self, request: s.ReceiveMessageRequest, context: grpc.aio.ServicerContext
-    ) -> Awaitable[int | str]:
-        """Admission, then the receive's own coroutine, awaited by the seam: no frame of this
-        call's kept while the receive is held (a frame per held poll is memory per poll)."""
-        ctx, client = _long_poll_context(context)
-        # Admission first: a refused receive costs no broker call and answers at once.
-        group = request.group.name
+    ) -> Awaitable[None]:
+        """Admission, then the receive's own coroutine, which grpc.aio awaits (handed over):
+        no frame of this call's kept while the receive is held but that one (a frame per held
+        poll is memory per poll). Metered as the seam meters a stream (`_metered_stream`)."""
+        meter = self._receive_meter
+        started = meter.now()
         try:
-            self.core.receiver.admit(client, group)
-        except Exception as exc:
-            return self._refuse_receive(context, st.status_of(exc))
-        return self._receive(request, context, ctx, client, group)
+            ctx, client = _long_poll_context(context)
+            # Admission first: a refused receive costs no broker call and answers at once.
+            group = sys.intern(request.group.name)  # kept by the held frame: one per group
+            try:
+                self.core.receiver.admit(client, group)
+            except Exception as exc:
+                return self._refuse_receive(context, st.status_of(exc), started)
+        except BaseException:
+            meter.record("CLIENT_GONE", started)
+            raise
+        return self._receive(request, context, ctx, client, group, started)
 
-    async def _refuse_receive(self, context: grpc.aio.ServicerContext, failed: Any) -> int:
-        await self._finish_receive(context, failed)
-        return int(failed.code)
+    async def _refuse_receive(
+        self, context: grpc.aio.ServicerContext, failed: Any, started: float
+    ) -> None:
+        try:
+            await self._finish_receive(context, failed)
+        except BaseException:
+            self._receive_meter.record("CLIENT_GONE", started)
+            raise
+        self._receive_meter.record(int(failed.code), started)
 
     async def _receive(
         self,
@@ -284,66 +305,97 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         ctx: RequestContext,
         client: str,
         group: str,
-    ) -> int | str:
+        started: float,
+    ) -> None:
+        """The held frame: the plan, the wait, the empty or failed answer. Messages are
+        written by `_deliver`, whose frame exists only once there are some."""
         receiver = self.core.receiver
+        # All the end needs of the request context: the wait keeps no more of it (its object
+        # and the call's request id, about 0.2 KiB of each held poll).
+        deadline, clock = ctx.deadline, ctx.clock
+        code: int | str
         try:
             try:
-                plan = await receiver.plan(receive_request(request), ctx)
-                popped = await receiver.receive(plan)
-            except Exception as exc:
-                failed = st.status_of(exc)
-                await self._finish_receive(context, failed)
-                return failed.code
-            if not popped:
-                await self._finish_receive(context, None)
-                return Code.MESSAGE_NOT_FOUND
-            size = sum(len(m.message.body) for m in popped)
-            try:
-                await self._budget.acquire(size)
-            except RefusedError as exc:  # over the memory budget: give them back at once
-                receiver.release_unsent(plan, popped)
-                await self._finish_receive(context, st.status_of(exc))
-                return exc.code
-            sent = 0  # messages written
-            writing = False  # popped[sent] is being written
-            stall_s = self._stall_s
-            # A namespaced call's frames are built as the client names things, once each,
-            # and written past the namespace interceptor's per-frame walk.
-            own_context, served_namespace = served_in(context)
-            try:
-                with writes_within(own_context, stall_s) as write:
-                    await write(s.ReceiveMessageResponse(status=st.ok()))
-                    now = self._clock.now_ms()
-                    namespace = request.message_queue.topic.resource_namespace
-                    for message in popped:
-                        frame = s.ReceiveMessageResponse()
-                        popped_into(frame.message, message, now, namespace, served_namespace)
-                        writing = True
-                        await write(frame)
-                        writing = False
-                        sent += 1
-                    await write(
-                        s.ReceiveMessageResponse(delivery_timestamp=timestamp(self._clock.now_ms()))
-                    )
-            except BaseException:
-                # The client is gone or stopped reading: what was never written becomes visible
-                # again at once. A message whose write began counts as delivered: its frame may
-                # have reached the client (a write is queued in grpc-core before it completes),
-                # so it keeps its lease; handed back, it would be delivered twice with no
-                # attempt counted (docs/longpolling.md, "Messages popped for a client that went
-                # away").
-                receiver.release_unsent(plan, popped[sent + writing :])
-                if writing:
-                    receiver.keep_in_doubt(popped[sent])
-                raise
+                try:
+                    plan = await receiver.plan(receive_request(request), ctx)
+                    del ctx
+                    popped = await receiver.receive(plan)
+                except Exception as exc:
+                    failed = st.status_of(exc)
+                    await self._finish_receive(context, failed)
+                    code = failed.code
+                else:
+                    if popped:
+                        code = await self._deliver(request, context, plan, popped)
+                    else:
+                        await self._finish_receive(context, None)
+                        code = Code.MESSAGE_NOT_FOUND
             finally:
-                self._budget.release(size)
-            return Code.OK
+                receiver.leave(client, group)
+                if deadline is not None and clock.monotonic() > deadline:
+                    # Our answer left after the client's deadline: it saw DEADLINE_EXCEEDED
+                    # (RequestContext.past_deadline).
+                    self.metrics.late_answer()
+        except WriterStalled:
+            # As the seam counts a stalled stream (`_metered_stream`).
+            self.metrics.stream_stalled("ReceiveMessage")
+            self._receive_meter.record("WRITE_STALLED", started)
+            raise asyncio.CancelledError from None
+        except BaseException:
+            self._receive_meter.record("CLIENT_GONE", started)
+            raise
+        self._receive_meter.record(code, started)
+
+    async def _deliver(
+        self,
+        request: s.ReceiveMessageRequest,
+        context: grpc.aio.ServicerContext,
+        plan: Any,
+        popped: Any,
+    ) -> int | str:
+        receiver = self.core.receiver
+        size = sum(len(m.message.body) for m in popped)
+        try:
+            await self._budget.acquire(size)
+        except RefusedError as exc:  # over the memory budget: give them back at once
+            receiver.release_unsent(plan, popped)
+            await self._finish_receive(context, st.status_of(exc))
+            return exc.code
+        sent = 0  # messages written
+        writing = False  # popped[sent] is being written
+        stall_s = self._stall_s
+        # A namespaced call's frames are built as the client names things, once each,
+        # and written past the namespace interceptor's per-frame walk.
+        own_context, served_namespace = served_in(context)
+        try:
+            with writes_within(own_context, stall_s) as write:
+                await write(s.ReceiveMessageResponse(status=st.ok()))
+                now = self._clock.now_ms()
+                namespace = request.message_queue.topic.resource_namespace
+                for message in popped:
+                    frame = s.ReceiveMessageResponse()
+                    popped_into(frame.message, message, now, namespace, served_namespace)
+                    writing = True
+                    await write(frame)
+                    writing = False
+                    sent += 1
+                await write(
+                    s.ReceiveMessageResponse(delivery_timestamp=timestamp(self._clock.now_ms()))
+                )
+        except BaseException:
+            # The client is gone or stopped reading: what was never written becomes visible
+            # again at once. A message whose write began counts as delivered: its frame may
+            # have reached the client (a write is queued in grpc-core before it completes),
+            # so it keeps its lease; handed back, it would be delivered twice with no
+            # attempt counted (docs/longpolling.md, "Messages popped for a client that went
+            # away").
+            receiver.release_unsent(plan, popped[sent + writing :])
+            if writing:
+                receiver.keep_in_doubt(popped[sent])
+            raise
         finally:
-            receiver.leave(client, group)
-            if ctx.past_deadline():
-                # Our answer left after the client's deadline: it saw DEADLINE_EXCEEDED.
-                self.metrics.late_answer()
+            self._budget.release(size)
+        return Code.OK
 
     async def _finish_receive(self, context: grpc.aio.ServicerContext, status: Any) -> None:
         """The status frame (None: the empty answer's, built once) and the delivery time."""

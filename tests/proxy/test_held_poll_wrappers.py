@@ -7,14 +7,17 @@ awaits a handler only if it takes it for a coroutine function."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import inspect
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from popmq.broker.contract.errors import Code
+from popmq.proxy.core.context import RequestContext
 from proxy_support import eventually, unique
 
 from popmq.handing import hands_over
@@ -25,6 +28,44 @@ USER = ("held", "held-secret-0001")
 HELD = 12
 # Coroutines of these files are the edge's wrappers (main kept three a held receive).
 WRAPPERS = ("proxy/grpc/namespace.py", "proxy/grpc/access.py", "broker/wire/undecodable.py")
+
+
+def _servicer_frames() -> list[tuple[str, int]]:
+    """(name, size) of the servicer's coroutines alive now (gc.collect() first)."""
+    return [
+        (o.cr_code.co_qualname, sys.getsizeof(o))
+        for o in gc.get_objects()
+        if inspect.iscoroutine(o) and o.cr_code.co_filename.endswith("proxy/grpc/servicer.py")
+    ]
+
+
+def _held_groups() -> set[int]:
+    """Identities of the group names the servicer's held receive frames keep."""
+    return {
+        id(o.cr_frame.f_locals["group"])
+        for o in gc.get_objects()
+        if inspect.iscoroutine(o)
+        and o.cr_code.co_filename.endswith("proxy/grpc/servicer.py")
+        and o.cr_frame is not None
+        and "group" in o.cr_frame.f_locals
+    }
+
+
+def _request_contexts() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, RequestContext))
+
+
+def _done_partials() -> int:
+    """The access guard's done callbacks wrapped per call (grpc.aio's add_done_callback makes
+    a partial of each, kept in the call's list until it ends)."""
+    return sum(
+        1
+        for o in gc.get_objects()
+        if isinstance(o, functools.partial)
+        and getattr(o.func, "__name__", "") == "_close_on_done"
+        and len(o.args) == 3
+    )
 
 
 def _wrapper_frames() -> int:
@@ -51,12 +92,26 @@ async def test_held_receives_keep_no_frame_of_the_wrappers(
     topic, group = unique("t"), unique("g")
     assert (await cluster.route(topic)).status.code == Code.OK
     admission = cluster.server.admission
+    contexts_before = _request_contexts()  # any other test's left in this process
     polls = [
         asyncio.create_task(cluster.receive(group, topic, poll_ms=3_000, client_id=f"c{i}"))
         for i in range(HELD)
     ]
     await eventually(lambda: admission.active == HELD, within_s=10)
     assert _wrapper_frames() == 0
+    # Wave 11: the metrics seam's frame is gone (the receive records its own metrics) and the
+    # receive's waiting frame is smaller (the delivery of messages has a frame of its own,
+    # made only when there are some): main kept `stream` (280 B) and `_receive` (416 B).
+    frames = _servicer_frames()
+    assert sorted({name for name, _ in frames}) == ["MessagingServicer._receive"], frames
+    assert len(frames) == HELD and all(size <= 336 for _, size in frames), frames
+    # ...and the guard's done callback is the call task's, not a partial per call (main: 12).
+    assert _done_partials() == 0
+    # ...and the held frames of one group share its name (main: a string each, as protobuf
+    # makes one per read).
+    assert len(_held_groups()) == 1
+    # ...and no held receive keeps its request context (main: one each, with its request id).
+    assert _request_contexts() <= contexts_before
     for poll in polls:  # each was answered as before: an empty receive's status and trailer
         status, messages, kinds = await poll
         assert status.code == Code.MESSAGE_NOT_FOUND and not messages
