@@ -3,12 +3,12 @@ the core's RequestContext."""
 
 from __future__ import annotations
 
-import sys
 from contextvars import ContextVar
 
 import grpc
 from popmq.proxy.core.caller import CALLER
 from popmq.proxy.core.context import RequestContext
+from popmq.proxy.grpc.shared_names import shared_name
 
 from popmq.clock import SYSTEM, Clock
 
@@ -46,8 +46,8 @@ def request_context(
     remaining = context.time_remaining()
     # A client sends the same id, language, version, protocol and namespace on every call,
     # and a held long poll keeps its context for the whole poll: one shared string each
-    # instead of a copy per held poll (interned strings are freed with their last user).
-    intern = sys.intern
+    # instead of a copy per held poll (shared_names.py).
+    intern = shared_name
     return RequestContext(
         client_id=intern(headers.get("x-mq-client-id", "")),
         language=intern(headers.get("x-mq-language", "")),

@@ -3,9 +3,8 @@ streams the answer)."""
 
 from __future__ import annotations
 
-import sys
-
 from popmq.proxy.core.receive import ReceiveRequest
+from popmq.proxy.grpc.shared_names import shared_name
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
 from popmq.pb.rocketmq.v2 import service_pb2 as s
@@ -17,12 +16,9 @@ def filter_kind(value: int) -> str:
 
 
 def receive_request(request: s.ReceiveMessageRequest) -> ReceiveRequest:
-    """The names are interned: protobuf makes a new string at each read, and a held long poll
-    keeps its group, topic, filter and broker for its whole wait (one string each, shared by
-    every poll of a group, instead of about 60 B each per held poll; interned strings are
-    freed with their last user)."""
+    """The request's names are shared between requests (``shared_name``)."""
     expression = request.filter_expression
-    intern = sys.intern
+    intern = shared_name
     queue = request.message_queue
     return ReceiveRequest(
         group=intern(request.group.name),

@@ -18,7 +18,6 @@ frame of this module's instead of two (a frame per held poll is memory per poll)
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -33,7 +32,7 @@ from popmq.proxy.grpc import status as st
 from popmq.proxy.grpc.convert import popped_into, stored_into, timestamp
 from popmq.proxy.grpc.headers import RequestContext, request_context, text_headers
 from popmq.proxy.grpc.namespace import served_in
-from popmq.proxy.grpc.receive import receive_request
+from popmq.proxy.grpc.receive import receive_request, shared_name
 from popmq.proxy.grpc.stall import WriterStalled, writes_within
 from popmq.proxy.metrics import ProxyMetrics, RpcMeter
 
@@ -278,7 +277,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             ctx, client = _long_poll_context(context)
             # Admission first: a refused receive costs no broker call and answers at once.
-            group = sys.intern(request.group.name)  # kept by the held frame: one per group
+            group = shared_name(request.group.name)  # kept by the held frame: one per group
             try:
                 self.core.receiver.admit(client, group)
             except Exception as exc:

@@ -4,6 +4,7 @@ and broker (docs/benchmarks.md, "Idle polls, wave 11"). They are shared now."""
 
 from __future__ import annotations
 
+from popmq.proxy.grpc import shared_names
 from popmq.proxy.grpc.receive import receive_request
 
 from popmq.pb.rocketmq.v2 import definition_pb2 as pb
@@ -27,3 +28,14 @@ def test_receives_of_one_group_share_their_names() -> None:
     )  # fmt: skip
     assert one.group is two.group and one.topic is two.topic
     assert one.filter_expression is two.filter_expression and one.broker is two.broker
+
+
+def test_the_shared_names_are_bounded() -> None:
+    """Names come from strangers: a flood of distinct names keeps at most SHARED_NAMES_MAX of
+    them (sys.intern would keep each for good from Python 3.12 on), and a long one none."""
+    for n in range(shared_names.SHARED_NAMES_MAX * 3):
+        shared_names.shared_name(f"flood-{n}")
+    assert len(shared_names._SHARED) <= shared_names.SHARED_NAMES_MAX
+    long_name = "x" * (shared_names.SHARED_NAME_CHARS + 1)
+    shared_names.shared_name(long_name)
+    assert long_name not in shared_names._SHARED
