@@ -187,13 +187,17 @@ class PopEngine:
         (fuller receives, fewer receives and acks per message). On an idle loop a turn takes
         microseconds; on a busy one the sends of one burst land within a few turns.
         Cancelled here, it hands its wake on, as a woken pop cancelled in the hold table
-        does: a message that woke it is never left without a woken pop."""
+        does: a message that woke it is never left without a woken pop. The broker stopping
+        meanwhile (the hold table closed) ends the window at once: the pop is made with
+        those the close woke, before the broker journals what is in flight and closes its
+        files (a pop made after that was handed out again at once after a restart)."""
         polling = self._config.polling
+        hold = self._hold
         until = min(self._clock() + polling.fill_window_ms, deadline)
         try:
             for _ in range(polling.fill_window_turns):
                 await asyncio.sleep(0)
-                if self._clock() >= until:
+                if hold.closed or self._clock() >= until:
                     return
         except BaseException:
             self._hold.wake(request.topic, request.group, request.queue_id)

@@ -139,3 +139,40 @@ async def test_the_window_is_bounded_in_turns_in_time_and_by_the_poll_time(
         assert await _window_turns(port, 1.0, 5_000) <= 4  # 3 ms
     async with _broker(tmp_path / "2", 64, 50.0) as port:
         assert await _window_turns(port, 1.0, 1.5) <= 3  # the pop's own poll time
+
+
+async def test_a_pop_in_its_window_when_the_broker_stops_pops_before_it_closes(
+    tmp_path: Path,
+) -> None:
+    """The broker stopping while a woken pop is in its window ends the window: the pop is
+    made at once, with those the close woke, so its checkpoint is journaled before the broker
+    closes. (It popped after the journal closed: after a restart the message it had handed
+    out was handed out again at once, though its invisible time had not passed.)"""
+    config = fast_broker_config(tmp_path, name="b0")
+    polling = config.polling.model_copy(update={"fill_window_turns": 64, "fill_window_ms": 50})
+    config = config.model_copy(update={"polling": polling})
+    broker = Broker(config, LoopClock())
+    await broker.start()
+    port = LocalBrokerPort(broker)
+    await port.create_topic(TOPIC, 2)
+    engine = broker.engine
+    entered = asyncio.Event()
+    window = engine._fill_window
+
+    async def marked(request: PopRequest, fifo: bool, deadline: float) -> None:
+        entered.set()
+        await window(request, fifo, deadline)
+
+    engine._fill_window = marked  # type: ignore[method-assign]
+    try:
+        pop = asyncio.create_task(port.pop(_held()))
+        await _held_count(broker, 1)
+        await port.send(_messages("a", 1))  # wakes the held pop: into its window
+        await entered.wait()
+    finally:
+        await broker.aclose()
+    result = await pop
+    assert len(result.messages) == 1  # the pop still brings what woke it
+    async with running_broker(config, LoopClock()) as again:
+        # In flight for its invisible time (60 s), not handed out again after the restart.
+        assert (await LocalBrokerPort(again).pop(_held(0))).messages == []
