@@ -176,3 +176,45 @@ async def test_a_pop_in_its_window_when_the_broker_stops_pops_before_it_closes(
     async with running_broker(config, LoopClock()) as again:
         # In flight for its invisible time (60 s), not handed out again after the restart.
         assert (await LocalBrokerPort(again).pop(_held(0))).messages == []
+
+
+async def test_a_pop_woken_at_the_end_of_its_poll_pops_at_once(tmp_path: Path) -> None:
+    """A held pop woken in the last second of its poll time (or fifth of a shorter one) has
+    no window, as a notify receive about to end has none: its caller's deadline (the proxy's
+    cancel scope, the client's) is as near, and a pop cancelled in its window hands its wake
+    on: the receive answered empty though a message came while it was held."""
+    async with _broker(tmp_path, 64) as port:
+        pop = asyncio.create_task(port.pop(_held(5_000)))
+        await _held_count(port.broker, 1)
+        await asyncio.sleep(4.5)  # virtual time: 0.5 s of its poll left
+        count, stop = [0], asyncio.Event()
+
+        async def tick() -> None:
+            while not stop.is_set():
+                await asyncio.sleep(0)
+                count[0] += 1
+
+        ticker = asyncio.ensure_future(tick())
+        await asyncio.sleep(0)
+        await port.send(_messages("a", 1))  # wakes the held pop
+        start = count[0]
+        result = await pop
+        turns = count[0] - start
+        stop.set()
+        await ticker
+        assert len(result.messages) == 1
+        assert turns < 32  # at once: no window of 64 turns
+        # Not about to end: the same pop has its window (64 turns).
+        pop = asyncio.create_task(port.pop(_held(5_000)))
+        await _held_count(port.broker, 1)
+        stop.clear()
+        ticker = asyncio.ensure_future(tick())
+        await asyncio.sleep(0)
+        await port.send(_messages("b", 1))
+        start = count[0]
+        result = await pop
+        turns = count[0] - start
+        stop.set()
+        await ticker
+        assert len(result.messages) == 1
+        assert turns >= 64
