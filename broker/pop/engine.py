@@ -190,9 +190,10 @@ class PopEngine:
         """A held pop woken by an arrival lets the loop run up to
         ``polling.fill_window_turns`` more turns, for at most ``polling.fill_window_ms`` and
         never into the end of its poll time (its last ``_ENDING_MS``, or ``_ENDING_SHARE``
-        of a shorter one: a pop woken there pops at once), before it pops: sends that land meanwhile ride this pop
-        (fuller receives, fewer receives and acks per message). On an idle loop a turn takes
-        microseconds; on a busy one the sends of one burst land within a few turns.
+        of a shorter one: a pop woken there pops at once), before it pops: sends that land
+        meanwhile ride this pop (fuller receives, fewer receives and acks per message). On
+        an idle loop a turn takes microseconds; on a busy one the sends of one burst land
+        within a few turns.
         Cancelled here, it hands its wake on, as a woken pop cancelled in the hold table
         does: a message that woke it is never left without a woken pop. The broker stopping
         meanwhile (the hold table closed) ends the window at once: the pop is made with
