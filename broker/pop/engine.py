@@ -62,6 +62,12 @@ _SQL_SCAN_BATCH = 128
 # on (a filter that matches nothing in a long backlog would otherwise hold the broker).
 _SQL_POP_SCAN = 1024
 
+# A held pop with less than this much of its poll time left, or than _ENDING_SHARE of it,
+# is about to end: woken, it pops at once, with no fill window (as the proxy's notify
+# receive about to end: proxy.longpoll.hub.ENDING_S / ENDING_SHARE).
+_ENDING_MS = 1000
+_ENDING_SHARE = 0.2
+
 
 @dataclass(slots=True)
 class _ScanBudget:
@@ -183,17 +189,28 @@ class PopEngine:
     async def _fill_window(self, request: PopRequest, fifo: bool, deadline: int) -> None:
         """A held pop woken by an arrival lets the loop run up to
         ``polling.fill_window_turns`` more turns, for at most ``polling.fill_window_ms`` and
-        never past its poll time, before it pops: sends that land meanwhile ride this pop
-        (fuller receives, fewer receives and acks per message). On an idle loop a turn takes
-        microseconds; on a busy one the sends of one burst land within a few turns.
+        never into the end of its poll time (its last ``_ENDING_MS``, or ``_ENDING_SHARE``
+        of a shorter one: a pop woken there pops at once), before it pops: sends that land
+        meanwhile ride this pop (fuller receives, fewer receives and acks per message). On
+        an idle loop a turn takes microseconds; on a busy one the sends of one burst land
+        within a few turns.
         Cancelled here, it hands its wake on, as a woken pop cancelled in the hold table
-        does: a message that woke it is never left without a woken pop."""
+        does: a message that woke it is never left without a woken pop. The broker stopping
+        meanwhile (the hold table closed) ends the window at once: the pop is made with
+        those the close woke, before the broker journals what is in flight and closes its
+        files (a pop made after that was handed out again at once after a restart)."""
         polling = self._config.polling
-        until = min(self._clock() + polling.fill_window_ms, deadline)
+        hold = self._hold
+        now = self._clock()
+        # About to end (its caller's deadline, here or at the proxy, is as near): at once.
+        ending_at = deadline - min(_ENDING_MS, _ENDING_SHARE * request.poll_time_ms)
+        if now >= ending_at:
+            return
+        until = min(now + polling.fill_window_ms, ending_at)
         try:
             for _ in range(polling.fill_window_turns):
                 await asyncio.sleep(0)
-                if self._clock() >= until:
+                if hold.closed or self._clock() >= until:
                     return
         except BaseException:
             self._hold.wake(request.topic, request.group, request.queue_id)

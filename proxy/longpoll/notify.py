@@ -313,7 +313,8 @@ class NotifyStrategy(StrategyBase):
         other brokers that come meanwhile are popped after it (step 6). As Kafka's
         fetch.min.bytes / fetch.max.wait.ms, but bounded in turns: on an idle loop a turn
         takes microseconds and nothing waits, on a busy one the sends of one burst land
-        within a few turns. A poll about to end, or ended (deadline, drain), pops at once.
+        within a few turns. A poll about to end pops at once; one ended meanwhile (deadline,
+        drain) leaves the window at once.
         Cancelled here, the long poll leaves as anywhere else: its signals go on
         (``hub.part``)."""
         loop = asyncio.get_running_loop()

@@ -139,3 +139,82 @@ async def test_the_window_is_bounded_in_turns_in_time_and_by_the_poll_time(
         assert await _window_turns(port, 1.0, 5_000) <= 4  # 3 ms
     async with _broker(tmp_path / "2", 64, 50.0) as port:
         assert await _window_turns(port, 1.0, 1.5) <= 3  # the pop's own poll time
+
+
+async def test_a_pop_in_its_window_when_the_broker_stops_pops_before_it_closes(
+    tmp_path: Path,
+) -> None:
+    """The broker stopping while a woken pop is in its window ends the window: the pop is
+    made at once, with those the close woke, so its checkpoint is journaled before the broker
+    closes. (It popped after the journal closed: after a restart the message it had handed
+    out was handed out again at once, though its invisible time had not passed.)"""
+    config = fast_broker_config(tmp_path, name="b0")
+    polling = config.polling.model_copy(update={"fill_window_turns": 64, "fill_window_ms": 50})
+    config = config.model_copy(update={"polling": polling})
+    broker = Broker(config, LoopClock())
+    await broker.start()
+    port = LocalBrokerPort(broker)
+    await port.create_topic(TOPIC, 2)
+    engine = broker.engine
+    entered = asyncio.Event()
+    window = engine._fill_window
+
+    async def marked(request: PopRequest, fifo: bool, deadline: float) -> None:
+        entered.set()
+        await window(request, fifo, deadline)
+
+    engine._fill_window = marked  # type: ignore[method-assign]
+    try:
+        pop = asyncio.create_task(port.pop(_held()))
+        await _held_count(broker, 1)
+        await port.send(_messages("a", 1))  # wakes the held pop: into its window
+        await entered.wait()
+    finally:
+        await broker.aclose()
+    result = await pop
+    assert len(result.messages) == 1  # the pop still brings what woke it
+    async with running_broker(config, LoopClock()) as again:
+        # In flight for its invisible time (60 s), not handed out again after the restart.
+        assert (await LocalBrokerPort(again).pop(_held(0))).messages == []
+
+
+async def test_a_pop_woken_at_the_end_of_its_poll_pops_at_once(tmp_path: Path) -> None:
+    """A held pop woken in the last second of its poll time (or fifth of a shorter one) has
+    no window, as a notify receive about to end has none: its caller's deadline (the proxy's
+    cancel scope, the client's) is as near, and a pop cancelled in its window hands its wake
+    on: the receive answered empty though a message came while it was held."""
+    async with _broker(tmp_path, 64) as port:
+        pop = asyncio.create_task(port.pop(_held(5_000)))
+        await _held_count(port.broker, 1)
+        await asyncio.sleep(4.5)  # virtual time: 0.5 s of its poll left
+        count, stop = [0], asyncio.Event()
+
+        async def tick() -> None:
+            while not stop.is_set():
+                await asyncio.sleep(0)
+                count[0] += 1
+
+        ticker = asyncio.ensure_future(tick())
+        await asyncio.sleep(0)
+        await port.send(_messages("a", 1))  # wakes the held pop
+        start = count[0]
+        result = await pop
+        turns = count[0] - start
+        stop.set()
+        await ticker
+        assert len(result.messages) == 1
+        assert turns < 32  # at once: no window of 64 turns
+        # Not about to end: the same pop has its window (64 turns).
+        pop = asyncio.create_task(port.pop(_held(5_000)))
+        await _held_count(port.broker, 1)
+        stop.clear()
+        ticker = asyncio.ensure_future(tick())
+        await asyncio.sleep(0)
+        await port.send(_messages("b", 1))
+        start = count[0]
+        result = await pop
+        turns = count[0] - start
+        stop.set()
+        await ticker
+        assert len(result.messages) == 1
+        assert turns >= 64
