@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 from popmq.broker.contract.types import PopRequest
+from popmq.broker.local import LocalBrokerPort
+from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.proxy.longpoll.base import LongPollRequest
 from popmq.proxy.metrics import ProxyMetrics
+
+from popmq.clock import LoopClock
 
 
 def make_request(
@@ -28,3 +34,20 @@ async def wait_until(predicate: Callable[[], bool], limit_s: float = 10.0) -> No
     async with asyncio.timeout(limit_s):
         while not predicate():  # noqa: ASYNC110
             await asyncio.sleep(0.001)
+
+
+@contextlib.asynccontextmanager
+async def local_brokers(
+    root: Path, count: int = 3, topic: str = "t"
+) -> AsyncIterator[list[LocalBrokerPort]]:
+    """``count`` running in-process brokers on a LoopClock (virtual time under looptime), each
+    with ``topic`` in 2 queues."""
+    async with contextlib.AsyncExitStack() as stack:
+        ports = []
+        for index in range(count):
+            config = fast_broker_config(root / f"b{index}", name=f"b{index}")
+            broker = await stack.enter_async_context(running_broker(config, LoopClock()))
+            port = LocalBrokerPort(broker)
+            await port.create_topic(topic, 2)
+            ports.append(port)
+        yield ports

@@ -4,41 +4,23 @@ once (StrategyBase._fill, notify's targets): in-process brokers on virtual time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from popmq.broker.contract.types import Message
 from popmq.broker.local import LocalBrokerPort
-from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.notify import NotifyStrategy
 from popmq.proxy.longpoll.pop import PopStrategy
 from popmq.proxy.metrics import ProxyMetrics
 
-from popmq.clock import LoopClock
-
-from .helpers import make_request, sample
+from .helpers import local_brokers, make_request, sample
 
 # Virtual time (looptime, the brokers on a LoopClock): holds and deadlines are exact.
 pytestmark = pytest.mark.looptime
 
 TOPIC = "t"
-
-
-@contextlib.asynccontextmanager
-async def _brokers(root: Path, count: int = 3) -> AsyncIterator[list[LocalBrokerPort]]:
-    async with contextlib.AsyncExitStack() as stack:
-        ports = []
-        for index in range(count):
-            config = fast_broker_config(root / f"b{index}", name=f"b{index}")
-            broker = await stack.enter_async_context(running_broker(config, LoopClock()))
-            port = LocalBrokerPort(broker)
-            await port.create_topic(TOPIC, 2)
-            ports.append(port)
-        yield ports
 
 
 def _pops(metrics: ProxyMetrics) -> float:
@@ -60,7 +42,7 @@ async def test_a_receive_that_finds_part_of_its_batch_pops_the_brokers_with_a_ba
 ) -> None:
     metrics = ProxyMetrics()
     strategy = NotifyStrategy(BrokerCalls(metrics), metrics, probe_false_empty=False)
-    async with _brokers(tmp_path) as ports:
+    async with local_brokers(tmp_path) as ports:
         await _arm_watches(strategy, ports)
         pops = _pops(metrics)
         # A backlog on b0 and b1 that no long poll was waiting for; b2 stays empty.
@@ -81,7 +63,7 @@ async def test_a_receive_that_finds_part_of_its_batch_pops_the_brokers_with_a_ba
 async def test_a_fill_takes_no_more_than_the_rest_of_the_batch(tmp_path: Path) -> None:
     metrics = ProxyMetrics()
     strategy = NotifyStrategy(BrokerCalls(metrics), metrics, probe_false_empty=False)
-    async with _brokers(tmp_path) as ports:
+    async with local_brokers(tmp_path) as ports:
         await _arm_watches(strategy, ports)
         for port in ports:
             await port.send([Message(topic=TOPIC, body=port.name.encode())] * 3)
@@ -100,7 +82,7 @@ async def test_a_receive_that_has_messages_waits_for_no_other_broker(tmp_path: P
     not at its deadline, even though the other brokers had nothing."""
     metrics = ProxyMetrics()
     strategy = NotifyStrategy(BrokerCalls(metrics), metrics, probe_false_empty=False)
-    async with _brokers(tmp_path) as ports:
+    async with local_brokers(tmp_path) as ports:
         loop = asyncio.get_running_loop()
         await ports[1].send([Message(topic=TOPIC, body=b"x")])
         started = loop.time()
@@ -117,7 +99,7 @@ async def test_a_filled_fifo_receive_keeps_each_message_group_in_order(tmp_path:
     nothing more until they are acked."""
     metrics = ProxyMetrics()
     strategy = NotifyStrategy(BrokerCalls(metrics), metrics, probe_false_empty=False)
-    async with _brokers(tmp_path) as ports:
+    async with local_brokers(tmp_path) as ports:
         await _arm_watches(strategy, ports)
         for port, group in ((ports[0], "ga"), (ports[1], "gb")):
             await port.send(
@@ -141,7 +123,7 @@ async def test_the_pop_strategy_does_not_fill(tmp_path: Path) -> None:
     empty, so a pop receive brings one broker's messages, as RocketMQ's proxy does."""
     metrics = ProxyMetrics()
     strategy = PopStrategy(BrokerCalls(metrics), metrics, probe_false_empty=False)
-    async with _brokers(tmp_path) as ports:
+    async with local_brokers(tmp_path) as ports:
         await ports[0].send([Message(topic=TOPIC, body=b"a")])
         await ports[1].send([Message(topic=TOPIC, body=b"b")])
         got = await strategy.receive(ports, make_request(1_000, "b0"))

@@ -9,41 +9,24 @@ virtual time, so the turn bound is exact and the time bound is driven by a fake 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from popmq.broker.contract.types import Message
-from popmq.broker.local import LocalBrokerPort
-from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.proxy.longpoll import make_strategy
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.notify import NotifyStrategy, _LongPoll
 from popmq.proxy.metrics import ProxyMetrics
 
-from popmq.clock import LoopClock
 from popmq.config import ProxyConfig
 
-from .helpers import make_request, wait_until
+from .helpers import local_brokers, make_request, wait_until
 
 pytestmark = pytest.mark.looptime
 
 TOPIC = "t"
-
-
-@contextlib.asynccontextmanager
-async def _brokers(root: Path, count: int = 3) -> AsyncIterator[list[LocalBrokerPort]]:
-    async with contextlib.AsyncExitStack() as stack:
-        ports = []
-        for index in range(count):
-            config = fast_broker_config(root / f"b{index}", name=f"b{index}")
-            broker = await stack.enter_async_context(running_broker(config, LoopClock()))
-            port = LocalBrokerPort(broker)
-            await port.create_topic(TOPIC, 2)
-            ports.append(port)
-        yield ports
 
 
 def _strategy(turns: int, max_ms: float = 2.0) -> NotifyStrategy:
@@ -73,7 +56,7 @@ async def test_a_woken_receive_takes_what_lands_in_its_window(
     tmp_path: Path, turns: int, expected: int
 ) -> None:
     strategy = _strategy(turns)
-    async with _brokers(tmp_path) as ports:
+    async with local_brokers(tmp_path) as ports:
         assert await strategy.receive(ports, make_request(1_000)) == []  # watches armed
         receive = asyncio.create_task(strategy.receive(ports, make_request(5_000, "b0")))
         await _waiting(strategy)
@@ -94,7 +77,7 @@ async def test_a_wake_during_the_window_is_not_lost(tmp_path: Path) -> None:
     """Another broker's signal that comes while the receive is in its window is popped
     after the woken broker's pop, in the same receive."""
     strategy = _strategy(64)
-    async with _brokers(tmp_path) as ports:
+    async with local_brokers(tmp_path) as ports:
         assert await strategy.receive(ports, make_request(1_000)) == []
         receive = asyncio.create_task(strategy.receive(ports, make_request(5_000, "b0")))
         await _waiting(strategy)
@@ -118,7 +101,7 @@ async def test_a_receive_cancelled_in_its_window_hands_its_signal_on(tmp_path: P
         await window(poll)
 
     strategy._fill_window = marked  # type: ignore[method-assign]
-    async with _brokers(tmp_path) as ports:
+    async with local_brokers(tmp_path) as ports:
         assert await strategy.receive(ports, make_request(1_000)) == []
         first = asyncio.create_task(strategy.receive(ports, make_request(5_000, "b0")))
         await _waiting(strategy)

@@ -11,8 +11,7 @@ closing proxy refuses new pops. In-process brokers on virtual time."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.port import in_process
 from popmq.broker.contract.types import Message
 from popmq.broker.local import LocalBrokerPort
-from popmq.broker.testing import fast_broker_config, running_broker
 from popmq.proxy.longpoll import calls as calls_module
 from popmq.proxy.longpoll.calls import BrokerCalls
 from popmq.proxy.longpoll.custody import Custody
@@ -30,27 +28,12 @@ from popmq.proxy.longpoll.notify import NotifyStrategy
 from popmq.proxy.longpoll.pop import PopStrategy
 from popmq.proxy.metrics import ProxyMetrics
 
-from popmq.clock import LoopClock
-
-from .helpers import make_request, sample, wait_until
+from .helpers import local_brokers, make_request, sample, wait_until
 
 # Virtual time (looptime, the brokers on a LoopClock): holds and deadlines are exact.
 pytestmark = pytest.mark.looptime
 
 TOPIC = "t"
-
-
-@contextlib.asynccontextmanager
-async def _brokers(root: Path, count: int = 3) -> AsyncIterator[list[LocalBrokerPort]]:
-    async with contextlib.AsyncExitStack() as stack:
-        ports = []
-        for index in range(count):
-            config = fast_broker_config(root / f"b{index}", name=f"b{index}")
-            broker = await stack.enter_async_context(running_broker(config, LoopClock()))
-            port = LocalBrokerPort(broker)
-            await port.create_topic(TOPIC, 2)
-            ports.append(port)
-        yield ports
 
 
 def _count_spawns(calls: BrokerCalls) -> list[str]:
@@ -86,7 +69,7 @@ async def test_pops_of_in_process_brokers_spawn_no_task(tmp_path: Path) -> None:
     pop_strategy = PopStrategy(calls, metrics, probe_false_empty=False)
     notify = NotifyStrategy(calls, metrics, probe_false_empty=False)
     spawned = _count_spawns(calls)
-    async with _brokers(tmp_path) as ports:
+    async with local_brokers(tmp_path) as ports:
         # A held pop on b0, woken by a send.
         receive = asyncio.create_task(pop_strategy.receive(ports, make_request(5_000, "b0")))
         await wait_until(lambda: ports[0].broker.engine._hold.total == 1)
@@ -108,7 +91,7 @@ async def test_a_cancelled_held_pop_holds_nothing_and_loses_nothing(tmp_path: Pa
     metrics = ProxyMetrics()
     calls = BrokerCalls(metrics)
     strategy = PopStrategy(calls, metrics, probe_false_empty=False)
-    async with _brokers(tmp_path, count=1) as ports:
+    async with local_brokers(tmp_path, count=1) as ports:
         hold = ports[0].broker.engine._hold
         receive = asyncio.create_task(strategy.receive(ports, make_request(5_000)))
         await wait_until(lambda: hold.total == 1)
@@ -128,7 +111,7 @@ async def test_a_woken_pop_cancelled_before_it_runs_hands_its_wake_on(tmp_path: 
     metrics = ProxyMetrics()
     calls = BrokerCalls(metrics)
     strategy = PopStrategy(calls, metrics, probe_false_empty=False)
-    async with _brokers(tmp_path, count=1) as ports:
+    async with local_brokers(tmp_path, count=1) as ports:
         loop = asyncio.get_running_loop()
         hold = ports[0].broker.engine._hold
         older = asyncio.create_task(strategy.receive(ports, make_request(5_000)))
@@ -149,7 +132,7 @@ async def test_a_woken_pop_cancelled_before_it_runs_hands_its_wake_on(tmp_path: 
 async def test_a_closing_proxy_refuses_an_in_process_pop(tmp_path: Path) -> None:
     metrics = ProxyMetrics()
     calls = BrokerCalls(metrics)
-    async with _brokers(tmp_path, count=1) as ports:
+    async with local_brokers(tmp_path, count=1) as ports:
         await ports[0].send([Message(topic=TOPIC, body=b"x")])
         await calls.aclose()
         request = replace(make_request(0).pop, poll_time_ms=0)
@@ -172,7 +155,7 @@ async def test_a_false_empty_probe_of_in_process_brokers_needs_no_task_group(
     monkeypatch.setattr(calls_module, "fan_out", no_fan_out)
     metrics = ProxyMetrics()
     calls = BrokerCalls(metrics)
-    async with _brokers(tmp_path) as ports:
+    async with local_brokers(tmp_path) as ports:
         await ports[2].send([Message(topic=TOPIC, body=b"x")])
         calls.probe_false_empty(ports, make_request(0).pop, "pop")
         await calls.tasks.wait_idle()
@@ -185,7 +168,7 @@ async def test_an_in_process_pop_keeps_the_turns_a_job_took(tmp_path: Path) -> N
     third, as when it ran in a job of an idle TaskOwner: arrivals of those turns ride the
     same pop (popping at once left receives a third less full under `bench e2e`)."""
     calls = BrokerCalls(ProxyMetrics())
-    async with _brokers(tmp_path, count=1) as ports:
+    async with local_brokers(tmp_path, count=1) as ports:
         port = ports[0]
         loop = asyncio.get_running_loop()
         turn = 0
