@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -497,7 +497,7 @@ async def _drive(
     consume: Any,
     server_pid: int | None,
     broker_pids: Sequence[int] = (),
-    watch: Callable[[], Awaitable[None]] | None = None,
+    watch: Callable[[], Coroutine[Any, Any, None]] | None = None,
 ) -> dict[str, Any]:
     def each_broker_cpu() -> list[float]:
         return [_cpu_s(pid) for pid in broker_pids]
