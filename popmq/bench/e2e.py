@@ -459,10 +459,11 @@ async def _stall_check(ports: Sequence[Any], topic: str, progress: _Progress) ->
     the brokers how many messages are popped and not acked; those the consumers neither hold
     nor dropped at a receive timeout are counted (``undelivered``). Such a message is invisible
     until its invisible time (60 s) ends: without this check it shows only as a slow run."""
-    acked, quiet_since = progress.acked, time.monotonic()
+    loop = asyncio.get_running_loop()
+    acked, quiet_since = progress.acked, loop.time()
     while True:
         await asyncio.sleep(STALL_QUIET_S / 3)
-        now = time.monotonic()
+        now = loop.time()
         if progress.acked != acked or progress.sent < progress.target:
             acked, quiet_since = progress.acked, now
             continue
