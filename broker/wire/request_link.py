@@ -129,6 +129,14 @@ def frame(items: list[Encoded]) -> bytes:
     return b"".join(parts)
 
 
+def _call_late(late: Late, answer: pb.LinkResponse) -> None:
+    """A late handler's failure is logged: it must not end the stream that read the answer."""
+    try:
+        late(answer)
+    except Exception:
+        log.exception("the late answer to request %d was not handled", answer.id)
+
+
 class LinkUnsupportedError(BrokerUnavailableError):
     """The broker has no Call method (an older broker): nothing was sent; use unary calls."""
 
@@ -231,7 +239,7 @@ class LinkStream:
                         elif self.late:
                             late = self.late.pop(answer.id, None)
                             if late is not None:
-                                late(answer)
+                                _call_late(late, answer)
             except grpc.aio.AioRpcError as error:
                 reason = f"{error.code().name}: {error.details()}"
                 code = error.code()
@@ -387,7 +395,7 @@ class RequestLink:
             elif stream.unclaimed:  # answered as the caller was cancelled: not lost either
                 unclaimed = stream.unclaimed.pop(request_id, None)
                 if unclaimed is not None and late is not None:
-                    late(unclaimed)
+                    _call_late(late, unclaimed)
         if answer.WhichOneof("result") != kind:
             raise RefusedError(
                 Code.INTERNAL_ERROR,
