@@ -345,7 +345,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     self._budget.release(answer.held)
 
         async def serve(request: pb.LinkRequest, kind: str, scope: anyio.CancelScope) -> None:
-            with scope:  # the proxy's cancel for this id ends it, unanswered
+            with scope:  # the proxy's cancel for this id ends it
                 await reply(request, kind)
             if scope.cancelled_caught:
                 # Ended by the cancel before it answered (nothing was taken): an answer without
