@@ -221,7 +221,7 @@ async def test_a_held_pop_answered_as_its_caller_goes_hands_its_messages_back(
             with pytest.raises(asyncio.CancelledError):
                 await held
             # Without the hand-back this waits out its poll time empty (the message invisible).
-            again = (await remote.pop(_pop(poll_ms=5_000, invisible_ms=60_000))).messages
+            again = (await remote.pop(_pop(poll_ms=20_000, invisible_ms=60_000))).messages
             assert [m.message.message_id for m in again] == [sent[0].message_id]
             assert remote.late_popped == 1
         finally:
