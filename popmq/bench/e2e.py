@@ -10,7 +10,8 @@ receive (batch 32), then ack what they got, until every message is acked.
   start-up (importing its web stack) is not serving;
 - ``cluster``: the same gRPC load against one ``popmq proxy`` process in front of the same
   number of ``popmq broker`` processes (the Helm chart's topology); the server CPU is reported
-  for the proxy and for the brokers separately;
+  for the proxy and for the brokers separately, and messages a broker popped that no consumer
+  got are counted ("popped but not delivered": ``_stall_check``);
   with ``--replicas N`` the same cluster runs again with every broker a replicated group of
   N nodes, once per ``--replication`` mode (sync, async or both, in that order; static roles:
   popmq.bench.groups; sync with ``--min-in-sync``, default N), and the ratio of each to the
@@ -469,9 +470,12 @@ async def _stall_check(ports: Sequence[Any], topic: str, progress: _Progress) ->
             continue
         if now - quiet_since < STALL_QUIET_S:
             continue
-        inflight = 0
-        for port in ports:
-            inflight += sum(queue.inflight for queue in await port.group_stats(GROUP, topic))
+        try:
+            inflight = 0
+            for port in ports:
+                inflight += sum(queue.inflight for queue in await port.group_stats(GROUP, topic))
+        except Exception:  # a check, not the load: a broker that does not answer is not counted
+            continue
         if progress.acked == acked:  # still nothing acked: no answer was on its way
             undelivered = inflight - progress.holding - progress.dropped
             progress.undelivered = max(progress.undelivered, undelivered)
