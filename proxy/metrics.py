@@ -539,8 +539,9 @@ class _LinkCollector(Collector):
 
 
 class _RequestLinkCollector(Collector):
-    """popmq_proxy_broker_request_link_failures read from the ports' request links at scrape
-    time (the link counts them: the broker layer knows nothing of the proxy's metrics)."""
+    """popmq_proxy_broker_request_link_failures (and _late_pop_messages) read from the ports'
+    request links at scrape time (the link and the port count them: the broker layer knows
+    nothing of the proxy's metrics)."""
 
     _name = "popmq_proxy_broker_request_link_failures"  # what tests/deploy read off collectors
     _labelnames = ("broker",)
@@ -553,8 +554,16 @@ class _RequestLinkCollector(Collector):
             self._name, "Requests to a broker failed because their request-link stream was lost",
             labels=["broker"],
         )  # fmt: skip
+        late = CounterMetricFamily(
+            "popmq_proxy_broker_late_pop_messages",
+            "Messages of pops answered after the proxy gave them up (deadline, client gone), "
+            "handed back to the broker",
+            labels=["broker"],
+        )  # fmt: skip
         for port in self.ports:
             link = getattr(port, "request_link", None)
             if link is not None:
                 failures.add_metric([port.name], link.health.failures)
+                late.add_metric([port.name], getattr(port, "late_popped", 0))
         yield failures
+        yield late

@@ -16,6 +16,7 @@ does not know the Call method gets unary calls from then on.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ from popmq.broker.contract.errors import (
     BrokerTimeoutError,
     BrokerUnavailableError,
     Code,
+    PopmqError,
     RefusedError,
 )
 from popmq.broker.contract.types import (
@@ -143,6 +145,8 @@ class RemoteBrokerPort(AsyncClosing):
         self._channel: grpc.aio.Channel | None = None
         self._stub: broker_pb2_grpc.BrokerServiceStub | None = None
         self._watch_link: BrokerLink | None = None
+        # Messages of pops answered after their caller gave up, handed back (_late_pop).
+        self.late_popped = 0
 
     @property
     def name(self) -> str:
@@ -221,13 +225,15 @@ class RemoteBrokerPort(AsyncClosing):
         deadline_s: float,
         *,
         held: bool = False,
+        late: Callable[[pb.LinkResponse], None] | None = None,
     ) -> R:
-        """One hot-path call: on the request link, or unary (fallback). ``held``: a long poll."""
+        """One hot-path call: on the request link, or unary (fallback). ``held``: a long poll;
+        ``late``: where an answer goes that comes after the caller gave up (the link only)."""
         try:
             if self._streamed:
                 try:
                     link = self._start_link()
-                    response = await link.request(kind, request, deadline_s, held=held)
+                    response = await link.request(kind, request, deadline_s, held=held, late=late)
                 except LinkUnsupportedError:
                     log.warning("broker %s has no request link: unary calls from now on",
                                 self._name)  # fmt: skip
@@ -298,8 +304,37 @@ class RemoteBrokerPort(AsyncClosing):
             convert.pop_request_to_proto(request),
             self._deadline(request.poll_time_ms),
             held=request.poll_time_ms > 0,
+            late=functools.partial(self._late_pop, request.group, request.topic),
         )
         return convert.pop_result_from_proto(response)
+
+    def _late_pop(self, group: str, topic: str, answer: pb.LinkResponse) -> None:
+        """A pop whose caller gave up (its deadline, the client gone) was answered anyway: the
+        broker took messages just before the cancel reached it (a held pop woken as the
+        proxy's deadline passed). Nobody will deliver them: hand them back, visible again at
+        once, rather than leave them invisible for their whole invisible time (counted in
+        ``late_popped``). An answer without a pop is the broker's word that nothing was
+        taken. A unary pop's late answer is dropped by gRPC: that race remains there."""
+        if answer.WhichOneof("result") != "pop" or not answer.pop.messages:
+            return
+        handles = [popped.receipt_handle for popped in answer.pop.messages]
+        self.late_popped += len(handles)
+        owner = self._link_tasks
+        work = self._hand_back_late(group, topic, handles)
+        if owner is None:
+            work.close()
+        if owner is None or owner.spawn(work, f"late-pop:{self._name}") is None:
+            # closing: they come back after their invisible time
+            log.warning("%d message(s) of a late pop answer on %s are not handed back (closing)",
+                        len(handles), self._name)  # fmt: skip
+
+    async def _hand_back_late(self, group: str, topic: str, handles: list[str]) -> None:
+        try:
+            await self.hand_back(group, topic, handles)
+        except PopmqError as error:
+            log.warning("could not hand back %d message(s) of a late pop answer on %s: %s "
+                        "(they come back after their invisible time)",
+                        len(handles), self._name, error)  # fmt: skip
 
     async def ack(self, group: str, topic: str, entries: list[AckEntry]) -> list[AckEntryResult]:
         if self._streamed:

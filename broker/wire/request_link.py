@@ -19,7 +19,11 @@ port's channel, so TLS and the cluster token apply as to every other call.
   which would end the stream and fail every request on it. A single request past the limit
   is refused on its own before it is sent.
 - Deadlines and cancellation: a request whose caller gives up or whose deadline passes sends a
-  ``LinkCancel``, and the broker drops what it holds for it.
+  ``LinkCancel``, and the broker drops what it holds for it (and answers the id empty, so the
+  proxy knows it is over). A broker may have answered just before the cancel reached it (a
+  held pop woken as its caller's deadline passed): such a late answer goes to the request's
+  ``late`` handler, if it has one (the remote port hands a late pop's messages back), instead
+  of being dropped with the messages in it invisible for their whole invisible time.
 - Loss: when a stream ends (broker restart, network, ``break_stream``) every request in flight
   on it fails with ``BrokerUnavailableError``, exactly as a unary call would, so the proxy's
   failover sees a broker that is down. No request is retried blindly (an ack or send may have
@@ -67,6 +71,11 @@ log = logging.getLogger(__name__)
 FRAME_BYTES = 4 * 1024 * 1024
 # Room for the link's own fields (id, trace context, the frame) around one request.
 LINK_HEADROOM_BYTES = 64 * 1024
+# Late handlers kept per stream at most (the oldest go first): a broker that does not answer
+# cancelled ids (one from before that answer) would otherwise leave one per cancel forever.
+LATE_MAX = 1024
+
+Late = Callable[[pb.LinkResponse], None]  # what a given-up request's answer is handed to
 
 
 CALL_METHOD = "/popmq.broker.v1.BrokerService/Call"
@@ -120,6 +129,14 @@ def frame(items: list[Encoded]) -> bytes:
     return b"".join(parts)
 
 
+def _call_late(late: Late, answer: pb.LinkResponse) -> None:
+    """A late handler's failure is logged: it must not end the stream that read the answer."""
+    try:
+        late(answer)
+    except Exception:
+        log.exception("the late answer to request %d was not handled", answer.id)
+
+
 class LinkUnsupportedError(BrokerUnavailableError):
     """The broker has no Call method (an older broker): nothing was sent; use unary calls."""
 
@@ -166,6 +183,10 @@ class LinkStream:
         self._open_call = open_call
         self.window = asyncio.Semaphore(max(1, window))
         self.pending: dict[int, asyncio.Future[pb.LinkResponse]] = {}
+        # Given-up requests whose answer may still come, and answers that came for a caller
+        # cancelled a moment before (its request's finally takes them).
+        self.late: dict[int, Late] = {}
+        self.unclaimed: dict[int, pb.LinkResponse] = {}
         self._outbox: asyncio.Queue[Encoded | None] | None = None
         self._wanted = asyncio.Event()
         self._call: Any = None
@@ -180,9 +201,15 @@ class LinkStream:
             self._wanted.set()
         self._outbox.put_nowait(request)
 
-    def cancel(self, request_id: int) -> None:
+    def cancel(self, request_id: int, late: Late | None = None) -> None:
+        """Tell the broker to drop the request; ``late`` gets its answer if one comes anyway
+        (the broker had answered before the cancel reached it)."""
         if self._outbox is not None:
             self._outbox.put_nowait(encoded(pb.LinkRequest(id=request_id, cancel=pb.LinkCancel())))
+            if late is not None:
+                self.late[request_id] = late
+                if len(self.late) > LATE_MAX:
+                    del self.late[next(iter(self.late))]
 
     def break_stream(self) -> None:
         """Cut the current stream as a network failure would (tests and chaos drills)."""
@@ -204,8 +231,15 @@ class LinkStream:
                     self.health.answered()
                     for answer in answers.responses:
                         waiter = self.pending.pop(answer.id, None)
-                        if waiter is not None and not waiter.done():
-                            waiter.set_result(answer)
+                        if waiter is not None:
+                            if not waiter.done():
+                                waiter.set_result(answer)
+                            else:  # its caller was just cancelled: its finally takes it
+                                self.unclaimed[answer.id] = answer
+                        elif self.late:
+                            late = self.late.pop(answer.id, None)
+                            if late is not None:
+                                _call_late(late, answer)
             except grpc.aio.AioRpcError as error:
                 reason = f"{error.code().name}: {error.details()}"
                 code = error.code()
@@ -244,6 +278,7 @@ class LinkStream:
             error = LinkUnsupportedError(self._broker, f"request link refused: {reason}")
         else:
             error = BrokerUnavailableError(self._broker, f"request link lost: {reason}")
+        self.late.clear()  # nothing more comes on this stream
         pending, self.pending = self.pending, {}
         for waiter in pending.values():
             if not waiter.done():
@@ -293,19 +328,27 @@ class RequestLink:
         return sum(len(s.pending) for s in self.streams)
 
     async def request(
-        self, kind: str, message: Any, deadline_s: float, *, held: bool = False
+        self,
+        kind: str,
+        message: Any,
+        deadline_s: float,
+        *,
+        held: bool = False,
+        late: Late | None = None,
     ) -> Any:
         """Send one call and return the broker's response message for it (the ``kind`` field
         of the LinkResponse). Raises BrokerUnavailableError when the stream is lost, and
         BrokerTimeoutError when the deadline passes. ``held``: a long poll (takes no slot of
-        the window)."""
+        the window). ``late``: called with the LinkResponse if the caller gave up (cancelled,
+        deadline) and the broker answered anyway; with one without a result when the broker
+        confirms the cancel (nothing was done)."""
         if not trace.get_current_span().get_span_context().is_valid:  # not tracing: no cost
-            return await self._request(kind, message, deadline_s, None, held)
+            return await self._request(kind, message, deadline_s, None, held, late)
         method = f"/popmq.broker.v1.BrokerService/{METHODS.get(kind, kind)}"
         with tracer().start_as_current_span(method, kind=trace.SpanKind.CLIENT):
             carrier: dict[str, str] = {}
             propagate.inject(carrier)
-            return await self._request(kind, message, deadline_s, carrier, held)
+            return await self._request(kind, message, deadline_s, carrier, held, late)
 
     async def _request(
         self,
@@ -314,6 +357,7 @@ class RequestLink:
         deadline_s: float,
         carrier: dict[str, str] | None,
         held: bool,
+        late: Late | None = None,
     ) -> Any:
         payload = message.SerializeToString()  # the one encoding of this request
         size = len(payload)
@@ -345,7 +389,13 @@ class RequestLink:
             ) from None
         finally:
             if stream.pending.pop(request_id, None) is not None:
-                stream.cancel(request_id)  # gave up (deadline, caller gone): free the broker
+                # Gave up (deadline, caller gone): free the broker; an answer already on its
+                # way goes to ``late``.
+                stream.cancel(request_id, late)
+            elif stream.unclaimed:  # answered as the caller was cancelled: not lost either
+                unclaimed = stream.unclaimed.pop(request_id, None)
+                if unclaimed is not None and late is not None:
+                    _call_late(late, unclaimed)
         if answer.WhichOneof("result") != kind:
             raise RefusedError(
                 Code.INTERNAL_ERROR,

@@ -345,8 +345,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServiceServicer):
                     self._budget.release(answer.held)
 
         async def serve(request: pb.LinkRequest, kind: str, scope: anyio.CancelScope) -> None:
-            with scope:  # the proxy's cancel for this id ends it, unanswered
+            with scope:  # the proxy's cancel for this id ends it
                 await reply(request, kind)
+            if scope.cancelled_caught:
+                # Ended by the cancel before it answered (nothing was taken): an answer without
+                # a result says so, and the proxy stops waiting for a late answer to this id.
+                queue(encoded(pb.LinkResponse(id=request.id)))
 
         async def reply(request: pb.LinkRequest, kind: str) -> None:
             taken: list[int] = []  # budget bytes the answer holds until it is written

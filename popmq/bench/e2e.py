@@ -10,7 +10,8 @@ receive (batch 32), then ack what they got, until every message is acked.
   start-up (importing its web stack) is not serving;
 - ``cluster``: the same gRPC load against one ``popmq proxy`` process in front of the same
   number of ``popmq broker`` processes (the Helm chart's topology); the server CPU is reported
-  for the proxy and for the brokers separately;
+  for the proxy and for the brokers separately, and messages a broker popped that no consumer
+  got are counted ("popped but not delivered": ``_stall_check``);
   with ``--replicas N`` the same cluster runs again with every broker a replicated group of
   N nodes, once per ``--replication`` mode (sync, async or both, in that order; static roles:
   popmq.bench.groups; sync with ``--min-in-sync``, default N), and the ratio of each to the
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import os
 import socket
@@ -43,7 +45,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,9 @@ CLUSTER_MODES = ("cluster", "cluster-unary")
 DEFAULT_MODES = ("direct", "proxy")
 INVISIBLE_MS = 60_000
 POLL_MS = 1_000
+# The stall check (cluster modes): once every message is sent, this many seconds without an
+# ack make the bench ask the brokers how many messages are popped and not acked.
+STALL_QUIET_S = 3.0
 
 
 @dataclass
@@ -77,6 +82,9 @@ class _Progress:
     empty_receives: int = 0
     receive_timeouts: int = 0
     latencies_ms: list[float] = field(default_factory=list)  # born -> acked, sampled
+    holding: int = 0  # received by the consumers, not acked yet
+    dropped: int = 0  # received, then dropped at a receive timeout (back after invisible time)
+    undelivered: int = 0  # the stall check's largest count of popped messages nobody holds
     done: asyncio.Event = field(default_factory=asyncio.Event)
     send_done_s: float = 0.0
 
@@ -220,6 +228,7 @@ async def _cluster_brokers(params: dict[str, Any], root: Path) -> AsyncIterator[
     from popmq.config import BrokerConfig
 
     pids: list[int] = []
+    ports: list[Any] = []
     replicas, replication = params.get("group_replicas", 1), params.get("group_replication", "off")
     min_in_sync = params.get("group_min_in_sync")
     async with contextlib.AsyncExitStack() as stack:
@@ -233,7 +242,9 @@ async def _cluster_brokers(params: dict[str, Any], root: Path) -> AsyncIterator[
             await create_topic_in_sync(port, TOPIC, params["queues"])
             await port.create_topic(TX_TOPIC, params["queues"], "TRANSACTION")
             flags += ["--broker", f"{name}={port.address}"]
+            ports.append(port)
         params["broker_args"] = flags
+        params["broker_ports"] = ports  # the leaders, for the stall check
         yield pids
 
 
@@ -397,15 +408,20 @@ async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
                             if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                                 raise
                             progress.receive_timeouts += 1
+                            progress.dropped += len(entries)
                             entries = []
                         progress.receives += 1
                         if not entries:
                             progress.empty_receives += 1
                             continue
-                        acked = await stub.AckMessage(
-                            s.AckMessageRequest(group=group, topic=topic, entries=entries),
-                            metadata=meta(),
-                        )
+                        progress.holding += len(entries)
+                        try:
+                            acked = await stub.AckMessage(
+                                s.AckMessageRequest(group=group, topic=topic, entries=entries),
+                                metadata=meta(),
+                            )
+                        finally:
+                            progress.holding -= len(entries)
                         if acked.status.code != 20000:
                             raise RuntimeError(f"ack failed: {acked.status}")
                         progress.latencies_ms.append(time.time() * 1000 - first_born)
@@ -416,9 +432,15 @@ async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
                 def produce_all(sizes: list[int]) -> Any:
                     return produce(next(producer_ids), sizes)
 
+                watch = None
+                if params.get("broker_ports"):
+                    watch = functools.partial(
+                        _stall_check, params["broker_ports"], topic.name, progress
+                    )
                 return await _drive(
-                    params, progress, produce_all, consume, server_pid=pid, broker_pids=broker_pids
-                )
+                    params, progress, produce_all, consume, server_pid=pid,
+                    broker_pids=broker_pids, watch=watch,
+                )  # fmt: skip
 
             figures: dict[str, dict[str, Any]] = {}
             for tx in params["variants"]:
@@ -430,6 +452,33 @@ async def _run_proxy(params: dict[str, Any], root: Path) -> dict[str, Any]:
         finally:
             for channel in channels:
                 await channel.close()
+
+
+async def _stall_check(ports: Sequence[Any], topic: str, progress: _Progress) -> None:
+    """Messages a broker popped that no consumer got (a pop's answer lost between the broker
+    and the client): once everything is sent, a run that acks nothing for STALL_QUIET_S asks
+    the brokers how many messages are popped and not acked; those the consumers neither hold
+    nor dropped at a receive timeout are counted (``undelivered``). Such a message is invisible
+    until its invisible time (60 s) ends: without this check it shows only as a slow run."""
+    loop = asyncio.get_running_loop()
+    acked, quiet_since = progress.acked, loop.time()
+    while True:
+        await asyncio.sleep(STALL_QUIET_S / 3)
+        now = loop.time()
+        if progress.acked != acked or progress.sent < progress.target:
+            acked, quiet_since = progress.acked, now
+            continue
+        if now - quiet_since < STALL_QUIET_S:
+            continue
+        try:
+            inflight = 0
+            for port in ports:
+                inflight += sum(queue.inflight for queue in await port.group_stats(GROUP, topic))
+        except Exception:  # a check, not the load: a broker that does not answer is not counted
+            continue
+        if progress.acked == acked:  # still nothing acked: no answer was on its way
+            undelivered = inflight - progress.holding - progress.dropped
+            progress.undelivered = max(progress.undelivered, undelivered)
 
 
 # -- shared driver -----------------------------------------------------------------------------
@@ -453,6 +502,7 @@ async def _drive(
     consume: Any,
     server_pid: int | None,
     broker_pids: Sequence[int] = (),
+    watch: Callable[[], Coroutine[Any, Any, None]] | None = None,
 ) -> dict[str, Any]:
     def each_broker_cpu() -> list[float]:
         return [_cpu_s(pid) for pid in broker_pids]
@@ -477,6 +527,8 @@ async def _drive(
         async with anyio.create_task_group() as consumers:
             for i in range(params["consumers"]):
                 consumers.start_soon(consume, i)
+            if watch is not None:
+                consumers.start_soon(watch)
             await progress.done.wait()
             consumers.cancel_scope.cancel()
     elapsed = time.perf_counter() - started
@@ -496,6 +548,8 @@ async def _drive(
         "receives": progress.receives,
         "empty_receives": progress.empty_receives,
         "receive_timeouts": progress.receive_timeouts,
+        # cluster modes: popped by a broker, received by no consumer (_stall_check)
+        "undelivered": progress.undelivered,
         "latency_p50_ms": round(_percentile(progress.latencies_ms, 0.5), 1),
         "latency_p99_ms": round(_percentile(progress.latencies_ms, 0.99), 1),
         "cpu_s_load_generator": round(cpu_after[0] - cpu_before[0], 2),
@@ -678,6 +732,10 @@ def format_table(result: dict[str, Any]) -> str:
                      str(r["brokers_cpu_us_per_msg"]) if mode.startswith("cluster") else "-",
                      ])  # fmt: skip
     lines += grid(rows)
+    undelivered = [f"{mode} {r['undelivered']}" for mode, r in result["results"].items()
+                   if "undelivered" in r and mode.startswith("cluster")]  # fmt: skip
+    if undelivered:  # a lost pop answer: the stall check (_stall_check)
+        lines += ["", f"popped but not delivered: {', '.join(undelivered)}"]
     if "proxy_overhead" in result:
         lines += ["", f"proxy overhead (direct / proxy msg/s): {result['proxy_overhead']}x"]
     if "floor_over_proxy" in result:

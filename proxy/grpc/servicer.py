@@ -360,6 +360,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             receiver.release_unsent(plan, popped)
             await self._finish_receive(context, st.status_of(exc))
             return exc.code
+        except BaseException:  # the client went away while waiting for room: the same
+            receiver.release_unsent(plan, popped)
+            raise
         sent = 0  # messages written
         writing = False  # popped[sent] is being written
         stall_s = self._stall_s

@@ -129,7 +129,9 @@ class BrokerCalls(AsyncClosing):
                 try:
                     result = await job.result()
                 except BaseException:
-                    job.cancel()  # a held pop: cancelling it releases the broker's hold
+                    # A held pop: cancelling it releases the broker's hold (an answer that
+                    # was already on its way is handed back by the remote port: _late_pop).
+                    job.cancel()
                     raise
             else:
                 # A pop without hold is not cancelled with its caller: over gRPC the broker may

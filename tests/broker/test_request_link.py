@@ -17,6 +17,7 @@ from popmq.broker.contract.types import (
     FilterExpression,
     Message,
     PopRequest,
+    PopResult,
 )
 from popmq.broker.contract.watch import VisibilityWatch, WatchKey, WatchState
 from popmq.broker.local import LocalBrokerPort
@@ -171,9 +172,61 @@ async def test_a_deadline_cancels_the_held_request_on_the_broker(tmp_path: Path)
                 break
             await asyncio.sleep(0.01)
         assert holds.total == 0  # the broker let go of it
+        stream = remote.request_link.streams[0]
+        for _ in range(500):  # and said so: the proxy waits for no late answer to it
+            if not stream.late:
+                break
+            await asyncio.sleep(0.01)
+        assert stream.late == {}
         sent = await remote.send([Message(topic=TOPIC, body=b"after")])
         got = (await remote.pop(_pop())).messages
         assert [m.message.message_id for m in got] == [sent[0].message_id]
+
+
+class AnswersAsItsCallerGoes(LocalBrokerPort):
+    """Cancels ``caller`` the moment its pop takes messages: the proxy gives the pop up (its
+    receive's deadline, the client gone) while the broker's answer is on its way."""
+
+    caller: asyncio.Task[object] | None = None
+
+    async def pop(self, request: PopRequest) -> PopResult:
+        result = await super().pop(request)
+        if result.messages and self.caller is not None:
+            self.caller.cancel()
+            self.caller = None
+        return result
+
+
+async def test_a_held_pop_answered_as_its_caller_goes_hands_its_messages_back(
+    tmp_path: Path,
+) -> None:
+    """Regression (a `bench e2e --mode cluster` phase of 65 s instead of 10): a held pop woken
+    just as the proxy gave it up answered with messages nobody waited for any more; the link
+    dropped the answer and the messages stayed invisible for their whole invisible time (60 s
+    there). The late answer's messages are now handed back at once."""
+    async with running_broker(fast_broker_config(tmp_path / "b0", name="b0")) as broker:
+        local = AnswersAsItsCallerGoes(broker)
+        await local.create_topic(TOPIC, 1)
+        server = BrokerGrpcServer(local)
+        await server.start()
+        remote = RemoteBrokerPort("b0", server.address, link=BrokerLinkConfig(streams=1))
+        try:
+            held = asyncio.create_task(remote.pop(_pop(poll_ms=30_000, invisible_ms=60_000)))
+            local.caller = held
+            for _ in range(500):
+                if broker.hold_table.total:
+                    break
+                await asyncio.sleep(0.01)
+            sent = await remote.send([Message(topic=TOPIC, body=b"x")])
+            with pytest.raises(asyncio.CancelledError):
+                await held
+            # Without the hand-back this waits out its poll time empty (the message invisible).
+            again = (await remote.pop(_pop(poll_ms=20_000, invisible_ms=60_000))).messages
+            assert [m.message.message_id for m in again] == [sent[0].message_id]
+            assert remote.late_popped == 1
+        finally:
+            await remote.aclose()
+            await server.aclose(0)
 
 
 async def test_the_cluster_token_rides_the_streams(tmp_path: Path) -> None:

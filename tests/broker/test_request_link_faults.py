@@ -219,3 +219,97 @@ def test_request_link_failures_are_a_metric() -> None:
         )
         == 3
     )
+
+
+class Scripted(FakeCall):
+    """A stream whose answers the test writes (``answers``); requests are only recorded."""
+
+    def __init__(self, requests: AsyncIterator[bytes]) -> None:
+        super().__init__(requests, lambda r: None)
+        self.answers: asyncio.Queue[pb.LinkResponse] = asyncio.Queue()
+
+    async def _read(self) -> None:
+        async for raw in self._requests:
+            self.seen.extend(pb.LinkRequests.FromString(raw).requests)
+
+    async def __aiter__(self) -> AsyncIterator[pb.LinkResponses]:
+        reader = asyncio.create_task(self._read())
+        try:
+            while True:
+                yield pb.LinkResponses(responses=[await self.answers.get()])
+        finally:
+            reader.cancel()
+
+
+def _popped(request_id: int) -> pb.LinkResponse:
+    answer = pb.LinkResponse(id=request_id, pop=pb.PopResponse())
+    answer.pop.messages.add(receipt_handle="h1")
+    return answer
+
+
+async def _scripted_link() -> tuple[RequestLink, list[Scripted], asyncio.Task[None]]:
+    calls: list[Scripted] = []
+
+    def open_call(requests: AsyncIterator[bytes]) -> Scripted:
+        calls.append(Scripted(requests))
+        return calls[-1]
+
+    link = RequestLink("b0", open_call, streams=1, window=8)
+    return link, calls, await _running(link)
+
+
+async def test_an_answer_to_a_given_up_request_goes_to_its_late_handler() -> None:
+    """Regression: the answer to a pop given up (its caller cancelled) was dropped, though the
+    broker had taken messages for it; it now reaches the request's ``late`` handler, whether
+    it comes after the caller's cleanup or between the caller's cancel and that cleanup."""
+    link, calls, runner = await _scripted_link()
+    late: list[pb.LinkResponse] = []
+    try:
+        for answer_first in (False, True):
+            caller = asyncio.create_task(
+                link.request("pop", pb.PopRequest(), 30, held=True, late=late.append)
+            )
+            await asyncio.sleep(0.01)
+            request_id = calls[0].seen[-1].id
+            if answer_first:  # the answer is read before the cancelled caller runs again
+                calls[0].answers.put_nowait(_popped(request_id))
+                caller.cancel()
+            else:
+                caller.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await caller
+            if not answer_first:
+                calls[0].answers.put_nowait(_popped(request_id))
+            await asyncio.sleep(0.01)
+            assert [a.id for a in late] == [request_id], answer_first
+            assert [r.pop.messages[0].receipt_handle for r in late] == ["h1"]
+            late.clear()
+            assert not link.streams[0].late and not link.streams[0].unclaimed
+    finally:
+        await _stop(runner)
+
+
+async def test_the_broker_ending_a_cancelled_request_frees_its_late_handler() -> None:
+    """The broker answers a cancelled id without a result: the late handler is told once and
+    forgotten. A broker that never says so (an older one) leaves at most LATE_MAX handlers."""
+    from popmq.broker.wire import request_link
+
+    link, calls, runner = await _scripted_link()
+    late: list[pb.LinkResponse] = []
+    try:
+        caller = asyncio.create_task(link.request("pop", pb.PopRequest(), 30, late=late.append))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        request_id = calls[0].seen[0].id
+        assert list(link.streams[0].late) == [request_id]
+        calls[0].answers.put_nowait(pb.LinkResponse(id=request_id))
+        await asyncio.sleep(0.01)
+        assert [a.WhichOneof("result") for a in late] == [None]
+        assert not link.streams[0].late
+        for request_id in range(1000, 1000 + request_link.LATE_MAX + 5):
+            link.streams[0].cancel(request_id, late.append)
+        assert len(link.streams[0].late) == request_link.LATE_MAX
+    finally:
+        await _stop(runner)

@@ -52,6 +52,12 @@ FAMILIES = [
         "Watch streams to a broker lost (then reopened)",
     ),
     (
+        "popmq_proxy_broker_late_pop_messages",
+        "counter",
+        ("broker",),
+        "Messages of pops answered after the proxy gave them up (deadline, client gone), handed back to the broker",
+    ),
+    (
         "popmq_proxy_broker_link_watches",
         "gauge",
         ("broker",),
@@ -216,7 +222,8 @@ def test_the_table_is_what_is_built() -> None:
     assert len(table) == len(PROXY_METRICS)  # no name declared twice
     # The table, plus the two collectors read off the broker links at scrape time.
     links = {"popmq_proxy_broker_link_losses", "popmq_proxy_broker_link_watches",
-             "popmq_proxy_broker_request_link_failures"}  # fmt: skip
+             "popmq_proxy_broker_request_link_failures",
+             "popmq_proxy_broker_late_pop_messages"}  # fmt: skip
     assert built == table | links
     assert set(RPC_METRICS) <= set(PROXY_METRICS)
 

@@ -151,3 +151,34 @@ async def test_an_in_doubt_message_is_no_longer_renewed(tmp_path: Path) -> None:
         finally:
             await server.tasks.aclose()
             await server.cluster.aclose()
+
+
+async def test_a_client_gone_while_its_answer_waits_for_the_memory_budget_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """Regression: a receive whose messages were popped waits for room in the proxy's memory
+    budget before it writes them; a client that went away during that wait left them invisible
+    for their whole invisible time (only a refusal by the budget released them). They are
+    handed back at once now."""
+    config = make_config(tmp_path, **{"proxy.strategy": "pop", "proxy.inflight_wait_ms": 10_000})
+    async with running_broker(fast_broker_config(tmp_path / "b"), LoopClock()) as broker:
+        port = LocalBrokerPort(broker)
+        await port.send([Message(TOPIC, b"m")], 0)
+        server = ProxyServer(config, [port])
+        servicer = MessagingServicer(server.core, server.metrics, config.proxy)
+        servicer._budget.take(servicer._budget.limit)  # full: other answers in flight
+        try:
+            receive = asyncio.ensure_future(
+                servicer.ReceiveMessage(_receive_request(), _StalledClient(take=1))
+            )
+            await asyncio.sleep(1)  # popped; waits for the budget
+            assert not receive.done()
+            receive.cancel()  # the client goes away
+            with pytest.raises(asyncio.CancelledError):
+                await receive
+            await server.tasks.aclose()
+            await server.strategy.aclose()  # lets the background release finish
+        finally:
+            await server.cluster.aclose()
+        again = (await port.pop(_pop())).messages
+        assert [(m.message.body, m.delivery_attempt) for m in again] == [(b"m", 1)]
