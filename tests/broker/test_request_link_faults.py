@@ -313,3 +313,58 @@ async def test_the_broker_ending_a_cancelled_request_frees_its_late_handler() ->
         assert len(link.streams[0].late) == request_link.LATE_MAX
     finally:
         await _stop(runner)
+
+
+class CancelsAfterAnswering(Scripted):
+    """Runs ``after_answer`` as soon as the link has read an answer, in the reader's own turn:
+    the caller's cancel lands after its waiter got the answer and before the caller ran again
+    (the receive's deadline or the client going away in the same turn of the loop)."""
+
+    after_answer: Callable[[], None] | None = None
+
+    async def __aiter__(self) -> AsyncIterator[pb.LinkResponses]:
+        reader = asyncio.create_task(self._read())
+        try:
+            while True:
+                yield pb.LinkResponses(responses=[await self.answers.get()])
+                if self.after_answer is not None:  # the link has handed the answer out
+                    self.after_answer()
+                    self.after_answer = None
+        finally:
+            reader.cancel()
+
+
+async def test_an_answer_read_just_before_its_caller_is_cancelled_is_not_lost() -> None:
+    """Review of the late-answer fix (finds a loss it leaves): the reader hands the answer to
+    the waiting future (set_result), then, before the caller's task runs again, the caller is
+    cancelled (BrokerCalls cancels the held pop's job as its receive gives up; the request's
+    own timeout fires in the same turn). asyncio then throws CancelledError into
+    ``await waiter``: the answer in the future is never read, it is not in ``unclaimed``
+    (the waiter was not done when the reader came), and ``late`` is never called, so the
+    popped messages stay invisible for their whole invisible time.
+    Fix: in ``RequestLink._request``'s exit path, a waiter that is done with a result the
+    caller did not take (``not waiter.cancelled()`` and the await raised) goes to ``late``."""
+    calls: list[CancelsAfterAnswering] = []
+
+    def open_call(requests: AsyncIterator[bytes]) -> CancelsAfterAnswering:
+        calls.append(CancelsAfterAnswering(requests))
+        return calls[-1]
+
+    link = RequestLink("b0", open_call, streams=1, window=8)
+    runner = await _running(link)
+    late: list[pb.LinkResponse] = []
+    try:
+        caller = asyncio.create_task(
+            link.request("pop", pb.PopRequest(), 30, held=True, late=late.append)
+        )
+        await asyncio.sleep(0.01)
+        request_id = calls[0].seen[-1].id
+        calls[0].after_answer = caller.cancel
+        calls[0].answers.put_nowait(_popped(request_id))
+        with pytest.raises(asyncio.CancelledError):
+            await caller  # the caller never saw the answer
+        await asyncio.sleep(0.01)
+        assert [r.pop.messages[0].receipt_handle for r in late] == ["h1"]
+        assert not link.streams[0].late and not link.streams[0].unclaimed
+    finally:
+        await _stop(runner)
