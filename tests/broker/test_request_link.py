@@ -229,6 +229,46 @@ async def test_a_held_pop_answered_as_its_caller_goes_hands_its_messages_back(
             await server.aclose(0)
 
 
+class WithoutHandBack(AnswersAsItsCallerGoes):
+    """A broker from before HandBack (2026-11-23 to 11-26: it has the Call link already)."""
+
+    async def hand_back(self, group: str, topic: str, receipt_handles: list[str]) -> int:
+        raise RefusedError(Code.NOT_IMPLEMENTED, "this broker does not know HandBack")
+
+
+async def test_a_late_pop_on_a_broker_without_hand_back_is_still_released(
+    tmp_path: Path,
+) -> None:
+    """Review of the late-answer fix: a broker with the Call link but from before HandBack
+    refuses the hand-back (NOT_IMPLEMENTED); the late pop's messages were only logged and
+    stayed invisible for their whole invisible time, though the proxy's own release
+    (BrokerCalls._release) falls back to a change of invisible time to 0 for such a broker,
+    and ``popmq_proxy_broker_late_pop_messages`` counted them as handed back.
+    Fix: ``RemoteBrokerPort._hand_back_late`` falls back as ``_release`` does (a change of
+    invisible time to 0 per handle on NOT_IMPLEMENTED), or count only what was handed back."""
+    async with running_broker(fast_broker_config(tmp_path / "b0", name="b0")) as broker:
+        local = WithoutHandBack(broker)
+        await local.create_topic(TOPIC, 1)
+        server = BrokerGrpcServer(local)
+        await server.start()
+        remote = RemoteBrokerPort("b0", server.address, link=BrokerLinkConfig(streams=1))
+        try:
+            held = asyncio.create_task(remote.pop(_pop(poll_ms=30_000, invisible_ms=60_000)))
+            local.caller = held
+            for _ in range(500):
+                if broker.hold_table.total:
+                    break
+                await asyncio.sleep(0.01)
+            sent = await remote.send([Message(topic=TOPIC, body=b"x")])
+            with pytest.raises(asyncio.CancelledError):
+                await held
+            again = (await remote.pop(_pop(poll_ms=5_000, invisible_ms=60_000))).messages
+            assert [m.message.message_id for m in again] == [sent[0].message_id]
+        finally:
+            await remote.aclose()
+            await server.aclose(0)
+
+
 async def test_the_cluster_token_rides_the_streams(tmp_path: Path) -> None:
     """Regression: grpc.aio filed the token interceptor under unary calls only, so a broker
     with a cluster token refused the Call and Watch streams (UNAUTHENTICATED)."""
