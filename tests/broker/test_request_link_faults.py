@@ -368,3 +368,47 @@ async def test_an_answer_read_just_before_its_caller_is_cancelled_is_not_lost() 
         assert not link.streams[0].late and not link.streams[0].unclaimed
     finally:
         await _stop(runner)
+
+
+async def test_a_burst_of_cancels_loses_no_late_answer_of_a_broker_that_answers_cancels() -> None:
+    """Review of the late-answer fix (LATE_MAX): the late handlers of a stream are cut to
+    LATE_MAX, oldest first, silently, even for a broker that answers every cancelled id (it
+    did so here before the burst), whose handlers would all be freed by those answers. More
+    than LATE_MAX held pops given up at once on one stream (max_long_polls is 10,000 over 2
+    streams per broker: clients dropped together, receives with one deadline) then lose the
+    late answer of the oldest: its messages stay invisible for their whole invisible time,
+    with no log line and no count.
+    Fix: evict only while the stream's broker has not shown that it answers cancels (an
+    answer without a result to a late id), and log or count an eviction when it happens."""
+    from popmq.broker.wire import request_link
+
+    link, calls, runner = await _scripted_link()
+    late: list[pb.LinkResponse] = []
+    try:
+        first = asyncio.create_task(
+            link.request("pop", pb.PopRequest(), 30, held=True, late=lambda answer: None)
+        )
+        await asyncio.sleep(0.01)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        calls[0].answers.put_nowait(pb.LinkResponse(id=calls[0].seen[0].id))  # cancel answered
+        await asyncio.sleep(0.01)
+        callers = [
+            asyncio.create_task(
+                link.request("pop", pb.PopRequest(), 30, held=True, late=late.append)
+            )
+            for _ in range(request_link.LATE_MAX + 1)
+        ]
+        await asyncio.sleep(0.01)
+        ids = [r.id for r in calls[0].seen if r.WhichOneof("call") == "pop"][1:]
+        assert len(ids) == len(callers)
+        for caller in callers:  # given up together
+            caller.cancel()
+        await asyncio.gather(*callers, return_exceptions=True)
+        # The oldest was answered with a message before its cancel reached the broker.
+        calls[0].answers.put_nowait(_popped(ids[0]))
+        await asyncio.sleep(0.01)
+        assert [a.id for a in late] == [ids[0]]
+    finally:
+        await _stop(runner)
