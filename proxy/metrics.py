@@ -557,7 +557,8 @@ class _RequestLinkCollector(Collector):
         late = CounterMetricFamily(
             "popmq_proxy_broker_late_pop_messages",
             "Messages of pops answered after the proxy gave them up (deadline, client gone), "
-            "handed back to the broker",
+            "handed back to the broker (a failed hand-back is logged: those come back after "
+            "their invisible time)",
             labels=["broker"],
         )  # fmt: skip
         for port in self.ports:

@@ -330,7 +330,15 @@ class RemoteBrokerPort(AsyncClosing):
 
     async def _hand_back_late(self, group: str, topic: str, handles: list[str]) -> None:
         try:
-            await self.hand_back(group, topic, handles)
+            try:
+                await self.hand_back(group, topic, handles)
+            except PopmqError as error:
+                if error.code is not Code.NOT_IMPLEMENTED:
+                    raise
+                # A broker from before HandBack: visible again by a change of invisible time,
+                # as the proxy's own release does.
+                for handle in handles:
+                    await self.change_invisible_time(group, topic, handle, 0)
         except PopmqError as error:
             log.warning("could not hand back %d message(s) of a late pop answer on %s: %s "
                         "(they come back after their invisible time)",

@@ -71,9 +71,12 @@ log = logging.getLogger(__name__)
 FRAME_BYTES = 4 * 1024 * 1024
 # Room for the link's own fields (id, trace context, the frame) around one request.
 LINK_HEADROOM_BYTES = 64 * 1024
-# Late handlers kept per stream at most (the oldest go first): a broker that does not answer
-# cancelled ids (one from before that answer) would otherwise leave one per cancel forever.
+# Late handlers kept per stream at most (the oldest go first) while its broker has not shown
+# that it answers cancelled ids: one from before that answer would otherwise leave one per
+# cancel forever. A broker that answers them frees each; LATE_HARD_MAX still bounds memory
+# (above the 10,000 long polls a proxy holds by default).
 LATE_MAX = 1024
+LATE_HARD_MAX = 16 * 1024
 
 Late = Callable[[pb.LinkResponse], None]  # what a given-up request's answer is handed to
 
@@ -187,6 +190,8 @@ class LinkStream:
         # cancelled a moment before (its request's finally takes them).
         self.late: dict[int, Late] = {}
         self.unclaimed: dict[int, pb.LinkResponse] = {}
+        self.answers_cancels = False  # this stream's broker answers a cancelled id
+        self.late_dropped = 0  # late handlers dropped past the limit (their answers lost)
         self._outbox: asyncio.Queue[Encoded | None] | None = None
         self._wanted = asyncio.Event()
         self._call: Any = None
@@ -208,8 +213,17 @@ class LinkStream:
             self._outbox.put_nowait(encoded(pb.LinkRequest(id=request_id, cancel=pb.LinkCancel())))
             if late is not None:
                 self.late[request_id] = late
-                if len(self.late) > LATE_MAX:
+                limit = LATE_HARD_MAX if self.answers_cancels else LATE_MAX
+                if len(self.late) > limit:
                     del self.late[next(iter(self.late))]
+                    self.late_dropped += 1
+                    if self.late_dropped == 1:
+                        log.warning(
+                            "request link to broker %s: more than %d requests given up at "
+                            "once; an answer still on its way to the oldest is dropped (its "
+                            "messages come back after their invisible time)",
+                            self._broker, limit,
+                        )  # fmt: skip
 
     def break_stream(self) -> None:
         """Cut the current stream as a network failure would (tests and chaos drills)."""
@@ -239,6 +253,8 @@ class LinkStream:
                         elif self.late:
                             late = self.late.pop(answer.id, None)
                             if late is not None:
+                                if answer.WhichOneof("result") is None:
+                                    self.answers_cancels = True
                                 _call_late(late, answer)
             except grpc.aio.AioRpcError as error:
                 reason = f"{error.code().name}: {error.details()}"
@@ -279,6 +295,7 @@ class LinkStream:
         else:
             error = BrokerUnavailableError(self._broker, f"request link lost: {reason}")
         self.late.clear()  # nothing more comes on this stream
+        self.answers_cancels = False  # the next stream may reach another broker version
         pending, self.pending = self.pending, {}
         for waiter in pending.values():
             if not waiter.done():
@@ -370,12 +387,12 @@ class RequestLink:
             )
         stream = self.streams[next(self._turn) % len(self.streams)]
         request_id = next(self._ids)
+        waiter: asyncio.Future[pb.LinkResponse] | None = None
+        taken = False
         try:
             async with asyncio.timeout(deadline_s):
                 async with contextlib.nullcontext() if held else stream.window:
-                    waiter: asyncio.Future[pb.LinkResponse] = (
-                        asyncio.get_running_loop().create_future()
-                    )
+                    waiter = asyncio.get_running_loop().create_future()
                     stream.pending[request_id] = waiter
                     envelope = pb.LinkRequest(id=request_id)
                     if carrier:
@@ -383,6 +400,7 @@ class RequestLink:
                     stream.put(encode(envelope, kind, payload))
                     del payload  # queued; the frame holds it from here
                     answer = await waiter
+                    taken = True
         except TimeoutError:
             raise BrokerTimeoutError(
                 self._broker, f"no answer to {kind} within {deadline_s:.1f} s"
@@ -392,16 +410,25 @@ class RequestLink:
                 # Gave up (deadline, caller gone): free the broker; an answer already on its
                 # way goes to ``late``.
                 stream.cancel(request_id, late)
-            elif stream.unclaimed:  # answered as the caller was cancelled: not lost either
-                unclaimed = stream.unclaimed.pop(request_id, None)
-                if unclaimed is not None and late is not None:
-                    _call_late(late, unclaimed)
+            elif not taken:
+                # Answered, but the caller gave up before reading it: cancelled first
+                # (``unclaimed``), or the answer was set and the cancel came in the same turn
+                # (in the waiter). Not lost either way.
+                unread = stream.unclaimed.pop(request_id, None) if stream.unclaimed else None
+                if unread is None and waiter is not None and _has_result(waiter):
+                    unread = waiter.result()
+                if unread is not None and late is not None:
+                    _call_late(late, unread)
         if answer.WhichOneof("result") != kind:
             raise RefusedError(
                 Code.INTERNAL_ERROR,
                 f"broker {self._broker} answered {answer.WhichOneof('result')} to {kind}",
             )
         return getattr(answer, kind)
+
+
+def _has_result(waiter: asyncio.Future[pb.LinkResponse]) -> bool:
+    return waiter.done() and not waiter.cancelled() and waiter.exception() is None
 
 
 async def _drain(outbox: asyncio.Queue[Encoded | None]) -> AsyncIterator[bytes]:

@@ -308,9 +308,19 @@ async def test_the_broker_ending_a_cancelled_request_frees_its_late_handler() ->
         await asyncio.sleep(0.01)
         assert [a.WhichOneof("result") for a in late] == [None]
         assert not link.streams[0].late
+    finally:
+        await _stop(runner)
+    link, calls, runner = await _scripted_link()  # a broker never seen answering a cancel
+    try:
+        caller = asyncio.create_task(link.request("pop", pb.PopRequest(), 30, late=late.append))
+        await asyncio.sleep(0.01)  # the stream is open
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
         for request_id in range(1000, 1000 + request_link.LATE_MAX + 5):
             link.streams[0].cancel(request_id, late.append)
         assert len(link.streams[0].late) == request_link.LATE_MAX
+        assert link.streams[0].late_dropped == 6
     finally:
         await _stop(runner)
 
