@@ -7,11 +7,13 @@ HOT there with the mypyc that ships with the project's mypy, and leaves DEST rea
 on the path. Bench child processes inherit the environment, so
 
     python scripts/mypyc_hot.py build/mypyc
-    PYTHONPATH=build/mypyc popmq bench e2e --messages 40000 --mode proxy floor
+    cd "$(mktemp -d)" && PYTHONPATH=$REPO/build/mypyc $REPO/.venv/bin/popmq bench e2e ...
 
-runs the bench with the compiled modules (every other module, and the `popmq` of the editable
-install's console script, stay as they are). Takes 4-6 minutes on 2 loaded cores at
-MYPYC_OPT_LEVEL 2 (one C file of about 20 MB); set MYPYC_OPT_LEVEL to change the level.
+runs the bench with the compiled modules (the other modules are the same files, hard links).
+Run it from outside the repository: `python -m` and `python -c` (the bench's children are
+`python -m popmq ...`) put the current directory first on the path, and the repository's own
+popmq/ would shadow the compiled tree. Takes 4-6 minutes on 2 loaded cores at
+MYPYC_OPT_LEVEL 2 (one C file of about 14 MB); set MYPYC_OPT_LEVEL to change the level.
 
     python scripts/mypyc_hot.py [DEST] [MODULE.py ...]   (default: build/mypyc, HOT)
 """
