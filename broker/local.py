@@ -25,7 +25,9 @@ class forward(Generic[P, R]):
     """``port.send`` is ``port.broker.send``, typed as Broker.send is."""
 
     def __init__(self, method: Callable[Concatenate[Broker, P], Coroutine[Any, Any, R]]) -> None:
-        self._name = method.__name__
+        # The method's own name: a mypyc-compiled Broker (scripts/mypyc_hot.py) names its
+        # methods "Broker.send", as a __qualname__ would.
+        self._name = method.__name__.rpartition(".")[2]
 
     @overload
     def __get__(self, port: None, owner: type[Any]) -> forward[P, R]: ...
