@@ -55,7 +55,7 @@ FAMILIES = [
         "popmq_proxy_broker_late_pop_messages",
         "counter",
         ("broker",),
-        "Messages of pops answered after the proxy gave them up (deadline, client gone), handed back to the broker",
+        "Messages of pops answered after the proxy gave them up (deadline, client gone), handed back to the broker (a failed hand-back is logged: those come back after their invisible time)",
     ),
     (
         "popmq_proxy_broker_link_watches",
