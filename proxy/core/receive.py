@@ -103,7 +103,7 @@ def filter_of(kind: str, expression: str) -> FilterExpression:
 
 # Every held receive without a filter keeps one (frozen): shared, not 47 B of each.
 MATCH_ALL = FilterExpression("*")
-PORT_SETS_MAX = 256  # distinct broker sets whose shared tuple a Receiver keeps
+PORT_SETS_MAX = 64  # distinct broker sets whose shared tuple a Receiver keeps
 
 
 @dataclass(slots=True)
@@ -156,9 +156,13 @@ class Receiver:
         self.metrics = metrics
         # The brokers a receive asks, one tuple per distinct set (by identity), shared by
         # every plan that names it: a held receive keeps it for its whole wait (a list each
-        # was 88 B of each of 10,000 held polls). Bounded; ports replaced after a leader
-        # change make new entries and the old ones go at the next clear.
+        # was 88 B of each of 10,000 held polls). Bounded, and forgotten whenever the
+        # cluster's ports change, so no replaced port (a former leader's) is kept here.
         self._port_sets: dict[tuple[int, ...], tuple[BrokerPort, ...]] = {}
+        cluster.listen_changes(self._forget_port_sets, on=True)
+
+    def _forget_port_sets(self) -> None:
+        self._port_sets.clear()
 
     def _shared_ports(self, ports: Sequence[BrokerPort]) -> tuple[BrokerPort, ...]:
         # Keyed by the ports' ids: the tuple kept holds those very objects, so an id found

@@ -9,7 +9,6 @@ import inspect
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import MethodType
 from typing import Any
 
 import anyio
@@ -123,6 +122,15 @@ def test_request_contexts_of_one_client_share_their_header_strings() -> None:
 HELD_SHARED = 20
 
 
+def _poll_listeners(server: ProxyServer) -> list[Any]:
+    """The cluster's change listeners that are long polls or their bound methods."""
+    return [
+        listener
+        for listener in server.cluster._change_listeners
+        if isinstance(getattr(listener, "__self__", listener), longpoll_notify._LongPoll)
+    ]
+
+
 async def test_held_polls_share_their_owner_key_brokers_and_release(
     served: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -153,14 +161,26 @@ async def test_held_polls_share_their_owner_key_brokers_and_release(
         custodies = [o for o in gc.get_objects() if isinstance(o, Custody)]
         assert len(custodies) == HELD_SHARED
         assert len({id(c._release) for c in custodies}) == 1  # main: a bound method each
-        listeners = server.cluster._change_listeners
-        assert len(listeners) == HELD_SHARED
-        assert not any(isinstance(listener, MethodType) for listener in listeners)
+        polls = _poll_listeners(server)
+        assert len(polls) == HELD_SHARED
+        assert all(isinstance(p, longpoll_notify._LongPoll) for p in polls)  # main: bound methods
         tasks.cancel_scope.cancel()
     assert server.core.receiver.admission.active == 0
-    assert not server.cluster._change_listeners
+    assert not _poll_listeners(server)
 
 
 def test_receives_without_a_filter_share_one_filter_expression() -> None:
     assert filter_of("TAG", "*") is filter_of("", "") is filter_of("TAG", " * ")
     assert filter_of("TAG", "a || b") == FilterExpression("a || b")
+
+
+async def test_the_shared_broker_tuples_are_forgotten_when_the_ports_change(served: Any) -> None:
+    """A replaced port (a group's former leader) is not kept alive by the shared tuples."""
+    server, _ = served
+    receiver = server.core.receiver
+    port = server.cluster.ports[0]
+    first = receiver._shared_ports([port])
+    assert receiver._shared_ports([port]) is first and receiver._port_sets
+    server.cluster.put_port(port)  # a change of ports (here the same one put back)
+    assert not receiver._port_sets
+    assert receiver._shared_ports([port]) is not first
