@@ -5,6 +5,7 @@ for its whole wait is memory of the proxy's (issue 18; docs/benchmarks.md, "Idle
 from __future__ import annotations
 
 import gc
+import inspect
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,11 +13,14 @@ from typing import Any
 
 import anyio
 import pytest
+from popmq.broker.contract.types import FilterExpression
+from popmq.proxy.core.receive import filter_of
 from popmq.proxy.grpc import access
 from popmq.proxy.grpc.headers import request_context
 from popmq.proxy.grpc.servicer import MessagingServicer
 from popmq.proxy.longpoll import base as longpoll_base
 from popmq.proxy.longpoll import notify as longpoll_notify
+from popmq.proxy.longpoll.custody import Custody
 from popmq.proxy.server import ProxyServer
 from proxy_support import StubContext, served_servicer
 
@@ -113,3 +117,70 @@ class _Headers(StubContext):
 def test_request_contexts_of_one_client_share_their_header_strings() -> None:
     one, two = request_context(_Headers()), request_context(_Headers())  # type: ignore[arg-type]
     assert one.client_id == "c@1" and one.client_id is two.client_id
+
+
+HELD_SHARED = 20
+
+
+def _poll_listeners(server: ProxyServer) -> list[Any]:
+    """The cluster's change listeners that are long polls or their bound methods."""
+    return [
+        listener
+        for listener in server.cluster._change_listeners
+        if isinstance(getattr(listener, "__self__", listener), longpoll_notify._LongPoll)
+    ]
+
+
+async def test_held_polls_share_their_owner_key_brokers_and_release(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Wave 12: what every held poll of one client (or every poll) has alike is one object,
+    not one each (docs/benchmarks.md, "Idle memory, wave 12"): the admission key, the tuple
+    of brokers the plan asks, the custody's release method, and the cluster's change
+    listener (the long poll itself). Main kept a string, a list and two bound methods each."""
+    monkeypatch.setattr(longpoll_base, "tracing_on", lambda: False)
+    monkeypatch.setattr(longpoll_notify, "tracing_on", lambda: False, raising=False)
+    server, servicer = served
+    request = _request()
+    async with anyio.create_task_group() as tasks:
+        for _ in range(HELD_SHARED):
+            tasks.start_soon(servicer.ReceiveMessage, request, StubContext())
+        await anyio.sleep(2)  # every poll is held: nothing matches
+        assert server.core.receiver.admission.active == HELD_SHARED
+        gc.collect()
+        frames = [
+            o.cr_frame.f_locals
+            for o in gc.get_objects()
+            if inspect.iscoroutine(o)
+            and o.cr_code.co_qualname == "MessagingServicer._receive"
+            and o.cr_frame is not None
+        ]
+        assert len(frames) == HELD_SHARED
+        assert len({id(f["client"]) for f in frames}) == 1  # main: a key string each
+        assert len({id(f["plan"].brokers) for f in frames}) == 1  # main: a list each
+        custodies = [o for o in gc.get_objects() if isinstance(o, Custody)]
+        assert len(custodies) == HELD_SHARED
+        assert len({id(c._release) for c in custodies}) == 1  # main: a bound method each
+        polls = _poll_listeners(server)
+        assert len(polls) == HELD_SHARED
+        assert all(isinstance(p, longpoll_notify._LongPoll) for p in polls)  # main: bound methods
+        tasks.cancel_scope.cancel()
+    assert server.core.receiver.admission.active == 0
+    assert not _poll_listeners(server)
+
+
+def test_receives_without_a_filter_share_one_filter_expression() -> None:
+    assert filter_of("TAG", "*") is filter_of("", "") is filter_of("TAG", " * ")
+    assert filter_of("TAG", "a || b") == FilterExpression("a || b")
+
+
+async def test_the_shared_broker_tuples_are_forgotten_when_the_ports_change(served: Any) -> None:
+    """A replaced port (a group's former leader) is not kept alive by the shared tuples."""
+    server, _ = served
+    receiver = server.core.receiver
+    port = server.cluster.ports[0]
+    first = receiver._shared_ports([port])
+    assert receiver._shared_ports([port]) is first and receiver._port_sets
+    server.cluster.put_port(port)  # a change of ports (here the same one put back)
+    assert not receiver._port_sets
+    assert receiver._shared_ports([port]) is not first
