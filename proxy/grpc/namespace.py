@@ -257,6 +257,15 @@ def _status_frame(method: str, error: RefusedError) -> Message:
 _HEADER: ContextVar[str] = ContextVar("popmq_namespace_header", default="")
 
 
+def enter(metadata: Any) -> None:
+    """Keep the call's x-mq-namespace header for its wrapped handler (in the call's task)."""
+    header = ""
+    for key, value in metadata or ():
+        if key == HEADER:
+            header = value
+    _HEADER.set(header)
+
+
 class NamespaceInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self) -> None:
         # method -> (the handler grpc gave, our wrapper of it): wrapped once, not per call.
@@ -271,11 +280,12 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
         method = details.method
         if handler is None or not method.startswith(SERVICE_PREFIX):
             return handler
-        header = ""
-        for key, value in details.invocation_metadata or ():
-            if key == HEADER:
-                header = value
-        _HEADER.set(header)
+        enter(details.invocation_metadata)
+        return self.wrap(handler, method)
+
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """``handler`` (of a MessagingService method) mapped to and from the namespace of
+        each call (``enter``): wrapped once, not per call."""
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
