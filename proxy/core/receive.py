@@ -94,9 +94,15 @@ def filter_of(kind: str, expression: str) -> FilterExpression:
         sql.check()  # ILLEGAL_FILTER_EXPRESSION if malformed; compiled once, cached
         return sql
     text = expression.strip() or "*"
-    if text != "*" and not FilterExpression(text).tags():
+    if text == "*":
+        return MATCH_ALL  # most receives: one shared (frozen) filter, not one each
+    tags = FilterExpression(text)
+    if not tags.tags():
         raise RefusedError(Code.ILLEGAL_FILTER_EXPRESSION, f"bad tag expression {text!r}")
-    return FilterExpression(text)
+    return tags
+
+
+MATCH_ALL = FilterExpression("*")
 
 
 @dataclass(slots=True)
@@ -234,7 +240,7 @@ class Receiver:
                 route = self.cluster.cached_route(topic) or await self.cluster.route(
                     topic, create=ctx.create_topic(topic)
                 )
-                config = await self.cluster.group(group)
+                config = self.cluster.cached_group(group) or await self.cluster.group(group)
                 return route, config, (remaining_ms(deadline) if waited else poll_ms)
             except Exception as exc:
                 if not is_broker_down(exc):
