@@ -48,7 +48,7 @@ from prometheus_client import Counter
 from popmq.clock import SYSTEM, Clock
 from popmq.config import ProxyConfig
 from popmq.errors import Code
-from popmq.handing import hands_over
+from popmq.handing import called, hands_over
 from popmq.lifecycle import TaskOwner
 from popmq.pb.admin.v1 import admin_pb2
 from popmq.pb.rocketmq.v2 import admin_pb2 as upstream_admin_pb2
@@ -334,7 +334,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         guard = self
 
         if not handler.request_streaming and not handler.response_streaming:
-            inner = handler.unary_unary
+            inner = called(handler.unary_unary)
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 try:
@@ -355,7 +355,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
             return _rebuild(grpc.unary_unary_rpc_method_handler, unary, handler)
 
         if not handler.request_streaming:  # ReceiveMessage, PullMessage: servicers write()
-            inner = handler.unary_stream
+            inner = called(handler.unary_stream)
 
             async def refuse(exc: AccessDenied, context: grpc.aio.ServicerContext) -> None:
                 status = guard._refused(path, exc, context)

@@ -26,7 +26,7 @@ from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import DLQ_PREFIX, RETRY_PREFIX
 from popmq.proxy.grpc import status as st
 
-from popmq.handing import hands_over
+from popmq.handing import called, hands_over
 from popmq.pb.rocketmq.v2 import definition_pb2 as d
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
@@ -316,7 +316,7 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
         return header
 
     def _unary(self, handler: grpc.RpcMethodHandler, method: str) -> Callable[..., Any]:
-        behavior = handler.unary_unary
+        behavior = called(handler.unary_unary)
 
         async def namespaced(
             request: Message, context: grpc.aio.ServicerContext, namespace: str, header: str
@@ -340,9 +340,9 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
         return call
 
     def _unary_stream(self, handler: grpc.RpcMethodHandler, method: str) -> Callable[..., Any]:
-        behavior = handler.unary_stream
-        if inspect.isasyncgenfunction(behavior):  # a servicer that yields its frames
+        if inspect.isasyncgenfunction(handler.unary_stream):  # a servicer that yields frames
             return self._unary_stream_yielding(handler, method)
+        behavior = called(handler.unary_stream)
 
         # Hands the call over (popmq.handing): all its work comes before the behavior, so
         # no frame of it is kept while the behavior runs (a held long poll's, 10,000 of them).

@@ -15,6 +15,7 @@ from popmq.proxy.grpc.access import AccessGuard
 from popmq.proxy.grpc.namespace import NamespaceInterceptor
 from proxy_support import message, unique
 
+from popmq import handing
 from popmq.pb.admin.v1 import admin_pb2 as a
 from popmq.pb.admin.v1 import admin_pb2_grpc
 from popmq.pb.rocketmq.v2 import service_pb2 as s
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.slow
 
 USER = ("edge-user", "edge-secret-0001")
 ROOT = ("edge-root", "edge-secret-0002")
+CONSUMER = ("edge-consumer", "edge-secret-0003")
 
 
 def _acl(tmp_path: Path) -> Path:
@@ -34,6 +36,8 @@ def _acl(tmp_path: Path) -> Path:
                     {"access_key": USER[0], "secret_key": USER[1],
                      "allow": [{"publish": "t-*", "namespace": "prod"}]},
                     {"access_key": ROOT[0], "secret_key": ROOT[1], "admin": True},
+                    {"access_key": CONSUMER[0], "secret_key": CONSUMER[1],
+                     "allow": [{"publish": "t-*"}, {"subscribe": "g-*"}]},
                 ]
             }
         )
@@ -94,3 +98,28 @@ async def test_no_interceptor_runs_and_strangers_are_refused_unread(
         listed = await admin.ListTopics(a.ListTopicsRequest(), metadata=cluster.metadata())
         assert "prod%" + topic in {t.name for t in listed.topics}
     assert intercepted == []
+
+
+async def test_a_receive_calls_one_handing_function(
+    make_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """grpc.aio calls a method's outer handing function (popmq.handing); the layers inside it
+    (namespaces, the access guard, the undecodable-body check, the servicer's receive) call
+    each other's plain functions: one handing call per receive (main: four)."""
+    called: list[str] = []
+    real = handing._HandingFunction.__call__
+
+    def counting(self: Any, request: Any, context: Any) -> Any:
+        called.append(self.__name__)
+        return real(self, request, context)
+
+    monkeypatch.setattr(handing._HandingFunction, "__call__", counting)
+    cluster = await make_cluster(brokers=1, **{"proxy.acl": str(_acl(tmp_path))})
+    cluster.signing = CONSUMER
+    topic = unique("t")
+    assert (await cluster.route(topic)).status.code == Code.OK
+    called.clear()
+    status, messages, kinds = await cluster.receive(unique("g"), topic, poll_ms=300)
+    assert status.code == Code.MESSAGE_NOT_FOUND and not messages
+    assert kinds == ["status", "delivery_timestamp"]
+    assert called == ["call"]  # the namespace wrapper's, which grpc.aio calls
