@@ -424,10 +424,17 @@ class BrokerCluster(AsyncClosing):
         """The ports (of ``names``, default all) not known to be down; all of them if every
         one is, so a request still gets a real answer from a broker."""
         ports = [self._ports[n] for n in (names if names is not None else self._ports)]
+        if not self._down_until:  # none known down (every receive asks): no check per port
+            return ports
         live = [port for port in ports if not self.is_down(port.name)]
         return live or ports
 
     # -- groups ------------------------------------------------------------------------------
+    def cached_group(self, name: str) -> GroupConfig | None:
+        """The group's config if it is cached (what ``group`` answers without asking anyone):
+        a receive's usual case, without the single flight's two coroutines and closures."""
+        return self._groups.get(name)
+
     async def group(self, name: str) -> GroupConfig:
         """A group's config from any live broker (admin writes it to every broker): brokers
         known to be down are asked last, and if none answers the last copy seen is used."""

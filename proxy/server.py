@@ -25,7 +25,7 @@ from popmq.proxy.cluster import BrokerCluster
 from popmq.proxy.core.address import ProxyAddress
 from popmq.proxy.core.processor import ProxyCore
 from popmq.proxy.grpc.access import access_guard
-from popmq.proxy.grpc.namespace import NamespaceInterceptor
+from popmq.proxy.grpc.edge import Edge
 from popmq.proxy.grpc.servicer import MessagingServicer
 from popmq.proxy.health import ProxyHealth
 from popmq.proxy.longpoll import make_strategy
@@ -161,12 +161,9 @@ class ProxyServer:
         # permissions on those real resource names (None: open, logged as such), TLS on both ports.
         guard = access_guard(proxy, self.metrics, self.streams)
         # Tracing first (refused calls are traced too), then namespaces (the client's names
-        # become NAMESPACE%name), then the access guard on those real resource names.
-        interceptors: list[grpc.aio.ServerInterceptor] = [
-            *server_interceptors(),
-            NamespaceInterceptor(),
-            *([guard] if guard is not None else []),
-        ]
+        # become NAMESPACE%name), then the access guard on those real resource names: the
+        # last two in the server's one generic handler, not as interceptors (edge.py).
+        edge = Edge(guard)
         credentials = server_credentials(proxy.tls.cert, proxy.tls.key, proxy.tls.client_ca)
         server = grpc.aio.server(
             options=grpc_options(
@@ -176,40 +173,44 @@ class ProxyServer:
                 proxy.max_request_bytes,
                 proxy.max_streams_per_connection,
             ),
-            interceptors=interceptors,
+            interceptors=server_interceptors(),
         )
         # Undecodable bodies answer INVALID_ARGUMENT (counted, logged at a bounded rate).
         add_tolerant(
             service_pb2_grpc.add_MessagingServiceServicer_to_server,
             MessagingServicer(self.core, self.metrics, proxy, self.streams),
-            server,
+            edge,
             self._count_refused_body,
             # A large batch's bodies stay in grpc's bytes of it (views), not copied once more.
             {"SendMessage": splitting_decoder(s.SendMessageRequest.FromString, 1, 4)},
             small_request_bytes=proxy.max_small_request_bytes,
             large_methods=frozenset({"SendMessage"}),
+            registered=False,  # served through the edge (edge.py)
         )
         # Tolerant as well: an undecodable health check answers INVALID_ARGUMENT, no traceback.
         add_tolerant(
-            health_pb2_grpc.add_HealthServicer_to_server, self._health, server, registered=False
+            health_pb2_grpc.add_HealthServicer_to_server, self._health, edge, registered=False
         )
         if proxy.admin_port is None:
-            self._add_admin(server)
+            self._add_admin(edge)
         client_port_services = SERVED_SERVICES if proxy.admin_port is None else (MESSAGING_SERVICE,)
-        enable_reflection(server, [*client_port_services, HEALTH_SERVICE], registered=False)
+        enable_reflection(edge, [*client_port_services, HEALTH_SERVICE], registered=False)
+        server.add_generic_rpc_handlers((edge,))
         self.port = _bind(server, proxy.host, proxy.port, credentials)
         self.proxy_address.bind(proxy.host, self.port)
         if proxy.admin_port is not None:
             # Traced like the client port (tracing first, then the access guard).
-            admin = grpc.aio.server(
-                interceptors=[
-                    *server_interceptors(),
-                    *([guard.for_another_server()] if guard is not None else []),
-                ]
-            )
-            self._add_admin(admin)
-            add_tolerant(health_pb2_grpc.add_HealthServicer_to_server, self._health, admin)
-            enable_reflection(admin, [ADMIN_SERVICE, UPSTREAM_ADMIN_SERVICE, HEALTH_SERVICE])
+            admin = grpc.aio.server(interceptors=server_interceptors())
+            admin_edge = Edge(guard.for_another_server() if guard is not None else None,
+                              namespaces=False)  # fmt: skip
+            self._add_admin(admin_edge)
+            add_tolerant(health_pb2_grpc.add_HealthServicer_to_server, self._health, admin_edge,
+                         registered=False)  # fmt: skip
+            enable_reflection(
+                admin_edge, [ADMIN_SERVICE, UPSTREAM_ADMIN_SERVICE, HEALTH_SERVICE],
+                registered=False,
+            )  # fmt: skip
+            admin.add_generic_rpc_handlers((admin_edge,))
             self.admin_port = _bind(admin, proxy.host, proxy.admin_port, credentials)
             await admin.start()
             self._admin_server = admin
@@ -229,7 +230,7 @@ class ProxyServer:
         )
         return self.port
 
-    def _add_admin(self, server: grpc.aio.Server) -> None:
+    def _add_admin(self, server: Edge) -> None:
         from popmq.proxy.admin.service import add_admin_service  # the admin API is optional
         from popmq.proxy.admin.upstream import add_upstream_admin_service
 

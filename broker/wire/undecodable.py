@@ -18,7 +18,7 @@ import grpc
 
 from popmq.allocator import Trimmer
 from popmq.clock import SYSTEM, Clock
-from popmq.handing import hands_over
+from popmq.handing import called, hands_over
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,8 @@ def _guard_unary_request(behavior: Callable[..., Any], report: _Reporter) -> Cal
         report(request)
         await context.abort(_code(request), _message(request))
 
+    behavior = called(behavior)
+
     # Hands the call over (popmq.handing): no frame of this check's is kept while the
     # behavior runs (a held long poll's).
     @hands_over
@@ -203,10 +205,11 @@ def add_tolerant(
     ``small_request_bytes``: the bound of a request (a stream's each) of every method not in
     ``large_methods``; a larger one is refused RESOURCE_EXHAUSTED without being decoded.
     ``registered=False``: served by the generic handler only, for services rarely called
-    (admin, health). grpc.aio's server keeps one pending "next call" future per registered
-    method and, for every call it accepts, runs asyncio.wait over all of them (a done callback
-    added to and removed from each): the proxy's 50 registered methods cost each receive
-    about 55 us more than one would; unregistered ones answer the same."""
+    (admin, health) and every service of the proxy (its edge finds each call's handler
+    itself: popmq.proxy.grpc.edge). grpc.aio's server keeps one pending "next call" future
+    per registered method and, for every call it accepts, runs asyncio.wait over all of them
+    (a done callback added to and removed from each): the proxy's 50 registered methods cost
+    each receive about 55 us more than one would; unregistered ones answer the same."""
     capture = _Capture()
     add_to_server(servicer, capture)
     report = _Reporter(count)

@@ -96,9 +96,10 @@ def filter_of(kind: str, expression: str) -> FilterExpression:
     text = expression.strip() or "*"
     if text == "*":
         return MATCH_ALL  # the common case: one shared (frozen) object, not one per receive
-    if not FilterExpression(text).tags():
+    tags = FilterExpression(text)
+    if not tags.tags():
         raise RefusedError(Code.ILLEGAL_FILTER_EXPRESSION, f"bad tag expression {text!r}")
-    return FilterExpression(text)
+    return tags
 
 
 # Every held receive without a filter keeps one (frozen): shared, not 47 B of each.
@@ -261,7 +262,7 @@ class Receiver:
                 route = self.cluster.cached_route(topic) or await self.cluster.route(
                     topic, create=ctx.create_topic(topic)
                 )
-                config = await self.cluster.group(group)
+                config = self.cluster.cached_group(group) or await self.cluster.group(group)
                 return route, config, (remaining_ms(deadline) if waited else poll_ms)
             except Exception as exc:
                 if not is_broker_down(exc):

@@ -48,7 +48,7 @@ from prometheus_client import Counter
 from popmq.clock import SYSTEM, Clock
 from popmq.config import ProxyConfig
 from popmq.errors import Code
-from popmq.handing import hands_over
+from popmq.handing import called, hands_over
 from popmq.lifecycle import TaskOwner
 from popmq.pb.admin.v1 import admin_pb2
 from popmq.pb.rocketmq.v2 import admin_pb2 as upstream_admin_pb2
@@ -231,24 +231,37 @@ class AccessGuard(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
         path: str = details.method
-        if path.startswith(GUARDED) and _method_descriptor(path) is not None:
-            # Who is calling is in the headers: a stranger is refused before grpc reads (and
-            # buffers, up to the receive limit) one byte of the request.
-            headers = _text_headers(details.invocation_metadata)
-            try:
-                user = self._authn.authenticate(headers)
-            except AccessDenied as exc:
-                return _unread_refusal(self, path, exc)
-            _VERIFIED.set((path, user))
-            CALL_HEADERS.set(headers)  # the handler's request context reads these
+        if verifies(path):
+            refusal = self.admit(path, details.invocation_metadata)
+            if refusal is not None:
+                return refusal
         cached = self._wrapped.get(path)
         if cached is not None:
             return cached
         handler = await continuation(details)
         if handler is None or not path.startswith(GUARDED):
             return handler  # health and reflection stay open
-        wrapped = self._wrap(path, handler)
-        self._wrapped[path] = wrapped
+        return self.wrap(path, handler)
+
+    def admit(self, path: str, metadata: Any) -> grpc.RpcMethodHandler | None:
+        """Authenticate a call of ``path`` (one ``verifies`` is true for) from its headers,
+        before grpc reads (and buffers, up to the receive limit) one byte of its request:
+        a stranger gets the refusal's handler, which never reads it; anyone else None, with
+        the user and the headers kept for the call's handler (in the call's own task)."""
+        headers = _text_headers(metadata)
+        try:
+            user = self._authn.authenticate(headers)
+        except AccessDenied as exc:
+            return _unread_refusal(self, path, exc)
+        _VERIFIED.set((path, user))
+        CALL_HEADERS.set(headers)  # the handler's request context reads these
+        return None
+
+    def wrap(self, path: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` (of a guarded method) with the check before it: wrapped once a path."""
+        wrapped = self._wrapped.get(path)
+        if wrapped is None:
+            wrapped = self._wrapped[path] = self._wrap(path, handler)
         return wrapped
 
     # -- the check -------------------------------------------------------------------------
@@ -321,7 +334,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
         guard = self
 
         if not handler.request_streaming and not handler.response_streaming:
-            inner = handler.unary_unary
+            inner = called(handler.unary_unary)
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 try:
@@ -342,7 +355,7 @@ class AccessGuard(grpc.aio.ServerInterceptor):
             return _rebuild(grpc.unary_unary_rpc_method_handler, unary, handler)
 
         if not handler.request_streaming:  # ReceiveMessage, PullMessage: servicers write()
-            inner = handler.unary_stream
+            inner = called(handler.unary_stream)
 
             async def refuse(exc: AccessDenied, context: grpc.aio.ServicerContext) -> None:
                 status = guard._refused(path, exc, context)
@@ -512,6 +525,11 @@ def _rebuild(make: Any, behavior: Any, handler: grpc.RpcMethodHandler) -> grpc.R
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
+
+
+def verifies(path: str) -> bool:
+    """Is a call of ``path`` authenticated from its headers (a method of a guarded service)?"""
+    return path.startswith(GUARDED) and _method_descriptor(path) is not None
 
 
 @functools.lru_cache(maxsize=256)  # asked on every call (2.8 us a lookup); made-up paths evict

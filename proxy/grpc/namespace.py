@@ -26,7 +26,7 @@ from popmq.broker.contract.errors import Code, RefusedError
 from popmq.broker.contract.types import DLQ_PREFIX, RETRY_PREFIX
 from popmq.proxy.grpc import status as st
 
-from popmq.handing import hands_over
+from popmq.handing import called, hands_over
 from popmq.pb.rocketmq.v2 import definition_pb2 as d
 from popmq.pb.rocketmq.v2 import service_pb2 as s
 
@@ -257,6 +257,15 @@ def _status_frame(method: str, error: RefusedError) -> Message:
 _HEADER: ContextVar[str] = ContextVar("popmq_namespace_header", default="")
 
 
+def enter(metadata: Any) -> None:
+    """Keep the call's x-mq-namespace header for its wrapped handler (in the call's task)."""
+    header = ""
+    for key, value in metadata or ():
+        if key == HEADER:
+            header = value
+    _HEADER.set(header)
+
+
 class NamespaceInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self) -> None:
         # method -> (the handler grpc gave, our wrapper of it): wrapped once, not per call.
@@ -271,11 +280,12 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
         method = details.method
         if handler is None or not method.startswith(SERVICE_PREFIX):
             return handler
-        header = ""
-        for key, value in details.invocation_metadata or ():
-            if key == HEADER:
-                header = value
-        _HEADER.set(header)
+        enter(details.invocation_metadata)
+        return self.wrap(handler, method)
+
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """``handler`` (of a MessagingService method) mapped to and from the namespace of
+        each call (``enter``): wrapped once, not per call."""
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
@@ -306,7 +316,7 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
         return header
 
     def _unary(self, handler: grpc.RpcMethodHandler, method: str) -> Callable[..., Any]:
-        behavior = handler.unary_unary
+        behavior = called(handler.unary_unary)
 
         async def namespaced(
             request: Message, context: grpc.aio.ServicerContext, namespace: str, header: str
@@ -330,9 +340,9 @@ class NamespaceInterceptor(grpc.aio.ServerInterceptor):
         return call
 
     def _unary_stream(self, handler: grpc.RpcMethodHandler, method: str) -> Callable[..., Any]:
-        behavior = handler.unary_stream
-        if inspect.isasyncgenfunction(behavior):  # a servicer that yields its frames
+        if inspect.isasyncgenfunction(handler.unary_stream):  # a servicer that yields frames
             return self._unary_stream_yielding(handler, method)
+        behavior = called(handler.unary_stream)
 
         # Hands the call over (popmq.handing): all its work comes before the behavior, so
         # no frame of it is kept while the behavior runs (a held long poll's, 10,000 of them).

@@ -70,8 +70,16 @@ _MISS_PAUSE_MAX_S = BACKOFF_MAX_S / 5
 ChannelKey = tuple[ConsumePort, str, str, str, str, bool]
 
 
+def _key_tail(pop: PopRequest) -> tuple[str, str, str, str, bool]:
+    """A channel key without its broker: made once per join or part, not once per broker."""
+    return (pop.group, pop.topic, pop.filter.expression, pop.filter.kind, pop.fifo)
+
+
 def _channel_key(port: ConsumePort, pop: PopRequest) -> ChannelKey:
-    return (port, pop.group, pop.topic, pop.filter.expression, pop.filter.kind, pop.fifo)
+    return (port, *_key_tail(pop))
+
+
+_ABSENT = object()  # dict.pop's default: not subscribed
 
 
 # Called when a subscription receives a signal; False declines it (the next one gets it).
@@ -324,10 +332,21 @@ class NotificationHub(AsyncClosing):
     def join(self, ports: Iterable[ConsumePort], pop: PopRequest, sub: Subscriber) -> None:
         """``sub`` waits on each port's channel for ``pop`` (one subscriber in all of them);
         ``part`` with the same ports and pop ends it."""
+        # Once per idle receive on every broker: the key's tail is made once, and the
+        # channel's add and arm are inlined (Channel.add, Channel.arm's first test).
+        channels = self._channels
+        tail = _key_tail(pop)
+        deadline = sub.deadline
         for port in ports:
-            channel = self._channel(port, pop)
-            channel.add(sub)
-            channel.arm()
+            key = (port, *tail)
+            channel = channels.get(key)
+            if channel is None:
+                channel = channels[key] = Channel(self, key, pop)
+            channel.subscribers[sub] = None
+            if deadline > channel.latest:
+                channel.latest = deadline
+            if channel.task is None and not channel.holders:
+                channel.arm()
 
     def part(
         self, ports: Iterable[ConsumePort], pop: PopRequest, sub: Subscriber
@@ -335,12 +354,22 @@ class NotificationHub(AsyncClosing):
         """``join`` undone at once (signals ``sub`` holds go on): the notifications this
         cancelled, to wait for."""
         ending: list[Job[None]] = []
+        channels = self._channels
+        tail = _key_tail(pop)
         for port in ports:
-            channel = self._channels.get(_channel_key(port, pop))
-            if channel is not None:
-                task = self._remove(channel, sub)
-                if task is not None:
-                    ending.append(task)
+            channel = channels.get((port, *tail))
+            if channel is None:
+                continue
+            subscribers = channel.subscribers
+            if subscribers.pop(sub, _ABSENT) is _ABSENT:
+                continue
+            # The usual case, inline: others still wait and it held no signal. The channel
+            # is the hub's (just found in it): nothing to hand on, cancel or release.
+            if subscribers and sub not in channel.holders:
+                continue
+            task = self._left(channel, sub)
+            if task is not None:
+                ending.append(task)
         return ending
 
     def unsubscribe(self, sub: Subscription) -> Job[None] | None:
@@ -351,6 +380,10 @@ class NotificationHub(AsyncClosing):
     def _remove(self, channel: Channel, sub: Subscriber) -> Job[None] | None:
         if not channel.remove(sub):
             return None
+        return self._left(channel, sub)
+
+    def _left(self, channel: Channel, sub: Subscriber) -> Job[None] | None:
+        """``sub`` was just removed from ``channel``'s subscribers."""
         held = sub in channel.holders
         channel.holders.discard(sub)
         if self._channels.get(channel.key) is not channel:

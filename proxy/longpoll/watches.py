@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from popmq.broker.contract.port import ConsumePort
 from popmq.broker.contract.types import FilterExpression, PopRequest
-from popmq.broker.contract.watch import VisibilityWatch, WatchKey
+from popmq.broker.contract.watch import VisibilityWatch, WatchKey, WatchState
 
 from popmq.clock import SYSTEM, Clock
 
@@ -30,6 +30,7 @@ _SWEEP_EVERY_S = 5.0
 # call). The filter's kind is part of it (a tag and a SQL92 expression may have the same text).
 WatchId = tuple[ConsumePort, str, str, str, str, bool]
 _Rest = tuple[str, str, str, str, bool]
+_ARMED = WatchState.ARMED
 
 
 def watch_key(pop: PopRequest) -> WatchKey:
@@ -92,9 +93,17 @@ class WatchRegistry:
         now = self._now()
         rest = _rest(pop.group, pop.topic, pop.filter, pop.fifo)
         found: list[ConsumePort] = []
+        # The usual case inline (a watch that exists): no call of _get per port.
+        watches = self._watches
+        used = self._used
         for port in ports:
-            watch = self._get(port, pop, rest, now)
-            if watch is None or watch.may_have:
+            ident = (port, *rest)
+            watch = watches.get(ident)
+            if watch is None:
+                watch = self._get(port, pop, rest, now)
+            else:
+                used[ident] = now
+            if watch is None or watch.state is not _ARMED:  # (VisibilityWatch.may_have)
                 found.append(port)
         return found
 
