@@ -125,3 +125,32 @@ def test_a_handing_function_is_awaited_as_a_coroutine_function() -> None:
     handing = hands_over(lambda request, context: inner(request, context))
     assert inspect.iscoroutinefunction(handing) and not inspect.isasyncgenfunction(handing)
     assert asyncio.run(handing(1, None)) == 2  # type: ignore[arg-type]
+
+
+def _markcoroutinefunction_312(func: Any) -> Any:
+    """Python 3.12's ``inspect.markcoroutinefunction``, as the standard library has it: a
+    bound method's function (``__func__``) is marked, and returned."""
+    if hasattr(func, "__func__"):
+        func = func.__func__
+    func._is_coroutine_marker = object()
+    return func
+
+
+def test_a_handing_bound_method_keeps_its_instance_on_python_3_12(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The servicer hands over its bound ``_receive_message`` (servicer.py). On Python 3.12+
+    ``hands_over`` marks it with ``inspect.markcoroutinefunction``, which returns the class's
+    plain function: every ReceiveMessage then failed with TypeError (``missing 1 required
+    positional argument: 'context'``, answered UNKNOWN); seen with a 3.12 venv (review-edge)."""
+    monkeypatch.setattr(inspect, "markcoroutinefunction", _markcoroutinefunction_312, raising=False)
+
+    class Servicer:
+        async def _answer(self, request: int) -> int:
+            return request + 1
+
+        def receive(self, request: int, context: object) -> Any:
+            return self._answer(request)
+
+    handing = hands_over(Servicer().receive)
+    assert asyncio.run(handing(1, None)) == 2  # type: ignore[arg-type]
