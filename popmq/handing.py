@@ -57,6 +57,8 @@ def hands_over(fn: Handing) -> Handing:
     """``fn``, which returns the awaitable to await, as grpc.aio awaits a coroutine function."""
     mark = getattr(inspect, "markcoroutinefunction", None)
     if mark is not None:  # Python 3.12+
-        marked: Handing = mark(fn)
-        return marked
+        # It marks a bound method's function and returns that, unbound: fn (a bound method is
+        # a coroutine function once its function is marked) keeps its instance.
+        mark(fn)
+        return fn
     return _HandingFunction(fn)
