@@ -1,6 +1,7 @@
 """Authentication and authorization at the proxy's gRPC boundary.
 
-One server interceptor guards the MessagingService and the AdminService. Each call is
+The edge's handler lookup (proxy/grpc/edge.py; `intercept_service` is the same check as a
+server interceptor) guards the MessagingService and the AdminService. Each call is
 authenticated (popmq.security: the MQv2-HMAC-SHA1 signature against the ACL's users) and then
 authorized by what it touches, before the servicer runs, so a refused call reads and writes
 nothing:
@@ -61,8 +62,8 @@ from popmq.security.errors import UNAUTHORIZED, AccessDenied, forbidden
 from popmq.security.files import warn_if_exposed
 
 log = logging.getLogger(__name__)
-# The user intercept_service verified for this call (grpc.aio runs a call's interceptors and
-# its handler in one task): check() takes it instead of verifying the signature again.
+# The user verified for this call by the edge's lookup (grpc.aio runs a call's handler lookup
+# and its handler in one task): check() takes it instead of verifying the signature again.
 _VERIFIED: ContextVar[tuple[str, User] | None] = ContextVar("popmq_verified", default=None)
 
 MESSAGING = "/apache.rocketmq.v2.MessagingService/"

@@ -4,7 +4,7 @@ and groups, as in RocketMQ 5.
 Inside popmq a namespaced resource is just another name, `NAMESPACE%name` (RocketMQ's
 `NamespaceUtil` form), so brokers, routes, assignments, offsets and the retry / DLQ names the
 broker derives from them (`%RETRY%ns%group...`, `%DLQ%ns%group`) stay inside their namespace
-with no change behind this module. A server interceptor qualifies every Resource of a
+with no change behind this module. The edge (proxy/grpc/edge.py) qualifies every Resource of a
 MessagingService request on the way in and strips the prefix from every Resource of the answer
 on the way out. Clients without a namespace see no change at all (and pay nothing).
 """
@@ -250,8 +250,8 @@ def _status_frame(method: str, error: RefusedError) -> Message:
     return response
 
 
-# The x-mq-namespace header of the call being served: set by the interceptor in the call's own
-# task (grpc.aio runs interceptors and the handler there) and read by the wrapped behaviors,
+# The x-mq-namespace header of the call being served: set by the edge's lookup in the call's
+# own task (grpc.aio runs the lookup and the handler there) and read by the wrapped behaviors,
 # so a wrapped handler serves every call of its method (no closure made per call, kept by each
 # held long poll).
 _HEADER: ContextVar[str] = ContextVar("popmq_namespace_header", default="")

@@ -369,7 +369,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         writing = False  # popped[sent] is being written
         stall_s = self._stall_s
         # A namespaced call's frames are built as the client names things, once each,
-        # and written past the namespace interceptor's per-frame walk.
+        # and written past the namespace wrapper's per-frame walk.
         own_context, served_namespace = served_in(context)
         try:
             with writes_within(own_context, stall_s) as write:
