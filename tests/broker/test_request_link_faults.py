@@ -422,3 +422,40 @@ async def test_a_burst_of_cancels_loses_no_late_answer_of_a_broker_that_answers_
         assert [a.id for a in late] == [ids[0]]
     finally:
         await _stop(runner)
+
+
+async def test_the_first_burst_of_cancels_on_a_stream_loses_no_late_answer() -> None:
+    """Review (review-merge) of 0a877ef: the LATE_MAX cap now applies until the stream's
+    broker has answered a cancel, and ``answers_cancels`` starts False on every new stream.
+    A held pop is answered by the broker at its poll time, not cancelled, so the first cancel
+    a stream sees is typically the burst itself (clients dropped together, a proxy drain):
+    more than LATE_MAX held pops given up at once on a fresh stream of a broker that DOES
+    answer cancels still lose the late answer of the oldest (its messages stay invisible for
+    their whole invisible time; counted in ``late_dropped``, logged once).
+    Fix (proposed): keep LATE_HARD_MAX from the start (it already bounds memory above the
+    10,000 long polls a proxy holds), or learn ``answers_cancels`` once per link/broker
+    (e.g. from Describe) instead of per stream."""
+    from popmq.broker.wire import request_link
+
+    link, calls, runner = await _scripted_link()
+    late: list[pb.LinkResponse] = []
+    try:
+        callers = [
+            asyncio.create_task(
+                link.request("pop", pb.PopRequest(), 30, held=True, late=late.append)
+            )
+            for _ in range(request_link.LATE_MAX + 1)
+        ]
+        await asyncio.sleep(0.01)
+        ids = [r.id for r in calls[0].seen if r.WhichOneof("call") == "pop"]
+        assert len(ids) == len(callers)
+        for caller in callers:  # given up together, the stream's first cancels
+            caller.cancel()
+        await asyncio.gather(*callers, return_exceptions=True)
+        # The oldest was answered with a message before its cancel reached the broker.
+        calls[0].answers.put_nowait(_popped(ids[0]))
+        await asyncio.sleep(0.01)
+        assert link.streams[0].late_dropped == 0
+        assert [a.id for a in late] == [ids[0]]
+    finally:
+        await _stop(runner)
