@@ -336,9 +336,15 @@ class RemoteBrokerPort(AsyncClosing):
                 if error.code is not Code.NOT_IMPLEMENTED:
                     raise
                 # A broker from before HandBack: visible again by a change of invisible time,
-                # as the proxy's own release does.
+                # handle by handle as the proxy's own release does (one refused stops none).
+                failed: PopmqError | None = None
                 for handle in handles:
-                    await self.change_invisible_time(group, topic, handle, 0)
+                    try:
+                        await self.change_invisible_time(group, topic, handle, 0)
+                    except PopmqError as each:
+                        failed = each
+                if failed is not None:
+                    raise failed from None
         except PopmqError as error:
             log.warning("could not hand back %d message(s) of a late pop answer on %s: %s "
                         "(they come back after their invisible time)",

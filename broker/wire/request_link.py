@@ -71,12 +71,11 @@ log = logging.getLogger(__name__)
 FRAME_BYTES = 4 * 1024 * 1024
 # Room for the link's own fields (id, trace context, the frame) around one request.
 LINK_HEADROOM_BYTES = 64 * 1024
-# Late handlers kept per stream at most (the oldest go first) while its broker has not shown
-# that it answers cancelled ids: one from before that answer would otherwise leave one per
-# cancel forever. A broker that answers them frees each; LATE_HARD_MAX still bounds memory
-# (above the 10,000 long polls a proxy holds by default).
-LATE_MAX = 1024
-LATE_HARD_MAX = 16 * 1024
+# Late handlers kept per stream at most (the oldest go first). A broker answers every cancelled
+# id, which frees its handler; one from before that answer would leave one per cancel for ever.
+# Above the 10,000 long polls a proxy holds by default, so a burst of them given up at once
+# (clients gone together) keeps every handler: a few MB at most.
+LATE_MAX = 16 * 1024
 
 Late = Callable[[pb.LinkResponse], None]  # what a given-up request's answer is handed to
 
@@ -190,7 +189,6 @@ class LinkStream:
         # cancelled a moment before (its request's finally takes them).
         self.late: dict[int, Late] = {}
         self.unclaimed: dict[int, pb.LinkResponse] = {}
-        self.answers_cancels = False  # this stream's broker answers a cancelled id
         self.late_dropped = 0  # late handlers dropped past the limit (their answers lost)
         self._outbox: asyncio.Queue[Encoded | None] | None = None
         self._wanted = asyncio.Event()
@@ -213,8 +211,7 @@ class LinkStream:
             self._outbox.put_nowait(encoded(pb.LinkRequest(id=request_id, cancel=pb.LinkCancel())))
             if late is not None:
                 self.late[request_id] = late
-                limit = LATE_HARD_MAX if self.answers_cancels else LATE_MAX
-                if len(self.late) > limit:
+                if len(self.late) > LATE_MAX:
                     del self.late[next(iter(self.late))]
                     self.late_dropped += 1
                     if self.late_dropped == 1:
@@ -222,7 +219,7 @@ class LinkStream:
                             "request link to broker %s: more than %d requests given up at "
                             "once; an answer still on its way to the oldest is dropped (its "
                             "messages come back after their invisible time)",
-                            self._broker, limit,
+                            self._broker, LATE_MAX,
                         )  # fmt: skip
 
     def break_stream(self) -> None:
@@ -253,8 +250,6 @@ class LinkStream:
                         elif self.late:
                             late = self.late.pop(answer.id, None)
                             if late is not None:
-                                if answer.WhichOneof("result") is None:
-                                    self.answers_cancels = True
                                 _call_late(late, answer)
             except grpc.aio.AioRpcError as error:
                 reason = f"{error.code().name}: {error.details()}"
@@ -295,7 +290,6 @@ class LinkStream:
         else:
             error = BrokerUnavailableError(self._broker, f"request link lost: {reason}")
         self.late.clear()  # nothing more comes on this stream
-        self.answers_cancels = False  # the next stream may reach another broker version
         pending, self.pending = self.pending, {}
         for waiter in pending.values():
             if not waiter.done():
