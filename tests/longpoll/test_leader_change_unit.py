@@ -55,9 +55,11 @@ STRATEGIES: dict[str, tuple[Make, str]] = {
     ),
 }
 
-OUTAGES = {
-    "leaderless": RefusedError(Code.HA_NOT_AVAILABLE, "this node no longer leads"),
-    "down": BrokerUnavailableError("g1", "connection refused"),
+# Made per test: a module-level instance kept its last traceback, and with it a receive's
+# frames (a later test in the same worker counted them as leaked Custody objects).
+OUTAGES: dict[str, Callable[[], Exception]] = {
+    "leaderless": lambda: RefusedError(Code.HA_NOT_AVAILABLE, "this node no longer leads"),
+    "down": lambda: BrokerUnavailableError("g1", "connection refused"),
 }
 
 
@@ -73,7 +75,7 @@ async def test_a_receive_on_an_unavailable_only_broker_ends_empty_at_its_deadlin
 ) -> None:
     receiving, label = strategy
     broker = FakeBroker("g1")
-    broker.fail_pop = broker.fail_notify = OUTAGES[outage]  # type: ignore[assignment]
+    broker.fail_pop = broker.fail_notify = OUTAGES[outage]()  # type: ignore[assignment]
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert await receiving.receive([broker], make_request(2_000)) == []
