@@ -366,7 +366,10 @@ def send_receipts(response: s.SendMessageResponse, count: int) -> list[SendRecei
 
 
 def ack_outcomes(response: s.AckMessageResponse) -> list[AckOutcome]:
-    check_status(response.status, "AckMessage", ok=(Code.OK, Code.MULTIPLE_RESULTS))
+    # With entries, the top status only sums them up (every entry failed alike: their code), so
+    # each entry says how it went: a batch whose handles all expired is not an error of the call.
+    if not response.entries:
+        check_status(response.status, "AckMessage", ok=(Code.OK, Code.MULTIPLE_RESULTS))
     return [
         AckOutcome(e.message_id, e.receipt_handle, e.status.code or Code.OK, e.status.message)
         for e in response.entries

@@ -115,6 +115,20 @@ def test_receive_ack_and_redelivery(server: LocalServer, topic: str) -> None:
     assert again[0].delivery_attempt == 2
 
 
+def test_an_ack_whose_every_handle_failed_answers_per_entry(
+    server: LocalServer, topic: str
+) -> None:
+    # The proxy's top status is then the entries' one (INVALID_RECEIPT_HANDLE): the client
+    # raised it, and a Spark batch whose handles had all expired failed its query.
+    with Client(server.endpoint) as client:
+        client.query_route(topic)
+        outcomes = client.ack("g", topic, [("id1", "forged"), ("id2", "also-forged")])
+    assert [(o.message_id, o.code) for o in outcomes] == [
+        ("id1", Code.INVALID_RECEIPT_HANDLE),
+        ("id2", Code.INVALID_RECEIPT_HANDLE),
+    ]
+
+
 async def test_async_client_against_the_proxy(server: LocalServer, topic: str) -> None:
     async with AsyncClient(server.endpoint) as client:
         queues = await client.query_route(topic)

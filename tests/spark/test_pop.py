@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
@@ -109,3 +110,31 @@ def test_batch_pop_read_and_ack(spark, endpoint: str, topic: str) -> None:
     assert sorted(r.message_id for r in df.collect()) == sorted(ids)
     report = ack_messages(df, endpoint, group)
     assert (report.acked, report.failed) == (12, 0)
+
+
+def test_a_batch_acked_after_its_invisible_time_counts_its_handles_failed(
+    spark, endpoint: str, topic: str
+) -> None:
+    # Every handle of the batch expired (a slow batch, or a loaded machine: a CI run failed its
+    # query this way): the acks report them failed, and the messages come back; nothing raises.
+    from popmq.spark import ack_messages
+
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    ids = produce(endpoint, topic, 6)
+    df = (
+        spark.read.format("popmq")
+        .option("endpoint", endpoint)
+        .option("topic", topic)
+        .option("mode", "pop")
+        .option("group", group)
+        .option("invisibleTimeMs", "1000")
+        .option("popLongPollingMs", "100")
+        .load()
+        .localCheckpoint(eager=True)
+    )
+    assert sorted(r.message_id for r in df.collect()) == sorted(ids)
+    time.sleep(2.0)  # past the invisible time: waiting longer only makes them more expired
+    report = ack_messages(df, endpoint, group)
+    assert (report.acked, report.failed) == (0, 6)
+    again = receive_all(endpoint, topic, group, wait_s=10, expected=len(ids))
+    assert sorted(m.message_id for m in again) == sorted(ids)
