@@ -382,12 +382,13 @@ class RemoteBrokerPort(AsyncClosing):
         proxy's deadline passed). Nobody will deliver them: hand them back, visible again at
         once, rather than leave them invisible for their whole invisible time (counted in
         ``late_popped``). An answer without a pop is the broker's word that nothing was
-        taken. A unary pop's late answer is dropped by gRPC: that race remains there."""
+        taken. A unary pop's late answer comes here from ``_held_call`` (one whose call was
+        cancelled with poll time left, its client gone, is dropped by gRPC)."""
         if answer.WhichOneof("result") != "pop" or not answer.pop.messages:
             return
         handles = [popped.receipt_handle for popped in answer.pop.messages]
         self.late_popped += len(handles)
-        owner = self._link_tasks or self._late_tasks
+        owner = self._link_tasks if self._link_tasks is not None else self._late_tasks
         work = self._hand_back_late(group, topic, handles)
         if owner is None:
             work.close()
