@@ -68,6 +68,9 @@ R = TypeVar("R")
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# A unary long poll whose caller gives up with at most this much of its poll time left runs
+# on to its end, its answer handed back (RemoteBrokerPort._held_call).
+UNARY_DETACH_S = 1.0
 
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -147,6 +150,9 @@ class RemoteBrokerPort(AsyncClosing):
         self._watch_link: BrokerLink | None = None
         # Messages of pops answered after their caller gave up, handed back (_late_pop).
         self.late_popped = 0
+        # Unary long polls whose caller gave up, awaited for their answer (_held_call).
+        self._late_tasks: TaskOwner | None = None
+        self._detached: set[Any] = set()  # their calls
 
     @property
     def name(self) -> str:
@@ -241,10 +247,72 @@ class RemoteBrokerPort(AsyncClosing):
                 else:
                     convert.raise_for_status(response.status)
                     return response
+            if held and late is not None:
+                return await self._held_call(method, request, deadline_s, late)
             return await self._call(method, request, deadline_s)
         except BrokerUnavailableError as error:
             self._recode(error)
             raise
+
+    async def _held_call(
+        self,
+        method: Callable[..., Any],
+        request: object,
+        deadline_s: float,
+        late: Callable[[pb.LinkResponse], None],
+    ) -> R:
+        """A unary long poll whose answer, if its caller gives up, goes to ``late``.
+
+        Awaiting a grpc.aio call cancels it when the awaiting task is cancelled, and a
+        cancelled call drops its answer, even one already received: a held pop woken as the
+        proxy's deadline passed lost its messages for their whole invisible time. The call is
+        awaited through its done callback instead. When the caller goes, an answer already
+        there goes to ``late``; a call whose poll ends within ``UNARY_DETACH_S`` anyway (the
+        caller's deadline passed: the broker's poll time is the caller's remaining time)
+        runs on in the background and its answer goes to ``late`` (an answer on its way is
+        what a cancel would drop); a call with more poll time left (the client gone) is
+        cancelled, releasing the broker's hold (an answer crossing that cancel is still lost).
+        """
+        call = method(request, timeout=deadline_s)
+        ends = anyio.current_time() + deadline_s - self._rpc_timeout_s
+        done = anyio.Event()
+        call.add_done_callback(lambda _call: done.set())
+        try:
+            await done.wait()
+        except BaseException:
+            if call.done() or ends - anyio.current_time() <= UNARY_DETACH_S:
+                self._detach(call, late)
+            else:
+                call.cancel()
+            raise
+        with map_rpc_errors(self._name):
+            response = await call
+        convert.raise_for_status(response.status)
+        result: R = response
+        return result
+
+    def _detach(self, call: Any, late: Callable[[pb.LinkResponse], None]) -> None:
+        """Let a unary long poll whose caller gave up end by itself; its answer goes to
+        ``late`` (nothing is left to wait for it once the port closes: cancelled then)."""
+        owner = self._late_tasks
+        if owner is None:
+            owner = self._late_tasks = TaskOwner(f"late-calls:{self._name}", grace_s=0)
+        work = self._late_answer(call, late)
+        if owner.spawn(work, f"late-call:{self._name}") is None:
+            call.cancel()  # closing
+        else:
+            self._detached.add(call)
+
+    async def _late_answer(self, call: Any, late: Callable[[pb.LinkResponse], None]) -> None:
+        try:
+            response = await call
+        except grpc.aio.AioRpcError:
+            return  # no answer: the broker took nothing for it
+        finally:
+            self._detached.discard(call)
+        answer = pb.LinkResponse()
+        answer.pop.CopyFrom(response)
+        late(answer)
 
     def _recode(self, error: BrokerUnavailableError) -> None:
         """Give ``error`` this port's code for an unreachable broker, if it has one."""
@@ -314,12 +382,13 @@ class RemoteBrokerPort(AsyncClosing):
         proxy's deadline passed). Nobody will deliver them: hand them back, visible again at
         once, rather than leave them invisible for their whole invisible time (counted in
         ``late_popped``). An answer without a pop is the broker's word that nothing was
-        taken. A unary pop's late answer is dropped by gRPC: that race remains there."""
+        taken. A unary pop's late answer comes here from ``_held_call`` (one whose call was
+        cancelled with poll time left, its client gone, is dropped by gRPC)."""
         if answer.WhichOneof("result") != "pop" or not answer.pop.messages:
             return
         handles = [popped.receipt_handle for popped in answer.pop.messages]
         self.late_popped += len(handles)
-        owner = self._link_tasks
+        owner = self._link_tasks if self._link_tasks is not None else self._late_tasks
         work = self._hand_back_late(group, topic, handles)
         if owner is None:
             work.close()
@@ -549,6 +618,12 @@ class RemoteBrokerPort(AsyncClosing):
         owner, self._link_tasks = self._link_tasks, None
         if owner is not None:
             await owner.aclose()
+        late, self._late_tasks = self._late_tasks, None
+        if late is not None:
+            await late.aclose()
+        for call in self._detached:  # the port closes: nothing is left to take the answers
+            call.cancel()
+        self._detached.clear()
         self._requests = self._acks = self._sends = None
         link, self._watch_link = self._watch_link, None
         if link is not None:

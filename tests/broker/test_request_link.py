@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from popmq.broker.contract.errors import BrokerUnavailableError, Code, RefusedError
@@ -198,19 +199,25 @@ class AnswersAsItsCallerGoes(LocalBrokerPort):
 
 
 async def _late_pop(
-    tmp_path: Path, broker_class: type[AnswersAsItsCallerGoes], repoll_ms: int
+    tmp_path: Path,
+    broker_class: type[AnswersAsItsCallerGoes],
+    repoll_ms: int,
+    *,
+    requests: Literal["stream", "unary"] = "stream",
+    poll_ms: int = 30_000,
 ) -> tuple[str, list[str], int]:
-    """A held pop over a one-stream link, answered with a message just as its caller goes;
-    then a second pop. Gives the message sent, the ids the second pop got, and the port's
-    count of late-popped messages."""
+    """A held pop over a one-stream link (or a unary call), answered with a message just as
+    its caller goes; then a second pop. Gives the message sent, the ids the second pop got,
+    and the port's count of late-popped messages."""
     async with running_broker(fast_broker_config(tmp_path / "b0", name="b0")) as broker:
         local = broker_class(broker)
         await local.create_topic(TOPIC, 1)
         server = BrokerGrpcServer(local)
         await server.start()
-        remote = RemoteBrokerPort("b0", server.address, link=BrokerLinkConfig(streams=1))
+        link = BrokerLinkConfig(streams=1, requests=requests)
+        remote = RemoteBrokerPort("b0", server.address, link=link)
         try:
-            held = asyncio.create_task(remote.pop(_pop(poll_ms=30_000, invisible_ms=60_000)))
+            held = asyncio.create_task(remote.pop(_pop(poll_ms=poll_ms, invisible_ms=60_000)))
             local.caller = held
             for _ in range(500):
                 if broker.hold_table.total:
@@ -235,6 +242,21 @@ async def test_a_held_pop_answered_as_its_caller_goes_hands_its_messages_back(
     dropped the answer and the messages stayed invisible for their whole invisible time (60 s
     there). The late answer's messages are now handed back at once."""
     sent, again, late_popped = await _late_pop(tmp_path, AnswersAsItsCallerGoes, 20_000)
+    assert again == [sent]
+    assert late_popped == 1
+
+
+async def test_a_unary_held_pop_answered_as_its_deadline_passes_hands_its_messages_back(
+    tmp_path: Path,
+) -> None:
+    """Regression (cancel-pop; `bench e2e --mode cluster-unary` lost 16 messages a run): over
+    unary calls (`broker_link.requests=unary`) the proxy cancelled the grpc call of a held pop
+    given up at its deadline, and a cancelled call drops its answer: a pop the broker woke at
+    that moment left its messages invisible for their whole invisible time. A call whose poll
+    time is (about) over now runs on to its end; its answer is handed back."""
+    sent, again, late_popped = await _late_pop(
+        tmp_path, AnswersAsItsCallerGoes, 20_000, requests="unary", poll_ms=800
+    )
     assert again == [sent]
     assert late_popped == 1
 
