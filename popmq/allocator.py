@@ -90,6 +90,14 @@ class Trimmer:
             return
         if self._scheduled is not None and self._loop is not None and self._loop.is_closed():
             self._scheduled = None  # its loop ended first (a process-wide trimmer, in tests)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            # No loop (a synchronous caller): trim now, if it is time and no trim is coming
+            # (one scheduled on a loop is that loop's to run or cancel; it trims this too).
+            if self._scheduled is None and self._clock() - self._last >= self._interval_s:
+                self._run(settling=True)
+            return
         if self._scheduled is not None:
             if not self._settling:
                 return  # a spike's trim is already coming
@@ -98,12 +106,6 @@ class Trimmer:
         # Within the interval of the last trim: trim once it has passed, never drop it (what
         # was freed since would otherwise stay until the next spike).
         wait = max(self._delay_s, self._last + self._interval_s - self._clock())
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop (a synchronous caller): trim now, if it is time
-            if self._clock() - self._last >= self._interval_s:
-                self._run(settling=True)
-            return
         self._settling, self._loop = False, loop
         self._scheduled = loop.call_later(wait, self._run, False)
 
