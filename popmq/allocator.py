@@ -8,7 +8,9 @@ hands the free pages back. It walks every arena (a few ms for a few hundred MB),
 only when a memory budget drains after at least ``TRIM_AFTER_BYTES`` went through it, at most
 once per ``TRIM_INTERVAL_S``, and once more ``TRIM_SETTLE_S`` later: grpc frees some of a
 request's buffers only when its call ends, which on a loaded machine can come after the first
-trim (a CI run kept +72 MB that way). Elsewhere than glibc (musl, macOS) it does nothing.
+trim. It does not shrink the top of an arena other than the main one's (what grpc's threads
+freed last stays there, up to glibc's trim threshold). Elsewhere than glibc (musl, macOS) it
+does nothing.
 """
 
 from __future__ import annotations
