@@ -90,11 +90,18 @@ class Trimmer:
         self._released += size
         if not drained or self._released < self._after_bytes:
             return
-        if self._scheduled is not None and self._loop is not None and self._loop.is_closed():
-            self._scheduled = None  # its loop ended first (a process-wide trimmer, in tests)
         try:
-            loop = asyncio.get_running_loop()
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
+            loop = None
+        if self._scheduled is not None and self._loop is not loop:
+            # Scheduled on a loop that ended or stopped first (a process-wide trimmer serves
+            # every loop of a test process): it would never run, and hold back every trim.
+            if self._loop is not None and not self._loop.is_running():
+                if not self._loop.is_closed():
+                    self._scheduled.cancel()
+                self._scheduled = None
+        if loop is None:
             # No loop (a synchronous caller): trim now, if it is time and no trim is coming
             # (one scheduled on a loop is that loop's to run or cancel; it trims this too).
             if self._scheduled is None and self._clock() - self._last >= self._interval_s:

@@ -137,3 +137,27 @@ async def test_a_caller_without_a_loop_leaves_a_coming_settling_trim() -> None:
     caller.join()  # the loop waits: no virtual time passes meanwhile
     await asyncio.sleep(10)
     assert trims == [pytest.approx(0.2), pytest.approx(2.2)]
+
+
+async def test_a_trim_coming_on_a_stopped_loop_does_not_hold_back_the_running_one() -> None:
+    """A process-wide trimmer (refused large requests) serves every loop of a test process: a
+    spike's trim scheduled on a loop that then stopped without closing (never to run) made
+    every later spike wait for it, so nothing was trimmed any more."""
+    trims: list[float] = []
+    loop = asyncio.get_running_loop()
+    trimmer = Trimmer(after_bytes=1000, interval_s=1.0, clock=loop.time, delay_s=0.2,
+                      settle_s=2.0, do_trim=lambda: trims.append(loop.time()) or True)  # fmt: skip
+    stopped = asyncio.new_event_loop()
+
+    async def spike() -> None:
+        trimmer.released(1000, drained=True)
+
+    try:
+        other = threading.Thread(target=stopped.run_until_complete, args=(spike(),))
+        other.start()
+        other.join()  # its trim is scheduled there; that loop no longer runs
+        trimmer.released(1000, drained=True)
+        await asyncio.sleep(10)
+        assert trims == [pytest.approx(0.2), pytest.approx(2.2)]
+    finally:
+        stopped.close()
