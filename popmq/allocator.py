@@ -8,7 +8,9 @@ hands the free pages back. It walks every arena (a few ms for a few hundred MB),
 only when a memory budget drains after at least ``TRIM_AFTER_BYTES`` went through it, at most
 once per ``TRIM_INTERVAL_S``, and once more ``TRIM_SETTLE_S`` later: grpc frees some of a
 request's buffers only when its call ends, which on a loaded machine can come after the first
-trim (a CI run kept +72 MB that way). Elsewhere than glibc (musl, macOS) it does nothing.
+trim. It does not shrink the top of an arena other than the main one's (what grpc's threads
+freed last stays there, up to glibc's trim threshold). Elsewhere than glibc (musl, macOS) it
+does nothing.
 """
 
 from __future__ import annotations
@@ -88,8 +90,23 @@ class Trimmer:
         self._released += size
         if not drained or self._released < self._after_bytes:
             return
-        if self._scheduled is not None and self._loop is not None and self._loop.is_closed():
-            self._scheduled = None  # its loop ended first (a process-wide trimmer, in tests)
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if self._scheduled is not None and self._loop is not loop:
+            # Scheduled on a loop that ended or stopped first (a process-wide trimmer serves
+            # every loop of a test process): it would never run, and hold back every trim.
+            if self._loop is not None and not self._loop.is_running():
+                if not self._loop.is_closed():
+                    self._scheduled.cancel()
+                self._scheduled = None
+        if loop is None:
+            # No loop (a synchronous caller): trim now, if it is time and no trim is coming
+            # (one scheduled on a loop is that loop's to run or cancel; it trims this too).
+            if self._scheduled is None and self._clock() - self._last >= self._interval_s:
+                self._run(settling=True)
+            return
         if self._scheduled is not None:
             if not self._settling:
                 return  # a spike's trim is already coming
@@ -98,12 +115,6 @@ class Trimmer:
         # Within the interval of the last trim: trim once it has passed, never drop it (what
         # was freed since would otherwise stay until the next spike).
         wait = max(self._delay_s, self._last + self._interval_s - self._clock())
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop (a synchronous caller): trim now, if it is time
-            if self._clock() - self._last >= self._interval_s:
-                self._run(settling=True)
-            return
         self._settling, self._loop = False, loop
         self._scheduled = loop.call_later(wait, self._run, False)
 

@@ -4,6 +4,7 @@ TOO_MANY_REQUESTS (virtual time)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -119,3 +120,44 @@ async def test_a_spike_is_trimmed_once_more_after_it_settles() -> None:
     trimmer.released(999, drained=True)  # not enough for a spike
     await asyncio.sleep(10)
     assert len(trims) == 2
+
+
+async def test_a_caller_without_a_loop_leaves_a_coming_settling_trim() -> None:
+    """A synchronous caller (no running loop) within the interval cannot schedule a trim: it
+    must leave the one already coming alone (it cancelled the settling trim, from its own
+    thread, and scheduled none: what was freed since stayed until the next spike)."""
+    trims: list[float] = []
+    loop = asyncio.get_running_loop()
+    trimmer = Trimmer(after_bytes=1000, interval_s=1.0, clock=loop.time, delay_s=0.2,
+                      settle_s=2.0, do_trim=lambda: trims.append(loop.time()) or True)  # fmt: skip
+    trimmer.released(1000, drained=True)
+    await asyncio.sleep(0.5)  # the spike's trim ran; its settling trim is coming
+    caller = threading.Thread(target=trimmer.released, args=(1000, True))
+    caller.start()
+    caller.join()  # the loop waits: no virtual time passes meanwhile
+    await asyncio.sleep(10)
+    assert trims == [pytest.approx(0.2), pytest.approx(2.2)]
+
+
+async def test_a_trim_coming_on_a_stopped_loop_does_not_hold_back_the_running_one() -> None:
+    """A process-wide trimmer (refused large requests) serves every loop of a test process: a
+    spike's trim scheduled on a loop that then stopped without closing (never to run) made
+    every later spike wait for it, so nothing was trimmed any more."""
+    trims: list[float] = []
+    loop = asyncio.get_running_loop()
+    trimmer = Trimmer(after_bytes=1000, interval_s=1.0, clock=loop.time, delay_s=0.2,
+                      settle_s=2.0, do_trim=lambda: trims.append(loop.time()) or True)  # fmt: skip
+    stopped = asyncio.new_event_loop()
+
+    async def spike() -> None:
+        trimmer.released(1000, drained=True)
+
+    try:
+        other = threading.Thread(target=stopped.run_until_complete, args=(spike(),))
+        other.start()
+        other.join()  # its trim is scheduled there; that loop no longer runs
+        trimmer.released(1000, drained=True)
+        await asyncio.sleep(10)
+        assert trims == [pytest.approx(0.2), pytest.approx(2.2)]
+    finally:
+        stopped.close()

@@ -434,6 +434,13 @@ async def test_a_large_unary_send_grows_a_broker_by_its_measured_copies(
 
 
 ACKS, HANDLES_PER_ACK, HANDLE_CHARS = 8, 1024, 65_536
+# What the proxy may keep after the refused acks: malloc_trim returns the free pages inside
+# every arena but the top of the main arena's heap only; grpc's threads allocate
+# in arenas of their own, whose tops glibc gives back itself only past its trim threshold
+# (raised up to 64 MiB after large frees). Measured under load (helper review-trim): -17 to
+# +65 MB kept (62 MB of the +65 in those arenas; a CI run kept +72), +302 and +449 MB
+# without the trim after a refused request.
+ACKS_KEPT_MB = 128
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -472,7 +479,7 @@ async def test_acks_of_huge_receipt_handles_are_refused_and_do_not_pin_the_proxy
             )
             answer = await ack(legal, metadata=meta, timeout=60)
         await asyncio.sleep(1.5)  # the trim after a spike
-    after = await _rss_settled(proxy.proc.pid, rss.base + 64 * MB)
+    after = await _rss_settled(proxy.proc.pid, rss.base + ACKS_KEPT_MB * MB)
     codes = {r.code() if isinstance(r, grpc.aio.AioRpcError) else r for r in refused}
     assert codes == {grpc.StatusCode.RESOURCE_EXHAUSTED}, refused
     assert {e.status.code for e in answer.entries} == {Code.INVALID_RECEIPT_HANDLE}
@@ -483,7 +490,7 @@ async def test_acks_of_huge_receipt_handles_are_refused_and_do_not_pin_the_proxy
     # At most grpc's own receive of 8 concurrent requests (3 copies of each while it joins
     # them; +1,069 MB with every handle decoded), and given back afterwards.
     assert rss.growth_mb <= PROXY_COPIES_PER_REQUEST * received, rss.growth_mb
-    assert (after - rss.base) / MB <= 64, "memory not given back"
+    assert (after - rss.base) / MB <= ACKS_KEPT_MB, "memory not given back"
 
 
 WATCHES = 5000
