@@ -3,7 +3,8 @@
 Refusals come back as the response status and are re-raised as the same RefusedError. gRPC
 errors are mapped in one place, map_rpc_errors: BrokerUnavailableError (unreachable),
 BrokerTimeoutError (deadline passed), BrokerAuthError (the broker refused this proxy's cluster
-token), else a RefusedError. Every
+token), else a RefusedError; a call cancelled under its caller (the port's channel closed) is
+BrokerUnavailableError too (``_answer``), never a bare CancelledError. Every
 call has a deadline: rpc_timeout_s, plus the poll time for long polls. Cancelling the awaiting
 task cancels the RPC, and the broker then drops the held request.
 
