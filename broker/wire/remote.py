@@ -3,7 +3,8 @@
 Refusals come back as the response status and are re-raised as the same RefusedError. gRPC
 errors are mapped in one place, map_rpc_errors: BrokerUnavailableError (unreachable),
 BrokerTimeoutError (deadline passed), BrokerAuthError (the broker refused this proxy's cluster
-token), else a RefusedError. Every
+token), else a RefusedError; a call cancelled under its caller (the port's channel closed) is
+BrokerUnavailableError too (``_answer``), never a bare CancelledError. Every
 call has a deadline: rpc_timeout_s, plus the poll time for long polls. Cancelling the awaiting
 task cancels the RPC, and the broker then drops the held request.
 
@@ -15,6 +16,7 @@ does not know the Call method gets unary calls from then on.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import logging
@@ -153,6 +155,7 @@ class RemoteBrokerPort(AsyncClosing):
         # Unary long polls whose caller gave up, awaited for their answer (_held_call).
         self._late_tasks: TaskOwner | None = None
         self._detached: set[Any] = set()  # their calls
+        self._closing = False  # aclose() began: no call is detached from then on
 
     @property
     def name(self) -> str:
@@ -285,15 +288,34 @@ class RemoteBrokerPort(AsyncClosing):
             else:
                 call.cancel()
             raise
-        with map_rpc_errors(self._name):
-            response = await call
+        response = await self._answer(call)
         convert.raise_for_status(response.status)
         result: R = response
         return result
 
+    async def _answer(self, call: Awaitable[R]) -> R:
+        """Await a unary call. A call cancelled under its caller (this port's channel closed:
+        a retired port closed while its long polls hold) raises grpc's bare CancelledError in
+        a task nobody cancelled; let out, it reads as that task's cancel, and a task group
+        takes it as a sibling's, cancelling every sibling (all the proxy's broker calls in
+        BrokerCalls' owner). It is the broker out of reach through this port instead."""
+        try:
+            with map_rpc_errors(self._name):
+                return await call
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the caller's own cancel
+            raise BrokerUnavailableError(
+                self._name, "CANCELLED: the call was cancelled under its caller (port closed)"
+            ) from None
+
     def _detach(self, call: Any, late: Callable[[pb.LinkResponse], None]) -> None:
         """Let a unary long poll whose caller gave up end by itself; its answer goes to
         ``late`` (nothing is left to wait for it once the port closes: cancelled then)."""
+        if self._closing:  # no owner is made after close: nothing would close it
+            call.cancel()
+            return
         owner = self._late_tasks
         if owner is None:
             owner = self._late_tasks = TaskOwner(f"late-calls:{self._name}", grace_s=0)
@@ -305,8 +327,8 @@ class RemoteBrokerPort(AsyncClosing):
 
     async def _late_answer(self, call: Any, late: Callable[[pb.LinkResponse], None]) -> None:
         try:
-            response = await call
-        except grpc.aio.AioRpcError:
+            response = await self._answer(call)
+        except (PopmqError, grpc.aio.AioRpcError):
             return  # no answer: the broker took nothing for it
         finally:
             self._detached.discard(call)
@@ -326,8 +348,7 @@ class RemoteBrokerPort(AsyncClosing):
         self, method: Callable[..., Awaitable[R]], request: object, deadline_s: float
     ) -> R:
         try:
-            with map_rpc_errors(self._name):
-                response = await method(request, timeout=deadline_s)
+            response = await self._answer(method(request, timeout=deadline_s))
         except BrokerUnavailableError as error:
             self._recode(error)
             raise
@@ -613,6 +634,7 @@ class RemoteBrokerPort(AsyncClosing):
         return [convert.group_stats_from_proto(s) for s in response.stats]
 
     async def aclose(self) -> None:
+        self._closing = True
         if self._requests is not None:
             self._requests.close()
         owner, self._link_tasks = self._link_tasks, None

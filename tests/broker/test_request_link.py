@@ -17,6 +17,7 @@ from popmq.broker.contract.types import (
     AckEntryResult,
     FilterExpression,
     Message,
+    NotifyRequest,
     PopRequest,
     PopResult,
 )
@@ -27,6 +28,7 @@ from popmq.broker.wire.remote import RemoteBrokerPort
 from popmq.broker.wire.server import BrokerGrpcServer, BrokerServicer
 
 from popmq.config import BrokerLinkConfig
+from popmq.lifecycle import TaskOwner
 from popmq.pb.broker.v1 import broker_pb2_grpc
 
 TOPIC, GROUP = "t", "g"
@@ -280,6 +282,42 @@ async def test_a_late_pop_on_a_broker_without_hand_back_is_still_released(
     invisible time to 0 per handle on NOT_IMPLEMENTED), or count only what was handed back."""
     sent, again, _ = await _late_pop(tmp_path, WithoutHandBack, 5_000)
     assert again == [sent]
+
+
+async def test_closing_a_unary_port_under_held_calls_fails_them_as_unavailable(
+    tmp_path: Path,
+) -> None:
+    """Regression (review-cancel): closing a port's channel (a retired port, 5 s after a
+    leader change, its long polls still held) cancels its unary calls, and awaiting a call
+    cancelled so raises a bare CancelledError in a task nobody cancelled. BrokerCalls runs
+    every remote pop of the proxy in one owner, whose task group took it for a cancelled
+    sibling: all the others were cancelled with it. They fail as the broker unavailable."""
+    async with _served(tmp_path, requests="unary") as (local, remote):
+        owner = TaskOwner("calls", grace_s=0)
+        sibling = owner.spawn(asyncio.sleep(60), "sibling")
+        pop = owner.spawn(remote.pop(_pop(poll_ms=20_000)), "pop", log_errors=False)
+        notify = NotifyRequest(group=GROUP, topic=TOPIC, poll_time_ms=20_000)
+        held = owner.spawn(remote.notify(notify), "notify", log_errors=False)
+        assert sibling is not None and pop is not None and held is not None
+        for _ in range(1000):
+            if local.broker.hold_table.total == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert local.broker.hold_table.total == 2
+        await remote.aclose()
+        outcomes: list[BaseException | None] = []
+        for job in (pop, held):
+            try:
+                await job.result()
+            except BaseException as exc:  # a CancelledError is the defect
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+        await asyncio.sleep(0.05)
+        sibling_ended = sibling.done()
+        await owner.aclose()
+    assert [type(o) for o in outcomes] == [BrokerUnavailableError] * 2, outcomes
+    assert not sibling_ended
 
 
 async def test_the_cluster_token_rides_the_streams(tmp_path: Path) -> None:

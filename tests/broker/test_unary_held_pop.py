@@ -14,10 +14,12 @@ import asyncio
 from typing import Any
 
 import pytest
+from popmq.broker.contract.errors import BrokerUnavailableError
 from popmq.broker.contract.types import PopRequest
 from popmq.broker.wire.remote import UNARY_DETACH_S, RemoteBrokerPort
 
 from popmq.config import BrokerLinkConfig
+from popmq.lifecycle import TaskOwner
 from popmq.pb.broker.v1 import broker_pb2 as pb
 
 pytestmark = pytest.mark.looptime
@@ -134,3 +136,71 @@ async def test_a_late_call_still_running_when_the_port_closes_is_cancelled() -> 
     assert not stub.calls[0].cancelled
     await port.aclose()
     assert stub.calls[0].cancelled
+
+
+class _SlowChannel:
+    """A channel whose close takes a while (grpc's waits for its calls' tasks)."""
+
+    def __init__(self) -> None:
+        self.closing = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def close(self) -> None:
+        self.closing.set()
+        await self.release.wait()
+
+
+async def test_a_caller_gone_while_the_port_closes_leaves_nothing_running() -> None:
+    """Regression (review-cancel): a held pop given up at its deadline while the port was
+    closing (a retired port is closed 5 s after a leader change, its long polls still held)
+    was detached into a new late-call owner made after close, which nothing closes: its call
+    ran on, and its answer's hand-back re-opened a channel on the closed port (kept open)."""
+    port, stub, _ = _port()
+    del port.hand_back  # the port's own: it dials the broker
+    slow = _SlowChannel()
+    port._channel = slow  # type: ignore[assignment]
+    caller = asyncio.create_task(port.pop(_held(1_000)))
+    await asyncio.sleep(0.5)  # half a second of poll time left: detached if given up
+    closing = asyncio.create_task(port.aclose())
+    await slow.closing.wait()
+    await _gone(caller)
+    call = stub.calls[0]
+    if not call.done():
+        call.answer("h1")
+    await asyncio.sleep(0.1)  # a late answer is handed back, if the call ran on
+    slow.release.set()
+    await closing
+    late_owner, reopened = port._late_tasks, port._channel
+    if reopened is not None:
+        await reopened.close()
+    if late_owner is not None:
+        await late_owner.aclose()
+    assert call.cancelled
+    assert late_owner is None
+    assert reopened is None
+
+
+async def test_a_held_pop_cancelled_under_its_caller_is_unavailable_not_a_stray_cancel() -> None:
+    """Regression (review-cancel): closing a port's channel cancels its calls, and awaiting a
+    call cancelled so raises a bare CancelledError in a task nobody cancelled. In a task
+    group (BrokerCalls' owner runs every remote pop of the proxy) that reads as a cancelled
+    sibling: every other pop of the proxy was cancelled with it. Shown on real gRPC in
+    test_request_link.py."""
+    port, stub, _ = _port()
+    owner = TaskOwner("calls", grace_s=0)
+    sibling = owner.spawn(asyncio.sleep(30), "sibling")
+    pop = owner.spawn(port.pop(_held(20_000)), "pop", log_errors=False)
+    assert sibling is not None and pop is not None
+    await asyncio.sleep(1)
+    stub.calls[0].cancel()  # as grpc's channel close does
+    outcome: BaseException | None = None
+    try:
+        await pop.result()
+    except BaseException as exc:  # a CancelledError is the defect
+        outcome = exc
+    await asyncio.sleep(0.1)
+    sibling_ended = sibling.done()
+    await owner.aclose()
+    await port.aclose()
+    assert isinstance(outcome, BrokerUnavailableError)
+    assert not sibling_ended
