@@ -1,7 +1,8 @@
 """A user's PySpark job: a fresh SparkSession, no register call, format("popmq") everywhere.
 
 Usage: python autoregister_job.py ENDPOINT TOPIC WORKDIR
-Prints one JSON line with what each read saw. Never imports popmq itself (only Spark does).
+Prints one JSON line with what each read saw. Never imports popmq itself (only Spark does;
+the test helper queries.py imports no popmq).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pyspark.sql import SparkSession
 
 
 def main(endpoint: str, topic: str, workdir: str) -> None:
+    from queries import run_to_end  # run as a script: tests/spark is sys.path[0]
+
     work = Path(workdir)
     spark = (
         SparkSession.builder.master("local[2]")
@@ -44,17 +47,17 @@ def main(endpoint: str, topic: str, workdir: str) -> None:
     batch_bodies = sorted(r.body.decode() for r in batch.select("body").collect())
 
     stream_bodies: list[str] = []
-    query = (
-        spark.readStream.format("popmq").options(**common)
+    run_to_end(
+        lambda: spark.readStream.format("popmq").options(**common)
         .option("startingOffsets", "earliest")
         .load()
         .writeStream.foreachBatch(
             lambda df, _id: stream_bodies.extend(r.body.decode() for r in df.collect())
         )
         .option("checkpointLocation", str(work / "read-cp"))
-        .trigger(availableNow=True).start()
+        .trigger(availableNow=True).start(),
+        None,
     )  # fmt: skip
-    query.awaitTermination()
     spark.stop()
     print(json.dumps({"batch": batch_bodies, "stream": sorted(stream_bodies)}))
 

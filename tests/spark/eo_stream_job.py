@@ -50,6 +50,8 @@ def exactly_once_copy(spark, endpoint: str, source: str, sink: str, checkpoint: 
 
 
 def main(endpoint: str, source: str, sink: str, checkpoint: str) -> None:
+    from queries import run_to_end  # run as a script: tests/spark is sys.path[0]
+
     spark = (
         SparkSession.builder.master("local[2]")
         .appName("popmq-eo-crash-job")
@@ -59,9 +61,8 @@ def main(endpoint: str, source: str, sink: str, checkpoint: str) -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     popmq.spark.register(spark)
-    query = exactly_once_copy(spark, endpoint, source, sink, checkpoint, slow=True).start()
     print("popmq-eo-crash-job started", flush=True)
-    query.awaitTermination()
+    run_to_end(exactly_once_copy(spark, endpoint, source, sink, checkpoint, slow=True).start, None)
     spark.stop()
 
 

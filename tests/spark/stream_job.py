@@ -26,6 +26,8 @@ def _slow_identity(offset: int) -> int:
 
 
 def main(endpoint: str, topic: str, checkpoint: str, out: str) -> None:
+    from queries import run_to_end  # run as a script: tests/spark is sys.path[0]
+
     spark = (
         SparkSession.builder.master("local[2]")
         .appName("popmq-crash-job")
@@ -43,15 +45,14 @@ def main(endpoint: str, topic: str, checkpoint: str, out: str) -> None:
         .option("maxMessagesPerTrigger", "20")
         .load()
     )
-    query = (
+    writer = (
         stream.withColumn("offset", udf(_slow_identity, "long")("offset"))
         .writeStream.format("parquet")
         .option("path", out)
         .option("checkpointLocation", checkpoint)
-        .start()
     )
     print("popmq-crash-job started", flush=True)
-    query.awaitTermination()
+    run_to_end(writer.start, None)
     spark.stop()
 
 

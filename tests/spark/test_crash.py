@@ -13,6 +13,7 @@ import pytest
 
 from .conftest import spark_environment
 from .helpers import produce
+from .queries import run_to_end
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -66,20 +67,22 @@ def test_kill_driver_mid_batch_then_restart_is_exactly_once(
     in_flight = max(planned)
 
     # The restart is another driver: this test's own Spark session, on the same checkpoint.
-    restarted = (
-        spark.readStream.format("popmq")
-        .option("endpoint", endpoint)
-        .option("topic", topic)
-        .option("startingOffsets", "earliest")
-        .option("maxMessagesPerTrigger", "20")
-        .load()
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
+    restarted = run_to_end(
+        lambda: (
+            spark.readStream.format("popmq")
+            .option("endpoint", endpoint)
+            .option("topic", topic)
+            .option("startingOffsets", "earliest")
+            .option("maxMessagesPerTrigger", "20")
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        ),
+        180,
     )
-    restarted.awaitTermination(180)
     assert restarted.exception() is None
     assert in_flight in _batches(checkpoint / "commits")  # the interrupted batch was redone
 

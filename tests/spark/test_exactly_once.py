@@ -27,6 +27,7 @@ from popmq.spark.options import parse_write_options
 from .conftest import spark_environment
 from .eo_stream_job import exactly_once_copy
 from .helpers import produce, read_everything
+from .queries import run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -173,12 +174,14 @@ def test_kill_driver_mid_batch_then_restart_leaves_every_row_once(
     assert {int(m.keys[-1].split(":")[2]) for m in visible_at_kill} <= recorded_at_kill
 
     # The restart is another driver: this test's own Spark session, on the same checkpoint.
-    restarted = (
-        exactly_once_copy(spark, endpoint, source, sink, str(checkpoint), slow=False)
-        .trigger(availableNow=True)
-        .start()
+    restarted = run_to_end(
+        lambda: (
+            exactly_once_copy(spark, endpoint, source, sink, str(checkpoint), slow=False)
+            .trigger(availableNow=True)
+            .start()
+        ),
+        180,
     )
-    restarted.awaitTermination(180)
     assert restarted.exception() is None
     assert in_flight in _batches(checkpoint / "commits")  # the interrupted batch was redone
 

@@ -13,6 +13,7 @@ import pytest
 from popmq.spark.options import OptionError, parse_read_options
 
 from .helpers import end_offsets, produce, read_everything
+from .queries import run_to_end
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -23,15 +24,15 @@ def _bodies(rows) -> list[str]:  # type: ignore[no-untyped-def]
 
 def _stream_batches(spark, tmp_path: Path, **options: str) -> list[list[str]]:  # type: ignore[no-untyped-def]
     batches: dict[int, list[str]] = {}
-    query = (
-        spark.readStream.format("popmq").options(**options).load()
+    run_to_end(
+        lambda: spark.readStream.format("popmq").options(**options).load()
         .writeStream.foreachBatch(
             lambda df, batch_id: batches.__setitem__(batch_id, _bodies(df.collect()))
         )
         .option("checkpointLocation", str(tmp_path / f"cp-{uuid.uuid4().hex[:6]}"))
-        .trigger(availableNow=True).start()
+        .trigger(availableNow=True).start(),
+        None,
     )  # fmt: skip
-    query.awaitTermination()
     return [batches[key] for key in sorted(batches) if batches[key]]
 
 

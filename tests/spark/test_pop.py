@@ -11,6 +11,7 @@ import pytest
 from popmq.spark import AckReport, pop_foreach_batch
 
 from .helpers import produce, receive_all
+from .queries import run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -44,16 +45,17 @@ def test_everything_is_acked_after_a_good_batch(
     def write(batch_df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
         batch_df.write.mode("append").parquet(out)
 
-    query = (
-        _pop_stream(spark, endpoint, topic, group)
-        .writeStream.foreachBatch(
-            pop_foreach_batch(write, endpoint, group, on_acked=lambda _, r: reports.append(r))
+    query = run_to_end(
+        lambda: (
+            _pop_stream(spark, endpoint, topic, group)
+            .writeStream.foreachBatch(
+                pop_foreach_batch(write, endpoint, group, on_acked=lambda _, r: reports.append(r))
+            )
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True)
+            .start()
         )
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .trigger(availableNow=True)
-        .start()
     )
-    query.awaitTermination(120)
     assert query.exception() is None
 
     stored = spark.read.parquet(out).collect()
@@ -75,15 +77,14 @@ def test_messages_come_back_after_a_failed_batch(
         popped.extend(r.message_id for r in batch_df.select("message_id").collect())
         raise RuntimeError("the sink is down")
 
-    query = (
+    stream = (
         _pop_stream(spark, endpoint, topic, group)
         .writeStream.foreachBatch(pop_foreach_batch(failing_sink, endpoint, group))
         .option("checkpointLocation", str(tmp_path / "cp"))
         .trigger(availableNow=True)
-        .start()
     )
     with pytest.raises(Exception, match="the sink is down"):
-        query.awaitTermination(120)
+        run_to_end(stream.start)
     assert sorted(popped) == sorted(ids)
 
     # Not acked: once the invisible time is over, the group gets them all again.

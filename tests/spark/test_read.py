@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from .helpers import end_offsets, group_offsets, produce, read_everything
+from .queries import run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -84,21 +85,22 @@ def test_stream_available_now_then_restart_reads_only_new(
     group = f"progress-{topic}"
 
     def run_once() -> list[int]:
-        query = (
-            spark.readStream.format("popmq")
-            .option("endpoint", endpoint)
-            .option("topic", topic)
-            .option("startingOffsets", "earliest")
-            .option("maxMessagesPerTrigger", "12")
-            .option("group", group)  # progress recorded there too, for monitoring
-            .load()
-            .writeStream.format("parquet")
-            .option("path", out)
-            .option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True)
-            .start()
+        query = run_to_end(
+            lambda: (
+                spark.readStream.format("popmq")
+                .option("endpoint", endpoint)
+                .option("topic", topic)
+                .option("startingOffsets", "earliest")
+                .option("maxMessagesPerTrigger", "12")
+                .option("group", group)  # progress recorded there too, for monitoring
+                .load()
+                .writeStream.format("parquet")
+                .option("path", out)
+                .option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True)
+                .start()
+            )
         )
-        query.awaitTermination(120)
         assert query.exception() is None
         return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
 
@@ -132,8 +134,8 @@ def test_stream_starting_latest_skips_the_backlog(
         .option("checkpointLocation", str(tmp_path / "cp"))
         .trigger(availableNow=True)
     )
-    stream.start().awaitTermination(60)
+    run_to_end(stream.start, 60)
     assert seen == []
     produce(endpoint, topic, 5, prefix="fresh")
-    stream.start().awaitTermination(60)
+    run_to_end(stream.start, 60)
     assert sorted(seen) == sorted(f"fresh-{i}".encode() for i in range(5))

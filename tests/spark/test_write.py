@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from .helpers import produce, read_everything
+from .queries import run_to_end
 
 pytestmark = pytest.mark.spark
 
@@ -51,22 +52,23 @@ def test_batch_write_strings_topic_column_and_delivery_time(
 def test_stream_write_then_read_back(spark, endpoint: str, new_topic, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     source, sink = new_topic(), new_topic()
     ids = produce(endpoint, source, 25)
-    query = (
-        spark.readStream.format("popmq")
-        .option("endpoint", endpoint)
-        .option("topic", source)
-        .option("startingOffsets", "earliest")
-        .option("maxMessagesPerTrigger", "10")
-        .load()
-        .selectExpr("body", "tag", "array(message_id) AS keys", "properties")
-        .writeStream.format("popmq")
-        .option("endpoint", endpoint)
-        .option("topic", sink)
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .trigger(availableNow=True)
-        .start()
+    query = run_to_end(
+        lambda: (
+            spark.readStream.format("popmq")
+            .option("endpoint", endpoint)
+            .option("topic", source)
+            .option("startingOffsets", "earliest")
+            .option("maxMessagesPerTrigger", "10")
+            .load()
+            .selectExpr("body", "tag", "array(message_id) AS keys", "properties")
+            .writeStream.format("popmq")
+            .option("endpoint", endpoint)
+            .option("topic", sink)
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True)
+            .start()
+        )
     )
-    query.awaitTermination(120)
     assert query.exception() is None
 
     copied = read_everything(endpoint, sink)
