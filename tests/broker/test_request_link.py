@@ -320,6 +320,96 @@ async def test_closing_a_unary_port_under_held_calls_fails_them_as_unavailable(
     assert not sibling_ended
 
 
+async def _outcome(job: object) -> BaseException | None:
+    try:
+        await job.result()  # type: ignore[attr-defined]
+    except BaseException as exc:  # a CancelledError is the defect
+        return exc
+    return None
+
+
+async def _waiting_on_the_link(
+    local: GatedPort, remote: RemoteBrokerPort, owner: TaskOwner
+) -> list[object]:
+    """A held pop, a held notify and an ack held at the broker (coalesced), all on the
+    request link, each a job of ``owner``; returns once the broker holds all three."""
+    local.gate.clear()
+    sent = await remote.send([Message(topic=TOPIC, body=b"m")])
+    assert sent
+    popped = (await remote.pop(_pop(invisible_ms=30_000))).messages
+    assert popped
+    entry = AckEntry(popped[0].receipt_handle, popped[0].message.message_id)
+    notify = NotifyRequest(group=GROUP, topic=TOPIC, poll_time_ms=20_000)
+    jobs = [
+        owner.spawn(remote.pop(_pop(poll_ms=20_000)), "pop", log_errors=False),
+        owner.spawn(remote.notify(notify), "notify", log_errors=False),
+        owner.spawn(remote.ack(GROUP, TOPIC, [entry]), "ack", log_errors=False),
+    ]
+    for _ in range(1000):
+        if local.broker.hold_table.total == 2 and local.acks_held == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert local.broker.hold_table.total == 2 and local.acks_held == 1
+    assert remote.request_link is not None and remote.request_link.in_flight == 3
+    return [job for job in jobs if job is not None]
+
+
+async def test_closing_a_linked_port_under_held_calls_fails_them_and_cancels_no_sibling(
+    tmp_path: Path,
+) -> None:
+    """link-cancel: review-cancel's question for the request link (the default mode). A port
+    closed while calls wait on its Call stream (a retired port closed 5 s after a leader
+    change, or the proxy stopping) fails each waiting call as the broker unavailable (the
+    stream's reader, cancelled by the close, fails its waiters: LinkStream._lost; the
+    coalescer its callers), never a bare CancelledError, so the owner running them (BrokerCalls'
+    in the proxy) cancels no sibling."""
+    async with _served(tmp_path, coalesce_ms=1.0, streams=1) as (local, remote):
+        owner = TaskOwner("calls", grace_s=0)
+        sibling = owner.spawn(asyncio.sleep(60), "sibling")
+        assert sibling is not None
+        jobs = await _waiting_on_the_link(local, remote, owner)
+        await remote.aclose()
+        outcomes = [await _outcome(job) for job in jobs]
+        await asyncio.sleep(0.05)
+        sibling_ended = sibling.done()
+        await owner.aclose()
+        local.gate.set()
+    assert [type(o) for o in outcomes] == [BrokerUnavailableError] * 3, outcomes
+    assert not sibling_ended
+
+
+async def test_a_broker_gone_under_the_link_fails_its_waiters_and_cancels_no_sibling(
+    tmp_path: Path,
+) -> None:
+    """link-cancel: the Call stream's reader ending under waiting calls (the broker's server
+    stopped: the stream is cancelled from the far end) fails them as the broker unavailable;
+    none hangs and the owner running them cancels no sibling."""
+    async with running_broker(fast_broker_config(tmp_path / "b0", name="b0")) as broker:
+        local = GatedPort(broker)
+        await local.create_topic(TOPIC, 2)
+        server = BrokerGrpcServer(local)
+        await server.start()
+        link = BrokerLinkConfig(coalesce_ms=1.0, streams=1)
+        remote = RemoteBrokerPort("b0", server.address, link=link)
+        owner = TaskOwner("calls", grace_s=0)
+        try:
+            sibling = owner.spawn(asyncio.sleep(60), "sibling")
+            assert sibling is not None
+            jobs = await _waiting_on_the_link(local, remote, owner)
+            local.gate.set()  # the held ack may finish; the long polls stay held
+            stopping = asyncio.ensure_future(server.aclose(0))
+            async with asyncio.timeout(10):  # the polls had 20 s left
+                outcomes = [await _outcome(job) for job in jobs[:2]]
+            await stopping
+            await asyncio.sleep(0.05)
+            sibling_ended = sibling.done()
+        finally:
+            await owner.aclose()
+            await remote.aclose()
+    assert [type(o) for o in outcomes] == [BrokerUnavailableError] * 2, outcomes
+    assert not sibling_ended
+
+
 async def test_the_cluster_token_rides_the_streams(tmp_path: Path) -> None:
     """Regression: grpc.aio filed the token interceptor under unary calls only, so a broker
     with a cluster token refused the Call and Watch streams (UNAUTHENTICATED)."""
