@@ -27,7 +27,10 @@ port's channel, so TLS and the cluster token apply as to every other call.
 - Loss: when a stream ends (broker restart, network, ``break_stream``) every request in flight
   on it fails with ``BrokerUnavailableError``, exactly as a unary call would, so the proxy's
   failover sees a broker that is down. No request is retried blindly (an ack or send may have
-  been applied) and none is left waiting. The next request opens a new stream.
+  been applied) and none is left waiting. The next request opens a new stream. Once the link
+  is closed (its port closing), a request still made on it (or waiting for a slot of the
+  window) fails the same way at once, rather than waiting out its deadline for an answer that
+  no reader is left to take.
 
 Task ownership: ``run()`` owns every stream's task in one task group; the port starts it once
 and cancels it on close.
@@ -298,6 +301,10 @@ class LinkStream:
     def close(self) -> None:
         self._closing = True
 
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
 
 class RequestLink:
     """``streams`` Call streams to one broker; requests spread over them round robin."""
@@ -386,6 +393,8 @@ class RequestLink:
         try:
             async with asyncio.timeout(deadline_s):
                 async with contextlib.nullcontext() if held else stream.window:
+                    if stream.closed:  # its reader is gone: nothing would answer it
+                        raise BrokerUnavailableError(self._broker, "request link closed")
                     waiter = asyncio.get_running_loop().create_future()
                     stream.pending[request_id] = waiter
                     envelope = pb.LinkRequest(id=request_id)

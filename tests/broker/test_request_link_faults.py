@@ -413,3 +413,31 @@ async def test_the_first_burst_of_cancels_on_a_stream_loses_no_late_answer() -> 
         assert [a.id for a in late] == [ids[0]]
     finally:
         await _stop(runner)
+
+
+async def test_a_request_on_a_closed_link_fails_at_once() -> None:
+    """Regression (link-cancel): a port closing closes its link, cancels the link's reader
+    (whatever waits on the stream then fails as unavailable) and only then lets go of the
+    link. A request made on it meanwhile, or one waiting for a slot of a full window, was
+    queued for a stream no reader was left to open or read: it waited out its whole deadline
+    (a held pop, its poll time too) and failed as a timeout, not as the broker unavailable."""
+    loop = asyncio.get_running_loop()
+    link = RequestLink(
+        "b0", lambda requests: FakeCall(requests, lambda r: None), streams=1, window=1
+    )
+    runner = await _running(link)
+    holding = asyncio.create_task(link.request("send", pb.SendRequest(), 3600))
+    queued = asyncio.create_task(link.request("send", pb.SendRequest(), 3600))  # no slot
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert link.in_flight == 1 and not queued.done()
+    start = loop.time()
+    link.close()
+    await _stop(runner)
+    for caller in (holding, queued):
+        with pytest.raises(BrokerUnavailableError):
+            await caller
+    with pytest.raises(BrokerUnavailableError):
+        await link.request("pop", pb.PopRequest(), 3600, held=True)
+    assert loop.time() - start < 1  # virtual time: none waited for its deadline
+    assert link.in_flight == 0
