@@ -93,21 +93,27 @@ def test_messages_come_back_after_a_failed_batch(
     assert {m.delivery_attempt for m in again} == {2}
 
 
-def test_batch_pop_read_and_ack(spark, endpoint: str, topic: str) -> None:
-    from popmq.spark import ack_messages
-
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    ids = produce(endpoint, topic, 12)
-    df = (
+def _pop_batch(spark, endpoint: str, topic: str, group: str, **options: str):  # type: ignore[no-untyped-def]
+    """One batch read in pop mode, computed once (what gets acked is what was read)."""
+    reader = (
         spark.read.format("popmq")
         .option("endpoint", endpoint)
         .option("topic", topic)
         .option("mode", "pop")
         .option("group", group)
         .option("popLongPollingMs", "100")
-        .load()
-        .localCheckpoint(eager=True)
     )
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    return reader.load().localCheckpoint(eager=True)
+
+
+def test_batch_pop_read_and_ack(spark, endpoint: str, topic: str) -> None:
+    from popmq.spark import ack_messages
+
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    ids = produce(endpoint, topic, 12)
+    df = _pop_batch(spark, endpoint, topic, group)
     assert sorted(r.message_id for r in df.collect()) == sorted(ids)
     report = ack_messages(df, endpoint, group)
     assert (report.acked, report.failed) == (12, 0)
@@ -122,17 +128,7 @@ def test_a_batch_acked_after_its_invisible_time_counts_its_handles_failed(
 
     group = f"g-{uuid.uuid4().hex[:8]}"
     ids = produce(endpoint, topic, 6)
-    df = (
-        spark.read.format("popmq")
-        .option("endpoint", endpoint)
-        .option("topic", topic)
-        .option("mode", "pop")
-        .option("group", group)
-        .option("invisibleTimeMs", "1000")
-        .option("popLongPollingMs", "100")
-        .load()
-        .localCheckpoint(eager=True)
-    )
+    df = _pop_batch(spark, endpoint, topic, group, invisibleTimeMs="1000")
     assert sorted(r.message_id for r in df.collect()) == sorted(ids)
     time.sleep(2.0)  # past the invisible time: waiting longer only makes them more expired
     report = ack_messages(df, endpoint, group)
